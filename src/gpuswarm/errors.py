@@ -1,0 +1,51 @@
+"""The one exception hierarchy.
+
+Every error a user can cause derives from :class:`GpuswarmError` and carries the exit code the CLI
+returns for it. Bad input (exit code 2) names the file, line or field at fault and the fix.
+Control-flow signals (an interrupt) live outside this hierarchy.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_UNFINISHED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class GpuswarmError(Exception):
+    """Root of every error gpuswarm raises on purpose."""
+
+    exit_code: int = EXIT_UNFINISHED
+
+
+class BadInputError(GpuswarmError):
+    """The user's input is wrong: the message says where and how to fix it. Nothing was written."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ConfigError(BadInputError):
+    """A config file or command list is malformed, mistyped or selects nothing."""
+
+
+class GpuSpecError(BadInputError):
+    """A ``--gpus`` value is malformed, duplicated or names GPUs this machine does not have."""
+
+
+class RunDirError(BadInputError):
+    """A run directory does not exist, is not a gpuswarm run, or its snapshot is unreadable."""
+
+
+class RunLockedError(GpuswarmError):
+    """Another live supervisor holds the run's lock."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class QueueError(GpuswarmError):
+    """The on-disk queue is in a state gpuswarm cannot repair by itself."""
+
+
+class Interrupted(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Raised to unwind on the first Ctrl-C / SIGTERM after a warm shutdown."""

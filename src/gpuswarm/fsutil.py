@@ -1,0 +1,60 @@
+"""Durable file writes: temp name + fsync + rename, and fsync of the containing folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old or the new file, never half.
+
+    The temp file lives in the same folder (same filesystem, so the rename is atomic) and starts
+    with ``.tmp-`` so folder scans can ignore it.
+    """
+    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, indent=1, sort_keys=False, default=str).encode() + b"\n"
+
+
+def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, dumps(obj), durable=durable)
+
+
+def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), durable=durable)
+
+
+def read_json(path: Path) -> Any:
+    with path.open("rb") as fh:
+        return json.loads(fh.read())
