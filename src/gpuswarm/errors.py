@@ -47,5 +47,5 @@ class QueueError(GpuswarmError):
     """The on-disk queue is in a state gpuswarm cannot repair by itself."""
 
 
-class Interrupted(BaseException):  # noqa: N818 - a control-flow signal, not an error
+class Interrupted(BaseException):
     """Raised to unwind on the first Ctrl-C / SIGTERM after a warm shutdown."""

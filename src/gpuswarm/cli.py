@@ -1,0 +1,173 @@
+"""The ``gpuswarm`` command line: parse, call, print. Nothing else lives here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from gpuswarm import __version__
+from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
+from gpuswarm.engine import Output, RunReport, resume_run, start_run
+from gpuswarm.errors import EXIT_BAD_INPUT, GpuswarmError
+from gpuswarm.runs import latest_run
+from gpuswarm.status import list_runs, run_status
+from gpuswarm.views import print_ls, print_report, print_status
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _fail(exc: GpuswarmError) -> NoReturn:
+    click.echo(f"gpuswarm: error: {exc}", err=True)
+    sys.exit(exc.exit_code)
+
+
+def _load_source(
+    source: str, *, shell: bool, name: str | None, workspace: str | None, defaults: TaskOptions
+) -> LoadedConfig:
+    if source != "-" and Path(source).suffix in YAML_SUFFIXES:
+        loaded = load_config(Path(source))
+    elif source == "-":
+        loaded = load_command_list(
+            None, sys.stdin.read(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
+        )
+    else:
+        loaded = load_command_list(
+            Path(source), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
+        )
+    return loaded.with_overrides(name=name, workspace=Path(workspace) if workspace else None)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuswarm")
+def cli() -> None:
+    """Keep every GPU of a machine busy with long, independent jobs, and lose none of them."""
+
+
+@cli.command()
+@click.argument("source")
+@click.option("--gpus", help="auto | 0,1,2 | 0-3 | sim:N  (default: the config's, else auto)")
+@click.option("--name", help="run name (default: the config's name or the file's stem)")
+@click.option("--workspace", help="folder runs go to: <workspace>/<name>/run_<timestamp>/")
+@click.option("--suffix", help="appended to the run folder's name")
+@click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
+@click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
+@click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
+@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+def run(
+    source: str,
+    gpus: str | None,
+    name: str | None,
+    workspace: str | None,
+    suffix: str | None,
+    shell: bool,
+    timeout: str | None,
+    max_attempts: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Run the tasks of SOURCE over the GPUs.
+
+    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin.
+    Exit code: 0 when every task is done, 1 when any is failed or unfinished, 2 for bad input,
+    130 when stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
+    """
+    try:
+        defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
+        loaded = _load_source(
+            source, shell=shell, name=name, workspace=workspace, defaults=defaults
+        )
+        report = start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
+    except GpuswarmError as exc:
+        _fail(exc)
+    _finish(report, as_json)
+
+
+@cli.command()
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--latest", is_flag=True, help="resume the newest run under --workspace")
+@click.option("--name", help="with --latest: only runs of this name")
+@click.option(
+    "--workspace", default="runs", show_default=True, help="with --latest: where runs are"
+)
+@click.option("--gpus", help="GPUs to use now (default: the run's)")
+@click.option("--no-retry-failed", is_flag=True, help="leave failed tasks failed")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
+@click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
+@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+def resume(
+    run_dir: Path | None,
+    latest: bool,
+    name: str | None,
+    workspace: str,
+    gpus: str | None,
+    no_retry_failed: bool,
+    config_path: Path | None,
+    allow_config_change: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
+    """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones."""
+    if (run_dir is None) == (not latest):
+        click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        target = latest_run(Path(workspace), name) if latest else run_dir
+        assert target is not None
+        new_config = load_config(config_path) if config_path else None
+        report = resume_run(
+            target,
+            gpus,
+            retry_failed=not no_retry_failed,
+            new_config=new_config,
+            allow_change=allow_config_change,
+            output=Output(quiet=quiet),
+        )
+    except GpuswarmError as exc:
+        _fail(exc)
+    _finish(report, as_json)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Counts per state, what each GPU runs, failures with log tails, ETA."""
+    try:
+        data = run_status(run_dir)
+    except GpuswarmError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        print_status(data)
+
+
+@cli.command(name="ls")
+@click.argument("workspace", default="runs", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def ls_cmd(workspace: Path, as_json: bool) -> None:
+    """List the runs under WORKSPACE (default ./runs)."""
+    rows = list_runs(workspace)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    else:
+        print_ls(rows, workspace)
+
+
+def _finish(report: RunReport, as_json: bool) -> NoReturn:
+    if as_json:
+        payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
+        click.echo(json.dumps(payload, indent=1))
+    else:
+        print_report(report)
+    sys.exit(report.exit_code)
+
+
+def main() -> None:
+    cli(prog_name="gpuswarm")

@@ -1,0 +1,351 @@
+"""Expand the entries of ``tasks:`` (explicit, ``glob:``, ``matrix:``) into :class:`TaskSpec` s.
+
+Everything here raises :class:`ConfigError` located with a :class:`Locator` (file, line, field).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from gpuswarm.config_models import RunConfig, TaskEntry, TaskOptions, TaskSpec, default_name
+from gpuswarm.paths import check_task_id, slugify
+from gpuswarm.placeholders import (
+    GLOB_VARS,
+    PLACEHOLDERS_AT_LAUNCH,
+    find_placeholders,
+    render,
+    unknown_placeholders,
+)
+from gpuswarm.yamlload import Locator, PathKey, format_path
+
+MAX_TASKS = 100_000
+_WILDCARD = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One task an entry produces, before it becomes a :class:`TaskSpec`."""
+
+    name: str
+    vars: dict[str, str]
+    label: str  # how error messages name it: "tasks[2] (lr=0.1, seed=1)"
+
+
+def task_id_for(name: str) -> str:
+    """The task id of a task name: a slug that always passes :func:`check_task_id`."""
+    return check_task_id(slugify(name).lstrip("._-") or "task")
+
+
+def merge_options(defaults: TaskOptions, entry: TaskOptions) -> TaskOptions:
+    """``defaults`` overridden by the fields ``entry`` sets; env dicts merge (entry wins)."""
+    data = {name: getattr(defaults, name) for name in TaskOptions.model_fields}
+    for name in entry.model_fields_set & set(TaskOptions.model_fields):
+        data[name] = getattr(entry, name)
+    data["env"] = {**defaults.env, **entry.env}
+    return TaskOptions.model_construct(**data)
+
+
+def _origin(entry: TaskEntry, path: PathKey, *field: str) -> PathKey:
+    """Where a merged field came from: the entry when it sets it, else ``defaults``."""
+    own = entry.env if field[0] == "env" else entry.model_fields_set
+    key = field[-1]
+    return (*path, *field) if key in own else ("defaults", *field)
+
+
+def make_spec(
+    instance: Instance,
+    command: list[str] | str,
+    opts: TaskOptions,
+    *,
+    grace: float,
+    base_dir: Path,
+    task_id: str | None = None,
+) -> TaskSpec:
+    """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given)."""
+    return TaskSpec(
+        id=task_id or task_id_for(instance.name),
+        name=instance.name,
+        command=command,
+        shell=opts.shell,
+        cwd=_cwd(opts.cwd, base_dir),
+        env=dict(opts.env),
+        timeout=opts.timeout,
+        grace=opts.grace if opts.grace is not None else grace,
+        max_attempts=opts.max_attempts,
+        priority=opts.priority,
+        gpus=opts.gpus,
+        done_when=opts.done_when,
+        metrics=dict(opts.metrics),
+        vars=dict(instance.vars),
+    )
+
+
+def _cwd(cwd: str | None, base_dir: Path) -> str | None:
+    """Absolute path template: relative paths join ``base_dir``; ``{...}``-first ones are kept."""
+    if cwd is None or cwd.startswith("{"):
+        return cwd
+    path = Path(cwd).expanduser()
+    return str(path if path.is_absolute() else base_dir / path)
+
+
+# -- commands and placeholders ---------------------------------------------------------------------
+def split_command(
+    command: str | list[str],
+    shell: bool,
+    loc: Locator,
+    path: PathKey,
+    *,
+    shell_hint: str = "set shell: true",
+) -> list[str] | str:
+    """The stored command: the string itself with ``shell``, else an argv list (shlex split)."""
+    if shell:
+        if isinstance(command, list):
+            raise loc.error(path, "shell: true needs the command as one string; write it quoted")
+        return command
+    if isinstance(command, list):
+        return list(command)
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise loc.error(
+            path,
+            f"cannot split the command into arguments ({exc}); fix the quoting, "
+            f"or {shell_hint} to run it with /bin/sh -c",
+        ) from None
+    if not argv:
+        raise loc.error(path, "the command is empty; write the program and its arguments")
+    return argv
+
+
+def check_template(template: str, known: set[str], loc: Locator, path: PathKey, what: str) -> None:
+    """Refuse a ``{placeholder}`` of ``template`` that is not in ``known``."""
+    bad = unknown_placeholders(template, known)
+    if bad:
+        names = ", ".join("{" + k + "}" for k in sorted(known))
+        raise loc.error(
+            path,
+            f"unknown placeholder {{{bad[0]}}} in {what}; known placeholders: {names}; "
+            "write {{ and }} for literal braces",
+        )
+
+
+def _check_name(entry: TaskEntry, var_names: set[str], loc: Locator, path: PathKey) -> None:
+    if entry.name is None:
+        return
+    for key in unknown_placeholders(entry.name, var_names):
+        allowed = ", ".join("{" + k + "}" for k in sorted(var_names)) or "none"
+        when = " is known only at launch" if key in PLACEHOLDERS_AT_LAUNCH else " is not defined"
+        raise loc.error(
+            (*path, "name"),
+            f"placeholder {{{key}}}{when}; a name is fixed when the config is loaded, so it can "
+            f"use only this entry's values ({allowed}); write {{{{ and }}}} for literal braces",
+        )
+
+
+def _check_templates(
+    entry: TaskEntry, opts: TaskOptions, var_names: set[str], loc: Locator, path: PathKey
+) -> None:
+    known = set(PLACEHOLDERS_AT_LAUNCH) | var_names
+    used_by = f" (as used by {format_path(path)})"
+    command = [entry.command] if isinstance(entry.command, str) else entry.command
+    for index, part in enumerate(command):
+        where = (*path, "command") if isinstance(entry.command, str) else (*path, "command", index)
+        check_template(part, known, loc, where, "the command")
+    for field in ("cwd", "done_when"):
+        value = getattr(opts, field)
+        if value is not None:
+            origin = _origin(entry, path, field)
+            suffix = used_by if origin[0] == "defaults" else ""
+            check_template(value, known, loc, origin, field + suffix)
+    for key, value in opts.env.items():
+        origin = _origin(entry, path, "env", key)
+        suffix = used_by if origin[0] == "defaults" else ""
+        check_template(value, known, loc, origin, f"the value of {key}{suffix}")
+
+
+# -- instances -------------------------------------------------------------------------------------
+def _name(template: str | None, values: dict[str, str], prefix: str, suffix: str) -> str:
+    """Render ``template`` if it uses these values; else ``<template or prefix>-<suffix>``."""
+    if template is not None and set(find_placeholders(template)) & set(values):
+        return render(template, values)
+    return f"{render(template, values) if template is not None else prefix}-{suffix}"
+
+
+def _matrix_instances(entry: TaskEntry, index: int, loc: Locator) -> list[Instance]:
+    matrix = entry.matrix or {}
+    count = math.prod(len(values) for values in matrix.values())
+    if count > MAX_TASKS:
+        raise loc.error(
+            ("tasks", index, "matrix"), f"gives {count} combinations, over {MAX_TASKS}; shrink it"
+        )
+    out: list[Instance] = []
+    for combo in itertools.product(*matrix.values()):
+        values = dict(zip(matrix, combo, strict=True))
+        suffix = "-".join(f"{k}={v}" for k, v in values.items())
+        name = _name(entry.name, values, f"matrix{index}", suffix)
+        label = f"tasks[{index}] ({', '.join(f'{k}={v}' for k, v in values.items())})"
+        out.append(Instance(name, values, label))
+    return out
+
+
+def _split_glob(pattern: str, base_dir: Path) -> tuple[Path, str]:
+    """``(folder to search, wildcard rest)``: the pattern's non-wildcard prefix and the rest."""
+    parts = Path(pattern).expanduser().parts
+    fixed = list(itertools.takewhile(lambda part: not _WILDCARD.search(part), parts))
+    root = base_dir.joinpath(*fixed) if fixed else base_dir
+    return root, "/".join(parts[len(fixed) :])
+
+
+def _glob_vars(match: Path, root: Path) -> dict[str, str]:
+    task_dir = match if match.is_dir() else match.parent
+    if match == root:  # a pattern without wildcards
+        rel = match.name if match.is_dir() else match.parent.name
+    elif task_dir == root:  # a file directly in the searched folder
+        rel = match.stem
+    else:
+        rel = task_dir.relative_to(root).as_posix()
+    return {
+        "task_file": os.path.normpath(match),
+        "task_dir": os.path.normpath(task_dir),
+        "task_rel": rel,
+    }
+
+
+def _check_readable(match: Path, loc: Locator, path: PathKey) -> None:
+    task_dir = match if match.is_dir() else match.parent
+    if not os.access(task_dir, os.R_OK | os.X_OK) or not os.access(match, os.R_OK):
+        raise loc.error(
+            path,
+            f"the matched task {match} is not readable (permission denied on {task_dir}); "
+            "fix its permissions (chmod -R u+rX) or narrow the glob",
+        )
+
+
+def _glob_matches(
+    pattern: str, base_dir: Path, loc: Locator, path: PathKey
+) -> tuple[Path, list[Path]]:
+    root, rest = _split_glob(pattern, base_dir)
+    try:
+        found = set(root.glob(rest)) if rest and root.is_dir() else set()
+    except OSError as exc:
+        raise loc.error(
+            path, f"cannot search {root}: {exc.strerror}; fix its permissions"
+        ) from None
+    if not rest and root.exists():
+        found = {root}
+    if not found:
+        missing = "" if root.is_dir() else f" ({root} does not exist)"
+        raise loc.error(
+            path,
+            f"{pattern!r} matches nothing under {root}{missing}; check the pattern: relative "
+            f"patterns start at the config file's folder {base_dir}, and ** searches subfolders",
+        )
+    return root, sorted(found)
+
+
+def _glob_instances(entry: TaskEntry, index: int, base_dir: Path, loc: Locator) -> list[Instance]:
+    path: PathKey = ("tasks", index, "glob")
+    root, matches = _glob_matches(entry.glob or "", base_dir, loc, path)
+    if len(matches) > MAX_TASKS:
+        raise loc.error(path, f"matches {len(matches)} paths, over {MAX_TASKS}; narrow it")
+    template = entry.name if entry.name is not None else "{task_rel}"
+    out: list[Instance] = []
+    for match in matches:
+        _check_readable(match, loc, path)
+        values = _glob_vars(match, root)
+        name = _name(template, values, "", values["task_rel"])
+        out.append(Instance(name, values, f"tasks[{index}] (match {values['task_file']})"))
+    return out
+
+
+def _instances(entry: TaskEntry, index: int, base_dir: Path, loc: Locator) -> list[Instance]:
+    if entry.matrix is not None:
+        return _matrix_instances(entry, index, loc)
+    if entry.glob is not None:
+        return _glob_instances(entry, index, base_dir, loc)
+    name = render(entry.name, {}) if entry.name is not None else default_name(entry.command)
+    return [Instance(name, {}, f"tasks[{index}]")]
+
+
+# -- the whole list --------------------------------------------------------------------------------
+def _var_names(entry: TaskEntry) -> set[str]:
+    if entry.matrix is not None:
+        return set(entry.matrix)
+    return set(GLOB_VARS) if entry.glob is not None else set()
+
+
+def _check_gpus(
+    entry: TaskEntry, opts: TaskOptions, config: RunConfig, loc: Locator, path: PathKey
+) -> None:
+    if opts.gpus is not None and opts.gpus > config.gpus_per_task:
+        raise loc.error(
+            _origin(entry, path, "gpus"),
+            f"{opts.gpus} GPUs per task is more than gpus_per_task ({config.gpus_per_task}); "
+            f"set gpus_per_task: {opts.gpus} at the top level, or lower gpus",
+        )
+
+
+def _dedupe_hint(entry: TaskEntry) -> str:
+    if entry.matrix is not None:
+        example = "-".join(f"{k}{{{k}}}" for k in entry.matrix)
+        return f'use every matrix key in the name, e.g. name: "{example}"'
+    if entry.glob is not None:
+        return 'keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
+    return "set a different name: on one of them"
+
+
+def _expand_entry(
+    config: RunConfig, index: int, base_dir: Path, loc: Locator
+) -> list[tuple[TaskSpec, Instance]]:
+    entry, path = config.tasks[index], ("tasks", index)
+    opts = merge_options(config.defaults, entry)
+    var_names = _var_names(entry)
+    _check_gpus(entry, opts, config, loc, path)
+    _check_name(entry, var_names, loc, path)
+    _check_templates(entry, opts, var_names, loc, path)
+    command = split_command(entry.command, opts.shell, loc, (*path, "command"))
+    instances = _instances(entry, index, base_dir, loc)
+    return [
+        (make_spec(inst, command, opts, grace=config.grace, base_dir=base_dir), inst)
+        for inst in instances
+    ]
+
+
+def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[TaskSpec]:
+    """All tasks of ``config`` in file order; refuses duplicate ids and oversized expansions."""
+    specs: list[TaskSpec] = []
+    seen: dict[str, tuple[Instance, PathKey]] = {}
+    for index, entry in enumerate(config.tasks):
+        for spec, inst in _expand_entry(config, index, base_dir, loc):
+            if spec.id in seen:
+                _duplicate(spec, inst, seen[spec.id], entry, loc, ("tasks", index))
+            seen[spec.id] = (inst, ("tasks", index))
+            specs.append(spec)
+        if len(specs) > MAX_TASKS:
+            raise loc.error(("tasks", index), f"the config gives over {MAX_TASKS} tasks; split it")
+    return specs
+
+
+def _duplicate(
+    spec: TaskSpec,
+    inst: Instance,
+    first: tuple[Instance, PathKey],
+    entry: TaskEntry,
+    loc: Locator,
+    path: PathKey,
+) -> NoReturn:
+    other, other_path = first
+    line = loc.line(other_path)
+    at = f" at line {line}" if line is not None else ""
+    raise loc.error(
+        path,
+        f"task id {spec.id!r} (name {spec.name!r}) of {inst.label} is already used by "
+        f"{other.label}{at}; task ids must be unique: {_dedupe_hint(entry)}",
+    )

@@ -1,0 +1,266 @@
+"""Composition: a validated config + GPUs -> a run directory -> a supervised run -> outputs.
+
+The CLI calls these functions; they hold no terminal logic beyond choosing a reporter.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from gpuswarm import __version__
+from gpuswarm.config import LoadedConfig, config_fingerprint
+from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
+from gpuswarm.fsutil import atomic_write_json
+from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.ledger import Ev, Ledger
+from gpuswarm.live import PlainReporter
+from gpuswarm.paths import RunPaths
+from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor
+from gpuswarm.results import write_outputs
+from gpuswarm.runs import NewRun, create_run, locked, open_run, owner_id, recover, write_owner_file
+from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
+from gpuswarm.supervisor import Supervisor, SupervisorConfig
+
+
+@dataclass
+class RunReport:
+    paths: RunPaths
+    summary: dict[str, Any]
+    interrupted: bool
+    recovered: dict[str, int] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where and how much the supervisor prints."""
+
+    stream: TextIO | None = None
+    quiet: bool = False
+
+
+# -- building a run ----------------------------------------------------------------------------
+def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
+    """Check every provisioned file now, so a missing credential fails before anything runs."""
+    home = loaded.config.home
+    out = []
+    for i, item in enumerate(home.provision if home else []):
+        src = Path(item.src).expanduser()
+        src = src if src.is_absolute() else loaded.base_dir / src
+        where = f"{loaded.path or '<config>'}: home.provision[{i}].src"
+        if not src.exists():
+            raise ConfigError(f"{where}: {src} does not exist; fix the path or remove the entry")
+        out.append(Provision(src=src, dest=check_provision_dest(item.dest)))
+    return tuple(out)
+
+
+def _redact_tree(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: redact_env(v) if k == "env" and isinstance(v, dict) else _redact_tree(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_redact_tree(v) for v in value]
+    return value
+
+
+def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
+    cfg = loaded.config
+    home = cfg.home
+    return {
+        "gpuswarm": __version__,
+        "name": loaded.name,
+        "workspace": str(loaded.workspace),
+        "source": str(loaded.path) if loaded.path else "<stdin>",
+        "base_dir": str(loaded.base_dir),
+        "fingerprint": config_fingerprint(cfg),
+        "gpus": gpus.spec,
+        "vendor": gpus.vendor.value,
+        "gpu_ids": list(gpus.ids),
+        "gpus_per_task": cfg.gpus_per_task,
+        "tasks_per_gpu": cfg.tasks_per_gpu,
+        "slot_count": len(slots),
+        "home": {
+            "isolate": bool(home and home.isolate),
+            "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
+        },
+        "config": _redact_tree(cfg.model_dump(mode="json")),
+        "task_count": len(loaded.tasks),
+        "hosts": [socket.gethostname()],
+    }
+
+
+def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
+    gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
+    slots = plan_slots(gpus, loaded.config.gpus_per_task, loaded.config.tasks_per_gpu)
+    return gpus, slots
+
+
+def start_run(
+    loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+) -> RunReport:
+    """Validate everything, create the run directory, and supervise it to the end."""
+    gpus, slots = plan(loaded, gpus_spec)
+    provisions = resolve_provisions(loaded)
+    new = NewRun(
+        name=loaded.name,
+        workspace=loaded.workspace,
+        info=run_info(loaded, gpus, slots),
+        tasks=[t.model_dump(mode="json") for t in loaded.tasks],
+    )
+    paths = create_run(new, suffix=suffix)
+    _say(output, f"run dir: {paths.root}  ({len(loaded.tasks)} tasks on {len(slots)} slots)")
+    return supervise(paths, slots, Path(loaded.base_dir), provisions, loaded, output=output)
+
+
+def resume_run(
+    run_dir: Path,
+    gpus_spec: str | None,
+    *,
+    retry_failed: bool,
+    new_config: LoadedConfig | None,
+    allow_change: bool,
+    output: Output,
+) -> RunReport:
+    paths, info = open_run(run_dir)
+    spec = gpus_spec or str(info.get("gpus") or "auto")
+    gpus = parse_gpu_spec(spec)
+    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
+    provisions = tuple(
+        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
+        for p in info.get("home", {}).get("provision", [])
+    )
+    if new_config is not None:
+        _check_config_change(paths, info, new_config, allow_change)
+    return supervise(
+        paths,
+        slots,
+        Path(info.get("base_dir", ".")),
+        provisions,
+        None,
+        output=output,
+        resume=True,
+        retry_failed=retry_failed,
+        new_config=new_config if allow_change else None,
+        isolate=bool(info.get("home", {}).get("isolate")),
+    )
+
+
+def _check_config_change(
+    paths: RunPaths, info: dict[str, Any], loaded: LoadedConfig, allow: bool
+) -> None:
+    if config_fingerprint(loaded.config) == info.get("fingerprint"):
+        return
+    if not allow:
+        raise ConfigError(
+            f"{loaded.path}: the config differs from the snapshot this run was created with "
+            f"({paths.run_json}); pass --allow-config-change to apply it to unfinished tasks, "
+            "or resume without --config"
+        )
+
+
+def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: LoadedConfig) -> int:
+    """Under the run lock: update pending tasks' specs and enqueue tasks the run lacks."""
+    known: dict[str, tuple[State, str]] = {}
+    max_seq = -1
+    for state in State:
+        for name in queue.names(state):
+            data = queue.read(state, name) or {}
+            if "id" in data:
+                known[data["id"]] = (state, name)
+                max_seq = max(max_seq, int(data.get("seq", 0)))
+    added = 0
+    for task in loaded.tasks:
+        dump = task.model_dump(mode="json")
+        if task.id not in known:
+            max_seq += 1
+            desc = new_descriptor(dump, max_seq)
+            name = descriptor_name(task.priority, max_seq, task.id)
+            atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
+            queue.push(name)
+            added += 1
+        elif known[task.id][0] is State.PENDING:
+            name = known[task.id][1]
+            desc = queue.read(State.PENDING, name) or {}
+            desc["task"] = dump
+            atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
+    _, info = open_run(paths.root)
+    info["fingerprint"] = config_fingerprint(loaded.config)
+    info["config"] = _redact_tree(loaded.config.model_dump(mode="json"))
+    atomic_write_json(paths.run_json, info)
+    ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
+    return added
+
+
+# -- supervising -------------------------------------------------------------------------------
+@contextmanager
+def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        on_signal()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def supervise(
+    paths: RunPaths,
+    slots: list[Slot],
+    base_dir: Path,
+    provisions: tuple[Provision, ...],
+    loaded: LoadedConfig | None,
+    *,
+    output: Output,
+    resume: bool = False,
+    retry_failed: bool = True,
+    new_config: LoadedConfig | None = None,
+    isolate: bool | None = None,
+) -> RunReport:
+    owner = owner_id()
+    if isolate is None:
+        isolate = bool(loaded and loaded.config.home and loaded.config.home.isolate)
+    with locked(paths, owner):
+        queue = DirQueue(paths)
+        ledger = Ledger(paths.events)
+        try:
+            recovered = recover(queue, ledger, retry_failed=retry_failed) if resume else None
+            if new_config is not None:
+                apply_config(paths, queue, ledger, new_config)
+            write_owner_file(paths, owner, {"slots": [s.label for s in slots]})
+            if not output.quiet:
+                ledger.subscribe(PlainReporter(queue.counts(), output.stream))
+            cfg = SupervisorConfig(slots, base_dir, owner, isolate, provisions)
+            sup = Supervisor(paths, queue, ledger, cfg)
+            started = time.time()
+            with _signals(lambda: sup.request_stop()):
+                sup.run()
+            _, info = open_run(paths.root)
+            summary = write_outputs(paths, queue, info, (started, time.time()))
+            ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+        finally:
+            ledger.close()
+    return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _say(output: Output, text: str) -> None:
+    if not output.quiet:
+        stream = output.stream or sys.stderr
+        stream.write(text + "\n")
+        stream.flush()

@@ -1,0 +1,110 @@
+"""events.jsonl: the append-only journal of a run, one JSON line per state transition.
+
+Each line has ``ts`` (unix seconds), ``ev`` (the event kind) and event fields. Lines are appended
+with one ``write(2)`` on an ``O_APPEND`` descriptor, so concurrent writers (threads or several
+supervisors) never interleave inside a line. Readers tolerate a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+
+class Ev(str, Enum):
+    RUN_CREATED = "run_created"
+    SUPERVISOR_STARTED = "supervisor_started"
+    SUPERVISOR_STOPPED = "supervisor_stopped"
+    CLAIMED = "claimed"
+    STARTED = "started"
+    FINISHED = "finished"  # an attempt ended (fields: state it led to, reason)
+    REQUEUED = "requeued"  # back to pending (retry, interrupted, resume)
+    CORRUPT = "corrupt"
+    SHUTDOWN = "shutdown"  # warm or cold shutdown requested
+    AGGREGATED = "aggregated"
+
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class Ledger:
+    """Appends events; calls listeners (the terminal reporter) with each event."""
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        self.path = path
+        self.durable = durable
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._dirty = False
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
+        line = json.dumps(record, default=str, separators=(",", ":")).encode() + b"\n"
+        with self._lock:
+            os.write(self._fd, line)
+            self._dirty = True
+        for listener in self._listeners:
+            listener(record)
+        return record
+
+    def sync(self) -> None:
+        """fsync the journal (called on heartbeats and at exit, not per line)."""
+        with self._lock:
+            if self._dirty and self._fd >= 0:
+                os.fsync(self._fd)
+                self._dirty = False
+
+    def close(self) -> None:
+        self.sync()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete, parseable event line of a journal, in order."""
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # torn last line
+            try:
+                yield json.loads(raw)
+            except ValueError:
+                continue
+
+
+def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
+    """The events in the last ``max_bytes`` of a journal (cheap on huge runs)."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            fh.seek(start)
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # first line is partial
+    out: list[dict[str, Any]] = []
+    for raw in lines[:-1]:  # the last element is "" or a torn line
+        try:
+            out.append(json.loads(raw))
+        except ValueError:
+            continue
+    return out

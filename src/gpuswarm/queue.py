@@ -1,0 +1,286 @@
+"""The durable directory queue: enqueue, claim, update, requeue, finish, recover.
+
+Layout (under ``RunPaths.parallel``)::
+
+    pending/<rank><seq>_<task-id>.json                 waiting; rank = 5000 - priority (4 digits)
+    running/<rank><seq>_<task-id>.json@<owner>@<slot>  claimed; the lease is in the file name
+    done/<rank><seq>_<task-id>.json                    finished successfully
+    failed/<rank><seq>_<task-id>.json                  attempts used up
+    corrupt/<name>.<reason>                            unreadable descriptors, moved aside
+
+Every transition is one ``rename`` on one filesystem, so a descriptor is in exactly one state
+folder at any time and two claimers can never both win (the loser's rename fails with ENOENT).
+Names sort lexicographically in claim order (priority first, then submission order). A claim pops
+the next name from an in-memory heap; the folder is scanned only when the heap runs dry, never
+per claim. Contents change only in ``running/`` (temp + fsync + rename over the claimed file),
+before the descriptor moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import heapq
+import json
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.errors import QueueError
+from gpuswarm.fsutil import atomic_write_bytes, dumps, fsync_dir
+from gpuswarm.paths import STATES, RunPaths
+
+DESCRIPTOR_VERSION = 1
+PRIORITY_LIMIT = 4999
+LEASE_SEP = "@"
+
+
+class State(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+def descriptor_name(priority: int, seq: int, task_id: str) -> str:
+    """``<rank><seq>_<task-id>.json``: lexicographic order = higher priority, then earlier seq."""
+    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+        raise ValueError(f"priority {priority} outside -{PRIORITY_LIMIT}..{PRIORITY_LIMIT}")
+    return f"{5000 - priority:04d}{seq:09d}_{task_id}.json"
+
+
+def base_name(file_name: str) -> str:
+    """The descriptor name without a lease suffix."""
+    return file_name.split(LEASE_SEP, 1)[0]
+
+
+def lease_of(file_name: str) -> tuple[str, int] | None:
+    """``(owner, slot)`` encoded in a running descriptor's name, or None."""
+    parts = file_name.split(LEASE_SEP)
+    if len(parts) != 3:
+        return None
+    try:
+        return parts[1], int(parts[2])
+    except ValueError:
+        return None
+
+
+def task_id_of(file_name: str) -> str:
+    stem = base_name(file_name)
+    return stem[14:-5] if stem.endswith(".json") else stem[14:]
+
+
+def _visible(name: str) -> bool:
+    return not name.startswith(".")
+
+
+@dataclass
+class Claimed:
+    """A descriptor this process holds in ``running/``."""
+
+    name: str  # base name, no lease
+    path: Path  # current path in running/
+    data: dict[str, Any]
+
+    @property
+    def task_id(self) -> str:
+        return str(self.data["id"])
+
+
+def new_descriptor(task: dict[str, Any], seq: int) -> dict[str, Any]:
+    return {
+        "v": DESCRIPTOR_VERSION,
+        "id": task["id"],
+        "seq": seq,
+        "task": task,
+        "attempts": [],
+        "budget_from": 0,
+        "interruptions": 0,
+        "reason": None,
+    }
+
+
+def attempts_used(data: dict[str, Any]) -> int:
+    """Attempts that count against ``max_attempts`` (interrupted ones and earlier budgets don't)."""
+    counted = [
+        a for a in data["attempts"][data.get("budget_from", 0) :] if not a.get("interrupted")
+    ]
+    return len(counted)
+
+
+class DirQueue:
+    """One process's handle on a run's queue. Thread-safe; several processes may share a run."""
+
+    def __init__(self, paths: RunPaths, *, durable: bool = True) -> None:
+        self.paths = paths
+        self.durable = durable
+        self._heap: list[str] = []
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    # -- creation ------------------------------------------------------------------------------
+    @staticmethod
+    def create_layout(paths: RunPaths) -> None:
+        paths.parallel.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for state in STATES:
+            paths.state_dir(state).mkdir(exist_ok=True)
+        paths.corrupt.mkdir(exist_ok=True)
+
+    @staticmethod
+    def write_pending(paths: RunPaths, descriptors: Iterable[dict[str, Any]]) -> int:
+        """Write descriptors into ``pending/`` of a run being staged (not yet visible).
+
+        No per-file fsync: the caller syncs the filesystem once (:func:`sync_tree`) before it
+        makes the staged run visible with a rename, so 100k tasks cost one sync, not 100k.
+        """
+        pending = paths.state_dir("pending")
+        count = 0
+        for desc in descriptors:
+            name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
+            with (pending / name).open("xb") as fh:
+                fh.write(dumps(desc))
+            count += 1
+        return count
+
+    # -- claiming ------------------------------------------------------------------------------
+    def _refill(self) -> None:
+        names = [e.name for e in os.scandir(self.paths.state_dir("pending")) if _visible(e.name)]
+        heapq.heapify(names)
+        self._heap = names
+        self._loaded = True
+
+    def push(self, name: str) -> None:
+        """Tell this process's index that ``name`` (back) in pending/ may be claimed."""
+        with self._lock:
+            heapq.heappush(self._heap, name)
+
+    def claim(self, owner: str, slot: int) -> Claimed | None:
+        """Move the next pending descriptor to running/ under a lease; None if none is left."""
+        rescanned = False
+        while True:
+            with self._lock:
+                if not self._heap and (not self._loaded or not rescanned):
+                    self._refill()
+                    rescanned = True
+                if not self._heap:
+                    return None
+                name = heapq.heappop(self._heap)
+            claimed = self._try_claim(name, owner, slot)
+            if claimed is not None:
+                return claimed
+
+    def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
+        src = self.paths.state_dir("pending") / name
+        dst = self.paths.state_dir("running") / f"{name}{LEASE_SEP}{owner}{LEASE_SEP}{slot}"
+        try:
+            os.rename(src, dst)
+        except FileNotFoundError:
+            return None  # another claimer won
+        os.utime(dst)  # mtime = claim time, for status
+        try:
+            data = json.loads(dst.read_bytes())
+            if not isinstance(data, dict) or "task" not in data:
+                raise ValueError("not a descriptor")
+        except (OSError, ValueError) as exc:
+            self.quarantine(dst, f"unreadable: {exc}")
+            return None
+        return Claimed(name=name, path=dst, data=data)
+
+    # -- transitions of a claimed descriptor ---------------------------------------------------
+    def save(self, claimed: Claimed) -> None:
+        """Write the claimed descriptor's data in place (temp + fsync + rename)."""
+        atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable)
+
+    def move(self, claimed: Claimed, state: State) -> Path:
+        """Save and move a claimed descriptor to ``state`` (pending, done or failed)."""
+        self.save(claimed)
+        dst = self.paths.state_dir(state.value) / claimed.name
+        os.rename(claimed.path, dst)
+        if self.durable:
+            fsync_dir(dst.parent)
+        claimed.path = dst
+        if state is State.PENDING:
+            self.push(claimed.name)
+        return dst
+
+    def quarantine(self, path: Path, reason: str) -> Path:
+        """Move an unreadable descriptor out of the state folders, with the reason in its name."""
+        safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in reason)[:80]
+        dst = self.paths.corrupt / f"{path.name}.{safe}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, dst)
+        return dst
+
+    # -- inspection ----------------------------------------------------------------------------
+    def names(self, state: State) -> list[str]:
+        return sorted(
+            e.name for e in os.scandir(self.paths.state_dir(state.value)) if _visible(e.name)
+        )
+
+    def counts(self) -> dict[State, int]:
+        out: dict[State, int] = {}
+        for state in State:
+            with os.scandir(self.paths.state_dir(state.value)) as it:
+                out[state] = sum(1 for e in it if _visible(e.name))
+        return out
+
+    def read(self, state: State, name: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.paths.state_dir(state.value) / name).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
+        for name in self.names(state):
+            data = self.read(state, name)
+            if data is not None:
+                yield name, data
+
+    def adopt_running(self, name: str) -> Claimed:
+        """Take over a running descriptor (recovery); raises QueueError if it cannot be read."""
+        path = self.paths.state_dir("running") / name
+        data = self.read(State.RUNNING, name)
+        if data is None:
+            raise QueueError(f"{path}: unreadable running descriptor")
+        return Claimed(name=base_name(name), path=path, data=data)
+
+
+def sync_tree(path: Path) -> None:
+    """Flush every file written under ``path`` to disk: syncfs(2) where available, else sync(2)."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is not None:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if syncfs(fd) == 0:
+                    return
+            finally:
+                os.close(fd)
+    os.sync()
+
+
+def state_of_path(path: Path) -> State:
+    return State(path.parent.name)
+
+
+__all__ = [
+    "STATES",
+    "Claimed",
+    "DirQueue",
+    "State",
+    "attempts_used",
+    "base_name",
+    "descriptor_name",
+    "lease_of",
+    "new_descriptor",
+    "sync_tree",
+    "task_id_of",
+]

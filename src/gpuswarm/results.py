@@ -1,0 +1,172 @@
+"""Aggregation: one row per task (failed ones included) into results.tsv and summary.json.
+
+Rates use honest denominators: a boolean result field is reported over the tasks that finished
+(``of_done``) and over every task of the run (``of_total``), so a run where half the tasks crashed
+cannot look perfect.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuswarm.fsutil import atomic_write_json, atomic_write_text
+from gpuswarm.paths import RunPaths
+from gpuswarm.queue import DirQueue, State, task_id_of
+
+FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
+
+
+@dataclass
+class Row:
+    values: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def _exit_text(attempt: dict[str, Any]) -> str:
+    if attempt.get("signal"):
+        return str(attempt["signal"])
+    code = attempt.get("returncode")
+    return "" if code is None else str(code)
+
+
+def row_for(state: State, data: dict[str, Any]) -> Row:
+    attempts = data.get("attempts", [])
+    last = attempts[-1] if attempts else {}
+    row = Row()
+    row.values = {
+        "task": data.get("id", ""),
+        "name": data.get("task", {}).get("name", ""),
+        "state": state.value,
+        "attempts": len([a for a in attempts if not a.get("interrupted")]),
+        "gpus": ",".join(str(g) for g in last.get("gpus", [])),
+        "seconds": round(float(last["duration"]), 3) if "duration" in last else "",
+        "exit": _exit_text(last),
+        "reason": data.get("reason") or last.get("reason") or "",
+    }
+    row.metrics = dict(last.get("metrics") or {})
+    row.result = dict(data.get("result") or {})
+    return row
+
+
+def collect(queue: DirQueue) -> list[Row]:
+    rows: list[Row] = []
+    for state in State:
+        for name, data in queue.iter_state(state):
+            if "id" not in data:
+                data["id"] = task_id_of(name)
+            rows.append(row_for(state, data))
+    rows.sort(key=lambda r: str(r.values["task"]))
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
+def to_tsv(rows: list[Row]) -> str:
+    metric_cols = sorted({k for r in rows for k in r.metrics})
+    result_cols = sorted({k for r in rows for k in r.result})
+    header = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    lines = ["\t".join(header)]
+    for r in rows:
+        cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        cells += [r.metrics.get(c) for c in metric_cols]
+        cells += [r.result.get(c) for c in result_cols]
+        lines.append("\t".join(_cell(c) for c in cells))
+    return "\n".join(lines) + "\n"
+
+
+def _numeric_stats(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
+    return {
+        "kind": "number",
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "p90": p90,
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
+    total = len(rows)
+    done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
+    columns: dict[str, list[Any]] = {}
+    for r in rows:
+        for k, v in r.metrics.items():
+            columns.setdefault(k, []).append(v)
+        for k, v in r.result.items():
+            columns.setdefault(f"result.{k}", []).append(v)
+    out: dict[str, dict[str, Any]] = {}
+    for key, values in sorted(columns.items()):
+        if all(isinstance(v, bool) for v in values):
+            true = sum(1 for v in values if v)
+            out[key] = {
+                "kind": "bool",
+                "true": true,
+                "of_done": done,
+                "of_total": total,
+                "rate_done": true / done if done else None,
+                "rate_total": true / total if total else None,
+            }
+        else:
+            nums = [
+                float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
+            if nums:
+                out[key] = _numeric_stats(nums)
+    return out
+
+
+def summarize(
+    rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
+) -> dict[str, Any]:
+    counts = {s.value: 0 for s in State}
+    for r in rows:
+        counts[r.values["state"]] += 1
+    failures = [
+        {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] != State.DONE.value
+    ]
+    busy = sum(float(r.values["seconds"] or 0) for r in rows)
+    return {
+        "run": run_info.get("run_dir", ""),
+        "name": run_info.get("name", ""),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "total": len(rows),
+        "counts": counts,
+        "complete": counts[State.DONE.value] == len(rows),
+        "busy_seconds": round(busy, 3),
+        "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
+        "failures": failures[:200],
+        "fields": field_stats(rows),
+    }
+
+
+def write_outputs(
+    paths: RunPaths, queue: DirQueue, run_info: dict[str, Any], window: tuple[float, float] | None
+) -> dict[str, Any]:
+    """Write results.tsv and summary.json atomically; return the summary."""
+    rows = collect(queue)
+    atomic_write_text(paths.results_tsv, to_tsv(rows))
+    summary = summarize(rows, run_info, window)
+    atomic_write_json(paths.summary_json, summary)
+    return summary
+
+
+def rows_from(pairs: Iterable[tuple[State, dict[str, Any]]]) -> list[Row]:
+    return [row_for(state, data) for state, data in pairs]

@@ -1,0 +1,130 @@
+"""Read-only views of runs: ``gpuswarm status`` and ``gpuswarm ls``.
+
+Status never scans more than it must: counts come from folder listings, the ETA from the tail
+of events.jsonl, and only running and (the latest) failed descriptors are read.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.ledger import tail_events
+from gpuswarm.paths import RunPaths, find_runs
+from gpuswarm.process import log_tail
+from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
+from gpuswarm.runs import RunLock, open_run
+
+MAX_FAILURES = 20
+
+
+def _running(queue: DirQueue, now: float) -> list[dict[str, Any]]:
+    out = []
+    for name in queue.names(State.RUNNING):
+        path = queue.paths.state_dir("running") / name
+        data = queue.read(State.RUNNING, name) or {}
+        lease = lease_of(name)
+        try:
+            since = path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        attempt = len(data.get("attempts", [])) + 1
+        out.append(
+            {
+                "task": data.get("id", task_id_of(name)),
+                "name": data.get("task", {}).get("name", ""),
+                "owner": lease[0] if lease else None,
+                "slot": lease[1] if lease else None,
+                "attempt": attempt,
+                "elapsed": round(now - since, 1),
+                "timeout": data.get("task", {}).get("timeout"),
+                "log": str(queue.paths.attempt_log(data["id"], attempt)) if "id" in data else None,
+            }
+        )
+    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or 0))
+
+
+def _failures(queue: DirQueue, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
+    failed_dir = queue.paths.state_dir("failed")
+    entries = sorted(
+        (e for e in os.scandir(failed_dir) if not e.name.startswith(".")),
+        key=lambda e: e.stat().st_mtime,
+        reverse=True,
+    )[:limit]
+    out = []
+    for entry in entries:
+        data = queue.read(State.FAILED, entry.name) or {}
+        attempts = data.get("attempts", [])
+        task_id = data.get("id", task_id_of(base_name(entry.name)))
+        log = queue.paths.attempt_log(task_id, attempts[-1]["n"]) if attempts else None
+        out.append(
+            {
+                "task": task_id,
+                "name": data.get("task", {}).get("name", ""),
+                "attempts": len(attempts),
+                "reason": data.get("reason") or "",
+                "log": str(log) if log else None,
+                "log_tail": log_tail(log, max_lines=8) if log and log.exists() else "",
+            }
+        )
+    return out
+
+
+def _eta(paths: RunPaths, pending: int, running: int, slots: int) -> dict[str, Any]:
+    durations = [
+        float(e["seconds"])
+        for e in tail_events(paths.events)
+        if e.get("ev") == "finished" and e.get("state") == "done" and "seconds" in e
+    ]
+    if not durations or slots <= 0:
+        return {"mean_seconds": None, "eta_seconds": None}
+    mean = statistics.fmean(durations)
+    remaining = pending + running / 2
+    return {"mean_seconds": round(mean, 3), "eta_seconds": round(remaining * mean / slots, 1)}
+
+
+def run_status(run_dir: Path) -> dict[str, Any]:
+    paths, info = open_run(run_dir)
+    queue = DirQueue(paths)
+    now = time.time()
+    counts = {s.value: n for s, n in queue.counts().items()}
+    slots = int(info.get("slot_count") or 1)
+    live = RunLock(paths).is_held_elsewhere()
+    return {
+        "run": str(paths.root),
+        "name": info.get("name", ""),
+        "created": info.get("created"),
+        "live": live,
+        "gpus": info.get("gpus"),
+        "counts": counts,
+        "total": sum(counts.values()),
+        "running": _running(queue, now),
+        "failures": _failures(queue),
+        "eta": _eta(paths, counts["pending"], counts["running"], slots) if live else None,
+        "corrupt": sorted(p.name for p in paths.corrupt.iterdir())
+        if paths.corrupt.is_dir()
+        else [],
+    }
+
+
+def list_runs(workspace: Path) -> list[dict[str, Any]]:
+    out = []
+    for run in find_runs(workspace):
+        paths = RunPaths(run)
+        try:
+            counts = {s.value: n for s, n in DirQueue(paths).counts().items()}
+        except OSError:
+            continue
+        out.append(
+            {
+                "run": str(run),
+                "name": run.parent.name,
+                "live": RunLock(paths).is_held_elsewhere(),
+                "counts": counts,
+                "total": sum(counts.values()),
+            }
+        )
+    return out

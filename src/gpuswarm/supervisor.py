@@ -1,0 +1,331 @@
+"""The supervisor: one process, one long-lived loop per GPU slot: claim -> launch -> finish.
+
+A slot claims the next task the moment it is free (no rounds, no waiting for the slowest). The
+first stop request (Ctrl-C / SIGTERM) is a warm shutdown: no more claims, running attempts are
+stopped (SIGTERM, grace, SIGKILL) and handed back to pending/ as interrupted, not as failed
+attempts. The second is cold: everything is SIGKILLed at once, then handed back the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.config import TaskSpec, render, render_command
+from gpuswarm.gpus import Slot, isolation_env
+from gpuswarm.ledger import Ev, Ledger
+from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
+from gpuswarm.paths import RunPaths
+from gpuswarm.process import (
+    Attempt,
+    AttemptEnd,
+    EndKind,
+    LaunchSpec,
+    become_subreaper,
+    sweep_orphans,
+)
+from gpuswarm.queue import Claimed, DirQueue, State, attempts_used
+from gpuswarm.sandbox import Provision, prepare_home
+
+HEARTBEAT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    slots: list[Slot]
+    base_dir: Path  # default cwd of tasks
+    owner: str
+    isolate_home: bool = False
+    provisions: tuple[Provision, ...] = ()
+    heartbeat: float = HEARTBEAT_SECONDS
+
+
+@dataclass
+class LiveAttempt:
+    slot: Slot
+    task_id: str
+    name: str
+    attempt: int
+    started: float
+    handle: Attempt
+
+
+@dataclass
+class Outcome:
+    """What one attempt led to."""
+
+    state: State
+    reason: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(self, paths: RunPaths, queue: DirQueue, ledger: Ledger, cfg: SupervisorConfig):
+        self.paths = paths
+        self.queue = queue
+        self.ledger = ledger
+        self.cfg = cfg
+        self.stopping = threading.Event()
+        self.cold = False
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._generation = 0
+        self.live: dict[int, LiveAttempt] = {}
+        self.errors: list[BaseException] = []
+        self._done_heartbeat = threading.Event()
+
+    # -- top level -----------------------------------------------------------------------------
+    def run(self) -> None:
+        """Run every slot until the queue is drained or a stop is requested."""
+        become_subreaper()
+        labels = [s.label for s in self.cfg.slots]
+        self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
+        threads = [
+            threading.Thread(target=self._slot_main, args=(s,), name=f"slot-{s.label}", daemon=True)
+            for s in self.cfg.slots
+        ]
+        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+        beat.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)  # wakes for signal handlers in the main thread
+        self._done_heartbeat.set()
+        beat.join()
+        sweep_orphans(f"{self.paths.root.name}/")
+        self.ledger.emit(
+            Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
+        )
+        self.ledger.sync()
+        if self.errors:
+            raise self.errors[0]
+
+    def request_stop(self, *, cold: bool = False) -> None:
+        """Warm stop on the first call, cold on the second (or when ``cold``)."""
+        first = not self.stopping.is_set()
+        self.cold = self.cold or cold or not first
+        self.stopping.set()
+        self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
+        for live in list(self.live.values()):
+            live.handle.cancel(hard=self.cold)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _heartbeat(self) -> None:
+        owner_file = self.paths.parallel / "owners" / self.cfg.owner.replace(":", "_")
+        while not self._done_heartbeat.wait(self.cfg.heartbeat):
+            self.ledger.sync()
+            if owner_file.exists():
+                os.utime(owner_file)
+
+    # -- one slot --------------------------------------------------------------------------------
+    def _slot_main(self, slot: Slot) -> None:
+        try:
+            home_env = self._prepare_home(slot)
+            while not self.stopping.is_set():
+                claimed, generation = self._claim(slot)
+                if claimed is None:
+                    if self._wait_for_work(generation):
+                        continue
+                    return
+                try:
+                    self._run_claimed(slot, claimed, home_env)
+                finally:
+                    self._release()
+        except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
+            self.errors.append(exc)
+            self.request_stop()
+
+    def _claim(self, slot: Slot) -> tuple[Claimed | None, int]:
+        with self._cond:
+            self._in_flight += 1  # before the claim, so idle slots never quit while we may requeue
+            generation = self._generation
+        claimed = self.queue.claim(self.cfg.owner, slot.index)
+        if claimed is None:
+            self._release(requeued=False)
+        return claimed, generation
+
+    def _release(self, *, requeued: bool = False) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            if requeued:
+                self._generation += 1
+            self._cond.notify_all()
+
+    def _wait_for_work(self, seen_generation: int) -> bool:
+        """Block while other slots run attempts that may be requeued; True = try to claim again."""
+        with self._cond:
+            while True:
+                if self.stopping.is_set():
+                    return False
+                if self._generation != seen_generation:
+                    return True
+                if self._in_flight == 0:
+                    return False
+                self._cond.wait()
+
+    def _prepare_home(self, slot: Slot) -> dict[str, str]:
+        if not self.cfg.isolate_home:
+            return {}
+        return prepare_home(self.paths.slot_home(slot.index), self.cfg.provisions)
+
+    # -- one attempt -----------------------------------------------------------------------------
+    def _run_claimed(self, slot: Slot, claimed: Claimed, home_env: dict[str, str]) -> None:
+        task = TaskSpec.model_validate(claimed.data["task"])
+        number = len(claimed.data["attempts"]) + 1
+        if self.stopping.is_set():
+            self._hand_back(claimed, task, None)
+            return
+        gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
+        values = self._values(task, slot, gpu_ids, number)
+        spec = self._launch_spec(task, slot, gpu_ids, number, values, home_env)
+        handle = Attempt.launch(spec)
+        started = time.time()
+        self.live[slot.index] = LiveAttempt(slot, task.id, task.name, number, started, handle)
+        self.ledger.emit(
+            Ev.STARTED,
+            task=task.id,
+            attempt=number,
+            slot=slot.label,
+            gpus=list(gpu_ids),
+            pid=handle.pid,
+        )
+        if self.stopping.is_set():
+            handle.cancel(hard=self.cold)
+        end = handle.wait()
+        del self.live[slot.index]
+        record = self._record(end, slot, gpu_ids, number)
+        if end.kind is EndKind.CANCELLED:
+            self._hand_back(claimed, task, record)
+            return
+        outcome = self._judge(task, end, values, record, claimed)
+        self._finish(claimed, task, outcome)
+
+    def _values(
+        self, task: TaskSpec, slot: Slot, gpu_ids: tuple[int, ...], n: int
+    ) -> dict[str, str]:
+        return {
+            **task.vars,
+            "workspace": str(self.paths.task_dir(task.id)),
+            "run_dir": str(self.paths.root),
+            "task_id": task.id,
+            "name": task.name,
+            "attempt": str(n),
+            "gpu_ids": ",".join(map(str, gpu_ids)),
+            "gpu": str(gpu_ids[0]) if gpu_ids else "",
+            "slot": str(slot.index),
+        }
+
+    def _launch_spec(
+        self,
+        task: TaskSpec,
+        slot: Slot,
+        gpu_ids: tuple[int, ...],
+        n: int,
+        values: dict[str, str],
+        home_env: dict[str, str],
+    ) -> LaunchSpec:
+        log = self.paths.attempt_log(task.id, n)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **home_env}
+        env.update({k: render(v, values) for k, v in task.env.items()})
+        env.update(isolation_env(slot, gpu_ids))
+        env.update(
+            GPUSWARM_RUN_DIR=str(self.paths.root),
+            GPUSWARM_TASK_ID=task.id,
+            GPUSWARM_TASK_NAME=task.name,
+            GPUSWARM_TASK_WORKSPACE=values["workspace"],
+            GPUSWARM_ATTEMPT=str(n),
+        )
+        if "task_dir" in task.vars:
+            env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
+        cwd = Path(render(task.cwd, values)) if task.cwd else self.cfg.base_dir
+        return LaunchSpec(
+            argv=render_command(task, values),
+            env=env,
+            cwd=cwd,
+            log_path=log,
+            timeout=task.timeout,
+            grace=task.grace,
+            token=f"{self.paths.root.name}/{task.id}/{n}",
+        )
+
+    @staticmethod
+    def _record(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> dict[str, Any]:
+        return {
+            "n": n,
+            "slot": slot.label,
+            "gpus": list(gpu_ids),
+            "started": round(end.started, 4),
+            "ended": round(end.ended, 4),
+            "duration": round(end.duration, 4),
+            "kind": end.kind.value,
+            "returncode": end.returncode,
+            "signal": end.signal,
+            "reason": end.reason,
+            "oom": end.oom,
+            "killed": end.killed,
+        }
+
+    def _judge(
+        self,
+        task: TaskSpec,
+        end: AttemptEnd,
+        values: dict[str, str],
+        record: dict[str, Any],
+        claimed: Claimed,
+    ) -> Outcome:
+        log = self.paths.attempt_log(task.id, record["n"])
+        record["metrics"] = parse_metrics(log, task.metrics)
+        if not end.ok:
+            return Outcome(State.FAILED, end.reason, record)
+        if task.done_when:
+            target = self.paths.task_dir(task.id) / render(task.done_when, values)
+            try:
+                result = load_result_file(target)
+            except ResultFileError as exc:
+                reason = f"exit 0 but {exc}"
+                record["reason"] = reason
+                return Outcome(State.FAILED, reason, record)
+            claimed.data["result"] = flatten(result)
+        return Outcome(State.DONE, end.reason, record)
+
+    def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
+        data = claimed.data
+        data["attempts"].append(outcome.record)
+        state = outcome.state
+        retry = False
+        if state is State.FAILED and attempts_used(data) < task.max_attempts:
+            state, retry = State.PENDING, True
+        data["reason"] = outcome.reason if state is State.FAILED else None
+        self.queue.move(claimed, state)
+        rec = outcome.record
+        self.ledger.emit(
+            Ev.FINISHED,
+            task=task.id,
+            attempt=rec["n"],
+            slot=rec["slot"],
+            state=state.value,
+            reason=outcome.reason,
+            seconds=rec["duration"],
+            retry=retry,
+            max_attempts=task.max_attempts,
+        )
+        if retry:
+            with self._cond:
+                self._generation += 1
+                self._cond.notify_all()
+
+    def _hand_back(self, claimed: Claimed, task: TaskSpec, record: dict[str, Any] | None) -> None:
+        """A stop interrupted this task: back to pending/, not counted as a failed attempt."""
+        if record is not None:
+            record["interrupted"] = True
+            claimed.data["attempts"].append(record)
+        claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
+        self.queue.move(claimed, State.PENDING)
+        self.ledger.emit(Ev.REQUEUED, task=task.id, reason="interrupted", frm="running")

@@ -1,0 +1,96 @@
+"""Human-readable output of the CLI (rich). ``--json`` bypasses this module entirely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from gpuswarm.engine import RunReport
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    order = ("done", "failed", "running", "pending")
+    return "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+
+
+def print_status(data: dict[str, Any]) -> None:
+    con = _console()
+    live = "[green]live[/]" if data["live"] else "[dim]not running[/]"
+    con.print(f"[bold]{data['name']}[/]  {data['run']}  ({live})")
+    con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
+    eta = data.get("eta") or {}
+    if eta.get("eta_seconds") is not None:
+        con.print(f"ETA {_duration(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
+    if data["running"]:
+        table = Table("slot", "task", "attempt", "elapsed", "timeout", box=None)
+        for r in data["running"]:
+            table.add_row(
+                str(r["slot"]),
+                r["task"],
+                str(r["attempt"]),
+                _duration(r["elapsed"]),
+                _duration(r["timeout"]),
+            )
+        con.print(table)
+    for f in data["failures"]:
+        con.print(f"[red]failed[/] {f['task']}: {f['reason']}  ({f['attempts']} attempts)")
+        if f["log_tail"]:
+            for line in f["log_tail"].splitlines()[-5:]:
+                con.print("    " + line, style="dim", markup=False)
+    if data["corrupt"]:
+        con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+
+
+def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
+    con = _console()
+    if not rows:
+        con.print(f"no runs under {workspace}")
+        return
+    table = Table("run", "state", "tasks", "done", "failed", "pending", box=None)
+    for r in rows:
+        c = r["counts"]
+        state = "live" if r["live"] else ("complete" if c["done"] == r["total"] else "unfinished")
+        table.add_row(
+            r["run"],
+            state,
+            str(r["total"]),
+            str(c["done"]),
+            str(c["failed"]),
+            str(c["pending"] + c["running"]),
+        )
+    con.print(table)
+
+
+def print_report(report: RunReport) -> None:
+    con = Console(stderr=True, highlight=False, soft_wrap=True)
+    s = report.summary
+    counts = s["counts"]
+    con.print(f"[bold]{s['name']}[/]: {s['total']} tasks  {_counts(counts)}")
+    for f in s["failures"][:10]:
+        con.print(f"  {f['state']} {f['task']}: {f['reason']}", markup=False)
+    if len(s["failures"]) > 10:
+        con.print(f"  ... and {len(s['failures']) - 10} more (see results.tsv)")
+    con.print(f"results: {report.paths.results_tsv}")
+    if report.interrupted:
+        con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
+    elif not s["complete"]:
+        con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
