@@ -25,7 +25,7 @@ from gpuswarm.placeholders import (
 )
 from gpuswarm.yamlload import Locator, PathKey, format_path
 
-MAX_TASKS = 100_000
+MAX_TASKS = 1_000_000
 _WILDCARD = re.compile(r"[*?\[]")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
-from gpuswarm.config import LoadedConfig, config_fingerprint
+from gpuswarm.config import LoadedConfig, spec_hash
 from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
 from gpuswarm.fsutil import atomic_write_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
@@ -87,7 +87,7 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
         "workspace": str(loaded.workspace),
         "source": str(loaded.path) if loaded.path else "<stdin>",
         "base_dir": str(loaded.base_dir),
-        "fingerprint": config_fingerprint(cfg),
+        "fingerprint": spec_hash(loaded),
         "gpus": gpus.spec,
         "vendor": gpus.vendor.value,
         "gpu_ids": list(gpus.ids),
@@ -163,7 +163,7 @@ def resume_run(
 def _check_config_change(
     paths: RunPaths, info: dict[str, Any], loaded: LoadedConfig, allow: bool
 ) -> None:
-    if config_fingerprint(loaded.config) == info.get("fingerprint"):
+    if spec_hash(loaded) == info.get("fingerprint"):
         return
     if not allow:
         raise ConfigError(
@@ -199,7 +199,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
             desc["task"] = dump
             atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
     _, info = open_run(paths.root)
-    info["fingerprint"] = config_fingerprint(loaded.config)
+    info["fingerprint"] = spec_hash(loaded)
     info["config"] = _redact_tree(loaded.config.model_dump(mode="json"))
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)

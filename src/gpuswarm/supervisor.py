@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config import TaskSpec, render, render_command
+from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.gpus import Slot, isolation_env
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
@@ -233,7 +233,7 @@ class Supervisor:
         log = self.paths.attempt_log(task.id, n)
         log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **home_env}
-        env.update({k: render(v, values) for k, v in task.env.items()})
+        env.update(render_env(task, values))
         env.update(isolation_env(slot, gpu_ids))
         env.update(
             GPUSWARM_RUN_DIR=str(self.paths.root),
@@ -244,7 +244,7 @@ class Supervisor:
         )
         if "task_dir" in task.vars:
             env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
-        cwd = Path(render(task.cwd, values)) if task.cwd else self.cfg.base_dir
+        cwd = render_cwd(task, values, self.cfg.base_dir)
         return LaunchSpec(
             argv=render_command(task, values),
             env=env,

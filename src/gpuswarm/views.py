@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _counts(counts: dict[str, int]) -> str:
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
     live = "[green]live[/]" if data["live"] else "[dim]not running[/]"
-    con.print(f"[bold]{data['name']}[/]  {data['run']}  ({live})")
+    con.print(f"[bold]{escape(data['name'])}[/]  {escape(data['run'])}  ({live})")
     con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
     eta = data.get("eta") or {}
     if eta.get("eta_seconds") is not None:
@@ -52,7 +53,9 @@ def print_status(data: dict[str, Any]) -> None:
             )
         con.print(table)
     for f in data["failures"]:
-        con.print(f"[red]failed[/] {f['task']}: {f['reason']}  ({f['attempts']} attempts)")
+        con.print(
+            f"[red]failed[/] {escape(f['task'])}: {escape(f['reason'])} ({f['attempts']} attempts)"
+        )
         if f["log_tail"]:
             for line in f["log_tail"].splitlines()[-5:]:
                 con.print("    " + line, style="dim", markup=False)
@@ -84,7 +87,9 @@ def print_report(report: RunReport) -> None:
     con = Console(stderr=True, highlight=False, soft_wrap=True)
     s = report.summary
     counts = s["counts"]
-    con.print(f"[bold]{s['name']}[/]: {s['total']} tasks  {_counts(counts)}")
+    con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
+    for line in field_lines(s.get("fields", {})):
+        con.print("  " + line, markup=False)
     for f in s["failures"][:10]:
         con.print(f"  {f['state']} {f['task']}: {f['reason']}", markup=False)
     if len(s["failures"]) > 10:
@@ -94,3 +99,18 @@ def print_report(report: RunReport) -> None:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
     elif not s["complete"]:
         con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
+
+
+def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
+    """One line per result field: pass rates over done and over all tasks, or mean/median."""
+    lines = []
+    for key, st in list(fields.items())[:limit]:
+        if st["kind"] == "bool":
+            done = f"{st['true']}/{st['of_done']} done"
+            lines.append(f"{key}: {done}, {st['true']}/{st['of_total']} of all tasks")
+        else:
+            lines.append(
+                f"{key}: mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}"
+                f"  (n={st['n']})"
+            )
+    return lines
