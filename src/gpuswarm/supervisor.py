@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.gpus import Slot, isolation_env
 from gpuswarm.ledger import Ev, Ledger
@@ -176,7 +178,13 @@ class Supervisor:
 
     # -- one attempt -----------------------------------------------------------------------------
     def _run_claimed(self, slot: Slot, claimed: Claimed, home_env: dict[str, str]) -> None:
-        task = TaskSpec.model_validate(claimed.data["task"])
+        try:
+            task = TaskSpec.model_validate(claimed.data["task"])
+        except ValidationError as exc:  # parseable JSON, but not a task we can run
+            first = str(exc).splitlines()[1:2] or ["invalid"]
+            self.queue.quarantine(claimed.path, "invalid-task")
+            self.ledger.emit(Ev.CORRUPT, file=claimed.name, reason=f"invalid task: {first[0]}")
+            return
         number = len(claimed.data["attempts"]) + 1
         if self.stopping.is_set():
             self._hand_back(claimed, task, None)

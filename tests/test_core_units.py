@@ -1,0 +1,144 @@
+"""Pure logic: metrics parsing, result files, aggregation, the event journal, run creation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuswarm.ledger import Ev, Ledger, read_events, tail_events
+from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
+from gpuswarm.paths import RunPaths, check_task_id, slugify
+from gpuswarm.queue import DirQueue, State
+from gpuswarm.results import collect, field_stats, to_tsv
+from gpuswarm.runs import NewRun, create_run, latest_run
+
+
+def test_metrics_last_match_wins_and_carriage_returns(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_bytes(
+        b"step 1\rval_bpb: 1.50\rval_bpb: 1.25\n---\nval_bpb:   0.997900\npeak_vram_mb: 45060.2\n"
+    )
+    got = parse_metrics(
+        log, {"val_bpb": r"^val_bpb:\s*([0-9.]+)", "mem": r"^peak_vram_mb:\s*(\S+)"}
+    )
+    assert got == {"val_bpb": 0.9979, "mem": 45060.2}
+    assert parse_metrics(log, {"missing": r"^nope: (\d+)"}) == {}
+    assert parse_metrics(tmp_path / "absent.log", {"x": "(1)"}) == {}
+
+
+def test_result_files(tmp_path: Path) -> None:
+    good = tmp_path / "task_result.yaml"
+    good.write_text("pass_correctness: false\nperf: {speedup: 1.5, ms: [1, 2]}\n")
+    assert flatten(load_result_file(good)) == {
+        "pass_correctness": False,
+        "perf.speedup": 1.5,
+        "perf.ms": "1,2",
+    }
+    with pytest.raises(ResultFileError, match="was not written"):
+        load_result_file(tmp_path / "nope.yaml")
+    half = tmp_path / "half.json"
+    half.write_text('{"pass": tr')
+    with pytest.raises(ResultFileError, match="does not parse"):
+        load_result_file(half)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ResultFileError, match="empty"):
+        load_result_file(empty)
+
+
+def test_ledger_appends_and_tolerates_torn_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    ledger = Ledger(path)
+    seen: list[dict[str, object]] = []
+    ledger.subscribe(seen.append)
+    for i in range(5):
+        ledger.emit(Ev.STARTED, task=f"t{i}")
+    ledger.close()
+    with path.open("ab") as fh:
+        fh.write(b'{"ts": 1, "ev": "fini')  # a torn last line
+    events = list(read_events(path))
+    assert [e["task"] for e in events] == [f"t{i}" for i in range(5)]
+    assert len(seen) == 5
+    tail = [e["task"] for e in tail_events(path, max_bytes=120)]
+    assert tail and tail == [e["task"] for e in events][-len(tail) :] and len(tail) < 5
+
+
+def _run(tmp_path: Path, tasks: list[dict[str, object]]) -> RunPaths:
+    new = NewRun(name="unit", workspace=tmp_path, info={"name": "unit"}, tasks=tasks)
+    return create_run(new, suffix="x")
+
+
+def test_create_run_is_complete_and_named(tmp_path: Path) -> None:
+    paths = _run(tmp_path, [{"id": f"t{i}", "priority": 0} for i in range(3)])
+    assert paths.root.name.startswith("run_") and paths.root.name.endswith("_x")
+    assert DirQueue(paths).counts()[State.PENDING] == 3
+    assert json.loads(paths.run_json.read_text())["run_dir"] == paths.root.name
+    assert [e["ev"] for e in read_events(paths.events)] == ["run_created"]
+    assert not [p for p in (tmp_path / "unit").iterdir() if p.name.startswith(".staging")]
+    assert oct(paths.parallel.stat().st_mode & 0o777) == "0o700"
+    second = _run(tmp_path, [{"id": "a", "priority": 0}])
+    assert second.root != paths.root  # same second: a distinct folder
+    assert latest_run(tmp_path, "unit") in (paths.root, second.root)
+
+
+def test_failed_creation_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="priority"):
+        _run(tmp_path, [{"id": "a", "priority": 0}, {"id": "b", "priority": 99999}])
+    assert [p.name for p in (tmp_path / "unit").iterdir()] == []
+
+
+def test_results_rows_and_honest_rates(tmp_path: Path) -> None:
+    paths = _run(tmp_path, [{"id": f"t{i}", "priority": 0, "name": f"n\t{i}"} for i in range(4)])
+    q = DirQueue(paths, durable=False)
+    outcomes = [(State.DONE, True), (State.DONE, False), (State.FAILED, None)]
+    for state, passed in outcomes:
+        c = q.claim("o", 0)
+        assert c is not None
+        c.data["attempts"].append(
+            {
+                "n": 1,
+                "gpus": [0],
+                "duration": 1.5,
+                "returncode": 0,
+                "reason": "exit 0",
+                "metrics": {"score": 2.0},
+            }
+        )
+        if passed is not None:
+            c.data["result"] = {"pass": passed}
+        q.move(c, state)
+    rows = collect(q)
+    tsv = to_tsv(rows).splitlines()
+    assert tsv[0].split("\t")[:8] == [
+        "task",
+        "name",
+        "state",
+        "attempts",
+        "gpus",
+        "seconds",
+        "exit",
+        "reason",
+    ]
+    assert len(tsv) == 5 and all(len(r.split("\t")) == len(tsv[0].split("\t")) for r in tsv)
+    assert [r.split("\t")[2] for r in tsv[1:]] == ["done", "done", "failed", "pending"]
+    stats = field_stats(rows)
+    assert stats["result.pass"] == {
+        "kind": "bool",
+        "true": 1,
+        "of_done": 2,
+        "of_total": 4,
+        "rate_done": 0.5,
+        "rate_total": 0.25,
+    }
+    assert stats["score"]["mean"] == 2.0
+
+
+def test_task_ids_cannot_escape() -> None:
+    for evil in ["../../etc/passwd", "a/b", "..", ".hidden", "x\ny", ""]:
+        slug = slugify(evil)
+        assert check_task_id(slug) == slug
+        assert "/" not in slug and not slug.startswith(".")
+    with pytest.raises(Exception, match="not allowed"):
+        check_task_id("../x")

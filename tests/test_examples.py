@@ -1,0 +1,42 @@
+"""The README's first command must keep working: the kernels example on simulated GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_kernels_example_runs_to_completion(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuswarm",
+            "run",
+            "-q",
+            "--workspace",
+            str(tmp_path),
+            str(ROOT / "examples" / "kernels" / "batch.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "kernels").glob("run_*")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["counts"] == {"pending": 0, "running": 0, "done": 8, "failed": 0}
+    rate = summary["fields"]["result.pass_correctness"]
+    assert (rate["true"], rate["of_done"], rate["of_total"]) == (7, 8, 8)
+    rows = (run / "results.tsv").read_text().splitlines()
+    gemm = next(r.split("\t") for r in rows if r.startswith("gpumode-gemm\t"))
+    assert gemm[3] == "2"  # crashed once, retried, done
+    assert "result.pass_correctness: 7/8 done" in proc.stderr

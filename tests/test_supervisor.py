@@ -1,0 +1,79 @@
+"""The supervisor driven in-process on simulated slots, with real subprocesses."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.config import TaskSpec
+from gpuswarm.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.ledger import Ledger, read_events
+from gpuswarm.paths import RunPaths
+from gpuswarm.queue import DirQueue, State
+from gpuswarm.runs import NewRun, create_run
+from gpuswarm.supervisor import Supervisor, SupervisorConfig
+
+PY = sys.executable
+
+
+def task(tid: str, code: str, **kw: Any) -> dict[str, Any]:
+    return TaskSpec(id=tid, name=tid, command=[PY, "-c", code], **kw).model_dump(mode="json")
+
+
+def make(tmp_path: Path, tasks: list[dict[str, Any]], gpus: int = 2) -> tuple[Supervisor, RunPaths]:
+    paths = create_run(NewRun("sup", tmp_path, {"name": "sup"}, tasks))
+    slots = plan_slots(parse_gpu_spec(f"sim:{gpus}"))
+    queue = DirQueue(paths, durable=False)
+    cfg = SupervisorConfig(slots, tmp_path, owner="test:1:1", heartbeat=0.2)
+    return Supervisor(paths, queue, Ledger(paths.events), cfg), paths
+
+
+def states(paths: RunPaths) -> dict[str, str]:
+    q = DirQueue(paths)
+    return {data["id"]: s.value for s in State for _, data in q.iter_state(s)}
+
+
+def test_retry_is_picked_up_while_other_slots_are_idle(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    flaky = (
+        f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); e=p.exists(); p.touch(); "
+        "sys.exit(0 if e else 1)"
+    )
+    sup, paths = make(tmp_path, [task("flaky", flaky, max_attempts=2), task("ok", "pass")])
+    sup.run()
+    assert states(paths) == {"flaky": "done", "ok": "done"}
+    finished = [e for e in read_events(paths.events) if e["ev"] == "finished"]
+    assert [(e["task"], e["state"]) for e in finished if e["task"] == "flaky"] == [
+        ("flaky", "pending"),
+        ("flaky", "done"),
+    ]
+
+
+def test_invalid_descriptor_is_quarantined_and_the_run_goes_on(tmp_path: Path) -> None:
+    bad = task("bad", "pass")
+    bad["max_attempts"] = "many"
+    sup, paths = make(tmp_path, [bad, task("good", "pass")])
+    sup.run()
+    assert states(paths) == {"good": "done"}
+    assert len(list(paths.corrupt.iterdir())) == 1
+    assert any(e["ev"] == "corrupt" for e in read_events(paths.events))
+
+
+def test_warm_stop_hands_running_tasks_back_uncounted(tmp_path: Path) -> None:
+    sup, paths = make(tmp_path, [task(f"s{i}", "import time; time.sleep(30)") for i in range(3)])
+    runner = threading.Thread(target=sup.run)
+    runner.start()
+    deadline = time.time() + 20
+    while len(sup.live) < 2 and time.time() < deadline:
+        time.sleep(0.02)
+    sup.request_stop()
+    runner.join(30)
+    assert not runner.is_alive()
+    assert set(states(paths).values()) == {"pending"}
+    q = DirQueue(paths)
+    interrupted = [d for _, d in q.iter_state(State.PENDING) if d["interruptions"]]
+    assert len(interrupted) == 2
+    assert all(d["attempts"][0]["interrupted"] for d in interrupted)
