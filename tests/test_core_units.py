@@ -142,3 +142,32 @@ def test_task_ids_cannot_escape() -> None:
         assert "/" not in slug and not slug.startswith(".")
     with pytest.raises(Exception, match="not allowed"):
         check_task_id("../x")
+
+
+def test_recover_finishes_a_move_cut_short_and_numbers_lost_attempts(tmp_path: Path) -> None:
+    from gpuswarm.runs import recover
+
+    paths = _run(tmp_path, [{"id": f"t{i}", "priority": 0} for i in range(2)])
+    q = DirQueue(paths, durable=False)
+    finishing, lost = q.claim("host:1:2", 0), q.claim("host:1:2", 1)
+    assert finishing is not None and lost is not None
+    # The supervisor wrote the successful attempt, then died before the rename to done/.
+    finishing.data["attempts"].append({"n": 1, "reason": "exit 0"})
+    finishing.data["state"] = "done"
+    q.save(finishing)
+    ledger = Ledger(paths.events)
+    moved = recover(q, ledger, retry_failed=True, grace=0.1)
+    ledger.close()
+    assert (moved["recovered"], moved["interrupted"]) == (1, 1)
+    assert q.read(State.DONE, finishing.name) is not None
+    requeued = q.read(State.PENDING, lost.name)
+    assert requeued is not None
+    assert requeued["attempts"] == [
+        {
+            "n": 1,
+            "slot": "slot 1",
+            "interrupted": True,
+            "kind": "lost",
+            "reason": "its supervisor died (host:1:2)",
+        }
+    ]

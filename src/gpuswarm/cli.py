@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -12,12 +15,33 @@ import click
 from gpuswarm import __version__
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
 from gpuswarm.engine import Output, RunReport, resume_run, start_run
-from gpuswarm.errors import EXIT_BAD_INPUT, GpuswarmError
+from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
 from gpuswarm.views import print_ls, print_report, print_status
 
 YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextmanager
+def _stoppable() -> Iterator[None]:
+    """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
+
+    Unwinding (not dying) lets a run being created remove its staging folder.
+    """
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    except Interrupted as exc:
+        click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _fail(exc: GpuswarmError) -> NoReturn:
@@ -76,15 +100,30 @@ def run(
     Exit code: 0 when every task is done, 1 when any is failed or unfinished, 2 for bad input,
     130 when stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
+    with _stoppable():
+        report = _start(source, gpus, name, workspace, suffix, shell, timeout, max_attempts, quiet)
+    _finish(report, as_json)
+
+
+def _start(
+    source: str,
+    gpus: str | None,
+    name: str | None,
+    workspace: str | None,
+    suffix: str | None,
+    shell: bool,
+    timeout: str | None,
+    max_attempts: int | None,
+    quiet: bool,
+) -> RunReport:
     try:
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
-        report = start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
+        return start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
     except GpuswarmError as exc:
         _fail(exc)
-    _finish(report, as_json)
 
 
 @cli.command()
@@ -116,11 +155,37 @@ def resume(
     if (run_dir is None) == (not latest):
         click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    with _stoppable():
+        report = _resume(
+            run_dir,
+            latest,
+            name,
+            workspace,
+            gpus,
+            no_retry_failed,
+            config_path,
+            allow_config_change,
+            quiet,
+        )
+    _finish(report, as_json)
+
+
+def _resume(
+    run_dir: Path | None,
+    latest: bool,
+    name: str | None,
+    workspace: str,
+    gpus: str | None,
+    no_retry_failed: bool,
+    config_path: Path | None,
+    allow_config_change: bool,
+    quiet: bool,
+) -> RunReport:
     try:
         target = latest_run(Path(workspace), name) if latest else run_dir
         assert target is not None
         new_config = load_config(config_path) if config_path else None
-        report = resume_run(
+        return resume_run(
             target,
             gpus,
             retry_failed=not no_retry_failed,
@@ -130,7 +195,6 @@ def resume(
         )
     except GpuswarmError as exc:
         _fail(exc)
-    _finish(report, as_json)
 
 
 @cli.command()

@@ -315,6 +315,11 @@ def load_command_list(
     base_dir = base_dir.expanduser().resolve()
     width = max(5, len(str(lines[-1][0])))
     tasks = [_command_task(n, line, opts, width, label, base_dir) for n, line in lines]
+    if name is not None:
+        try:
+            check_run_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"--name: {exc}") from None
     run_name = name or _safe_name(source.stem if source is not None else "stdin")
     config = _command_config(run_name, base_dir, opts, lines, label)
     workspace = _workspace(config.workspace, base_dir)

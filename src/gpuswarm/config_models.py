@@ -99,6 +99,8 @@ def _env_value(value: object) -> str:
     if isinstance(value, int | float):
         return str(value)
     if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("the value contains a NUL byte, which no environment can hold")
         return value
     raise ValueError("the value must be a string (or a number); quote it")
 

@@ -71,7 +71,7 @@ def make_spec(
     """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given)."""
     return TaskSpec(
         id=task_id or task_id_for(instance.name),
-        name=instance.name,
+        name=instance.name.replace("\0", ""),  # an environment value cannot hold NUL
         command=command,
         shell=opts.shell,
         cwd=_cwd(opts.cwd, base_dir),

@@ -251,9 +251,9 @@ def supervise(
             started = time.time()
             with _signals(lambda: sup.request_stop()):
                 sup.run()
-            _, info = open_run(paths.root)
-            summary = write_outputs(paths, queue, info, (started, time.time()))
-            ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+                _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
+                summary = write_outputs(paths, queue, info, (started, time.time()))
+                ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
         finally:
             ledger.close()
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)

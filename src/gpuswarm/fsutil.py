@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644) -> None:
+def atomic_write_bytes(
+    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, sync_dir: bool = True
+) -> None:
     """Write ``data`` to ``path`` so that readers see either the old or the new file, never half.
 
     The temp file lives in the same folder (same filesystem, so the rename is atomic) and starts
-    with ``.tmp-`` so folder scans can ignore it.
+    with ``.tmp-`` so folder scans can ignore it. ``sync_dir=False`` skips the folder fsync for a
+    caller that renames the file on and syncs the destination folder itself.
     """
-    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}"
+    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
@@ -39,7 +43,7 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: i
         raise
     os.close(fd)
     os.replace(tmp, path)
-    if durable:
+    if durable and sync_dir:
         fsync_dir(path.parent)
 
 

@@ -376,7 +376,11 @@ def parse_gpu_spec(spec: str, *, discover_fn: Callable[[], GpuSet] = discover) -
     if sim:
         return _sim_gpus(text, sim[1])
     ids = _parse_ids(text)
-    return _select(text, ids, discover_fn())
+    try:
+        found = discover_fn()
+    except GpuSpecError as exc:
+        raise GpuSpecError(f"--gpus {text}: {exc}") from None
+    return _select(text, ids, found)
 
 
 # -- slots and isolation

@@ -25,6 +25,8 @@ class Ev(str, Enum):
     STARTED = "started"
     FINISHED = "finished"  # an attempt ended (fields: state it led to, reason)
     REQUEUED = "requeued"  # back to pending (retry, interrupted, resume)
+    RECOVERED = "recovered"  # a move a crashed supervisor had begun, completed on resume
+    KILLED = "killed"  # leftover processes of a crashed supervisor's attempts, killed on resume
     CORRUPT = "corrupt"
     SHUTDOWN = "shutdown"  # warm or cold shutdown requested
     AGGREGATED = "aggregated"

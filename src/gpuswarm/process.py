@@ -293,6 +293,24 @@ def kill_tree(pids: Iterable[int], grace: float) -> int:
     return len(sent)
 
 
+def find_by_env(name: str, value: str) -> list[int]:
+    """Pids of every process (but this one) whose environment has ``name=value``.
+
+    Used after a crash: a dead supervisor's attempts run on in their own sessions, re-parented
+    away from us, and their environment is what still ties them to their run.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 def sweep_orphans(token_prefix: str | None = None, *, grace: float = 1.0) -> int:
     """Kill and reap re-parented children of ours that are not main processes of live attempts.
 

@@ -102,6 +102,7 @@ def new_descriptor(task: dict[str, Any], seq: int) -> dict[str, Any]:
         "budget_from": 0,
         "interruptions": 0,
         "reason": None,
+        "state": State.PENDING.value,
     }
 
 
@@ -198,7 +199,8 @@ class DirQueue:
 
     def move(self, claimed: Claimed, state: State) -> Path:
         """Save and move a claimed descriptor to ``state`` (pending, done or failed)."""
-        self.save(claimed)
+        claimed.data["state"] = state.value  # lets recovery finish a move cut short by a crash
+        atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable, sync_dir=False)
         dst = self.paths.state_dir(state.value) / claimed.name
         os.rename(claimed.path, dst)
         if self.durable:

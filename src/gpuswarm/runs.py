@@ -22,11 +22,12 @@ from typing import Any
 import psutil
 
 from gpuswarm import __version__
-from gpuswarm.errors import RunDirError, RunLockedError
+from gpuswarm.errors import QueueError, RunDirError, RunLockedError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.paths import RunPaths, find_runs, run_dir_name, slugify
-from gpuswarm.queue import DirQueue, State, base_name, new_descriptor, sync_tree
+from gpuswarm.process import find_by_env, kill_tree
+from gpuswarm.queue import DirQueue, State, base_name, lease_of, new_descriptor, sync_tree
 
 
 def owner_id() -> str:
@@ -47,6 +48,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     """Stage the run (descriptors, run.json), sync once, then rename it into place."""
     parent = new.workspace / slugify(new.name)
     parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(parent)
     now = now or datetime.now()
     final = _free_name(parent, run_dir_name(now, suffix))
     staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
@@ -70,6 +72,14 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     ledger.emit(Ev.RUN_CREATED, tasks=len(new.tasks), name=new.name, version=__version__)
     ledger.close()
     return paths
+
+
+def _remove_stale_staging(parent: Path) -> None:
+    """Remove staging folders whose creator died (SIGKILL mid-creation): never a visible run."""
+    for entry in parent.glob(".staging-run_*"):
+        pid = entry.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            _remove_tree(entry)
 
 
 def _free_name(parent: Path, name: str) -> Path:
@@ -167,29 +177,58 @@ def locked(paths: RunPaths, owner: str) -> Iterator[RunLock]:
         lock.release()
 
 
-def recover(queue: DirQueue, ledger: Ledger, *, retry_failed: bool) -> dict[str, int]:
-    """Return running/ to pending/ (interrupted) and, unless told not to, failed/ too.
+def recover(
+    queue: DirQueue, ledger: Ledger, *, retry_failed: bool, grace: float = 10.0
+) -> dict[str, int]:
+    """Repair a run no supervisor holds: after a crash, a stop, or to retry failures.
 
     Call only while holding the run lock: then no supervisor is live and every running
-    descriptor was orphaned by a crash or a stop.
+    descriptor was orphaned. First the attempts a crashed supervisor left running are killed
+    (they run on in their own sessions and would hold their GPU twice); then each running
+    descriptor either completes the move its supervisor had begun (done/failed), or goes back
+    to pending/ with an interrupted attempt recorded, so the re-run gets a new attempt number.
+    Unless ``retry_failed`` is False, failed tasks are re-queued with a fresh attempt budget.
     """
-    moved = {"interrupted": 0, "retried": 0, "corrupt": 0}
+    moved = {"killed": 0, "interrupted": 0, "recovered": 0, "retried": 0, "corrupt": 0}
+    leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
+    if leftovers:
+        moved["killed"] = kill_tree(leftovers, grace)
+        ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
     for name in queue.names(State.RUNNING):
-        data = queue.read(State.RUNNING, name)
-        if data is None:
-            queue.quarantine(queue.paths.state_dir("running") / name, "unreadable")
-            ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
-            moved["corrupt"] += 1
-            continue
-        claimed = queue.adopt_running(name)
-        claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
-        queue.move(claimed, State.PENDING)
-        ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="interrupted", frm="running")
-        moved["interrupted"] += 1
+        moved[_recover_running(queue, ledger, name)] += 1
     if retry_failed:
         for name in queue.names(State.FAILED):
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
+
+
+def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
+    try:
+        claimed = queue.adopt_running(name)
+    except QueueError:
+        queue.quarantine(queue.paths.state_dir("running") / name, "unreadable")
+        ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
+        return "corrupt"
+    data = claimed.data
+    target = data.get("state")
+    if target in (State.DONE.value, State.FAILED.value):
+        queue.move(claimed, State(target))
+        ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)
+        return "recovered"
+    lease = lease_of(name)
+    data["attempts"].append(
+        {
+            "n": len(data["attempts"]) + 1,
+            "slot": f"slot {lease[1]}" if lease else "",
+            "interrupted": True,
+            "kind": "lost",
+            "reason": "its supervisor died" + (f" ({lease[0]})" if lease else ""),
+        }
+    )
+    data["interruptions"] = data.get("interruptions", 0) + 1
+    queue.move(claimed, State.PENDING)
+    ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="interrupted", frm="running")
+    return "interrupted"
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
@@ -201,6 +240,7 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
         return 0
     data["budget_from"] = len(data.get("attempts", []))
     data["reason"] = None
+    data["state"] = State.PENDING.value
     staged = queue.paths.state_dir("failed") / f".retry-{base_name(name)}"
     atomic_write_json(staged, data, durable=queue.durable)
     os.replace(staged, src)

@@ -17,6 +17,7 @@ from gpuswarm.paths import RunPaths, find_runs
 from gpuswarm.process import log_tail
 from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
 from gpuswarm.runs import RunLock, open_run
+from gpuswarm.sandbox import redact_text
 
 MAX_FAILURES = 20
 
@@ -67,10 +68,18 @@ def _failures(queue: DirQueue, limit: int = MAX_FAILURES) -> list[dict[str, Any]
                 "attempts": len(attempts),
                 "reason": data.get("reason") or "",
                 "log": str(log) if log else None,
-                "log_tail": log_tail(log, max_lines=8) if log and log.exists() else "",
+                "log_tail": _redacted_tail(log, data),
             }
         )
     return out
+
+
+def _redacted_tail(log: Path | None, data: dict[str, Any]) -> str:
+    """A log tail with the values of secret-looking variables (task's and ours) blanked."""
+    if log is None or not log.exists():
+        return ""
+    env = {**os.environ, **data.get("task", {}).get("env", {})}
+    return redact_text(log_tail(log, max_lines=8), env)
 
 
 def _eta(paths: RunPaths, pending: int, running: int, slots: int) -> dict[str, Any]:

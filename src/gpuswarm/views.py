@@ -64,23 +64,16 @@ def print_status(data: dict[str, Any]) -> None:
 
 
 def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
-    con = _console()
+    """One line per run; the path comes last and is never shortened."""
     if not rows:
-        con.print(f"no runs under {workspace}")
+        print(f"no runs under {workspace}")
         return
-    table = Table("run", "state", "tasks", "done", "failed", "pending", box=None)
+    print(f"{'state':<11}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
     for r in rows:
         c = r["counts"]
         state = "live" if r["live"] else ("complete" if c["done"] == r["total"] else "unfinished")
-        table.add_row(
-            r["run"],
-            state,
-            str(r["total"]),
-            str(c["done"]),
-            str(c["failed"]),
-            str(c["pending"] + c["running"]),
-        )
-    con.print(table)
+        left = c["pending"] + c["running"]
+        print(f"{state:<11}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
 
 
 def print_report(report: RunReport) -> None:
