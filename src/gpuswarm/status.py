@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.ledger import tail_events
+from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths, find_runs
-from gpuswarm.process import log_tail
 from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
 from gpuswarm.runs import RunLock, open_run
 from gpuswarm.sandbox import redact_text
