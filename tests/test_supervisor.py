@@ -47,9 +47,11 @@ def test_retry_is_picked_up_while_other_slots_are_idle(tmp_path: Path) -> None:
     assert states(paths) == {"flaky": "done", "ok": "done"}
     finished = [e for e in read_events(paths.events) if e["ev"] == "finished"]
     assert [(e["task"], e["state"]) for e in finished if e["task"] == "flaky"] == [
-        ("flaky", "pending"),
+        ("flaky", "waiting"),  # the retry waits out its backoff in running/
         ("flaky", "done"),
     ]
+    requeued = [e for e in read_events(paths.events) if e["ev"] == "requeued"]
+    assert [(e["task"], e["reason"], e["frm"]) for e in requeued] == [("flaky", "retry", "waiting")]
 
 
 def test_invalid_descriptor_is_quarantined_and_the_run_goes_on(tmp_path: Path) -> None:

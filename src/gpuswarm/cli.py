@@ -14,7 +14,7 @@ import click
 
 from gpuswarm import __version__
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
-from gpuswarm.engine import Output, RunReport, resume_run, start_run
+from gpuswarm.engine import Output, RunReport, resume_run, start_run, work_run
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
@@ -195,6 +195,25 @@ def _resume(
         )
     except GpuswarmError as exc:
         _fail(exc)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--gpus", required=True, help="the GPUs this supervisor adds (auto | 4,5 | sim:N)")
+@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+def work(run_dir: Path, gpus: str, quiet: bool, as_json: bool) -> None:
+    """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
+
+    The new supervisor claims from the same queue and takes over tasks of supervisors that died
+    (their leases expire). It stops when nothing is left to claim.
+    """
+    with _stoppable():
+        try:
+            report = work_run(run_dir, gpus, output=Output(quiet=quiet))
+        except GpuswarmError as exc:
+            _fail(exc)
+    _finish(report, as_json)
 
 
 @cli.command()

@@ -295,6 +295,26 @@ def _gpus(value: object) -> object:
     raise ValueError(f"{value!r} is not a GPU selection; write auto, 0,1,2 or sim:N")
 
 
+class BreakerConfig(BaseModel):
+    """Quarantine a slot whose last ``failures`` attempts all failed within ``window``."""
+
+    model_config = _STRICT
+
+    failures: int = Field(default=5, ge=0)  # 0 turns the breaker off
+    window: Duration = 60.0
+
+
+class Reliability(BaseModel):
+    """Leases, retries, the circuit breaker and log bounds (all have safe defaults)."""
+
+    model_config = _STRICT
+
+    lease_ttl: Duration = 30.0  # reclaim a task whose supervisor shows no heartbeat this long
+    retry_backoff: Duration | None = 1.0  # before attempt n+1: backoff * 2**(n-1); null = none
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    max_log_mb: float = Field(default=256.0, gt=0)  # each output.log stays under this size
+
+
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
     if not tasks:
         raise ValueError("the task list is empty; add at least one entry, e.g. - command: ...")
@@ -313,6 +333,7 @@ class RunConfig(BaseModel):
     tasks_per_gpu: int = Field(default=1, ge=1)
     grace: Duration = 10.0
     home: HomeConfig = Field(default_factory=HomeConfig)
+    reliability: Reliability = Field(default_factory=Reliability)
     defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())
     tasks: Annotated[list[TaskEntry], AfterValidator(_non_empty_tasks)]
 

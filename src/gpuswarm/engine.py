@@ -16,16 +16,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
-from gpuswarm.config import LoadedConfig, spec_hash
+from gpuswarm.config import LoadedConfig, RunConfig, spec_hash
 from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
 from gpuswarm.fsutil import atomic_write_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.leases import attach, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor
 from gpuswarm.results import write_outputs
-from gpuswarm.runs import NewRun, create_run, locked, open_run, owner_id, recover, write_owner_file
+from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
 from gpuswarm.supervisor import Supervisor, SupervisorConfig
 
@@ -98,10 +99,53 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
             "isolate": bool(home and home.isolate),
             "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
         },
+        "settings": _settings(cfg),
         "config": _redact_tree(cfg.model_dump(mode="json")),
         "task_count": len(loaded.tasks),
         "hosts": [socket.gethostname()],
     }
+
+
+def _settings(cfg: RunConfig) -> dict[str, Any]:
+    rel = cfg.reliability
+    return {
+        "lease_ttl": rel.lease_ttl,
+        "retry_backoff": rel.retry_backoff or 0.0,
+        "breaker_failures": rel.breaker.failures,
+        "breaker_window": rel.breaker.window,
+        "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
+    }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a supervisor needs besides the queue: slots, task defaults, reliability settings."""
+
+    slots: list[Slot]
+    base_dir: Path
+    isolate: bool
+    provisions: tuple[Provision, ...]
+    settings: dict[str, Any]
+
+    def supervisor_config(self, owner: str) -> SupervisorConfig:
+        known = set(SupervisorConfig.__dataclass_fields__)
+        extra = {k: v for k, v in self.settings.items() if k in known}
+        return SupervisorConfig(
+            self.slots, self.base_dir, owner, self.isolate, self.provisions, **extra
+        )
+
+
+def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
+    """The setup of an existing run (its run.json), on the GPUs given now or its own."""
+    gpus = parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto"))
+    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
+    home = info.get("home", {})
+    provisions = tuple(
+        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
+        for p in home.get("provision", [])
+    )
+    base_dir = Path(info.get("base_dir", "."))
+    return Setup(slots, base_dir, bool(home.get("isolate")), provisions, info.get("settings", {}))
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
@@ -124,7 +168,9 @@ def start_run(
     )
     paths = create_run(new, suffix=suffix)
     _say(output, f"run dir: {paths.root}  ({len(loaded.tasks)} tasks on {len(slots)} slots)")
-    return supervise(paths, slots, Path(loaded.base_dir), provisions, loaded, output=output)
+    isolate = bool(loaded.config.home and loaded.config.home.isolate)
+    setup = Setup(slots, loaded.base_dir, isolate, provisions, new.info["settings"])
+    return supervise(paths, setup, mode="run", output=output)
 
 
 def resume_run(
@@ -137,27 +183,23 @@ def resume_run(
     output: Output,
 ) -> RunReport:
     paths, info = open_run(run_dir)
-    spec = gpus_spec or str(info.get("gpus") or "auto")
-    gpus = parse_gpu_spec(spec)
-    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
-    provisions = tuple(
-        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
-        for p in info.get("home", {}).get("provision", [])
-    )
+    setup = setup_from_info(info, gpus_spec)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(
         paths,
-        slots,
-        Path(info.get("base_dir", ".")),
-        provisions,
-        None,
+        setup,
+        mode="resume",
         output=output,
-        resume=True,
         retry_failed=retry_failed,
         new_config=new_config if allow_change else None,
-        isolate=bool(info.get("home", {}).get("isolate")),
     )
+
+
+def work_run(run_dir: Path, gpus_spec: str, *, output: Output) -> RunReport:
+    """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
+    paths, info = open_run(run_dir)
+    return supervise(paths, setup_from_info(info, gpus_spec), mode="work", output=output)
 
 
 def _check_config_change(
@@ -222,37 +264,41 @@ def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
 
 def supervise(
     paths: RunPaths,
-    slots: list[Slot],
-    base_dir: Path,
-    provisions: tuple[Provision, ...],
-    loaded: LoadedConfig | None,
+    setup: Setup,
     *,
+    mode: str,
     output: Output,
-    resume: bool = False,
     retry_failed: bool = True,
     new_config: LoadedConfig | None = None,
-    isolate: bool | None = None,
 ) -> RunReport:
+    """Attach to the run, initialise (recover / reclaim), run the slots, write the outputs.
+
+    ``mode``: ``run`` (a fresh run), ``resume`` (no other supervisor may be live; repairs
+    everything) or ``work`` (joins live supervisors; reclaims only dead owners' tasks).
+    """
     owner = owner_id()
-    if isolate is None:
-        isolate = bool(loaded and loaded.config.home and loaded.config.home.isolate)
-    with locked(paths, owner):
+    cfg = setup.supervisor_config(owner)
+    recovered = None
+    with attach(paths, exclusive_start=mode == "resume") as hold:
         queue = DirQueue(paths)
         ledger = Ledger(paths.events)
         try:
-            recovered = recover(queue, ledger, retry_failed=retry_failed) if resume else None
+            if mode == "resume":
+                recovered = recover(queue, ledger, retry_failed=retry_failed)
+            reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
-            write_owner_file(paths, owner, {"slots": [s.label for s in slots]})
+            write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
+            hold.end_init()
             if not output.quiet:
                 ledger.subscribe(PlainReporter(queue.counts(), output.stream))
-            cfg = SupervisorConfig(slots, base_dir, owner, isolate, provisions)
             sup = Supervisor(paths, queue, ledger, cfg)
             started = time.time()
             with _signals(lambda: sup.request_stop()):
                 sup.run()
                 _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
-                summary = write_outputs(paths, queue, info, (started, time.time()))
+                extra = {"quarantined": sup.quarantined}
+                summary = write_outputs(paths, queue, info, (started, time.time()), extra)
                 ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
         finally:
             ledger.close()

@@ -28,6 +28,7 @@ class Ev(str, Enum):
     RECOVERED = "recovered"  # a move a crashed supervisor had begun, completed on resume
     KILLED = "killed"  # leftover processes of a crashed supervisor's attempts, killed on resume
     CORRUPT = "corrupt"
+    QUARANTINED = "quarantined"  # a slot stopped claiming: its attempts kept failing fast
     SHUTDOWN = "shutdown"  # warm or cold shutdown requested
     AGGREGATED = "aggregated"
 

@@ -51,6 +51,8 @@ class PlainReporter:
             return f"{stamp} {e['slot']:<8} start  {e['task']} {detail}".rstrip()
         if ev == "finished":
             return self._finished(stamp, e)
+        if ev == "quarantined":
+            return f"{stamp} {e['slot']:<8} QUARANTINED: {e.get('reason', '')}"
         if ev == "requeued" and e.get("frm") == "running":
             self._move("running", "pending")
             return f"{stamp} {'':<8} requeued {e['task']} ({e.get('reason', '')})"
@@ -62,15 +64,16 @@ class PlainReporter:
         return None
 
     def _finished(self, stamp: str, e: dict[str, Any]) -> str:
-        state = e.get("state", "")
+        state = "pending" if e.get("state") == "waiting" else e.get("state", "")
         self._move("running", state if state in self.counts else "failed")
         secs = f"{float(e.get('seconds', 0)):.1f}s"
         if state == "done":
             return f"{stamp} {e['slot']:<8} done   {e['task']} {secs} {self._progress()}"
         why = e.get("reason", "")
         if e.get("retry"):
+            wait = f", again in {e['retry_in']:g}s" if e.get("retry_in") else ""
             return (
                 f"{stamp} {e['slot']:<8} retry  {e['task']} {why} (attempt {e['attempt']}/"
-                f"{e.get('max_attempts', '?')}) {self._progress()}"
+                f"{e.get('max_attempts', '?')}{wait}) {self._progress()}"
             )
         return f"{stamp} {e['slot']:<8} FAILED {e['task']} {why} {secs} {self._progress()}"

@@ -59,3 +59,29 @@ def detect_oom(path: Path) -> bool:
     return any(
         "out of memory" in line.lower() and _GPU_WORD.search(line) for line in text.splitlines()
     )
+
+
+CUT_MARKER = b"\n[gpuswarm: %d bytes of output dropped here to keep the log under %d bytes]\n"
+
+
+def cap_log(path: Path, limit: int) -> int:
+    """Keep a growing log under ``limit`` bytes: its head, a marker, and its latest output.
+
+    The task writes with O_APPEND, so after the truncation its next writes land after the kept
+    tail. Returns the bytes dropped (0 when the log is within the limit).
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size <= limit:
+        return 0
+    keep = max(1, limit // 4)
+    with path.open("r+b") as fh:
+        fh.seek(size - keep)
+        tail = fh.read(keep)
+        fh.truncate(keep)
+        fh.seek(keep)
+        dropped = size - 2 * keep
+        fh.write(CUT_MARKER % (dropped, limit) + tail)
+    return dropped

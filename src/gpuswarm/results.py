@@ -158,12 +158,16 @@ def summarize(
 
 
 def write_outputs(
-    paths: RunPaths, queue: DirQueue, run_info: dict[str, Any], window: tuple[float, float] | None
+    paths: RunPaths,
+    queue: DirQueue,
+    run_info: dict[str, Any],
+    window: tuple[float, float] | None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write results.tsv and summary.json atomically; return the summary."""
     rows = collect(queue)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary = summarize(rows, run_info, window)
+    summary = {**summarize(rows, run_info, window), **(extra or {})}
     atomic_write_json(paths.summary_json, summary)
     return summary
 

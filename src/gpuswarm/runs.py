@@ -6,14 +6,8 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
 import os
 import shutil
-import socket
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,18 +16,22 @@ from typing import Any
 import psutil
 
 from gpuswarm import __version__
-from gpuswarm.errors import QueueError, RunDirError, RunLockedError
+from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json
+from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.paths import RunPaths, find_runs, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
-from gpuswarm.queue import DirQueue, State, base_name, lease_of, new_descriptor, sync_tree
-
-
-def owner_id() -> str:
-    """``host:pid:start``: names this supervisor process uniquely, even after pid reuse."""
-    start = int(psutil.Process().create_time() * 100)
-    return f"{slugify(socket.gethostname(), 60)}:{os.getpid()}:{start}"
+from gpuswarm.queue import (
+    LEASE_SEP,
+    DirQueue,
+    State,
+    attempts_used,
+    base_name,
+    lease_of,
+    new_descriptor,
+    sync_tree,
+)
 
 
 @dataclass(frozen=True)
@@ -119,64 +117,6 @@ def latest_run(workspace: Path, name: str | None = None) -> Path:
     return max(runs, key=lambda r: (r.name, r.stat().st_mtime))
 
 
-class RunLock:
-    """An exclusive ``flock`` on ``.parallel/lock``, held for a supervisor's lifetime.
-
-    The kernel drops it when the holder dies (even by SIGKILL), so a stale lock cannot block a
-    resume. The holder writes its owner id into the file for the error message.
-    """
-
-    def __init__(self, paths: RunPaths) -> None:
-        self.paths = paths
-        self._fd: int | None = None
-
-    def acquire(self, owner: str) -> None:
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise RunLockedError(
-                    f"{self.paths.root} is live: its supervisor {holder} is running; "
-                    f"watch it with 'gpuswarm status {self.paths.root}' or stop it first"
-                ) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{owner}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def is_held_elsewhere(self) -> bool:
-        try:
-            fd = os.open(self.paths.lock, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
-
-
-@contextlib.contextmanager
-def locked(paths: RunPaths, owner: str) -> Iterator[RunLock]:
-    lock = RunLock(paths)
-    lock.acquire(owner)
-    try:
-        yield lock
-    finally:
-        lock.release()
-
-
 def recover(
     queue: DirQueue, ledger: Ledger, *, retry_failed: bool, grace: float = 10.0
 ) -> dict[str, int]:
@@ -189,7 +129,8 @@ def recover(
     to pending/ with an interrupted attempt recorded, so the re-run gets a new attempt number.
     Unless ``retry_failed`` is False, failed tasks are re-queued with a fresh attempt budget.
     """
-    moved = {"killed": 0, "interrupted": 0, "recovered": 0, "retried": 0, "corrupt": 0}
+    moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
+    moved["corrupt"] = 0
     leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
     if leftovers:
         moved["killed"] = kill_tree(leftovers, grace)
@@ -210,6 +151,10 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
         ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
         return "corrupt"
     data = claimed.data
+    if data.pop("retry_at", None) is not None:  # it was only waiting for its retry backoff
+        queue.move(claimed, State.PENDING)
+        ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+        return "requeued"
     target = data.get("state")
     if target in (State.DONE.value, State.FAILED.value):
         queue.move(claimed, State(target))
@@ -250,9 +195,72 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
     return 1
 
 
-def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Path:
-    owners = paths.parallel / "owners"
-    owners.mkdir(exist_ok=True)
-    path = owners / owner.replace(":", "_")
-    atomic_write_json(path, {"owner": owner, "since": time.time(), **detail})
-    return path
+def reclaim_dead(
+    queue: DirQueue, ledger: Ledger, me: str, *, lease_ttl: float, grace: float = 10.0
+) -> int:
+    """Take back the tasks of supervisors that are gone; any live supervisor may call this.
+
+    Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
+    ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
+    supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
+    """
+    verdicts: dict[str, bool] = {}
+    count = 0
+    for name in queue.names(State.RUNNING):
+        lease = lease_of(name)
+        if lease is None or lease[0] == me:
+            continue
+        owner = lease[0]
+        if owner not in verdicts:
+            verdicts[owner] = owner_alive(queue.paths, owner, lease_ttl)
+            if not verdicts[owner] and on_this_host(owner):
+                leftovers = find_by_env(OWNER_VAR, owner)
+                if leftovers:
+                    kill_tree(leftovers, grace)
+                    ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
+        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me):
+            count += 1
+    return count
+
+
+def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:
+    running = queue.paths.state_dir("running")
+    mine = running / f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1"
+    try:
+        os.rename(running / name, mine)
+    except FileNotFoundError:
+        return False  # another supervisor reclaimed it first
+    try:
+        claimed = queue.adopt_running(mine.name)
+    except QueueError:
+        queue.quarantine(mine, "unreadable")
+        ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
+        return False
+    data = claimed.data
+    if data.pop("retry_at", None) is not None:  # its owner died while it waited for a retry
+        queue.move(claimed, State.PENDING)
+        ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+        return True
+    data["attempts"].append(
+        {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}
+    )
+    max_attempts = int(data.get("task", {}).get("max_attempts", 1))
+    if attempts_used(data) >= max_attempts:
+        data["reason"] = f"abandoned: its supervisor {owner} died and attempts are used up"
+        queue.move(claimed, State.FAILED)
+        ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=len(data["attempts"]),
+            slot="",
+            state="failed",
+            reason=data["reason"],
+            seconds=0,
+            retry=False,
+        )
+    else:
+        queue.move(claimed, State.PENDING)
+        ledger.emit(
+            Ev.REQUEUED, task=claimed.task_id, reason=f"reclaimed from {owner}", frm="running"
+        )
+    return True

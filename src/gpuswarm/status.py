@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.leases import is_live
 from gpuswarm.ledger import tail_events
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths, find_runs
 from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
-from gpuswarm.runs import RunLock, open_run
+from gpuswarm.runs import open_run
 from gpuswarm.sandbox import redact_text
 
 MAX_FAILURES = 20
@@ -101,7 +102,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     now = time.time()
     counts = {s.value: n for s, n in queue.counts().items()}
     slots = int(info.get("slot_count") or 1)
-    live = RunLock(paths).is_held_elsewhere()
+    live = is_live(paths)
     return {
         "run": str(paths.root),
         "name": info.get("name", ""),
@@ -131,7 +132,7 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
             {
                 "run": str(run),
                 "name": run.parent.name,
-                "live": RunLock(paths).is_held_elsewhere(),
+                "live": is_live(paths),
                 "counts": counts,
                 "total": sum(counts.values()),
             }

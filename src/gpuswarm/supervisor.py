@@ -8,9 +8,12 @@ attempts. The second is cold: everything is SIGKILLed at once, then handed back 
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,9 @@ from pydantic import ValidationError
 
 from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.gpus import Slot, isolation_env
+from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
+from gpuswarm.logs import cap_log
 from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import (
@@ -30,10 +35,13 @@ from gpuswarm.process import (
     become_subreaper,
     sweep_orphans,
 )
-from gpuswarm.queue import Claimed, DirQueue, State, attempts_used
+from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of
+from gpuswarm.runs import reclaim_dead
 from gpuswarm.sandbox import Provision, prepare_home
 
 HEARTBEAT_SECONDS = 5.0
+IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisors still work on
+MAX_BACKOFF_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,11 @@ class SupervisorConfig:
     isolate_home: bool = False
     provisions: tuple[Provision, ...] = ()
     heartbeat: float = HEARTBEAT_SECONDS
+    lease_ttl: float = 30.0  # a lease whose owner shows no heartbeat for this long is reclaimed
+    retry_backoff: float = 1.0  # wait before attempt n+1: backoff * 2**(n-1), 0 = none
+    breaker_failures: int = 5  # quarantine a slot whose last N attempts all failed ...
+    breaker_window: float = 60.0  # ... within this many seconds; 0 failures = never
+    max_log_bytes: int = 256 << 20  # each attempt's output.log is kept under this size
 
 
 @dataclass
@@ -78,7 +91,10 @@ class Supervisor:
         self._generation = 0
         self.live: dict[int, LiveAttempt] = {}
         self.errors: list[BaseException] = []
-        self._done_heartbeat = threading.Event()
+        self.quarantined: list[dict[str, Any]] = []
+        self._delayed: list[tuple[float, int, Claimed]] = []  # retries waiting for their backoff
+        self._delay_seq = 0
+        self._done_keeping = threading.Event()
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -90,20 +106,23 @@ class Supervisor:
             threading.Thread(target=self._slot_main, args=(s,), name=f"slot-{s.label}", daemon=True)
             for s in self.cfg.slots
         ]
-        beat = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
-        beat.start()
+        keeper = threading.Thread(target=self._keep, name="keeper", daemon=True)
+        keeper.start()
         for t in threads:
             t.start()
         for t in threads:
             while t.is_alive():
                 t.join(0.5)  # wakes for signal handlers in the main thread
-        self._done_heartbeat.set()
-        beat.join()
+        self._done_keeping.set()
+        keeper.join()
+        self._release_delayed(everything=True)
         sweep_orphans(f"{self.paths.root.name}/")
         self.ledger.emit(
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
         self.ledger.sync()
+        with contextlib.suppress(FileNotFoundError):
+            owner_file(self.paths, self.cfg.owner).unlink()
         if self.errors:
             raise self.errors[0]
 
@@ -118,15 +137,47 @@ class Supervisor:
         with self._cond:
             self._cond.notify_all()
 
-    def _heartbeat(self) -> None:
-        owner_file = self.paths.parallel / "owners" / self.cfg.owner.replace(":", "_")
-        while not self._done_heartbeat.wait(self.cfg.heartbeat):
-            self.ledger.sync()
-            if owner_file.exists():
-                os.utime(owner_file)
+    def _keep(self) -> None:
+        """Once a second: cap logs, release due retries; heartbeat and reclaim less often."""
+        tick = min(1.0, self.cfg.heartbeat)
+        next_beat = next_reclaim = 0.0
+        while not self._done_keeping.wait(tick):
+            now = time.monotonic()
+            for live in list(self.live.values()):
+                cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
+            self._release_delayed(everything=self.stopping.is_set())
+            if now >= next_beat:
+                next_beat = now + self.cfg.heartbeat
+                self.ledger.sync()
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(owner_file(self.paths, self.cfg.owner))
+            if now >= next_reclaim and not self.stopping.is_set():
+                next_reclaim = now + self.cfg.lease_ttl / 3
+                self._reclaim()
+
+    def _reclaim(self) -> None:
+        owner = self.cfg.owner
+        if reclaim_dead(self.queue, self.ledger, owner, lease_ttl=self.cfg.lease_ttl):
+            with self._cond:
+                self._generation += 1
+                self._cond.notify_all()
+
+    def _release_delayed(self, *, everything: bool) -> None:
+        """Move retries whose backoff is over (or all of them, on stop) back to pending/."""
+        now = time.time()
+        while True:
+            with self._cond:
+                if not self._delayed or (not everything and self._delayed[0][0] > now):
+                    return
+                _, _, claimed = heapq.heappop(self._delayed)
+            claimed.data.pop("retry_at", None)
+            self.queue.move(claimed, State.PENDING)
+            self.ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+            self._release(requeued=True)
 
     # -- one slot --------------------------------------------------------------------------------
     def _slot_main(self, slot: Slot) -> None:
+        history: deque[AttemptEnd] = deque(maxlen=max(1, self.cfg.breaker_failures))
         try:
             home_env = self._prepare_home(slot)
             while not self.stopping.is_set():
@@ -136,9 +187,12 @@ class Supervisor:
                         continue
                     return
                 try:
-                    self._run_claimed(slot, claimed, home_env)
+                    end = self._run_claimed(slot, claimed, home_env)
                 finally:
                     self._release()
+                if end is not None and self._trips(history, end):
+                    self._quarantine(slot, history)
+                    return
         except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
             self.errors.append(exc)
             self.request_stop()
@@ -168,8 +222,38 @@ class Supervisor:
                 if self._generation != seen_generation:
                     return True
                 if self._in_flight == 0:
-                    return False
+                    if not self._others_running():
+                        return False
+                    self._cond.wait(IDLE_POLL_SECONDS)  # their retries land in pending/
+                    return True
                 self._cond.wait()
+
+    def _others_running(self) -> bool:
+        """Whether other supervisors hold tasks (they may requeue them, or die and be reclaimed)."""
+        return any(
+            (lease := lease_of(name)) is not None and lease[0] != self.cfg.owner
+            for name in self.queue.names(State.RUNNING)
+        )
+
+    def _trips(self, history: deque[AttemptEnd], end: AttemptEnd) -> bool:
+        """Record an attempt's end; True when the slot's last N attempts all failed fast."""
+        if end.kind is EndKind.CANCELLED or self.cfg.breaker_failures <= 0:
+            return False
+        history.append(end)
+        return (
+            len(history) == self.cfg.breaker_failures
+            and not any(e.ok for e in history)
+            and history[-1].ended - history[0].ended <= self.cfg.breaker_window
+        )
+
+    def _quarantine(self, slot: Slot, history: deque[AttemptEnd]) -> None:
+        span = history[-1].ended - history[0].ended
+        reason = (
+            f"its last {len(history)} attempts failed within {span:.0f}s "
+            f"(last: {history[-1].reason}); check the GPU and its driver"
+        )
+        self.quarantined.append({"slot": slot.label, "gpus": list(slot.gpu_ids), "reason": reason})
+        self.ledger.emit(Ev.QUARANTINED, slot=slot.label, gpus=list(slot.gpu_ids), reason=reason)
 
     def _prepare_home(self, slot: Slot) -> dict[str, str]:
         if not self.cfg.isolate_home:
@@ -177,18 +261,20 @@ class Supervisor:
         return prepare_home(self.paths.slot_home(slot.index), self.cfg.provisions)
 
     # -- one attempt -----------------------------------------------------------------------------
-    def _run_claimed(self, slot: Slot, claimed: Claimed, home_env: dict[str, str]) -> None:
+    def _run_claimed(
+        self, slot: Slot, claimed: Claimed, home_env: dict[str, str]
+    ) -> AttemptEnd | None:
         try:
             task = TaskSpec.model_validate(claimed.data["task"])
         except ValidationError as exc:  # parseable JSON, but not a task we can run
             first = str(exc).splitlines()[1:2] or ["invalid"]
             self.queue.quarantine(claimed.path, "invalid-task")
             self.ledger.emit(Ev.CORRUPT, file=claimed.name, reason=f"invalid task: {first[0]}")
-            return
+            return None
         number = len(claimed.data["attempts"]) + 1
         if self.stopping.is_set():
             self._hand_back(claimed, task, None)
-            return
+            return None
         gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
         values = self._values(task, slot, gpu_ids, number)
         spec = self._launch_spec(task, slot, gpu_ids, number, values, home_env)
@@ -208,11 +294,13 @@ class Supervisor:
         end = handle.wait()
         del self.live[slot.index]
         record = self._record(end, slot, gpu_ids, number)
+        cap_log(self.paths.attempt_log(task.id, number), self.cfg.max_log_bytes)
         if end.kind is EndKind.CANCELLED:
             self._hand_back(claimed, task, record)
-            return
+            return end
         outcome = self._judge(task, end, values, record, claimed)
         self._finish(claimed, task, outcome)
+        return end
 
     def _values(
         self, task: TaskSpec, slot: Slot, gpu_ids: tuple[int, ...], n: int
@@ -249,6 +337,7 @@ class Supervisor:
             GPUSWARM_TASK_NAME=task.name,
             GPUSWARM_TASK_WORKSPACE=values["workspace"],
             GPUSWARM_ATTEMPT=str(n),
+            GPUSWARM_OWNER=self.cfg.owner,
         )
         if "task_dir" in task.vars:
             env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
@@ -307,27 +396,39 @@ class Supervisor:
         data = claimed.data
         data["attempts"].append(outcome.record)
         state = outcome.state
-        retry = False
-        if state is State.FAILED and attempts_used(data) < task.max_attempts:
-            state, retry = State.PENDING, True
-        data["reason"] = outcome.reason if state is State.FAILED else None
-        self.queue.move(claimed, state)
+        retry = state is State.FAILED and attempts_used(data) < task.max_attempts
+        delay = self._backoff(attempts_used(data)) if retry and not self.stopping.is_set() else 0
+        data["reason"] = outcome.reason if state is State.FAILED and not retry else None
+        if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
+            data["retry_at"] = round(time.time() + delay, 3)
+            self.queue.save(claimed)
+            with self._cond:
+                self._in_flight += 1  # idle slots must not quit while a retry waits
+                self._delay_seq += 1
+                heapq.heappush(self._delayed, (data["retry_at"], self._delay_seq, claimed))
+        else:
+            self.queue.move(claimed, State.PENDING if retry else state)
         rec = outcome.record
         self.ledger.emit(
             Ev.FINISHED,
             task=task.id,
             attempt=rec["n"],
             slot=rec["slot"],
-            state=state.value,
+            state="waiting" if delay > 0 else ("pending" if retry else state.value),
             reason=outcome.reason,
             seconds=rec["duration"],
             retry=retry,
+            retry_in=round(delay, 3),
             max_attempts=task.max_attempts,
         )
-        if retry:
+        if retry and delay <= 0:
             with self._cond:
                 self._generation += 1
                 self._cond.notify_all()
+
+    def _backoff(self, used: int) -> float:
+        base = self.cfg.retry_backoff
+        return 0.0 if base <= 0 else min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, used - 1))
 
     def _hand_back(self, claimed: Claimed, task: TaskSpec, record: dict[str, Any] | None) -> None:
         """A stop interrupted this task: back to pending/, not counted as a failed attempt."""

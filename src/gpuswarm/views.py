@@ -87,6 +87,8 @@ def print_report(report: RunReport) -> None:
         con.print(f"  {f['state']} {f['task']}: {f['reason']}", markup=False)
     if len(s["failures"]) > 10:
         con.print(f"  ... and {len(s['failures']) - 10} more (see results.tsv)")
+    for q in s.get("quarantined", []):
+        con.print(f"  quarantined {q['slot']}: {q['reason']}", markup=False)
     con.print(f"results: {report.paths.results_tsv}")
     if report.interrupted:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")

@@ -1,0 +1,159 @@
+"""Who may touch a run, and when a claimed task's owner is gone.
+
+Two ``flock`` files in ``.parallel/`` (the kernel drops a lock when its holder dies, even by
+SIGKILL, so a stale lock never blocks anyone):
+
+- ``lock``: exclusive, held only while a supervisor initialises (recovery, reclaiming), so two
+  initialisations never clobber each other's queue;
+- ``live``: shared, held by every live supervisor for its whole life. ``resume`` needs it
+  exclusively (a run with a live supervisor is not resumed); ``work`` shares it.
+
+A running descriptor's lease is in its file name (``...@<owner>@<slot>``); the owner is
+``host:pid:start``. Its heartbeat is the mtime of ``.parallel/owners/<owner>``, renewed every few
+seconds without scanning any folder. An owner is gone when, on this host, its pid is dead or was
+reused (start time differs), or, on any host, its heartbeat is older than ``lease_ttl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpuswarm.errors import RunLockedError
+from gpuswarm.fsutil import atomic_write_json
+from gpuswarm.paths import RunPaths, slugify
+
+OWNER_VAR = "GPUSWARM_OWNER"
+
+
+def host_slug() -> str:
+    return slugify(socket.gethostname(), 60)
+
+
+def owner_id() -> str:
+    """``host:pid:start``: names this supervisor process uniquely, even after pid reuse."""
+    start = int(psutil.Process().create_time() * 100)
+    return f"{host_slug()}:{os.getpid()}:{start}"
+
+
+def owner_file(paths: RunPaths, owner: str) -> Path:
+    return paths.parallel / "owners" / owner.replace(":", "_")
+
+
+def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Path:
+    path = owner_file(paths, owner)
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_json(path, {"owner": owner, "since": time.time(), **detail})
+    return path
+
+
+def owner_alive(paths: RunPaths, owner: str, lease_ttl: float, now: float | None = None) -> bool:
+    """Whether the supervisor ``owner`` still holds its leases."""
+    parts = owner.split(":")
+    if len(parts) == 3 and parts[0] == host_slug() and parts[1].isdigit():
+        try:
+            return int(psutil.Process(int(parts[1])).create_time() * 100) == int(parts[2])
+        except (psutil.Error, ValueError):
+            return False
+    try:
+        beat = owner_file(paths, owner).stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return (now if now is not None else time.time()) - beat < lease_ttl
+
+
+def on_this_host(owner: str) -> bool:
+    return owner.split(":", 1)[0] == host_slug()
+
+
+class FileLock:
+    """A ``flock`` on one file; shared or exclusive, never blocking unless asked."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, *, exclusive: bool, wait: float = 0.0) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, mode)
+                self._fd = fd
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def is_live(paths: RunPaths) -> bool:
+    """Whether any supervisor holds the run's ``live`` lock."""
+    if not (paths.parallel / "live").exists():
+        return False
+    probe = FileLock(paths.parallel / "live")
+    if probe.acquire(exclusive=True):
+        probe.release()
+        return False
+    return True
+
+
+def _live_owners(paths: RunPaths) -> str:
+    owners = paths.parallel / "owners"
+    names = sorted(p.name.replace("_", ":") for p in owners.iterdir()) if owners.is_dir() else []
+    return ", ".join(names[-3:]) or "another process"
+
+
+class Attachment:
+    """A supervisor's hold on a run: the init lock while initialising, ``live`` for its life."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
+        self.init = FileLock(paths.parallel / "lock")
+        self.live = FileLock(paths.parallel / "live")
+
+    def end_init(self) -> None:
+        """Let other supervisors initialise (called once recovery/reclaiming is done)."""
+        self.init.release()
+
+
+@contextlib.contextmanager
+def attach(paths: RunPaths, *, exclusive_start: bool) -> Iterator[Attachment]:
+    """Take the init lock (waiting a little for another initialisation), then ``live``.
+
+    ``exclusive_start`` (resume) refuses a run that has a live supervisor.
+    """
+    hold = Attachment(paths)
+    if not hold.init.acquire(exclusive=True, wait=30.0):
+        raise RunLockedError(f"{paths.root}: another gpuswarm is initialising this run; retry")
+    try:
+        if exclusive_start and is_live(paths):
+            raise RunLockedError(
+                f"{paths.root} is live: supervisor {_live_owners(paths)} is running it; watch it "
+                f"with 'gpuswarm status {paths.root}', add GPUs with 'gpuswarm work', or stop it"
+            )
+        hold.live.acquire(exclusive=False)
+        yield hold
+    finally:
+        hold.init.release()
+        hold.live.release()
