@@ -13,12 +13,13 @@ from typing import Any, NoReturn
 import click
 
 from gpuswarm import __version__
+from gpuswarm.check import check_run
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
 from gpuswarm.engine import Output, RunReport, resume_run, start_run, work_run
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
-from gpuswarm.views import print_ls, print_report, print_status
+from gpuswarm.views import print_check, print_ls, print_report, print_status
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -229,6 +230,26 @@ def status(run_dir: Path, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=1))
     else:
         print_status(data)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--repair", is_flag=True, help="repair what resume would (not on a live run)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def check(run_dir: Path, repair: bool, as_json: bool) -> None:
+    """Verify a run: each task in exactly one state, attempts match events, nothing lost.
+
+    Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
+    """
+    try:
+        report = check_run(run_dir, repair=repair)
+    except GpuswarmError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        print_check(report)
+    sys.exit(0 if report["consistent"] else 1)
 
 
 @cli.command(name="ls")

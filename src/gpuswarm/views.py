@@ -109,3 +109,13 @@ def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
                 f"  (n={st['n']})"
             )
     return lines
+
+
+def print_check(report: dict[str, Any]) -> None:
+    verdict = "consistent" if report["consistent"] else "INCONSISTENT"
+    live = " (live)" if report["live"] else ""
+    print(f"{report['run']}{live}: {report['tasks']} tasks, {verdict}")
+    for f in report["findings"]:
+        mark = "repaired" if f["repaired"] else "problem"
+        task = f" {f['task']}:" if f["task"] else ""
+        print(f"  {mark:<9}{f['kind']}{task} {f['detail']}")

@@ -1,0 +1,191 @@
+"""``gpuswarm check``: verify that a run is consistent, and repair what resume would repair.
+
+Checks: every task in exactly one state folder; no unreadable descriptor; no stale temp file;
+no lease held by a dead supervisor; events agree with folders (each task's last state-changing
+event names its folder, and its ``started`` events match its recorded attempts); no task that the
+journal knows of is missing. ``--repair`` (only on a run no supervisor holds) removes temp
+files, keeps the most advanced copy of a duplicated task, moves unreadable descriptors aside and
+returns orphaned running tasks to pending/, as ``resume`` would; it never retries failures.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.errors import RunLockedError
+from gpuswarm.leases import attach, is_live, owner_alive
+from gpuswarm.ledger import Ledger, read_events
+from gpuswarm.paths import RunPaths
+from gpuswarm.queue import DirQueue, State, lease_of, task_id_of
+from gpuswarm.runs import open_run, recover
+
+RANK = {State.DONE: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}  # keep the latest
+EVENT_STATE = {"started": "running", "requeued": "pending"}
+
+
+@dataclass
+class Finding:
+    kind: str
+    detail: str
+    task: str | None = None
+    repaired: bool = False
+
+
+def _corrupt_task_ids(paths: RunPaths) -> set[str]:
+    if not paths.corrupt.is_dir():
+        return set()
+    return {name[14 : name.find(".json")] for name in os.listdir(paths.corrupt) if ".json" in name}
+
+
+def _places(queue: DirQueue) -> dict[str, list[tuple[State, str]]]:
+    where: dict[str, list[tuple[State, str]]] = {}
+    for state in State:
+        for name in queue.names(state):
+            where.setdefault(task_id_of(name), []).append((state, name))
+    return where
+
+
+@dataclass
+class Journal:
+    """What events.jsonl says: started events and last state per task, tasks added later."""
+
+    started: Counter[str]
+    last: dict[str, str]
+    added: int
+
+
+def _event_state(e: dict[str, Any]) -> str | None:
+    ev = str(e.get("ev"))
+    state = EVENT_STATE.get(ev) or (e.get("state") if ev in ("finished", "recovered") else None)
+    return None if state is None else ("running" if state == "waiting" else str(state))
+
+
+def _journal(paths: RunPaths) -> Journal:
+    started: Counter[str] = Counter()
+    last: dict[str, str] = {}
+    added = 0
+    for e in read_events(paths.events):
+        task, ev = e.get("task"), e.get("ev")
+        if ev == "requeued" and e.get("reason") == "config-change":
+            added += int(e.get("added", 0))
+        if not isinstance(task, str):
+            continue
+        if ev == "started":
+            started[task] += 1
+        state = _event_state(e)
+        if state is not None:
+            last[task] = state
+    return Journal(started, last, added)
+
+
+def _temp_files(paths: RunPaths, repair: bool) -> list[Finding]:
+    out = []
+    for state in State:
+        folder = paths.state_dir(state.value)
+        for name in os.listdir(folder):
+            if name.startswith(".tmp-") or name.startswith(".retry-"):
+                if repair:
+                    (folder / name).unlink(missing_ok=True)
+                out.append(Finding("temp-file", f"{state.value}/{name}", repaired=repair))
+    return out
+
+
+Where = dict[str, list[tuple[State, str]]]
+
+
+def _duplicates(
+    queue: DirQueue, where: dict[str, list[tuple[State, str]]], repair: bool
+) -> list[Finding]:
+    out = []
+    for task, places in where.items():
+        if len(places) < 2:
+            continue
+        keep = min(places, key=lambda p: RANK[p[0]])
+        if repair:
+            for state, name in places:
+                if (state, name) != keep:
+                    queue.quarantine(queue.paths.state_dir(state.value) / name, "duplicate")
+            where[task] = [keep]
+        shown = ", ".join(s.value for s, _ in places)
+        out.append(Finding("duplicate", f"in {shown}; kept {keep[0].value}", task, repair))
+    return out
+
+
+def _task_findings(
+    queue: DirQueue, where: Where, journal: Journal, live: bool, ttl: float
+) -> list[Finding]:
+    out = []
+    for task, places in sorted(where.items()):
+        if len(places) > 1:
+            continue  # reported as a duplicate
+        state, name = places[0]
+        data = queue.read(state, name)
+        if data is None:
+            out.append(Finding("unreadable", f"{state.value}/{name}", task))
+            continue
+        lease = lease_of(name)
+        if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
+            if not live:
+                out.append(Finding("stale-lease", f"its supervisor {lease[0]} is gone", task))
+            continue
+        expected = len(data.get("attempts", []))
+        if state is State.RUNNING and not data.get("retry_at"):
+            expected += 1
+        seen = journal.started[task]
+        if seen != expected:
+            out.append(Finding("attempts", f"{seen} started events, {expected} attempts", task))
+        said = journal.last.get(task, "pending")
+        if said != state.value:
+            out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
+    return out
+
+
+def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: Journal) -> list[Finding]:
+    known = set(where) | _corrupt_task_ids(paths)
+    missing = sorted(set(journal.last) - known)
+    out = [Finding("lost", "in the journal, in no folder", t) for t in missing]
+    expected = int(info.get("task_count", 0)) + journal.added
+    if len(known) < expected:
+        out.append(Finding("lost", f"{expected} tasks created, {len(known)} found"))
+    return out
+
+
+def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
+    paths, info = open_run(run_dir)
+    ttl = float(info.get("settings", {}).get("lease_ttl", 30.0))
+    live = is_live(paths)
+    if repair and live:
+        raise RunLockedError(f"{paths.root} is live; check it without --repair, or stop it first")
+    queue = DirQueue(paths)
+    findings: list[Finding] = []
+    if repair:
+        with attach(paths, exclusive_start=True):
+            findings += _temp_files(paths, repair=True)
+            findings += _duplicates(queue, _places(queue), repair=True)
+            ledger = Ledger(paths.events)
+            moved = recover(queue, ledger, retry_failed=False)
+            ledger.close()
+            for kind in ("interrupted", "recovered", "requeued", "corrupt"):
+                if moved[kind]:
+                    findings.append(Finding("recovered", f"{moved[kind]} {kind}", repaired=True))
+    else:
+        findings += _temp_files(paths, repair=False)
+    where = _places(queue)
+    if not repair:
+        findings += _duplicates(queue, where, repair=False)
+    journal = _journal(paths)
+    findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _lost(paths, info, where, journal)
+    open_problems = [f for f in findings if not f.repaired and not (live and f.kind == "temp-file")]
+    return {
+        "run": str(paths.root),
+        "live": live,
+        "tasks": len(where),
+        "counts": {s.value: n for s, n in queue.counts().items()},
+        "findings": [asdict(f) for f in findings],
+        "consistent": not open_problems,
+    }
