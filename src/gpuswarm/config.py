@@ -14,6 +14,12 @@
       isolate: false
       provision:               # read-only copies into that HOME (needs isolate: true);
         - {src: ~/.codex/auth.json, dest: .codex/auth.json}   # src must exist; dest relative
+    reliability:               # all optional, these are the defaults
+      lease_ttl: 30s           # reclaim a task whose supervisor shows no heartbeat this long
+      retry_backoff: 1s        # wait before attempt n+1: backoff * 2**(n-1); null = none
+      breaker: {failures: 5, window: 60s}   # quarantine a slot whose last 5 attempts all
+                                            # failed within 60s (0 failures = never)
+      max_log_mb: 256          # each attempt's output.log keeps head + latest output under this
     defaults:                  # any task field below, for every task that does not set it
       timeout: 2h
       max_attempts: 2
