@@ -32,11 +32,14 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 def _stoppable() -> Iterator[None]:
     """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
 
-    Unwinding (not dying) lets a run being created remove its staging folder.
+    Unwinding (not dying) lets a run being created remove its staging folder. Errors of ours
+    end the command with their message and exit code.
     """
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+    except GpuswarmError as exc:
+        _fail(exc)
     except Interrupted as exc:
         click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
         sys.exit(EXIT_INTERRUPTED)
@@ -102,29 +105,12 @@ def run(
     130 when stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
     with _stoppable():
-        report = _start(source, gpus, name, workspace, suffix, shell, timeout, max_attempts, quiet)
-    _finish(report, as_json)
-
-
-def _start(
-    source: str,
-    gpus: str | None,
-    name: str | None,
-    workspace: str | None,
-    suffix: str | None,
-    shell: bool,
-    timeout: str | None,
-    max_attempts: int | None,
-    quiet: bool,
-) -> RunReport:
-    try:
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
-        return start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
-    except GpuswarmError as exc:
-        _fail(exc)
+        report = start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
+    _finish(report, as_json)
 
 
 @cli.command()
@@ -157,36 +143,10 @@ def resume(
         click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     with _stoppable():
-        report = _resume(
-            run_dir,
-            latest,
-            name,
-            workspace,
-            gpus,
-            no_retry_failed,
-            config_path,
-            allow_config_change,
-            quiet,
-        )
-    _finish(report, as_json)
-
-
-def _resume(
-    run_dir: Path | None,
-    latest: bool,
-    name: str | None,
-    workspace: str,
-    gpus: str | None,
-    no_retry_failed: bool,
-    config_path: Path | None,
-    allow_config_change: bool,
-    quiet: bool,
-) -> RunReport:
-    try:
         target = latest_run(Path(workspace), name) if latest else run_dir
         assert target is not None
         new_config = load_config(config_path) if config_path else None
-        return resume_run(
+        report = resume_run(
             target,
             gpus,
             retry_failed=not no_retry_failed,
@@ -194,8 +154,7 @@ def _resume(
             allow_change=allow_config_change,
             output=Output(quiet=quiet),
         )
-    except GpuswarmError as exc:
-        _fail(exc)
+    _finish(report, as_json)
 
 
 @cli.command()
@@ -210,10 +169,7 @@ def work(run_dir: Path, gpus: str, quiet: bool, as_json: bool) -> None:
     (their leases expire). It stops when nothing is left to claim.
     """
     with _stoppable():
-        try:
-            report = work_run(run_dir, gpus, output=Output(quiet=quiet))
-        except GpuswarmError as exc:
-            _fail(exc)
+        report = work_run(run_dir, gpus, output=Output(quiet=quiet))
     _finish(report, as_json)
 
 
