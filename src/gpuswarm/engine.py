@@ -24,7 +24,7 @@ from gpuswarm.leases import attach, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter
 from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor
+from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
 from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
@@ -280,8 +280,8 @@ def supervise(
     cfg = setup.supervisor_config(owner)
     recovered = None
     with attach(paths, exclusive_start=mode == "resume") as hold:
-        queue = DirQueue(paths)
         ledger = Ledger(paths.events)
+        queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":
                 recovered = recover(queue, ledger, retry_failed=retry_failed)
@@ -303,6 +303,10 @@ def supervise(
         finally:
             ledger.close()
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _corrupt(ledger: Ledger, name: str, reason: str) -> None:
+    ledger.emit(Ev.CORRUPT, task=task_id_of(name), file=name, reason=reason)
 
 
 def _say(output: Output, text: str) -> None:

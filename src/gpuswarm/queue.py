@@ -25,7 +25,7 @@ import heapq
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -75,6 +75,12 @@ def task_id_of(file_name: str) -> str:
     return stem[14:-5] if stem.endswith(".json") else stem[14:]
 
 
+def corrupt_task_id(name: str) -> str | None:
+    """The task id of a file in corrupt/ (``<descriptor name>[@lease].<reason>``)."""
+    end = name.find(".json")
+    return name[14:end] if end > 14 else None
+
+
 def _visible(name: str) -> bool:
     return not name.startswith(".")
 
@@ -117,9 +123,16 @@ def attempts_used(data: dict[str, Any]) -> int:
 class DirQueue:
     """One process's handle on a run's queue. Thread-safe; several processes may share a run."""
 
-    def __init__(self, paths: RunPaths, *, durable: bool = True) -> None:
+    def __init__(
+        self,
+        paths: RunPaths,
+        *,
+        durable: bool = True,
+        on_corrupt: Callable[[str, str], object] | None = None,
+    ) -> None:
         self.paths = paths
         self.durable = durable
+        self.on_corrupt = on_corrupt  # (file name, reason): journals what a claim moved aside
         self._heap: list[str] = []
         self._lock = threading.Lock()
         self._loaded = False
@@ -189,6 +202,8 @@ class DirQueue:
                 raise ValueError("not a descriptor")
         except (OSError, ValueError) as exc:
             self.quarantine(dst, f"unreadable: {exc}")
+            if self.on_corrupt is not None:
+                self.on_corrupt(name, f"unreadable: {exc}")
             return None
         return Claimed(name=name, path=dst, data=data)
 
@@ -197,10 +212,20 @@ class DirQueue:
         """Write the claimed descriptor's data in place (temp + fsync + rename)."""
         atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable)
 
-    def move(self, claimed: Claimed, state: State) -> Path:
-        """Save and move a claimed descriptor to ``state`` (pending, done or failed)."""
-        claimed.data["state"] = state.value  # lets recovery finish a move cut short by a crash
+    def move(
+        self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
+    ) -> Path:
+        """Save and move a claimed descriptor to ``state`` (pending, done or failed).
+
+        The data is saved (with ``state``) first, then ``announce`` runs (it journals the
+        transition), then the rename makes it true. A crash after the save leaves a running
+        descriptor that says where it was going; recovery finishes a move to done/failed and
+        journals it again, so the journal never lags behind the folders.
+        """
+        claimed.data["state"] = state.value
         atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable, sync_dir=False)
+        if announce is not None:
+            announce()
         dst = self.paths.state_dir(state.value) / claimed.name
         os.rename(claimed.path, dst)
         if self.durable:

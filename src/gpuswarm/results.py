@@ -7,6 +7,7 @@ cannot look perfect.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Iterable
@@ -15,7 +16,7 @@ from typing import Any
 
 from gpuswarm.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue, State, task_id_of
+from gpuswarm.queue import DirQueue, State, corrupt_task_id, task_id_of
 
 FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
 
@@ -60,7 +61,25 @@ def collect(queue: DirQueue) -> list[Row]:
             if "id" not in data:
                 data["id"] = task_id_of(name)
             rows.append(row_for(state, data))
+    rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=lambda r: str(r.values["task"]))
+    return rows
+
+
+def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
+    """Tasks whose only descriptor was moved to corrupt/: counted, so nothing vanishes."""
+    folder = queue.paths.corrupt
+    rows: list[Row] = []
+    for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
+        task = corrupt_task_id(name)
+        if task is None or task in known:
+            continue  # e.g. a duplicate set aside by `check --repair`
+        known.add(task)
+        reason = name.split(".json", 1)[1].lstrip(".").split("@")[-1]
+        row = Row()
+        row.values = dict.fromkeys(FIXED_COLUMNS, "")
+        row.values.update(task=task, state="corrupt", attempts=0, reason=f"descriptor {reason}")
+        rows.append(row)
     return rows
 
 
@@ -136,7 +155,7 @@ def summarize(
 ) -> dict[str, Any]:
     counts = {s.value: 0 for s in State}
     for r in rows:
-        counts[r.values["state"]] += 1
+        counts[r.values["state"]] = counts.get(r.values["state"], 0) + 1
     failures = [
         {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
         for r in rows

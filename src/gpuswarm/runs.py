@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from gpuswarm.paths import RunPaths, find_runs, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
     LEASE_SEP,
+    Claimed,
     DirQueue,
     State,
     attempts_used,
@@ -31,6 +33,7 @@ from gpuswarm.queue import (
     lease_of,
     new_descriptor,
     sync_tree,
+    task_id_of,
 )
 
 
@@ -117,6 +120,12 @@ def latest_run(workspace: Path, name: str | None = None) -> Path:
     return max(runs, key=lambda r: (r.name, r.stat().st_mtime))
 
 
+def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
+    """Move an unreadable descriptor to corrupt/ and journal it."""
+    queue.quarantine(path, reason)
+    ledger.emit(Ev.CORRUPT, task=task_id_of(path.name), file=path.name, reason=reason)
+
+
 def recover(
     queue: DirQueue, ledger: Ledger, *, retry_failed: bool, grace: float = 10.0
 ) -> dict[str, int]:
@@ -147,18 +156,12 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
     try:
         claimed = queue.adopt_running(name)
     except QueueError:
-        queue.quarantine(queue.paths.state_dir("running") / name, "unreadable")
-        ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
+        set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
         return "corrupt"
     data = claimed.data
-    if data.pop("retry_at", None) is not None:  # it was only waiting for its retry backoff
-        queue.move(claimed, State.PENDING)
-        ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+    if _requeue_waiting(queue, ledger, claimed):
         return "requeued"
-    target = data.get("state")
-    if target in (State.DONE.value, State.FAILED.value):
-        queue.move(claimed, State(target))
-        ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)
+    if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
     lease = lease_of(name)
     data["attempts"].append(
@@ -171,17 +174,37 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
         }
     )
     data["interruptions"] = data.get("interruptions", 0) + 1
-    queue.move(claimed, State.PENDING)
-    ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="interrupted", frm="running")
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
     return "interrupted"
+
+
+def _requeued(ledger: Ledger, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
+    return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
+
+
+def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """A task that was only waiting out its retry backoff goes back to pending/ as it is."""
+    if claimed.data.pop("retry_at", None) is None:
+        return False
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "retry", "waiting"))
+    return True
+
+
+def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """Complete a move to done/failed that a crash cut short after its descriptor was saved."""
+    target = claimed.data.get("state")
+    if target not in (State.DONE.value, State.FAILED.value):
+        return False
+    announce = lambda: ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)  # noqa: E731
+    queue.move(claimed, State(target), announce)
+    return True
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
     src = queue.paths.state_dir("failed") / name
     data = queue.read(State.FAILED, name)
     if data is None:
-        queue.quarantine(src, "unreadable")
-        ledger.emit(Ev.CORRUPT, file=name, reason="unreadable failed descriptor")
+        set_aside(queue, ledger, src, "unreadable failed")
         return 0
     data["budget_from"] = len(data.get("attempts", []))
     data["reason"] = None
@@ -233,22 +256,24 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
     try:
         claimed = queue.adopt_running(mine.name)
     except QueueError:
-        queue.quarantine(mine, "unreadable")
-        ledger.emit(Ev.CORRUPT, file=name, reason="unreadable running descriptor")
+        set_aside(queue, ledger, mine, "unreadable running")
         return False
     data = claimed.data
-    if data.pop("retry_at", None) is not None:  # its owner died while it waited for a retry
-        queue.move(claimed, State.PENDING)
-        ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}
     )
     max_attempts = int(data.get("task", {}).get("max_attempts", 1))
-    if attempts_used(data) >= max_attempts:
-        data["reason"] = f"abandoned: its supervisor {owner} died and attempts are used up"
-        queue.move(claimed, State.FAILED)
-        ledger.emit(
+    if attempts_used(data) < max_attempts:
+        why = f"reclaimed from {owner}"
+        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
+        return True
+    data["reason"] = f"abandoned: its supervisor {owner} died and attempts are used up"
+    queue.move(
+        claimed,
+        State.FAILED,
+        lambda: ledger.emit(
             Ev.FINISHED,
             task=claimed.task_id,
             attempt=len(data["attempts"]),
@@ -257,10 +282,6 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
             reason=data["reason"],
             seconds=0,
             retry=False,
-        )
-    else:
-        queue.move(claimed, State.PENDING)
-        ledger.emit(
-            Ev.REQUEUED, task=claimed.task_id, reason=f"reclaimed from {owner}", frm="running"
-        )
+        ),
+    )
     return True

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,14 @@ from gpuswarm.process import (
     become_subreaper,
     sweep_orphans,
 )
-from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of
+from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of, task_id_of
 from gpuswarm.runs import reclaim_dead
 from gpuswarm.sandbox import Provision, prepare_home
 
 HEARTBEAT_SECONDS = 5.0
 IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisors still work on
 MAX_BACKOFF_SECONDS = 600.0
+FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Supervisor:
         self._delayed: list[tuple[float, int, Claimed]] = []  # retries waiting for their backoff
         self._delay_seq = 0
         self._done_keeping = threading.Event()
+        self._log_sizes: dict[Path, int] = {}
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -138,22 +141,41 @@ class Supervisor:
             self._cond.notify_all()
 
     def _keep(self) -> None:
-        """Once a second: cap logs, release due retries; heartbeat and reclaim less often."""
-        tick = min(1.0, self.cfg.heartbeat)
+        """Cap logs, release due retries; heartbeat and reclaim less often.
+
+        It ticks once a second, faster (down to 20 ms) while a log grows fast, so a flooding task
+        overshoots its cap by little; the heartbeat runs at least four times per lease_ttl.
+        """
+        beat_every = min(self.cfg.heartbeat, self.cfg.lease_ttl / 4)
         next_beat = next_reclaim = 0.0
+        tick = min(1.0, beat_every)
         while not self._done_keeping.wait(tick):
             now = time.monotonic()
-            for live in list(self.live.values()):
-                cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
+            tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self._release_delayed(everything=self.stopping.is_set())
             if now >= next_beat:
-                next_beat = now + self.cfg.heartbeat
+                next_beat = now + beat_every
                 self.ledger.sync()
                 with contextlib.suppress(FileNotFoundError):
                     os.utime(owner_file(self.paths, self.cfg.owner))
             if now >= next_reclaim and not self.stopping.is_set():
                 next_reclaim = now + self.cfg.lease_ttl / 3
                 self._reclaim()
+
+    def _cap_logs(self) -> bool:
+        """Cap every live attempt's log; False when one is growing fast (check again soon)."""
+        calm = True
+        sizes: dict[Path, int] = {}
+        for live in list(self.live.values()):
+            path = self.paths.attempt_log(live.task_id, live.attempt)
+            if cap_log(path, self.cfg.max_log_bytes):
+                calm = False
+            with contextlib.suppress(FileNotFoundError):
+                sizes[path] = path.stat().st_size
+                if sizes[path] - self._log_sizes.get(path, 0) > self.cfg.max_log_bytes // 8:
+                    calm = False
+        self._log_sizes = sizes
+        return calm
 
     def _reclaim(self) -> None:
         owner = self.cfg.owner
@@ -171,9 +193,11 @@ class Supervisor:
                     return
                 _, _, claimed = heapq.heappop(self._delayed)
             claimed.data.pop("retry_at", None)
-            self.queue.move(claimed, State.PENDING)
-            self.ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason="retry", frm="waiting")
+            self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
             self._release(requeued=True)
+
+    def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
+        return lambda: self.ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
     # -- one slot --------------------------------------------------------------------------------
     def _slot_main(self, slot: Slot) -> None:
@@ -269,7 +293,12 @@ class Supervisor:
         except ValidationError as exc:  # parseable JSON, but not a task we can run
             first = str(exc).splitlines()[1:2] or ["invalid"]
             self.queue.quarantine(claimed.path, "invalid-task")
-            self.ledger.emit(Ev.CORRUPT, file=claimed.name, reason=f"invalid task: {first[0]}")
+            self.ledger.emit(
+                Ev.CORRUPT,
+                task=task_id_of(claimed.name),
+                file=claimed.name,
+                reason=f"invalid task: {first[0]}",
+            )
             return None
         number = len(claimed.data["attempts"]) + 1
         if self.stopping.is_set():
@@ -406,21 +435,26 @@ class Supervisor:
                 self._in_flight += 1  # idle slots must not quit while a retry waits
                 self._delay_seq += 1
                 heapq.heappush(self._delayed, (data["retry_at"], self._delay_seq, claimed))
-        else:
-            self.queue.move(claimed, State.PENDING if retry else state)
         rec = outcome.record
-        self.ledger.emit(
-            Ev.FINISHED,
-            task=task.id,
-            attempt=rec["n"],
-            slot=rec["slot"],
-            state="waiting" if delay > 0 else ("pending" if retry else state.value),
-            reason=outcome.reason,
-            seconds=rec["duration"],
-            retry=retry,
-            retry_in=round(delay, 3),
-            max_attempts=task.max_attempts,
-        )
+
+        def announce() -> None:
+            self.ledger.emit(
+                Ev.FINISHED,
+                task=task.id,
+                attempt=rec["n"],
+                slot=rec["slot"],
+                state="waiting" if delay > 0 else ("pending" if retry else state.value),
+                reason=outcome.reason,
+                seconds=rec["duration"],
+                retry=retry,
+                retry_in=round(delay, 3),
+                max_attempts=task.max_attempts,
+            )
+
+        if delay > 0:
+            announce()
+        else:
+            self.queue.move(claimed, State.PENDING if retry else state, announce)
         if retry and delay <= 0:
             with self._cond:
                 self._generation += 1
@@ -436,5 +470,4 @@ class Supervisor:
             record["interrupted"] = True
             claimed.data["attempts"].append(record)
         claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
-        self.queue.move(claimed, State.PENDING)
-        self.ledger.emit(Ev.REQUEUED, task=task.id, reason="interrupted", frm="running")
+        self.queue.move(claimed, State.PENDING, self._requeued(claimed, "interrupted", "running"))

@@ -30,7 +30,8 @@ def _duration(seconds: float | None) -> str:
 
 def _counts(counts: dict[str, int]) -> str:
     order = ("done", "failed", "running", "pending")
-    return "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+    text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+    return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
 
 
 def print_status(data: dict[str, Any]) -> None:
