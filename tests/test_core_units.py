@@ -154,6 +154,7 @@ def test_recover_finishes_a_move_cut_short_and_numbers_lost_attempts(tmp_path: P
     # The supervisor wrote the successful attempt, then died before the rename to done/.
     finishing.data["attempts"].append({"n": 1, "reason": "exit 0"})
     finishing.data["state"] = "done"
+    finishing.data["moved_from"] = finishing.path.name
     q.save(finishing)
     ledger = Ledger(paths.events)
     moved = recover(q, ledger, retry_failed=True, grace=0.1)

@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import heapq
+import itertools
 import json
 import os
 import threading
@@ -60,12 +61,12 @@ def base_name(file_name: str) -> str:
 
 
 def lease_of(file_name: str) -> tuple[str, int] | None:
-    """``(owner, slot)`` encoded in a running descriptor's name, or None."""
+    """``(owner, slot)`` encoded in a running descriptor's name (``@owner@slot.claim``)."""
     parts = file_name.split(LEASE_SEP)
     if len(parts) != 3:
         return None
     try:
-        return parts[1], int(parts[2])
+        return parts[1], int(parts[2].split(".", 1)[0])
     except ValueError:
         return None
 
@@ -136,6 +137,7 @@ class DirQueue:
         self._heap: list[str] = []
         self._lock = threading.Lock()
         self._loaded = False
+        self._claims = itertools.count(1)
 
     # -- creation ------------------------------------------------------------------------------
     @staticmethod
@@ -190,7 +192,10 @@ class DirQueue:
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
         src = self.paths.state_dir("pending") / name
-        dst = self.paths.state_dir("running") / f"{name}{LEASE_SEP}{owner}{LEASE_SEP}{slot}"
+        # the claim number makes each claim's name unique, so recovery can tell a move this
+        # claim began (``moved_from`` == its name) from one an earlier claim finished
+        lease = f"{LEASE_SEP}{owner}{LEASE_SEP}{slot}.{next(self._claims)}"
+        dst = self.paths.state_dir("running") / f"{name}{lease}"
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -223,6 +228,7 @@ class DirQueue:
         journals it again, so the journal never lags behind the folders.
         """
         claimed.data["state"] = state.value
+        claimed.data["moved_from"] = claimed.path.name
         atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable, sync_dir=False)
         if announce is not None:
             announce()

@@ -190,14 +190,28 @@ def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
     return True
 
 
-def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
-    """Complete a move to done/failed that a crash cut short after its descriptor was saved."""
-    target = claimed.data.get("state")
-    if target not in (State.DONE.value, State.FAILED.value):
+def _finish_begun_move(
+    queue: DirQueue, ledger: Ledger, claimed: Claimed, name: str | None = None
+) -> bool:
+    """Complete a move that a crash cut short after its descriptor was saved.
+
+    ``moved_from`` names the claim that began the move; a later claim of the same task has
+    another name, so an old marker is never mistaken for a begun move. ``name`` is the running
+    file's name before a reclaimer renamed it.
+    """
+    data = claimed.data
+    target = data.get("state")
+    if data.get("moved_from") != (name or claimed.path.name) or target not in STATE_VALUES:
         return False
-    announce = lambda: ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)  # noqa: E731
+    if target == State.PENDING.value:
+        announce = _requeued(ledger, claimed, "retry", "running")
+    else:
+        announce = lambda: ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)  # noqa: E731
     queue.move(claimed, State(target), announce)
     return True
+
+
+STATE_VALUES = (State.PENDING.value, State.DONE.value, State.FAILED.value)
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
@@ -248,7 +262,7 @@ def reclaim_dead(
 
 def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:
     running = queue.paths.state_dir("running")
-    mine = running / f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1"
+    mine = running / f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1.0"
     try:
         os.rename(running / name, mine)
     except FileNotFoundError:
@@ -259,7 +273,7 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
         set_aside(queue, ledger, mine, "unreadable running")
         return False
     data = claimed.data
-    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
+    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed, name):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}

@@ -98,6 +98,7 @@ class Supervisor:
         self._delay_seq = 0
         self._done_keeping = threading.Event()
         self._log_sizes: dict[Path, int] = {}
+        self._reclaimer: threading.Thread | None = None
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -118,6 +119,8 @@ class Supervisor:
                 t.join(0.5)  # wakes for signal handlers in the main thread
         self._done_keeping.set()
         keeper.join()
+        if self._reclaimer is not None:
+            self._reclaimer.join()
         self._release_delayed(everything=True)
         sweep_orphans(f"{self.paths.root.name}/")
         self.ledger.emit(
@@ -160,7 +163,11 @@ class Supervisor:
                     os.utime(owner_file(self.paths, self.cfg.owner))
             if now >= next_reclaim and not self.stopping.is_set():
                 next_reclaim = now + self.cfg.lease_ttl / 3
-                self._reclaim()
+                if self._reclaimer is None or not self._reclaimer.is_alive():
+                    # its own thread: killing a dead owner's stubborn leftovers takes a grace
+                    # period, and the heartbeat must not wait for it
+                    self._reclaimer = threading.Thread(target=self._reclaim, daemon=True)
+                    self._reclaimer.start()
 
     def _cap_logs(self) -> bool:
         """Cap every live attempt's log; False when one is growing fast (check again soon)."""
