@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -190,18 +191,31 @@ def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
     return True
 
 
-def _finish_begun_move(
-    queue: DirQueue, ledger: Ledger, claimed: Claimed, name: str | None = None
-) -> bool:
+def reclaim_name(name: str, me: str) -> str:
+    """The name a reclaimer gives a dead owner's running file: it encodes the claim's name.
+
+    The suffix is a checksum of the name the task was claimed under; a reclaim of a reclaim
+    keeps it, so recovery can always tell the move that claim began.
+    """
+    slot_part = name.rsplit(LEASE_SEP, 1)[-1]
+    suffix = slot_part[3:] if slot_part.startswith("-1.") else f"{zlib.crc32(name.encode()):08x}"
+    return f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1.{suffix}"
+
+
+def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
     """Complete a move that a crash cut short after its descriptor was saved.
 
-    ``moved_from`` names the claim that began the move; a later claim of the same task has
-    another name, so an old marker is never mistaken for a begun move. ``name`` is the running
-    file's name before a reclaimer renamed it.
+    ``moved_from`` names the claim that began the move: the file's current name, or, after a
+    reclaimer renamed it, the name :func:`reclaim_name` encodes. A later claim of the same task
+    has another name, so an old marker is never mistaken for a begun move.
     """
     data = claimed.data
-    target = data.get("state")
-    if data.get("moved_from") != (name or claimed.path.name) or target not in STATE_VALUES:
+    target, begun, now = data.get("state"), data.get("moved_from"), claimed.path.name
+    lease = lease_of(now)
+    if not isinstance(begun, str) or target not in STATE_VALUES or lease is None:
+        return False
+    reclaimed_from_begun = lease[1] == -1 and now.endswith(f".{zlib.crc32(begun.encode()):08x}")
+    if begun != now and not reclaimed_from_begun:
         return False
     if target == State.PENDING.value:
         announce = _requeued(ledger, claimed, "retry", "running")
@@ -262,7 +276,7 @@ def reclaim_dead(
 
 def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:
     running = queue.paths.state_dir("running")
-    mine = running / f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1.0"
+    mine = running / reclaim_name(name, me)
     try:
         os.rename(running / name, mine)
     except FileNotFoundError:
@@ -273,7 +287,7 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
         set_aside(queue, ledger, mine, "unreadable running")
         return False
     data = claimed.data
-    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed, name):
+    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}

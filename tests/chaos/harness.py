@@ -1,0 +1,393 @@
+"""Driving the real ``gpuswarm`` CLI from chaos tests (adapted from tests/integration/conftest.py).
+
+Plain functions and classes only; the fixtures that use them are in ``conftest.py``. Kept in its
+own module (not ``conftest``) so that ``tests/chaos`` and ``tests/integration`` can be collected in
+one session without their ``conftest`` modules shadowing each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PY = sys.executable
+HERE = Path(__file__).resolve().parent
+
+
+# -- trials and seeds --------------------------------------------------------------------------
+def trials(default: int) -> int:
+    """How many trials a randomized scenario runs: ``GPUSWARM_CHAOS_TRIALS`` or ``default``."""
+    raw = os.environ.get("GPUSWARM_CHAOS_TRIALS", "").strip()
+    return max(1, int(raw)) if raw else default
+
+
+def scale(default: int, var: str) -> int:
+    raw = os.environ.get(var, "").strip()
+    return max(1, int(raw)) if raw else default
+
+
+def base_seed() -> int:
+    """``GPUSWARM_CHAOS_SEED`` or a fresh random one (logged in the report header)."""
+    raw = os.environ.get("GPUSWARM_CHAOS_SEED", "").strip()
+    return int(raw) if raw else random.SystemRandom().randrange(1, 10**6)
+
+
+BASE_SEED = base_seed()  # one per session: conftest logs it, every scenario derives from it
+
+
+def trial_seeds(default_trials: int, salt: str, base: int) -> list[int]:
+    """The seeds of one scenario's trials. ``GPUSWARM_CHAOS_SEEDS=a,b`` replays exactly those."""
+    raw = os.environ.get("GPUSWARM_CHAOS_SEEDS", "").strip()
+    if raw:
+        return [int(s) for s in raw.split(",") if s.strip()]
+    rng = random.Random(f"{base}:{salt}")
+    return [rng.randrange(1, 10**6) for _ in range(trials(default_trials))]
+
+
+# -- running the CLI ---------------------------------------------------------------------------
+@dataclass
+class CliResult:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def __str__(self) -> str:
+        return (
+            f"gpuswarm {' '.join(self.args)} -> rc {self.returncode} in {self.seconds:.1f}s\n"
+            f"--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}"
+        )
+
+
+def cli_argv(*args: str | os.PathLike[str], prefix: list[str] | None = None) -> list[str]:
+    return [*(prefix or [PY, "-m", "gpuswarm"]), *map(str, args)]
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("GPUSWARM_RUN_DIR", "GPUSWARM_OWNER", "GPUSWARM_ATTEMPT_TOKEN"):
+        env.pop(var, None)  # never look like a task of some run ourselves
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("COLUMNS", "200")
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    *args: str | os.PathLike[str],
+    cwd: Path,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> CliResult:
+    argv = cli_argv(*args)
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        argv,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(env),
+        start_new_session=True,
+    )
+    return CliResult(argv[3:], proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+@dataclass
+class CliProcess:
+    """A CLI process started in its own session; stdout/stderr are files under ``log_dir``."""
+
+    args: list[str]
+    popen: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to the CLI process only (not its group), like a targeted kill(1)."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = 60) -> CliResult:
+        rc = self.popen.wait(timeout)
+        seconds = time.monotonic() - self.started
+        return CliResult(self.args, rc, self.stdout(), self.stderr(), seconds)
+
+    def kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(10)
+
+
+def start_cli(
+    *args: str | os.PathLike[str],
+    cwd: Path,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    prefix: list[str] | None = None,
+) -> CliProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(log_dir.glob("cli-*.out")))
+    out, err = log_dir / f"cli-{n}.out", log_dir / f"cli-{n}.err"
+    argv = cli_argv(*args, prefix=prefix)
+    with out.open("wb") as fo, err.open("wb") as fe:
+        popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=fo,
+            stderr=fe,
+            env=cli_env(env),
+            start_new_session=True,
+        )
+    return CliProcess([str(a) for a in args], popen, out, err)
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def q(path: Path | str) -> str:
+    return shlex.quote(str(path))
+
+
+def write_commands(folder: Path, lines: Iterable[str], name: str = "cmds.txt") -> Path:
+    path = folder / name
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def write_config(
+    folder: Path, top: dict[str, Any], tasks: list[dict[str, Any]], name: str = "config.yaml"
+) -> Path:
+    """A YAML config; every value is written as JSON (a JSON value is a YAML flow value)."""
+    lines = [f"{k}: {json.dumps(v)}" for k, v in top.items()]
+    lines.append("tasks:")
+    for task in tasks:
+        first = True
+        for k, v in task.items():
+            lines.append(f"  {'- ' if first else '  '}{k}: {json.dumps(v)}")
+            first = False
+    path = folder / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_script(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def cmd_ids(n: int) -> list[str]:
+    return [f"cmd-{i:05d}" for i in range(1, n + 1)]
+
+
+# -- waiting and reading a run -----------------------------------------------------------------
+def wait_for(
+    cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = ""
+) -> Any:
+    """Poll ``cond`` until it returns something truthy (returned); AssertionError at the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
+        time.sleep(interval)
+
+
+def find_runs(workspace: Path) -> list[Path]:
+    """``<workspace>/<name>/run_*`` folders (staging folders excluded), sorted by name."""
+    return sorted(p for p in workspace.glob("*/run_*") if (p / "run.json").is_file())
+
+
+def wait_for_run(workspace: Path, timeout: float = 30.0) -> Path:
+    runs = wait_for(lambda: find_runs(workspace), timeout, what=f"a run under {workspace}")
+    assert len(runs) == 1, runs
+    return Path(runs[0])
+
+
+def read_events(run_dir: Path) -> list[dict[str, Any]]:
+    """Complete lines of events.jsonl (a torn last line is skipped)."""
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for raw in path.read_bytes().split(b"\n"):
+        with contextlib.suppress(ValueError):
+            if raw:
+                out.append(json.loads(raw))
+    return out
+
+
+def count_events(run_dir: Path, ev: str, **match: Any) -> int:
+    return sum(
+        1
+        for e in read_events(run_dir)
+        if e.get("ev") == ev and all(e.get(k) == v for k, v in match.items())
+    )
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return data
+
+
+def running_leases(run_dir: Path) -> list[str]:
+    return [p.name for p in (run_dir / ".parallel" / "running").iterdir() if "@" in p.name]
+
+
+# -- processes ---------------------------------------------------------------------------------
+def _real(path: Path | str) -> str:
+    return os.path.realpath(path)
+
+
+def pid_running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def env_processes(var: str, value: str, *, under: bool = False) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment has ``var`` == ``value`` (or a path below)."""
+    want = _real(value) if var == "GPUSWARM_RUN_DIR" else value
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            got = proc.environ().get(var)
+            if got is None:
+                continue
+            if var == "GPUSWARM_RUN_DIR":
+                got = _real(got)
+            match = got == want or (under and got.startswith(want + os.sep))
+            if match and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def run_processes(root: Path, *, under: bool = False) -> list[psutil.Process]:
+    return env_processes("GPUSWARM_RUN_DIR", str(root), under=under)
+
+
+def reap_my_zombies(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def describe(procs: Iterable[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            out.append(f"{p.pid} ppid={p.ppid()} {' '.join(p.cmdline())[:120]}")
+    return out
+
+
+def wait_no_env_processes(var: str, value: str, timeout: float = 10.0) -> float:
+    """Wait until no live process carries ``var=value``; return how long it took."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    while True:
+        procs = env_processes(var, value)
+        reap_my_zombies({p.pid for p in procs})
+        procs = [p for p in procs if pid_running(p.pid)]
+        if not procs:
+            return time.monotonic() - t0
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"processes with {var}={value} still alive after {timeout}s: {describe(procs)}"
+            )
+        time.sleep(0.05)
+
+
+def kill_run_processes(root: Path) -> int:
+    procs = run_processes(root, under=True)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if procs:
+        psutil.wait_procs(procs, timeout=5)
+        reap_my_zombies({p.pid for p in procs})
+    return len(procs)
+
+
+def owner_of(proc: CliProcess, run_dir: Path, timeout: float = 20.0) -> str:
+    """The owner id (``host:pid:start``) of a supervisor, from its supervisor_started event."""
+    event = wait_for(
+        lambda: next(
+            (
+                e
+                for e in read_events(run_dir)
+                if e.get("ev") == "supervisor_started" and e.get("pid") == proc.pid
+            ),
+            None,
+        ),
+        timeout,
+        what=f"supervisor {proc.pid} to start",
+    )
+    return str(event["owner"])
+
+
+class HeartbeatWatch:
+    """Samples, in a thread, how old the heartbeat files of ``owners`` get (while they exist)."""
+
+    def __init__(self, run_dir: Path, owners: list[str]) -> None:
+        self.files = [run_dir / ".parallel" / "owners" / o.replace(":", "_") for o in owners]
+        self.oldest = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> HeartbeatWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.oldest
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            now = time.time()
+            for path in self.files:
+                with contextlib.suppress(FileNotFoundError):  # removed when its owner ends
+                    self.oldest = max(self.oldest, now - path.stat().st_mtime)
