@@ -22,7 +22,7 @@ from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json
 from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.paths import RunPaths, find_runs, run_dir_name, slugify
+from gpuswarm.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
     LEASE_SEP,
@@ -141,6 +141,7 @@ def recover(
     """
     moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
     moved["corrupt"] = 0
+    moved["temp_files"] = _remove_temp_files(queue.paths)
     leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
     if leftovers:
         moved["killed"] = kill_tree(leftovers, grace)
@@ -151,6 +152,18 @@ def recover(
         for name in queue.names(State.FAILED):
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
+
+
+def _remove_temp_files(paths: RunPaths) -> int:
+    """Temp files of writes a crash cut short (the descriptors themselves are intact)."""
+    removed = 0
+    for state in STATES:
+        folder = paths.state_dir(state)
+        for name in os.listdir(folder):
+            if name.startswith((".tmp-", ".retry-")):
+                (folder / name).unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:

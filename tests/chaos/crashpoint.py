@@ -11,7 +11,9 @@ time it reaches POINT:
 - ``emitted:EV[:KEY=VALUE][#N]``: just after writing that event (a transition fully done);
 - ``claimed[#N]``: just after the Nth claim's rename into running/, before anything is launched;
 - ``state-written:STATE[#N]``: inside ``DirQueue.move``, after the descriptor with its new
-  ``state`` was written in running/, before the rename that moves it there.
+  ``state`` was written in running/, before the rename that moves it there;
+- ``temp-left:STATE[#N]``: inside that write, with its temp file written and not yet renamed
+  over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``).
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
 """
@@ -48,52 +50,73 @@ class Trigger:
                 _die()
 
 
+def _at_emit(kind: str, rest: str, trigger: Trigger) -> None:
+    from gpuswarm import ledger
+
+    ev, _, match = rest.partition(":")
+    key, _, value = match.partition("=")
+    emit = ledger.Ledger.emit
+
+    def patched_emit(self: ledger.Ledger, e: ledger.Ev, **fields: Any) -> dict[str, Any]:
+        hit = e.value == ev and (not key or str(fields.get(key)) == value)
+        if hit and kind == "emit":
+            trigger.hit()
+        record = emit(self, e, **fields)
+        if hit and kind == "emitted":
+            trigger.hit()
+        return record
+
+    ledger.Ledger.emit = patched_emit  # type: ignore[method-assign]
+
+
+def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
+    from gpuswarm import queue
+
+    try_claim = queue.DirQueue._try_claim
+
+    def patched_claim(self: queue.DirQueue, name: str, owner: str, slot: int) -> Any:
+        got = try_claim(self, name, owner, slot)
+        if got is not None:
+            trigger.hit()
+        return got
+
+    queue.DirQueue._try_claim = patched_claim  # type: ignore[method-assign]
+
+
+def _at_write(kind: str, rest: str, trigger: Trigger) -> None:
+    from gpuswarm import queue
+
+    write = queue.atomic_write_bytes
+
+    def patched_write(path: Path, data: bytes, **kw: Any) -> None:
+        hit = path.parent.name == "running" and json.loads(data).get("state") == rest
+        if hit and kind == "temp-left":
+            # what fsutil.atomic_write_bytes has done when it is killed before its os.replace
+            tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_bytes(data)
+            trigger.hit()
+        write(path, data, **kw)
+        if hit and kind == "state-written":
+            trigger.hit()
+
+    queue.atomic_write_bytes = patched_write
+
+
+INSTALLERS = {
+    "emit": _at_emit,
+    "emitted": _at_emit,
+    "claimed": _at_claim,
+    "temp-left": _at_write,
+    "state-written": _at_write,
+}
+
+
 def install(point: str) -> None:
     point, _, nth = point.partition("#")
-    trigger = Trigger(int(nth or 1))
     kind, _, rest = point.partition(":")
-    if kind in ("emit", "emitted"):
-        from gpuswarm import ledger
-
-        ev, _, match = rest.partition(":")
-        key, _, value = match.partition("=")
-        emit = ledger.Ledger.emit
-
-        def patched_emit(self: ledger.Ledger, e: ledger.Ev, **fields: Any) -> dict[str, Any]:
-            hit = e.value == ev and (not key or str(fields.get(key)) == value)
-            if hit and kind == "emit":
-                trigger.hit()
-            record = emit(self, e, **fields)
-            if hit and kind == "emitted":
-                trigger.hit()
-            return record
-
-        ledger.Ledger.emit = patched_emit  # type: ignore[method-assign]
-    elif kind == "claimed":
-        from gpuswarm import queue
-
-        try_claim = queue.DirQueue._try_claim
-
-        def patched_claim(self: queue.DirQueue, name: str, owner: str, slot: int) -> Any:
-            got = try_claim(self, name, owner, slot)
-            if got is not None:
-                trigger.hit()
-            return got
-
-        queue.DirQueue._try_claim = patched_claim  # type: ignore[method-assign]
-    elif kind == "state-written":
-        from gpuswarm import queue
-
-        write = queue.atomic_write_bytes
-
-        def patched_write(path: Path, data: bytes, **kw: Any) -> None:
-            write(path, data, **kw)
-            if path.parent.name == "running" and json.loads(data).get("state") == rest:
-                trigger.hit()
-
-        queue.atomic_write_bytes = patched_write
-    else:
+    if kind not in INSTALLERS:
         raise SystemExit(f"crashpoint: unknown point {point!r}")
+    INSTALLERS[kind](kind, rest, Trigger(int(nth or 1)))
 
 
 def main() -> None:

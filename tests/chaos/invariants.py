@@ -27,7 +27,11 @@ about itself, and raises ``AssertionError`` listing every violation:
    completion, not two;
 6. summary.json (when ``final``) counts what the folders hold, corrupt/ included, and its total
    is the number of tasks of the run: nothing vanishes from the report;
-7. ``gpuswarm check RUN --json`` (when the installed gpuswarm has it) exits 0.
+7. ``gpuswarm check RUN --json`` (when the installed gpuswarm has it) exits 0;
+8. no temp file (``.tmp-*``, ``.retry-*``) is left in a state folder. A SIGKILL in the middle
+   of a descriptor write leaves one that nothing removes (a known bug, pinned by a strict xfail
+   in test_crash_points.py): scenarios that SIGKILL at random moments pass
+   ``allow_temp_files=True`` (the files are still counted in ``Report.temp_files``).
 """
 
 from __future__ import annotations
@@ -231,11 +235,14 @@ def check_run(
     final: bool = True,
     settle: float = 10.0,
     use_check: bool = True,
+    allow_temp_files: bool = False,
 ) -> Report:
     """Check every invariant; raise AssertionError naming all violations; return the report."""
     rep = Report(run_dir)
     expected = set(expected)
     _check_places(rep, expected, set(corrupted))
+    if rep.temp_files and not allow_temp_files:
+        rep.problems.append(f"temp files left behind: {rep.temp_files}")
     j = journal(run_dir)
     _check_outcomes(rep, j, final)
     if shared is not None:
@@ -247,7 +254,7 @@ def check_run(
     if final:
         _check_summary(rep, len(expected))
     if use_check:
-        _check_with_cli(rep)
+        _check_with_cli(rep, allow_temp_files)
 
     print(f"invariants: {rep.line()}")
     for line in rep.silent_lost:
@@ -342,15 +349,17 @@ def _check_summary(rep: Report, total: int) -> None:
         rep.problems.append(f"summary total {summary.get('total')}, the run has {total} tasks")
 
 
-def _check_with_cli(rep: Report) -> None:
+def _check_with_cli(rep: Report, allow_temp_files: bool) -> None:
     """7. ``gpuswarm check`` agrees that the run is consistent."""
     verdict = cli_check(rep.run_dir)
     if verdict is None:
         return
     rep.check = verdict
-    if verdict.get("exit_code") != 0:
-        open_findings = [f for f in verdict.get("findings", []) if not f.get("repaired")]
-        rep.problems.append(f"gpuswarm check exit {verdict.get('exit_code')}: {open_findings}")
+    findings = [f for f in verdict.get("findings", []) if not f.get("repaired")]
+    if allow_temp_files:
+        findings = [f for f in findings if f.get("kind") != "temp-file"]
+    if verdict.get("exit_code") != 0 and (findings or not verdict.get("findings")):
+        rep.problems.append(f"gpuswarm check exit {verdict.get('exit_code')}: {findings}")
 
 
 def _check_effects(rep: Report, tid: str, data: dict[str, Any], lines: list[int]) -> None:

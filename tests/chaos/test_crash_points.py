@@ -114,3 +114,19 @@ def test_sigkill_at_a_crash_point_then_resume(
         duplicates=len(rep.duplicates),
         reexecuted=len(rep.reexecuted),
     )
+
+
+def test_resume_leaves_no_temp_file_of_a_killed_write(
+    tmp_path: Path,
+    shared: Path,
+    cli: Callable[..., CliResult],
+    cli_popen: Callable[..., CliProcess],
+) -> None:
+    tasks = _tasks(shared)
+    top = {"name": "crash", "workspace": "ws", "gpus": "sim:1", "defaults": {"max_attempts": 2}}
+    config = write_config(tmp_path, top, tasks)
+    res = cli_popen("run", "-q", config, prefix=[*CRASH, "temp-left:done#2", "--"]).wait(60)
+    assert res.returncode == -signal.SIGKILL, str(res)
+    run_dir = wait_for_run(tmp_path / "ws")
+    assert cli("resume", "-q", run_dir).returncode == 1  # `broken` fails
+    check_run(run_dir, [str(t["name"]) for t in tasks], shared=shared)

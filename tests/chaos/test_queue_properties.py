@@ -78,7 +78,6 @@ class QueueMachine(RuleBasedStateMachine):
         self.model: dict[str, str] = dict.fromkeys(self.max_attempts, "pending")
         self.attempts: dict[str, int] = dict.fromkeys(self.max_attempts, 0)
         self.begun: dict[str, str] = {}  # a dead supervisor saved this move, did not rename
-        self.fuzzy: set[str] = set()  # folder and attempts not predicted until next resolved
         self.corrupted: set[str] = set()
         self.generation = 0
         self.sups = [Sup(i) for i in range(N_SUPS)]
@@ -139,16 +138,6 @@ class QueueMachine(RuleBasedStateMachine):
             if [s for s, _ in where.get(tid, [])] == ["corrupt"] and self.model[tid] != "corrupt":
                 self.model[tid] = "corrupt"
                 event("claim quarantined a corrupt descriptor")
-
-    def _follow(self, tids: set[str]) -> None:
-        """Take the folder and attempt count of ``tids`` from the disk from now on."""
-        where = self._where()
-        for tid in tids:
-            ((state, name),) = where[tid]
-            self.model[tid] = state
-            data = json.loads((self.paths.parallel / state / name).read_bytes())
-            self.attempts[tid] = len(data["attempts"])
-            self.fuzzy.discard(tid)
 
     def _record(self, claimed: Claimed, ok: bool) -> None:
         attempts = claimed.data["attempts"]
@@ -277,7 +266,6 @@ class QueueMachine(RuleBasedStateMachine):
         count = reclaim_dead(sup.queue, self.ledger, sup.owner, lease_ttl=TTL)
         assert count == len(expected), (count, expected)
         self.model.update(expected)
-        self._follow(set(expected) & self.fuzzy)
         event(f"reclaim {min(count, 2)}+")
 
     @precondition(lambda self: not any(s.alive for s in self.sups))
@@ -292,11 +280,9 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 self.model[tid] = "pending"
                 self.attempts[tid] += 1  # recorded lost (interrupted: does not count)
-        fuzzy = {tid for tid, _, _ in self._orphaned()} & self.fuzzy
         queue = DirQueue(self.paths, durable=False)
         moved = recover(queue, self.ledger, retry_failed=retry_failed, grace=0.1)
         assert moved["killed"] == 0 and moved["corrupt"] == 0, moved
-        self._follow(fuzzy)
         if retry_failed:
             for tid, state in self.model.items():
                 if state == "failed":

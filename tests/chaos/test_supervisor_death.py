@@ -153,7 +153,7 @@ def test_survivors_reclaim_a_killed_supervisors_tasks(
     # regression (found by this suite, fixed in 32bebe8): heartbeats were renewed every 5 s
     # whatever lease_ttl, so on another host these live supervisors would have looked dead
     assert oldest < LEASE_TTL, f"a survivor's heartbeat was {oldest:.1f}s old (lease_ttl 2s)"
-    rep = check_run(run_dir, swarm.ids, shared=shared)
+    rep = check_run(run_dir, swarm.ids, shared=shared, allow_temp_files=True)
     events = read_events(run_dir)
     killed = [e for e in events if e["ev"] == "killed" and owner in e.get("reason", "")]
     assert killed and set(killed[0]["pids"]) & leftovers, f"no kill of {owner}'s attempts"
@@ -178,6 +178,7 @@ def test_survivors_reclaim_a_killed_supervisors_tasks(
         duplicates=len(rep.duplicates),
         reexecuted=len(rep.reexecuted),
         silent_lost=len(rep.silent_lost),
+        temp_files=len(rep.temp_files),
         reclaim_seconds=round(reclaimed_after, 2),
         heartbeat_age_seconds=round(oldest, 2),
     )
