@@ -29,9 +29,10 @@ about itself, and raises ``AssertionError`` listing every violation:
    is the number of tasks of the run: nothing vanishes from the report;
 7. ``gpuswarm check RUN --json`` (when the installed gpuswarm has it) exits 0;
 8. no temp file (``.tmp-*``, ``.retry-*``) is left in a state folder. A SIGKILL in the middle
-   of a descriptor write leaves one that nothing removes (a known bug, pinned by a strict xfail
-   in test_crash_points.py): scenarios that SIGKILL at random moments pass
-   ``allow_temp_files=True`` (the files are still counted in ``Report.temp_files``).
+   of a descriptor write leaves one; resume removes it, but a run finished by live supervisors
+   (reclaim) keeps it (a known bug, pinned by a strict xfail in test_crash_points.py): the
+   scenario that SIGKILLs one of several supervisors passes ``allow_temp_files=True`` (the files
+   are still counted in ``Report.temp_files``).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_sigkill_supervisor_at_random_moments_then_resume(
 
     final = cli("resume", run_dir, "-q", timeout=120)
     assert final.returncode == 0, f"seed={seed}\n{final}"
-    rep = check_run(run_dir, ids, shared=shared, allow_temp_files=True)
+    rep = check_run(run_dir, ids, shared=shared)
     assert set(rep.states.values()) == {"done"}, f"seed={seed}: {rep.counts()}"
     assert summary(run_dir)["complete"] is True
     figures(
