@@ -21,7 +21,7 @@ from gpuswarm.leases import attach, is_live, owner_alive
 from gpuswarm.ledger import Ledger, read_events
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
-from gpuswarm.runs import open_run, recover
+from gpuswarm.runs import open_run, recover, temp_files
 
 RANK = {State.DONE: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}  # keep the latest
 EVENT_STATE = {"started": "running", "requeued": "pending"}
@@ -95,16 +95,8 @@ def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
     return len(attempts) - lost + extra, len(attempts) + extra
 
 
-def _temp_files(paths: RunPaths, repair: bool) -> list[Finding]:
-    out = []
-    for state in State:
-        folder = paths.state_dir(state.value)
-        for name in os.listdir(folder):
-            if name.startswith(".tmp-") or name.startswith(".retry-"):
-                if repair:
-                    (folder / name).unlink(missing_ok=True)
-                out.append(Finding("temp-file", f"{state.value}/{name}", repaired=repair))
-    return out
+def _temp_files(paths: RunPaths) -> list[Finding]:
+    return [Finding("temp-file", f"{p.parent.name}/{p.name}") for p in temp_files(paths)]
 
 
 Where = dict[str, list[tuple[State, str]]]
@@ -176,16 +168,15 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     findings: list[Finding] = []
     if repair:
         with attach(paths, exclusive_start=True):
-            findings += _temp_files(paths, repair=True)
             findings += _duplicates(queue, _places(queue), repair=True)
             ledger = Ledger(paths.events)
             moved = recover(queue, ledger, retry_failed=False)
             ledger.close()
-            for kind in ("interrupted", "recovered", "requeued", "corrupt"):
+            for kind in ("temp_files", "interrupted", "recovered", "requeued", "corrupt"):
                 if moved[kind]:
                     findings.append(Finding("recovered", f"{moved[kind]} {kind}", repaired=True))
     else:
-        findings += _temp_files(paths, repair=False)
+        findings += _temp_files(paths)
     where = _places(queue)
     if not repair:
         findings += _duplicates(queue, where, repair=False)

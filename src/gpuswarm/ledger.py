@@ -21,7 +21,6 @@ class Ev(str, Enum):
     RUN_CREATED = "run_created"
     SUPERVISOR_STARTED = "supervisor_started"
     SUPERVISOR_STOPPED = "supervisor_stopped"
-    CLAIMED = "claimed"
     STARTED = "started"
     FINISHED = "finished"  # an attempt ended (fields: state it led to, reason)
     REQUEUED = "requeued"  # back to pending (retry, interrupted, resume)

@@ -300,10 +300,6 @@ def sync_tree(path: Path) -> None:
     os.sync()
 
 
-def state_of_path(path: Path) -> State:
-    return State(path.parent.name)
-
-
 __all__ = [
     "STATES",
     "Claimed",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +188,3 @@ def write_outputs(
     summary = {**summarize(rows, run_info, window), **(extra or {})}
     atomic_write_json(paths.summary_json, summary)
     return summary
-
-
-def rows_from(pairs: Iterable[tuple[State, dict[str, Any]]]) -> list[Row]:
-    return [row_for(state, data) for state, data in pairs]

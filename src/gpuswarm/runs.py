@@ -154,16 +154,21 @@ def recover(
     return moved
 
 
+def temp_files(paths: RunPaths) -> list[Path]:
+    """Temp files in the state folders: writes a crash cut short (descriptors stay intact)."""
+    return [
+        paths.state_dir(state) / name
+        for state in STATES
+        for name in os.listdir(paths.state_dir(state))
+        if name.startswith((".tmp-", ".retry-"))
+    ]
+
+
 def _remove_temp_files(paths: RunPaths) -> int:
-    """Temp files of writes a crash cut short (the descriptors themselves are intact)."""
-    removed = 0
-    for state in STATES:
-        folder = paths.state_dir(state)
-        for name in os.listdir(folder):
-            if name.startswith((".tmp-", ".retry-")):
-                (folder / name).unlink(missing_ok=True)
-                removed += 1
-    return removed
+    found = temp_files(paths)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return len(found)
 
 
 def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
