@@ -17,6 +17,7 @@ from gpuswarm.check import check_run
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
 from gpuswarm.engine import Output, RunReport, resume_run, start_run, work_run
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
+from gpuswarm.research.commands import research
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
 from gpuswarm.views import print_check, print_ls, print_report, print_status
@@ -227,6 +228,9 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
     else:
         print_report(report)
     sys.exit(report.exit_code)
+
+
+cli.add_command(research)
 
 
 def main() -> None:

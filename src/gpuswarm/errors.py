@@ -47,5 +47,13 @@ class QueueError(GpuswarmError):
     """The on-disk queue is in a state gpuswarm cannot repair by itself."""
 
 
+class ResearchError(BadInputError):
+    """A research command cannot do what was asked (no experiment, bad variant id, dirty edit)."""
+
+
+class GitError(GpuswarmError):
+    """A git command failed in a way the user must look at (the message has git's own words)."""
+
+
 class Interrupted(BaseException):
     """Raised to unwind on the first Ctrl-C / SIGTERM after a warm shutdown."""

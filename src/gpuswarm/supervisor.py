@@ -44,6 +44,7 @@ HEARTBEAT_SECONDS = 5.0
 IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisors still work on
 MAX_BACKOFF_SECONDS = 600.0
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
+LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class SupervisorConfig:
     breaker_failures: int = 5  # quarantine a slot whose last N attempts all failed ...
     breaker_window: float = 60.0  # ... within this many seconds; 0 failures = never
     max_log_bytes: int = 256 << 20  # each attempt's output.log is kept under this size
+    linger: float = 0.0  # an idle supervisor waits this long for new tasks before it ends
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Supervisor:
         self._done_keeping = threading.Event()
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
+        self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -234,12 +237,14 @@ class Supervisor:
             generation = self._generation
         claimed = self.queue.claim(self.cfg.owner, slot.index)
         if claimed is None:
-            self._release(requeued=False)
+            self._release(requeued=False, busy=False)
         return claimed, generation
 
-    def _release(self, *, requeued: bool = False) -> None:
+    def _release(self, *, requeued: bool = False, busy: bool = True) -> None:
         with self._cond:
             self._in_flight -= 1
+            if busy:
+                self._busy_at = time.monotonic()
             if requeued:
                 self._generation += 1
             self._cond.notify_all()
@@ -253,9 +258,15 @@ class Supervisor:
                 if self._generation != seen_generation:
                     return True
                 if self._in_flight == 0:
-                    if not self._others_running():
-                        return False
-                    self._cond.wait(IDLE_POLL_SECONDS)  # their retries land in pending/
+                    if self._others_running():
+                        self._cond.wait(IDLE_POLL_SECONDS)  # their retries land in pending/
+                        return True
+                    if time.monotonic() - self._busy_at < self.cfg.linger:
+                        self._cond.wait(LINGER_POLL_SECONDS)  # new tasks may be enqueued
+                        return True
+                    return False
+                if self.cfg.linger > 0:  # others are busy, but a new task must not wait for them
+                    self._cond.wait(LINGER_POLL_SECONDS)
                     return True
                 self._cond.wait()
 

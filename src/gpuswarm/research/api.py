@@ -1,0 +1,422 @@
+"""The research commands as functions: each settles the experiment, acts, and returns plain data
+(the CLI prints it, or dumps it with --json)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.fsutil import atomic_write_text
+from gpuswarm.gpus import parse_gpu_spec
+from gpuswarm.research import executor, gitops, variants
+from gpuswarm.research.experiment import (
+    ExperimentConfig,
+    ExpPaths,
+    State,
+    Variant,
+    append,
+    check_tag,
+    experiments_dir,
+    flocked,
+    load_config,
+    locate,
+    metric_pattern,
+    replay,
+    save_config,
+)
+from gpuswarm.research.settle import settle, settle_locked, write_tsv
+
+WAIT_POLL_SECONDS = 0.2
+RUNNER_CHECK_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Experiment:
+    paths: ExpPaths
+    cfg: ExperimentConfig
+
+    @classmethod
+    def open(cls, where: Path, tag: str | None) -> Experiment:
+        paths = locate(gitops.toplevel(where), tag)
+        return cls(paths, load_config(paths))
+
+    def settle(self) -> State:
+        return settle(self.paths, self.cfg)
+
+
+# -- init --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InitOptions:
+    tag: str
+    edit: list[str]
+    command: str
+    protect: list[str]
+    metric: str = "val_bpb"
+    goal: str = "min"
+    timeout: float = 600.0
+    gpus: str = "auto"
+    policy: str = "greedy"
+    noise_k: float = 2.0
+    branch_prefix: str = "autoresearch/"
+    shell: bool = False
+    link: list[str] | None = None
+    metric_regex: str | None = None
+    memory_regex: str | None = None
+    linger: float = 120.0
+    checkout: bool = True
+
+
+def init(where: Path, opts: InitOptions) -> dict[str, Any]:
+    repo = gitops.toplevel(where)
+    tag = check_tag(opts.tag)
+    branch = f"{opts.branch_prefix}{tag}"
+    root = experiments_dir(repo) / tag
+    if gitops.branch_exists(repo, branch):
+        raise ResearchError(
+            f"branch {branch} already exists: an experiment is a fresh run; pick another --tag"
+        )
+    if root.exists():
+        raise ResearchError(f"{root} already exists; pick another --tag (or remove that folder)")
+    head = gitops.rev_parse(repo, "HEAD")
+    if head is None:
+        raise ResearchError(f"{repo} has no commit yet; commit the files first")
+    _check_files(repo, head, opts)
+    parse_gpu_spec(opts.gpus)  # a bad --gpus fails before anything is written
+    links = opts.link if opts.link is not None else [p for p in (".venv",) if (repo / p).is_dir()]
+    cfg = ExperimentConfig(
+        tag=tag,
+        branch=branch,
+        edit=opts.edit,
+        protect=opts.protect,
+        command=opts.command,
+        shell=opts.shell,
+        metric=opts.metric,
+        goal=opts.goal,  # type: ignore[arg-type]
+        metric_pattern=opts.metric_regex or metric_pattern(opts.metric),
+        timeout=opts.timeout,
+        gpus=opts.gpus,
+        policy=opts.policy,  # type: ignore[arg-type]
+        noise_k=opts.noise_k,
+        link=links,
+        linger=opts.linger,
+        **({"memory_pattern": opts.memory_regex} if opts.memory_regex else {}),
+    )
+    gitops.exclude(repo, "/.gpuswarm/")
+    for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
+        gitops.delete_ref(repo, ref)
+    staging = root.with_name(f".{tag}.init")
+    executor.remove_tree(staging)
+    staging.mkdir(parents=True)
+    paths = ExpPaths(repo, staging)
+    cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
+    save_config(paths, cfg)
+    append(paths, "init", base=head, branch=branch, tag=tag)
+    append(paths, "mode", mode="rounds")
+    write_tsv(paths, cfg, replay(paths))
+    staging.rename(root)  # one rename: an experiment exists whole or not at all
+    gitops.create_branch(repo, branch, head)
+    if opts.checkout:  # the seed's `git checkout -b`: same commit, so index and files stay
+        gitops.git(repo, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    atomic_write_text(experiments_dir(repo) / "current", tag + "\n")
+    paths = ExpPaths(repo, root)
+    return {"tag": tag, "branch": branch, "base": head, "dir": str(root), **_files(paths)}
+
+
+def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
+    if not opts.edit:
+        raise ResearchError("--edit: name at least one file a variant may change, e.g. train.py")
+    for flag, files in (("--edit", opts.edit), ("--protect", opts.protect)):
+        for rel in files:
+            if gitops.blob(repo, head, rel) is None:
+                raise ResearchError(
+                    f"{flag} {rel}: not a file committed at HEAD {gitops.short(head)}; commit "
+                    "it first (paths are relative to the repository root)"
+                )
+    both = set(opts.edit) & set(opts.protect)
+    if both:
+        raise ResearchError(f"{', '.join(sorted(both))}: a file cannot be editable and protected")
+    if not opts.command.strip():
+        raise ResearchError("--command: give the command that trains, e.g. 'uv run train.py'")
+
+
+def _files(paths: ExpPaths) -> dict[str, str]:
+    return {"results": str(paths.results_tsv), "ledger": str(paths.ledger)}
+
+
+# -- queueing variants -------------------------------------------------------------------------
+def _queue(exp: Experiment, state: State, vs: list[Variant]) -> None:
+    for v in vs:
+        executor.enqueue(exp.paths, exp.cfg, v)
+    executor.ensure_runner(exp.paths, exp.cfg)
+
+
+def _baseline_needed(state: State) -> bool:
+    in_flight = any(v.kind == "baseline" and v.commit == state.base for v in state.in_flight())
+    return state.best is None and not in_flight
+
+
+def _queue_baselines(exp: Experiment, state: State, repeat: int) -> list[Variant]:
+    out = []
+    for i in range(repeat):
+        text = "baseline" if repeat == 1 else f"baseline (repeat {i + 1}/{repeat})"
+        out.append(
+            variants.record(
+                exp.paths,
+                exp.cfg,
+                state,
+                kind="baseline",
+                commit=state.base,
+                parent=state.base,
+                description=text,
+                source="baseline",
+            )
+        )
+    return out
+
+
+def baseline(exp: Experiment, repeat: int = 1) -> dict[str, Any]:
+    if repeat < 1:
+        raise ResearchError("--repeat: at least 1")
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        vs = _queue_baselines(exp, state, repeat)
+        _queue(exp, state, vs)
+    return {"queued": [v.view() for v in vs], "base": state.base}
+
+
+def try_variant(
+    exp: Experiment,
+    message: str,
+    *,
+    patch: Path | None = None,
+    files: dict[str, bytes | None] | None = None,
+    from_id: str | None = None,
+    source: str = "manual",
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Snapshot an edit as a variant on BASE, restore the user's files, queue it; returns at once.
+
+    The edit comes from the user's working tree (default), a patch, or ``files`` (proposers).
+    """
+    message = " ".join(message.split())
+    if not message:
+        raise ResearchError("-m: say in a few words what this variant tries")
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        if files is not None:
+            commit = variants.from_files(exp.paths, exp.cfg, state.base, files, message)
+        elif patch is not None:
+            commit = variants.from_patch(exp.paths, exp.cfg, state, patch, message)
+        elif from_id is not None:
+            commit = _from_variant(exp, state, from_id, message)
+        else:
+            commit = variants.from_worktree(exp.paths, exp.cfg, state, message)
+        queued = _queue_baselines(exp, state, 1) if _baseline_needed(state) else []
+        v = variants.record(
+            exp.paths,
+            exp.cfg,
+            state,
+            kind="variant",
+            commit=commit,
+            parent=state.base,
+            description=message,
+            source=source,
+            meta=meta,
+        )
+        if files is None and patch is None and from_id is None:
+            variants.restore(exp.paths, exp.cfg, state.base)
+        _queue(exp, state, [*queued, v])
+    return {
+        "id": v.id,
+        "commit": v.commit,
+        "parent": v.parent,
+        "round": v.round,
+        "baseline_queued": [b.id for b in queued],
+        "diff": gitops.diff_stat(exp.paths.repo, v.parent, v.commit),
+    }
+
+
+def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:
+    """Variant ``vid``'s change, merged onto the current BASE."""
+    v = _variant(state, vid)
+    commit = gitops.merge_onto(exp.paths.repo, v.commit, state.base, message)
+    if commit is None:
+        raise ResearchError(
+            f"{vid}'s change conflicts with BASE {gitops.short(state.base)}; make the edit again"
+        )
+    if gitops.tree_of(exp.paths.repo, commit) == gitops.tree_of(exp.paths.repo, state.base):
+        raise ResearchError(f"{vid}'s change is already part of BASE {gitops.short(state.base)}")
+    return commit
+
+
+def restore(exp: Experiment) -> dict[str, Any]:
+    """Put the editable files back to BASE (drops uncommitted edits of them)."""
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        variants.restore(exp.paths, exp.cfg, state.base)
+    return {"base": state.base, "files": exp.cfg.edit}
+
+
+# -- waiting and looking -----------------------------------------------------------------------
+def wait(
+    exp: Experiment,
+    *,
+    mode: str = "all",
+    timeout: float | None = None,
+    ids: list[str] | None = None,
+) -> dict[str, Any]:
+    """Block until any / all of the variants in flight (or ``ids``) are recorded; report them,
+    and those recorded since the last wait, once."""
+    state = exp.settle()
+    fresh = [v.id for v in state.variants.values() if v.finished is None or not v.seen]
+    targets = ids or fresh
+    for vid in targets:
+        if vid not in state.variants:
+            raise ResearchError(f"no variant {vid} in experiment {exp.cfg.tag}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    looked = 0.0
+    watch = executor.RunnerWatch(exp.paths, exp.cfg)
+    while True:
+        done = [t for t in targets if state.variants[t].finished is not None]
+        if (mode == "any" and done) or len(done) == len(targets):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if time.monotonic() - looked > RUNNER_CHECK_SECONDS:
+            watch.check()  # e.g. after `research stop` or a crash
+            looked = time.monotonic()
+        time.sleep(WAIT_POLL_SECONDS)
+        if executor.finished_ids(exp.paths, exp.cfg) & (set(targets) - set(done)):
+            state = exp.settle()
+            watch.progressed()
+    state = exp.settle()
+    finished = [state.variants[t].view() for t in targets if state.variants[t].finished]
+    if finished:
+        append(exp.paths, "seen", ids=[v["id"] for v in finished])
+    return {
+        **_headline(exp, state),
+        "finished": finished,
+        "waiting": [t for t in targets if state.variants[t].finished is None],
+        "timed_out": any(state.variants[t].finished is None for t in targets),
+    }
+
+
+def _headline(exp: Experiment, state: State) -> dict[str, Any]:
+    return {
+        "tag": exp.cfg.tag,
+        "branch": exp.cfg.branch,
+        "base": state.base,
+        "best": state.best,
+        "metric": exp.cfg.metric,
+        "goal": exp.cfg.goal,
+        "mode": state.mode,
+        "round": state.round,
+    }
+
+
+def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
+    state = exp.settle()
+    now = time.time()
+    live = executor.running(exp.paths, exp.cfg)
+    in_flight = []
+    for v in state.in_flight():
+        run = live.get(v.id)
+        in_flight.append(
+            {
+                **v.view(),
+                "state": "running" if run else "queued",
+                "slot": run["slot"] if run else None,
+                "elapsed": round(now - run["since"], 1) if run else None,
+            }
+        )
+    undecided = [v.view() for v in state.undecided() if v.finished is not None]
+    return {
+        **_headline(exp, state),
+        "experiments": len(state.rows),
+        "kept": sum(1 for r in state.rows if r[3] == "keep"),
+        "in_flight": in_flight,
+        "undecided": undecided,
+        "last": [
+            dict(zip(("commit", "metric", "memory_gb", "status", "description"), r, strict=True))
+            for r in state.rows[-last:]
+        ],
+        "runner": bool(executor.runner_pids(exp.paths)),
+        "timeout": exp.cfg.timeout,
+        **_files(exp.paths),
+    }
+
+
+def log(exp: Experiment) -> dict[str, Any]:
+    state = exp.settle()
+    return {**_headline(exp, state), "variants": [v.view() for v in state.variants.values()]}
+
+
+# -- manual decisions ----------------------------------------------------------------------------
+def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, Any]:
+    from gpuswarm.research.policy import Decision
+    from gpuswarm.research.settle import apply
+
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        v = _variant(state, vid)
+        if v.finished is None or not v.finished.get("ok"):
+            raise ResearchError(
+                f"{vid} has {'not finished' if v.finished is None else 'crashed'}"
+                "; only a finished variant with a metric can be kept"
+            )
+        if v.decision is not None and v.decision["status"] != "discard":
+            raise ResearchError(f"{vid} is already {v.decision['status']}")
+        if v.kind == "baseline":
+            raise ResearchError(f"{vid} is a baseline run; BASE is already what it measured")
+        if v.parent != state.base:
+            raise ResearchError(
+                f"{vid} was measured on BASE {gitops.short(v.parent)}, and BASE is now "
+                f"{gitops.short(state.base)}; re-evaluate it there with "
+                f"`gpuswarm research try --from {vid} -m '...'`"
+            )
+        if v.decision is not None:  # overriding the policy: a second row says so
+            state.variants[vid].decision = None
+        apply(exp.paths, exp.cfg, state, Decision(vid, "keep", reason))
+    return {"id": vid, "status": "keep", "base": state.base}
+
+
+def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dict[str, Any]:
+    from gpuswarm.research.policy import Decision
+    from gpuswarm.research.settle import apply
+
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        v = _variant(state, vid)
+        if v.finished is None:
+            raise ResearchError(f"{vid} has not finished; wait for it first")
+        if v.decision is not None:
+            raise ResearchError(f"{vid} is already {v.decision['status']}")
+        apply(exp.paths, exp.cfg, state, Decision(vid, "discard", reason))
+    return {"id": vid, "status": "discard", "base": state.base}
+
+
+def _variant(state: State, vid: str) -> Variant:
+    if vid not in state.variants:
+        known = ", ".join(list(state.variants)[-5:]) or "none yet"
+        raise ResearchError(f"no variant {vid!r} (latest: {known})")
+    return state.variants[vid]
+
+
+def plot(exp: Experiment, output: Path | None = None) -> Path:
+    from gpuswarm.research.plot import PlotRow, progress_png
+
+    state = exp.settle()
+    rows = [
+        PlotRow(metric=None if r[3] == "crash" else float(r[1]), status=r[3], description=r[4])
+        for r in state.rows
+    ]
+    return progress_png(
+        rows,
+        output or exp.paths.progress_png,
+        metric=exp.cfg.metric,
+        goal=exp.cfg.goal,
+        title=f"autoresearch/{exp.cfg.tag}",
+    )

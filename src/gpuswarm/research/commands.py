@@ -1,0 +1,306 @@
+"""``gpuswarm research ...``: parse, call research.api, print (compact text, or --json)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from gpuswarm.config_models import parse_duration
+from gpuswarm.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_UNFINISHED,
+    GpuswarmError,
+    ResearchError,
+)
+from gpuswarm.research import api, executor, views
+from gpuswarm.research.experiment import ExpPaths, load_config
+from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GpuswarmError as exc:
+            click.echo(f"gpuswarm: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _duration(flag: str, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ResearchError(f"{flag} {value!r}: {exc} (e.g. 300, 90s, 10m, 8h)") from None
+
+
+def _where(fn: F) -> F:
+    fn = click.option("--tag", help="the experiment (default: the last one `init` made here)")(fn)
+    fn = click.option(
+        "-C",
+        "where",
+        default=".",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="the git repository (default: the current folder)",
+    )(fn)
+    return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
+
+
+def _out(as_json: bool, data: dict[str, Any], show: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    else:
+        show(data)
+
+
+@click.group()
+def research() -> None:
+    """Research loops: variants of train.py, one per GPU, kept when the metric improves."""
+
+
+@research.command()
+@click.option("--tag", required=True, help="names the run and its branch, e.g. mar5")
+@click.option("--edit", multiple=True, required=True, help="a file variants may change (repeat)")
+@click.option("--protect", multiple=True, help="a file no variant may change, e.g. prepare.py")
+@click.option(
+    "--command", "command", required=True, help="the training command, e.g. 'uv run train.py'"
+)
+@click.option("--metric", default="val_bpb", show_default=True, help="the metric line's name")
+@click.option("--goal", type=click.Choice(["min", "max"]), default="min", show_default=True)
+@click.option("--timeout", default="10m", show_default=True, help="per run; a kill is a crash")
+@click.option("--gpus", default="auto", show_default=True, help="auto | 0,1,2 | 0-7 | sim:N")
+@click.option("--policy", type=click.Choice(["greedy", "noise-aware", "manual"]), default="greedy")
+@click.option("--noise-k", default=2.0, show_default=True, help="noise-aware: k x baseline spread")
+@click.option("--branch-prefix", default="autoresearch/", show_default=True)
+@click.option("--shell", is_flag=True, help="run the command through /bin/sh")
+@click.option("--link", multiple=True, help="untracked path to link into each run (default .venv)")
+@click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
+@click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")
+@click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
+@click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@_errors
+def init(where: Path, as_json: bool, **kw: Any) -> None:
+    """Create branch <prefix><tag>, the experiment's state and an empty results.tsv."""
+    opts = api.InitOptions(
+        tag=kw["tag"],
+        edit=list(kw["edit"]),
+        command=kw["command"],
+        protect=list(kw["protect"]),
+        metric=kw["metric"],
+        goal=kw["goal"],
+        timeout=_duration("--timeout", kw["timeout"]) or 600.0,
+        gpus=kw["gpus"],
+        policy=kw["policy"],
+        noise_k=kw["noise_k"],
+        branch_prefix=kw["branch_prefix"],
+        shell=kw["shell"],
+        link=list(kw["link"]) or None,
+        metric_regex=kw["metric_regex"],
+        memory_regex=kw["memory_regex"],
+        linger=_duration("--linger", kw["linger"]) or 0.0,
+        checkout=not kw["no_checkout"],
+    )
+    _out(as_json, api.init(where, opts), views.show_init)
+
+
+@research.command()
+@click.option("--repeat", default=1, show_default=True, help="k runs on different GPUs -> noise")
+@_where
+@_errors
+def baseline(where: Path, tag: str | None, as_json: bool, repeat: int) -> None:
+    """Run BASE unchanged (k times for a noise estimate)."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.baseline(exp, repeat), views.show_queued)
+
+
+@research.command("try")
+@click.option("-m", "message", required=True, help="what the variant tries, in a few words")
+@click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="a unified diff")
+@click.option("--from", "from_id", help="re-try variant ID's change on the current BASE")
+@_where
+@_errors
+def try_cmd(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    message: str,
+    patch: Path | None,
+    from_id: str | None,
+) -> None:
+    """Snapshot your edit as a variant of BASE, restore the files, queue it. Returns at once."""
+    exp = api.Experiment.open(where, tag)
+    data = api.try_variant(exp, message, patch=patch, from_id=from_id)
+    _out(as_json, data, views.show_try)
+
+
+@research.command()
+@click.argument("ids", nargs=-1)
+@click.option("--any", "mode", flag_value="any", help="return when one has finished")
+@click.option("--all", "mode", flag_value="all", default=True, help="wait for all (default)")
+@click.option("--timeout", help="give up after this long (exit 1), e.g. 15m")
+@_where
+@_errors
+def wait(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    ids: tuple[str, ...],
+    mode: str,
+    timeout: str | None,
+) -> None:
+    """Block until the variants in flight (or IDS) finish; print their results."""
+    exp = api.Experiment.open(where, tag)
+    data = api.wait(exp, mode=mode, timeout=_duration("--timeout", timeout), ids=list(ids) or None)
+    _out(as_json, data, views.show_wait)
+    if data["timed_out"] and mode == "all":
+        sys.exit(EXIT_UNFINISHED)
+
+
+@research.command()
+@click.option("--last", default=10, show_default=True, help="how many recent results to show")
+@_where
+@_errors
+def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
+    """BASE, best metric, variants in flight per GPU, the last results."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.status(exp, last), views.show_status)
+
+
+@research.command()
+@_where
+@_errors
+def log(where: Path, tag: str | None, as_json: bool) -> None:
+    """Every experiment so far (results.tsv, or all fields with --json)."""
+    exp = api.Experiment.open(where, tag)
+    data = api.log(exp)
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    else:
+        click.echo(exp.paths.results_tsv.read_text(), nl=False)
+
+
+@research.command()
+@click.argument("variant_id")
+@click.option("-m", "reason", default="kept by hand", help="why (goes to the ledger)")
+@_where
+@_errors
+def keep(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
+    """Keep a finished variant by hand: it becomes BASE (fast-forward)."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.keep(exp, variant_id, reason), views.show_decided)
+
+
+@research.command()
+@click.argument("variant_id")
+@click.option("-m", "reason", default="discarded by hand", help="why (goes to the ledger)")
+@_where
+@_errors
+def discard(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
+    """Discard a finished, undecided variant by hand."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.discard(exp, variant_id, reason), views.show_decided)
+
+
+@research.command()
+@click.option("-o", "output", type=click.Path(dir_okay=False, path_type=Path), help="PNG path")
+@_where
+@_errors
+def plot(where: Path, tag: str | None, as_json: bool, output: Path | None) -> None:
+    """progress.png: discards grey, keeps green, the running best as a step line."""
+    exp = api.Experiment.open(where, tag)
+    path = api.plot(exp, output)
+    _out(as_json, {"plot": str(path)}, lambda d: click.echo(d["plot"]))
+
+
+@research.command()
+@_where
+@_errors
+def restore(where: Path, tag: str | None, as_json: bool) -> None:
+    """Put the editable files back to BASE (drops your uncommitted edits of them)."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
+
+
+@research.command()
+@_where
+@_errors
+def stop(where: Path, tag: str | None, as_json: bool) -> None:
+    """Stop the background runner; running variants go back to the queue (next command resumes)."""
+    exp = api.Experiment.open(where, tag)
+    n = executor.stop_runner(exp.paths)
+    _out(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
+
+
+@research.command()
+@click.option(
+    "--proposer", type=click.Choice(["mutate", "agent"]), default="mutate", show_default=True
+)
+@click.option("--mode", type=click.Choice(["async", "rounds"]), default="async", show_default=True)
+@click.option("--max-experiments", type=int, help="stop after starting this many variants")
+@click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
+@click.option("--lookahead", default=1, show_default=True, help="async: variants queued ahead")
+@click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
+@click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
+@click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
+@click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
+@click.option("--agent-timeout", default="15m", show_default=True)
+@click.option("--agent-max-failures", default=5, show_default=True)
+@_where
+@_errors
+def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
+    """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
+    exp = api.Experiment.open(where, tag)
+    proposer: Proposer
+    if kw["proposer"] == "agent":
+        if not kw["agent_command"]:
+            raise ResearchError("--proposer agent needs --agent-command (e.g. an LLM agent's CLI)")
+        opts = AgentOptions(
+            command=kw["agent_command"],
+            program=kw["program"],
+            timeout=_duration("--agent-timeout", kw["agent_timeout"]) or 900.0,
+            max_failures=kw["agent_max_failures"],
+            shell=kw["agent_shell"],
+        )
+        proposer = AgentProposer(exp.paths, exp.cfg, opts)
+    else:
+        proposer = MutateProposer(exp.paths, exp.cfg, kw["seed"])
+    loop_opts = LoopOptions(
+        mode=kw["mode"],
+        max_experiments=kw["max_experiments"],
+        duration=_duration("--for", kw["duration"]),
+        lookahead=max(0, kw["lookahead"]),
+    )
+    say = (lambda _: None) if as_json else (lambda text: click.echo(f"{views.stamp()} {text}"))
+    data = run_loop(exp, proposer, loop_opts, say)
+    _out(as_json, data, views.show_loop)
+    if data["left_running"]:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@research.command("_serve", hidden=True)
+@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+def serve(root: Path) -> None:
+    """The background runner of an experiment (started by the other commands)."""
+    root = root.resolve()
+    paths = ExpPaths(root.parents[2], root)
+    try:
+        sys.exit(executor.serve(paths, load_config(paths)))
+    except GpuswarmError as exc:
+        click.echo(f"gpuswarm research runner: error: {exc}", err=True)
+        sys.exit(exc.exit_code if exc.exit_code != EXIT_BAD_INPUT else EXIT_UNFINISHED)

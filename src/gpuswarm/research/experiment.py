@@ -1,0 +1,348 @@
+"""One experiment: its folder, its settings, and its journal (ledger.jsonl) replayed into a state.
+
+An experiment lives in ``<repo>/.gpuswarm/research/<tag>/`` (git ignores it through
+``.git/info/exclude``)::
+
+    experiment.json   the settings given to ``research init`` (never rewritten)
+    ledger.jsonl      append-only, fsynced: one JSON line per event; the state is its replay
+    results.tsv       the seed's five columns, one row per decided experiment (rendered)
+    queue/run_*/      the core run whose tasks are the variants (a variant run is a task)
+    variants/<id>/    the export of a variant's commit it runs in, removed once it is recorded
+    lock, serve.lock  flocks: state changes; the background runner
+
+Events: ``variant`` (created: commit, parent, description, kind, round), ``finished`` (what the
+run produced), ``decided`` (keep / discard / crash and the results.tsv row), ``base`` (the
+branch moved), ``worktree`` (the user's editable files were restored to a BASE), ``round`` (a
+round closed), ``mode``. The row is journaled before the branch moves; recovery finishes a
+move a crash cut short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.fsutil import atomic_write_json, read_json
+from gpuswarm.ledger import read_events
+
+EXPERIMENTS = Path(".gpuswarm") / "research"
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEFAULT_MEMORY_PATTERN = r"^\s*peak_vram_mb:\s*([-+0-9.eE]+)"
+DEFAULT_FAIL_PATTERN = r"^FAIL\b"
+
+
+def metric_pattern(metric: str) -> str:
+    return rf"^\s*{re.escape(metric)}:\s*([-+0-9.eEnaif]+)"
+
+
+class ExperimentConfig(BaseModel):
+    """What ``research init`` was told. Stored once in experiment.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tag: str
+    branch: str
+    edit: list[str]
+    protect: list[str] = Field(default_factory=list)
+    command: str
+    shell: bool = False
+    metric: str = "val_bpb"
+    goal: Literal["min", "max"] = "min"
+    metric_pattern: str
+    memory_pattern: str = DEFAULT_MEMORY_PATTERN
+    fail_pattern: str = DEFAULT_FAIL_PATTERN
+    timeout: float = 600.0
+    gpus: str = "auto"
+    policy: Literal["greedy", "noise-aware", "manual"] = "greedy"
+    noise_k: float = 2.0
+    link: list[str] = Field(default_factory=list)
+    linger: float = 120.0  # the background runner waits this long for new variants
+    run: str = ""  # the core run, relative to the experiment folder
+
+
+@dataclass(frozen=True)
+class ExpPaths:
+    repo: Path
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "experiment.json"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def results_tsv(self) -> Path:
+        return self.root / "results.tsv"
+
+    @property
+    def progress_png(self) -> Path:
+        return self.root / "progress.png"
+
+    @property
+    def variants(self) -> Path:
+        return self.root / "variants"
+
+    def export_dir(self, variant_id: str) -> Path:
+        if not re.fullmatch(r"v\d{4,}", variant_id):
+            raise ResearchError(f"{variant_id!r} is not a variant id (they look like v0007)")
+        return self.variants / variant_id
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def serve_lock(self) -> Path:
+        return self.root / "serve.lock"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "runner.log"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts"
+
+
+def experiments_dir(repo: Path) -> Path:
+    return repo / EXPERIMENTS
+
+
+def check_tag(tag: str) -> str:
+    if not TAG_RE.fullmatch(tag):
+        raise ResearchError(
+            f"--tag {tag!r}: use letters, digits, '.', '_' or '-' (at most 64, no leading "
+            "punctuation), e.g. --tag mar5"
+        )
+    return tag
+
+
+def locate(repo: Path, tag: str | None) -> ExpPaths:
+    """The experiment named ``tag``, or the one ``research init`` made last in this repo."""
+    base = experiments_dir(repo)
+    if tag is None:
+        current = base / "current"
+        try:
+            tag = current.read_text().strip()
+        except FileNotFoundError:
+            raise ResearchError(
+                f"no experiment in {repo}; start one with `gpuswarm research init --tag <tag> "
+                "--edit train.py --command '...'`"
+            ) from None
+    paths = ExpPaths(repo, base / check_tag(tag))
+    if not paths.config.is_file():
+        known = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
+        raise ResearchError(
+            f"no experiment tagged {tag!r} in {repo} (known: {', '.join(known) or 'none'}); "
+            "pass --tag"
+        )
+    return paths
+
+
+def load_config(paths: ExpPaths) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(read_json(paths.config))
+    except (OSError, ValueError, ValidationError) as exc:
+        raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
+
+
+def save_config(paths: ExpPaths, cfg: ExperimentConfig) -> None:
+    atomic_write_json(paths.config, cfg.model_dump(mode="json"))
+
+
+@contextlib.contextmanager
+def flocked(path: Path, *, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive flock on ``path``; yields False (without waiting) when not ``blocking``
+    and someone else holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+# -- the journal -------------------------------------------------------------------------------
+def append(paths: ExpPaths, ev: str, **fields: Any) -> dict[str, Any]:
+    """Append one event line and fsync it (decisions must survive a crash right after)."""
+    record: dict[str, Any] = {"ts": round(time.time(), 3), "ev": ev, **fields}
+    line = json.dumps(record, default=str, separators=(",", ":")).encode() + b"\n"
+    fd = os.open(paths.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return record
+
+
+@dataclass
+class Variant:
+    id: str
+    kind: str  # variant | baseline | combo
+    commit: str
+    parent: str
+    description: str
+    round: int
+    source: str
+    created: float
+    origin: str | None = None  # the variant a combo re-bases
+    finished: dict[str, Any] | None = None
+    decision: dict[str, Any] | None = None
+    seen: bool = False  # its result was shown by `research wait`
+    meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
+
+    @property
+    def status(self) -> str:
+        if self.decision is not None:
+            return str(self.decision["status"])
+        return "finished" if self.finished is not None else "queued"
+
+    def view(self) -> dict[str, Any]:
+        fin = self.finished or {}
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "commit": self.commit,
+            "parent": self.parent,
+            "description": self.description,
+            "round": self.round,
+            "status": self.status,
+            "metric": fin.get("metric"),
+            "memory_gb": fin.get("memory_gb"),
+            "gpu": fin.get("gpu"),
+            "seconds": fin.get("seconds"),
+            "reason": (self.decision or {}).get("reason") or fin.get("reason"),
+            "log": fin.get("log"),
+        }
+
+
+@dataclass
+class State:
+    base: str = ""
+    variants: dict[str, Variant] = field(default_factory=dict)
+    base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
+    baselines: dict[str, list[float]] = field(default_factory=dict)  # commit -> repeats
+    rows: list[list[str]] = field(default_factory=list)
+    round: int = 1
+    mode: str = "rounds"
+    worktree_base: str = ""
+    pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
+
+    @property
+    def best(self) -> float | None:
+        return self.base_metric.get(self.base)
+
+    def next_id(self) -> str:
+        return f"v{len(self.variants) + 1:04d}"
+
+    def in_flight(self) -> list[Variant]:
+        return [v for v in self.variants.values() if v.finished is None]
+
+    def undecided(self) -> list[Variant]:
+        return [v for v in self.variants.values() if v.decision is None]
+
+
+def replay(paths: ExpPaths) -> State:
+    state = State()
+    for e in read_events(paths.ledger):
+        _apply(state, e)
+    return state
+
+
+def _apply(state: State, e: dict[str, Any]) -> None:
+    handler = _HANDLERS.get(str(e.get("ev")))
+    if handler is not None:
+        handler(state, e)
+
+
+def _on_init(state: State, e: dict[str, Any]) -> None:
+    state.base = state.worktree_base = e["base"]
+
+
+def _on_variant(state: State, e: dict[str, Any]) -> None:
+    state.variants[e["id"]] = Variant(
+        id=e["id"],
+        kind=e["kind"],
+        commit=e["commit"],
+        parent=e["parent"],
+        description=e["description"],
+        round=int(e.get("round", 0)),
+        source=e.get("source", "manual"),
+        created=float(e["ts"]),
+        origin=e.get("origin"),
+        meta=e.get("meta") or {},
+    )
+
+
+def _on_finished(state: State, e: dict[str, Any]) -> None:
+    if e["id"] in state.variants:
+        state.variants[e["id"]].finished = e
+
+
+def _on_decided(state: State, e: dict[str, Any]) -> None:
+    v = state.variants.get(e["id"])
+    if v is None:
+        return
+    v.decision = e
+    state.rows.append(list(e["row"]))
+    if e.get("base_metric") is not None:
+        state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
+    if v.kind == "baseline" and e["status"] == "keep" and v.finished:
+        state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))
+    if e["status"] == "keep" and v.kind != "baseline":
+        state.pending_base = {"from": state.base, "to": v.commit, "id": v.id}
+
+
+def _on_base(state: State, e: dict[str, Any]) -> None:
+    state.base = e["to"]
+    state.pending_base = None
+
+
+def _on_worktree(state: State, e: dict[str, Any]) -> None:
+    state.worktree_base = e["base"]
+
+
+def _on_seen(state: State, e: dict[str, Any]) -> None:
+    for vid in e["ids"]:
+        if vid in state.variants:
+            state.variants[vid].seen = True
+
+
+def _on_round(state: State, e: dict[str, Any]) -> None:
+    state.round = int(e["n"]) + 1
+
+
+def _on_mode(state: State, e: dict[str, Any]) -> None:
+    state.mode = e["mode"]
+
+
+_HANDLERS: dict[str, Callable[[State, dict[str, Any]], None]] = {
+    "init": _on_init,
+    "variant": _on_variant,
+    "finished": _on_finished,
+    "decided": _on_decided,
+    "base": _on_base,
+    "worktree": _on_worktree,
+    "seen": _on_seen,
+    "round": _on_round,
+    "mode": _on_mode,
+}

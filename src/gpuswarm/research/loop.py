@@ -1,0 +1,181 @@
+"""The autonomous loop: propose, queue, wait, decide, forever (or for a budget).
+
+``rounds`` is the seed's procedure: one variant per GPU from one BASE, wait for all, the best
+improving one is kept. ``async``: whenever a GPU frees up it gets the next variant of the
+current BASE (plus ``lookahead`` queued ahead, so no GPU waits for the proposer); no GPU waits
+for the slowest. The loop holds no state of its own: everything is in the experiment's journal
+and core run, so after a crash (even SIGKILL) running ``research loop`` again goes on where it
+was, and the runner keeps running variants meanwhile.
+
+Stops: the first SIGINT/SIGTERM stops proposing and waits for the variants in flight; the
+second leaves at once (the runner finishes them; the next research command records them).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gpuswarm.research import api, executor
+from gpuswarm.research.experiment import State, append, flocked
+from gpuswarm.research.proposers import Proposer
+from gpuswarm.research.settle import settle_locked
+
+POLL_SECONDS = 0.1
+IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    mode: str = "async"  # async | rounds
+    max_experiments: int | None = None
+    duration: float | None = None  # seconds
+    lookahead: int = 1  # async: variants queued beyond one per GPU
+
+
+@dataclass
+class LoopStop:
+    soft: threading.Event
+    hard: threading.Event
+
+    def request(self) -> None:
+        (self.hard if self.soft.is_set() else self.soft).set()
+
+
+@contextmanager
+def _signals(stop: LoopStop) -> Iterator[None]:
+    def handler(signum: int, frame: object) -> None:
+        stop.request()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_loop(
+    exp: api.Experiment,
+    proposer: Proposer,
+    opts: LoopOptions,
+    say: Callable[[str], None],
+    stop: LoopStop | None = None,
+) -> dict[str, Any]:
+    stop = stop or LoopStop(threading.Event(), threading.Event())
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        if state.mode != opts.mode:
+            append(exp.paths, "mode", mode=opts.mode)
+    slots = executor.slot_count(exp.paths, exp.cfg)
+    deadline = None if opts.duration is None else time.monotonic() + opts.duration
+    made = 0
+    seen = _recorded(state)
+    idle_until = 0.0
+    watch = executor.RunnerWatch(exp.paths, exp.cfg)
+    with _signals(stop):
+        while not stop.hard.is_set():
+            state = exp.settle()
+            seen = _report(exp, state, seen, say)
+            budget = _budget(opts, made, deadline)
+            if not stop.soft.is_set() and budget != 0 and time.monotonic() >= idle_until:
+                for _ in range(_wanted(opts, state, slots, budget)):
+                    if stop.soft.is_set() or not _propose_one(exp, proposer, state, say):
+                        idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
+                        break
+                    made += 1
+                    state = exp.settle()
+            if not state.in_flight():
+                if stop.soft.is_set() or budget == 0 or time.monotonic() < idle_until:
+                    break  # stopped, budget spent, or the proposer has nothing more
+                continue
+            deadline_news = time.monotonic() + IDLE_PROPOSER_SECONDS
+            _wait_for_news(exp, state, stop, watch, deadline_news)
+    state = exp.settle()
+    _report(exp, state, seen, say)
+    plot = api.plot(exp)
+    return {
+        **api.status(exp, last=0),
+        "made": made,
+        "plot": str(plot),
+        "stopped": stop.soft.is_set() or stop.hard.is_set(),
+        "left_running": [v.id for v in state.in_flight()],
+    }
+
+
+def _budget(opts: LoopOptions, made: int, deadline: float | None) -> int | None:
+    """Experiments this loop may still start (None = unlimited; 0 = none)."""
+    if deadline is not None and time.monotonic() >= deadline:
+        return 0
+    if opts.max_experiments is None:
+        return None
+    return max(0, opts.max_experiments - made)
+
+
+def _wanted(opts: LoopOptions, state: State, slots: int, budget: int | None) -> int:
+    in_flight = len(state.in_flight())
+    if opts.mode == "rounds":
+        want = 0 if in_flight else slots
+    else:
+        want = max(0, slots + opts.lookahead - in_flight)
+    return want if budget is None else min(want, budget)
+
+
+def _propose_one(
+    exp: api.Experiment, proposer: Proposer, state: State, say: Callable[[str], None]
+) -> bool:
+    proposal = proposer.propose(state)
+    if proposal is None:
+        return False
+    data = api.try_variant(
+        exp, proposal.description, files=proposal.files, source=proposer.name, meta=proposal.meta
+    )
+    extra = (
+        f" (baseline {', '.join(data['baseline_queued'])} first)" if data["baseline_queued"] else ""
+    )
+    say(f"queued {data['id']} {data['commit'][:7]}: {proposal.description}{extra}")
+    return True
+
+
+def _recorded(state: State) -> set[str]:
+    return {v.id for v in state.variants.values() if v.decision is not None}
+
+
+def _report(
+    exp: api.Experiment, state: State, seen: set[str], say: Callable[[str], None]
+) -> set[str]:
+    for v in state.variants.values():
+        if v.decision is None or v.id in seen:
+            continue
+        row = v.decision["row"]
+        new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
+        say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
+        seen.add(v.id)
+    return seen
+
+
+def _wait_for_news(
+    exp: api.Experiment,
+    state: State,
+    stop: LoopStop,
+    watch: executor.RunnerWatch,
+    deadline: float,
+) -> None:
+    """Sleep until a variant in flight finishes (or a stop, or ``deadline``)."""
+    flying = {v.id for v in state.in_flight()}
+    if not flying:
+        return
+    looked = time.monotonic()
+    while not stop.hard.is_set() and time.monotonic() < deadline:
+        if executor.finished_ids(exp.paths, exp.cfg) & flying:
+            watch.progressed()
+            return
+        if time.monotonic() - looked > api.RUNNER_CHECK_SECONDS:
+            watch.check()
+            looked = time.monotonic()
+        time.sleep(POLL_SECONDS)

@@ -1,0 +1,221 @@
+"""Proposers: where an autonomous loop's variants come from.
+
+- ``mutate`` (built in, offline): perturbs UPPER_CASE numeric constants of the editable files,
+  one or two at a time, never repeating a variant already tried (by content digest).
+- ``agent``: runs a configured command (an LLM coding agent's CLI) in a scratch export of BASE
+  with a prompt file (the user's program.md, the current best, recent results and crashes);
+  its edits of the editable files and its message (``$GPUSWARM_MESSAGE_FILE``, else the last
+  line it printed) become the variant. A timeout per proposal; a cap on consecutive failures.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.process import kill_tree
+from gpuswarm.research import gitops, mutate
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
+
+
+@dataclass(frozen=True)
+class Proposal:
+    files: dict[str, bytes | None]
+    description: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, state: State) -> Proposal | None:
+        """A change to BASE's editable files, or None when this proposer has nothing (now)."""
+
+
+def _base_files(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> dict[str, str]:
+    out = {}
+    for rel in cfg.edit:
+        data = gitops.blob(paths.repo, base, rel)
+        if data is not None:
+            out[rel] = data.decode("utf-8", errors="surrogateescape")
+    return out
+
+
+class MutateProposer:
+    name = "mutate"
+
+    def __init__(self, paths: ExpPaths, cfg: ExperimentConfig, seed: int | None = None) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.rng = random.Random(seed)
+
+    def propose(self, state: State) -> Proposal | None:
+        files = _base_files(self.paths, self.cfg, state.base)
+        tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}
+        tried.add(mutate.digest(files))
+        m = mutate.propose(files, self.rng, tried)
+        if m is None:
+            return None
+        after = {**files, **m.files}
+        return Proposal(
+            files={p: t.encode("utf-8", errors="surrogateescape") for p, t in m.files.items()},
+            description=m.description,
+            meta={"digest": mutate.digest(after), "changes": [list(c) for c in m.changes]},
+        )
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    command: str  # e.g. "claude -p \"$(cat {prompt})\"" with --shell, or an argv string
+    program: Path | None = None  # the user's program.md
+    timeout: float = 900.0
+    max_failures: int = 5
+    shell: bool = False
+
+
+class AgentProposer:
+    name = "agent"
+
+    def __init__(self, paths: ExpPaths, cfg: ExperimentConfig, opts: AgentOptions) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.opts = opts
+        self.failures = 0
+        self.last_error = ""
+
+    def propose(self, state: State) -> Proposal | None:
+        """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
+        while True:
+            try:
+                proposal = self._run(state)
+            except _AgentFailed as exc:
+                self.failures += 1
+                self.last_error = str(exc)
+                if self.failures >= self.opts.max_failures:
+                    raise ResearchError(
+                        f"the agent failed {self.failures} times in a row (last: "
+                        f"{self.last_error}); fix --agent-command, then run `research loop` again"
+                    ) from None
+                continue
+            self.failures = 0
+            return proposal
+
+    def _run(self, state: State) -> Proposal:
+        self.paths.prompts.mkdir(exist_ok=True)
+        n = len(state.variants) + 1
+        prompt = self.paths.prompts / f"prompt-{n:04d}.md"
+        prompt.write_text(self.prompt_text(state))
+        with tempfile.TemporaryDirectory(prefix="gpuswarm-agent-") as tmp:
+            work = Path(tmp) / "work"
+            gitops.export(self.paths.repo, state.base, work)
+            message_file = Path(tmp) / "message.txt"
+            out = self._call(work, prompt, message_file)
+            files = {}
+            for rel in self.cfg.edit:
+                try:
+                    data: bytes | None = (work / rel).read_bytes()
+                except FileNotFoundError:
+                    data = None
+                if data != gitops.blob(self.paths.repo, state.base, rel):
+                    files[rel] = data
+            if not files:
+                raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
+            message = message_file.read_text().strip() if message_file.exists() else ""
+        lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
+        return Proposal(files, (lines[-1] if lines else "agent edit")[:200], {"prompt": n})
+
+    def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
+        values = {"prompt": str(prompt), "workdir": str(work)}
+        text = self.opts.command.format(**values)
+        argv: list[str] | str = text if self.opts.shell else shlex.split(text)
+        env = {
+            **_clean_env(),
+            "GPUSWARM_PROMPT_FILE": str(prompt),
+            "GPUSWARM_MESSAGE_FILE": str(message_file),
+            "GPUSWARM_EDIT": " ".join(self.cfg.edit),
+        }
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=work,
+                env=env,
+                shell=self.opts.shell,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise _AgentFailed(f"cannot start the agent: {exc}") from None
+        try:
+            out, _ = proc.communicate(timeout=self.opts.timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree([proc.pid], 5.0)
+            proc.communicate()
+            raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
+        text_out = out.decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            tail = text_out.strip().splitlines()[-1:] or [""]
+            raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")
+        return text_out
+
+    def prompt_text(self, state: State, recent: int = 30) -> str:
+        cfg = self.cfg
+        program = ""
+        if self.opts.program is not None:
+            program = self.opts.program.read_text()
+        best = "-" if state.best is None else f"{state.best:.6f}"
+        rows = "\n".join("\t".join(r) for r in state.rows[-recent:])
+        crashes = [
+            f"- {v.id} {v.description}: {v.finished.get('reason')}\n{v.finished.get('tail', '')}"
+            for v in list(state.variants.values())[-recent:]
+            if v.finished is not None and not v.finished.get("ok")
+        ]
+        goal = "lowest" if cfg.goal == "min" else "highest"
+        return "\n".join(
+            [
+                program,
+                "",
+                "## Your task now",
+                f"Make ONE change to {', '.join(cfg.edit)} in the current folder that you expect "
+                f"to give the {goal} {cfg.metric}. Change no other file"
+                + (f" (never {', '.join(cfg.protect)})" if cfg.protect else "")
+                + ". Do not run the training; gpuswarm runs it on a GPU.",
+                "Write a one-line description of the change to the file named by "
+                "$GPUSWARM_MESSAGE_FILE.",
+                "",
+                f"Current BASE: {gitops.short(state.base)}; best {cfg.metric}: {best}",
+                "",
+                "## Recent results (results.tsv)",
+                rows or "(none yet)",
+                "",
+                "## Recent crashes",
+                "\n".join(crashes) or "(none)",
+                "",
+            ]
+        )
+
+
+class _AgentFailed(Exception):
+    pass
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    for name in ("GPUSWARM_RUN_DIR", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(name, None)
+    return env
+
+
+def which(command: str) -> bool:
+    words = shlex.split(command)
+    return bool(words) and shutil.which(words[0]) is not None

@@ -1,0 +1,211 @@
+"""Bringing an experiment up to date: record finished runs, apply decisions, move the branch.
+
+Every research command settles first, under the experiment lock. Settling is idempotent and
+finishes whatever a crash cut short: a variant journaled but never queued is queued; a keep
+whose branch move is not journaled is moved (or found moved); exports of recorded variants are
+removed. Order for a keep: the ``decided`` event (with its results.tsv row) is fsynced and
+results.tsv rewritten, then the branch is moved (compare-and-swap), then ``base`` is journaled.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.fsutil import atomic_write_text
+from gpuswarm.research import executor, gitops, variants
+from gpuswarm.research.experiment import (
+    ExperimentConfig,
+    ExpPaths,
+    State,
+    Variant,
+    append,
+    flocked,
+    replay,
+)
+from gpuswarm.research.policy import Decision, decide
+
+HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
+
+
+def settle(paths: ExpPaths, cfg: ExperimentConfig) -> State:
+    with flocked(paths.lock):
+        return settle_locked(paths, cfg)
+
+
+def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
+    state = replay(paths)
+    _follow_branch(paths, cfg, state)
+    changed = False
+    for v in state.in_flight():
+        out = executor.outcome(paths, cfg, v)
+        if out is None:
+            executor.enqueue(paths, cfg, v)  # journaled, but a crash came before it was queued
+            continue
+        if v.kind != "baseline":
+            out["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
+        v.finished = append(paths, "finished", id=v.id, **out)
+        changed = True
+    while decisions := decide(cfg, state):
+        for d in decisions:
+            apply(paths, cfg, state, d)
+        changed = True
+    _close_round(paths, state)
+    _remove_exports(paths, state)
+    if changed or not paths.results_tsv.exists():
+        write_tsv(paths, cfg, state)
+    return state
+
+
+def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+    """Finish a keep a crash cut short; adopt a branch someone moved forward outside gpuswarm."""
+    tip = gitops.rev_parse(paths.repo, f"refs/heads/{cfg.branch}")
+    if tip is None:
+        raise ResearchError(
+            f"branch {cfg.branch} is gone; the experiment cannot go on without it "
+            f"(re-create it at BASE: git branch {cfg.branch} {state.base})"
+        )
+    move = state.pending_base
+    if move is not None:
+        if tip == move["from"]:
+            gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", move["to"], move["from"])
+            tip = move["to"]
+        if tip == move["to"]:
+            _based(paths, state, move["from"], move["to"], move["id"])
+            return
+    if tip != state.base:
+        if not gitops.is_ancestor(paths.repo, state.base, tip):
+            raise ResearchError(
+                f"branch {cfg.branch} was moved outside gpuswarm to {gitops.short(tip)}, which "
+                f"does not contain BASE {gitops.short(state.base)}; move it back with "
+                f"`git branch -f {cfg.branch} {state.base}`"
+            )
+        _based(paths, state, state.base, tip, None)  # a new BASE without a metric: re-baseline
+
+
+def _based(paths: ExpPaths, state: State, frm: str, to: str, vid: str | None) -> None:
+    append(paths, "base", **{"from": frm, "to": to, "id": vid})
+    state.base = to
+    state.pending_base = None
+
+
+def apply(paths: ExpPaths, cfg: ExperimentConfig, state: State, d: Decision) -> None:
+    v = state.variants[d.id]
+    if d.status == "rebase":
+        _rebase(paths, cfg, state, v, d)
+        return
+    metric = None
+    if d.status == "keep":
+        assert v.finished is not None
+        if v.kind == "baseline":
+            runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
+            metric = {"commit": v.commit, "value": statistics.fmean(runs)}
+        else:
+            metric = {"commit": v.commit, "value": float(v.finished["metric"])}
+    _decided(paths, cfg, state, v, d.status, d.reason, metric)
+    if d.status == "keep" and v.kind != "baseline":
+        _advance(paths, cfg, state, v)
+
+
+def _decided(
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    state: State,
+    v: Variant,
+    status: str,
+    reason: str,
+    metric: dict[str, object] | None,
+) -> None:
+    row = tsv_row(state, v, status)
+    v.decision = append(
+        paths, "decided", id=v.id, status=status, reason=reason, row=row, base_metric=metric
+    )
+    state.rows.append(row)
+    if metric is not None:
+        state.base_metric[str(metric["commit"])] = float(metric["value"])  # type: ignore[arg-type]
+        if v.kind == "baseline":
+            state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))  # type: ignore[index]
+    write_tsv(paths, cfg, state)  # the row is on disk before the branch moves
+
+
+def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
+    old = state.base
+    clean = variants.worktree_clean(paths, cfg, state.worktree_base)
+    gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", v.commit, old)
+    _based(paths, state, old, v.commit, v.id)
+    if variants.on_branch(paths, cfg):  # HEAD follows the branch: keep `git status` clean
+        variants.sync_index(paths, cfg, v.commit)
+    if clean:  # nobody is editing: the editable files follow BASE
+        variants.restore(paths, cfg, v.commit)
+        state.worktree_base = v.commit
+
+
+def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d: Decision) -> None:
+    combo = next((c for c in state.variants.values() if c.origin == v.id), None)
+    if combo is None:
+        message = f"{v.description} (re-based onto {gitops.short(state.base)})"
+        commit = gitops.merge_onto(paths.repo, v.commit, state.base, message)
+        if commit is None:
+            reason = f"{d.reason}; conflicts with BASE {gitops.short(state.base)}"
+            _decided(paths, cfg, state, v, "discard", reason, None)
+            return
+        combo = variants.record(
+            paths,
+            cfg,
+            state,
+            kind="combo",
+            commit=commit,
+            parent=state.base,
+            description=f"{v.description} + BASE {gitops.short(state.base)}",
+            source=v.source,
+            origin=v.id,
+        )
+        executor.enqueue(paths, cfg, combo)
+    reason = f"{d.reason}; re-evaluating on BASE {gitops.short(state.base)} as {combo.id}"
+    _decided(paths, cfg, state, v, "discard", reason, None)
+
+
+def _close_round(paths: ExpPaths, state: State) -> None:
+    if state.mode != "rounds":
+        return
+    members = [v for v in state.variants.values() if v.round == state.round]
+    if any(v.kind != "baseline" for v in members) and all(v.decision for v in members):
+        append(paths, "round", n=state.round)
+        state.round += 1
+
+
+def _remove_exports(paths: ExpPaths, state: State) -> None:
+    if not paths.variants.is_dir():
+        return
+    for entry in paths.variants.iterdir():
+        v = state.variants.get(entry.name)
+        if v is None or v.finished is not None:
+            executor.remove_tree(entry)
+
+
+# -- results.tsv -------------------------------------------------------------------------------
+def tsv_row(state: State, v: Variant, status: str) -> list[str]:
+    """The seed's five columns: 7-char commit, metric (6 decimals), memory GB (.1f), status,
+    description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
+    fin = v.finished or {}
+    crash = status == "crash"
+    metric = 0.0 if crash or fin.get("metric") is None else float(fin["metric"])
+    memory = 0.0 if crash or fin.get("memory_gb") is None else float(fin["memory_gb"])
+    gpu = f"gpu{fin['gpu']}" if fin.get("gpu") not in (None, "") else ""
+    text = v.description
+    if v.kind == "baseline":
+        tag = f"[{gpu}] " if gpu and "repeat" in text else ""
+    elif state.mode == "rounds":
+        tag = f"[R{v.round} {gpu}] " if gpu else f"[R{v.round}] "
+    else:
+        tag = f"[{gpu}] " if gpu else ""
+    if crash:
+        text = f"{text} ({fin.get('reason') or 'crash'})"
+    desc = " ".join((tag + text).replace("\t", " ").split())
+    return [gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc]
+
+
+def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+    header = [HEADER[0], cfg.metric, *HEADER[2:]]
+    lines = ["\t".join(header), *("\t".join(row) for row in state.rows)]
+    atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")

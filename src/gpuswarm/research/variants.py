@@ -1,0 +1,195 @@
+"""Making variant commits (from the user's edits, a patch, or a proposer's files) and putting the
+user's editable files back to BASE.
+
+A variant is BASE plus a change to the editable files only. It is built with a temporary index
+(gitops), so the user's index, HEAD and branch are never touched, and kept alive by a ref
+``refs/gpuswarm/<tag>/<id>``. The user's editable files track BASE: ``try`` restores them after
+snapshotting, and a keep updates them when they are clean. ``worktree_base`` (journaled) is the
+BASE they were last restored to: an edit made on an older BASE is merged onto the current one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.research import gitops
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, Variant, append
+
+
+def variant_ref(cfg: ExperimentConfig, variant_id: str) -> str:
+    return f"refs/gpuswarm/{cfg.tag}/{variant_id}"
+
+
+def record(
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    state: State,
+    *,
+    kind: str,
+    commit: str,
+    parent: str,
+    description: str,
+    source: str,
+    origin: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> Variant:
+    """Journal a new variant (its ref first, so the commit outlives any gc)."""
+    vid = state.next_id()
+    gitops.git(paths.repo, "update-ref", variant_ref(cfg, vid), commit)
+    e = append(
+        paths,
+        "variant",
+        id=vid,
+        kind=kind,
+        commit=commit,
+        parent=parent,
+        description=" ".join(description.split()),
+        round=state.round,
+        source=source,
+        origin=origin,
+        meta=meta or {},
+    )
+    v = Variant(vid, kind, commit, parent, e["description"], state.round, source, e["ts"], origin)
+    v.meta = meta or {}
+    state.variants[vid] = v
+    return v
+
+
+def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
+    try:
+        return (paths.repo / rel).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message: str) -> str:
+    """A commit on BASE holding the user's current edits of the editable files."""
+    _refuse_outside_edits(paths, cfg, state.worktree_base)
+    start = state.worktree_base
+    edits = {
+        rel: data
+        for rel in cfg.edit
+        if (data := _editable_text(paths, rel)) != gitops.blob(paths.repo, start, rel)
+    }
+    if not edits:
+        raise ResearchError(
+            f"no change to {', '.join(cfg.edit)} since BASE {gitops.short(start)}; edit "
+            "the file(s) first, or pass --patch FILE"
+        )
+    commit = gitops.commit_files(paths.repo, start, edits, message)
+    if start == state.base:
+        return commit
+    moved = gitops.merge_onto(paths.repo, commit, state.base, message)
+    if moved is None:
+        raise ResearchError(
+            f"your edit of {', '.join(edits)} was made on BASE {gitops.short(start)}, and "
+            f"it conflicts with what was kept since (BASE is now {gitops.short(state.base)}); "
+            f"see `git diff {gitops.short(start)} {gitops.short(commit)}`, then run "
+            "`gpuswarm research restore` and make the edit again"
+        )
+    return moved
+
+
+def _refuse_outside_edits(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
+    outside = [p for p in gitops.changed_paths(paths.repo, base) if p not in cfg.edit]
+    if not outside:
+        return
+    protected = [p for p in outside if p in cfg.protect]
+    what = f"protected file(s) {', '.join(protected)}" if protected else ", ".join(outside[:8])
+    raise ResearchError(
+        f"changes outside the editable files ({', '.join(cfg.edit)}): {what}; a variant may "
+        "change only those. Undo them (e.g. `git checkout -- <file>`) or start an experiment "
+        "with more --edit files"
+    )
+
+
+def from_patch(
+    paths: ExpPaths, cfg: ExperimentConfig, state: State, patch: Path, message: str
+) -> str:
+    """A commit on BASE with a unified diff applied (to the editable files only)."""
+    if not patch.is_file():
+        raise ResearchError(f"--patch {patch}: no such file")
+    repo = paths.repo
+    listed = gitops.git(repo, "apply", "--numstat", str(patch.resolve()), check=False)
+    touched = [line.split("\t")[-1] for line in listed.splitlines() if line.count("\t") >= 2]
+    outside = [p for p in touched if p not in cfg.edit]
+    if not touched or outside:
+        raise ResearchError(
+            f"--patch {patch}: it must change only {', '.join(cfg.edit)}"
+            + (f" (it changes {', '.join(outside)})" if outside else " (it changes nothing)")
+        )
+    with tempfile.TemporaryDirectory(prefix="gpuswarm-patch-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        gitops.git(repo, "read-tree", state.base, env=env)
+        proc = gitops.git(
+            repo, "apply", "--cached", "--recount", str(patch.resolve()), env=env, check=False
+        )
+        tree = gitops.git(repo, "write-tree", env=env)
+        files = {p: gitops.blob(repo, tree, p) for p in touched}
+    if all(files[p] == gitops.blob(repo, state.base, p) for p in touched):
+        raise ResearchError(f"--patch {patch}: does not apply to BASE {gitops.short(state.base)}")
+    del proc
+    return gitops.commit_files(repo, state.base, files, message)
+
+
+def from_files(
+    paths: ExpPaths, cfg: ExperimentConfig, base: str, files: dict[str, bytes | None], message: str
+) -> str:
+    """A commit on ``base`` with the given contents of editable files (proposers)."""
+    outside = [p for p in files if p not in cfg.edit]
+    if outside:
+        raise ResearchError(f"a variant may change only {', '.join(cfg.edit)}: not {outside}")
+    return gitops.commit_files(paths.repo, base, files, message)
+
+
+def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
+    """Write BASE's editable files into the user's working tree, verify, and journal it."""
+    for rel in cfg.edit:
+        want = gitops.blob(paths.repo, base, rel)
+        target = paths.repo / rel
+        if want is None:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+            continue
+        mode = 0o755 if gitops.file_mode(paths.repo, base, rel) == "100755" else 0o644
+        tmp = target.with_name(f".{target.name}.gpuswarm-{os.getpid()}")
+        tmp.write_bytes(want)
+        tmp.chmod(mode)
+        os.replace(tmp, target)
+        if target.read_bytes() != want:
+            raise ResearchError(f"{target}: could not be restored to BASE (it changed meanwhile)")
+    append(paths, "worktree", base=base)
+
+
+def worktree_clean(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> bool:
+    """Whether the user's editable files are exactly ``base``'s (nothing being edited)."""
+    return all(_editable_text(paths, rel) == gitops.blob(paths.repo, base, rel) for rel in cfg.edit)
+
+
+def on_branch(paths: ExpPaths, cfg: ExperimentConfig) -> bool:
+    head = gitops.git(paths.repo, "symbolic-ref", "-q", "HEAD", check=False)
+    return head == f"refs/heads/{cfg.branch}"
+
+
+def sync_index(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
+    """Point the user's index entries of the editable files at ``base`` (after a keep moved the
+    checked-out branch). Best effort: a locked index is left as it is."""
+    lines = []
+    for rel in cfg.edit:
+        mode = gitops.file_mode(paths.repo, base, rel)
+        if mode is not None:
+            sha = gitops.git(paths.repo, "rev-parse", f"{base}:{rel}")
+            lines.append(f"{mode} {sha}\t{rel}")
+    if lines:
+        gitops.git(
+            paths.repo,
+            "update-index",
+            "--index-info",
+            input="\n".join(lines).encode() + b"\n",
+            check=False,
+        )

@@ -1,0 +1,106 @@
+"""Compact human output of the research commands (``--json`` bypasses this module)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+
+def _metric(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.6f}"
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "")[:7]
+
+
+def _elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _variant_line(v: dict[str, Any]) -> str:
+    gpu = f"gpu{v['gpu']}" if v.get("gpu") not in (None, "") else ""
+    mem = f"{v['memory_gb']:.1f}GB" if v.get("memory_gb") is not None else ""
+    reason = f"  ({v['reason']})" if v.get("reason") and v["status"] != "keep" else ""
+    return (
+        f"{v['id']}  {_short(v['commit'])}  {v['status']:<8} {_metric(v.get('metric')):>10}  "
+        f"{mem:>7}  {gpu:<5} {_elapsed(v.get('seconds')):>6}  {v['description']}{reason}"
+    )
+
+
+def show_init(d: dict[str, Any]) -> None:
+    click.echo(f"experiment {d['tag']}: branch {d['branch']} at {_short(d['base'])}")
+    click.echo(f"results: {d['results']}")
+    click.echo("next: edit the file, then `gpuswarm research try -m '<idea>'` (once per idea)")
+
+
+def show_queued(d: dict[str, Any]) -> None:
+    for v in d["queued"]:
+        click.echo(f"queued {v['id']} ({v['description']}) on BASE {_short(d['base'])}")
+
+
+def show_try(d: dict[str, Any]) -> None:
+    diff = d["diff"]
+    extra = (
+        f"; baseline {', '.join(d['baseline_queued'])} queued first" if d["baseline_queued"] else ""
+    )
+    click.echo(
+        f"{d['id']} {_short(d['commit'])} queued (round {d['round']}, +{diff['insertions']} "
+        f"-{diff['deletions']} lines){extra}; your files are back at BASE {_short(d['parent'])}"
+    )
+
+
+def _headline(d: dict[str, Any]) -> str:
+    best = _metric(d.get("best"))
+    return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {d['mode']}"
+
+
+def show_wait(d: dict[str, Any]) -> None:
+    click.echo(_headline(d))
+    for v in d["finished"]:
+        click.echo(_variant_line(v))
+    if d["waiting"]:
+        click.echo(f"still running: {', '.join(d['waiting'])}")
+
+
+def show_status(d: dict[str, Any]) -> None:
+    runner = "runner live" if d["runner"] else "runner idle"
+    click.echo(f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept  ({runner})")
+    for v in d["in_flight"]:
+        where = f"slot {v['slot']}" if v["slot"] is not None else "queued"
+        click.echo(
+            f"  {where:<8} {v['id']}  {_elapsed(v['elapsed']):>6}/{_elapsed(d['timeout'])}  "
+            f"{v['description']}"
+        )
+    for v in d["undecided"]:
+        click.echo(f"  awaiting decision: {_variant_line(v)}")
+    for r in d["last"]:
+        cells = (r["commit"], r["metric"], f"{r['memory_gb']:>5}", f"{r['status']:<8}")
+        click.echo(f"  {'  '.join(cells)} {r['description']}")
+    click.echo(f"results: {d['results']}")
+
+
+def show_loop(d: dict[str, Any]) -> None:
+    click.echo(
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept "
+        f"({d['made']} started by this loop)"
+    )
+    if d["left_running"]:
+        click.echo(
+            f"left running in the background: {', '.join(d['left_running'])} "
+            "(the next research command records them; `research stop` cancels)"
+        )
+    click.echo(f"results: {d['results']}\nprogress: {d['plot']}")
+
+
+def show_decided(d: dict[str, Any]) -> None:
+    click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
+
+
+def stamp() -> str:
+    return time.strftime("%H:%M:%S")
