@@ -240,15 +240,18 @@ def _real(path: Path | str) -> str:
     return os.path.realpath(path)
 
 
-def run_processes(root: Path, *, under: bool = False) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose ``GPUSWARM_RUN_DIR`` is ``root`` (or below, ``under``)."""
+def run_processes(
+    root: Path, *, under: bool = False, var: str = "GPUSWARM_RUN_DIR"
+) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose ``var`` (``GPUSWARM_RUN_DIR``) is ``root`` (or below,
+    ``under``)."""
     want = _real(root)
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            run_dir = proc.environ().get("GPUSWARM_RUN_DIR")
+            run_dir = proc.environ().get(var)
             if run_dir is None:
                 continue
             got = _real(run_dir)
@@ -294,7 +297,10 @@ def pid_running(pid: int) -> bool:
 
 
 def kill_run_processes(root: Path) -> int:
-    procs = run_processes(root, under=True)
+    """SIGKILL the tasks of every run under ``root`` and the research runners of experiments
+    under it (they are detached and would otherwise linger after the test)."""
+    procs = run_processes(root, under=True, var="GPUSWARM_EXPERIMENT")
+    procs += run_processes(root, under=True)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -339,3 +345,70 @@ def gpuswarm_popen(tmp_path: Path, run_reaper: None) -> Iterator[Callable[..., C
     yield start
     for proc in started:
         proc.kill_group()
+
+
+# -- research --------------------------------------------------------------------------------
+TRAIN_PY = """\
+import sys
+import time
+
+LR = 0.04
+DEPTH = 8
+SLEEP = 0.2
+CRASH = 0
+
+time.sleep(SLEEP)
+if CRASH:
+    print("Traceback: RuntimeError: boom", file=sys.stderr)
+    sys.exit(CRASH)
+val = 0.9 + (LR - 0.05) ** 2 * 100 + abs(DEPTH - 6) * 0.01
+for step in range(3):
+    print(f"step {step}/3 loss {val + 1 - step * 0.1:.3f}", end="\\r", flush=True)
+print()
+print("---")
+print(f"val_bpb:          {val:.6f}")
+print("training_seconds: 0.2")
+print(f"peak_vram_mb:     {45060.2 + DEPTH * 10:.1f}")
+print(f"depth:            {DEPTH}")
+"""
+
+PREPARE_PY = "# fixed evaluation: read-only for variants\nSEQ_LEN = 2048\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def make_research_repo(root: Path, train_py: str = TRAIN_PY) -> Path:
+    """A git repo with the seed's layout: train.py (editable), prepare.py (protected)."""
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "master")
+    git(root, "config", "user.email", "test@example.com")
+    git(root, "config", "user.name", "test")
+    (root / "train.py").write_text(train_py)
+    (root / "prepare.py").write_text(PREPARE_PY)
+    (root / "README.md").write_text("# tiny\n")
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "initial")
+    return root
+
+
+def edit_constant(repo: Path, name: str, value: str) -> None:
+    path = repo / "train.py"
+    lines = path.read_text().splitlines(keepends=True)
+    out = [f"{name} = {value}\n" if ln.startswith(f"{name} = ") else ln for ln in lines]
+    path.write_text("".join(out))
+
+
+def research_results(repo: Path, tag: str) -> list[list[str]]:
+    """results.tsv rows (header included) as lists of cells."""
+    text = (repo / ".gpuswarm" / "research" / tag / "results.tsv").read_text()
+    return [line.split("\t") for line in text.splitlines()]
+
+
+@pytest.fixture
+def research_repo(tmp_path: Path, run_reaper: None) -> Path:
+    return make_research_repo(tmp_path / "repo")

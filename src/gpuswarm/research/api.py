@@ -67,6 +67,7 @@ class InitOptions:
     memory_regex: str | None = None
     linger: float = 120.0
     checkout: bool = True
+    mode: str = "rounds"
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
     save_config(paths, cfg)
     append(paths, "init", base=head, branch=branch, tag=tag)
-    append(paths, "mode", mode="rounds")
+    append(paths, "mode", mode=opts.mode)
     write_tsv(paths, cfg, replay(paths))
     staging.rename(root)  # one rename: an experiment exists whole or not at all
     gitops.create_branch(repo, branch, head)

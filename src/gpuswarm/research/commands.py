@@ -91,6 +91,13 @@ def research() -> None:
 @click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
 @click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")
+@click.option(
+    "--mode",
+    type=click.Choice(["rounds", "async"]),
+    default="rounds",
+    show_default=True,
+    help="rounds: decide when all variants of a round are in; async: decide each on arrival",
+)
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
@@ -115,6 +122,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         memory_regex=kw["memory_regex"],
         linger=_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
+        mode=kw["mode"],
     )
     _out(as_json, api.init(where, opts), views.show_init)
 
