@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from gpuswarm.errors import ResearchError
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State, append, flocked
 from gpuswarm.research.proposers import Proposer
@@ -82,6 +83,7 @@ def run_loop(
         while not stop.hard.is_set():
             state = exp.settle()
             seen = _report(exp, state, seen, say)
+            _check_baseline(exp, state)
             budget = _budget(opts, made, deadline)
             if not stop.soft.is_set() and budget != 0 and time.monotonic() >= idle_until:
                 for _ in range(_wanted(opts, state, slots, budget)):
@@ -106,6 +108,20 @@ def run_loop(
         "stopped": stop.soft.is_set() or stop.hard.is_set(),
         "left_running": [v.id for v in state.in_flight()],
     }
+
+
+def _check_baseline(exp: api.Experiment, state: State) -> None:
+    """Without a metric for BASE nothing can be judged: a crashed baseline ends the loop."""
+    if state.best is not None:
+        return
+    runs = [v for v in state.variants.values() if v.kind == "baseline" and v.commit == state.base]
+    if runs and all(v.decision is not None and v.decision["status"] == "crash" for v in runs):
+        fin = runs[-1].finished or {}
+        raise ResearchError(
+            f"the baseline run of BASE {runs[-1].commit[:7]} crashed ({fin.get('reason')}); "
+            f"fix the command or the code, then run the loop again. Log: "
+            f"{exp.paths.root / str(fin.get('log'))}\n{fin.get('tail', '')}"
+        )
 
 
 def _budget(opts: LoopOptions, made: int, deadline: float | None) -> int | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuswarm.errors import ResearchError
+from gpuswarm.placeholders import render
 from gpuswarm.process import kill_tree
 from gpuswarm.research import gitops, mutate
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
@@ -133,7 +134,9 @@ class AgentProposer:
 
     def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
         values = {"prompt": str(prompt), "workdir": str(work)}
-        text = self.opts.command.format(**values)
+        if self.opts.shell:
+            values = {k: shlex.quote(v) for k, v in values.items()}
+        text = render(self.opts.command, values)
         argv: list[str] | str = text if self.opts.shell else shlex.split(text)
         env = {
             **_clean_env(),
