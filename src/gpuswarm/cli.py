@@ -21,6 +21,7 @@ from gpuswarm.research.commands import research
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
 from gpuswarm.views import print_check, print_ls, print_report, print_status
+from gpuswarm.watch import watch
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -86,6 +87,7 @@ def cli() -> None:
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 def run(
     source: str,
@@ -97,6 +99,7 @@ def run(
     timeout: str | None,
     max_attempts: int | None,
     quiet: bool,
+    plain: bool,
     as_json: bool,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
@@ -110,7 +113,8 @@ def run(
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
-        report = start_run(loaded, gpus, suffix=suffix, output=Output(quiet=quiet))
+        output = Output(quiet=quiet, live=not plain)
+        report = start_run(loaded, gpus, suffix=suffix, output=output)
     _finish(report, as_json)
 
 
@@ -126,6 +130,7 @@ def run(
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 def resume(
     run_dir: Path | None,
@@ -137,6 +142,7 @@ def resume(
     config_path: Path | None,
     allow_config_change: bool,
     quiet: bool,
+    plain: bool,
     as_json: bool,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones."""
@@ -153,7 +159,7 @@ def resume(
             retry_failed=not no_retry_failed,
             new_config=new_config,
             allow_change=allow_config_change,
-            output=Output(quiet=quiet),
+            output=Output(quiet=quiet, live=not plain),
         )
     _finish(report, as_json)
 
@@ -162,15 +168,16 @@ def resume(
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--gpus", required=True, help="the GPUs this supervisor adds (auto | 4,5 | sim:N)")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
+@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-def work(run_dir: Path, gpus: str, quiet: bool, as_json: bool) -> None:
+def work(run_dir: Path, gpus: str, quiet: bool, plain: bool, as_json: bool) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
 
     The new supervisor claims from the same queue and takes over tasks of supervisors that died
     (their leases expire). It stops when nothing is left to claim.
     """
     with _stoppable():
-        report = work_run(run_dir, gpus, output=Output(quiet=quiet))
+        report = work_run(run_dir, gpus, output=Output(quiet=quiet, live=not plain))
     _finish(report, as_json)
 
 
@@ -228,6 +235,16 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
     else:
         print_report(report)
     sys.exit(report.exit_code)
+
+
+@cli.command("watch")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
+def watch_cmd(run_dir: Path, plain: bool) -> None:
+    """Follow a run that another gpuswarm process supervises (live table on a terminal)."""
+    with _stoppable():
+        code = watch(run_dir, stream=sys.stderr, plain=plain)
+    sys.exit(code)
 
 
 cli.add_command(research)

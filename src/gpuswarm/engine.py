@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,6 +23,7 @@ from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.leases import attach, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter
+from gpuswarm.liveview import LiveView, SlotRow, ViewState, gpu_sampler, is_terminal, shown
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
 from gpuswarm.results import write_outputs
@@ -51,6 +52,7 @@ class Output:
 
     stream: TextIO | None = None
     quiet: bool = False
+    live: bool = False  # a live table when the stream is a terminal (else one line per event)
 
 
 # -- building a run ----------------------------------------------------------------------------
@@ -290,11 +292,10 @@ def supervise(
                 apply_config(paths, queue, ledger, new_config)
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
-            if not output.quiet:
-                ledger.subscribe(PlainReporter(queue.counts(), output.stream))
+            shown = _reporter(paths, queue, ledger, setup, output)
             sup = Supervisor(paths, queue, ledger, cfg)
             started = time.time()
-            with _signals(lambda: sup.request_stop()):
+            with _signals(lambda: sup.request_stop()), shown:
                 sup.run()
                 _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
                 extra = {"quarantined": sup.quarantined}
@@ -303,6 +304,27 @@ def supervise(
         finally:
             ledger.close()
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _reporter(
+    paths: RunPaths, queue: DirQueue, ledger: Ledger, setup: Setup, output: Output
+) -> AbstractContextManager[None]:
+    """Subscribe the terminal output to the journal: a live table, lines, or nothing."""
+    if output.quiet:
+        return nullcontext()
+    stream = output.stream or sys.stderr
+    counts = queue.counts()
+    if not (output.live and is_terminal(stream)):
+        ledger.subscribe(PlainReporter(counts, stream))
+        return nullcontext()
+    state = ViewState({s.value: n for s, n in counts.items()})
+    for slot in setup.slots:
+        state.slots[slot.label] = SlotRow()
+    view = LiveView(
+        state, paths.attempt_log, title=paths.root.name, gpu_stats=gpu_sampler(setup.slots)
+    )
+    ledger.subscribe(view)
+    return shown(view)
 
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import socket
 import time
@@ -69,6 +70,16 @@ def owner_alive(paths: RunPaths, owner: str, lease_ttl: float, now: float | None
     except FileNotFoundError:
         return False
     return (now if now is not None else time.time()) - beat < lease_ttl
+
+
+def slot_label(paths: RunPaths, owner: str, index: int) -> str:
+    """The label (``gpu3``) of slot ``index`` of supervisor ``owner``, from its owner file."""
+    try:
+        with owner_file(paths, owner).open("rb") as fh:
+            slots = json.loads(fh.read()).get("slots", [])
+        return str(slots[index])
+    except (OSError, ValueError, IndexError, TypeError, AttributeError):
+        return f"slot {index}"
 
 
 def on_this_host(owner: str) -> bool:

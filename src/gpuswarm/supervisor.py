@@ -335,6 +335,8 @@ class Supervisor:
             slot=slot.label,
             gpus=list(gpu_ids),
             pid=handle.pid,
+            name=task.name,
+            timeout=task.timeout,
         )
         if self.stopping.is_set():
             handle.cancel(hard=self.cold)

@@ -31,10 +31,19 @@ from gpuswarm.engine import Output, setup_from_info, supervise
 from gpuswarm.errors import ResearchError
 from gpuswarm.fsutil import atomic_write_json
 from gpuswarm.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.leases import slot_label
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import find_by_env, kill_tree
-from gpuswarm.queue import DirQueue, State, base_name, descriptor_name, new_descriptor, task_id_of
+from gpuswarm.queue import (
+    DirQueue,
+    State,
+    base_name,
+    descriptor_name,
+    lease_of,
+    new_descriptor,
+    task_id_of,
+)
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant, flocked
 from gpuswarm.runs import NewRun, create_run, open_run
@@ -180,8 +189,9 @@ def running(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, dict[str, Any]]
     for entry in os.scandir(run.state_dir("running")):
         if entry.name.startswith("."):
             continue
+        lease = lease_of(entry.name)
+        slot = slot_label(run, lease[0], lease[1]) if lease else "?"
         parts = entry.name.split("@")
-        slot = parts[2].split(".")[0] if len(parts) == 3 else "?"
         with contextlib.suppress(FileNotFoundError):
             out[task_id_of(parts[0])] = {"slot": slot, "since": entry.stat().st_mtime}
     return out

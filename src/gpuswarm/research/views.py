@@ -72,7 +72,7 @@ def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
     click.echo(f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept  ({runner})")
     for v in d["in_flight"]:
-        where = f"slot {v['slot']}" if v["slot"] is not None else "queued"
+        where = str(v["slot"]) if v["slot"] is not None else "queued"
         click.echo(
             f"  {where:<8} {v['id']}  {_elapsed(v['elapsed']):>6}/{_elapsed(d['timeout'])}  "
             f"{v['description']}"

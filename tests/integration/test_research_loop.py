@@ -1,0 +1,763 @@
+"""The autonomous research loop and its crash recovery, with the real CLI in subprocesses.
+
+Each scenario gets its own git repository (``research_repo``: a tiny CPU ``train.py`` whose
+UPPER_CASE constants decide what it prints) and an experiment on simulated GPUs. The loop is
+judged by what it leaves behind: ``results.tsv`` in the seed's format, the experiment's journal
+(``ledger.jsonl``), the branch ``autoresearch/<tag>``, the core run under ``queue/`` and the
+variant exports under ``variants/`` (removed once a variant is recorded).
+
+The last group are unit tests of the decision policies (``research.policy.decide``) on
+hand-built states: no subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import (
+    TRAIN_PY,
+    CliProcess,
+    CliResult,
+    edit_constant,
+    git,
+    pid_running,
+    research_results,
+    run_processes,
+    wait_for,
+    wait_no_run_processes,
+)
+
+from gpuswarm.research.experiment import ExperimentConfig, State, Variant, metric_pattern
+from gpuswarm.research.policy import Decision, decide
+
+pytestmark = pytest.mark.slow
+
+PY = sys.executable
+Cli = Callable[..., CliResult]
+Popen = Callable[..., CliProcess]
+
+TAG = "t"
+BRANCH = f"autoresearch/{TAG}"
+HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
+ROW_RE = re.compile(r"^[0-9a-f]{7}\t\d+\.\d{6}\t\d+\.\d\t(keep|discard|crash)\t\S.*$")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def exp_dir(repo: Path) -> Path:
+    return repo / ".gpuswarm" / "research" / TAG
+
+
+def core_run(repo: Path) -> Path:
+    (run,) = sorted((exp_dir(repo) / "queue").glob("run_*"))
+    return run
+
+
+def ledger(repo: Path) -> list[dict[str, Any]]:
+    path = exp_dir(repo) / "ledger.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a torn last line while someone writes
+            continue
+    return out
+
+
+def events(repo: Path, ev: str) -> list[dict[str, Any]]:
+    return [e for e in ledger(repo) if e.get("ev") == ev]
+
+
+def variant_events(repo: Path) -> dict[str, dict[str, Any]]:
+    return {e["id"]: e for e in events(repo, "variant")}
+
+
+def decided_events(repo: Path) -> dict[str, dict[str, Any]]:
+    """variant id -> its one ``decided`` event (asserts there is no second one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in events(repo, "decided"):
+        assert e["id"] not in out, f"{e['id']} decided twice: {out[e['id']]} and {e}"
+        out[e["id"]] = e
+    return out
+
+
+def rows(repo: Path) -> list[list[str]]:
+    """results.tsv rows without the header (which is checked)."""
+    table = research_results(repo, TAG)
+    assert table[0] == HEADER, table[0]
+    return table[1:]
+
+
+def tsv_lines(repo: Path) -> list[str]:
+    return (exp_dir(repo) / "results.tsv").read_text().splitlines()
+
+
+def export_dirs(repo: Path) -> list[str]:
+    root = exp_dir(repo) / "variants"
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def branch_tip(repo: Path) -> str:
+    return git(repo, "rev-parse", f"refs/heads/{BRANCH}")
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "commit", "-q", "-am", message)
+
+
+def init(
+    gpuswarm: Cli, repo: Path, *extra: str, gpus: str = "sim:4", mode: str | None = None
+) -> CliResult:
+    args = [
+        "research",
+        "init",
+        "-C",
+        repo,
+        "--tag",
+        TAG,
+        "--edit",
+        "train.py",
+        "--protect",
+        "prepare.py",
+        "--command",
+        f"{shlex.quote(PY)} train.py",
+        "--gpus",
+        gpus,
+        "--timeout",
+        "10s",
+        "--linger",
+        "2s",
+        *(["--mode", mode] if mode else []),
+        *extra,
+    ]
+    res = gpuswarm(*args)
+    assert res.returncode == 0, res
+    return res
+
+
+def stop(gpuswarm: Cli, repo: Path) -> None:
+    res = gpuswarm("research", "stop", "-C", repo)
+    assert res.returncode == 0, res
+
+
+def runner_procs(repo: Path) -> list[psutil.Process]:
+    """The experiment's background runner(s): GPUSWARM_EXPERIMENT=<exp dir>, ``_serve``."""
+    out = []
+    for proc in run_processes(exp_dir(repo), var="GPUSWARM_EXPERIMENT"):
+        try:
+            if "_serve" in proc.cmdline():
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def running_tasks(repo: Path) -> list[str]:
+    folder = core_run(repo) / ".parallel" / "running"
+    return sorted(n for n in _listdir(folder) if not n.startswith("."))
+
+
+def _listdir(folder: Path) -> list[str]:
+    try:
+        return [p.name for p in folder.iterdir()]
+    except FileNotFoundError:
+        return []
+
+
+def expected_metric(lr: float, depth: int) -> float:
+    """What TRAIN_PY prints as val_bpb."""
+    return 0.9 + (lr - 0.05) ** 2 * 100 + abs(depth - 6) * 0.01
+
+
+def assert_nothing_lost(repo: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every journaled variant has exactly one ``decided`` event and exactly one results.tsv row
+    (the row the event carries); results.tsv is in the seed's format; no export is left."""
+    variants = variant_events(repo)
+    decided = decided_events(repo)
+    assert set(decided) == set(variants), (
+        f"undecided: {sorted(set(variants) - set(decided))}, "
+        f"decided but unknown: {sorted(set(decided) - set(variants))}"
+    )
+    table = rows(repo)
+    assert len(table) == len(decided), (table, sorted(decided))
+    assert sorted(map(tuple, table)) == sorted(tuple(e["row"]) for e in decided.values())
+    for line in tsv_lines(repo)[1:]:
+        assert ROW_RE.match(line), repr(line)
+    assert export_dirs(repo) == []
+    return variants, decided
+
+
+def assert_no_processes(repo: Path) -> None:
+    wait_no_run_processes(core_run(repo), timeout=15)
+    wait_for(lambda: not runner_procs(repo), 15, what="the runner to be gone")
+
+
+def status_json(gpuswarm: Cli, repo: Path) -> dict[str, Any]:
+    res = gpuswarm("research", "status", "-C", repo, "--json")
+    assert res.returncode == 0, res
+    data: dict[str, Any] = json.loads(res.stdout)
+    return data
+
+
+def wait_all(gpuswarm: Cli, repo: Path, tries: int = 4) -> dict[str, Any]:
+    """``research wait`` until no variant is in flight (a settle may queue a combination)."""
+    for _ in range(tries):
+        res = gpuswarm("research", "wait", "-C", repo, "--timeout", "30s", timeout=60)
+        assert res.returncode == 0, res
+        data = status_json(gpuswarm, repo)
+        if not data["in_flight"]:
+            return data
+    raise AssertionError(f"variants still in flight after {tries} waits: {data['in_flight']}")
+
+
+def try_edit(gpuswarm: Cli, repo: Path, message: str, **constants: str) -> str:
+    for name, value in constants.items():
+        edit_constant(repo, name, value)
+    res = gpuswarm("research", "try", "-C", repo, "-m", message, "--json")
+    assert res.returncode == 0, res
+    vid: str = json.loads(res.stdout)["id"]
+    return vid
+
+
+# -- 1. async loop with the mutate proposer ----------------------------------------------------
+@pytest.mark.timeout(90)
+def test_loop_async_mutate_records_every_variant(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    init(gpuswarm, repo, mode="async")
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--proposer",
+        "mutate",
+        "--mode",
+        "async",
+        "--max-experiments",
+        "12",
+        "--seed",
+        "1",
+        timeout=80,
+    )
+    try:
+        assert res.returncode == 0, res
+        variants, decided = assert_nothing_lost(repo)
+        kinds = [v["kind"] for v in variants.values()]
+        combos = kinds.count("combo")  # re-based winners are extra (not counted by the budget)
+        assert kinds.count("baseline") == 1 and kinds.count("variant") == 12, kinds
+        table = rows(repo)
+        assert len(table) == 13 + combos, table
+        assert table[0][3] == "keep" and table[0][4] == "baseline", table[0]
+        # one line per decision on stdout
+        for vid, e in decided.items():
+            assert re.search(rf"\b{vid} {e['row'][3]}\b", res.stdout), (vid, res.stdout)
+        # the branch is at the last kept commit
+        kept = [r for r in table if r[3] == "keep"]
+        assert branch_tip(repo).startswith(kept[-1][0]), (branch_tip(repo), kept)
+        last_keep = [e for e in decided.values() if e["status"] == "keep"][-1]
+        assert branch_tip(repo) == variants[last_keep["id"]]["commit"]
+        png = exp_dir(repo) / "progress.png"
+        assert png.is_file() and png.read_bytes()[:8] == PNG_MAGIC
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
+
+
+# -- 2. rounds mode ----------------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_loop_rounds_one_keep_per_round(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    init(gpuswarm, repo, mode="rounds")
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--mode",
+        "rounds",
+        "--max-experiments",
+        "8",
+        "--seed",
+        "3",
+        timeout=80,
+    )
+    try:
+        assert res.returncode == 0, res
+        variants, decided = assert_nothing_lost(repo)
+        table = rows(repo)
+        r1 = [r for r in table if r[4].startswith("[R1 gpu")]
+        r2 = [r for r in table if r[4].startswith("[R2 gpu")]
+        assert len(r1) == 4 and len(r2) == 4, table
+        for members in (r1, r2):
+            assert sum(r[3] == "keep" for r in members) <= 1, members
+        # round 2 fans out from the BASE round 1 left behind
+        by_round: dict[int, list[dict[str, Any]]] = {}
+        for v in variants.values():
+            if v["kind"] == "variant":
+                by_round.setdefault(v["round"], []).append(v)
+        assert sorted(by_round) == [1, 2]
+        for r in (1, 2):
+            assert len({v["parent"] for v in by_round[r]}) == 1, by_round[r]
+        r1_keep = [v for v in by_round[1] if decided[v["id"]]["status"] == "keep"]
+        r2_parent = by_round[2][0]["parent"]
+        base0 = events(repo, "init")[0]["base"]
+        assert r2_parent == (r1_keep[0]["commit"] if r1_keep else base0)
+        assert events(repo, "round"), "no round was closed"
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
+
+
+# -- 3. SIGKILL of the loop ----------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_loop_sigkill_then_rerun_loses_nothing(
+    gpuswarm: Cli, gpuswarm_popen: Popen, research_repo: Path
+) -> None:
+    repo = research_repo
+    edit_constant(repo, "SLEEP", "1.0")
+    commit_all(repo, "slower runs")
+    init(gpuswarm, repo, mode="async")
+    loop = gpuswarm_popen("research", "loop", "-C", repo, "--max-experiments", "12", "--seed", "5")
+    try:
+        # killed with results in (decided) and variants in flight (proposed after them)
+        wait_for(
+            lambda: (
+                (len(variant_events(repo)) >= 7 and events(repo, "decided")) or not loop.alive()
+            ),
+            30,
+            what="a few variants in the ledger",
+        )
+        assert loop.alive(), loop.wait(1)
+        loop.send(signal.SIGKILL)
+        killed = loop.wait(10)
+        assert killed.returncode == -signal.SIGKILL, killed
+        before = set(variant_events(repo))
+        assert before, "nothing was journaled before the kill"
+
+        res = gpuswarm(
+            "research", "loop", "-C", repo, "--max-experiments", "4", "--seed", "6", timeout=80
+        )
+        assert res.returncode == 0, res
+        variants, _ = assert_nothing_lost(repo)
+        assert before <= set(variants)
+        made = [v for v in variants.values() if v["kind"] == "variant" and v["id"] not in before]
+        assert len(made) == 4, made
+        assert status_json(gpuswarm, repo)["in_flight"] == []
+    finally:
+        stop(gpuswarm, repo)
+    check = gpuswarm("check", core_run(repo))
+    assert check.returncode == 0, check
+    assert_no_processes(repo)
+
+
+# -- 4. SIGKILL of the background runner -------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_runner_sigkill_reruns_variants(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    edit_constant(repo, "SLEEP", "3.0")
+    commit_all(repo, "slower runs")
+    init(gpuswarm, repo, mode="async")
+    want = {
+        try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05"): expected_metric(0.05, 8),
+        try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6"): expected_metric(0.04, 6),
+        try_edit(gpuswarm, repo, "LR to 0.03", LR="0.03"): expected_metric(0.03, 8),
+    }
+    try:
+        baseline = [v["id"] for v in variant_events(repo).values() if v["kind"] == "baseline"]
+        assert len(baseline) == 1
+        want[baseline[0]] = expected_metric(0.04, 8)
+        wait_for(lambda: len(running_tasks(repo)) == 4, 20, what="4 variants running")
+        wait_for(lambda: len(run_processes(core_run(repo))) >= 4, 20, what="the tasks' processes")
+        tasks = {p.pid for p in run_processes(core_run(repo))}
+        (runner,) = wait_for(lambda: len(runner_procs(repo)) == 1 and runner_procs(repo), 10)
+        runner.kill()
+        runner.wait(10)
+        assert not events(repo, "finished")
+
+        res = gpuswarm("research", "wait", "-C", repo, "--timeout", "60s", timeout=80)
+        assert res.returncode == 0, res
+        variants, decided = assert_nothing_lost(repo)
+        assert set(variants) == set(want)
+        finished = {e["id"]: e for e in events(repo, "finished")}
+        for vid, metric in want.items():
+            fin = finished[vid]
+            assert fin["ok"], fin
+            assert fin["metric"] == pytest.approx(metric, abs=1e-6), (vid, fin)
+            assert decided[vid]["status"] in ("keep", "discard"), decided[vid]
+            assert float(decided[vid]["row"][1]) == pytest.approx(metric, abs=1e-6)
+        # the orphaned tasks of the killed runner did not survive the new runner's recovery
+        assert not [pid for pid in tasks if pid_running(pid)]
+        # DEPTH 6 is the best: it is BASE now
+        best = min(want, key=lambda k: want[k])
+        assert branch_tip(repo) == variants[best]["commit"]
+    finally:
+        stop(gpuswarm, repo)
+    check = gpuswarm("check", core_run(repo))
+    assert check.returncode == 0, check
+    assert_no_processes(repo)
+
+
+# -- 5. async: a late winner is re-based onto BASE ---------------------------------------------
+def spaced_train_py(repo: Path) -> None:
+    """Commit a train.py with a line between its constants: edits of neighbouring constants
+    would otherwise conflict in a three-way merge (git treats adjacent hunks as one)."""
+    text = TRAIN_PY
+    for name in ("DEPTH", "SLEEP", "CRASH"):
+        text = text.replace(f"\n{name} = ", f"\n# {name.lower()}\n{name} = ")
+    (repo / "train.py").write_text(text)
+    commit_all(repo, "one constant per paragraph")
+
+
+@pytest.mark.timeout(90)
+def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    spaced_train_py(repo)
+    init(gpuswarm, repo, mode="async")
+    try:
+        res = gpuswarm("research", "baseline", "-C", repo)
+        assert res.returncode == 0, res
+        wait_all(gpuswarm, repo)
+        base0 = branch_tip(repo)
+        # the fast one must not finish before the slow one is made (a settle would keep it
+        # first, and the slow one would be made on the new BASE): 1.5 s leaves room for a `try`
+        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05", SLEEP="1.5")
+        assert git(repo, "diff", "--stat", base0, "--", "train.py") == ""  # restored by try
+        slow = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6", SLEEP="3.0")
+        vs = variant_events(repo)
+        assert vs[fast]["parent"] == vs[slow]["parent"] == base0
+        wait_all(gpuswarm, repo)
+
+        variants, decided = assert_nothing_lost(repo)
+        assert decided[fast]["status"] == "keep"
+        combos = [v for v in variants.values() if v["kind"] == "combo"]
+        assert len(combos) == 1, combos
+        combo = combos[0]
+        assert combo["origin"] == slow
+        assert combo["parent"] == variants[fast]["commit"]
+        assert combo["description"] == f"DEPTH to 6 + BASE {variants[fast]['commit'][:7]}"
+        source = git(repo, "show", f"{combo['commit']}:train.py")
+        assert "\nLR = 0.05\n" in source and "\nDEPTH = 6\n" in source, source
+        assert decided[slow]["status"] == "discard"
+        assert "re-evaluating" in decided[slow]["reason"], decided[slow]
+        assert combo["id"] in decided[slow]["reason"]
+        assert decided[combo["id"]]["status"] == "keep"
+        assert branch_tip(repo) == combo["commit"]
+        assert float(decided[combo["id"]]["row"][1]) == pytest.approx(expected_metric(0.05, 6))
+        slow_row = next(r for r in rows(repo) if r[0] == variants[slow]["commit"][:7])
+        assert slow_row[3] == "discard"
+        assert status_json(gpuswarm, repo)["in_flight"] == []
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
+
+
+@pytest.mark.timeout(90)
+def test_async_late_winner_conflicting_with_base_is_discarded(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    spaced_train_py(repo)
+    init(gpuswarm, repo, mode="async")
+    try:
+        res = gpuswarm("research", "baseline", "-C", repo)
+        assert res.returncode == 0, res
+        wait_all(gpuswarm, repo)
+        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05", SLEEP="1.5")
+        slow = try_edit(gpuswarm, repo, "LR to 0.045", LR="0.045", SLEEP="3.0")
+        vs = variant_events(repo)
+        assert vs[fast]["parent"] == vs[slow]["parent"]
+        # the slow one improves on its parent BASE too (so it is a re-base candidate)
+        assert expected_metric(0.045, 8) < expected_metric(0.04, 8)
+        wait_all(gpuswarm, repo)
+
+        variants, decided = assert_nothing_lost(repo)
+        assert decided[fast]["status"] == "keep"
+        assert decided[slow]["status"] == "discard"
+        assert "conflicts" in decided[slow]["reason"], decided[slow]
+        assert not [v for v in variants.values() if v["kind"] == "combo"]
+        assert branch_tip(repo) == variants[fast]["commit"]
+        assert float(decided[slow]["row"][1]) == pytest.approx(expected_metric(0.045, 8))
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
+
+
+# -- 6. agent proposer ---------------------------------------------------------------------------
+FAKE_AGENT = r"""
+import os, pathlib, re, sys
+prompt = pathlib.Path(os.environ["GPUSWARM_PROMPT_FILE"])
+n = len(list(prompt.parent.glob("prompt-*.md")))
+depth = 8 + n
+train = pathlib.Path("train.py")
+train.write_text(re.sub(r"(?m)^DEPTH = .*$", f"DEPTH = {depth}", train.read_text()))
+pathlib.Path(os.environ["GPUSWARM_MESSAGE_FILE"]).write_text(f"agent sets DEPTH to {depth}\n")
+print("some chatter the message file overrides")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_loop_agent_proposer(gpuswarm: Cli, research_repo: Path, tmp_path: Path) -> None:
+    repo = research_repo
+    agent = tmp_path / "agent.py"
+    agent.write_text(FAKE_AGENT)
+    program = tmp_path / "program.md"
+    program.write_text("# program\nPROGRAM-MARKER: get the lowest val_bpb\n")
+    # one slot and no lookahead: the second proposal is made after the first result is in
+    init(gpuswarm, repo, gpus="sim:1", mode="async")
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--proposer",
+        "agent",
+        "--agent-command",
+        f"{shlex.quote(PY)} {shlex.quote(str(agent))}",
+        "--program",
+        program,
+        "--lookahead",
+        "0",
+        "--max-experiments",
+        "2",
+        timeout=80,
+    )
+    try:
+        assert res.returncode == 0, res
+        variants, decided = assert_nothing_lost(repo)
+        table = rows(repo)
+        assert len(table) == 3, table
+        descriptions = [r[4] for r in table]
+        assert any(d.endswith("agent sets DEPTH to 9") for d in descriptions), descriptions
+        assert any(d.endswith("agent sets DEPTH to 10") for d in descriptions), descriptions
+        assert not any("chatter" in d for d in descriptions)
+        agent_made = [v for v in variants.values() if v["source"] == "agent"]
+        assert len(agent_made) == 2
+        for v in agent_made:
+            depth = int(v["description"].rsplit(" ", 1)[1])
+            source = git(repo, "show", f"{v['commit']}:train.py")
+            assert f"\nDEPTH = {depth}\n" in source
+            assert decided[v["id"]]["status"] == "discard"  # deeper is worse here
+        prompts = sorted((exp_dir(repo) / "prompts").glob("prompt-*.md"))
+        assert len(prompts) == 2, prompts
+        for p in prompts:
+            assert "PROGRAM-MARKER" in p.read_text()
+        last = prompts[-1].read_text()
+        assert "## Recent results" in last
+        assert "\tbaseline" in last, last
+        assert "agent sets DEPTH to 9" in last, last
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
+
+
+@pytest.mark.timeout(60)
+def test_loop_agent_failing_stops_the_loop(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path
+) -> None:
+    repo = research_repo
+    agent = tmp_path / "bad_agent.py"
+    agent.write_text("import sys\nprint('cannot reach the model')\nsys.exit(1)\n")
+    init(gpuswarm, repo)
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--proposer",
+        "agent",
+        "--agent-command",
+        f"{shlex.quote(PY)} {shlex.quote(str(agent))}",
+        "--agent-max-failures",
+        "2",
+        "--max-experiments",
+        "3",
+    )
+    try:
+        assert res.returncode == 2, res
+        assert "agent failed 2 times" in res.stderr, res
+        assert "cannot reach the model" in res.stderr, res
+        assert not variant_events(repo)
+        assert rows(repo) == []
+    finally:
+        stop(gpuswarm, repo)
+
+
+# -- 7. decision policies (unit level) -----------------------------------------------------------
+BASE = "b" * 40
+OLD = "a" * 40
+
+
+def cfg(**kw: Any) -> ExperimentConfig:
+    return ExperimentConfig(
+        tag="t",
+        branch="autoresearch/t",
+        edit=["train.py"],
+        command="python train.py",
+        metric_pattern=metric_pattern("val_bpb"),
+        **kw,
+    )
+
+
+def state(mode: str = "rounds", metric: float | None = 1.0, **kw: Any) -> State:
+    st = State(base=BASE, mode=mode, **kw)
+    if metric is not None:
+        st.base_metric[BASE] = metric
+    return st
+
+
+def add(
+    st: State,
+    metric: float | None = None,
+    *,
+    crash: str | None = None,
+    kind: str = "variant",
+    parent: str = BASE,
+    round: int = 1,
+    ts: float | None = None,
+) -> Variant:
+    """A variant of ``st``: in flight (no metric, no crash), finished with ``metric``, or
+    crashed with reason ``crash``."""
+    vid = st.next_id()
+    n = int(vid[1:])
+    v = Variant(vid, kind, f"{n:040x}", parent, f"idea {n}", round, "manual", float(n))
+    if crash is not None:
+        v.finished = {"ok": False, "metric": None, "reason": crash, "ts": ts or 100.0 + n}
+    elif metric is not None:
+        v.finished = {"ok": True, "metric": metric, "reason": None, "ts": ts or 100.0 + n}
+    st.variants[vid] = v
+    return v
+
+
+def by_id(decisions: list[Decision]) -> dict[str, str]:
+    return {d.id: d.status for d in decisions}
+
+
+def test_policy_rounds_waits_for_the_whole_round() -> None:
+    st = state("rounds")
+    a = add(st, 0.9)
+    b = add(st)  # still running
+    assert decide(cfg(), st) == []
+    b.finished = {"ok": True, "metric": 0.8, "ts": 200.0}
+    got = decide(cfg(), st)
+    assert by_id(got) == {a.id: "discard", b.id: "keep"}
+    assert "not the best" in next(d.reason for d in got if d.id == a.id)
+
+
+def test_policy_rounds_keeps_the_best_improving_one() -> None:
+    st = state("rounds")
+    worse = add(st, 1.2)
+    good = add(st, 0.95)
+    best = add(st, 0.9)
+    equal = add(st, 1.0)  # not strictly better
+    got = by_id(decide(cfg(), st))
+    assert got == {worse.id: "discard", good.id: "discard", best.id: "keep", equal.id: "discard"}
+
+
+def test_policy_rounds_nothing_improves_keeps_nothing() -> None:
+    st = state("rounds")
+    ids = [add(st, m).id for m in (1.0, 1.1, 1.5)]
+    assert by_id(decide(cfg(), st)) == dict.fromkeys(ids, "discard")
+
+
+def test_policy_rounds_later_round_waits_for_its_own_members() -> None:
+    st = state("rounds")
+    r1 = add(st, 0.9, round=1)
+    r2 = add(st, 0.5, round=2)
+    add(st, round=2)  # round 2 still running
+    assert by_id(decide(cfg(), st)) == {r1.id: "keep"}
+    assert r2.id not in by_id(decide(cfg(), st))
+
+
+def test_policy_crash_is_decided_at_once() -> None:
+    st = state("rounds")
+    crashed = add(st, crash="exit 1")
+    add(st, 0.9)
+    add(st)  # the round is still open
+    got = decide(cfg(), st)
+    assert got == [Decision(crashed.id, "crash", "exit 1")]
+
+
+def test_policy_baseline_first() -> None:
+    st = state("async", metric=None)
+    v = add(st, 0.9)
+    base = add(st, kind="baseline", parent=BASE)
+    assert decide(cfg(), st) == []  # nothing is judged before its baseline
+    base.finished = {"ok": True, "metric": 1.0, "ts": 300.0}
+    got = decide(cfg(), st)
+    assert got[0] == Decision(base.id, "keep", "baseline")
+    assert v.id not in by_id(got)  # judged on the next pass, once the baseline's metric is in
+
+
+def test_policy_manual_decides_only_crashes() -> None:
+    for mode in ("rounds", "async"):
+        st = state(mode)
+        add(st, 0.5)
+        add(st, 2.0)
+        crashed = add(st, crash="timeout after 10s")
+        got = decide(cfg(policy="manual"), st)
+        assert got == [Decision(crashed.id, "crash", "timeout after 10s")], mode
+
+
+def test_policy_noise_aware_needs_a_margin() -> None:
+    runs = [1.0, 1.02]  # stdev 0.01414, k=2 -> margin 0.0283 below 1.01
+    noisy = cfg(policy="noise-aware", noise_k=2.0)
+
+    st = state("async", metric=1.01, baselines={BASE: list(runs)})
+    small = add(st, 0.99)
+    assert by_id(decide(noisy, st)) == {small.id: "discard"}
+    assert by_id(decide(cfg(), st)) == {small.id: "keep"}  # greedy keeps it
+
+    st = state("async", metric=1.01, baselines={BASE: list(runs)})
+    big = add(st, 0.98)
+    assert by_id(decide(noisy, st)) == {big.id: "keep"}
+
+    # one baseline run gives no spread: greedy until there are two
+    st = state("async", metric=1.0, baselines={BASE: [1.0]})
+    small = add(st, 0.999)
+    assert by_id(decide(noisy, st)) == {small.id: "keep"}
+
+    # rounds: the same margin
+    st = state("rounds", metric=1.01, baselines={BASE: list(runs)})
+    a, b = add(st, 0.99), add(st, 0.995)
+    assert by_id(decide(noisy, st)) == {a.id: "discard", b.id: "discard"}
+
+
+def test_policy_goal_max() -> None:
+    st = state("rounds", metric=0.5)
+    low, high, higher = add(st, 0.4), add(st, 0.6), add(st, 0.7)
+    got = by_id(decide(cfg(goal="max"), st))
+    assert got == {low.id: "discard", high.id: "discard", higher.id: "keep"}
+
+    st = state("async", metric=0.5)
+    low = add(st, 0.4, ts=1.0)
+    high = add(st, 0.6, ts=2.0)
+    assert by_id(decide(cfg(goal="max"), st)) == {low.id: "discard", high.id: "keep"}
+
+
+def test_policy_async_decides_on_arrival_and_rebases_late_winners() -> None:
+    st = state("async", metric=0.9)
+    st.base_metric[OLD] = 1.0
+    late = add(st, 0.95, parent=OLD, ts=5.0)  # beat its own parent, but not BASE: re-base it
+    stale = add(st, 1.05, parent=OLD, ts=6.0)
+    add(st)  # in flight: does not hold the others back in async mode
+    first = add(st, 0.85, ts=4.0)
+    after = add(st, 0.8, ts=7.0)
+    got = decide(cfg(), st)
+    # in arrival order; the keep moves BASE, so the pass stops there
+    assert got == [Decision(first.id, "keep", "better than BASE")]
+    st.variants[first.id].decision = {"status": "keep"}
+    st.base_metric[first.commit] = 0.85
+    st.base = first.commit
+    got = decide(cfg(), st)
+    assert by_id(got) == {late.id: "rebase", stale.id: "discard", after.id: "rebase"}
