@@ -170,7 +170,12 @@ class LiveView:
         parts: list[RenderableType] = [head]
         if self.header is not None:
             parts.append(Text(self.header()))
-        parts.append(ProgressBar(total=total, completed=finished, width=60))
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(total=total, completed=finished, width=50),
+            f"{finished}/{sum(counts.values())}",
+        )
+        parts.append(bar)
         parts.append(self._table(rows, now))
         for line in failures:
             parts.append(Text(f"  ! {line}", style="red"))

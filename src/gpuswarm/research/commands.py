@@ -19,6 +19,7 @@ from gpuswarm.errors import (
     GpuswarmError,
     ResearchError,
 )
+from gpuswarm.liveview import is_terminal
 from gpuswarm.research import api, executor, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
@@ -269,6 +270,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
 @click.option("--agent-timeout", default="15m", show_default=True)
 @click.option("--agent-max-failures", default=5, show_default=True)
+@click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
 @_where
 @_errors
 def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
@@ -294,8 +296,14 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         duration=_duration("--for", kw["duration"]),
         lookahead=max(0, kw["lookahead"]),
     )
-    say = (lambda _: None) if as_json else (lambda text: click.echo(f"{views.stamp()} {text}"))
-    data = run_loop(exp, proposer, loop_opts, say)
+    if as_json:
+        data = run_loop(exp, proposer, loop_opts, lambda _: None)
+    elif kw["plain"] or not is_terminal(sys.stderr):
+        data = run_loop(
+            exp, proposer, loop_opts, lambda text: click.echo(f"{views.stamp()} {text}")
+        )
+    else:
+        data = views.run_loop_live(exp, proposer, loop_opts)
     _out(as_json, data, views.show_loop)
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)

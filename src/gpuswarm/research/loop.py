@@ -67,7 +67,11 @@ def run_loop(
     opts: LoopOptions,
     say: Callable[[str], None],
     stop: LoopStop | None = None,
+    tick: Callable[[State], None] | None = None,
 ) -> dict[str, Any]:
+    """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
+    (the live view follows the runner's journal with it)."""
+    tick = tick or (lambda state: None)
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
@@ -83,6 +87,7 @@ def run_loop(
         while not stop.hard.is_set():
             state = exp.settle()
             seen = _report(exp, state, seen, say)
+            tick(state)
             _check_baseline(exp, state)
             budget = _budget(opts, made, deadline)
             if not stop.soft.is_set() and budget != 0 and time.monotonic() >= idle_until:
@@ -97,7 +102,7 @@ def run_loop(
                     break  # stopped, budget spent, or the proposer has nothing more
                 continue
             deadline_news = time.monotonic() + IDLE_PROPOSER_SECONDS
-            _wait_for_news(exp, state, stop, watch, deadline_news)
+            _wait_for_news(exp, state, stop, watch, deadline_news, tick)
     state = exp.settle()
     _report(exp, state, seen, say)
     plot = api.plot(exp)
@@ -181,6 +186,7 @@ def _wait_for_news(
     stop: LoopStop,
     watch: executor.RunnerWatch,
     deadline: float,
+    tick: Callable[[State], None],
 ) -> None:
     """Sleep until a variant in flight finishes (or a stop, or ``deadline``)."""
     flying = {v.id for v in state.in_flight()}
@@ -194,4 +200,5 @@ def _wait_for_news(
         if time.monotonic() - looked > api.RUNNER_CHECK_SECONDS:
             watch.check()
             looked = time.monotonic()
+        tick(state)
         time.sleep(POLL_SECONDS)

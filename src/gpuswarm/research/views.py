@@ -6,6 +6,13 @@ import time
 from typing import Any
 
 import click
+from rich.console import Console
+
+from gpuswarm.liveview import EventTail, LiveView, initial_state, shown
+from gpuswarm.research import api, executor
+from gpuswarm.research.experiment import State
+from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.proposers import Proposer
 
 
 def _metric(value: Any) -> str:
@@ -100,6 +107,38 @@ def show_loop(d: dict[str, Any]) -> None:
 
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
+
+
+def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
+    """``research loop`` with the live table: the runner's slots (followed through the core
+    run's journal) under a header with BASE, the best metric and the experiment count."""
+    run = executor.run_paths(exp.paths, exp.cfg)
+    state = initial_state(run)
+    tail = EventTail(run.events, from_end=True)
+    header = {"text": ""}
+
+    def tick(s: State) -> None:
+        for e in tail.poll():
+            state.apply(e)
+        best = "-" if s.best is None else f"{s.best:.6f}"
+        kept = sum(1 for r in s.rows if r[3] == "keep")
+        header["text"] = (
+            f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
+            f"{len(s.rows)} experiments, {kept} kept  mode {opts.mode}"
+        )
+
+    view = LiveView(
+        state, run.attempt_log, title=f"research {exp.cfg.tag}", header=lambda: header["text"]
+    )
+    console = Console(stderr=True, highlight=False)
+    with shown(view, console):
+        return run_loop(
+            exp,
+            proposer,
+            opts,
+            lambda text: console.print(f"{stamp()} {text}", markup=False),
+            tick=tick,
+        )
 
 
 def stamp() -> str:
