@@ -11,6 +11,7 @@ results.tsv, the ledger, and the ``--json`` output.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Callable
@@ -463,10 +464,11 @@ def test_variant_writing_protected_file_is_a_crash(gpuswarm: Cli, research_repo:
 def test_log_plot_and_status(gpuswarm: Cli, research_repo: Path) -> None:
     repo, tag = research_repo, "look"
     start(gpuswarm, repo, tag)
-    edit_constant(repo, "LR", "0.05")
-    try_variant(gpuswarm, repo, "lr 0.05")
+    # the worse one first: whether or not it is decided before the next try, BASE stays put
     edit_constant(repo, "DEPTH", "20")
     try_variant(gpuswarm, repo, "depth 20")
+    edit_constant(repo, "LR", "0.05")
+    try_variant(gpuswarm, repo, "lr 0.05")
     assert research(gpuswarm, repo, "wait", "--timeout", "20s").returncode == 0
 
     results = exp_dir(repo, tag) / "results.tsv"
@@ -486,7 +488,7 @@ def test_log_plot_and_status(gpuswarm: Cli, research_repo: Path) -> None:
         assert key in status, key
     assert status["best"] == pytest.approx(val_bpb(lr=0.05))
     assert status["in_flight"] == []
-    assert [r["status"] for r in status["last"]] == ["keep", "keep", "discard"]
+    assert [r["status"] for r in status["last"]] == ["keep", "discard", "keep"]
     assert git(repo, "status", "--porcelain") == ""
     stop(gpuswarm, repo)
 
@@ -499,13 +501,19 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
     slow = try_variant(gpuswarm, repo, "slow")
     vid = slow["id"]
 
-    def running() -> bool:
-        st = ok_json(research(gpuswarm, repo, "status", "--json"))
-        return any(v["id"] == vid and v["state"] == "running" for v in st["in_flight"])
-
-    wait_for(running, timeout=20, interval=0.2, what=f"{vid} running")
+    assert slow["baseline_queued"] == ["v0001"]
+    waited = ok_json(research(gpuswarm, repo, "wait", "v0001", "--json", "--timeout", "20s"))
+    assert [v["status"] for v in waited["finished"]] == ["keep"]
     run_dir = queue_run(repo, tag)
-    assert run_processes(run_dir)
+
+    def running() -> bool:  # claimed by the runner, and a task process alive
+        claimed = any(vid in n for n in os.listdir(run_dir / ".parallel" / "running"))
+        return claimed and bool(run_processes(run_dir))
+
+    wait_for(running, timeout=20, interval=0.1, what=f"{vid} running")
+    (flight,) = ok_json(research(gpuswarm, repo, "status", "--json"))["in_flight"]
+    assert (flight["id"], flight["state"]) == (vid, "running")
+    assert flight["slot"] is not None
 
     stopped = ok_json(research(gpuswarm, repo, "stop", "--json"))
     assert stopped["stopped"] == 1
@@ -514,8 +522,8 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
 
     status = ok_json(research(gpuswarm, repo, "status", "--json"))
     assert status["runner"] is False
-    (flight,) = [v for v in status["in_flight"] if v["id"] == vid]
-    assert flight["state"] == "queued"
+    (flight,) = status["in_flight"]
+    assert (flight["id"], flight["state"]) == (vid, "queued")
     rows = research_results(repo, tag)
     assert [r[3] for r in rows[1:]] == ["keep"]  # the baseline; no crash row for the slow one
     assert not [e for e in ledger(repo, tag) if e["ev"] == "finished" and e["id"] == vid]

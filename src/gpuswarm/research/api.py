@@ -27,7 +27,7 @@ from gpuswarm.research.experiment import (
     replay,
     save_config,
 )
-from gpuswarm.research.settle import settle, settle_locked, write_tsv
+from gpuswarm.research.settle import seal_round, settle, settle_locked, write_tsv
 
 WAIT_POLL_SECONDS = 0.2
 RUNNER_CHECK_SECONDS = 2.0
@@ -271,7 +271,9 @@ def wait(
 ) -> dict[str, Any]:
     """Block until any / all of the variants in flight (or ``ids``) are recorded; report them,
     and those recorded since the last wait, once."""
-    state = exp.settle()
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        seal_round(exp.paths, state)  # the agent's round ends with its wait
     fresh = [v.id for v in state.variants.values() if v.finished is None or not v.seen]
     targets = ids or fresh
     for vid in targets:

@@ -12,9 +12,9 @@ An experiment lives in ``<repo>/.gpuswarm/research/<tag>/`` (git ignores it thro
 
 Events: ``variant`` (created: commit, parent, description, kind, round), ``finished`` (what the
 run produced), ``decided`` (keep / discard / crash and the results.tsv row), ``base`` (the
-branch moved), ``worktree`` (the user's editable files were restored to a BASE), ``round`` (a
-round closed), ``mode``. The row is journaled before the branch moves; recovery finishes a
-move a crash cut short.
+branch moved), ``worktree`` (the user's editable files were restored to a BASE), ``sealed``
+(a round takes no more variants: ``wait`` or the loop said so), ``mode``, ``seen``. The row is
+journaled before the branch moves; recovery finishes a move a crash cut short.
 """
 
 from __future__ import annotations
@@ -242,7 +242,8 @@ class State:
     base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
     baselines: dict[str, list[float]] = field(default_factory=dict)  # commit -> repeats
     rows: list[list[str]] = field(default_factory=list)
-    round: int = 1
+    round: int = 1  # the open round: new variants join it until it is sealed
+    sealed: set[int] = field(default_factory=set)
     mode: str = "rounds"
     worktree_base: str = ""
     pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
@@ -327,8 +328,9 @@ def _on_seen(state: State, e: dict[str, Any]) -> None:
             state.variants[vid].seen = True
 
 
-def _on_round(state: State, e: dict[str, Any]) -> None:
-    state.round = int(e["n"]) + 1
+def _on_sealed(state: State, e: dict[str, Any]) -> None:
+    state.sealed.add(int(e["n"]))
+    state.round = max(state.round, int(e["n"]) + 1)
 
 
 def _on_mode(state: State, e: dict[str, Any]) -> None:
@@ -343,6 +345,6 @@ _HANDLERS: dict[str, Callable[[State, dict[str, Any]], None]] = {
     "base": _on_base,
     "worktree": _on_worktree,
     "seen": _on_seen,
-    "round": _on_round,
+    "sealed": _on_sealed,
     "mode": _on_mode,
 }

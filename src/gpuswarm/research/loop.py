@@ -25,7 +25,7 @@ from gpuswarm.errors import ResearchError
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State, append, flocked
 from gpuswarm.research.proposers import Proposer
-from gpuswarm.research.settle import settle_locked
+from gpuswarm.research.settle import seal_round, settle_locked
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
@@ -97,6 +97,9 @@ def run_loop(
                         break
                     made += 1
                     state = exp.settle()
+                if opts.mode == "rounds":
+                    with flocked(exp.paths.lock):
+                        seal_round(exp.paths, settle_locked(exp.paths, exp.cfg))
             if not state.in_flight():
                 if stop.soft.is_set() or budget == 0 or time.monotonic() < idle_until:
                     break  # stopped, budget spent, or the proposer has nothing more

@@ -7,8 +7,9 @@ Pure functions of the replayed state: settle.py applies what they return.
   of repeated baselines; greedy until at least two baseline runs of a BASE succeeded.
 - ``manual``: nothing is decided automatically (``research keep`` / ``discard``); crashes are.
 
-Modes: ``rounds`` decides a round when all of its variants have finished (the best improving
-one is kept, the others discarded); ``async`` decides each variant when it finishes. A winner
+Modes: ``rounds`` decides a round once it is sealed (``research wait`` or the loop seals the
+open round) and all of its variants have finished (the best improving one is kept, the others
+discarded); ``async`` decides each variant when it finishes. A winner
 whose parent is no longer BASE (async, or a round that straddled a keep) is re-based onto BASE
 and evaluated again as a combination.
 """
@@ -102,8 +103,8 @@ def _decide_rounds(cfg: ExperimentConfig, state: State, pending: list[Variant]) 
     rounds = sorted({v.round for v in pending})
     open_rounds = {v.round for v in state.in_flight()}
     for r in rounds:
-        if r in open_rounds:
-            continue  # the round is decided when all of its variants have finished
+        if r in open_rounds or r not in state.sealed:
+            continue  # decided once sealed and all of its variants have finished
         members = [v for v in pending if v.round == r]
         refs = {v.id: _reference(state, v) for v in members}
         if any(ref is None for ref in refs.values()):

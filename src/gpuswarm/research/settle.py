@@ -50,7 +50,6 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
         for d in decisions:
             apply(paths, cfg, state, d)
         changed = True
-    _close_round(paths, state)
     _remove_exports(paths, state)
     if changed or not paths.results_tsv.exists():
         write_tsv(paths, cfg, state)
@@ -165,12 +164,11 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
     _decided(paths, cfg, state, v, "discard", reason, None)
 
 
-def _close_round(paths: ExpPaths, state: State) -> None:
-    if state.mode != "rounds":
-        return
-    members = [v for v in state.variants.values() if v.round == state.round]
-    if any(v.kind != "baseline" for v in members) and all(v.decision for v in members):
-        append(paths, "round", n=state.round)
+def seal_round(paths: ExpPaths, state: State) -> None:
+    """Close the open round to new variants (rounds mode): it is decided once all are in."""
+    if state.mode == "rounds" and any(v.round == state.round for v in state.variants.values()):
+        append(paths, "sealed", n=state.round)
+        state.sealed.add(state.round)
         state.round += 1
 
 
