@@ -27,6 +27,7 @@ from conftest import (
     TRAIN_PY,
     CliProcess,
     CliResult,
+    descriptor,
     edit_constant,
     git,
     pid_running,
@@ -258,7 +259,8 @@ def test_loop_async_mutate_records_every_variant(gpuswarm: Cli, research_repo: P
         assert kinds.count("baseline") == 1 and kinds.count("variant") == 12, kinds
         table = rows(repo)
         assert len(table) == 13 + combos, table
-        assert table[0][3] == "keep" and table[0][4] == "baseline", table[0]
+        # (a crash may be recorded before the baseline: it needs no reference)
+        assert [r[3] for r in table if r[4] == "baseline"] == ["keep"], table
         # one line per decision on stdout
         for vid, e in decided.items():
             assert re.search(rf"\b{vid} {e['row'][3]}\b", res.stdout), (vid, res.stdout)
@@ -278,6 +280,10 @@ def test_loop_async_mutate_records_every_variant(gpuswarm: Cli, research_repo: P
 @pytest.mark.timeout(90)
 def test_loop_rounds_one_keep_per_round(gpuswarm: Cli, research_repo: Path) -> None:
     repo = research_repo
+    # runs of >= 1 s: a round is filled before any of its members finishes (see
+    # test_loop_rounds_slow_proposer_fills_the_round for what happens otherwise)
+    edit_constant(repo, "SLEEP", "2.0")
+    commit_all(repo, "slower runs")
     init(gpuswarm, repo, mode="rounds")
     res = gpuswarm(
         "research",
@@ -313,7 +319,6 @@ def test_loop_rounds_one_keep_per_round(gpuswarm: Cli, research_repo: Path) -> N
         r2_parent = by_round[2][0]["parent"]
         base0 = events(repo, "init")[0]["base"]
         assert r2_parent == (r1_keep[0]["commit"] if r1_keep else base0)
-        assert events(repo, "round"), "no round was closed"
     finally:
         stop(gpuswarm, repo)
     assert_no_processes(repo)
@@ -365,9 +370,10 @@ def test_loop_sigkill_then_rerun_loses_nothing(
 @pytest.mark.timeout(90)
 def test_runner_sigkill_reruns_variants(gpuswarm: Cli, research_repo: Path) -> None:
     repo = research_repo
-    edit_constant(repo, "SLEEP", "3.0")
+    # 4 s: long enough for three `try`s to queue while the baseline still runs
+    edit_constant(repo, "SLEEP", "4.0")
     commit_all(repo, "slower runs")
-    init(gpuswarm, repo, mode="async")
+    init(gpuswarm, repo, mode="rounds")  # one round: all four decided together
     want = {
         try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05"): expected_metric(0.05, 8),
         try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6"): expected_metric(0.04, 6),
@@ -396,9 +402,13 @@ def test_runner_sigkill_reruns_variants(gpuswarm: Cli, research_repo: Path) -> N
             assert fin["metric"] == pytest.approx(metric, abs=1e-6), (vid, fin)
             assert decided[vid]["status"] in ("keep", "discard"), decided[vid]
             assert float(decided[vid]["row"][1]) == pytest.approx(metric, abs=1e-6)
+            # run again: the first attempt was cut short by the kill, the last one finished
+            attempts = descriptor(core_run(repo), vid)["attempts"]
+            assert attempts[0].get("interrupted"), attempts
+            assert attempts[-1].get("returncode") == 0 and not attempts[-1].get("interrupted")
         # the orphaned tasks of the killed runner did not survive the new runner's recovery
         assert not [pid for pid in tasks if pid_running(pid)]
-        # DEPTH 6 is the best: it is BASE now
+        # DEPTH 6 is the best of the round: it is BASE now
         best = min(want, key=lambda k: want[k])
         assert branch_tip(repo) == variants[best]["commit"]
     finally:
@@ -409,20 +419,22 @@ def test_runner_sigkill_reruns_variants(gpuswarm: Cli, research_repo: Path) -> N
 
 
 # -- 5. async: a late winner is re-based onto BASE ---------------------------------------------
-def spaced_train_py(repo: Path) -> None:
-    """Commit a train.py with a line between its constants: edits of neighbouring constants
-    would otherwise conflict in a three-way merge (git treats adjacent hunks as one)."""
+def spaced_train_py(repo: Path, sleep: str) -> None:
+    """Commit a train.py with a line between its constants (edits of neighbouring constants
+    would conflict in a three-way merge: git treats adjacent hunks as one) and runs that take
+    ``sleep`` seconds."""
     text = TRAIN_PY
     for name in ("DEPTH", "SLEEP", "CRASH"):
         text = text.replace(f"\n{name} = ", f"\n# {name.lower()}\n{name} = ")
     (repo / "train.py").write_text(text)
+    edit_constant(repo, "SLEEP", sleep)
     commit_all(repo, "one constant per paragraph")
 
 
 @pytest.mark.timeout(90)
 def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Path) -> None:
     repo = research_repo
-    spaced_train_py(repo)
+    spaced_train_py(repo, "1.5")  # BASE runs 1.5 s
     init(gpuswarm, repo, mode="async")
     try:
         res = gpuswarm("research", "baseline", "-C", repo)
@@ -431,9 +443,9 @@ def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Pat
         base0 = branch_tip(repo)
         # the fast one must not finish before the slow one is made (a settle would keep it
         # first, and the slow one would be made on the new BASE): 1.5 s leaves room for a `try`
-        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05", SLEEP="1.5")
+        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
         assert git(repo, "diff", "--stat", base0, "--", "train.py") == ""  # restored by try
-        slow = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6", SLEEP="3.0")
+        slow = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6", SLEEP="2.5")
         vs = variant_events(repo)
         assert vs[fast]["parent"] == vs[slow]["parent"] == base0
         wait_all(gpuswarm, repo)
@@ -467,14 +479,14 @@ def test_async_late_winner_conflicting_with_base_is_discarded(
     gpuswarm: Cli, research_repo: Path
 ) -> None:
     repo = research_repo
-    spaced_train_py(repo)
+    spaced_train_py(repo, "1.5")  # BASE runs 1.5 s
     init(gpuswarm, repo, mode="async")
     try:
         res = gpuswarm("research", "baseline", "-C", repo)
         assert res.returncode == 0, res
         wait_all(gpuswarm, repo)
-        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05", SLEEP="1.5")
-        slow = try_edit(gpuswarm, repo, "LR to 0.045", LR="0.045", SLEEP="3.0")
+        fast = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        slow = try_edit(gpuswarm, repo, "LR to 0.045", LR="0.045", SLEEP="2.5")
         vs = variant_events(repo)
         assert vs[fast]["parent"] == vs[slow]["parent"]
         # the slow one improves on its parent BASE too (so it is a re-base candidate)
@@ -495,7 +507,8 @@ def test_async_late_winner_conflicting_with_base_is_discarded(
 
 # -- 6. agent proposer ---------------------------------------------------------------------------
 FAKE_AGENT = r"""
-import os, pathlib, re, sys
+import os, pathlib, re, sys, time
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0.0)  # thinking
 prompt = pathlib.Path(os.environ["GPUSWARM_PROMPT_FILE"])
 n = len(list(prompt.parent.glob("prompt-*.md")))
 depth = 8 + n
@@ -609,8 +622,18 @@ def cfg(**kw: Any) -> ExperimentConfig:
     )
 
 
-def state(mode: str = "rounds", metric: float | None = 1.0, **kw: Any) -> State:
+SEALING = "sealed" in State.__dataclass_fields__
+
+
+def state(
+    mode: str = "rounds", metric: float | None = 1.0, sealed: tuple[int, ...] = (1, 2), **kw: Any
+) -> State:
+    """A state at BASE (measured ``metric``); in rounds mode, rounds ``sealed`` take no more
+    variants (``research wait`` or the loop sealed them)."""
     st = State(base=BASE, mode=mode, **kw)
+    if SEALING:
+        st.sealed = set(sealed)
+        st.round = max(sealed, default=0) + 1
     if metric is not None:
         st.base_metric[BASE] = metric
     return st
@@ -652,6 +675,16 @@ def test_policy_rounds_waits_for_the_whole_round() -> None:
     got = decide(cfg(), st)
     assert by_id(got) == {a.id: "discard", b.id: "keep"}
     assert "not the best" in next(d.reason for d in got if d.id == a.id)
+
+
+@pytest.mark.skipif(not SEALING, reason="rounds are not sealed in this version")
+def test_policy_rounds_waits_for_the_round_to_be_sealed() -> None:
+    st = state("rounds", sealed=())
+    a, b = add(st, 0.9), add(st, 0.95)  # all finished, but more may still join the round
+    crashed = add(st, crash="exit 1")
+    assert decide(cfg(), st) == [Decision(crashed.id, "crash", "exit 1")]
+    st.sealed.add(1)
+    assert by_id(decide(cfg(), st)) == {a.id: "keep", b.id: "discard", crashed.id: "crash"}
 
 
 def test_policy_rounds_keeps_the_best_improving_one() -> None:
@@ -761,3 +794,44 @@ def test_policy_async_decides_on_arrival_and_rebases_late_winners() -> None:
     st.base = first.commit
     got = decide(cfg(), st)
     assert by_id(got) == {late.id: "rebase", stale.id: "discard", after.id: "rebase"}
+
+
+@pytest.mark.timeout(60)
+def test_loop_rounds_slow_proposer_fills_the_round(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path
+) -> None:
+    """Rounds mode: one variant per GPU from one BASE, decided when all have finished. A
+    proposer slower than a training run (an LLM agent, here 2.5 s vs ~0.5 s) must still fill
+    the round: the first variant must not be decided, nor its round closed, before the second
+    one is proposed."""
+    repo = research_repo
+    agent = tmp_path / "agent.py"
+    agent.write_text(FAKE_AGENT)
+    init(gpuswarm, repo, gpus="sim:2", mode="rounds")
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--mode",
+        "rounds",
+        "--proposer",
+        "agent",
+        "--agent-command",
+        f"{shlex.quote(PY)} {shlex.quote(str(agent))} 2.5",
+        "--max-experiments",
+        "2",
+        timeout=50,
+    )
+    try:
+        assert res.returncode == 0, res
+        variants, decided = assert_nothing_lost(repo)
+        made = [v for v in variants.values() if v["kind"] == "variant"]
+        assert len(made) == 2, made
+        assert [v["round"] for v in made] == [1, 1], (made, rows(repo))
+        assert made[0]["parent"] == made[1]["parent"] == events(repo, "init")[0]["base"]
+        assert decided[made[0]["id"]]["ts"] >= made[1]["ts"], "decided before its round was full"
+        assert sum(r[4].startswith("[R1 gpu") for r in rows(repo)) == 2, rows(repo)
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)
