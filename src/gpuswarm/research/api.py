@@ -243,7 +243,7 @@ def try_variant(
 def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:
     """Variant ``vid``'s change, merged onto the current BASE."""
     v = _variant(state, vid)
-    commit = gitops.merge_onto(exp.paths.repo, v.commit, state.base, message)
+    commit = variants.rebase(exp.paths, exp.cfg, v.commit, v.parent, state.base, message)
     if commit is None:
         raise ResearchError(
             f"{vid}'s change conflicts with BASE {gitops.short(state.base)}; make the edit again"

@@ -143,7 +143,7 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
     combo = next((c for c in state.variants.values() if c.origin == v.id), None)
     if combo is None:
         message = f"{v.description} (re-based onto {gitops.short(state.base)})"
-        commit = gitops.merge_onto(paths.repo, v.commit, state.base, message)
+        commit = variants.rebase(paths, cfg, v.commit, v.parent, state.base, message)
         if commit is None:
             reason = f"{d.reason}; conflicts with BASE {gitops.short(state.base)}"
             _decided(paths, cfg, state, v, "discard", reason, None)

@@ -11,6 +11,7 @@ BASE they were last restored to: an edit made on an older BASE is merged onto th
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import tempfile
 from pathlib import Path
@@ -84,7 +85,7 @@ def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message:
     commit = gitops.commit_files(paths.repo, start, edits, message)
     if start == state.base:
         return commit
-    moved = gitops.merge_onto(paths.repo, commit, state.base, message)
+    moved = rebase(paths, cfg, commit, start, state.base, message)
     if moved is None:
         raise ResearchError(
             f"your edit of {', '.join(edits)} was made on BASE {gitops.short(start)}, and "
@@ -193,3 +194,58 @@ def sync_index(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
             input="\n".join(lines).encode() + b"\n",
             check=False,
         )
+
+
+# -- re-basing a change onto a newer BASE ------------------------------------------------------
+Change = tuple[int, int, list[bytes]]  # replace base lines [i1, i2) with these
+
+
+def _changes(base: list[bytes], new: list[bytes]) -> list[Change]:
+    matcher = difflib.SequenceMatcher(None, base, new, autojunk=False)
+    return [(i1, i2, new[j1:j2]) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"]
+
+
+def _clash(a: Change, b: Change) -> bool:
+    if a == b:
+        return False  # the same change on both sides
+    (a1, a2, _), (b1, b2, _) = a, b
+    if a1 == a2 and b1 == b2:
+        return a1 == b1  # two insertions at one place: their order is unknown
+    if a1 == a2:
+        return b1 < a1 < b2
+    if b1 == b2:
+        return a1 < b1 < a2
+    return max(a1, b1) < min(a2, b2)
+
+
+def merge_lines(base: bytes, ours: bytes, theirs: bytes) -> bytes | None:
+    """Three-way merge by lines where changes to *adjacent* lines do not conflict (git's merge
+    does: two tweaked constants on consecutive lines would never combine). None on overlap."""
+    lines = base.splitlines(keepends=True)
+    mine = _changes(lines, ours.splitlines(keepends=True))
+    other = _changes(lines, theirs.splitlines(keepends=True))
+    if any(_clash(a, b) for a in mine for b in other):
+        return None
+    combined = sorted({(c[0], c[1], tuple(c[2])) for c in mine + other}, reverse=True)
+    for i1, i2, new in combined:
+        lines[i1:i2] = list(new)
+    return b"".join(lines)
+
+
+def rebase(
+    paths: ExpPaths, cfg: ExperimentConfig, commit: str, parent: str, onto: str, message: str
+) -> str | None:
+    """``commit`` (a change of ``parent``) re-applied onto ``onto``; None on a real conflict."""
+    merged = gitops.merge_onto(paths.repo, commit, onto, message)
+    if merged is not None:
+        return merged
+    files: dict[str, bytes | None] = {}
+    for rel in cfg.edit:
+        base, ours, theirs = (gitops.blob(paths.repo, c, rel) for c in (parent, onto, commit))
+        if base is None or ours is None or theirs is None:
+            return None  # a file added or removed on one side: leave it to git
+        result = merge_lines(base, ours, theirs)
+        if result is None:
+            return None
+        files[rel] = result
+    return gitops.commit_files(paths.repo, onto, files, message)
