@@ -15,7 +15,14 @@ import click
 from gpuswarm import __version__
 from gpuswarm.check import check_run
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
-from gpuswarm.engine import Output, RunReport, resume_run, start_run, work_run
+from gpuswarm.engine import (
+    Output,
+    RunReport,
+    resume_run,
+    start_run,
+    work_run,
+    write_run_report,
+)
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.research.commands import research
 from gpuswarm.runs import latest_run
@@ -88,6 +95,7 @@ def cli() -> None:
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
+@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 def run(
     source: str,
@@ -100,6 +108,7 @@ def run(
     max_attempts: int | None,
     quiet: bool,
     plain: bool,
+    no_report: bool,
     as_json: bool,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
@@ -113,7 +122,7 @@ def run(
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
-        output = Output(quiet=quiet, live=not plain)
+        output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output)
     _finish(report, as_json)
 
@@ -131,6 +140,7 @@ def run(
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
+@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 def resume(
     run_dir: Path | None,
@@ -143,6 +153,7 @@ def resume(
     allow_config_change: bool,
     quiet: bool,
     plain: bool,
+    no_report: bool,
     as_json: bool,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones."""
@@ -159,7 +170,7 @@ def resume(
             retry_failed=not no_retry_failed,
             new_config=new_config,
             allow_change=allow_config_change,
-            output=Output(quiet=quiet, live=not plain),
+            output=Output(quiet=quiet, live=not plain, report=not no_report),
         )
     _finish(report, as_json)
 
@@ -169,15 +180,20 @@ def resume(
 @click.option("--gpus", required=True, help="the GPUs this supervisor adds (auto | 4,5 | sim:N)")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
+@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-def work(run_dir: Path, gpus: str, quiet: bool, plain: bool, as_json: bool) -> None:
+def work(
+    run_dir: Path, gpus: str, quiet: bool, plain: bool, no_report: bool, as_json: bool
+) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
 
     The new supervisor claims from the same queue and takes over tasks of supervisors that died
     (their leases expire). It stops when nothing is left to claim.
     """
     with _stoppable():
-        report = work_run(run_dir, gpus, output=Output(quiet=quiet, live=not plain))
+        report = work_run(
+            run_dir, gpus, output=Output(quiet=quiet, live=not plain, report=not no_report)
+        )
     _finish(report, as_json)
 
 
@@ -235,6 +251,15 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
     else:
         print_report(report)
     sys.exit(report.exit_code)
+
+
+@cli.command("report")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def report_cmd(run_dir: Path) -> None:
+    """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
+    with _stoppable():
+        path = write_run_report(run_dir)
+    click.echo(str(path))
 
 
 @cli.command("watch")

@@ -18,14 +18,15 @@ from typing import Any, TextIO
 from gpuswarm import __version__
 from gpuswarm.config import LoadedConfig, RunConfig, spec_hash
 from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
-from gpuswarm.fsutil import atomic_write_json
+from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
-from gpuswarm.leases import attach, owner_id, write_owner_file
+from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter
 from gpuswarm.liveview import LiveView, SlotRow, ViewState, gpu_sampler, is_terminal, shown
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
+from gpuswarm.report import write_report
 from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
@@ -53,6 +54,7 @@ class Output:
     stream: TextIO | None = None
     quiet: bool = False
     live: bool = False  # a live table when the stream is a terminal (else one line per event)
+    report: bool = True  # write report.html + timeline.png at the end
 
 
 # -- building a run ----------------------------------------------------------------------------
@@ -301,6 +303,8 @@ def supervise(
                 extra = {"quarantined": sup.quarantined}
                 summary = write_outputs(paths, queue, info, (started, time.time()), extra)
                 ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+                if output.report:
+                    _write_report(paths, queue, summary, info, output)
         finally:
             ledger.close()
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
@@ -325,6 +329,27 @@ def _reporter(
     )
     ledger.subscribe(view)
     return shown(view)
+
+
+def write_run_report(run_dir: Path) -> Path:
+    """``gpuswarm report``: the outputs and the report of a run as it stands (live or not)."""
+    paths, info = open_run(run_dir)
+    queue = DirQueue(paths)
+    if paths.summary_json.is_file() and not is_live(paths):
+        summary = read_json(paths.summary_json)  # as its supervisor wrote it (wall time, ...)
+    else:
+        summary = write_outputs(paths, queue, info, None)
+    return write_report(paths, queue, summary, info)
+
+
+def _write_report(
+    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any], out: Output
+) -> None:
+    """report.html + timeline.png; a failure here is reported, never the run's failure."""
+    try:
+        write_report(paths, queue, summary, info)
+    except Exception as exc:  # the results are written already; the report is a view of them
+        _say(out, f"gpuswarm: could not write the report ({type(exc).__name__}: {exc})")
 
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:

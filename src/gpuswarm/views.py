@@ -91,6 +91,9 @@ def print_report(report: RunReport) -> None:
     for q in s.get("quarantined", []):
         con.print(f"  quarantined {q['slot']}: {q['reason']}", markup=False)
     con.print(f"results: {report.paths.results_tsv}")
+    html = report.paths.root / "report.html"
+    if html.is_file():
+        con.print(f"report:  {html}")
     if report.interrupted:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
     elif not s["complete"]:

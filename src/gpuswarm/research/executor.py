@@ -343,7 +343,11 @@ def serve(paths: ExpPaths, cfg: ExperimentConfig) -> int:
             _, info = open_run(run.root)
             setup = setup_from_info(info, None)
             report = supervise(
-                run, setup, mode="resume", output=Output(stream=sys.stderr), retry_failed=False
+                run,
+                setup,
+                mode="resume",
+                output=Output(stream=sys.stderr, report=False),  # research writes its own
+                retry_failed=False,
             )
             if report.interrupted:
                 return report.exit_code
