@@ -42,7 +42,7 @@ table.sortable th:after{content:" \\2195";color:#bbb}
 table.sortable th.asc:after{content:" \\25B2";color:#333}
 table.sortable th.desc:after{content:" \\25BC";color:#333}
 tr.failed td{background:#fdecea}tr.pending td,tr.running td{background:#fff8e1}
-tr.corrupt td{background:#efebe9}
+tr.corrupt td{background:#efebe9}tr.keep td{background:#e8f5e9}
 pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:8px;overflow-x:auto;font-size:12px}
 """
 # nothing may be loaded from anywhere: the page works offline and leaks nothing when opened

@@ -537,3 +537,41 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
     assert ok_json(research(gpuswarm, repo, "stop", "--json"))["stopped"] == 1
     wait_no_run_processes(run_dir, timeout=10)
     assert [r[3] for r in research_results(repo, tag)[1:]] == ["keep"]
+
+
+def test_report_is_self_contained_and_lists_every_experiment(
+    gpuswarm: Any, research_repo: Path
+) -> None:
+    repo = research_repo
+    init = gpuswarm(
+        "research",
+        "init",
+        "-C",
+        repo,
+        "--tag",
+        "rep",
+        "--edit",
+        "train.py",
+        "--protect",
+        "prepare.py",
+        "--command",
+        "python train.py",
+        "--gpus",
+        "sim:4",
+        "--linger",
+        "2s",
+    )
+    assert init.returncode == 0, str(init)
+    edit_constant(repo, "DEPTH", "6")
+    assert gpuswarm("research", "try", "-C", repo, "-m", "depth <b>6</b>").returncode == 0
+    assert gpuswarm("research", "wait", "-C", repo).returncode == 0
+    out = gpuswarm("research", "report", "-C", repo, "--json")
+    assert out.returncode == 0, str(out)
+    files = json.loads(out.stdout)
+    html = Path(files["report"]).read_text()
+    assert "data:image/png;base64," in html  # progress.png inside the page
+    assert "http://" not in html and "https://" not in html
+    assert "depth &lt;b&gt;6&lt;/b&gt;" in html and "<b>6</b>" not in html
+    assert html.count('<tr class="keep">') == 2  # the baseline and the kept variant
+    assert Path(files["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    gpuswarm("research", "stop", "-C", repo)

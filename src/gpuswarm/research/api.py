@@ -423,3 +423,13 @@ def plot(exp: Experiment, output: Path | None = None) -> Path:
         goal=exp.cfg.goal,
         title=f"autoresearch/{exp.cfg.tag}",
     )
+
+
+def report(exp: Experiment) -> dict[str, str]:
+    """progress.png and report.html of the experiment as it stands."""
+    from gpuswarm.research.report import write_research_report
+
+    png = plot(exp)
+    state = replay(exp.paths)
+    html = write_research_report(exp.paths, exp.cfg, state, png)
+    return {"plot": str(png), "report": str(html), "results": str(exp.paths.results_tsv)}

@@ -240,6 +240,15 @@ def plot(where: Path, tag: str | None, as_json: bool, output: Path | None) -> No
 @research.command()
 @_where
 @_errors
+def report(where: Path, tag: str | None, as_json: bool) -> None:
+    """Write progress.png and a self-contained report.html of every experiment."""
+    exp = api.Experiment.open(where, tag)
+    _out(as_json, api.report(exp), lambda d: click.echo(d["report"]))
+
+
+@research.command()
+@_where
+@_errors
 def restore(where: Path, tag: str | None, as_json: bool) -> None:
     """Put the editable files back to BASE (drops your uncommitted edits of them)."""
     exp = api.Experiment.open(where, tag)

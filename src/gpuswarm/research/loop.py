@@ -108,11 +108,12 @@ def run_loop(
             _wait_for_news(exp, state, stop, watch, deadline_news, tick)
     state = exp.settle()
     _report(exp, state, seen, say)
-    plot = api.plot(exp)
+    files = api.report(exp)
     return {
         **api.status(exp, last=0),
         "made": made,
-        "plot": str(plot),
+        "plot": files["plot"],
+        "report": files["report"],
         "stopped": stop.soft.is_set() or stop.hard.is_set(),
         "left_running": [v.id for v in state.in_flight()],
     }

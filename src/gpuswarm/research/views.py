@@ -102,7 +102,7 @@ def show_loop(d: dict[str, Any]) -> None:
             f"left running in the background: {', '.join(d['left_running'])} "
             "(the next research command records them; `research stop` cancels)"
         )
-    click.echo(f"results: {d['results']}\nprogress: {d['plot']}")
+    click.echo(f"results:  {d['results']}\nprogress: {d['plot']}\nreport:   {d['report']}")
 
 
 def show_decided(d: dict[str, Any]) -> None:

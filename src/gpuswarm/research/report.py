@@ -1,0 +1,72 @@
+"""The research report: report.html next to results.tsv, with progress.png, the best result,
+and every experiment (commit, metric, memory, status, description, diff summary, reason)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuswarm.fsutil import atomic_write_text
+from gpuswarm.report import esc, html_page, html_table, png_data_uri
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
+
+ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": ""}
+
+
+def write_research_report(
+    paths: ExpPaths, cfg: ExperimentConfig, state: State, plot: Path | None
+) -> Path:
+    rows = []
+    classes = []
+    for v in state.variants.values():
+        fin = v.finished or {}
+        dec = v.decision or {}
+        diff = fin.get("diff") or {}
+        status = dec.get("status") or ("finished" if v.finished else "running")
+        rows.append(
+            [
+                v.id,
+                v.commit[:7],
+                fin.get("metric"),
+                fin.get("memory_gb"),
+                status,
+                (dec.get("row") or ["", "", "", "", v.description])[4],
+                f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
+                fin.get("gpu"),
+                fin.get("seconds"),
+                dec.get("reason") or fin.get("reason") or "",
+            ]
+        )
+        classes.append(ROW_CLASS.get(status, ""))
+    columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
+    columns += ["gpu", "seconds", "reason"]
+    best = "-" if state.best is None else f"{state.best:.6f}"
+    baseline = next(
+        (v for v in state.variants.values() if v.kind == "baseline" and v.finished), None
+    )
+    base_metric = baseline.finished.get("metric") if baseline and baseline.finished else None
+    gain = ""
+    if base_metric is not None and state.best is not None:
+        gain = (
+            f" (baseline {float(base_metric):.6f}, change {state.best - float(base_metric):+.6f})"
+        )
+    kept = sum(1 for r in state.rows if r[3] == "keep")
+    crashed = sum(1 for r in state.rows if r[3] == "crash")
+    image = (
+        f'<img class="timeline" alt="progress" src="{png_data_uri(plot)}">'
+        if plot is not None and plot.is_file()
+        else ""
+    )
+    body = (
+        f"<h1>autoresearch {esc(cfg.tag)}</h1>\n"
+        f"<p>branch <code>{esc(cfg.branch)}</code> at <code>{esc(state.base[:7])}</code>; "
+        f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; {len(state.rows)} experiments, "
+        f"{kept} kept, {crashed} crashed; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, "
+        f"mode {esc(state.mode)}</p>\n"
+        f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
+        f"{esc(', '.join(cfg.edit))}; protected {esc(', '.join(cfg.protect) or '-')}; "
+        f"results in {esc(paths.results_tsv.name)}, every field in {esc(paths.ledger.name)}</p>\n"
+        f"{image}\n<h2>Experiments</h2>\n" + html_table(columns, rows, row_classes=classes)
+    )
+    out = paths.root / "report.html"
+    atomic_write_text(out, html_page(f"autoresearch {cfg.tag}", body))
+    return out
