@@ -40,3 +40,33 @@ def test_kernels_example_runs_to_completion(tmp_path: Path) -> None:
     gemm = next(r.split("\t") for r in rows if r.startswith("gpumode-gemm\t"))
     assert gemm[3] == "2"  # crashed once, retried, done
     assert "result.pass_correctness: 7/8 done" in proc.stderr
+
+
+def test_sweep_example_runs_every_point_of_its_matrix(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuswarm",
+            "run",
+            "-q",
+            "--no-report",
+            "--workspace",
+            str(tmp_path),
+            str(ROOT / "examples" / "sweep" / "sweep.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "sweep").glob("run_*")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["counts"]["done"] == 24 == summary["total"]
+    rows = [r.split("\t") for r in (run / "results.tsv").read_text().splitlines()]
+    header, body = rows[0], rows[1:]
+    names = {r[header.index("name")] for r in body}
+    assert "lr0.1-steps200-s2" in names and len(names) == 24
+    converged = summary["fields"]["result.converged"]
+    assert 0 < converged["true"] < 24  # the sweep finds where it converges, and where not
