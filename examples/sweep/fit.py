@@ -24,7 +24,7 @@ w = b = 0.0
 loss = float("inf")
 for _ in range(args.steps):
     gw = gb = loss = 0.0
-    for x, y in zip(xs, ys):
+    for x, y in zip(xs, ys, strict=True):
         err = w * x + b - y
         loss += err * err / len(xs)
         gw += 2 * err * x / len(xs)
