@@ -15,6 +15,7 @@ import click
 from gpuswarm import __version__
 from gpuswarm.check import check_run
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
+from gpuswarm.demo import DemoOptions, run_demo
 from gpuswarm.engine import (
     Output,
     RunReport,
@@ -24,10 +25,11 @@ from gpuswarm.engine import (
     write_run_report,
 )
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
+from gpuswarm.liveview import is_terminal
 from gpuswarm.research.commands import research
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
-from gpuswarm.views import print_check, print_ls, print_report, print_status
+from gpuswarm.views import print_check, print_demo, print_ls, print_report, print_status
 from gpuswarm.watch import watch
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -251,6 +253,45 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
     else:
         print_report(report)
     sys.exit(report.exit_code)
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "where",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="where to make the demo repository (default: a new temp folder)",
+)
+@click.option("--experiments", default=20, show_default=True, help="variants to try")
+@click.option("--budget", default=4.0, show_default=True, help="training seconds per run")
+@click.option("--gpus", default="sim:4", show_default=True, help="sim:N, or real GPUs")
+@click.option("--seed", type=int, help="the mutate proposer's seed")
+@click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
+@click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")
+def demo(
+    where: Path | None,
+    experiments: int,
+    budget: float,
+    gpus: str,
+    seed: int | None,
+    plain: bool,
+    as_json: bool,
+) -> None:
+    """The whole product in a minute or two: an autonomous research loop on simulated GPUs.
+
+    A scratch git repo with a tiny numpy language model; the built-in mutate proposer tries
+    variants of its hyper-parameters, one per GPU, and keeps those that lower val_bpb.
+    """
+    with _stoppable():
+        live = not (plain or as_json) and is_terminal(sys.stderr)
+        say = (lambda _: None) if as_json else (lambda text: click.echo(text, err=True))
+        opts = DemoOptions(where, experiments, budget, gpus, seed, live)
+        data = run_demo(opts, say)
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=str))
+    else:
+        print_demo(data)
+    sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
 
 
 @cli.command("report")

@@ -123,3 +123,20 @@ def print_check(report: dict[str, Any]) -> None:
         mark = "repaired" if f["repaired"] else "problem"
         task = f" {f['task']}:" if f["task"] else ""
         print(f"  {mark:<9}{f['kind']}{task} {f['detail']}")
+
+
+def print_demo(d: dict[str, Any]) -> None:
+    con = _console()
+    best, base = d.get("best"), d.get("baseline")
+    if best is not None and base is not None:
+        gain = (base - best) / base * 100 if base else 0.0
+        con.print(
+            f"[bold]best val_bpb {best:.6f}[/] (baseline {base:.6f}, {gain:.1f}% lower) after "
+            f"{d['experiments']} experiments, {d['kept']} kept"
+        )
+    else:
+        con.print(f"{d['experiments']} experiments, {d['kept']} kept (no baseline metric)")
+    con.print(f"repository: {d['repo']}  (branch {d['branch']} holds every kept change)")
+    con.print(f"results:    {d['results']}")
+    con.print(f"progress:   {d['plot']}")
+    con.print(f"report:     {d['report']}")

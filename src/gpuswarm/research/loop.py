@@ -79,6 +79,7 @@ def run_loop(
             append(exp.paths, "mode", mode=opts.mode)
     slots = executor.slot_count(exp.paths, exp.cfg)
     deadline = None if opts.duration is None else time.monotonic() + opts.duration
+    already = _started(state)
     made = 0
     seen = _recorded(state)
     idle_until = 0.0
@@ -86,6 +87,7 @@ def run_loop(
     with _signals(stop):
         while not stop.hard.is_set():
             state = exp.settle()
+            made = _started(state) - already  # re-based combinations count too
             seen = _report(exp, state, seen, say)
             tick(state)
             _check_baseline(exp, state)
@@ -95,8 +97,8 @@ def run_loop(
                     if stop.soft.is_set() or not _propose_one(exp, proposer, state, say):
                         idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
                         break
-                    made += 1
                     state = exp.settle()
+                    made = _started(state) - already
                 if opts.mode == "rounds":
                     with flocked(exp.paths.lock):
                         seal_round(exp.paths, settle_locked(exp.paths, exp.cfg))
@@ -165,6 +167,11 @@ def _propose_one(
     )
     say(f"queued {data['id']} {data['commit'][:7]}: {proposal.description}{extra}")
     return True
+
+
+def _started(state: State) -> int:
+    """Experiments made so far (variants and re-based combinations; baselines are extra)."""
+    return sum(1 for v in state.variants.values() if v.kind != "baseline")
 
 
 def _recorded(state: State) -> set[str]:

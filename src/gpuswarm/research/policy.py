@@ -10,8 +10,8 @@ Pure functions of the replayed state: settle.py applies what they return.
 Modes: ``rounds`` decides a round once it is sealed (``research wait`` or the loop seals the
 open round) and all of its variants have finished (the best improving one is kept, the others
 discarded); ``async`` decides each variant when it finishes. A winner
-whose parent is no longer BASE (async, or a round that straddled a keep) is re-based onto BASE
-and evaluated again as a combination.
+(better than the current best) whose parent is no longer BASE (async, or a round that
+straddled a keep) is re-based onto BASE and evaluated again as a combination.
 """
 
 from __future__ import annotations
@@ -85,16 +85,16 @@ def _decide_async(cfg: ExperimentConfig, state: State, pending: list[Variant]) -
     out: list[Decision] = []
     best = state.best
     for v in sorted(pending, key=lambda x: x.finished["ts"] if x.finished else 0.0):
-        ref = best if v.parent == state.base else _reference(state, v)
-        if ref is None:
-            continue  # its BASE has no measured metric yet (a baseline must run first)
-        if not better(cfg, state, _metric(v), ref):
-            out.append(Decision(v.id, "discard", _worse(cfg, ref)))
+        if best is None or _reference(state, v) is None:
+            continue  # no measured metric to judge it by yet (a baseline must run first)
+        if not better(cfg, state, _metric(v), best):
+            stale = "" if v.parent == state.base else " (measured on an older BASE)"
+            out.append(Decision(v.id, "discard", _worse(cfg, best) + stale))
         elif v.parent == state.base:
             out.append(Decision(v.id, "keep", "better than BASE"))
             return out  # BASE moves: the rest is judged against the new one on the next pass
-        else:
-            out.append(Decision(v.id, "rebase", "improved on an older BASE"))
+        else:  # a winner, but measured without what was kept since: combine and measure again
+            out.append(Decision(v.id, "rebase", "better than BASE, measured on an older BASE"))
     return out
 
 

@@ -155,13 +155,20 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
             kind="combo",
             commit=commit,
             parent=state.base,
-            description=f"{v.description} + BASE {gitops.short(state.base)}",
+            description=f"{_change_of(state, v)} + BASE {gitops.short(state.base)}",
             source=v.source,
             origin=v.id,
         )
         executor.enqueue(paths, cfg, combo)
     reason = f"{d.reason}; re-evaluating on BASE {gitops.short(state.base)} as {combo.id}"
     _decided(paths, cfg, state, v, "discard", reason, None)
+
+
+def _change_of(state: State, v: Variant) -> str:
+    """The description of the change a (possibly re-based again) variant carries."""
+    while v.kind == "combo" and v.origin in state.variants:
+        v = state.variants[v.origin]
+    return v.description
 
 
 def seal_round(paths: ExpPaths, state: State) -> None:
