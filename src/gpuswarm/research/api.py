@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -413,7 +414,11 @@ def plot(exp: Experiment, output: Path | None = None) -> Path:
 
     state = exp.settle()
     rows = [
-        PlotRow(metric=None if r[3] == "crash" else float(r[1]), status=r[3], description=r[4])
+        PlotRow(
+            metric=None if r[3] == "crash" else float(r[1]),
+            status=r[3],
+            description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
+        )
         for r in state.rows
     ]
     return progress_png(
