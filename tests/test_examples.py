@@ -1,4 +1,4 @@
-"""The README's first command must keep working: the kernels example on simulated GPUs."""
+"""The batch examples must keep working: the kernels example and the sweep on simulated GPUs."""
 
 from __future__ import annotations
 
