@@ -1,0 +1,155 @@
+"""The live view: its state follows the journal, a frame shows every slot, tails read only
+appended bytes, and `gpuswarm watch` follows a run another process supervises."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpuswarm.liveview import EventTail, LiveView, SlotRow, ViewState, is_terminal
+
+
+def _view(tmp_path: Path) -> tuple[ViewState, LiveView]:
+    state = ViewState({"pending": 3, "running": 0, "done": 0, "failed": 0})
+    for label in ("gpu0", "gpu1", "gpu10", "gpu2"):
+        state.slots[label] = SlotRow()
+
+    def log_of(task: str, attempt: int) -> Path:
+        path = tmp_path / task / f"attempt-{attempt}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    return state, LiveView(state, log_of, title="run_x")
+
+
+def _frame(view: LiveView) -> str:
+    console = Console(record=True, width=140, file=io.StringIO())
+    console.print(view.render())
+    return console.export_text()
+
+
+def test_state_follows_events_and_a_frame_shows_every_slot(tmp_path: Path) -> None:
+    state, view = _view(tmp_path)
+    now = time.time()
+    view(
+        {
+            "ev": "started",
+            "task": "t1",
+            "attempt": 1,
+            "slot": "gpu1",
+            "ts": now - 65,
+            "name": "train lr=0.1",
+            "timeout": 600,
+        }
+    )
+    view({"ev": "started", "task": "t2", "attempt": 2, "slot": "gpu0", "ts": now})
+    (tmp_path / "t1").mkdir(exist_ok=True)
+    (tmp_path / "t1" / "attempt-1.log").write_text("epoch 1\rstep 5/10 loss 0.3\n")
+    view(
+        {
+            "ev": "finished",
+            "task": "t2",
+            "attempt": 2,
+            "slot": "gpu0",
+            "state": "failed",
+            "reason": "exit 3",
+            "ts": now,
+        }
+    )
+    assert state.counts == {"pending": 1, "running": 1, "done": 0, "failed": 1}
+    text = _frame(view)
+    assert "run_x" in text and "done 0  failed 1  running 1  pending 1" in text
+    assert "t1 train lr=0.1" in text and "1m05s/10m00s" in text
+    assert "step 5/10 loss 0.3" in text and "epoch 1" not in text  # \r progress: last state
+    assert "t2 failed: exit 3" in text  # recent failures
+    lines = [ln for ln in text.splitlines() if ln.startswith("gpu")]
+    assert [ln.split()[0] for ln in lines] == ["gpu0", "gpu1", "gpu2", "gpu10"]  # natural order
+
+
+def test_requeue_and_done_update_counts_and_eta(tmp_path: Path) -> None:
+    state, view = _view(tmp_path)
+    t0 = time.time() - 10
+    for i, slot in enumerate(("gpu0", "gpu1")):
+        view({"ev": "started", "task": f"t{i}", "attempt": 1, "slot": slot, "ts": t0})
+    view({"ev": "requeued", "task": "t1", "frm": "running", "reason": "interrupted"})
+    view(
+        {
+            "ev": "finished",
+            "task": "t0",
+            "attempt": 1,
+            "slot": "gpu0",
+            "state": "done",
+            "ts": t0 + 5,
+        }
+    )
+    assert state.counts == {"pending": 2, "running": 0, "done": 1, "failed": 0}
+    assert state.slots["gpu1"].task == "" and state.slots["gpu0"].done == 1
+    eta = state.eta(time.time())
+    assert eta is not None and eta > 0
+
+
+def test_event_tail_returns_only_complete_new_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_text(json.dumps({"ev": "old"}) + "\n")
+    tail = EventTail(path, from_end=True)
+    assert tail.poll() == []
+    with path.open("a") as fh:
+        fh.write(json.dumps({"ev": "a"}) + "\n" + '{"ev": "b"')  # b is half-written
+    assert [e["ev"] for e in tail.poll()] == ["a"]
+    with path.open("a") as fh:
+        fh.write("}\nnot json\n")
+    assert [e["ev"] for e in tail.poll()] == ["b"]
+
+
+def test_pipes_are_not_terminals() -> None:
+    assert not is_terminal(io.StringIO())
+
+
+@pytest.mark.timeout(60)
+def test_watch_follows_a_run_in_another_process(tmp_path: Path) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("sleep 1.5\nsleep 1.5\nsleep 1\nfalse\n")
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuswarm",
+            "run",
+            "-q",
+            "--no-report",
+            "--gpus",
+            "sim:2",
+            "--workspace",
+            str(tmp_path / "ws"),
+            str(cmds),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        runs: list[Path] = []
+        while not runs and time.monotonic() < deadline:
+            runs = [p for p in (tmp_path / "ws").glob("*/run_*") if (p / "run.json").exists()]
+            time.sleep(0.05)
+        assert runs
+        watch = subprocess.run(
+            [sys.executable, "-m", "gpuswarm", "watch", str(runs[0])],
+            capture_output=True,
+            text=True,
+            timeout=40,
+        )
+    finally:
+        run.wait(30)
+    assert watch.returncode == 1  # `false` failed: the run is not complete
+    out = watch.stderr
+    assert "\x1b[" not in out  # not a terminal: plain lines
+    assert "done   cmd-" in out and "no supervisor running" in out
+    assert "failed 1" in out.splitlines()[-1]
