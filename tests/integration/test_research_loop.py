@@ -837,3 +837,83 @@ def test_loop_rounds_slow_proposer_fills_the_round(
     finally:
         stop(gpuswarm, repo)
     assert_no_processes(repo)
+
+
+# -- 8. confirmation runs of a would-be keep ---------------------------------------------------
+def test_policy_confirm_queues_waits_then_decides_by_the_mean() -> None:
+    conf = cfg(confirm=2)
+    st = state("async", metric=1.0)
+    v = add(st, 0.9)
+    assert decide(conf, st) == [
+        Decision(v.id, "confirm", "better than BASE; confirming with 2 more runs")
+    ]
+    c1 = add(st, 0.92, kind="confirm")
+    c2 = add(st, kind="confirm")  # still running
+    c1.origin = c2.origin = v.id
+    assert decide(conf, st) == []  # waits for every confirmation run
+    c2.finished = {"ok": True, "metric": 0.94, "reason": None, "ts": 200.0}
+    (keep,) = decide(conf, st)
+    assert keep.status == "keep" and keep.metric == pytest.approx((0.9 + 0.92 + 0.94) / 3)
+    # a mean that no longer wins: not confirmed
+    c2.finished = {"ok": True, "metric": 1.3, "reason": None, "ts": 200.0}
+    (no,) = decide(conf, st)
+    assert no.status == "discard" and no.reason.startswith("not confirmed: mean of 3 runs")
+    # confirmation rows follow their origin's decision
+    v.decision = {"status": "discard"}
+    assert by_id(decide(conf, st)) == {c1.id: "discard", c2.id: "discard"}
+
+
+def test_policy_confirm_in_rounds_holds_the_round() -> None:
+    conf = cfg(confirm=1)
+    st = state("rounds", metric=1.0)
+    best, other = add(st, 0.8), add(st, 0.95)
+    assert by_id(decide(conf, st)) == {best.id: "confirm"}
+    c = add(st, 0.82, kind="confirm")
+    c.origin = best.id
+    assert by_id(decide(conf, st)) == {best.id: "keep", other.id: "discard"}
+
+
+LUCKY_TRAIN_PY = TRAIN_PY.replace("CRASH = 0\n", "CRASH = 0\nLUCKY = 0\n").replace(
+    "for step in range(3):",
+    "import os, pathlib\n"
+    "mark = os.environ.get('LUCKY_MARK')\n"
+    "if LUCKY and mark and not pathlib.Path(mark).exists():\n"
+    "    pathlib.Path(mark).write_text('used')\n"
+    "    val -= 0.2  # a lucky first run: its confirmation runs will not repeat it\n"
+    "elif LUCKY and mark:\n"
+    "    val += 0.15  # the knob really hurts\n"
+    "for step in range(3):",
+)
+
+
+@pytest.mark.timeout(120)
+def test_confirm_keeps_a_real_gain_and_rejects_a_lucky_run(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path
+) -> None:
+    repo = research_repo
+    (repo / "train.py").write_text(LUCKY_TRAIN_PY)
+    commit_all(repo, "lucky knob")
+    env = {"LUCKY_MARK": str(tmp_path / "lucky.mark")}
+    init(gpuswarm, repo, "--confirm", "2", mode="async")
+    try:
+        res = gpuswarm("research", "baseline", "-C", repo, env=env)
+        assert res.returncode == 0, res
+        wait_all(gpuswarm, repo)
+        real = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        wait_all(gpuswarm, repo)
+        edit_constant(repo, "LR", "0.04")
+        res = gpuswarm("research", "restore", "-C", repo)
+        lucky = try_edit(gpuswarm, repo, "lucky", LUCKY="1")
+        wait_all(gpuswarm, repo)
+        variants, decided = assert_nothing_lost(repo)
+        assert decided[real]["status"] == "keep" and "confirmed" in decided[real]["reason"]
+        assert decided[lucky]["status"] == "discard", decided[lucky]
+        assert decided[lucky]["reason"].startswith("not confirmed"), decided[lucky]
+        confirms = [v for v in variants.values() if v["kind"] == "confirm"]
+        assert sorted(c["origin"] for c in confirms) == sorted([real, real, lucky, lucky])
+        assert branch_tip(repo) == variants[real]["commit"]
+        statuses = {r[4].split("] ", 1)[-1]: r[3] for r in rows(repo)}  # without [gpuN]
+        assert statuses["LR to 0.05 (confirmation 1/2)"] == "keep"
+        assert statuses["lucky (confirmation 2/2)"] == "discard"
+    finally:
+        stop(gpuswarm, repo)

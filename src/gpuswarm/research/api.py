@@ -14,6 +14,7 @@ from gpuswarm.fsutil import atomic_write_text
 from gpuswarm.gpus import parse_gpu_spec
 from gpuswarm.research import executor, gitops, variants
 from gpuswarm.research.experiment import (
+    DEFAULT_MEMORY_PATTERN,
     ExperimentConfig,
     ExpPaths,
     State,
@@ -61,6 +62,7 @@ class InitOptions:
     gpus: str = "auto"
     policy: str = "greedy"
     noise_k: float = 2.0
+    confirm: int = 0
     branch_prefix: str = "autoresearch/"
     shell: bool = False
     link: list[str] | None = None
@@ -104,7 +106,8 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         noise_k=opts.noise_k,
         link=links,
         linger=opts.linger,
-        **({"memory_pattern": opts.memory_regex} if opts.memory_regex else {}),
+        memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
+        confirm=opts.confirm,
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -140,6 +143,8 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
     both = set(opts.edit) & set(opts.protect)
     if both:
         raise ResearchError(f"{', '.join(sorted(both))}: a file cannot be editable and protected")
+    if opts.confirm < 0:
+        raise ResearchError(f"--confirm {opts.confirm}: the number of re-runs, 0 or more")
     if not opts.command.strip():
         raise ResearchError("--command: give the command that trains, e.g. 'uv run train.py'")
 

@@ -86,6 +86,7 @@ def research() -> None:
 @click.option("--gpus", default="auto", show_default=True, help="auto | 0,1,2 | 0-7 | sim:N")
 @click.option("--policy", type=click.Choice(["greedy", "noise-aware", "manual"]), default="greedy")
 @click.option("--noise-k", default=2.0, show_default=True, help="noise-aware: k x baseline spread")
+@click.option("--confirm", default=0, show_default=True, help="re-runs of a would-be keep")
 @click.option("--branch-prefix", default="autoresearch/", show_default=True)
 @click.option("--shell", is_flag=True, help="run the command through /bin/sh")
 @click.option("--link", multiple=True, help="untracked path to link into each run (default .venv)")
@@ -116,6 +117,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         gpus=kw["gpus"],
         policy=kw["policy"],
         noise_k=kw["noise_k"],
+        confirm=kw["confirm"],
         branch_prefix=kw["branch_prefix"],
         shell=kw["shell"],
         link=list(kw["link"]) or None,

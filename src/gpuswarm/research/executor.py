@@ -155,6 +155,10 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
     if where(paths, cfg, v.id) is not None:
         return
     export(paths, cfg, v)
+    changed = _protected_changes(paths, cfg, v)  # checked before the run, and after it
+    if changed:
+        remove_export(paths, v.id)
+        raise ResearchError(f"{v.id} changes protected file(s) {', '.join(changed)}")
     run = run_paths(paths, cfg)
     task = task_for(paths, cfg, v)
     seq = int(v.id[1:])

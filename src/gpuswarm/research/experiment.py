@@ -66,6 +66,7 @@ class ExperimentConfig(BaseModel):
     gpus: str = "auto"
     policy: Literal["greedy", "noise-aware", "manual"] = "greedy"
     noise_k: float = 2.0
+    confirm: int = 0  # re-runs of a would-be keep before it is kept (the mean decides)
     link: list[str] = Field(default_factory=list)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
@@ -197,7 +198,7 @@ def append(paths: ExpPaths, ev: str, **fields: Any) -> dict[str, Any]:
 @dataclass
 class Variant:
     id: str
-    kind: str  # variant | baseline | combo
+    kind: str  # variant | baseline | combo | confirm
     commit: str
     parent: str
     description: str
@@ -309,7 +310,7 @@ def _on_decided(state: State, e: dict[str, Any]) -> None:
         state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:
         state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))
-    if e["status"] == "keep" and v.kind != "baseline":
+    if e["status"] == "keep" and v.kind in ("variant", "combo"):
         state.pending_base = {"from": state.base, "to": v.commit, "id": v.id}
 
 

@@ -93,17 +93,39 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: State, d: Decision) -> 
     if d.status == "rebase":
         _rebase(paths, cfg, state, v, d)
         return
+    if d.status == "confirm":
+        _confirm(paths, cfg, state, v)
+        return
     metric = None
-    if d.status == "keep":
+    if d.status == "keep" and v.kind != "confirm":
         assert v.finished is not None
         if v.kind == "baseline":
             runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
             metric = {"commit": v.commit, "value": statistics.fmean(runs)}
         else:
-            metric = {"commit": v.commit, "value": float(v.finished["metric"])}
+            value = d.metric if d.metric is not None else float(v.finished["metric"])
+            metric = {"commit": v.commit, "value": value}
     _decided(paths, cfg, state, v, d.status, d.reason, metric)
-    if d.status == "keep" and v.kind != "baseline":
+    if d.status == "keep" and v.kind in ("variant", "combo"):
         _advance(paths, cfg, state, v)
+
+
+def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
+    """Queue the re-runs that confirm (or not) a would-be keep; ``v`` stays undecided."""
+    for i in range(cfg.confirm):
+        run = variants.record(
+            paths,
+            cfg,
+            state,
+            kind="confirm",
+            commit=v.commit,
+            parent=v.parent,
+            description=f"{v.description} (confirmation {i + 1}/{cfg.confirm})",
+            source="confirm",
+            origin=v.id,
+            round=v.round,
+        )
+        executor.enqueue(paths, cfg, run)
 
 
 def _decided(

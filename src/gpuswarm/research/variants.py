@@ -38,6 +38,7 @@ def record(
     source: str,
     origin: str | None = None,
     meta: dict[str, Any] | None = None,
+    round: int | None = None,
 ) -> Variant:
     """Journal a new variant (its ref first, so the commit outlives any gc)."""
     vid = state.next_id()
@@ -50,7 +51,7 @@ def record(
         commit=commit,
         parent=parent,
         description=" ".join(description.split()),
-        round=state.round,
+        round=state.round if round is None else round,
         source=source,
         origin=origin,
         meta=meta or {},
