@@ -13,23 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_kernels_example_runs_to_completion(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuswarm",
-            "run",
-            "-q",
-            "--workspace",
-            str(tmp_path),
-            str(ROOT / "examples" / "kernels" / "batch.yaml"),
-        ],
+def _run_example(tmp_path: Path, config: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "gpuswarm", "run", "-q", *extra, "--workspace", str(tmp_path)]
+    return subprocess.run(
+        [*argv, str(ROOT / "examples" / config)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
+
+
+def test_kernels_example_runs_to_completion(tmp_path: Path) -> None:
+    proc = _run_example(tmp_path, "kernels/batch.yaml")
     assert proc.returncode == 0, proc.stderr
     (run,) = (tmp_path / "kernels").glob("run_*")
     summary = json.loads((run / "summary.json").read_text())
@@ -43,23 +39,7 @@ def test_kernels_example_runs_to_completion(tmp_path: Path) -> None:
 
 
 def test_sweep_example_runs_every_point_of_its_matrix(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuswarm",
-            "run",
-            "-q",
-            "--no-report",
-            "--workspace",
-            str(tmp_path),
-            str(ROOT / "examples" / "sweep" / "sweep.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = _run_example(tmp_path, "sweep/sweep.yaml", "--no-report")
     assert proc.returncode == 0, proc.stderr
     (run,) = (tmp_path / "sweep").glob("run_*")
     summary = json.loads((run / "summary.json").read_text())

@@ -5,12 +5,10 @@ The CLI calls these functions; they hold no terminal logic beyond choosing a rep
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -30,6 +28,7 @@ from gpuswarm.report import write_report
 from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
+from gpuswarm.signals import on_stop_signals
 from gpuswarm.supervisor import Supervisor, SupervisorConfig
 
 
@@ -253,19 +252,6 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
 
 
 # -- supervising -------------------------------------------------------------------------------
-@contextmanager
-def _signals(on_signal: Callable[[], None]) -> Iterator[None]:
-    def handler(signum: int, frame: object) -> None:
-        on_signal()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def supervise(
     paths: RunPaths,
     setup: Setup,
@@ -297,7 +283,7 @@ def supervise(
             shown = _reporter(paths, queue, ledger, setup, output)
             sup = Supervisor(paths, queue, ledger, cfg)
             started = time.time()
-            with _signals(lambda: sup.request_stop()), shown:
+            with on_stop_signals(lambda: sup.request_stop()), shown:
                 sup.run()
                 _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
                 extra = {"quarantined": sup.quarantined}

@@ -117,7 +117,8 @@ class ViewState:
         return left / rate
 
 
-def _clock(seconds: float | None) -> str:
+def clock(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None."""
     if seconds is None:
         return "-"
     s = int(seconds)
@@ -165,7 +166,7 @@ class LiveView:
         head = Text.from_markup(
             f"[bold]{escape(self.title)}[/]  done {counts.get('done', 0)}  failed "
             f"{counts.get('failed', 0)}  running {counts.get('running', 0)}  pending "
-            f"{counts.get('pending', 0)}  ETA {_clock(eta)}"
+            f"{counts.get('pending', 0)}  ETA {clock(eta)}"
         )
         parts: list[RenderableType] = [head]
         if self.header is not None:
@@ -192,12 +193,12 @@ class LiveView:
             table.add_column("gpu", no_wrap=True)
         for label, row in rows:
             if row.task:
-                limit = f"/{_clock(row.timeout)}" if row.timeout else ""
+                limit = f"/{clock(row.timeout)}" if row.timeout else ""
                 cells = [
                     label,
                     f"{row.task} {row.name}".strip()[:48],
                     str(row.attempt),
-                    f"{_clock(now - row.since)}{limit}",
+                    f"{clock(now - row.since)}{limit}",
                     self._last_line(row)[:80],
                 ]
             else:

@@ -9,23 +9,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuswarm.liveview import clock
+
 if TYPE_CHECKING:
     from gpuswarm.engine import RunReport
 
 
 def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -41,7 +32,7 @@ def print_status(data: dict[str, Any]) -> None:
     con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
     eta = data.get("eta") or {}
     if eta.get("eta_seconds") is not None:
-        con.print(f"ETA {_duration(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
+        con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
     if data["running"]:
         table = Table("slot", "task", "attempt", "elapsed", "timeout", box=None)
         for r in data["running"]:
@@ -49,8 +40,8 @@ def print_status(data: dict[str, Any]) -> None:
                 str(r["slot"]),
                 r["task"],
                 str(r["attempt"]),
-                _duration(r["elapsed"]),
-                _duration(r["timeout"]),
+                clock(r["elapsed"]),
+                clock(r["timeout"]),
             )
         con.print(table)
     for f in data["failures"]:

@@ -13,11 +13,9 @@ second leaves at once (the runner finishes them; the next research command recor
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +24,7 @@ from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State, append, flocked
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
+from gpuswarm.signals import on_stop_signals
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
@@ -46,19 +45,6 @@ class LoopStop:
 
     def request(self) -> None:
         (self.hard if self.soft.is_set() else self.soft).set()
-
-
-@contextmanager
-def _signals(stop: LoopStop) -> Iterator[None]:
-    def handler(signum: int, frame: object) -> None:
-        stop.request()
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def run_loop(
@@ -84,7 +70,7 @@ def run_loop(
     seen = _recorded(state)
     idle_until = 0.0
     watch = executor.RunnerWatch(exp.paths, exp.cfg)
-    with _signals(stop):
+    with on_stop_signals(stop.request):
         while not stop.hard.is_set():
             state = exp.settle()
             made = _started(state) - already  # re-based combinations count too

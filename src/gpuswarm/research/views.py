@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.liveview import EventTail, LiveView, initial_state, shown
+from gpuswarm.liveview import EventTail, LiveView, clock, initial_state, shown
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State
 from gpuswarm.research.loop import LoopOptions, run_loop
@@ -23,20 +23,13 @@ def _short(sha: str | None) -> str:
     return (sha or "")[:7]
 
 
-def _elapsed(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
 def _variant_line(v: dict[str, Any]) -> str:
     gpu = f"gpu{v['gpu']}" if v.get("gpu") not in (None, "") else ""
     mem = f"{v['memory_gb']:.1f}GB" if v.get("memory_gb") is not None else ""
     reason = f"  ({v['reason']})" if v.get("reason") and v["status"] != "keep" else ""
     return (
         f"{v['id']}  {_short(v['commit'])}  {v['status']:<8} {_metric(v.get('metric')):>10}  "
-        f"{mem:>7}  {gpu:<5} {_elapsed(v.get('seconds')):>6}  {v['description']}{reason}"
+        f"{mem:>7}  {gpu:<5} {clock(v.get('seconds')):>6}  {v['description']}{reason}"
     )
 
 
@@ -81,7 +74,7 @@ def show_status(d: dict[str, Any]) -> None:
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
         click.echo(
-            f"  {where:<8} {v['id']}  {_elapsed(v['elapsed']):>6}/{_elapsed(d['timeout'])}  "
+            f"  {where:<8} {v['id']}  {clock(v['elapsed']):>6}/{clock(d['timeout'])}  "
             f"{v['description']}"
         )
     for v in d["undecided"]:
