@@ -48,7 +48,13 @@ def atomic_write_bytes(
 
 
 def dumps(obj: Any) -> bytes:
+    """Indented JSON, for files people read (run.json, summary.json)."""
     return json.dumps(obj, indent=1, sort_keys=False, default=str).encode() + b"\n"
+
+
+def dumps_compact(obj: Any) -> bytes:
+    """Compact JSON (the C encoder: several times faster than indented), for queue files."""
+    return json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n"
 
 
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:

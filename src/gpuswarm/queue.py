@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.errors import QueueError
-from gpuswarm.fsutil import atomic_write_bytes, dumps, fsync_dir
+from gpuswarm.fsutil import atomic_write_bytes, dumps_compact, fsync_dir
 from gpuswarm.paths import STATES, RunPaths
 
 DESCRIPTOR_VERSION = 1
@@ -159,7 +159,7 @@ class DirQueue:
         for desc in descriptors:
             name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
             with (pending / name).open("xb") as fh:
-                fh.write(dumps(desc))
+                fh.write(dumps_compact(desc))
             count += 1
         return count
 
@@ -215,7 +215,7 @@ class DirQueue:
     # -- transitions of a claimed descriptor ---------------------------------------------------
     def save(self, claimed: Claimed) -> None:
         """Write the claimed descriptor's data in place (temp + fsync + rename)."""
-        atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable)
+        atomic_write_bytes(claimed.path, dumps_compact(claimed.data), durable=self.durable)
 
     def move(
         self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
@@ -229,7 +229,9 @@ class DirQueue:
         """
         claimed.data["state"] = state.value
         claimed.data["moved_from"] = claimed.path.name
-        atomic_write_bytes(claimed.path, dumps(claimed.data), durable=self.durable, sync_dir=False)
+        atomic_write_bytes(
+            claimed.path, dumps_compact(claimed.data), durable=self.durable, sync_dir=False
+        )
         if announce is not None:
             announce()
         dst = self.paths.state_dir(state.value) / claimed.name

@@ -375,8 +375,7 @@ class Supervisor:
         values: dict[str, str],
         home_env: dict[str, str],
     ) -> LaunchSpec:
-        log = self.paths.attempt_log(task.id, n)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log = self.paths.attempt_log(task.id, n)  # Attempt.launch makes its folder
         env = {**os.environ, **home_env}
         env.update(render_env(task, values))
         env.update(isolation_env(slot, gpu_ids))

@@ -201,12 +201,14 @@ def try_variant(
     patch: Path | None = None,
     files: dict[str, bytes | None] | None = None,
     from_id: str | None = None,
+    base: str | None = None,
     source: str = "manual",
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Snapshot an edit as a variant on BASE, restore the user's files, queue it; returns at once.
 
-    The edit comes from the user's working tree (default), a patch, or ``files`` (proposers).
+    The edit comes from the user's working tree (default), a patch, or ``files`` (proposers:
+    the full new contents, made from ``base``; re-based when BASE has moved since).
     """
     message = " ".join(message.split())
     if not message:
@@ -214,7 +216,7 @@ def try_variant(
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
         if files is not None:
-            commit = variants.from_files(exp.paths, exp.cfg, state.base, files, message)
+            commit = _from_proposal(exp, state, files, base or state.base, message)
         elif patch is not None:
             commit = variants.from_patch(exp.paths, exp.cfg, state, patch, message)
         elif from_id is not None:
@@ -244,6 +246,23 @@ def try_variant(
         "baseline_queued": [b.id for b in queued],
         "diff": gitops.diff_stat(exp.paths.repo, v.parent, v.commit),
     }
+
+
+def _from_proposal(
+    exp: Experiment, state: State, files: dict[str, bytes | None], base: str, message: str
+) -> str:
+    """A proposer's files were made from ``base``: commit them there, then carry the change onto
+    BASE if it moved meanwhile (never write old-BASE contents over what was kept since)."""
+    commit = variants.from_files(exp.paths, exp.cfg, base, files, message)
+    if base == state.base:
+        return commit
+    moved = variants.rebase(exp.paths, exp.cfg, commit, base, state.base, message)
+    if moved is None:
+        raise ResearchError(
+            f"the proposal was made on BASE {gitops.short(base)} and conflicts with what was "
+            f"kept since (BASE is now {gitops.short(state.base)})"
+        )
+    return moved
 
 
 def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:

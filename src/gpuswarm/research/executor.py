@@ -290,6 +290,9 @@ def _sha(data: bytes) -> str:
 
 
 # -- the background runner ---------------------------------------------------------------------
+_RUNNERS: list[subprocess.Popen[bytes]] = []
+
+
 def ensure_runner(paths: ExpPaths, cfg: ExperimentConfig) -> bool:
     """Start the runner unless one holds serve.lock; True when one was started."""
     with flocked(paths.serve_lock, blocking=False) as free:
@@ -298,8 +301,11 @@ def ensure_runner(paths: ExpPaths, cfg: ExperimentConfig) -> bool:
     env = {**os.environ, EXPERIMENT_VAR: str(paths.root)}
     env.pop("GPUSWARM_RUN_DIR", None)
     log = os.open(paths.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for proc in list(_RUNNERS):  # reap runners this process started that have ended
+        if proc.poll() is not None:
+            _RUNNERS.remove(proc)
     try:
-        subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "gpuswarm", "research", "_serve", str(paths.root)],
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -309,6 +315,7 @@ def ensure_runner(paths: ExpPaths, cfg: ExperimentConfig) -> bool:
             start_new_session=True,
             close_fds=True,
         )
+        _RUNNERS.append(proc)  # detached, but ours to reap when a long-lived caller outlives it
     finally:
         os.close(log)
     return True

@@ -145,9 +145,18 @@ def _propose_one(
     proposal = proposer.propose(state)
     if proposal is None:
         return False
-    data = api.try_variant(
-        exp, proposal.description, files=proposal.files, source=proposer.name, meta=proposal.meta
-    )
+    try:
+        data = api.try_variant(
+            exp,
+            proposal.description,
+            files=proposal.files,
+            base=proposal.base,
+            source=proposer.name,
+            meta=proposal.meta,
+        )
+    except ResearchError as exc:  # e.g. it conflicts with a keep made while it was proposed
+        say(f"proposal not queued: {exc}")
+        return True
     extra = (
         f" (baseline {', '.join(data['baseline_queued'])} first)" if data["baseline_queued"] else ""
     )

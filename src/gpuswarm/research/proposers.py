@@ -28,8 +28,9 @@ from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
 
 @dataclass(frozen=True)
 class Proposal:
-    files: dict[str, bytes | None]
+    files: dict[str, bytes | None]  # full new contents of changed editable files ...
     description: str
+    base: str  # ... made from this BASE
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +69,7 @@ class MutateProposer:
         return Proposal(
             files={p: t.encode("utf-8", errors="surrogateescape") for p, t in m.files.items()},
             description=m.description,
+            base=state.base,
             meta={"digest": mutate.digest(after), "changes": [list(c) for c in m.changes]},
         )
 
@@ -130,7 +132,8 @@ class AgentProposer:
                 raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
             message = message_file.read_text().strip() if message_file.exists() else ""
         lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
-        return Proposal(files, (lines[-1] if lines else "agent edit")[:200], {"prompt": n})
+        message = (lines[-1] if lines else "agent edit")[:200]
+        return Proposal(files, message, state.base, {"prompt": n})
 
     def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
         values = {"prompt": str(prompt), "workdir": str(work)}

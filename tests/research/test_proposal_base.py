@@ -1,0 +1,66 @@
+"""A proposal made from an older BASE never writes old contents over what was kept since."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuswarm.errors import ResearchError
+from gpuswarm.research import api, executor
+
+TRAIN = "LR = 0.04\n# spacer\nDEPTH = 8\n# spacer\nWD = 0.1\nprint('val_bpb: 1.0')\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def exp(tmp_path: Path) -> api.Experiment:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "master")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    (repo / "train.py").write_text(TRAIN)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "init")
+    opts = api.InitOptions(
+        tag="t", edit=["train.py"], command="true", protect=[], gpus="sim:1", linger=0.5
+    )
+    api.init(repo, opts)
+    return api.Experiment.open(repo, "t")
+
+
+def _advance_base(exp: api.Experiment, text: str) -> str:
+    """Move the experiment's branch forward (as a keep would), outside the proposal's view."""
+    repo = exp.paths.repo
+    (repo / "train.py").write_text(text)
+    git(repo, "commit", "-q", "-am", "kept meanwhile")
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_a_stale_proposal_is_rebased_onto_the_new_base(exp: api.Experiment) -> None:
+    old = exp.settle().base
+    new = _advance_base(exp, TRAIN.replace("DEPTH = 8", "DEPTH = 6"))
+    proposal = TRAIN.replace("LR = 0.04", "LR = 0.05").encode()  # made from the old BASE
+    try:
+        data = api.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
+        assert data["parent"] == new
+        text = git(exp.paths.repo, "show", f"{data['commit']}:train.py")
+        assert "LR = 0.05" in text and "DEPTH = 6" in text  # the kept change survives
+    finally:
+        executor.stop_runner(exp.paths, grace=5)
+
+
+def test_a_stale_proposal_that_conflicts_is_refused(exp: api.Experiment) -> None:
+    old = exp.settle().base
+    _advance_base(exp, TRAIN.replace("LR = 0.04", "LR = 0.03"))
+    proposal = TRAIN.replace("LR = 0.04", "LR = 0.05").encode()
+    with pytest.raises(ResearchError, match="conflicts with what was kept"):
+        api.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
+    assert all(v.kind == "baseline" for v in exp.settle().variants.values())
