@@ -894,7 +894,7 @@ def test_confirm_keeps_a_real_gain_and_rejects_a_lucky_run(
     (repo / "train.py").write_text(LUCKY_TRAIN_PY)
     commit_all(repo, "lucky knob")
     env = {"LUCKY_MARK": str(tmp_path / "lucky.mark")}
-    init(gpuswarm, repo, "--confirm", "2", mode="async")
+    init(gpuswarm, repo, "--confirm", "2", "--linger", "60s", mode="async")  # one runner: one env
     try:
         res = gpuswarm("research", "baseline", "-C", repo, env=env)
         assert res.returncode == 0, res
@@ -917,3 +917,64 @@ def test_confirm_keeps_a_real_gain_and_rejects_a_lucky_run(
         assert statuses["lucky (confirmation 2/2)"] == "discard"
     finally:
         stop(gpuswarm, repo)
+
+
+# -- 9. several proposals at once ----------------------------------------------------------------
+PARALLEL_AGENT = r"""
+import os, pathlib, re, sys, time
+log = pathlib.Path(sys.argv[1])
+start = time.time()
+time.sleep(1.0)  # thinking
+n = int(pathlib.Path(os.environ["GPUSWARM_PROMPT_FILE"]).stem.split("-")[1])
+train = pathlib.Path("train.py")
+train.write_text(re.sub(r"(?m)^DEPTH = .*$", f"DEPTH = {8 + n}", train.read_text()))
+pathlib.Path(os.environ["GPUSWARM_MESSAGE_FILE"]).write_text(f"agent {n}: DEPTH {8 + n}\n")
+with log.open("a") as fh:
+    fh.write(f"{start} {time.time()}\n")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_loop_runs_several_proposers_at_once(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path
+) -> None:
+    repo = research_repo
+    agent = tmp_path / "agent.py"
+    agent.write_text(PARALLEL_AGENT)
+    spans = tmp_path / "spans.txt"
+    init(gpuswarm, repo, gpus="sim:3", mode="async")
+    command = f"{shlex.quote(PY)} {shlex.quote(str(agent))} {shlex.quote(str(spans))}"
+    res = gpuswarm(
+        "research",
+        "loop",
+        "-C",
+        repo,
+        "--proposer",
+        "agent",
+        "--agent-command",
+        command,
+        "--proposers",
+        "3",
+        "--max-experiments",
+        "6",
+        timeout=80,
+    )
+    try:
+        assert res.returncode == 0, res
+        variants, _ = assert_nothing_lost(repo)
+        made = [v for v in variants.values() if v["source"] == "agent"]
+        assert len(made) == 6, made
+        assert len({v["commit"] for v in made}) == 6  # each its own proposal, none lost
+        prompts = sorted(p.name for p in (exp_dir(repo) / "prompts").glob("prompt-*.md"))
+        assert prompts == [f"prompt-{n:04d}.md" for n in range(1, 7)]  # numbered, no clash
+        intervals = [tuple(map(float, line.split())) for line in spans.read_text().splitlines()]
+        overlapping = sum(
+            1
+            for i, (a0, a1) in enumerate(intervals)
+            for b0, b1 in intervals[i + 1 :]
+            if a0 < b1 and b0 < a1
+        )
+        assert overlapping >= 2, intervals  # the agents thought at the same time
+    finally:
+        stop(gpuswarm, repo)
+    assert_no_processes(repo)

@@ -275,6 +275,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--max-experiments", type=int, help="stop after starting this many variants")
 @click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
 @click.option("--lookahead", default=1, show_default=True, help="async: variants queued ahead")
+@click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
 @click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
 @click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
@@ -306,6 +307,7 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         max_experiments=kw["max_experiments"],
         duration=_duration("--for", kw["duration"]),
         lookahead=max(0, kw["lookahead"]),
+        proposers=max(1, kw["proposers"]),
     )
     if as_json:
         data = run_loop(exp, proposer, loop_opts, lambda _: None)

@@ -166,6 +166,16 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
     atomic_write_json(run.state_dir("pending") / name, new_descriptor(task.model_dump(), seq))
 
 
+def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
+    """Temp files in the queue's pending/ (only ``enqueue`` writes there, under the experiment
+    lock the caller holds): each is a write a crash cut short. Returns how many went."""
+    pending = run_paths(paths, cfg).state_dir("pending")
+    cut = [pending / n for n in os.listdir(pending) if n.startswith(".tmp-")]
+    for path in cut:
+        path.unlink(missing_ok=True)
+    return len(cut)
+
+
 def where(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str) -> tuple[State, str] | None:
     """The state folder and file name of a variant's task, None when it was never queued."""
     run = run_paths(paths, cfg)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from gpuswarm.errors import ResearchError
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State, append, flocked
-from gpuswarm.research.proposers import Proposer
+from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
 from gpuswarm.signals import on_stop_signals
 
@@ -36,6 +37,7 @@ class LoopOptions:
     max_experiments: int | None = None
     duration: float | None = None  # seconds
     lookahead: int = 1  # async: variants queued beyond one per GPU
+    proposers: int = 1  # proposals made at the same time (e.g. several LLM agents)
 
 
 @dataclass
@@ -63,37 +65,14 @@ def run_loop(
         state = settle_locked(exp.paths, exp.cfg)
         if state.mode != opts.mode:
             append(exp.paths, "mode", mode=opts.mode)
-    slots = executor.slot_count(exp.paths, exp.cfg)
-    deadline = None if opts.duration is None else time.monotonic() + opts.duration
-    already = _started(state)
-    made = 0
-    seen = _recorded(state)
-    idle_until = 0.0
-    watch = executor.RunnerWatch(exp.paths, exp.cfg)
-    with on_stop_signals(stop.request):
-        while not stop.hard.is_set():
-            state = exp.settle()
-            made = _started(state) - already  # re-based combinations count too
-            seen = _report(exp, state, seen, say)
-            tick(state)
-            _check_baseline(exp, state)
-            budget = _budget(opts, made, deadline)
-            if not stop.soft.is_set() and budget != 0 and time.monotonic() >= idle_until:
-                for _ in range(_wanted(opts, state, slots, budget)):
-                    if stop.soft.is_set() or not _propose_one(exp, proposer, state, say):
-                        idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
-                        break
-                    state = exp.settle()
-                    made = _started(state) - already
-                if opts.mode == "rounds":
-                    with flocked(exp.paths.lock):
-                        seal_round(exp.paths, settle_locked(exp.paths, exp.cfg))
-            if not state.in_flight():
-                if stop.soft.is_set() or budget == 0 or time.monotonic() < idle_until:
-                    break  # stopped, budget spent, or the proposer has nothing more
-                continue
-            deadline_news = time.monotonic() + IDLE_PROPOSER_SECONDS
-            _wait_for_news(exp, state, stop, watch, deadline_news, tick)
+    run = _Run(exp, proposer, opts, say, stop, tick, state)
+    try:
+        with on_stop_signals(stop.request):
+            while not stop.hard.is_set() and run.step():
+                pass
+    finally:
+        run.close()
+    made, seen = run.made, run.seen
     state = exp.settle()
     _report(exp, state, seen, say)
     files = api.report(exp)
@@ -105,6 +84,83 @@ def run_loop(
         "stopped": stop.soft.is_set() or stop.hard.is_set(),
         "left_running": [v.id for v in state.in_flight()],
     }
+
+
+class _Run:
+    """One ``research loop``: proposals in flight, the open round, the budget."""
+
+    def __init__(
+        self,
+        exp: api.Experiment,
+        proposer: Proposer,
+        opts: LoopOptions,
+        say: Callable[[str], None],
+        stop: LoopStop,
+        tick: Callable[[State], None],
+        state: State,
+    ) -> None:
+        self.exp, self.proposer, self.opts, self.say = exp, proposer, opts, say
+        self.stop, self.tick = stop, tick
+        self.slots = executor.slot_count(exp.paths, exp.cfg)
+        self.deadline = None if opts.duration is None else time.monotonic() + opts.duration
+        self.already = _started(state)
+        self.made = 0
+        self.seen = _recorded(state)
+        self.idle_until = 0.0
+        self.watch = executor.RunnerWatch(exp.paths, exp.cfg)
+        self.pool = ThreadPoolExecutor(max(1, opts.proposers), thread_name_prefix="propose")
+        self.proposing: set[Future[Proposal | None]] = set()
+        self.round_left = 0  # rounds: proposals still to start for the open round
+        self.round_open = False  # rounds: the open round has proposals made or queued
+
+    def step(self) -> bool:
+        """Settle, queue what proposers made, ask for more, wait for news; False = done."""
+        exp, stop = self.exp, self.stop
+        state = exp.settle()
+        self.made = _started(state) - self.already  # re-based combinations count too
+        self.seen = _report(exp, state, self.seen, self.say)
+        self.tick(state)
+        _check_baseline(exp, state)
+        if _harvest(exp, self.proposer, self.proposing, self.say, queue=not stop.soft.is_set()):
+            self.idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
+        state = exp.settle()
+        self.made = _started(state) - self.already
+        budget = _budget(self.opts, self.made + len(self.proposing), self.deadline)
+        can = not stop.soft.is_set() and budget != 0 and time.monotonic() >= self.idle_until
+        self._propose(state, budget, can)
+        if not state.in_flight() and not self.proposing:
+            # stopped, budget spent, or the proposer has nothing more: the loop is over
+            return not (stop.soft.is_set() or budget == 0 or time.monotonic() < self.idle_until)
+        deadline = time.monotonic() + IDLE_PROPOSER_SECONDS
+        _wait_for_news(exp, state, stop, self.watch, deadline, self.tick, self.proposing)
+        return True
+
+    def _propose(self, state: State, budget: int | None, can: bool) -> None:
+        rounds = self.opts.mode == "rounds"
+        if rounds and can and not self.round_open and not state.in_flight():
+            self.round_left = self.slots if budget is None else min(self.slots, budget)
+            self.round_open = self.round_left > 0  # a new round: the last one is decided
+        if not can:
+            self.round_left = 0  # stopped, out of budget or ideas: the round is what it is
+        room = self.opts.proposers - len(self.proposing)
+        want = self.round_left if rounds else _wanted(self.opts, state, self.slots)
+        if not rounds:
+            want -= len(self.proposing)
+        for _ in range(max(0, min(room, want, _cap(budget))) if can else 0):
+            self.proposing.add(self.pool.submit(self.proposer.propose, state))
+            self.round_left = max(0, self.round_left - 1)
+        if self.round_open and not self.proposing and not self.round_left:
+            with flocked(self.exp.paths.lock):  # the round is complete: decide it when in
+                seal_round(self.exp.paths, settle_locked(self.exp.paths, self.exp.cfg))
+            self.round_open = False
+
+    def close(self) -> None:
+        for f in self.proposing:
+            f.cancel()
+        close = getattr(self.proposer, "close", None)
+        if close is not None:
+            close()  # e.g. stop agent processes still thinking
+        self.pool.shutdown(wait=not self.stop.hard.is_set(), cancel_futures=True)
 
 
 def _check_baseline(exp: api.Experiment, state: State) -> None:
@@ -130,21 +186,38 @@ def _budget(opts: LoopOptions, made: int, deadline: float | None) -> int | None:
     return max(0, opts.max_experiments - made)
 
 
-def _wanted(opts: LoopOptions, state: State, slots: int, budget: int | None) -> int:
-    in_flight = len(state.in_flight())
-    if opts.mode == "rounds":
-        want = 0 if in_flight else slots
-    else:
-        want = max(0, slots + opts.lookahead - in_flight)
-    return want if budget is None else min(want, budget)
+def _wanted(opts: LoopOptions, state: State, slots: int) -> int:
+    """Async: variants to have queued or running (one per GPU plus the lookahead)."""
+    return max(0, slots + opts.lookahead - len(state.in_flight()))
 
 
-def _propose_one(
-    exp: api.Experiment, proposer: Proposer, state: State, say: Callable[[str], None]
+def _cap(budget: int | None) -> int:
+    return 1 << 30 if budget is None else budget
+
+
+def _harvest(
+    exp: api.Experiment,
+    proposer: Proposer,
+    proposing: set[Future[Proposal | None]],
+    say: Callable[[str], None],
+    *,
+    queue: bool,
 ) -> bool:
-    proposal = proposer.propose(state)
-    if proposal is None:
-        return False
+    """Queue the proposals that are ready; True when a proposer had nothing to offer."""
+    empty = False
+    for future in [f for f in proposing if f.done()]:
+        proposing.discard(future)
+        proposal = future.result()  # a proposer that gives up raises here and ends the loop
+        if proposal is None:
+            empty = True
+        elif queue:
+            _queue_proposal(exp, proposer, proposal, say)
+    return empty
+
+
+def _queue_proposal(
+    exp: api.Experiment, proposer: Proposer, proposal: Proposal, say: Callable[[str], None]
+) -> None:
     try:
         data = api.try_variant(
             exp,
@@ -156,12 +229,10 @@ def _propose_one(
         )
     except ResearchError as exc:  # e.g. it conflicts with a keep made while it was proposed
         say(f"proposal not queued: {exc}")
-        return True
-    extra = (
-        f" (baseline {', '.join(data['baseline_queued'])} first)" if data["baseline_queued"] else ""
-    )
+        return
+    first = data["baseline_queued"]
+    extra = f" (baseline {', '.join(first)} first)" if first else ""
     say(f"queued {data['id']} {data['commit'][:7]}: {proposal.description}{extra}")
-    return True
 
 
 def _started(state: State) -> int:
@@ -193,13 +264,16 @@ def _wait_for_news(
     watch: executor.RunnerWatch,
     deadline: float,
     tick: Callable[[State], None],
+    proposing: set[Future[Proposal | None]],
 ) -> None:
     """Sleep until a variant in flight finishes (or a stop, or ``deadline``)."""
     flying = {v.id for v in state.in_flight()}
-    if not flying:
+    if not flying and not proposing:
         return
     looked = time.monotonic()
     while not stop.hard.is_set() and time.monotonic() < deadline:
+        if any(f.done() for f in proposing):
+            return
         if executor.finished_ids(exp.paths, exp.cfg) & flying:
             watch.progressed()
             return

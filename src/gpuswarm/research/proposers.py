@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,15 +59,19 @@ class MutateProposer:
         self.paths = paths
         self.cfg = cfg
         self.rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._offered: set[str] = set()  # digests proposed, maybe not journaled yet
 
     def propose(self, state: State) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
         tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}
         tried.add(mutate.digest(files))
-        m = mutate.propose(files, self.rng, tried)
-        if m is None:
-            return None
-        after = {**files, **m.files}
+        with self._lock:  # proposals may be made in parallel: never the same one twice
+            m = mutate.propose(files, self.rng, tried | self._offered)
+            if m is None:
+                return None
+            after = {**files, **m.files}
+            self._offered.add(mutate.digest(after))
         return Proposal(
             files={p: t.encode("utf-8", errors="surrogateescape") for p, t in m.files.items()},
             description=m.description,
@@ -92,6 +98,18 @@ class AgentProposer:
         self.opts = opts
         self.failures = 0
         self.last_error = ""
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
+        self._live: set[subprocess.Popen[bytes]] = set()
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop agents still running (the loop ends)."""
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        if live:
+            kill_tree([p.pid for p in live], 2.0)
 
     def propose(self, state: State) -> Proposal | None:
         """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
@@ -99,9 +117,13 @@ class AgentProposer:
             try:
                 proposal = self._run(state)
             except _AgentFailed as exc:
-                self.failures += 1
-                self.last_error = str(exc)
-                if self.failures >= self.opts.max_failures:
+                with self._lock:
+                    if self._closed:
+                        return None
+                    self.failures += 1
+                    self.last_error = str(exc)
+                    failures = self.failures
+                if failures >= self.opts.max_failures:
                     raise ResearchError(
                         f"the agent failed {self.failures} times in a row (last: "
                         f"{self.last_error}); fix --agent-command, then run `research loop` again"
@@ -112,7 +134,8 @@ class AgentProposer:
 
     def _run(self, state: State) -> Proposal:
         self.paths.prompts.mkdir(exist_ok=True)
-        n = len(state.variants) + 1
+        with self._lock:
+            n = next(self._numbers)
         prompt = self.paths.prompts / f"prompt-{n:04d}.md"
         prompt.write_text(self.prompt_text(state))
         with tempfile.TemporaryDirectory(prefix="gpuswarm-agent-") as tmp:
@@ -160,12 +183,17 @@ class AgentProposer:
             )
         except OSError as exc:
             raise _AgentFailed(f"cannot start the agent: {exc}") from None
+        with self._lock:
+            self._live.add(proc)
         try:
             out, _ = proc.communicate(timeout=self.opts.timeout)
         except subprocess.TimeoutExpired:
             kill_tree([proc.pid], 5.0)
             proc.communicate()
             raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
+        finally:
+            with self._lock:
+                self._live.discard(proc)
         text_out = out.decode("utf-8", errors="replace")
         if proc.returncode != 0:
             tail = text_out.strip().splitlines()[-1:] or [""]

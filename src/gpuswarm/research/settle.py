@@ -35,6 +35,7 @@ def settle(paths: ExpPaths, cfg: ExperimentConfig) -> State:
 
 def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     state = replay(paths)
+    executor.remove_cut_writes(paths, cfg)
     _follow_branch(paths, cfg, state)
     changed = False
     for v in state.in_flight():
