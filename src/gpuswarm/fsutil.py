@@ -19,6 +19,38 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+class DirSyncer:
+    """Folder fsyncs shared by concurrent callers (group commit).
+
+    ``sync(path)`` returns once an fsync of ``path`` that *started after the call* has finished;
+    callers that arrive while one runs share the next one, so N slots finishing together pay
+    for about two fsyncs, not N.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._state: dict[Path, list[int]] = {}  # path -> [requested, done, syncing]
+
+    def sync(self, path: Path) -> None:
+        with self._cond:
+            st = self._state.setdefault(path, [0, 0, 0])
+            st[0] += 1
+            mine = st[0]
+            while st[1] < mine:
+                if st[2]:
+                    self._cond.wait()
+                    continue
+                st[2], target = 1, st[0]
+                self._cond.release()
+                try:
+                    fsync_dir(path)
+                finally:
+                    self._cond.acquire()
+                    st[2] = 0
+                    self._cond.notify_all()
+                st[1] = max(st[1], target)
+
+
 def atomic_write_bytes(
     path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, sync_dir: bool = True
 ) -> None:

@@ -406,7 +406,7 @@ class Attempt:
         """Start ``spec``; a command that cannot start gives an attempt that has already ended."""
         attempt = cls(spec, spec.token or uuid.uuid4().hex, time.time())
         try:
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(spec.log_path.parent, exist_ok=True)  # noqa: PTH103 - 2 mkdirs, not 3
             log = open(spec.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps a copy
         except OSError as exc:
             return attempt._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
@@ -664,9 +664,9 @@ class Attempt:
             kind, reason = EndKind.SIGNALED, f"killed by {sig}"
         else:
             kind, reason = _exit_kind(self.spec, rc)
-        oom = detect_oom(self.spec.log_path)
         failed = kind in (EndKind.SIGNALED, EndKind.TIMEOUT) or (kind is EndKind.EXITED and rc != 0)
-        if oom and failed:
+        oom = failed and detect_oom(self.spec.log_path)  # only a failure can be an OOM
+        if oom:
             reason = f"CUDA out of memory ({reason})"
         return AttemptEnd(
             kind=kind,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.errors import QueueError
-from gpuswarm.fsutil import atomic_write_bytes, dumps_compact, fsync_dir
+from gpuswarm.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.paths import STATES, RunPaths
 
 DESCRIPTOR_VERSION = 1
@@ -138,6 +138,7 @@ class DirQueue:
         self._lock = threading.Lock()
         self._loaded = False
         self._claims = itertools.count(1)
+        self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
 
     # -- creation ------------------------------------------------------------------------------
     @staticmethod
@@ -237,7 +238,7 @@ class DirQueue:
         dst = self.paths.state_dir(state.value) / claimed.name
         os.rename(claimed.path, dst)
         if self.durable:
-            fsync_dir(dst.parent)
+            self._dir_sync.sync(dst.parent)
         claimed.path = dst
         if state is State.PENDING:
             self.push(claimed.name)

@@ -248,7 +248,7 @@ def test_reclaim_finishes_a_move_the_dead_supervisor_had_begun(
     run_dir = wait_for_run(tmp_path / "ws")
     # the dead supervisor's attempt exited 0 and its descriptor already says so
     (name,) = running_leases(run_dir)
-    assert '"state": "done"' in (run_dir / ".parallel/running" / name).read_text()
+    assert json.loads((run_dir / ".parallel/running" / name).read_text())["state"] == "done"
 
     res = cli_popen("work", run_dir, "--gpus", "sim:1", "-q").wait(60)
     par = run_dir / ".parallel"
