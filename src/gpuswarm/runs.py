@@ -289,7 +289,20 @@ def reclaim_dead(
                     ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
         if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me):
             count += 1
+    _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
     return count
+
+
+def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
+    """Temp files of descriptor writes a dead owner's crash cut short: their names carry the
+    claimed file's name, so the owner (host:pid:start) is in them; nobody else writes them."""
+    if not dead:
+        return
+    marks = tuple(f"{LEASE_SEP}{owner}{LEASE_SEP}" for owner in dead)
+    running = paths.state_dir("running")
+    for name in os.listdir(running):
+        if name.startswith(".tmp-") and any(m in name for m in marks):
+            (running / name).unlink(missing_ok=True)
 
 
 def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:

@@ -132,15 +132,6 @@ def test_resume_leaves_no_temp_file_of_a_killed_write(
     check_run(run_dir, [str(t["name"]) for t in tasks], shared=shared)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: only runs.recover (resume, check --repair) removes the temp file a SIGKILL "
-        "inside fsutil.atomic_write_bytes leaves in running/; when live supervisors finish the "
-        "run instead (gpuswarm work, runs.reclaim_dead), it stays, and `gpuswarm check` reports "
-        "the finished run inconsistent (temp-file, exit 1)"
-    ),
-)
 def test_reclaim_leaves_no_temp_file_of_a_killed_write(
     tmp_path: Path,
     shared: Path,
