@@ -163,14 +163,16 @@ def start_run(
     """Validate everything, create the run directory, and supervise it to the end."""
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
+    count = len(loaded.tasks)
     new = NewRun(
         name=loaded.name,
         workspace=loaded.workspace,
         info=run_info(loaded, gpus, slots),
-        tasks=[t.model_dump(mode="json") for t in loaded.tasks],
+        tasks=(t.model_dump(mode="json") for t in loaded.tasks),  # one at a time, never a copy
     )
     paths = create_run(new, suffix=suffix)
-    _say(output, f"run dir: {paths.root}  ({len(loaded.tasks)} tasks on {len(slots)} slots)")
+    loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
+    _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
     setup = Setup(slots, loaded.base_dir, isolate, provisions, new.info["settings"])
     return supervise(paths, setup, mode="run", output=output)

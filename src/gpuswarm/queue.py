@@ -157,10 +157,14 @@ class DirQueue:
         """
         pending = paths.state_dir("pending")
         count = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         for desc in descriptors:
             name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
-            with (pending / name).open("xb") as fh:
-                fh.write(dumps_compact(desc))
+            fd = os.open(pending / name, flags, 0o644)
+            try:
+                os.write(fd, dumps_compact(desc))  # a few hundred bytes: one write
+            finally:
+                os.close(fd)
             count += 1
         return count
 

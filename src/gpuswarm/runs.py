@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +43,7 @@ class NewRun:
     name: str
     workspace: Path
     info: dict[str, Any]  # the run.json content, secrets already redacted
-    tasks: list[dict[str, Any]]  # TaskSpec dumps, in submission order
+    tasks: Iterable[dict[str, Any]]  # TaskSpec dumps, in submission order (read once)
 
 
 def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None = None) -> RunPaths:
@@ -59,7 +59,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         DirQueue.create_layout(staging)
         staging.tasks.mkdir()
         descriptors = (new_descriptor(t, seq) for seq, t in enumerate(new.tasks))
-        DirQueue.write_pending(staging, descriptors)
+        count = DirQueue.write_pending(staging, descriptors)
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
@@ -71,7 +71,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         raise
     paths = RunPaths(final)
     ledger = Ledger(paths.events)
-    ledger.emit(Ev.RUN_CREATED, tasks=len(new.tasks), name=new.name, version=__version__)
+    ledger.emit(Ev.RUN_CREATED, tasks=count, name=new.name, version=__version__)
     ledger.close()
     return paths
 
