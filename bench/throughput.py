@@ -1,76 +1,150 @@
-"""Throughput of no-op tasks: gpuswarm (durable queue, fsync on) beside xargs -P and GNU parallel.
+"""1. Throughput: N no-op tasks on 8 GPU slots, gpuswarm (durable queue, fsync on) beside peers.
 
-    python bench/throughput.py [--tasks 2000] [--gpus 8]
+Every tool gets the same command list, ``cmds.txt`` (the line ``true``, N times), and runs it the
+way it naturally does; each is timed end to end (wall clock of the whole command), 3 times, and
+the median is kept:
 
-Prints one table with tasks/s and the ratio of gpuswarm to each peer. Peers that are not
-installed are skipped (GNU parallel: `apt-get install parallel`).
+- gpuswarm: ``python -m gpuswarm run -q --no-report --gpus sim:8 --workspace W cmds.txt``
+  (each line split with shlex and exec'd, no shell; a durable run folder per run)
+- xargs (the process-spawn floor; no GPU assignment, no durability):
+  ``xargs -d '\\n' -P 8 -I{} sh -c {} < cmds.txt``
+- GNU parallel with the usual GPU recipe:
+  ``parallel -j 8 'CUDA_VISIBLE_DEVICES=$(({%}-1)) eval {}' < cmds.txt``
+- simple_gpu_scheduler (non-durable per-GPU queue; ``sh -c`` per line):
+  ``simple_gpu_scheduler --gpus 0 1 2 3 4 5 6 7 < cmds.txt``
+- Ray (optional): ``num_gpus=1`` tasks on 8 declared GPUs, each ``subprocess.run(line,
+  shell=True)``; timed from submission to the last result, ``ray.init`` excluded
+  (``bench/ray_peer.py``).
+
+gpuswarm's in-run rate (first ``started`` to last ``finished`` event) is reported beside its
+wall-clock rate: the difference is interpreter start, run creation and the end-of-run outputs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
+from common import (
+    GPUSWARM,
+    Config,
+    Row,
+    failed,
+    have_parallel,
+    have_ray,
+    have_sgs,
+    median,
+    ratio_text,
+    read_events,
+    say,
+    skipped,
+    the_run,
+    timed,
+)
+from ray_peer import call_ray
 
-def timed(argv: list[str], stdin: str | None = None, cwd: Path | None = None) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        argv,
-        input=stdin,
-        text=True,
-        check=True,
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - start
-
-
-def gpuswarm(n: int, gpus: int, work: Path) -> float:
-    (work / "cmds.txt").write_text("true\n" * n)
-    argv = [
-        sys.executable,
-        "-m",
-        "gpuswarm",
-        "run",
-        "-q",
-        "--gpus",
-        f"sim:{gpus}",
-        "--workspace",
-        str(work / "runs"),
-        str(work / "cmds.txt"),
-    ]
-    elapsed = timed(argv)
-    (run,) = (work / "runs" / "cmds").glob("run_*")
-    assert json.loads((run / "summary.json").read_text())["counts"]["done"] == n
-    return elapsed
+BENCH = "1 throughput"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tasks", type=int, default=2000)
-    parser.add_argument("--gpus", type=int, default=8)
-    args = parser.parse_args()
-    n, g = args.tasks, args.gpus
-    rows: list[tuple[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        rows.append(("gpuswarm (durable)", n / gpuswarm(n, g, Path(tmp))))
-    rows.append(("xargs -P", n / timed(["xargs", "-P", str(g), "-n", "1", "true"], "x\n" * n)))
-    if shutil.which("parallel"):
-        recipe = ["parallel", "-j", str(g), "CUDA_VISIBLE_DEVICES=$(({%}-1)) true", ":::"]
-        rows.append(("GNU parallel", n / timed([*recipe, *map(str, range(n))])))
-    ours = rows[0][1]
-    print(f"{n} no-op tasks on {g} (simulated) GPUs")
-    print(f"{'runner':<22}{'tasks/s':>10}{'gpuswarm / runner':>20}")
-    for name, rate in rows:
-        print(f"{name:<22}{rate:>10.0f}{ours / rate:>20.2f}")
+def gpuswarm_once(cmds: Path, slots: int, work: Path) -> tuple[float, float]:
+    """(wall seconds, in-run seconds) of one durable gpuswarm run over ``cmds``."""
+    ws = work / "ws"
+    shutil.rmtree(ws, ignore_errors=True)
+    argv = [*GPUSWARM, "run", "-q", "--no-report", "--gpus", f"sim:{slots}"]
+    wall = timed([*argv, "--workspace", str(ws), str(cmds)])
+    run = the_run(ws)
+    if run is None:
+        raise RuntimeError(f"no run folder under {ws}")
+    n = sum(1 for line in cmds.read_text().splitlines() if line.strip())
+    done = json.loads((run / "summary.json").read_text())["counts"]["done"]
+    if done != n:
+        raise RuntimeError(f"gpuswarm finished {done} of {n} tasks")
+    starts, ends = [], []
+    for ev in read_events(run / "events.jsonl"):
+        if ev.get("ev") == "started":
+            starts.append(float(ev["ts"]))
+        elif ev.get("ev") == "finished":
+            ends.append(float(ev["ts"]))
+    shutil.rmtree(ws, ignore_errors=True)
+    return wall, max(ends) - min(starts)
 
 
-if __name__ == "__main__":
-    main()
+def run(cfg: Config) -> list[Row]:
+    n, g = cfg.throughput_tasks, cfg.throughput_slots
+    work = cfg.work / "throughput"
+    work.mkdir(parents=True, exist_ok=True)
+    cmds = work / "cmds.txt"
+    cmds.write_text("true\n" * n)
+    metric = f"{n} x `true` on {g} slots, tasks/s (wall, median of {cfg.repeats})"
+    peers = {
+        "xargs": (True, f"xargs -d '\\n' -P {g} -I{{}} sh -c {{}} < cmds.txt"),
+        "GNU parallel": (
+            have_parallel(),
+            f"parallel -j {g} 'CUDA_VISIBLE_DEVICES=$(({{%}}-1)) eval {{}}' < cmds.txt",
+        ),
+        "simple_gpu_scheduler": (
+            have_sgs(),
+            f"simple_gpu_scheduler --gpus {' '.join(map(str, range(g)))} < cmds.txt",
+        ),
+    }
+    rows: list[Row] = []
+    say(f"throughput: gpuswarm, {n} tasks x {cfg.repeats}")
+    try:
+        runs = [gpuswarm_once(cmds, g, work) for _ in range(cfg.repeats)]
+        ours = n / median([w for w, _ in runs])
+        in_run = n / median([r for _, r in runs])
+        rows.append(Row(BENCH, metric, "gpuswarm", ours, "tasks/s", note="durable, fsync on"))
+        rows.append(
+            Row(
+                BENCH,
+                f"{n} x `true` on {g} slots, tasks/s in-run (first start to last finish)",
+                "gpuswarm",
+                in_run,
+                "tasks/s",
+                note="excludes start-up, run creation and end-of-run outputs",
+            )
+        )
+    except Exception as exc:
+        rows.append(failed(BENCH, metric, "gpuswarm", exc))
+        ours = 0.0
+    targets = {"GNU parallel": 3.0, "simple_gpu_scheduler": 1.0}
+    for tool, (present, shell) in peers.items():
+        if not present:
+            rows.append(skipped(BENCH, metric, tool))
+            continue
+        say(f"throughput: {tool}")
+        try:
+            rate = n / median(
+                [timed(shell, shell=True, cwd=work, timeout=900) for _ in range(cfg.repeats)]
+            )
+        except Exception as exc:
+            rows.append(failed(BENCH, metric, tool, exc))
+            continue
+        rows.append(_peer_row(metric, tool, rate, ours, targets.get(tool)))
+    rows.append(_ray_row(cfg, cmds, metric, ours))
+    return rows
+
+
+def _peer_row(metric: str, tool: str, rate: float, ours: float, want: float | None) -> Row:
+    row = Row(BENCH, metric, tool, rate, "tasks/s", ratio=ratio_text(ours, rate) if ours else "")
+    if want is not None:
+        row.target = f"gpuswarm >= {want:.1f}x"
+        row.ok = bool(ours) and ours / rate >= want
+    else:
+        row.note = "the floor: no GPU assignment, no durability"
+    return row
+
+
+def _ray_row(cfg: Config, cmds: Path, metric: str, ours: float) -> Row:
+    if not have_ray():
+        return skipped(BENCH, metric, "Ray", "skipped (not installed; bench/setup.sh --ray)")
+    say("throughput: Ray")
+    try:
+        args = ["throughput", "--cmds", str(cmds), "--gpus", str(cfg.throughput_slots)]
+        data = call_ray([*args, "--repeats", str(cfg.repeats)], timeout=900)
+    except Exception as exc:
+        return failed(BENCH, metric, "Ray", exc)
+    rate = cfg.throughput_tasks / median(data["seconds"])
+    note = f"ray.init ({data['init_s']:.1f} s) excluded; max_calls=0 (workers reused)"
+    return Row(BENCH, metric, "Ray", rate, "tasks/s", ratio=ratio_text(ours, rate), note=note)

@@ -274,7 +274,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--mode", type=click.Choice(["async", "rounds"]), default="async", show_default=True)
 @click.option("--max-experiments", type=int, help="stop after starting this many variants")
 @click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
-@click.option("--lookahead", default=1, show_default=True, help="async: variants queued ahead")
+@click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
 @click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
 @click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
@@ -306,7 +306,7 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         mode=kw["mode"],
         max_experiments=kw["max_experiments"],
         duration=_duration("--for", kw["duration"]),
-        lookahead=max(0, kw["lookahead"]),
+        lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
         proposers=max(1, kw["proposers"]),
     )
     if as_json:

@@ -36,7 +36,7 @@ class LoopOptions:
     mode: str = "async"  # async | rounds
     max_experiments: int | None = None
     duration: float | None = None  # seconds
-    lookahead: int = 1  # async: variants queued beyond one per GPU
+    lookahead: int | None = None  # async: variants queued beyond one per GPU (None: proposers)
     proposers: int = 1  # proposals made at the same time (e.g. several LLM agents)
 
 
@@ -188,7 +188,8 @@ def _budget(opts: LoopOptions, made: int, deadline: float | None) -> int | None:
 
 def _wanted(opts: LoopOptions, state: State, slots: int) -> int:
     """Async: variants to have queued or running (one per GPU plus the lookahead)."""
-    return max(0, slots + opts.lookahead - len(state.in_flight()))
+    ahead = opts.proposers if opts.lookahead is None else opts.lookahead
+    return max(0, slots + ahead - len(state.in_flight()))
 
 
 def _cap(budget: int | None) -> int:

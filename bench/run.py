@@ -1,0 +1,106 @@
+"""gpuswarm's performance benchmarks, each beside its peers, in one run.
+
+    bash bench/setup.sh && python bench/run.py          # full run (about 10 minutes on 2 cores)
+    python bench/run.py --quick                         # smoke run (about 2 minutes)
+    python bench/run.py --only throughput,idle_gap      # some of them
+    python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's table
+
+Benchmarks: throughput, scale, idle_gap, cpu, research (see each module's docstring for what is
+measured and how). Prints one table and writes ``<out>/latest.json`` and ``<out>/latest.md``
+(the markdown BENCHMARKS.md embeds). Peers that are not installed are reported as skipped.
+No timing here is a test: nothing fails the command but a crash of the harness itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cpu
+import latency
+import report
+import research_util
+import scale
+import throughput
+from common import REPO, Config, Row, failed, say
+from machine import describe
+
+BENCHES: dict[str, Callable[[Config], list[Row]]] = {
+    "throughput": throughput.run,
+    "scale": scale.run,
+    "idle_gap": latency.run,
+    "cpu": cpu.run,
+    "research": research_util.run,
+}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes: a 1-2 minute smoke run")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHES)}")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--tmp", type=Path, help="scratch folder parent (default: system temp)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument(
+        "--update-doc", action="store_true", help="replace the results table in BENCHMARKS.md"
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in (args.only or ",".join(BENCHES)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; pick from {', '.join(BENCHES)}")
+    args.names = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    command = "python bench/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    work = Path(tempfile.mkdtemp(prefix="gpuswarm-bench-", dir=args.tmp))
+    cfg = Config.make(args.quick, work)
+    machine = describe(work)
+    say(f"scratch folder {work}; load average {machine['load average at start (1, 5, 15 min)']}")
+    started = time.time()
+    rows: list[Row] = []
+    info: dict[str, Any] = {"command": command.strip(), "quick": args.quick}
+    md_path = args.out / "latest.md"
+    try:
+        for name in args.names:
+            t0 = time.perf_counter()
+            try:
+                rows += BENCHES[name](cfg)
+            except Exception as exc:  # a harness bug in one benchmark must not lose the others
+                rows.append(failed(name, "the whole benchmark", "harness", exc))
+            say(f"{name}: {time.perf_counter() - t0:.0f} s")
+            info.update(
+                date=time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+                minutes=(time.time() - started) / 60,
+                load_at_end=", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            )
+            md_path = report.write(args.out, rows, machine, info)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    report.print_table(rows)
+    print(f"wrote {md_path} and {md_path.with_suffix('.json')}")
+    if args.update_doc:
+        doc = REPO / "BENCHMARKS.md"
+        if report.update_doc(doc, md_path.read_text()):
+            print(f"updated {doc}")
+        else:
+            print(f"{doc}: no results markers found; paste {md_path} by hand", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
