@@ -7,7 +7,6 @@ one process, one after the other, and renders the rows (``report.py``).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import shutil
@@ -17,13 +16,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from gpuswarm.ledger import EventTail, read_events  # noqa: F401 - re-exported
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -237,44 +238,6 @@ def the_run(workspace: Path) -> Path | None:
     """The one run folder under ``workspace`` (``<workspace>/<name>/run_*``), if it exists."""
     runs = [p for p in workspace.glob("*/run_*") if p.is_dir()]
     return runs[0] if len(runs) == 1 else None
-
-
-def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open("rb") as fh:
-        for raw in fh:
-            if raw.endswith(b"\n"):
-                try:
-                    yield json.loads(raw)
-                except ValueError:
-                    continue
-
-
-class EventFollower:
-    """Reads the lines appended to a journal since the last look (no rescans)."""
-
-    def __init__(self, path: Path, start: int = 0) -> None:
-        self.path = path
-        self.offset = start
-        self._partial = b""
-
-    def new(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        out = []
-        for raw in lines:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-        return out
 
 
 # -- statistics --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any
 from common import (
     GPUSWARM,
     Config,
-    EventFollower,
+    EventTail,
     PeakRss,
     Row,
     env_for_bench,
@@ -199,11 +199,11 @@ def _launch(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _first_started(follower: EventFollower, proc: subprocess.Popen[bytes], timeout: float) -> float:
+def _first_started(follower: EventTail, proc: subprocess.Popen[bytes], timeout: float) -> float:
     """The timestamp of the next ``started`` event; raises if the process ends first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for ev in follower.new():
+        for ev in follower.poll():
             if ev.get("ev") == "started":
                 return float(ev["ts"])
         if proc.poll() is not None:
@@ -227,13 +227,13 @@ def _big_cli_run(work: Path, n: int, ran: int) -> dict[str, Any]:
             run_dir = the_run(ws)
             if run_dir is None:
                 raise RuntimeError(f"gpuswarm exited {proc.returncode} without a run folder")
-            follower = EventFollower(run_dir / "events.jsonl")
+            follower = EventTail(run_dir / "events.jsonl", from_end=False)
             first = _first_started(follower, proc, 300) - launched
             peak_start = rss.peak
             finished = 0
             deadline = time.monotonic() + 600
             while finished < ran and proc.poll() is None and time.monotonic() < deadline:
-                finished += sum(1 for ev in follower.new() if ev.get("ev") == "finished")
+                finished += sum(1 for ev in follower.poll() if ev.get("ev") == "finished")
                 time.sleep(0.05)
             peak_before, running = rss.peak, rss.current
             t0 = time.perf_counter()
@@ -254,7 +254,7 @@ def _big_cli_run(work: Path, n: int, ran: int) -> dict[str, Any]:
 
 def _resume(run_dir: Path, work: Path) -> float:
     events = run_dir / "events.jsonl"
-    follower = EventFollower(events, start=events.stat().st_size)
+    follower = EventTail(events, from_end=True)
     os.sync()
     launched = time.time()
     proc = _launch([*GPUSWARM, "resume", str(run_dir), "-q", "--no-report"], work / "resume.log")

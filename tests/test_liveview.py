@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuswarm.liveview import EventTail, LiveView, SlotRow, ViewState, is_terminal
+from gpuswarm.ledger import EventTail
+from gpuswarm.liveview import LiveView, SlotRow, ViewState, is_terminal
 
 
 def _view(tmp_path: Path) -> tuple[ViewState, LiveView]:

@@ -110,3 +110,30 @@ def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+class EventTail:
+    """New complete lines of a journal since the last call (reads only what was appended)."""
+
+    def __init__(self, path: Path, *, from_end: bool = True) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self._partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # a line still being written
+        out = []
+        for raw in lines:
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+        return out

@@ -268,34 +268,6 @@ def is_terminal(stream: Any) -> bool:
 
 
 # -- following a run from another process (``gpuswarm watch``) --------------------------------
-class EventTail:
-    """New complete lines of events.jsonl since the last call (reads only what was appended)."""
-
-    def __init__(self, path: Path, *, from_end: bool = True) -> None:
-        self.path = path
-        self.offset = path.stat().st_size if from_end and path.exists() else 0
-        self._partial = b""
-
-    def poll(self) -> list[dict[str, Any]]:
-        import json
-
-        try:
-            with self.path.open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        out = []
-        for raw in lines:
-            with contextlib.suppress(ValueError):
-                out.append(json.loads(raw))
-        return out
-
-
 def initial_state(paths: RunPaths) -> ViewState:
     """Counts and running slots from one look at the queue (only when a watch starts)."""
     from gpuswarm.leases import slot_label

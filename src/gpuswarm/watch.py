@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuswarm.leases import is_live
+from gpuswarm.ledger import EventTail
 from gpuswarm.live import PlainReporter
-from gpuswarm.liveview import EventTail, LiveView, initial_state, is_terminal, shown
+from gpuswarm.liveview import LiveView, initial_state, is_terminal, shown
 from gpuswarm.queue import State
 from gpuswarm.runs import open_run
 

@@ -151,9 +151,7 @@ def task_for(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> TaskSpec:
 
 
 def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
-    """Export the variant and put its task in pending/ (durably); idempotent per variant."""
-    if where(paths, cfg, v.id) is not None:
-        return
+    """Export a variant that has no task yet and put its task in pending/ (durably)."""
     export(paths, cfg, v)
     changed = _protected_changes(paths, cfg, v)  # checked before the run, and after it
     if changed:
@@ -176,14 +174,15 @@ def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
     return len(cut)
 
 
-def where(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str) -> tuple[State, str] | None:
-    """The state folder and file name of a variant's task, None when it was never queued."""
+def tasks(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, tuple[State, str]]:
+    """Variant id -> the state folder and file name of its task (one look at each folder)."""
     run = run_paths(paths, cfg)
-    for state in (State.DONE, State.FAILED, State.RUNNING, State.PENDING):
+    out: dict[str, tuple[State, str]] = {}
+    for state in (State.PENDING, State.RUNNING, State.FAILED, State.DONE):
         for name in os.listdir(run.state_dir(state.value)):
-            if not name.startswith(".") and task_id_of(base_name(name)) == variant_id:
-                return state, name
-    return None
+            if not name.startswith("."):
+                out[task_id_of(base_name(name))] = (state, name)
+    return out
 
 
 def finished_ids(paths: ExpPaths, cfg: ExperimentConfig) -> set[str]:
@@ -224,12 +223,13 @@ def summary_fields(log: Path, max_bytes: int = 65536) -> dict[str, float]:
     return out
 
 
-def outcome(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> dict[str, Any] | None:
-    """What a variant's finished task produced, or None while it has not finished."""
-    found = where(paths, cfg, v.id)
-    if found is None or found[0] not in (State.DONE, State.FAILED):
-        return None
+def outcome(
+    paths: ExpPaths, cfg: ExperimentConfig, v: Variant, found: tuple[State, str]
+) -> dict[str, Any] | None:
+    """What a variant's task (``found`` by :func:`tasks`) produced; None while unfinished."""
     state, name = found
+    if state not in (State.DONE, State.FAILED):
+        return None
     run = run_paths(paths, cfg)
     data = DirQueue(run).read(state, name) or {"attempts": []}
     attempts = [a for a in data.get("attempts", []) if not a.get("interrupted")]

@@ -37,23 +37,24 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     state = replay(paths)
     executor.remove_cut_writes(paths, cfg)
     _follow_branch(paths, cfg, state)
-    changed = False
+    queued = executor.tasks(paths, cfg) if state.in_flight() else {}
     for v in state.in_flight():
-        out = executor.outcome(paths, cfg, v)
-        if out is None:
+        found = queued.get(v.id)
+        if found is None:
             executor.enqueue(paths, cfg, v)  # journaled, but a crash came before it was queued
+            continue
+        out = executor.outcome(paths, cfg, v, found)
+        if out is None:
             continue
         if v.kind != "baseline":
             out["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
         v.finished = append(paths, "finished", id=v.id, **out)
-        changed = True
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
-        changed = True
     _remove_exports(paths, state)
-    if changed or not paths.results_tsv.exists():
-        write_tsv(paths, cfg, state)
+    if not paths.results_tsv.exists():
+        write_tsv(paths, cfg, state)  # every decision rewrites it; this is for a fresh start
     return state
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.liveview import EventTail, LiveView, clock, initial_state, shown
+from gpuswarm.ledger import EventTail
+from gpuswarm.liveview import LiveView, clock, initial_state, shown
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State
 from gpuswarm.research.loop import LoopOptions, run_loop
