@@ -172,3 +172,34 @@ def test_recover_finishes_a_move_cut_short_and_numbers_lost_attempts(tmp_path: P
             "reason": "its supervisor died (host:1:2)",
         }
     ]
+
+
+def test_recover_keeps_a_temp_file_whose_writer_is_alive(tmp_path: Path) -> None:
+    """A process adding tasks to a run it does not lock (``research try`` beside its runner)
+    may be between its write and its rename while a runner starts and recovers the run: its
+    temp file is a write in progress and must survive; a dead writer's file is removed."""
+    import subprocess
+    import sys
+
+    from gpuswarm.runs import recover, temp_files
+
+    paths = _run(tmp_path, [{"id": "t0", "priority": 0}])
+    pending = paths.state_dir("pending")
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        live = pending / f".tmp-0000_t9.json.{writer.pid}.140001"
+        cut = pending / f".tmp-0000_t8.json.{dead.pid}.140002"
+        odd = pending / ".tmp-unnamed"
+        for path in (live, cut, odd):
+            path.write_bytes(b"{")
+        assert sorted(p.name for p in temp_files(paths)) == sorted([cut.name, odd.name])
+        ledger = Ledger(paths.events)
+        moved = recover(DirQueue(paths, durable=False), ledger, retry_failed=True, grace=0.1)
+        ledger.close()
+        assert moved["temp_files"] == 2
+        assert live.exists() and not cut.exists() and not odd.exists()
+    finally:
+        writer.kill()
+        writer.wait()

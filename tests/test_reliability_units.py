@@ -95,7 +95,7 @@ def test_check_finds_and_repairs(tmp_path: Path) -> None:
     dead_here = owner_id().rsplit(":", 2)[0] + ":999999:1"
     names = started(paths, q, dead_here, 2)
     # a stale temp file, and a duplicate of t1 left in pending/
-    (paths.state_dir("pending") / ".tmp-x.json.1.2").write_text("{")
+    (paths.state_dir("pending") / ".tmp-x.json.999999999.2").write_text("{")  # dead writer
     (paths.state_dir("pending") / names[1]).write_text(
         (next(paths.state_dir("running").glob(names[1] + "@*"))).read_text()
     )

@@ -79,6 +79,26 @@ def atomic_write_bytes(
         fsync_dir(path.parent)
 
 
+def temp_writer_alive(name: str) -> bool:
+    """Whether the process that is writing temp file ``name`` (``.tmp-<file>.<pid>.<thread>``,
+    as atomic_write_bytes names them) still runs on this host: then the file is a write in
+    progress, not one a crash cut short. Another process's pid that was reused keeps a dead
+    write's file a while longer, which is harmless (scans skip dot files)."""
+    parts = name.rsplit(".", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def dumps(obj: Any) -> bytes:
     """Indented JSON, for files people read (run.json, summary.json)."""
     return json.dumps(obj, indent=1, sort_keys=False, default=str).encode() + b"\n"

@@ -19,7 +19,7 @@ import psutil
 
 from gpuswarm import __version__
 from gpuswarm.errors import QueueError, RunDirError
-from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json
+from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
 from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
@@ -155,12 +155,17 @@ def recover(
 
 
 def temp_files(paths: RunPaths) -> list[Path]:
-    """Temp files in the state folders: writes a crash cut short (descriptors stay intact)."""
+    """Temp files in the state folders that a crash cut short (descriptors stay intact).
+
+    A temp file whose writer is still alive is a write in progress, not a leftover: a process
+    that adds tasks to a run it does not lock (``research try`` beside its runner) may be
+    between its write and its rename, and removing the file would fail that rename.
+    """
     return [
         paths.state_dir(state) / name
         for state in STATES
         for name in os.listdir(paths.state_dir(state))
-        if name.startswith((".tmp-", ".retry-"))
+        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
     ]
 
 

@@ -29,7 +29,7 @@ from gpuswarm import __version__
 from gpuswarm.config import TaskSpec
 from gpuswarm.engine import Output, setup_from_info, supervise
 from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import atomic_write_json
+from gpuswarm.fsutil import atomic_write_json, temp_writer_alive
 from gpuswarm.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.leases import slot_label
 from gpuswarm.logs import log_tail
@@ -165,10 +165,14 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
 
 
 def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
-    """Temp files in the queue's pending/ (only ``enqueue`` writes there, under the experiment
-    lock the caller holds): each is a write a crash cut short. Returns how many went."""
+    """Temp files in the queue's pending/ whose writer is dead: writes a crash cut short (the
+    runner may be re-queueing an attempt right now). Returns how many went."""
     pending = run_paths(paths, cfg).state_dir("pending")
-    cut = [pending / n for n in os.listdir(pending) if n.startswith(".tmp-")]
+    cut = [
+        pending / n
+        for n in os.listdir(pending)
+        if n.startswith(".tmp-") and not temp_writer_alive(n)
+    ]
     for path in cut:
         path.unlink(missing_ok=True)
     return len(cut)
