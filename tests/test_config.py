@@ -435,6 +435,61 @@ def test_command_list(tmp_path: Path) -> None:
     assert loaded.config.tasks[0].command == "python train.py --lr 0.1"
 
 
+@pytest.mark.parametrize("shell", [False, True])
+def test_command_list_tasks_are_what_one_model_per_line_would_be(
+    tmp_path: Path, shell: bool
+) -> None:
+    """CommandTasks keeps a template and a row per line: its dumps, its models and the run's
+    fingerprint are exactly those of one TaskSpec per line (the way lists were loaded before)."""
+    import hashlib
+    import json
+
+    from gpuswarm.config import spec_hash, task_dumps
+    from gpuswarm.config_models import to_plain
+    from gpuswarm.config_tasks import Instance, make_spec, split_command
+    from gpuswarm.yamlload import Locator
+
+    text = COMMANDS + "python a.py --name 'x y'  # tail\n" + "echo \u00e9t\u00e9 {gpu}\n" * 3
+    defaults = TaskOptions(timeout=60, env={"A": "b"}, metrics={"loss": r"loss=(\S+)"})
+    loaded = load_command_list(None, text, shell=shell, base_dir=tmp_path, defaults=defaults)
+    opts = defaults.model_copy(update={"shell": shell})
+    numbered = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1)]
+    lines = [(n, ln) for n, ln in numbered if ln and not ln.startswith("#")]
+    expected = [
+        make_spec(
+            Instance(ln[:60], {}, f"line {n}"),
+            split_command(ln, shell, Locator("<stdin>", {(): n}), (), shell_hint=""),
+            opts,
+            grace=10.0,
+            base_dir=tmp_path.resolve(),
+            task_id=f"cmd-{n:05d}",
+        )
+        for n, ln in lines
+    ]
+    assert list(task_dumps(loaded.tasks)) == [t.model_dump(mode="json") for t in expected]
+    assert list(loaded.tasks) == expected and loaded.tasks[-1] == expected[-1]
+    assert loaded.tasks[1:3] == expected[1:3]
+    old_blob = json.dumps(
+        {
+            "tasks": sorted((to_plain(t) for t in expected), key=lambda t: str(t["id"])),
+            "gpus_per_task": loaded.config.gpus_per_task,
+            "tasks_per_gpu": loaded.config.tasks_per_gpu,
+            "home": to_plain(loaded.config.home),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    assert spec_hash(loaded) == hashlib.sha256(old_blob.encode()).hexdigest()
+
+
+def test_a_long_command_list_is_summarised_in_the_config(tmp_path: Path) -> None:
+    loaded = load_command_list(None, "true\n" * 1001, base_dir=tmp_path)
+    assert len(loaded.tasks) == 1001 and loaded.tasks[1000].id == "cmd-01001"
+    (entry,) = loaded.config.tasks
+    assert entry.name.startswith("1001 commands from <stdin>")
+
+
 def test_command_list_from_stdin_text_with_shell_and_defaults(tmp_path: Path) -> None:
     defaults = TaskOptions(timeout=60, max_attempts=2, env={"A": "b"})
     loaded = load_command_list(

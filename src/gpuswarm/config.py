@@ -86,6 +86,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpuswarm.config_commands import NAME_MAX, CommandTasks, command_tasks, task_dumps, tasks_digest
 from gpuswarm.config_errors import config_error
 from gpuswarm.config_models import (
     DURATION_HELP,
@@ -99,14 +100,7 @@ from gpuswarm.config_models import (
     parse_duration,
     to_plain,
 )
-from gpuswarm.config_tasks import (
-    Instance,
-    check_template,
-    expand_entries,
-    make_spec,
-    split_command,
-    task_id_for,
-)
+from gpuswarm.config_tasks import expand_entries, task_id_for
 from gpuswarm.errors import ConfigError
 from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render
 from gpuswarm.yamlload import LineMap, Locator, load_yaml
@@ -131,11 +125,12 @@ __all__ = [
     "render_cwd",
     "render_env",
     "spec_hash",
+    "task_dumps",
     "task_id_for",
 ]
 
-NAME_MAX = 60
 SHELL = "/bin/sh"
+COMMANDS_IN_SNAPSHOT = 1000  # a longer command list is summarised in run.json's config
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class LoadedConfig:
     config: RunConfig
     path: Path | None  # None for a command list read from stdin
     base_dir: Path  # the folder relative paths are resolved against
-    tasks: list[TaskSpec]
+    tasks: list[TaskSpec] | CommandTasks  # CommandTasks: a command list, no model per line
     name: str
     workspace: Path  # absolute
 
@@ -262,22 +257,14 @@ def _command_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def _command_task(
-    number: int, line: str, opts: TaskOptions, width: int, source: str, base_dir: Path
-) -> TaskSpec:
-    where = Locator(source, {(): number})
-    check_template(line, set(PLACEHOLDERS_AT_LAUNCH), where, (), "the command")
-    command = split_command(line, opts.shell, where, (), shell_hint="pass --shell")
-    instance = Instance(line[:NAME_MAX], {}, f"line {number}")
-    task_id = f"cmd-{number:0{width}d}"
-    grace = RunConfig.model_fields["grace"].default
-    return make_spec(instance, command, opts, grace=grace, base_dir=base_dir, task_id=task_id)
-
-
 def _command_config(
     name: str, base_dir: Path, opts: TaskOptions, lines: list[tuple[int, str]], source: str
 ) -> RunConfig:
-    entries = [{"name": line[:NAME_MAX], "command": line, "shell": opts.shell} for _, line in lines]
+    if len(lines) <= COMMANDS_IN_SNAPSHOT:
+        shown = lines
+    else:  # run.json names the source; the queue holds every command
+        shown = [(0, f"{len(lines)} commands from {source}, the first: {lines[0][1]}")]
+    entries = [{"name": line[:NAME_MAX], "command": line, "shell": opts.shell} for _, line in shown]
     data = {
         "name": name,
         "workspace": str(base_dir / "runs"),
@@ -319,8 +306,8 @@ def load_command_list(
             "put one command per line"
         )
     base_dir = base_dir.expanduser().resolve()
-    width = max(5, len(str(lines[-1][0])))
-    tasks = [_command_task(n, line, opts, width, label, base_dir) for n, line in lines]
+    grace = RunConfig.model_fields["grace"].default
+    tasks = command_tasks(lines, opts, label, base_dir, grace)
     if name is not None:
         try:
             check_run_name(name)
@@ -381,11 +368,9 @@ def spec_hash(loaded: LoadedConfig) -> str:
     It leaves out what a resume may change freely: ``gpus``, ``name`` and ``workspace``.
     """
     config = loaded.config
-    return _digest(
-        {
-            "tasks": sorted((to_plain(t) for t in loaded.tasks), key=lambda t: str(t["id"])),
-            "gpus_per_task": config.gpus_per_task,
-            "tasks_per_gpu": config.tasks_per_gpu,
-            "home": to_plain(config.home),
-        }
-    )
+    layout = {
+        "gpus_per_task": config.gpus_per_task,
+        "tasks_per_gpu": config.tasks_per_gpu,
+        "home": to_plain(config.home),
+    }
+    return tasks_digest(loaded.tasks, layout)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
-from gpuswarm.config import LoadedConfig, RunConfig, spec_hash
+from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
 from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
@@ -168,7 +168,7 @@ def start_run(
         name=loaded.name,
         workspace=loaded.workspace,
         info=run_info(loaded, gpus, slots),
-        tasks=(t.model_dump(mode="json") for t in loaded.tasks),  # one at a time, never a copy
+        tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
     )
     paths = create_run(new, suffix=suffix)
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
@@ -231,17 +231,17 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
                 known[data["id"]] = (state, name)
                 max_seq = max(max_seq, int(data.get("seq", 0)))
     added = 0
-    for task in loaded.tasks:
-        dump = task.model_dump(mode="json")
-        if task.id not in known:
+    for dump in task_dumps(loaded.tasks):
+        task_id = str(dump["id"])
+        if task_id not in known:
             max_seq += 1
             desc = new_descriptor(dump, max_seq)
-            name = descriptor_name(task.priority, max_seq, task.id)
+            name = descriptor_name(int(dump.get("priority", 0)), max_seq, task_id)
             atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
             queue.push(name)
             added += 1
-        elif known[task.id][0] is State.PENDING:
-            name = known[task.id][1]
+        elif known[task_id][0] is State.PENDING:
+            name = known[task_id][1]
             desc = queue.read(State.PENDING, name) or {}
             desc["task"] = dump
             atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)

@@ -93,8 +93,10 @@ class ViewState:
         to = "pending" if state == "waiting" else state
         self._move("running", to if to in self.counts else "failed")
         row = self.slots.get(e.get("slot", ""))
-        if row is not None and row.task == e.get("task"):
-            row.task, row.done = "", row.done + 1
+        if row is not None:
+            row.done += 1
+            if row.task == e.get("task"):  # the slot may have started its next task already
+                row.task = ""
         if state == "done":
             self.finished_times.append(float(e.get("ts", time.time())))
         elif state == "failed" or e.get("retry"):

@@ -367,6 +367,17 @@ def _spawn_failure(exc: Exception, spec: LaunchSpec) -> tuple[EndKind, str]:
     return EndKind.SPAWN_ERROR, f"cannot start {name!r}: {exc}"
 
 
+def _make_log_dir(folder: Path) -> None:
+    """``<task dir>/attempt-<n>``: one mkdir per level, no lookups first (hot path)."""
+    for level in (folder.parent, folder):
+        try:
+            os.mkdir(level)  # noqa: PTH102
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            os.makedirs(level, exist_ok=True)  # noqa: PTH103 - a deeper parent is missing
+
+
 def _precheck(spec: LaunchSpec) -> str | None:
     if not spec.argv:
         return "empty command"
@@ -406,7 +417,7 @@ class Attempt:
         """Start ``spec``; a command that cannot start gives an attempt that has already ended."""
         attempt = cls(spec, spec.token or uuid.uuid4().hex, time.time())
         try:
-            os.makedirs(spec.log_path.parent, exist_ok=True)  # noqa: PTH103 - 2 mkdirs, not 3
+            _make_log_dir(spec.log_path.parent)
             log = open(spec.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps a copy
         except OSError as exc:
             return attempt._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
@@ -479,6 +490,34 @@ class Attempt:
             if self._wake is not None:
                 with contextlib.suppress(OSError):
                     os.write(self._wake[1], b"x")
+
+    @property
+    def exit_fd(self) -> int | None:
+        """A pidfd that polls readable once the main process exits (None: no pidfd here; then
+        only :meth:`wait` can tell)."""
+        return self._pidfd
+
+    @property
+    def deadline(self) -> float | None:
+        """When the timeout expires, on the ``time.monotonic`` clock."""
+        return None if self.spec.timeout is None else self._t0 + self.spec.timeout
+
+    def end_if_clean(self) -> AttemptEnd | None:
+        """The end of an attempt whose main process exited with nothing of it left, without
+        blocking; None while it runs, once it was cancelled, or when something of it is left
+        (a group member, an escapee): then :meth:`wait` (in any thread) finishes the job."""
+        if self._end is not None:
+            return self._end
+        if self._cancelled or not self._wait_lock.acquire(blocking=False):
+            return None
+        try:
+            if not self._poll_main() or self._cancelled or self._claimed() or self._group_alive():
+                return None
+            self._end = self._classify("exited")
+        finally:
+            self._wait_lock.release()
+        self._close()
+        return self._end
 
     def wait(self) -> AttemptEnd:
         """Block until the attempt ends; on return nothing of it is alive."""

@@ -1,7 +1,13 @@
-"""The supervisor: one process, one long-lived loop per GPU slot: claim -> launch -> finish.
+"""The supervisor: one process, one event loop that keeps every GPU slot busy.
 
-A slot claims the next task the moment it is free (no rounds, no waiting for the slowest). The
-first stop request (Ctrl-C / SIGTERM) is a warm shutdown: no more claims, running attempts are
+A slot claims the next task the moment it is free (no rounds, no waiting for the slowest). One
+thread (the loop) claims, launches and collects every slot's attempts: it sleeps in one ``poll()``
+on every attempt's pidfd and a wake-up pipe, so the common case (a process exits, nothing of it is
+left) costs no thread switch. An attempt that needs time (its timeout expires, a stop cancels it,
+something of it outlives its main process, or no pidfd is available) is handed to a waiter thread
+that runs the blocking path (TERM, grace, KILL, leftovers) and hands the slot back.
+
+The first stop request (Ctrl-C / SIGTERM) is a warm shutdown: no more claims, running attempts are
 stopped (SIGTERM, grace, SIGKILL) and handed back to pending/ as interrupted, not as failed
 attempts. The second is cold: everything is SIGKILLed at once, then handed back the same way.
 """
@@ -11,31 +17,33 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import queue as threadq
+import select
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
-from gpuswarm.gpus import Slot, isolation_env
+from gpuswarm.attempt_plan import (
+    Outcome,
+    judge,
+    launch_spec_for,
+    record_of,
+    slot_base_env,
+    values_for,
+)
+from gpuswarm.config import TaskSpec
+from gpuswarm.gpus import Slot
 from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.logs import cap_log
-from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
 from gpuswarm.paths import RunPaths
-from gpuswarm.process import (
-    Attempt,
-    AttemptEnd,
-    EndKind,
-    LaunchSpec,
-    become_subreaper,
-    sweep_orphans,
-)
+from gpuswarm.process import Attempt, AttemptEnd, EndKind, become_subreaper, sweep_orphans
 from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of, task_id_of
 from gpuswarm.runs import reclaim_dead
 from gpuswarm.sandbox import Provision, prepare_home
@@ -45,6 +53,7 @@ IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisor
 MAX_BACKOFF_SECONDS = 600.0
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
+COMMITTERS = 4  # threads that commit outcomes (their fsyncs overlap; the loop never waits)
 
 
 @dataclass(frozen=True)
@@ -65,21 +74,22 @@ class SupervisorConfig:
 
 @dataclass
 class LiveAttempt:
+    """An attempt between its launch and its outcome (what the keeper and views look at)."""
+
     slot: Slot
     task_id: str
     name: str
     attempt: int
     started: float
     handle: Attempt
+    claimed: Claimed | None = None
+    task: TaskSpec | None = None
+    gpu_ids: tuple[int, ...] = ()
+    values: dict[str, str] | None = None
+    fd: int | None = None  # the pidfd the loop polls (the attempt closes it once it ends)
 
 
-@dataclass
-class Outcome:
-    """What one attempt led to."""
-
-    state: State
-    reason: str
-    record: dict[str, Any] = field(default_factory=dict)
+Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool]  # slow: from a waiter
 
 
 class Supervisor:
@@ -90,9 +100,8 @@ class Supervisor:
         self.cfg = cfg
         self.stopping = threading.Event()
         self.cold = False
-        self._cond = threading.Condition()
-        self._in_flight = 0
-        self._generation = 0
+        self._lock = threading.Lock()
+        self._generation = 0  # bumped when tasks may have come back to pending/
         self.live: dict[int, LiveAttempt] = {}
         self.errors: list[BaseException] = []
         self.quarantined: list[dict[str, Any]] = []
@@ -102,6 +111,20 @@ class Supervisor:
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
+        self._wake_r, self._wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w):
+            os.set_blocking(fd, False)
+        self._returns: threadq.SimpleQueue[Returned] = threadq.SimpleQueue()
+        self._waiters: list[threading.Thread] = []
+        self._by_fd: dict[int, LiveAttempt] = {}  # attempts the loop itself watches
+        self._slow = 0  # attempts in waiter threads
+        self._poller = select.poll()
+        self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
+        self._histories: dict[int, deque[AttemptEnd]] = {}
+        self._commit_queue: threadq.SimpleQueue[tuple[LiveAttempt, AttemptEnd] | None] = (
+            threadq.SimpleQueue()
+        )
+        self._commits = 0  # outcomes queued or being committed
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -109,17 +132,21 @@ class Supervisor:
         become_subreaper()
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
-        threads = [
-            threading.Thread(target=self._slot_main, args=(s,), name=f"slot-{s.label}", daemon=True)
-            for s in self.cfg.slots
-        ]
+        loop = threading.Thread(target=self._loop_main, name="slots", daemon=True)
         keeper = threading.Thread(target=self._keep, name="keeper", daemon=True)
-        keeper.start()
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)  # wakes for signal handlers in the main thread
+        committers = [
+            threading.Thread(target=self._committer, name=f"commit-{i}", daemon=True)
+            for i in range(COMMITTERS)
+        ]
+        for thread in (keeper, *committers, loop):
+            thread.start()
+        while loop.is_alive():
+            loop.join(0.5)  # wakes for signal handlers in the main thread
+        for _ in committers:
+            self._commit_queue.put(None)
+        for thread in committers:
+            while thread.is_alive():
+                thread.join(0.5)
         self._done_keeping.set()
         keeper.join()
         if self._reclaimer is not None:
@@ -132,6 +159,8 @@ class Supervisor:
         self.ledger.sync()
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         if self.errors:
             raise self.errors[0]
 
@@ -143,8 +172,18 @@ class Supervisor:
         self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
         for live in list(self.live.values()):
             live.handle.cancel(hard=self.cold)
-        with self._cond:
-            self._cond.notify_all()
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        """Make the loop look again (safe from signal handlers and any thread)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    def _more_work(self) -> None:
+        """Tasks may have come back to pending/ (a retry, a reclaim): claim again."""
+        with self._lock:
+            self._generation += 1
+        self._wakeup()
 
     def _keep(self) -> None:
         """Cap logs, release due retries; heartbeat and reclaim less often.
@@ -190,85 +229,183 @@ class Supervisor:
     def _reclaim(self) -> None:
         owner = self.cfg.owner
         if reclaim_dead(self.queue, self.ledger, owner, lease_ttl=self.cfg.lease_ttl):
-            with self._cond:
-                self._generation += 1
-                self._cond.notify_all()
+            self._more_work()
 
     def _release_delayed(self, *, everything: bool) -> None:
         """Move retries whose backoff is over (or all of them, on stop) back to pending/."""
         now = time.time()
         while True:
-            with self._cond:
+            with self._lock:
                 if not self._delayed or (not everything and self._delayed[0][0] > now):
                     return
                 _, _, claimed = heapq.heappop(self._delayed)
             claimed.data.pop("retry_at", None)
             self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
-            self._release(requeued=True)
+            self._more_work()
 
     def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
         return lambda: self.ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
-    # -- one slot --------------------------------------------------------------------------------
-    def _slot_main(self, slot: Slot) -> None:
-        history: deque[AttemptEnd] = deque(maxlen=max(1, self.cfg.breaker_failures))
+    # -- the loop --------------------------------------------------------------------------------
+    def _loop_main(self) -> None:
         try:
-            home_env = self._prepare_home(slot)
-            while not self.stopping.is_set():
-                claimed, generation = self._claim(slot)
-                if claimed is None:
-                    if self._wait_for_work(generation):
-                        continue
-                    return
-                try:
-                    end = self._run_claimed(slot, claimed, home_env)
-                finally:
-                    self._release()
-                if end is not None and self._trips(history, end):
-                    self._quarantine(slot, history)
-                    return
+            self._loop()
         except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
             self.errors.append(exc)
             self.request_stop()
+            with contextlib.suppress(BaseException):
+                self._drain()
 
-    def _claim(self, slot: Slot) -> tuple[Claimed | None, int]:
-        with self._cond:
-            self._in_flight += 1  # before the claim, so idle slots never quit while we may requeue
-            generation = self._generation
-        claimed = self.queue.claim(self.cfg.owner, slot.index)
-        if claimed is None:
-            self._release(requeued=False, busy=False)
-        return claimed, generation
+    def _loop(self) -> None:
+        self._poller.register(self._wake_r, select.POLLIN)
+        free: deque[Slot] = deque()
+        for slot in self.cfg.slots:
+            self._homes[slot.index] = slot_base_env(self._prepare_home(slot))
+            self._histories[slot.index] = deque(maxlen=max(1, self.cfg.breaker_failures))
+            free.append(slot)
+        seen = -1
+        while True:
+            self._collect_returns(free)
+            if self.stopping.is_set():
+                self._hand_all_to_waiters()
+                if self._slow == 0 and not self._committing():
+                    return
+                self._sleep(None)
+                continue
+            with self._lock:
+                generation = self._generation
+            if free and generation != seen:
+                seen = generation
+                if self._fill(free):
+                    seen = -1  # a slot got a task: the next free slot may claim at once
+                    continue
+            busy = bool(self._by_fd) or self._slow > 0 or self._committing()
+            if not busy and not self._idle_should_wait():
+                return
+            if self._sleep(self._next_timeout(busy, free)):
+                seen = -1  # a poll interval is over: look at pending/ again
 
-    def _release(self, *, requeued: bool = False, busy: bool = True) -> None:
-        with self._cond:
-            self._in_flight -= 1
-            if busy:
-                self._busy_at = time.monotonic()
-            if requeued:
+    def _fill(self, free: deque[Slot]) -> bool:
+        """Claim and launch for free slots; True when at least one got a task."""
+        got = False
+        while free and not self.stopping.is_set():
+            slot = free[0]
+            claimed = self.queue.claim(self.cfg.owner, slot.index)
+            if claimed is None:
+                return got
+            free.popleft()
+            got = True
+            self._busy_at = time.monotonic()
+            self._start(slot, claimed, free)
+        return got
+
+    def _committing(self) -> bool:
+        with self._lock:
+            return self._commits > 0
+
+    def _idle_should_wait(self) -> bool:
+        """Nothing of ours runs and nothing is claimable: wait (True) or end (False)?"""
+        with self._lock:
+            if self._delayed:
+                return True  # our retries come back to pending/ when their backoff is over
+        if self._others_running():
+            return True  # their retries land in pending/, or they die and are reclaimed
+        return time.monotonic() - self._busy_at < self.cfg.linger  # new tasks may be enqueued
+
+    def _next_timeout(self, busy: bool, free: deque[Slot]) -> float | None:
+        now = time.monotonic()
+        deadlines = [d for live in self._by_fd.values() if (d := live.handle.deadline) is not None]
+        timeout = max(0.0, min(deadlines) - now) if deadlines else None
+        if not busy:
+            with self._lock:
+                delayed = bool(self._delayed)
+            poll = None if delayed else IDLE_POLL_SECONDS
+            if not delayed and not self._others_running():
+                poll = LINGER_POLL_SECONDS
+            timeout = poll if timeout is None or poll is None else min(timeout, poll)
+        elif free and self.cfg.linger > 0:  # others are busy, but a new task must not wait
+            timeout = LINGER_POLL_SECONDS if timeout is None else min(timeout, LINGER_POLL_SECONDS)
+        return timeout
+
+    def _sleep(self, timeout: float | None) -> bool:
+        """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
+        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ready = self._poller.poll(ms)
+        for fd, _ in ready:
+            if fd == self._wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+            elif fd in self._by_fd:
+                self._exited(self._by_fd[fd])
+        now = time.monotonic()
+        for live in list(self._by_fd.values()):
+            deadline = live.handle.deadline
+            if deadline is not None and deadline <= now:
+                self._to_waiter(live)  # its timeout: TERM, grace, KILL take time
+        return not ready
+
+    def _exited(self, live: LiveAttempt) -> None:
+        self._unwatch(live)
+        end = live.handle.end_if_clean()
+        if end is None:
+            self._to_waiter(live)  # something of it is left (or a stop cancelled it)
+            return
+        self._returns.put(self._settle(live, end))
+
+    def _unwatch(self, live: LiveAttempt) -> None:
+        """Stop polling the attempt's pidfd (before it is closed: the number may be reused)."""
+        fd, live.fd = live.fd, None
+        if fd is not None:
+            del self._by_fd[fd]
+            self._poller.unregister(fd)
+
+    def _to_waiter(self, live: LiveAttempt) -> None:
+        """Let a thread run the blocking end of this attempt (stop, grace, leftovers)."""
+        self._unwatch(live)
+        self._slow += 1
+        waiter = threading.Thread(target=self._wait_slow, args=(live,), daemon=True)
+        self._waiters = [w for w in self._waiters if w.is_alive()]
+        self._waiters.append(waiter)
+        waiter.start()
+
+    def _wait_slow(self, live: LiveAttempt) -> None:
+        try:
+            self._returns.put(self._settle(live, live.handle.wait(), slow=True))
+        except BaseException as exc:
+            self._returns.put((live.slot, None, exc, True))
+        self._wakeup()
+
+    def _hand_all_to_waiters(self) -> None:
+        for live in list(self._by_fd.values()):
+            live.handle.cancel(hard=self.cold)
+            self._to_waiter(live)
+
+    def _drain(self) -> None:
+        """After a loop error: stop what runs and wait for it (nothing runs unsupervised)."""
+        self._hand_all_to_waiters()
+        for waiter in self._waiters:
+            waiter.join()
+
+    def _collect_returns(self, free: deque[Slot]) -> None:
+        """Slots whose attempt has an outcome: back in rotation, unless their breaker trips."""
+        while True:
+            try:
+                slot, end, exc, slow = self._returns.get_nowait()
+            except threadq.Empty:
+                return
+            self._slow -= slow
+            self._busy_at = time.monotonic()
+            if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
+                self.errors.append(exc)
+                self.request_stop()
+                continue
+            history = self._histories[slot.index]
+            if end is not None and self._trips(history, end):
+                self._quarantine(slot, history)
+                continue
+            free.append(slot)
+            with self._lock:
                 self._generation += 1
-            self._cond.notify_all()
-
-    def _wait_for_work(self, seen_generation: int) -> bool:
-        """Block while other slots run attempts that may be requeued; True = try to claim again."""
-        with self._cond:
-            while True:
-                if self.stopping.is_set():
-                    return False
-                if self._generation != seen_generation:
-                    return True
-                if self._in_flight == 0:
-                    if self._others_running():
-                        self._cond.wait(IDLE_POLL_SECONDS)  # their retries land in pending/
-                        return True
-                    if time.monotonic() - self._busy_at < self.cfg.linger:
-                        self._cond.wait(LINGER_POLL_SECONDS)  # new tasks may be enqueued
-                        return True
-                    return False
-                if self.cfg.linger > 0:  # others are busy, but a new task must not wait for them
-                    self._cond.wait(LINGER_POLL_SECONDS)
-                    return True
-                self._cond.wait()
 
     def _others_running(self) -> bool:
         """Whether other supervisors hold tasks (they may requeue them, or die and be reclaimed)."""
@@ -276,6 +413,103 @@ class Supervisor:
             (lease := lease_of(name)) is not None and lease[0] != self.cfg.owner
             for name in self.queue.names(State.RUNNING)
         )
+
+    # -- one attempt -----------------------------------------------------------------------------
+    def _start(self, slot: Slot, claimed: Claimed, free: deque[Slot]) -> None:
+        """Launch the claimed task on ``slot`` and watch it (or settle it at once)."""
+        try:
+            task = TaskSpec.model_validate(claimed.data["task"])
+        except ValidationError as exc:  # parseable JSON, but not a task we can run
+            first = str(exc).splitlines()[1:2] or ["invalid"]
+            self.queue.quarantine(claimed.path, "invalid-task")
+            self.ledger.emit(
+                Ev.CORRUPT,
+                task=task_id_of(claimed.name),
+                file=claimed.name,
+                reason=f"invalid task: {first[0]}",
+            )
+            free.appendleft(slot)
+            return
+        if self.stopping.is_set():  # a stop came between the claim and the launch
+            self._hand_back(claimed, task, None)
+            free.appendleft(slot)
+            return
+        number = len(claimed.data["attempts"]) + 1
+        gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
+        values = values_for(self.paths, task, slot, gpu_ids, number)
+        spec = launch_spec_for(
+            self.paths,
+            task,
+            slot,
+            gpu_ids,
+            number,
+            values,
+            base_env=self._homes[slot.index],
+            owner=self.cfg.owner,
+            base_dir=self.cfg.base_dir,
+        )
+        handle = Attempt.launch(spec)
+        live = LiveAttempt(
+            slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
+        )
+        self.live[slot.index] = live
+        self.ledger.emit(
+            Ev.STARTED,
+            task=task.id,
+            attempt=number,
+            slot=slot.label,
+            gpus=list(gpu_ids),
+            pid=handle.pid,
+            name=task.name,
+            timeout=task.timeout,
+        )
+        if handle.done:  # it could not start: its end is known already
+            self._returns.put(self._settle(live, handle.wait()))
+        elif self.stopping.is_set() or handle.exit_fd is None:
+            if self.stopping.is_set():
+                handle.cancel(hard=self.cold)
+            self._to_waiter(live)
+        else:
+            live.fd = handle.exit_fd
+            self._by_fd[live.fd] = live
+            self._poller.register(live.fd, select.POLLIN)
+
+    def _settle(self, live: LiveAttempt, end: AttemptEnd, slow: bool = False) -> Returned:
+        """The attempt has ended: its slot is free; its outcome is committed by a committer
+        thread (the loop never waits for a disk), or right here in a waiter thread."""
+        self.live.pop(live.slot.index, None)
+        if slow:
+            self._commit(live, end)
+        else:
+            with self._lock:
+                self._commits += 1
+            self._commit_queue.put((live, end))
+        return live.slot, end, None, slow
+
+    def _commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
+        """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
+        assert live.claimed is not None and live.task is not None and live.values is not None
+        record = record_of(end, live.slot, live.gpu_ids, live.attempt)
+        cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
+        if end.kind is EndKind.CANCELLED:
+            self._hand_back(live.claimed, live.task, record)
+            return
+        outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
+        self._finish(live.claimed, live.task, outcome)
+
+    def _committer(self) -> None:
+        """Commit outcomes the loop queued; several run, so their fsyncs overlap."""
+        while (item := self._commit_queue.get()) is not None:
+            try:
+                self._commit(*item)
+            except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
+                self.errors.append(exc)
+                self.request_stop()
+            with self._lock:
+                self._commits -= 1
+                last = self._commits == 0
+            if last:
+                self._wakeup()  # the loop may be waiting for the last commit to end the run
 
     def _trips(self, history: deque[AttemptEnd], end: AttemptEnd) -> bool:
         """Record an attempt's end; True when the slot's last N attempts all failed fast."""
@@ -302,144 +536,6 @@ class Supervisor:
             return {}
         return prepare_home(self.paths.slot_home(slot.index), self.cfg.provisions)
 
-    # -- one attempt -----------------------------------------------------------------------------
-    def _run_claimed(
-        self, slot: Slot, claimed: Claimed, home_env: dict[str, str]
-    ) -> AttemptEnd | None:
-        try:
-            task = TaskSpec.model_validate(claimed.data["task"])
-        except ValidationError as exc:  # parseable JSON, but not a task we can run
-            first = str(exc).splitlines()[1:2] or ["invalid"]
-            self.queue.quarantine(claimed.path, "invalid-task")
-            self.ledger.emit(
-                Ev.CORRUPT,
-                task=task_id_of(claimed.name),
-                file=claimed.name,
-                reason=f"invalid task: {first[0]}",
-            )
-            return None
-        number = len(claimed.data["attempts"]) + 1
-        if self.stopping.is_set():
-            self._hand_back(claimed, task, None)
-            return None
-        gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
-        values = self._values(task, slot, gpu_ids, number)
-        spec = self._launch_spec(task, slot, gpu_ids, number, values, home_env)
-        handle = Attempt.launch(spec)
-        started = time.time()
-        self.live[slot.index] = LiveAttempt(slot, task.id, task.name, number, started, handle)
-        self.ledger.emit(
-            Ev.STARTED,
-            task=task.id,
-            attempt=number,
-            slot=slot.label,
-            gpus=list(gpu_ids),
-            pid=handle.pid,
-            name=task.name,
-            timeout=task.timeout,
-        )
-        if self.stopping.is_set():
-            handle.cancel(hard=self.cold)
-        end = handle.wait()
-        del self.live[slot.index]
-        record = self._record(end, slot, gpu_ids, number)
-        cap_log(self.paths.attempt_log(task.id, number), self.cfg.max_log_bytes)
-        if end.kind is EndKind.CANCELLED:
-            self._hand_back(claimed, task, record)
-            return end
-        outcome = self._judge(task, end, values, record, claimed)
-        self._finish(claimed, task, outcome)
-        return end
-
-    def _values(
-        self, task: TaskSpec, slot: Slot, gpu_ids: tuple[int, ...], n: int
-    ) -> dict[str, str]:
-        return {
-            **task.vars,
-            "workspace": str(self.paths.task_dir(task.id)),
-            "run_dir": str(self.paths.root),
-            "task_id": task.id,
-            "name": task.name,
-            "attempt": str(n),
-            "gpu_ids": ",".join(map(str, gpu_ids)),
-            "gpu": str(gpu_ids[0]) if gpu_ids else "",
-            "slot": str(slot.index),
-        }
-
-    def _launch_spec(
-        self,
-        task: TaskSpec,
-        slot: Slot,
-        gpu_ids: tuple[int, ...],
-        n: int,
-        values: dict[str, str],
-        home_env: dict[str, str],
-    ) -> LaunchSpec:
-        log = self.paths.attempt_log(task.id, n)  # Attempt.launch makes its folder
-        env = {**os.environ, **home_env}
-        env.update(render_env(task, values))
-        env.update(isolation_env(slot, gpu_ids))
-        env.update(
-            GPUSWARM_RUN_DIR=str(self.paths.root),
-            GPUSWARM_TASK_ID=task.id,
-            GPUSWARM_TASK_NAME=task.name,
-            GPUSWARM_TASK_WORKSPACE=values["workspace"],
-            GPUSWARM_ATTEMPT=str(n),
-            GPUSWARM_OWNER=self.cfg.owner,
-        )
-        if "task_dir" in task.vars:
-            env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
-        cwd = render_cwd(task, values, self.cfg.base_dir)
-        return LaunchSpec(
-            argv=render_command(task, values),
-            env=env,
-            cwd=cwd,
-            log_path=log,
-            timeout=task.timeout,
-            grace=task.grace,
-            token=f"{self.paths.root.name}/{task.id}/{n}",
-        )
-
-    @staticmethod
-    def _record(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> dict[str, Any]:
-        return {
-            "n": n,
-            "slot": slot.label,
-            "gpus": list(gpu_ids),
-            "started": round(end.started, 4),
-            "ended": round(end.ended, 4),
-            "duration": round(end.duration, 4),
-            "kind": end.kind.value,
-            "returncode": end.returncode,
-            "signal": end.signal,
-            "reason": end.reason,
-            "oom": end.oom,
-            "killed": end.killed,
-        }
-
-    def _judge(
-        self,
-        task: TaskSpec,
-        end: AttemptEnd,
-        values: dict[str, str],
-        record: dict[str, Any],
-        claimed: Claimed,
-    ) -> Outcome:
-        log = self.paths.attempt_log(task.id, record["n"])
-        record["metrics"] = parse_metrics(log, task.metrics)
-        if not end.ok:
-            return Outcome(State.FAILED, end.reason, record)
-        if task.done_when:
-            target = self.paths.task_dir(task.id) / render(task.done_when, values)
-            try:
-                result = load_result_file(target)
-            except ResultFileError as exc:
-                reason = f"exit 0 but {exc}"
-                record["reason"] = reason
-                return Outcome(State.FAILED, reason, record)
-            claimed.data["result"] = flatten(result)
-        return Outcome(State.DONE, end.reason, record)
-
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         data = claimed.data
         data["attempts"].append(outcome.record)
@@ -450,8 +546,7 @@ class Supervisor:
         if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
             data["retry_at"] = round(time.time() + delay, 3)
             self.queue.save(claimed)
-            with self._cond:
-                self._in_flight += 1  # idle slots must not quit while a retry waits
+            with self._lock:  # the loop does not end while a retry waits
                 self._delay_seq += 1
                 heapq.heappush(self._delayed, (data["retry_at"], self._delay_seq, claimed))
         rec = outcome.record
@@ -475,9 +570,7 @@ class Supervisor:
         else:
             self.queue.move(claimed, State.PENDING if retry else state, announce)
         if retry and delay <= 0:
-            with self._cond:
-                self._generation += 1
-                self._cond.notify_all()
+            self._more_work()
 
     def _backoff(self, used: int) -> float:
         base = self.cfg.retry_backoff
