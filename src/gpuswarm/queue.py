@@ -139,6 +139,7 @@ class DirQueue:
         self._loaded = False
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
+        self._local = threading.local()  # .dirs: folders whose fsync a batch defers
 
     # -- creation ------------------------------------------------------------------------------
     @staticmethod
@@ -155,17 +156,20 @@ class DirQueue:
         No per-file fsync: the caller syncs the filesystem once (:func:`sync_tree`) before it
         makes the staged run visible with a rename, so 100k tasks cost one sync, not 100k.
         """
-        pending = paths.state_dir("pending")
         count = 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        for desc in descriptors:
-            name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
-            fd = os.open(pending / name, flags, 0o644)
-            try:
-                os.write(fd, dumps_compact(desc))  # a few hundred bytes: one write
-            finally:
-                os.close(fd)
-            count += 1
+        folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for desc in descriptors:
+                name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
+                fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
+                try:
+                    os.write(fd, dumps_compact(desc))  # a few hundred bytes: one write
+                finally:
+                    os.close(fd)
+                count += 1
+        finally:
+            os.close(folder)
         return count
 
     # -- claiming ------------------------------------------------------------------------------
@@ -242,11 +246,29 @@ class DirQueue:
         dst = self.paths.state_dir(state.value) / claimed.name
         os.rename(claimed.path, dst)
         if self.durable:
-            self._dir_sync.sync(dst.parent)
+            deferred: set[Path] | None = getattr(self._local, "dirs", None)
+            if deferred is not None:
+                deferred.add(dst.parent)
+            else:
+                self._dir_sync.sync(dst.parent)
         claimed.path = dst
         if state is State.PENDING:
             self.push(claimed.name)
         return dst
+
+    @contextlib.contextmanager
+    def batched_dir_syncs(self) -> Iterator[None]:
+        """Moves made by this thread inside the block fsync each destination folder once, at
+        its end (a crash before that loses only renames, which recovery redoes: the saved
+        descriptor says where it was going)."""
+        deferred: set[Path] = set()
+        self._local.dirs = deferred
+        try:
+            yield
+        finally:
+            self._local.dirs = None
+            for folder in deferred:
+                self._dir_sync.sync(folder)
 
     def quarantine(self, path: Path, reason: str) -> Path:
         """Move an unreadable descriptor out of the state folders, with the reason in its name."""

@@ -53,7 +53,8 @@ IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisor
 MAX_BACKOFF_SECONDS = 600.0
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
-COMMITTERS = 4  # threads that commit outcomes (their fsyncs overlap; the loop never waits)
+COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
+COMMIT_BATCH = 64  # outcomes committed together (one fsync per destination folder)
 
 
 @dataclass(frozen=True)
@@ -498,15 +499,29 @@ class Supervisor:
         self._finish(live.claimed, live.task, outcome)
 
     def _committer(self) -> None:
-        """Commit outcomes the loop queued; several run, so their fsyncs overlap."""
-        while (item := self._commit_queue.get()) is not None:
-            try:
-                self._commit(*item)
-            except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
-                self.errors.append(exc)
-                self.request_stop()
+        """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""
+        done = False
+        while not done:
+            item = self._commit_queue.get()
+            batch: list[tuple[LiveAttempt, AttemptEnd]] = []
+            while item is not None:
+                batch.append(item)
+                if len(batch) == COMMIT_BATCH:
+                    break
+                try:
+                    item = self._commit_queue.get_nowait()
+                except threadq.Empty:
+                    break
+            done = item is None
+            with self.queue.batched_dir_syncs():
+                for live, end in batch:
+                    try:
+                        self._commit(live, end)
+                    except BaseException as exc:  # a bug or a broken disk: stop, keep the queue
+                        self.errors.append(exc)
+                        self.request_stop()
             with self._lock:
-                self._commits -= 1
+                self._commits -= len(batch)
                 last = self._commits == 0
             if last:
                 self._wakeup()  # the loop may be waiting for the last commit to end the run
