@@ -1,7 +1,8 @@
 """Run one attempt of a task as a subprocess and leave nothing of it behind.
 
 Each attempt runs in its own session with a unique ``GPUSWARM_ATTEMPT_TOKEN`` in its environment.
-While it runs, its slot thread sleeps in ``poll()`` on a pidfd and a wake-up pipe (no polling loop).
+While it runs, the supervisor's loop polls its pidfd (``exit_fd``, then ``end_if_clean``), or a
+thread sleeps in ``poll()`` on the pidfd and a wake-up pipe (``wait``): no polling loop.
 When it ends, for any reason, its process group gets SIGTERM, a grace period, then SIGKILL. Escapees
 (``setsid``, double fork) are re-parented to the supervisor, a child subreaper, so they show up as
 its direct children; they are attributed by token, process group/session or an earlier snapshot of
