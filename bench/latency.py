@@ -9,13 +9,18 @@ run by gpuswarm (``run -q --no-report --gpus sim:4``), simple_gpu_scheduler (``-
 GNU parallel (``-j 4 'CUDA_VISIBLE_DEVICES=$(({%}-1)) eval {}'``) and Ray (``bench/ray_peer.py``,
 ``num_gpus=1`` on 4 declared GPUs). ``CUDA_VISIBLE_DEVICES`` names the slot; per slot the gap is
 the next task's first stamp minus the previous task's last stamp (so it includes the wrapper's
-own bash start and exit, equally for every tool). For gpuswarm, the same run also gives the gap
-from its journal: per slot, a ``finished`` event's ts to the next ``started`` event's ts — the
-issue's target. xargs assigns no GPU slot, so it has no per-slot gap.
+own bash start and exit, equally for every tool). For gpuswarm, the same run also gives its own
+turnaround, the issue's target: per slot, an attempt's end (``ended`` of its record: the exit
+reaped and judged clean) to the next attempt's start (``started``: just before its fork), from the
+attempt records of every descriptor. (Not from the journal: the ``finished`` event is written by
+the committer thread after the slot has already started its next task.) xargs assigns no GPU slot,
+so it has no per-slot gap.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import shutil
 from pathlib import Path
 
@@ -30,7 +35,6 @@ from common import (
     have_sgs,
     median,
     percentile,
-    read_events,
     say,
     skipped,
     the_run,
@@ -66,16 +70,18 @@ def stamp_gaps(stamps: Path) -> list[float]:
     return gaps
 
 
-def event_gaps(events: Path) -> list[float]:
-    """Per slot: a ``finished`` event's ts to the next ``started`` event's ts, in seconds."""
-    last_end: dict[str, float] = {}
+def attempt_gaps(run_dir: Path) -> list[float]:
+    """Per slot: an attempt's ``ended`` to the next attempt's ``started``, in seconds."""
+    by_slot: dict[str, list[tuple[float, float]]] = {}
+    for state in ("done", "failed"):
+        for path in (run_dir / ".parallel" / state).glob("*.json"):
+            for a in json.loads(path.read_text()).get("attempts", []):
+                span = (float(a["started"]), float(a["ended"]))
+                by_slot.setdefault(str(a["slot"]), []).append(span)
     gaps: list[float] = []
-    for ev in read_events(events):
-        slot = str(ev.get("slot"))
-        if ev.get("ev") == "finished":
-            last_end[slot] = float(ev["ts"])
-        elif ev.get("ev") == "started" and slot in last_end:
-            gaps.append(float(ev["ts"]) - last_end.pop(slot))
+    for spans in by_slot.values():
+        spans.sort()
+        gaps += [nxt[0] - prev[1] for prev, nxt in itertools.pairwise(spans)]
     return gaps
 
 
@@ -143,8 +149,8 @@ def _gpuswarm(cmds: Path, slots: int, size: str) -> list[Row]:
     run_dir = the_run(ws)
     if run_dir is None:
         raise RuntimeError(f"no run folder under {ws}")
-    med, p99 = _ms(event_gaps(run_dir / "events.jsonl"))
-    metric = f"{size}: `finished` -> next `started` event on the slot"
+    med, p99 = _ms(attempt_gaps(run_dir))
+    metric = f"{size}: attempt end -> next attempt start on the slot (attempt records)"
     return [
         Row(BENCH, f"{metric}, median ms", "gpuswarm", med, "ms", "< 5 ms", med < 5),
         Row(BENCH, f"{metric}, p99 ms", "gpuswarm", p99, "ms", "< 50 ms", p99 < 50),

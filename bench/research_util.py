@@ -98,6 +98,7 @@ def busy_fraction(repo: Path, slots: int) -> dict[str, Any]:
     if len(runs) != 1:
         raise RuntimeError(f"expected one core run, found {len(runs)}")
     spans: list[tuple[float, float]] = []
+    by_slot: dict[str, list[tuple[float, float]]] = {}
     variants = baselines = 0
     for state in ("done", "failed"):
         for path in (runs[0] / ".parallel" / state).glob("*.json"):
@@ -108,15 +109,26 @@ def busy_fraction(repo: Path, slots: int) -> dict[str, Any]:
                 variants += 1
             for a in data.get("attempts", []):
                 if not a.get("interrupted") and a.get("started") and a.get("ended"):
-                    spans.append((float(a["started"]), float(a["ended"])))
+                    span = (float(a["started"]), float(a["ended"]))
+                    spans.append(span)
+                    by_slot.setdefault(str(a.get("slot")), []).append(span)
     if not spans:
         raise RuntimeError("no finished attempt in the core run")
     first, last = min(s for s, _ in spans), max(e for _, e in spans)
     busy = sum(e - s for s, e in spans)
     fed = max(s for s, _ in spans)  # the last start: after it the budget is spent, slots drain
     busy_fed = sum(max(0.0, min(e, fed) - s) for s, e in spans)
+    # idle slot-seconds: before a slot's first start (ramp-up: the baseline is queued with the
+    # first proposal), after its last end (drain: the budget is spent), and in between
+    ramp = sum(min(s for s, _ in v) - first for v in by_slot.values()) + (slots - len(by_slot)) * (
+        last - first
+    )
+    drain = sum(last - max(e for _, e in v) for v in by_slot.values())
     return {
         "busy": busy / (slots * (last - first)),
+        "idle_ramp_s": ramp,
+        "idle_drain_s": drain,
+        "idle_between_s": slots * (last - first) - busy - ramp - drain,
         "busy_until_last_start": busy_fed / (slots * (fed - first)) if fed > first else 0.0,
         "variants": variants,
         "baselines": baselines,
@@ -179,11 +191,17 @@ def proposal_interval(repo: Path) -> float | None:
 
 
 def _why_idle(r: dict[str, Any], slots: int, scale: float) -> str:
-    every = r["mean_run_s"] / slots
+    total = slots * r["span_s"]
+    parts = [
+        f"ramp-up {r['idle_ramp_s']:.1f}",
+        f"end drain {r['idle_drain_s']:.1f}",
+        f"in between {r['idle_between_s']:.1f}",
+    ]
     interval = r.get("proposal_interval")
-    pace = f" (median {interval:.1f} s between proposals here)" if interval else ""
+    pace = f"; median {interval:.1f} s between proposals" if interval else ""
     return (
-        f"{slots} agent proposers at once, {scale:g}-{3 * scale:g} s per proposal plus "
-        f"export and queueing{pace}, while {slots} slots free one every {every:.1f} s on "
-        "average, so slots wait for the next proposal"
+        f"idle slot-seconds of {total:.0f}: {', '.join(parts)}{pace}. Ramp-up: slots wait for "
+        f"the first proposals ({scale:g}-{3 * scale:g} s); drain: after the last start the "
+        "budget is spent and runs end one by one; both are fixed costs per loop, a smaller "
+        "share of a longer one"
     )

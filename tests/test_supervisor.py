@@ -79,3 +79,48 @@ def test_warm_stop_hands_running_tasks_back_uncounted(tmp_path: Path) -> None:
     interrupted = [d for _, d in q.iter_state(State.PENDING) if d["interruptions"]]
     assert len(interrupted) == 2
     assert all(d["attempts"][0]["interrupted"] for d in interrupted)
+
+
+def _outcomes(paths: RunPaths) -> dict[str, tuple[str, str]]:
+    q = DirQueue(paths)
+    return {
+        data["id"]: (s.value, data["attempts"][-1]["kind"])
+        for s in State
+        for _, data in q.iter_state(s)
+        if data["attempts"]
+    }
+
+
+def test_loop_without_pidfds_runs_every_attempt_in_a_waiter_thread(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Where os.pidfd_open is missing (macOS, old kernels) every attempt takes the blocking
+    path in a waiter thread: exits, failures and timeouts come out the same."""
+    from gpuswarm import process
+
+    monkeypatch.setattr(process, "_USE_PIDFD", False)
+    tasks = [task(f"ok{i}", "pass") for i in range(5)]
+    tasks += [task("bad", "import sys; sys.exit(3)"), task("slow", "import time; time.sleep(30)")]
+    tasks[-1]["timeout"] = 0.5
+    sup, paths = make(tmp_path, tasks)
+    sup.run()
+    got = _outcomes(paths)
+    assert got == {
+        **{f"ok{i}": ("done", "exited") for i in range(5)},
+        "bad": ("failed", "exited"),
+        "slow": ("failed", "timeout"),
+    }
+
+
+def test_many_short_tasks_on_few_slots_are_each_committed_once(tmp_path: Path) -> None:
+    """The loop frees a slot before its outcome is committed (in batches, by the committer):
+    every task still ends in exactly one state with one attempt and one `finished` event."""
+    n = 60
+    sup, paths = make(tmp_path, [task(f"t{i:02d}", "pass") for i in range(n)], gpus=3)
+    sup.run()
+    assert states(paths) == {f"t{i:02d}": "done" for i in range(n)}
+    events = list(read_events(paths.events))
+    finished = [e["task"] for e in events if e["ev"] == "finished"]
+    started = [e["task"] for e in events if e["ev"] == "started"]
+    assert sorted(finished) == sorted(started) == sorted(f"t{i:02d}" for i in range(n))
+    assert all(len(d["attempts"]) == 1 for _, d in DirQueue(paths).iter_state(State.DONE))

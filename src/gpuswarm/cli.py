@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import click
 
 from gpuswarm import __version__
 from gpuswarm.check import check_run
 from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
-from gpuswarm.demo import DemoOptions, run_demo
 from gpuswarm.engine import (
     Output,
     RunReport,
@@ -26,7 +26,6 @@ from gpuswarm.engine import (
 )
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.liveview import is_terminal
-from gpuswarm.research.commands import research
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
 from gpuswarm.views import print_check, print_demo, print_ls, print_report, print_status
@@ -80,7 +79,26 @@ def _load_source(
     return loaded.with_overrides(name=name, workspace=Path(workspace) if workspace else None)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The top-level group; ``research`` (git, proposers, plots) is imported only when used,
+    so ``gpuswarm run`` starts without it."""
+
+    lazy: ClassVar[dict[str, tuple[str, str]]] = {
+        "research": ("gpuswarm.research.commands", "research")
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module, attr = self.lazy[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuswarm")
 def cli() -> None:
     """Keep every GPU of a machine busy with long, independent jobs, and lose none of them."""
@@ -285,6 +303,8 @@ def demo(
     with _stoppable():
         live = not (plain or as_json) and is_terminal(sys.stderr)
         say = (lambda _: None) if as_json else (lambda text: click.echo(text, err=True))
+        from gpuswarm.demo import DemoOptions, run_demo  # loaded only when asked for
+
         opts = DemoOptions(where, experiments, budget, gpus, seed, live)
         data = run_demo(opts, say)
     if as_json:
@@ -311,9 +331,6 @@ def watch_cmd(run_dir: Path, plain: bool) -> None:
     with _stoppable():
         code = watch(run_dir, stream=sys.stderr, plain=plain)
     sys.exit(code)
-
-
-cli.add_command(research)
 
 
 def main() -> None:
