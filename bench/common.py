@@ -77,7 +77,8 @@ class Config:
     gap_sleep: float = 0.05
     cpu_seconds: float = 60.0
     cpu_slots: int = 8
-    research_experiments: int = 24
+    research_experiments: int = 24  # async beside rounds, same count: experiments/hour
+    research_long: int = 100  # async alone, the seed's overnight session: the busy target
     research_slots: int = 4
     research_scale: float = 1.0  # multiplies the 5-15 s train and 1-3 s proposer times
 
@@ -96,6 +97,7 @@ class Config:
             gap_tasks=160,
             cpu_seconds=15.0,
             research_experiments=8,
+            research_long=16,
             research_scale=0.1,
         )
 

@@ -16,6 +16,13 @@ GPU busy fraction = sum of attempt durations (``attempts[].started/ended`` of ev
 the core run's done/ and failed/) / (slots x (last end - first start)); the notes add the same
 fraction up to the last start (before the budget is spent and the slots drain). Experiments per
 hour = variants run (the baseline left out) / the loop's wall time.
+
+Three loops: async and rounds with 24 experiments each (experiments/hour side by side), then
+async alone with 100 (the seed's night: "about 100 experiments while you sleep") for the busy
+target. Every loop has a ramp-up (slots wait for the first proposals) and a drain (after the last
+start the budget is spent and runs end one by one): fixed costs, a share that shrinks as the loop
+grows, so the busy target is taken on a loop of a realistic length; the short loops' busy
+fractions are shown too.
 """
 
 from __future__ import annotations
@@ -62,8 +69,8 @@ def _gs(args: list[str], env: dict[str, str], timeout: float) -> str:
     return proc.stdout
 
 
-def loop_once(cfg: Config, mode: str) -> dict[str, Any]:
-    where = cfg.work / "research" / mode
+def loop_once(cfg: Config, mode: str, experiments: int, label: str) -> dict[str, Any]:
+    where = cfg.work / "research" / label
     shutil.rmtree(where, ignore_errors=True)
     repo = make_repo(where)
     env = env_for_bench(GPUSWARM_BENCH_SCALE=f"{cfg.research_scale:g}")
@@ -74,7 +81,7 @@ def loop_once(cfg: Config, mode: str) -> dict[str, Any]:
     init += ["--metric", "val_bpb", "--goal", "min", "--gpus", f"sim:{slots}", "--mode", mode]
     _gs([*init, "--linger", "5s", "-C", str(repo)], env, 120)
     loop = ["research", "loop", "--proposer", "agent", "--agent-command", agent, "--mode", mode]
-    loop += ["--max-experiments", str(cfg.research_experiments), "--json", "-C", str(repo)]
+    loop += ["--max-experiments", str(experiments), "--json", "-C", str(repo)]
     loop += ["--proposers", str(slots)]  # one agent per GPU, as with real LLM agents
     t0 = time.perf_counter()
     try:
@@ -141,16 +148,20 @@ def run(cfg: Config) -> list[Row]:
     n, g = cfg.research_experiments, cfg.research_slots
     times = f"runs {5 * cfg.research_scale:g}-{15 * cfg.research_scale:g} s, proposer "
     times += f"{cfg.research_scale:g}-{3 * cfg.research_scale:g} s"
-    size = f"{n} experiments on sim:{g} ({times})"
     got: dict[str, dict[str, Any]] = {}
     rows: list[Row] = []
-    for mode in ("async", "rounds"):
-        say(f"research loop: {mode} mode, {n} experiments")
+    runs = [("async", n, "async"), ("rounds", n, "rounds"), ("async", cfg.research_long, "long")]
+    for mode, count, label in runs:
+        say(f"research loop: {mode} mode, {count} experiments")
         try:
-            got[mode] = loop_once(cfg, mode)
+            got[label] = loop_once(cfg, mode, count, label)
         except Exception as exc:
+            size = f"{count} experiments on sim:{g} ({times})"
             rows.append(failed(BENCH, f"{size}: GPU busy, %", f"gpuswarm {mode}", exc))
-    for mode, r in got.items():
+    for label, r in got.items():
+        mode = "rounds" if label == "rounds" else "async"
+        count = cfg.research_long if label == "long" else n
+        size = f"{count} experiments on sim:{g} ({times})"
         per_hour = r["variants"] / r["wall"] * 3600
         r["per_hour"] = per_hour
         busy = r["busy"] * 100
@@ -158,15 +169,14 @@ def run(cfg: Config) -> list[Row]:
         row.note = (
             f"{r['variants']} variants + {r['baselines']} baseline in {r['wall']:.0f} s; "
             f"mean run {r['mean_run_s']:.1f} s; {r['busy_until_last_start'] * 100:.1f}% "
-            "until the last start (the final drain left out)"
+            f"until the last start; {_why_idle(r, g, cfg.research_scale)}"
         )
         row.extra = {k: v for k, v in r.items() if k != "loop"}
-        if mode == "async":
+        if label == "long":  # the target: a loop as long as the seed's night (~100 runs)
             row.target, row.ok = ">= 97%", busy >= 97
-            if busy < 97:
-                row.note += "; " + _why_idle(r, g, cfg.research_scale)
         rows.append(row)
-        rows.append(Row(BENCH, f"{size}: experiments/hour", f"gpuswarm {mode}", per_hour, "/h"))
+        if label != "long":
+            rows.append(Row(BENCH, f"{size}: experiments/hour", f"gpuswarm {mode}", per_hour, "/h"))
     if "async" in got and "rounds" in got:
         gain = got["async"]["per_hour"] / got["rounds"]["per_hour"]
         for row in rows:
@@ -191,6 +201,7 @@ def proposal_interval(repo: Path) -> float | None:
 
 
 def _why_idle(r: dict[str, Any], slots: int, scale: float) -> str:
+    """Where the idle slot-seconds are."""
     total = slots * r["span_s"]
     parts = [
         f"ramp-up {r['idle_ramp_s']:.1f}",
