@@ -203,16 +203,12 @@ def proposal_interval(repo: Path) -> float | None:
 def _why_idle(r: dict[str, Any], slots: int, scale: float) -> str:
     """Where the idle slot-seconds are."""
     total = slots * r["span_s"]
-    parts = [
-        f"ramp-up {r['idle_ramp_s']:.1f}",
-        f"end drain {r['idle_drain_s']:.1f}",
-        f"in between {r['idle_between_s']:.1f}",
-    ]
+    idle = total * (1 - r["busy"])
     interval = r.get("proposal_interval")
     pace = f"; median {interval:.1f} s between proposals" if interval else ""
     return (
-        f"idle slot-seconds of {total:.0f}: {', '.join(parts)}{pace}. Ramp-up: slots wait for "
-        f"the first proposals ({scale:g}-{3 * scale:g} s); drain: after the last start the "
-        "budget is spent and runs end one by one; both are fixed costs per loop, a smaller "
-        "share of a longer one"
+        f"idle {idle:.1f} of {total:.0f} slot-seconds: ramp-up {r['idle_ramp_s']:.1f} (slots "
+        f"waiting for the first proposals, {scale:g}-{3 * scale:g} s), end drain "
+        f"{r['idle_drain_s']:.1f} (the budget spent, runs ending one by one), in between "
+        f"{r['idle_between_s']:.1f}{pace}"
     )
