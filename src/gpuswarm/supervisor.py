@@ -160,7 +160,8 @@ class Supervisor:
         self.ledger.sync()
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
-        for fd in (self._wake_r, self._wake_w):
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:  # a stop request from now on must not write into a reused fd number
             os.close(fd)
         if self.errors:
             raise self.errors[0]
@@ -177,6 +178,8 @@ class Supervisor:
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
+        if self._wake_w < 0:  # the run is over
+            return
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
