@@ -124,3 +124,26 @@ def test_many_short_tasks_on_few_slots_are_each_committed_once(tmp_path: Path) -
     started = [e["task"] for e in events if e["ev"] == "started"]
     assert sorted(finished) == sorted(started) == sorted(f"t{i:02d}" for i in range(n))
     assert all(len(d["attempts"]) == 1 for _, d in DirQueue(paths).iter_state(State.DONE))
+
+
+def test_a_failing_commit_stops_the_run_without_hanging_or_losing_the_task(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A disk error while committing an outcome: the run stops and raises it; the task whose
+    outcome could not be saved stays in running/ (a resume re-runs it), none vanishes."""
+    import pytest
+
+    sup, paths = make(tmp_path, [task(f"t{i}", "pass") for i in range(4)])
+    move = sup.queue.move
+
+    def failing_move(claimed: Any, state: State, announce: Any = None) -> Path:
+        if claimed.task_id == "t1":
+            raise OSError(28, "No space left on device")
+        return move(claimed, state, announce)
+
+    monkeypatch.setattr(sup.queue, "move", failing_move)
+    with pytest.raises(OSError, match="No space left"):
+        sup.run()
+    got = states(paths)
+    assert set(got) == {f"t{i}" for i in range(4)}  # every task is somewhere
+    assert got["t1"] == "running"

@@ -516,13 +516,13 @@ class Supervisor:
                 except threadq.Empty:
                     break
             done = item is None
-            with self.queue.batched_dir_syncs():
-                for live, end in batch:
-                    try:
+            try:
+                with self.queue.batched_dir_syncs():
+                    for live, end in batch:
                         self._commit(live, end)
-                    except BaseException as exc:  # a bug or a broken disk: stop, keep the queue
-                        self.errors.append(exc)
-                        self.request_stop()
+            except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
+                self.errors.append(exc)  # (what was not committed is re-run after a resume)
+                self.request_stop()
             with self._lock:
                 self._commits -= len(batch)
                 last = self._commits == 0
