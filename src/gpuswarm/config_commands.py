@@ -52,6 +52,9 @@ class CommandTasks(Sequence[TaskSpec]):
         out["command"] = list(command) if isinstance(command, list) else command
         return out
 
+    def ids(self) -> list[str]:
+        return [row[0] for row in self._rows]
+
     def dumps(self) -> Iterator[dict[str, Any]]:
         return (self.dump(i) for i in range(len(self._rows)))
 
@@ -114,9 +117,8 @@ def tasks_digest(tasks: Sequence[TaskSpec], layout: dict[str, Any]) -> str:
 
 def _sorted_dumps(tasks: Sequence[TaskSpec]) -> Iterable[dict[str, Any]]:
     if isinstance(tasks, CommandTasks):
-        ids = [tasks.dump(i)["id"] for i in range(len(tasks))]
-        order = sorted(range(len(tasks)), key=lambda i: str(ids[i]))
-        return (tasks.dump(i) for i in order)
+        ids = tasks.ids()
+        return (tasks.dump(i) for i in sorted(range(len(ids)), key=ids.__getitem__))
     return sorted(task_dumps(tasks), key=lambda t: str(t["id"]))
 
 

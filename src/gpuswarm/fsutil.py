@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside ``path`` durable."""
@@ -88,15 +90,7 @@ def temp_writer_alive(name: str) -> bool:
     if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
         return False
     pid = int(parts[1])
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and psutil.pid_exists(pid)
 
 
 def dumps(obj: Any) -> bytes:

@@ -83,10 +83,10 @@ class LiveAttempt:
     attempt: int
     started: float
     handle: Attempt
-    claimed: Claimed | None = None
-    task: TaskSpec | None = None
-    gpu_ids: tuple[int, ...] = ()
-    values: dict[str, str] | None = None
+    claimed: Claimed
+    task: TaskSpec
+    gpu_ids: tuple[int, ...]
+    values: dict[str, str]
     fd: int | None = None  # the pidfd the loop polls (the attempt closes it once it ends)
 
 
@@ -284,9 +284,13 @@ class Supervisor:
                     seen = -1  # a slot got a task: the next free slot may claim at once
                     continue
             busy = bool(self._by_fd) or self._slow > 0 or self._committing()
-            if not busy and not self._idle_should_wait():
-                return
-            if self._sleep(self._next_timeout(busy, free)):
+            if busy:
+                poll = LINGER_POLL_SECONDS if free and self.cfg.linger > 0 else None
+            else:
+                wait, poll = self._idle_wait()
+                if not wait:
+                    return
+            if self._sleep(self._timeout(poll)):
                 seen = -1  # a poll interval is over: look at pending/ again
 
     def _fill(self, free: deque[Slot]) -> bool:
@@ -307,29 +311,26 @@ class Supervisor:
         with self._lock:
             return self._commits > 0
 
-    def _idle_should_wait(self) -> bool:
-        """Nothing of ours runs and nothing is claimable: wait (True) or end (False)?"""
+    def _idle_wait(self) -> tuple[bool, float | None]:
+        """Nothing of ours runs and nothing is claimable: wait (and how long between looks at
+        pending/; None = until woken) or end?"""
         with self._lock:
             if self._delayed:
-                return True  # our retries come back to pending/ when their backoff is over
+                return True, None  # the keeper wakes us when a retry's backoff is over
         if self._others_running():
-            return True  # their retries land in pending/, or they die and are reclaimed
-        return time.monotonic() - self._busy_at < self.cfg.linger  # new tasks may be enqueued
+            return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die
+        if time.monotonic() - self._busy_at < self.cfg.linger:
+            return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
+        return False, None
 
-    def _next_timeout(self, busy: bool, free: deque[Slot]) -> float | None:
+    def _timeout(self, poll: float | None) -> float | None:
+        """The poll interval, or sooner when a running attempt's timeout expires."""
         now = time.monotonic()
         deadlines = [d for live in self._by_fd.values() if (d := live.handle.deadline) is not None]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        if not busy:
-            with self._lock:
-                delayed = bool(self._delayed)
-            poll = None if delayed else IDLE_POLL_SECONDS
-            if not delayed and not self._others_running():
-                poll = LINGER_POLL_SECONDS
-            timeout = poll if timeout is None or poll is None else min(timeout, poll)
-        elif free and self.cfg.linger > 0:  # others are busy, but a new task must not wait
-            timeout = LINGER_POLL_SECONDS if timeout is None else min(timeout, LINGER_POLL_SECONDS)
-        return timeout
+        if deadlines:
+            left = max(0.0, min(deadlines) - now)
+            return left if poll is None else min(left, poll)
+        return poll
 
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
@@ -492,7 +493,6 @@ class Supervisor:
 
     def _commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
         """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
-        assert live.claimed is not None and live.task is not None and live.values is not None
         record = record_of(end, live.slot, live.gpu_ids, live.attempt)
         cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
         if end.kind is EndKind.CANCELLED:
