@@ -96,6 +96,21 @@ def test_requeue_and_done_update_counts_and_eta(tmp_path: Path) -> None:
     assert eta is not None and eta > 0
 
 
+def test_a_finish_journaled_after_the_slots_next_start_keeps_that_start(tmp_path: Path) -> None:
+    """The committer journals `finished` after the loop has started the slot's next task:
+    the slot keeps showing the new task and still counts the finished one."""
+    state, _ = _view(tmp_path)
+    for e in (
+        {"ev": "started", "task": "a", "slot": "gpu0", "attempt": 1, "ts": 1.0},
+        {"ev": "started", "task": "b", "slot": "gpu0", "attempt": 1, "ts": 2.0},
+        {"ev": "finished", "task": "a", "slot": "gpu0", "state": "done", "ts": 2.1},
+    ):
+        state.apply(e)
+    row = state.slots["gpu0"]
+    assert (row.task, row.done) == ("b", 1)
+    assert state.counts["running"] == 1 and state.counts["done"] == 1
+
+
 def test_event_tail_returns_only_complete_new_lines(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(json.dumps({"ev": "old"}) + "\n")
