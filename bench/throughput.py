@@ -23,13 +23,18 @@ wall-clock rate: the difference is interpreter start, run creation and the end-o
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
     GPUSWARM,
     Config,
     Row,
+    env_for_bench,
     failed,
     have_parallel,
     have_ray,
@@ -42,13 +47,25 @@ from common import (
     the_run,
     timed,
 )
+from cpu import thread_ns
+from floor import durable_floor, spawn_floor
 from ray_peer import call_ray
 
 BENCH = "1 throughput"
 
 
-def gpuswarm_once(cmds: Path, slots: int, ws: Path) -> tuple[float, float]:
-    """(wall seconds, in-run seconds) of one durable gpuswarm run over ``cmds`` in ``ws``.
+@dataclass
+class Cpu:
+    """CPU ms per task of one run: all processes (children reaped by the tool included) and,
+    for gpuswarm, its own threads: main (start-up, enqueue, results), the busiest (the slot
+    loop) and the second (the committer)."""
+
+    total: float
+    threads: dict[str, float] = field(default_factory=dict)
+
+
+def gpuswarm_once(cmds: Path, slots: int, ws: Path) -> tuple[float, float, Cpu]:
+    """(wall seconds, in-run seconds, CPU) of one durable gpuswarm run over ``cmds`` in ``ws``.
 
     Run folders are removed only after the whole benchmark: on ext4 without a journal (this
     VM's disk) creating files right after thousands were deleted costs up to 0.7 ms of CPU per
@@ -56,11 +73,26 @@ def gpuswarm_once(cmds: Path, slots: int, ws: Path) -> tuple[float, float]:
     bookkeeping of the previous repeat, not gpuswarm.
     """
     argv = [*GPUSWARM, "run", "-q", "--no-report", "--gpus", f"sim:{slots}"]
-    wall = timed([*argv, "--workspace", str(ws), str(cmds)])
+    n = sum(1 for line in cmds.read_text().splitlines() if line.strip())
+    before = _children_cpu()
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [*argv, "--workspace", str(ws), str(cmds)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env_for_bench(),
+    )
+    last: dict[int, int] = {}
+    while proc.poll() is None:  # per-thread clocks until the threads end
+        last.update(thread_ns(proc.pid))
+        time.sleep(0.01)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"gpuswarm exited {proc.returncode}")
+    cpu = Cpu((_children_cpu() - before) / n * 1e3, _thread_split(proc.pid, last, n))
     run = the_run(ws)
     if run is None:
         raise RuntimeError(f"no run folder under {ws}")
-    n = sum(1 for line in cmds.read_text().splitlines() if line.strip())
     done = json.loads((run / "summary.json").read_text())["counts"]["done"]
     if done != n:
         raise RuntimeError(f"gpuswarm finished {done} of {n} tasks")
@@ -70,7 +102,30 @@ def gpuswarm_once(cmds: Path, slots: int, ws: Path) -> tuple[float, float]:
             starts.append(float(ev["ts"]))
         elif ev.get("ev") == "finished":
             ends.append(float(ev["ts"]))
-    return wall, max(ends) - min(starts)
+    return wall, max(ends) - min(starts), cpu
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _thread_split(pid: int, ns: dict[int, int], n: int) -> dict[str, float]:
+    main = ns.pop(pid, 0)
+    ranked = sorted(ns.values(), reverse=True)
+    names = ("loop", "committer")
+    split = {"main": main / n / 1e6}
+    for name, value in zip(names, ranked, strict=False):
+        split[name] = value / n / 1e6
+    split["other threads"] = sum(ranked[len(names) :]) / n / 1e6
+    return split
+
+
+def timed_cpu(shell: str, cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the command and everything it reaped)."""
+    before = _children_cpu()
+    wall = timed(shell, shell=True, cwd=cwd, timeout=900)
+    return wall, _children_cpu() - before
 
 
 def run(cfg: Config) -> list[Row]:
@@ -92,11 +147,13 @@ def run(cfg: Config) -> list[Row]:
         ),
     }
     rows: list[Row] = []
+    cpus: dict[str, Cpu] = {}
     say(f"throughput: gpuswarm, {n} tasks x {cfg.repeats}")
     try:
         runs = [gpuswarm_once(cmds, g, work / f"ws-{i}") for i in range(cfg.repeats)]
-        ours = n / median([w for w, _ in runs])
-        in_run = n / median([r for _, r in runs])
+        ours = n / median([w for w, _, _ in runs])
+        in_run = n / median([r for _, r, _ in runs])
+        cpus["gpuswarm"] = _median_cpu([c for _, _, c in runs])
         rows.append(Row(BENCH, metric, "gpuswarm", ours, "tasks/s", note="durable, fsync on"))
         rows.append(
             Row(
@@ -118,16 +175,62 @@ def run(cfg: Config) -> list[Row]:
             continue
         say(f"throughput: {tool}")
         try:
-            rate = n / median(
-                [timed(shell, shell=True, cwd=work, timeout=900) for _ in range(cfg.repeats)]
-            )
+            timings = [timed_cpu(shell, work) for _ in range(cfg.repeats)]
         except Exception as exc:
             rows.append(failed(BENCH, metric, tool, exc))
             continue
+        rate = n / median([w for w, _ in timings])
+        cpus[tool] = Cpu(median([c for _, c in timings]) / n * 1e3)
         rows.append(_peer_row(metric, tool, rate, ours, targets.get(tool)))
     rows.append(_ray_row(cfg, cmds, metric, ours))
+    rows += _cpu_rows(cfg, cpus, work)
     for i in range(cfg.repeats):
         shutil.rmtree(work / f"ws-{i}", ignore_errors=True)
+    return rows
+
+
+def _median_cpu(runs: list[Cpu]) -> Cpu:
+    names = runs[0].threads.keys()
+    return Cpu(
+        median([c.total for c in runs]),
+        {k: median([c.threads.get(k, 0.0) for c in runs]) for k in names},
+    )
+
+
+def _cpu_rows(cfg: Config, cpus: dict[str, Cpu], work: Path) -> list[Row]:
+    """Where the time goes: CPU per task of each tool, gpuswarm's threads, and the floors."""
+    metric = "CPU per task, all processes (ms; children included)"
+    rows = [Row(BENCH, metric, tool, cpu.total, "ms") for tool, cpu in cpus.items()]
+    ours = cpus.get("gpuswarm")
+    if ours is not None:
+        split = ", ".join(f"{k} {v:.3f}" for k, v in ours.threads.items())
+        rows[0].note = f"threads: {split}; the rest is the `true` children"
+        rows[0].extra = {"threads": ours.threads}
+    say("throughput: floors (posix_spawn of `true`, durable file work alone)")
+    parent, child = spawn_floor(cfg.throughput_tasks)
+    rows.append(
+        Row(
+            BENCH,
+            "floor: start and reap one `true` (posix_spawn), CPU ms",
+            "any tool",
+            parent + child,
+            "ms",
+            note=f"child {child:.3f}, parent {parent:.3f}: every tool pays the child",
+        )
+    )
+    floor = durable_floor(work / "floor", cfg.throughput_tasks)
+    rows.append(
+        Row(
+            BENCH,
+            "floor: gpuswarm's durable file work of one task alone, CPU ms",
+            "gpuswarm",
+            floor,
+            "ms",
+            note="descriptor, claim rename + read, 2 mkdirs + log, temp + fsync + 2 renames, "
+            "2 journal lines; no logic between the calls",
+        )
+    )
+    shutil.rmtree(work / "floor", ignore_errors=True)
     return rows
 
 

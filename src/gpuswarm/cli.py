@@ -25,11 +25,9 @@ from gpuswarm.engine import (
     write_run_report,
 )
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
-from gpuswarm.liveview import is_terminal
+from gpuswarm.live import is_terminal
 from gpuswarm.runs import latest_run
 from gpuswarm.status import list_runs, run_status
-from gpuswarm.views import print_check, print_demo, print_ls, print_report, print_status
-from gpuswarm.watch import watch
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -229,6 +227,8 @@ def status(run_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=1))
     else:
+        from gpuswarm.views import print_status  # rich, loaded only to print
+
         print_status(data)
 
 
@@ -248,6 +248,8 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
+        from gpuswarm.views import print_check  # rich, loaded only to print
+
         print_check(report)
     sys.exit(0 if report["consistent"] else 1)
 
@@ -261,6 +263,8 @@ def ls_cmd(workspace: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
     else:
+        from gpuswarm.views import print_ls  # rich, loaded only to print
+
         print_ls(rows, workspace)
 
 
@@ -269,6 +273,8 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
         payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
         click.echo(json.dumps(payload, indent=1))
     else:
+        from gpuswarm.views import print_report  # rich, loaded only to print
+
         print_report(report)
     sys.exit(report.exit_code)
 
@@ -310,6 +316,8 @@ def demo(
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     else:
+        from gpuswarm.views import print_demo  # rich, loaded only to print
+
         print_demo(data)
     sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
 
@@ -329,6 +337,8 @@ def report_cmd(run_dir: Path) -> None:
 def watch_cmd(run_dir: Path, plain: bool) -> None:
     """Follow a run that another gpuswarm process supervises (live table on a terminal)."""
     with _stoppable():
+        from gpuswarm.watch import watch
+
         code = watch(run_dir, stream=sys.stderr, plain=plain)
     sys.exit(code)
 

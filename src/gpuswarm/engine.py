@@ -20,8 +20,7 @@ from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.live import PlainReporter
-from gpuswarm.liveview import LiveView, SlotRow, ViewState, gpu_sampler, is_terminal, shown
+from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
 from gpuswarm.report import write_report
@@ -309,6 +308,8 @@ def _reporter(
     if not (output.live and is_terminal(stream)):
         ledger.subscribe(PlainReporter(counts, stream))
         return nullcontext()
+    from gpuswarm.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
+
     state = ViewState({s.value: n for s, n in counts.items()})
     for slot in setup.slots:
         state.slots[slot.label] = SlotRow()

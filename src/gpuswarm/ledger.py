@@ -16,6 +16,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.fsutil import dumps_compact
+
 
 class Ev(str, Enum):
     RUN_CREATED = "run_created"
@@ -51,7 +53,7 @@ class Ledger:
 
     def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
-        line = json.dumps(record, default=str, separators=(",", ":")).encode() + b"\n"
+        line = dumps_compact(record)
         with self._lock:
             os.write(self._fd, line)
             self._dirty = True

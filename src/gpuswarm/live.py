@@ -6,12 +6,20 @@ also says where the run stands. (A rich live table for terminals builds on the s
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from typing import Any, TextIO
 
 from gpuswarm.queue import State
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal that can show the live view."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+
 
 WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
 

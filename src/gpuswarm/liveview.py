@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import threading
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuswarm.ledger import read_events
+from gpuswarm.live import is_terminal as is_terminal  # re-exported
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
 
@@ -262,11 +262,6 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
         return data
 
     return sample
-
-
-def is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
 
 
 # -- following a run from another process (``gpuswarm watch``) --------------------------------

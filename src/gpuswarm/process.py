@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import psutil
 
@@ -42,6 +42,7 @@ _SLICE = 0.05  # poll slice where no pidfd is available
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 _HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
 _USE_PIDFD = hasattr(os, "pidfd_open")
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 
 
 class EndKind(str, Enum):
@@ -139,12 +140,21 @@ def become_subreaper() -> bool:
 
 
 # -- reading the process table ---------------------------------------------------------------------
-def _my_children() -> list[int]:
-    """Our direct children: cheap on Linux (one small file per thread), a full scan elsewhere."""
+def _my_children(*, everywhere: bool = True) -> list[int]:
+    """Our direct children: cheap on Linux (one small file per thread), a full scan elsewhere.
+
+    ``everywhere=False`` reads only the main thread's file: where an orphan is re-parented to
+    us (a child subreaper), Linux gives it to the first live thread of the group, the main
+    thread; so while that thread lives, every possible leftover of an attempt is listed there
+    (the other threads' files hold only the main processes they launched)."""
     if not _HAVE_CHILDREN_FILE:
         with contextlib.suppress(psutil.Error):
             return [c.pid for c in psutil.Process().children()]
         return []
+    if not everywhere and threading.main_thread().is_alive():
+        leader = f"/proc/self/task/{os.getpid()}/children"
+        with contextlib.suppress(OSError), open(leader, "rb") as fh:
+            return [int(x) for x in fh.read().split()]
     pids: list[int] = []
     with os.scandir("/proc/self/task") as tasks:
         for task in tasks:
@@ -232,8 +242,11 @@ def _send(procs: dict[int, psutil.Process], sig: int) -> set[int]:
 
 
 def _candidates(owner: Attempt | None) -> _Scan:
-    """Our children that may be leftovers; reaps zombies that are safe to reap on the way."""
-    kids = _my_children()
+    """Our children that may be leftovers; reaps zombies that are safe to reap on the way.
+
+    An attempt's own checks read where its leftovers land (the main thread's children); the
+    sweep at the end (``owner`` None) reads every thread's."""
+    kids = _my_children(everywhere=owner is None)
     with _REG.lock:
         live = frozenset(pid for pid, att in _REG.live.items() if att is not owner)
         quiet = _REG.launching == 0
@@ -419,26 +432,25 @@ class Attempt:
         attempt = cls(spec, spec.token or uuid.uuid4().hex, time.time())
         try:
             _make_log_dir(spec.log_path.parent)
-            log = open(spec.log_path, "ab")  # noqa: SIM115 - closed below, the child keeps a copy
+            log = os.open(spec.log_path, _LOG_FLAGS, 0o644)  # the child gets a copy of it
         except OSError as exc:
             return attempt._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
-        with log:
+        try:
             pre = _precheck(spec)
             failure = (EndKind.SPAWN_ERROR, pre) if pre else attempt._spawn(log)
             if failure is not None:
                 with contextlib.suppress(OSError):
-                    log.write(f"gpuswarm: {failure[1]}\n".encode())
+                    os.write(log, f"gpuswarm: {failure[1]}\n".encode())
                 return attempt._failed(*failure)
+        finally:
+            os.close(log)
         return attempt
 
-    def _spawn(self, log: IO[bytes]) -> tuple[EndKind, str] | None:
+    def _spawn(self, log: int) -> tuple[EndKind, str] | None:
         env = {**self.spec.env, TOKEN_VAR: self.token}
         with _REG.lock:
             _REG.launching += 1
         try:
-            self._wake = os.pipe()
-            for fd in self._wake:
-                os.set_blocking(fd, False)
             self._popen = subprocess.Popen(
                 self.spec.argv,
                 env=env,
@@ -524,6 +536,7 @@ class Attempt:
         """Block until the attempt ends; on return nothing of it is alive."""
         with self._wait_lock:
             if self._end is None:
+                self._open_wake()
                 try:
                     self._end = self._supervise()
                 except BaseException:
@@ -591,6 +604,16 @@ class Attempt:
             if self.pid is not None and _REG.live.get(self.pid) is self:
                 del _REG.live[self.pid]
         return True
+
+    def _open_wake(self) -> None:
+        """The pipe cancel() writes to, to wake a thread blocked in wait(): made only for a wait
+        (the loop's attempts never block). Made before wait() looks at the cancel flags, which
+        cancel() sets before it looks for the pipe: one of them sees the other."""
+        with self._fd_lock:
+            if self._wake is None and self._end is None:
+                self._wake = os.pipe()
+                for fd in self._wake:
+                    os.set_blocking(fd, False)
 
     def _close(self) -> None:
         with self._fd_lock:

@@ -91,6 +91,7 @@ class LiveAttempt:
 
 
 Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool]  # slow: from a waiter
+Committable = tuple[LiveAttempt, AttemptEnd]
 
 
 class Supervisor:
@@ -122,9 +123,8 @@ class Supervisor:
         self._poller = select.poll()
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
         self._histories: dict[int, deque[AttemptEnd]] = {}
-        self._commit_queue: threadq.SimpleQueue[tuple[LiveAttempt, AttemptEnd] | None] = (
-            threadq.SimpleQueue()
-        )
+        self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
+        self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
 
     # -- top level -----------------------------------------------------------------------------
@@ -257,6 +257,7 @@ class Supervisor:
         except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
             self.errors.append(exc)
             self.request_stop()
+            self._hand_over()  # outcomes already known are still committed
             with contextlib.suppress(BaseException):
                 self._drain()
 
@@ -332,8 +333,16 @@ class Supervisor:
             return left if poll is None else min(left, poll)
         return poll
 
+    def _hand_over(self) -> None:
+        """Give the committer what the loop settled since it last slept: one hand-over (one
+        thread wake-up) per loop pass, not one per outcome."""
+        if self._to_commit:
+            batch, self._to_commit = self._to_commit, []
+            self._commit_queue.put(batch)
+
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
+        self._hand_over()
         ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
         ready = self._poller.poll(ms)
         for fd, _ in ready:
@@ -488,7 +497,7 @@ class Supervisor:
         else:
             with self._lock:
                 self._commits += 1
-            self._commit_queue.put((live, end))
+            self._to_commit.append((live, end))
         return live.slot, end, None, slow
 
     def _commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
@@ -506,10 +515,10 @@ class Supervisor:
         done = False
         while not done:
             item = self._commit_queue.get()
-            batch: list[tuple[LiveAttempt, AttemptEnd]] = []
+            batch: list[Committable] = []
             while item is not None:
-                batch.append(item)
-                if len(batch) == COMMIT_BATCH:
+                batch.extend(item)
+                if len(batch) >= COMMIT_BATCH:
                     break
                 try:
                     item = self._commit_queue.get_nowait()
