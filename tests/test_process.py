@@ -249,6 +249,32 @@ def test_cleanup_spares_escapees_of_other_live_attempts(tmp_path: Path, mode: st
     assert_gone(pid)
 
 
+@linux_only
+@pytest.mark.parametrize("mode", ["setsid", "daemon"])
+def test_escapee_found_when_a_thread_launched_it(tmp_path: Path, mode: str) -> None:
+    """As the supervisor's loop does: launch from a thread, look without blocking. The orphan
+    is re-parented to the main thread, whose children are what the attempt's check reads."""
+    pidfile = tmp_path / "escapee.pid"
+    result: dict[str, Any] = {}
+
+    def loop() -> None:
+        attempt = Attempt.launch(make_spec(tmp_path, [PY, ESCAPE, str(pidfile), mode, "exit"]))
+        deadline = time.monotonic() + 30
+        while attempt.end_if_clean() is None and not attempt._reaped:  # main still running
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        result["clean"] = attempt.end_if_clean()  # the main exited: something of it is left
+        result["end"] = attempt.wait()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    thread.join(60)
+    assert result["clean"] is None  # not mistaken for a clean exit
+    end = result["end"]
+    assert end.ok and end.killed >= 1, end
+    assert_gone(read_pid(pidfile))
+
+
 def test_background_job_of_a_shell_dies_after_exit_zero(tmp_path: Path) -> None:
     pidfile = tmp_path / "bg.pid"
     end = run(tmp_path, ["/bin/sh", "-c", f"sleep 300 & echo $! > {pidfile}"], grace=0.5)
