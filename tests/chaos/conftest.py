@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import BASE_SEED, CliProcess, CliResult, kill_run_processes, run_cli, start_cli
+from cli_driver import CliProcess, CliResult, run_cli, start_cli
+from harness import BASE_SEED, kill_run_processes
 from harness import trial_seeds as _trial_seeds
 
 _FIGURES: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""Driving the real ``gpuswarm`` CLI from chaos tests (adapted from tests/integration/conftest.py).
+"""Chaos-test helpers: seeds and trial counts, inputs, reading a run (the CLI driver is shared).
 
 Plain functions and classes only; the fixtures that use them are in ``conftest.py``. Kept in its
 own module (not ``conftest``) so that ``tests/chaos`` and ``tests/integration`` can be collected in
@@ -12,17 +12,15 @@ import json
 import os
 import random
 import shlex
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import psutil
+from cli_driver import CliProcess, pid_running, read_events, wait_for
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent
@@ -56,125 +54,6 @@ def trial_seeds(default_trials: int, salt: str, base: int) -> list[int]:
         return [int(s) for s in raw.split(",") if s.strip()]
     rng = random.Random(f"{base}:{salt}")
     return [rng.randrange(1, 10**6) for _ in range(trials(default_trials))]
-
-
-# -- running the CLI ---------------------------------------------------------------------------
-@dataclass
-class CliResult:
-    args: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def __str__(self) -> str:
-        return (
-            f"gpuswarm {' '.join(self.args)} -> rc {self.returncode} in {self.seconds:.1f}s\n"
-            f"--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}"
-        )
-
-
-def cli_argv(*args: str | os.PathLike[str], prefix: list[str] | None = None) -> list[str]:
-    return [*(prefix or [PY, "-m", "gpuswarm"]), *map(str, args)]
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    for var in ("GPUSWARM_RUN_DIR", "GPUSWARM_OWNER", "GPUSWARM_ATTEMPT_TOKEN"):
-        env.pop(var, None)  # never look like a task of some run ourselves
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("COLUMNS", "200")
-    env.update(extra or {})
-    return env
-
-
-def run_cli(
-    *args: str | os.PathLike[str],
-    cwd: Path,
-    timeout: float = 60,
-    env: dict[str, str] | None = None,
-) -> CliResult:
-    argv = cli_argv(*args)
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        argv,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=cli_env(env),
-        start_new_session=True,
-    )
-    return CliResult(argv[3:], proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
-
-
-@dataclass
-class CliProcess:
-    """A CLI process started in its own session; stdout/stderr are files under ``log_dir``."""
-
-    args: list[str]
-    popen: subprocess.Popen[bytes]
-    stdout_path: Path
-    stderr_path: Path
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def send(self, sig: int) -> None:
-        """Send ``sig`` to the CLI process only (not its group), like a targeted kill(1)."""
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, sig)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def wait(self, timeout: float = 60) -> CliResult:
-        rc = self.popen.wait(timeout)
-        seconds = time.monotonic() - self.started
-        return CliResult(self.args, rc, self.stdout(), self.stderr(), seconds)
-
-    def kill_group(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
-
-
-def start_cli(
-    *args: str | os.PathLike[str],
-    cwd: Path,
-    log_dir: Path,
-    env: dict[str, str] | None = None,
-    prefix: list[str] | None = None,
-) -> CliProcess:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    n = len(list(log_dir.glob("cli-*.out")))
-    out, err = log_dir / f"cli-{n}.out", log_dir / f"cli-{n}.err"
-    argv = cli_argv(*args, prefix=prefix)
-    with out.open("wb") as fo, err.open("wb") as fe:
-        popen = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=fo,
-            stderr=fe,
-            env=cli_env(env),
-            start_new_session=True,
-        )
-    return CliProcess([str(a) for a in args], popen, out, err)
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -215,52 +94,6 @@ def cmd_ids(n: int) -> list[str]:
 
 
 # -- waiting and reading a run -----------------------------------------------------------------
-def wait_for(
-    cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = ""
-) -> Any:
-    """Poll ``cond`` until it returns something truthy (returned); AssertionError at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
-        time.sleep(interval)
-
-
-def find_runs(workspace: Path) -> list[Path]:
-    """``<workspace>/<name>/run_*`` folders (staging folders excluded), sorted by name."""
-    return sorted(p for p in workspace.glob("*/run_*") if (p / "run.json").is_file())
-
-
-def wait_for_run(workspace: Path, timeout: float = 30.0) -> Path:
-    runs = wait_for(lambda: find_runs(workspace), timeout, what=f"a run under {workspace}")
-    assert len(runs) == 1, runs
-    return Path(runs[0])
-
-
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Complete lines of events.jsonl (a torn last line is skipped)."""
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for raw in path.read_bytes().split(b"\n"):
-        with contextlib.suppress(ValueError):
-            if raw:
-                out.append(json.loads(raw))
-    return out
-
-
-def count_events(run_dir: Path, ev: str, **match: Any) -> int:
-    return sum(
-        1
-        for e in read_events(run_dir)
-        if e.get("ev") == ev and all(e.get(k) == v for k, v in match.items())
-    )
-
-
 def summary(run_dir: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
     return data
@@ -273,14 +106,6 @@ def running_leases(run_dir: Path) -> list[str]:
 # -- processes ---------------------------------------------------------------------------------
 def _real(path: Path | str) -> str:
     return os.path.realpath(path)
-
-
-def pid_running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def env_processes(var: str, value: str, *, under: bool = False) -> list[psutil.Process]:

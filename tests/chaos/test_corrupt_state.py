@@ -16,19 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import (
-    HERE,
-    PY,
-    CliProcess,
-    CliResult,
-    count_events,
-    q,
-    read_events,
-    summary,
-    wait_for,
-    wait_for_run,
-    write_config,
-)
+from cli_driver import CliProcess, CliResult, count_events, read_events, wait_for, wait_for_run
+from harness import HERE, PY, q, summary, write_config
 from invariants import check_run, task_id_of
 
 pytestmark = pytest.mark.slow

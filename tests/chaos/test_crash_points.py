@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness import HERE, PY, CliProcess, CliResult, q, wait_for_run, write_config
+from cli_driver import CliProcess, CliResult, wait_for_run
+from harness import HERE, PY, q, write_config
 from invariants import check_run
 
 pytestmark = pytest.mark.slow

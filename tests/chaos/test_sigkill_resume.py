@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness import CliProcess, CliResult, q, summary, wait_for_run, write_config
+from cli_driver import CliProcess, CliResult, wait_for_run
+from harness import q, summary, write_config
 from invariants import check_run
 
 pytestmark = pytest.mark.slow

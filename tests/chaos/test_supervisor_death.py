@@ -18,18 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_driver import CliProcess, read_events, wait_for, wait_for_run
 from harness import (
     HERE,
     PY,
-    CliProcess,
     HeartbeatWatch,
     env_processes,
     owner_of,
     q,
-    read_events,
     running_leases,
-    wait_for,
-    wait_for_run,
     write_config,
 )
 from invariants import check_run

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from harness import CliProcess, cmd_ids, q, read_events, scale, wait_for_run, write_commands
+from cli_driver import CliProcess, read_events, wait_for_run
+from harness import cmd_ids, q, scale, write_commands
 from invariants import check_run
 
 pytestmark = pytest.mark.slow

@@ -17,18 +17,8 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import (
-    HERE,
-    PY,
-    CliProcess,
-    CliResult,
-    pid_running,
-    read_events,
-    summary,
-    wait_for,
-    wait_for_run,
-    write_config,
-)
+from cli_driver import CliProcess, CliResult, pid_running, read_events, wait_for, wait_for_run
+from harness import HERE, PY, summary, write_config
 from invariants import check_run
 
 pytestmark = pytest.mark.slow

@@ -20,187 +20,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from cli_driver import (  # noqa: F401 - re-exported for the tests of this folder
+    CliProcess,
+    CliResult,
+    cli_argv,
+    cli_env,
+    count_events,
+    find_runs,
+    pid_running,
+    read_events,
+    run_cli,
+    start_cli,
+    wait_for,
+    wait_for_run,
+)
 
 STATES = ("pending", "running", "done", "failed")
 
 
-# -- running the CLI ---------------------------------------------------------------------------
-@dataclass
-class CliResult:
-    args: list[str]
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-    def __str__(self) -> str:  # shown by pytest when an assertion on the result fails
-        return (
-            f"gpuswarm {' '.join(self.args)} -> rc {self.returncode} in {self.seconds:.1f}s\n"
-            f"--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
-        )
-
-
-def cli_argv(*args: str | os.PathLike[str]) -> list[str]:
-    return [sys.executable, "-m", "gpuswarm", *map(str, args)]
-
-
-def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("GPUSWARM_RUN_DIR", None)  # never look like a task of some run ourselves
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("COLUMNS", "200")  # rich: no wrapping of long paths in messages
-    env.update(extra or {})
-    return env
-
-
-def run_cli(
-    *args: str | os.PathLike[str],
-    cwd: Path,
-    input: str | None = None,
-    timeout: float = 60,
-    env: dict[str, str] | None = None,
-) -> CliResult:
-    argv = cli_argv(*args)
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        argv,
-        cwd=cwd,
-        input=input,
-        stdin=None if input is not None else subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=cli_env(env),
-        start_new_session=True,
-    )
-    return CliResult(argv[3:], proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
-
-
-@dataclass
-class CliProcess:
-    """A CLI process started in its own session; stdout/stderr are files under ``log_dir``."""
-
-    args: list[str]
-    popen: subprocess.Popen[bytes]
-    stdout_path: Path
-    stderr_path: Path
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def send(self, sig: int) -> None:
-        """Send ``sig`` to the CLI process only (not its group), like a targeted kill(1)."""
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, sig)
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
-
-    def stdout(self) -> str:
-        return self.stdout_path.read_text(errors="replace")
-
-    def wait(self, timeout: float = 60) -> CliResult:
-        rc = self.popen.wait(timeout)
-        seconds = time.monotonic() - self.started
-        return CliResult(self.args, rc, self.stdout(), self.stderr(), seconds)
-
-    def kill_group(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(10)
-
-
-def start_cli(
-    *args: str | os.PathLike[str],
-    cwd: Path,
-    log_dir: Path,
-    env: dict[str, str] | None = None,
-) -> CliProcess:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    n = len(list(log_dir.glob("cli-*.out")))
-    out, err = log_dir / f"cli-{n}.out", log_dir / f"cli-{n}.err"
-    argv = cli_argv(*args)
-    with out.open("wb") as fo, err.open("wb") as fe:
-        popen = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=fo,
-            stderr=fe,
-            env=cli_env(env),
-            start_new_session=True,
-        )
-    return CliProcess(argv[3:], popen, out, err)
-
-
 # -- waiting and reading a run -----------------------------------------------------------------
-def wait_for(
-    cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = ""
-) -> Any:
-    """Poll ``cond`` until it returns something truthy (returned); AssertionError at the timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
-        time.sleep(interval)
-
-
-def find_runs(workspace: Path) -> list[Path]:
-    """``<workspace>/<name>/run_*`` folders (staging folders excluded), sorted by name."""
-    return sorted(p for p in workspace.glob("*/run_*") if (p / "run.json").is_file())
-
-
-def wait_for_run(workspace: Path, timeout: float = 20.0) -> Path:
-    runs = wait_for(lambda: find_runs(workspace), timeout, what=f"a run under {workspace}")
-    assert len(runs) == 1, runs
-    return runs[0]
-
-
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Complete lines of events.jsonl (a torn last line is skipped)."""
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for raw in path.read_bytes().split(b"\n"):
-        with contextlib.suppress(ValueError):
-            if raw:
-                out.append(json.loads(raw))
-    return out
-
-
-def count_events(run_dir: Path, ev: str, **match: Any) -> int:
-    return sum(
-        1
-        for e in read_events(run_dir)
-        if e.get("ev") == ev and all(e.get(k) == v for k, v in match.items())
-    )
-
-
 def queue_files(run_dir: Path) -> dict[str, list[tuple[str, Path]]]:
     """task id -> [(state, descriptor path)] over the visible files of every state folder."""
     out: dict[str, list[tuple[str, Path]]] = {}
@@ -286,14 +132,6 @@ def wait_no_run_processes(root: Path, timeout: float = 10.0) -> None:
                     desc.append(f"{p.pid} ppid={p.ppid()} {p.cmdline()}")
             raise AssertionError(f"processes of {root} still alive after {timeout}s: {desc}")
         time.sleep(0.05)
-
-
-def pid_running(pid: int) -> bool:
-    """Alive and not a zombie."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def kill_run_processes(root: Path) -> int:
