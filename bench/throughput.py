@@ -64,6 +64,19 @@ class Cpu:
     total: float
     threads: dict[str, float] = field(default_factory=dict)
 
+    def split(self) -> str:
+        return ", ".join(f"{k} {v:.3f}" for k, v in self.threads.items())
+
+
+Runs = list[tuple[float, float, Cpu]]  # (wall s, in-run s, CPU) of each repeat
+
+
+def _rates(runs: Runs, n: int) -> tuple[float, float, Cpu]:
+    """Median wall and in-run tasks/s of the repeats, and their median CPU."""
+    wall = n / median([w for w, _, _ in runs])
+    in_run = n / median([r for _, r, _ in runs])
+    return wall, in_run, _median_cpu([c for _, _, c in runs])
+
 
 def gpuswarm_once(cmds: Path, slots: int, ws: Path) -> tuple[float, float, Cpu]:
     """(wall seconds, in-run seconds, CPU) of one durable gpuswarm run over ``cmds`` in ``ws``.
@@ -152,9 +165,7 @@ def run(cfg: Config) -> list[Row]:
     say(f"throughput: gpuswarm, {n} tasks x {cfg.repeats}")
     try:
         runs = [gpuswarm_once(cmds, g, work / f"ws-{i}") for i in range(cfg.repeats)]
-        ours = n / median([w for w, _, _ in runs])
-        in_run = n / median([r for _, r, _ in runs])
-        cpus["gpuswarm"] = _median_cpu([c for _, _, c in runs])
+        ours, in_run, cpus["gpuswarm"] = _rates(runs, n)
         rows.append(Row(BENCH, metric, "gpuswarm", ours, "tasks/s", note="durable, fsync on"))
         rows.append(
             Row(
@@ -209,14 +220,12 @@ def _in_ram_row(cfg: Config, cmds: Path, metric: str) -> Row:
         return failed(BENCH, metric, tool, exc)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    n = cfg.throughput_tasks
-    cpu = _median_cpu([c for _, _, c in runs])
-    split = ", ".join(f"{k} {v:.3f}" for k, v in cpu.threads.items())
+    wall, in_run, cpu = _rates(runs, cfg.throughput_tasks)
     note = (
-        f"profile only, not durable; in-run {n / median([r for _, r, _ in runs]):,.0f}/s; "
-        f"CPU {cpu.total:.2f} ms/task ({split})"
+        f"profile only, not durable; in-run {in_run:,.0f}/s; "
+        f"CPU {cpu.total:.2f} ms/task ({cpu.split()})"
     )
-    return Row(BENCH, metric, tool, n / median([w for w, _, _ in runs]), "tasks/s", note=note)
+    return Row(BENCH, metric, tool, wall, "tasks/s", note=note)
 
 
 def _median_cpu(runs: list[Cpu]) -> Cpu:
@@ -233,8 +242,7 @@ def _cpu_rows(cfg: Config, cpus: dict[str, Cpu], work: Path) -> list[Row]:
     rows = [Row(BENCH, metric, tool, cpu.total, "ms") for tool, cpu in cpus.items()]
     ours = cpus.get("gpuswarm")
     if ours is not None:
-        split = ", ".join(f"{k} {v:.3f}" for k, v in ours.threads.items())
-        rows[0].note = f"threads: {split}; the rest is the `true` children"
+        rows[0].note = f"threads: {ours.split()}; the rest is the `true` children"
         rows[0].extra = {"threads": ours.threads}
     say("throughput: floors (posix_spawn of `true`, durable file work alone)")
     parent, child = spawn_floor(cfg.throughput_tasks)

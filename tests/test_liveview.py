@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from gpuswarm.ledger import EventTail
-from gpuswarm.liveview import LiveView, SlotRow, ViewState, is_terminal
+from gpuswarm.live import is_terminal
+from gpuswarm.liveview import LiveView, SlotRow, ViewState
 
 
 def _view(tmp_path: Path) -> tuple[ViewState, LiveView]:

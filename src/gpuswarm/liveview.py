@@ -26,7 +26,6 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuswarm.ledger import read_events
-from gpuswarm.live import is_terminal as is_terminal  # re-exported
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
 

@@ -12,8 +12,8 @@ from typing import TextIO
 
 from gpuswarm.leases import is_live
 from gpuswarm.ledger import EventTail
-from gpuswarm.live import PlainReporter
-from gpuswarm.liveview import LiveView, initial_state, is_terminal, shown
+from gpuswarm.live import PlainReporter, is_terminal
+from gpuswarm.liveview import LiveView, initial_state, shown
 from gpuswarm.queue import State
 from gpuswarm.runs import open_run
 

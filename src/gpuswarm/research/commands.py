@@ -19,7 +19,7 @@ from gpuswarm.errors import (
     GpuswarmError,
     ResearchError,
 )
-from gpuswarm.liveview import is_terminal
+from gpuswarm.live import is_terminal
 from gpuswarm.research import api, executor, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
