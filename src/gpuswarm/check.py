@@ -3,16 +3,17 @@
 Checks: every task in exactly one state folder; no unreadable descriptor; no stale temp file;
 no lease held by a dead supervisor; events agree with folders (each task's last state-changing
 event names its folder, and its ``started`` events match its recorded attempts); no task that the
-journal knows of is missing. ``--repair`` (only on a run no supervisor holds) removes temp
-files, keeps the most advanced copy of a duplicated task, moves unreadable descriptors aside and
-returns orphaned running tasks to pending/, as ``resume`` would; it never retries failures.
+journal knows of is missing; no task journaled ``finished ... done`` twice. ``--repair`` (only
+on a run no supervisor holds) removes temp files, keeps the most advanced copy of a duplicated
+task, moves unreadable descriptors aside and returns orphaned running tasks to pending/, as
+``resume`` would; it never retries failures.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ class Journal:
     started: Counter[str]
     last: dict[str, str]
     added: int
+    completions: dict[str, list[Any]] = field(default_factory=dict)  # task -> attempts done
 
 
 def _event_state(e: dict[str, Any]) -> str | None:
@@ -68,6 +70,7 @@ def _journal(paths: RunPaths) -> Journal:
     started: Counter[str] = Counter()
     last: dict[str, str] = {}
     added = 0
+    completions: dict[str, list[Any]] = {}
     for e in read_events(paths.events):
         task, ev = e.get("task"), e.get("ev")
         if ev == "requeued" and e.get("reason") == "config-change":
@@ -76,10 +79,27 @@ def _journal(paths: RunPaths) -> Journal:
             continue
         if ev == "started":
             started[task] += 1
+        if ev == "finished" and e.get("state") == "done":
+            completions.setdefault(task, []).append(e.get("attempt"))
         state = _event_state(e)
         if state is not None:
             last[task] = state
-    return Journal(started, last, added)
+    return Journal(started, last, added, completions)
+
+
+def _duplicate_completions(journal: Journal) -> list[Finding]:
+    """A task journaled ``finished ... done`` more than once ran to completion twice (e.g. a
+    stalled supervisor committed a task another one had reclaimed and re-run)."""
+    return [
+        Finding(
+            "duplicate-completion",
+            f"finished done {len(attempts)} times in the journal "
+            f"(attempts {', '.join(str(a) for a in attempts)})",
+            task,
+        )
+        for task, attempts in sorted(journal.completions.items())
+        if len(attempts) > 1
+    ]
 
 
 def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
@@ -182,6 +202,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
         findings += _duplicates(queue, where, repair=False)
     journal = _journal(paths)
     findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _duplicate_completions(journal)
     findings += _lost(paths, info, where, journal)
     open_problems = [f for f in findings if not f.repaired and not (live and f.kind == "temp-file")]
     return {

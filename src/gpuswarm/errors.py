@@ -47,6 +47,11 @@ class QueueError(GpuswarmError):
     """The on-disk queue is in a state gpuswarm cannot repair by itself."""
 
 
+class LeaseLostError(QueueError):
+    """A claimed descriptor's lease file was renamed away (another supervisor reclaimed it):
+    the write that found it gone wrote nothing, and the task is no longer this process's."""
+
+
 class ResearchError(BadInputError):
     """A research command cannot do what was asked (no experiment, bad variant id, dirty edit)."""
 

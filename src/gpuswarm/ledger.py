@@ -31,6 +31,7 @@ class Ev(str, Enum):
     CORRUPT = "corrupt"
     QUARANTINED = "quarantined"  # a slot stopped claiming: its attempts kept failing fast
     SHUTDOWN = "shutdown"  # warm or cold shutdown requested
+    LEASE_LOST = "lease_lost"  # a reclaimer took a task from a stalled supervisor: not committed
     AGGREGATED = "aggregated"
 
 

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.errors import QueueError
+from gpuswarm.errors import LeaseLostError, QueueError
 from gpuswarm.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.paths import STATES, RunPaths
 
@@ -223,28 +223,49 @@ class DirQueue:
 
     # -- transitions of a claimed descriptor ---------------------------------------------------
     def save(self, claimed: Claimed) -> None:
-        """Write the claimed descriptor's data in place (temp + fsync + rename)."""
-        atomic_write_bytes(claimed.path, dumps_compact(claimed.data), durable=self.durable)
+        """Write the claimed descriptor's data in place (temp + fsync + rename), fenced: only
+        while the lease file exists (LeaseLostError, nothing written, when it was renamed away)."""
+        self._fenced_write(claimed, sync_dir=True)
+
+    def _fenced_write(self, claimed: Claimed, *, sync_dir: bool) -> None:
+        try:
+            atomic_write_bytes(
+                claimed.path,
+                dumps_compact(claimed.data),
+                durable=self.durable,
+                sync_dir=sync_dir,
+                fenced=True,
+            )
+        except FileNotFoundError:
+            raise LeaseLostError(
+                f"{claimed.path.name}: the lease is gone (another supervisor reclaimed the task)"
+            ) from None
 
     def move(
         self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
     ) -> Path:
         """Save and move a claimed descriptor to ``state`` (pending, done or failed).
 
-        The data is saved (with ``state``) first, then ``announce`` runs (it journals the
-        transition), then the rename makes it true. A crash after the save leaves a running
+        Fenced: the save replaces the leased file only while it exists (LeaseLostError, nothing
+        written or journaled, once a reclaimer renamed it away). The data is saved (with
+        ``state``) first, then ``announce`` runs (it journals the transition), then the rename
+        makes it true. A crash after the save leaves a running
         descriptor that says where it was going; recovery finishes a move to done/failed and
         journals it again, so the journal never lags behind the folders.
         """
         claimed.data["state"] = state.value
         claimed.data["moved_from"] = claimed.path.name
-        atomic_write_bytes(
-            claimed.path, dumps_compact(claimed.data), durable=self.durable, sync_dir=False
-        )
+        self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
         if announce is not None:
             announce()
         dst = self.paths.state_dir(state.value) / claimed.name
-        os.rename(claimed.path, dst)
+        try:
+            os.rename(claimed.path, dst)  # from the exact leased name: never re-creates it
+        except FileNotFoundError:
+            # a reclaimer renamed it after the save: it finds the begun move in the saved
+            # descriptor and finishes it (journaled as recovered), so the outcome stands
+            claimed.path = dst
+            return dst
         if self.durable:
             deferred: set[Path] | None = getattr(self._local, "dirs", None)
             if deferred is not None:

@@ -38,6 +38,7 @@ from gpuswarm.attempt_plan import (
     values_for,
 )
 from gpuswarm.config import TaskSpec
+from gpuswarm.errors import LeaseLostError
 from gpuswarm.gpus import Slot
 from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
@@ -88,6 +89,7 @@ class LiveAttempt:
     gpu_ids: tuple[int, ...]
     values: dict[str, str]
     fd: int | None = None  # the pidfd the loop polls (the attempt closes it once it ends)
+    fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
 
 
 Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool]  # slow: from a waiter
@@ -202,6 +204,7 @@ class Supervisor:
             now = time.monotonic()
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self._release_delayed(everything=self.stopping.is_set())
+            self._check_leases()
             if now >= next_beat:
                 next_beat = now + beat_every
                 self.ledger.sync()
@@ -214,6 +217,28 @@ class Supervisor:
                     # period, and the heartbeat must not wait for it
                     self._reclaimer = threading.Thread(target=self._reclaim, daemon=True)
                     self._reclaimer.start()
+
+    def _check_leases(self) -> None:
+        """Kill every attempt whose lease file is gone (a reclaimer renamed it away while this
+        supervisor was stalled): one stat per running attempt, no folder scan. Its outcome is
+        never committed (the fenced writes would refuse it anyway)."""
+        for live in list(self.live.values()):
+            if live.fenced or os.path.lexists(live.claimed.path):
+                continue
+            if self.live.get(live.slot.index) is not live:
+                continue  # it ended meanwhile: its commit is fenced
+            live.fenced = True
+            self._lease_lost(live.task_id, live.attempt, "its attempt is killed")
+            live.handle.cancel(hard=True)
+
+    def _lease_lost(self, task_id: str, attempt: int | None, what: str) -> None:
+        self.ledger.emit(
+            Ev.LEASE_LOST,
+            task=task_id,
+            attempt=attempt,
+            owner=self.cfg.owner,
+            reason=f"lease lost (another supervisor reclaimed the task): {what}",
+        )
 
     def _cap_logs(self) -> bool:
         """Cap every live attempt's log; False when one is growing fast (check again soon)."""
@@ -244,7 +269,11 @@ class Supervisor:
                     return
                 _, _, claimed = heapq.heappop(self._delayed)
             claimed.data.pop("retry_at", None)
-            self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+            try:
+                self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+            except LeaseLostError:
+                self._lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
+                continue
             self._more_work()
 
     def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
@@ -445,7 +474,8 @@ class Supervisor:
             free.appendleft(slot)
             return
         if self.stopping.is_set():  # a stop came between the claim and the launch
-            self._hand_back(claimed, task, None)
+            with contextlib.suppress(LeaseLostError):
+                self._hand_back(claimed, task, None)
             free.appendleft(slot)
             return
         number = len(claimed.data["attempts"]) + 1
@@ -504,11 +534,16 @@ class Supervisor:
         """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
         record = record_of(end, live.slot, live.gpu_ids, live.attempt)
         cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
-        if end.kind is EndKind.CANCELLED:
-            self._hand_back(live.claimed, live.task, record)
-            return
-        outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
-        self._finish(live.claimed, live.task, outcome)
+        if live.fenced:
+            return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        try:
+            if end.kind is EndKind.CANCELLED:
+                self._hand_back(live.claimed, live.task, record)
+                return
+            outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
+            self._finish(live.claimed, live.task, outcome)
+        except LeaseLostError:
+            self._lease_lost(live.task_id, live.attempt, "its outcome is not committed")
 
     def _committer(self) -> None:
         """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""
