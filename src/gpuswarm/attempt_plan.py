@@ -68,6 +68,7 @@ def launch_spec_for(
         GPUSWARM_TASK_WORKSPACE=values["workspace"],
         GPUSWARM_ATTEMPT=str(n),
         GPUSWARM_OWNER=owner,
+        GPUSWARM_SLOT_ID=slot.label,  # unique in the run: <host>-gpu3, <host>-gpu3.1
     )
     if "task_dir" in task.vars:
         env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]

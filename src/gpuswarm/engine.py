@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -18,7 +18,7 @@ from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
 from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
-from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
+from gpuswarm.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
@@ -279,6 +279,8 @@ def supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
+            setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
+            cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
             shown = _reporter(paths, queue, ledger, setup, output)

@@ -15,6 +15,7 @@ from gpuswarm.errors import ConfigError, RunDirError
 
 STATES = ("pending", "running", "done", "failed")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 RUN_PREFIX = "run_"
 
@@ -94,8 +95,11 @@ class RunPaths:
     def attempt_log(self, task_id: str, attempt: int) -> Path:
         return self.attempt_dir(task_id, attempt) / "output.log"
 
-    def slot_home(self, slot: int) -> Path:
-        return self.homes / f"slot-{slot}"
+    def slot_home(self, slot_id: str) -> Path:
+        """``homes/<slot-id>/``: one private HOME per slot id (unique within the run)."""
+        if not _SLOT_ID_RE.match(slot_id):
+            raise ValueError(f"slot id {slot_id!r} is not a safe folder name")
+        return self.homes / slot_id
 
     # -- recognising runs --------------------------------------------------------------------------
     def is_run(self) -> bool:

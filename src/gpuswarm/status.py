@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.leases import is_live
+from gpuswarm.leases import is_live, slot_label
 from gpuswarm.ledger import tail_events
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths, find_runs
@@ -39,14 +39,15 @@ def _running(queue: DirQueue, now: float) -> list[dict[str, Any]]:
                 "task": data.get("id", task_id_of(name)),
                 "name": data.get("task", {}).get("name", ""),
                 "owner": lease[0] if lease else None,
-                "slot": lease[1] if lease else None,
+                "host": lease[0].split(":", 1)[0] if lease else None,
+                "slot": slot_label(queue.paths, *lease) if lease else None,  # unique in the run
                 "attempt": attempt,
                 "elapsed": round(now - since, 1),
                 "timeout": data.get("task", {}).get("timeout"),
                 "log": str(queue.paths.attempt_log(data["id"], attempt)) if "id" in data else None,
             }
         )
-    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or 0))
+    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or ""))
 
 
 def _failures(queue: DirQueue, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:

@@ -596,7 +596,7 @@ class Supervisor:
     def _prepare_home(self, slot: Slot) -> dict[str, str]:
         if not self.cfg.isolate_home:
             return {}
-        return prepare_home(self.paths.slot_home(slot.index), self.cfg.provisions)
+        return prepare_home(self.paths.slot_home(slot.label), self.cfg.provisions)
 
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         data = claimed.data

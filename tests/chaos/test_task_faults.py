@@ -21,6 +21,8 @@ from cli_driver import CliProcess, CliResult, pid_running, read_events, wait_for
 from harness import HERE, PY, summary, write_config
 from invariants import check_run
 
+from gpuswarm.leases import host_slug
+
 pytestmark = pytest.mark.slow
 
 FAULTY = str(HERE / "faulty.py")
@@ -218,10 +220,11 @@ def test_breaker_quarantines_slots_whose_attempts_keep_failing(
         if state == "pending":
             assert rep.descriptors[tid]["attempts"] == [], tid
     quarantined = summary(run_dir)["quarantined"]
-    assert sorted(q["slot"] for q in quarantined) == ["gpu0", "gpu1"], quarantined
+    ids = [f"{host_slug()}-gpu{i}" for i in (0, 1)]  # slot ids name host + GPU
+    assert sorted(q["slot"] for q in quarantined) == ids, quarantined
     assert all(f"last {failures} attempts failed" in q["reason"] for q in quarantined)
     events = [e for e in read_events(run_dir) if e["ev"] == "quarantined"]
-    assert sorted(e["slot"] for e in events) == ["gpu0", "gpu1"], events
+    assert sorted(e["slot"] for e in events) == ids, events
     figures(
         "4b breaker (failures 3) on sim:2",
         tasks=n,
