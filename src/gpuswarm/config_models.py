@@ -25,7 +25,7 @@ from pydantic import (
 
 from gpuswarm.config_errors import flag_error
 from gpuswarm.paths import slugify
-from gpuswarm.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.placeholders import CONFIG_REF, GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
@@ -68,9 +68,11 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
-def _timeout(value: object) -> float | None:
+def _timeout(value: object) -> float | str | None:
     if value is None:
         return None
+    if isinstance(value, str) and CONFIG_REF.fullmatch(value.strip()):
+        return value.strip()  # a glob task's ``{config.field}``: resolved per matched file
     try:
         return parse_duration(value)
     except ValueError as exc:
@@ -78,7 +80,7 @@ def _timeout(value: object) -> float | None:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-Timeout = Annotated[float | None, BeforeValidator(_timeout)]
+Timeout = Annotated[float | str | None, BeforeValidator(_timeout)]
 
 
 # -- env, metrics, paths ---------------------------------------------------------------------------
@@ -332,6 +334,7 @@ class RunConfig(BaseModel):
     gpus_per_task: int = Field(default=1, ge=1)
     tasks_per_gpu: int = Field(default=1, ge=1)
     grace: Duration = 10.0
+    tasks_root: NonEmpty | None = None  # glob task ids: folder paths relative to this
     home: HomeConfig = Field(default_factory=HomeConfig)
     reliability: Reliability = Field(default_factory=Reliability)
     defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())
