@@ -12,7 +12,7 @@
     grace: 10s                 # SIGTERM -> SIGKILL grace on timeout / shutdown
     home:                      # optional per-slot private HOME with its own caches
       isolate: false
-      provision:               # read-only copies into that HOME (needs isolate: true);
+      provision:               # private, writable copies into that HOME (needs isolate: true);
         - {src: ~/.codex/auth.json, dest: .codex/auth.json}   # src must exist; dest relative
     reliability:               # all optional, these are the defaults
       lease_ttl: 30s           # reclaim a task whose supervisor shows no heartbeat this long

@@ -249,7 +249,7 @@ class TaskEntry(TaskOptions):
 
 # -- run level ------------------------------------------------------------------------------------
 class ProvisionEntry(BaseModel):
-    """A file copied read-only into each slot's private HOME."""
+    """A file or folder copied (private, writable: 0600/0700) into each slot's private HOME."""
 
     model_config = _STRICT
 

@@ -283,7 +283,7 @@ def test_tasks_per_gpu_two_gives_two_slots_per_gpu(tmp_path: Path) -> None:
     assert json.loads((run / "run.json").read_text())["slot_count"] == 4
 
 
-def test_isolated_home_with_read_only_provisioned_credential(tmp_path: Path) -> None:
+def test_isolated_home_with_private_provisioned_credential(tmp_path: Path) -> None:
     probe = write_probe(tmp_path)
     secret_file = tmp_path / "host_auth.json"
     secret_file.write_text('{"token": "host-credential-42"}\n')
@@ -325,13 +325,13 @@ def test_isolated_home_with_read_only_provisioned_credential(tmp_path: Path) -> 
             "CODEX_HOME",
         ):
             assert Path(env[var]).is_relative_to(home), f"{var}={env[var]} not inside {home}"
-        assert info["auth_mode"] == 0o400, oct(info["auth_mode"])
+        assert info["auth_mode"] == 0o600, oct(info["auth_mode"])
         assert info["auth_text"] == secret_file.read_text()
         homes.add(env["HOME"])
     # the two tasks overlapped on two slots: each slot has its own HOME
     assert len(homes) == 2
     # the host file is untouched
-    assert stat.S_IMODE(secret_file.stat().st_mode) != 0o400
+    assert stat.S_IMODE(secret_file.stat().st_mode) != 0o600
 
 
 # == 2. Completion files ===========================================================================
