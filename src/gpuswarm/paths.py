@@ -130,6 +130,31 @@ def list_runs(parent: Path) -> list[Path]:
     return sorted(runs, key=lambda p: p.name)
 
 
+def resolve_run_dir(arg: Path, workspace: Path = Path("runs")) -> Path:
+    """The run folder meant by ``arg``: a run folder, any path inside one (``.../run.json``,
+    ``.../tasks/x/attempt-1/output.log``), or a bare run name (``run_20260702_041903``, as
+    AgentKernelArena takes it) looked up under ``workspace``. Anything else comes back as given
+    (the caller's "no such run directory" names it)."""
+    if arg.exists():
+        here = arg.resolve()
+        for folder in (here, *here.parents) if here.is_dir() else here.parents:
+            if RunPaths(folder).is_run():
+                return folder
+        return arg
+    if len(arg.parts) == 1 and arg.name.startswith(RUN_PREFIX):
+        found = [r for r in find_runs(workspace) if r.name == arg.name]
+        if len(found) > 1:
+            listed = ", ".join(str(r) for r in found)
+            raise RunDirError(f"{arg.name} names several runs ({listed}); pass the run folder")
+        if found:
+            return found[0]
+        raise RunDirError(
+            f"{arg}: no such run directory, and no run of that name under {workspace}; pass the "
+            "run folder, or --workspace where runs are"
+        )
+    return arg
+
+
 def find_runs(workspace: Path) -> list[Path]:
     """All runs under a workspace: ``<workspace>/<name>/run_*``, oldest first by folder name."""
     if not workspace.is_dir():

@@ -11,9 +11,10 @@ Layout (under ``RunPaths.parallel``)::
 Every transition is one ``rename`` on one filesystem, so a descriptor is in exactly one state
 folder at any time and two claimers can never both win (the loser's rename fails with ENOENT).
 Names sort lexicographically in claim order (priority first, then submission order). A claim pops
-the next name from an in-memory heap; the folder is scanned only when the heap runs dry, never
-per claim. Contents change only in ``running/`` (temp + fsync + rename over the claimed file),
-before the descriptor moves on.
+the next name from an in-memory heap; the folder is scanned only when the heap runs dry or the
+``added`` marker (touched by :meth:`DirQueue.add_pending`) changed, never per claim. Contents
+change only in ``running/`` (temp + fsync + rename over the claimed file), before the descriptor
+moves on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -137,6 +139,7 @@ class DirQueue:
         self._heap: list[str] = []
         self._lock = threading.Lock()
         self._loaded = False
+        self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers
@@ -172,8 +175,28 @@ class DirQueue:
             os.close(folder)
         return count
 
+    @staticmethod
+    def add_pending(
+        paths: RunPaths, task: dict[str, Any], seq: int, *, durable: bool = True
+    ) -> str:
+        """Add one task to a run that may be live (temp + fsync + rename into pending/), then
+        touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
+        added later with a higher priority is claimed before those already in their heaps."""
+        desc = new_descriptor(task, seq)
+        name = descriptor_name(int(task.get("priority", 0)), seq, str(task["id"]))
+        atomic_write_bytes(paths.state_dir("pending") / name, dumps_compact(desc), durable=durable)
+        note_added(paths)
+        return name
+
     # -- claiming ------------------------------------------------------------------------------
+    def _added_mark(self) -> int | None:
+        try:
+            return (self.paths.parallel / ADDED_MARKER).stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
     def _refill(self) -> None:
+        self._added_seen = self._added_mark()  # before the scan: an add during it rescans again
         names = [e.name for e in os.scandir(self.paths.state_dir("pending")) if _visible(e.name)]
         heapq.heapify(names)
         self._heap = names
@@ -189,7 +212,10 @@ class DirQueue:
         rescanned = False
         while True:
             with self._lock:
-                if not self._heap and (not self._loaded or not rescanned):
+                if not self._loaded or self._added_mark() != self._added_seen:
+                    self._refill()  # first claim, or tasks were added: one stat per claim
+                    rescanned = True
+                elif not self._heap and not rescanned:
                     self._refill()
                     rescanned = True
                 if not self._heap:
@@ -334,6 +360,20 @@ class DirQueue:
         return Claimed(name=base_name(name), path=path, data=data)
 
 
+ADDED_MARKER = "added"  # .parallel/added: touched whenever tasks are added to a run
+
+
+def note_added(paths: RunPaths) -> None:
+    """Tell live supervisors that pending/ has new tasks (their next claim rescans it)."""
+    marker = paths.parallel / ADDED_MARKER
+    now = time.time_ns()
+    try:
+        os.utime(marker, ns=(now, now))
+    except FileNotFoundError:
+        marker.touch()
+        os.utime(marker, ns=(now, now))
+
+
 def sync_tree(path: Path) -> None:
     """Flush every file written under ``path`` to disk: syncfs(2) where available, else sync(2)."""
     libc_name = ctypes.util.find_library("c")
@@ -360,6 +400,7 @@ __all__ = [
     "descriptor_name",
     "lease_of",
     "new_descriptor",
+    "note_added",
     "sync_tree",
     "task_id_of",
 ]

@@ -22,7 +22,7 @@ from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
 from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
+from gpuswarm.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
     LEASE_SEP,
@@ -99,7 +99,7 @@ def _remove_tree(root: Path) -> None:
 
 def open_run(run_dir: Path) -> tuple[RunPaths, dict[str, Any]]:
     """The run's paths and its run.json, or RunDirError naming what is wrong."""
-    paths = RunPaths(run_dir.resolve()).require_run()
+    paths = RunPaths(resolve_run_dir(run_dir).resolve()).require_run()  # a name or inner path
     try:
         info = read_json(paths.run_json)
     except (OSError, ValueError) as exc:
@@ -148,8 +148,10 @@ def recover(
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
     for name in queue.names(State.RUNNING):
         moved[_recover_running(queue, ledger, name)] += 1
-    if retry_failed:
-        for name in queue.names(State.FAILED):
+    for name in queue.names(State.FAILED):
+        if _finish_begun_retry(queue, ledger, name):
+            moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
+        elif retry_failed:
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
 
@@ -259,14 +261,26 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
         return 0
     data["budget_from"] = len(data.get("attempts", []))
     data["reason"] = None
-    data["state"] = State.PENDING.value
+    data["state"] = State.PENDING.value  # in failed/: marks a begun retry (recovery ends it)
     staged = queue.paths.state_dir("failed") / f".retry-{base_name(name)}"
     atomic_write_json(staged, data, durable=queue.durable)
-    os.replace(staged, src)
-    os.rename(src, queue.paths.state_dir("pending") / name)
+    os.replace(staged, src)  # save
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")  # journal
+    os.rename(src, queue.paths.state_dir("pending") / name)  # rename: like every arrow
     queue.push(name)
-    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
     return 1
+
+
+def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
+    """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
+    it (again: the journal must never lag behind the folders) and finish the rename."""
+    data = queue.read(State.FAILED, name)
+    if data is None or data.get("state") != State.PENDING.value:
+        return False
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
+    os.rename(queue.paths.state_dir("failed") / name, queue.paths.state_dir("pending") / name)
+    queue.push(name)
+    return True
 
 
 def reclaim_dead(

@@ -29,7 +29,7 @@ from gpuswarm import __version__
 from gpuswarm.config import TaskSpec
 from gpuswarm.engine import Output, setup_from_info, supervise
 from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import atomic_write_json, temp_writer_alive
+from gpuswarm.fsutil import temp_writer_alive
 from gpuswarm.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.leases import slot_label
 from gpuswarm.logs import log_tail
@@ -39,9 +39,7 @@ from gpuswarm.queue import (
     DirQueue,
     State,
     base_name,
-    descriptor_name,
     lease_of,
-    new_descriptor,
     task_id_of,
 )
 from gpuswarm.research import gitops
@@ -160,8 +158,7 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
     run = run_paths(paths, cfg)
     task = task_for(paths, cfg, v)
     seq = int(v.id[1:])
-    name = descriptor_name(task.priority, seq, task.id)
-    atomic_write_json(run.state_dir("pending") / name, new_descriptor(task.model_dump(), seq))
+    DirQueue.add_pending(run, task.model_dump(), seq)  # touches the marker live runners watch
 
 
 def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
