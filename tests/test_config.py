@@ -748,8 +748,8 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     message = error(tmp_path, "tasks:\n  - command: a\n  - command: echo {foo}\n")
     assert message.endswith(
         "kernels.yaml:3: tasks[1].command: unknown placeholder {foo} in the command; known "
-        "placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {task_id}, "
-        "{workspace}; write {{ and }} for literal braces"
+        "placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {slot_id}, "
+        "{task_id}, {workspace}; write {{ and }} for literal braces"
     )
     text = "tasks:\n  - matrix: {lr: [1]}\n    command: [echo, '{lr}', '{seed}']\n"
     assert (
@@ -764,7 +764,7 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     )
     assert error(tmp_path, "tasks: [{command: a, done_when: '{x}.yaml'}]\n").endswith(
         "done_when; known placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, "
-        "{task_id}, {workspace}; write {{ and }} for literal braces"
+        "{slot_id}, {task_id}, {workspace}; write {{ and }} for literal braces"
     )
     assert "tasks[0].cwd: unknown placeholder {where} in cwd" in error(
         tmp_path, "tasks: [{command: a, cwd: '{where}'}]\n"

@@ -42,6 +42,7 @@ def values_for(
         "gpu_ids": ",".join(map(str, gpu_ids)),
         "gpu": str(gpu_ids[0]) if gpu_ids else "",
         "slot": str(slot.index),
+        "slot_id": slot.label,
     }
 
 

@@ -24,7 +24,8 @@ PLACEHOLDERS_AT_LAUNCH = (
     "attempt",  # 1, 2, ...
     "gpu_ids",  # host GPU ids of the slot, comma separated: "0,1"
     "gpu",  # the first of them
-    "slot",  # the worker slot number
+    "slot",  # the worker slot number (0..n-1 of its supervisor)
+    "slot_id",  # the slot's id, unique in the run: <host>-gpu3, <host>-gpu3.1
 )
 
 #: Variables a ``glob:`` entry defines for each matched file.

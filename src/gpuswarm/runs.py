@@ -20,7 +20,7 @@ import psutil
 from gpuswarm import __version__
 from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
-from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
+from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
@@ -193,7 +193,7 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
     data["attempts"].append(
         {
             "n": len(data["attempts"]) + 1,
-            "slot": f"slot {lease[1]}" if lease else "",
+            "slot": slot_label(queue.paths, *lease) if lease else "",
             "interrupted": True,
             "kind": "lost",
             "reason": "its supervisor died" + (f" ({lease[0]})" if lease else ""),

@@ -21,13 +21,13 @@ from conftest import queue_files
 from gpuswarm.leases import host_slug
 from gpuswarm.paths import slugify
 
-TASKS = 24
+TASKS = 18
 
 
 def _config(tmp_path: Path, log: Path) -> Path:
     record = (
         f'echo "$HOME $GPUSWARM_SLOT_ID $(date +%s.%N) start" >> {shlex.quote(str(log))}; '
-        "sleep 0.6; "
+        "sleep 1.5; "
         f'echo "$HOME $GPUSWARM_SLOT_ID $(date +%s.%N) end" >> {shlex.quote(str(log))}'
     )
     lines = [
