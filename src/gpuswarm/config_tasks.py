@@ -449,7 +449,10 @@ def _dedupe_hint(entry: TaskEntry) -> str:
         example = "-".join(f"{k}{{{k}}}" for k in entry.matrix)
         return f'use every matrix key in the name, e.g. name: "{example}"'
     if entry.glob is not None:
-        return 'keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
+        return (
+            "two task folders give one id (ids are their paths relative to tasks_root, made "
+            'safe): rename one folder, or keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
+        )
     return "set a different name: on one of them"
 
 
