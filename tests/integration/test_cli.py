@@ -511,6 +511,7 @@ def test_glob_and_matrix_tasks(tmp_path: Path) -> None:
     cfg = write_yaml(
         tmp_path / "g.yaml",
         {
+            "tasks_root": "tasks/x",  # ids and task_rel relative to it (default: the config's)
             "tasks": [
                 {
                     "glob": "tasks/x/*/config.yaml",
