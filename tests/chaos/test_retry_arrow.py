@@ -12,6 +12,7 @@ import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_driver import CliProcess, CliResult, read_events, wait_for_run
@@ -33,7 +34,7 @@ def test_a_crash_inside_the_resume_retry_arrow_leaves_a_consistent_run(
     cli_popen: Callable[..., CliProcess],
     point: str,
 ) -> None:
-    tasks = [
+    tasks: list[dict[str, Any]] = [
         {"name": "ok", "command": "true"},
         {"name": "broken", "command": "exit 3", "shell": True},
     ]

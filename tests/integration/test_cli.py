@@ -530,7 +530,7 @@ def test_glob_and_matrix_tasks(tmp_path: Path) -> None:
                     "name": "lr{lr}-s{seed}",
                     "command": [PY, "-c", dump, "{workspace}/seen.txt", "{lr}", "{seed}"],
                 },
-            ]
+            ],
         },
     )
     proc = gs("run", "--gpus", "sim:2", cfg, cwd=tmp_path)

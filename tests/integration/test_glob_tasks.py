@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from cli_driver import CliResult, find_runs, run_cli
 from conftest import queue_files
 
-KERNELS = {
+KERNELS: dict[str, dict[str, Any]] = {
     "hip2hip/gpumode/GELU": {"performance_timeout": 1, "kernel": "gelu"},
     "hip2hip/gpumode/softmax": {"performance_timeout": "90s", "kernel": "softmax"},
     "hip2hip/ops/add": {"performance_timeout": "2m", "kernel": "add"},
@@ -45,7 +46,7 @@ def _run(tmp_path: Path, body: str, *args: str) -> CliResult:
     return run_cli("run", "-q", "--no-report", *args, _config(tmp_path, body), cwd=tmp_path)
 
 
-def _tasks(tmp_path: Path) -> dict[str, dict[str, object]]:
+def _tasks(tmp_path: Path) -> dict[str, dict[str, Any]]:
     (run_dir,) = find_runs(tmp_path / "ws")
     out = {}
     for task_id, places in queue_files(run_dir).items():

@@ -120,10 +120,10 @@ def test_an_unprivileged_task_can_refresh_its_provisioned_credentials(nobody_dir
     # before: ".claude.json: Permission denied" (0400 copy) and the task failed
     assert proc.returncode == 0, (proc.stdout, proc.stderr, log)
     assert run_dir.stat().st_uid == NOBODY  # it really ran as the unprivileged user
-    modes = dict(
-        reversed(line.split(" ", 1))  # type: ignore[misc]
-        for line in (run_dir / "tasks" / "agent" / "modes.txt").read_text().splitlines()
-    )
+    modes: dict[str, str] = {}
+    for line in (run_dir / "tasks" / "agent" / "modes.txt").read_text().splitlines():
+        bits, name = line.split(" ", 1)
+        modes[name] = bits
     (slot_home,) = (run_dir / "homes").iterdir()
     assert modes == {
         f"{slot_home}/.claude.json": "600",
