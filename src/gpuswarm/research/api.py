@@ -223,6 +223,12 @@ def try_variant(
             commit = _from_variant(exp, state, from_id, message)
         else:
             commit = variants.from_worktree(exp.paths, exp.cfg, state, message)
+        same = variants.twin(exp.paths, state, commit)
+        if same is not None:
+            raise ResearchError(
+                f"this variant's code is identical to {same}: it would measure nothing new, so "
+                "it is not queued; change something else (your files are left as they are)"
+            )
         queued = _queue_baselines(exp, state, 1) if _baseline_needed(state) else []
         v = variants.record(
             exp.paths,

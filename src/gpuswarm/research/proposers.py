@@ -61,10 +61,19 @@ class MutateProposer:
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
         self._offered: set[str] = set()  # digests proposed, maybe not journaled yet
+        self._digests: dict[str, str] = {}
+
+    def _digest_of(self, commit: str) -> str:
+        """The mutate digest of a commit's editable files (cached: commits never change)."""
+        if commit not in self._digests:
+            self._digests[commit] = mutate.digest(_base_files(self.paths, self.cfg, commit))
+        return self._digests[commit]
 
     def propose(self, state: State) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
         tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}
+        # every variant's code, however it was made (by hand, a re-base): never propose a twin
+        tried.update(self._digest_of(v.commit) for v in state.variants.values())
         tried.add(mutate.digest(files))
         with self._lock:  # proposals may be made in parallel: never the same one twice
             m = mutate.propose(files, self.rng, tried | self._offered)

@@ -172,6 +172,12 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
             reason = f"{d.reason}; conflicts with BASE {gitops.short(state.base)}"
             _decided(paths, cfg, state, v, "discard", reason, None)
             return
+        same = variants.twin(paths, state, commit)
+        if same is not None:  # nothing new to measure: never run or keep an empty change
+            what = "already part of" if same.startswith("BASE") else "on BASE identical to"
+            reason = f"{d.reason}; its change is {what} {same}, not re-evaluated"
+            _decided(paths, cfg, state, v, "discard", reason, None)
+            return
         combo = variants.record(
             paths,
             cfg,

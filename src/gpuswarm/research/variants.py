@@ -62,6 +62,21 @@ def record(
     return v
 
 
+def twin(paths: ExpPaths, state: State, commit: str) -> str | None:
+    """What ``commit``'s code is identical to (same tree): BASE, or a variant already queued,
+    running or decided ("v0003 (discard)"); None when it is new. Identical code measures
+    nothing new: it is never run or kept."""
+    commits = [state.base, commit, *(v.commit for v in state.variants.values())]
+    tree = gitops.trees(paths.repo, commits)
+    if tree[commit] == tree[state.base]:
+        return f"BASE {gitops.short(state.base)}"
+    for v in state.variants.values():
+        if tree[v.commit] == tree[commit]:
+            where = v.decision["status"] if v.decision is not None else "in flight"
+            return f"{v.id} ({where}: {v.description})"
+    return None
+
+
 def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
     try:
         return (paths.repo / rel).read_bytes()
