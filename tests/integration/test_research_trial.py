@@ -232,3 +232,56 @@ def test_mutate_never_proposes_a_twin_of_a_manual_variant(
         assert offered == options - {made}, try_data
     finally:
         stop(gpuswarm, repo)
+
+
+# -- 2. the working tree follows keeps only where gpuswarm wrote it ----------------------------
+def test_files_follow_keeps_after_the_user_commits_on_the_branch(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)
+    try:
+        edit_constant(repo, "LR", "0.045")  # the user's own commit on the experiment branch
+        git(repo, "commit", "-q", "-am", "LR 0.045 by hand")
+        mine = git(repo, "rev-parse", "HEAD")
+        tried = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
+        assert tried["parent"] == mine, tried
+        assert git(repo, "status", "--porcelain") == ""
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        assert waited["timed_out"] is False
+        assert branch_tip(repo) == tried["commit"]  # kept (DEPTH 6 is better)
+        assert (repo / "train.py").read_text().rstrip("\n") == show(repo, tried["commit"])
+        assert git(repo, "status", "--porcelain") == ""  # files, index and HEAD agree
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert status["files"]["case"] == "following", status["files"]
+        # an edit in progress is never overwritten by a keep, and status says so
+        edit_constant(repo, "DEPTH", "7")
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert status["files"]["case"] == "edited", status["files"]
+        assert "train.py" in status["files"]["message"]
+    finally:
+        stop(gpuswarm, repo)
+
+
+def test_keeps_never_touch_another_branchs_files(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    init(gpuswarm, repo, "--no-checkout")
+    master_train = (repo / "train.py").read_text()
+    try:
+        tried = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        assert (repo / "train.py").read_text() == master_train  # put back as it was
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        assert waited["timed_out"] is False
+        assert branch_tip(repo) == tried["commit"]  # kept
+        assert git(repo, "symbolic-ref", "--short", "HEAD") == "master"
+        assert (repo / "train.py").read_text() == master_train
+        assert git(repo, "status", "--porcelain") == ""
+        assert waited["files"]["case"] == "other-branch", waited["files"]
+        assert "master" in waited["files"]["message"]
+        # an edit made on master is measured as master's edit, carried onto BASE
+        tried = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
+        source = show(repo, tried["commit"])
+        assert "LR = 0.05\n" in source + "\n" and "DEPTH = 6\n" in source + "\n", source
+        assert (repo / "train.py").read_text() == master_train
+    finally:
+        stop(gpuswarm, repo)

@@ -242,7 +242,11 @@ def try_variant(
             meta=meta,
         )
         if files is None and patch is None and from_id is None:
-            variants.restore(exp.paths, exp.cfg, state.base)
+            if variants.on_branch(exp.paths, exp.cfg):
+                variants.restore(exp.paths, exp.cfg, state.base)
+            else:  # another branch's files: back to what they were, never BASE's
+                start = variants.edit_start(exp.paths, exp.cfg, state)
+                variants.restore(exp.paths, exp.cfg, start, journal=False)
         _queue(exp, state, [*queued, v])
     return {
         "id": v.id,
@@ -348,6 +352,7 @@ def _headline(exp: Experiment, state: State) -> dict[str, Any]:
         "goal": exp.cfg.goal,
         "mode": state.mode,
         "round": state.round,
+        "files": variants.files_case(exp.paths, exp.cfg, state),
     }
 
 
@@ -414,7 +419,8 @@ def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, A
         if v.decision is not None:  # overriding the policy: a second row says so
             state.variants[vid].decision = None
         apply(exp.paths, exp.cfg, state, Decision(vid, "keep", reason))
-    return {"id": vid, "status": "keep", "base": state.base}
+    files = variants.files_case(exp.paths, exp.cfg, state)
+    return {"id": vid, "status": "keep", "base": state.base, "files": files}
 
 
 def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dict[str, Any]:

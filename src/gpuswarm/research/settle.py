@@ -37,6 +37,7 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     state = replay(paths)
     executor.remove_cut_writes(paths, cfg)
     _follow_branch(paths, cfg, state)
+    variants.adopt_worktree(paths, cfg, state)
     queued = executor.tasks(paths, cfg) if state.in_flight() else {}
     for v in state.in_flight():
         found = queued.get(v.id)
@@ -82,6 +83,9 @@ def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None
                 f"`git branch -f {cfg.branch} {state.base}`"
             )
         _based(paths, state, state.base, tip, None)  # a new BASE without a metric: re-baseline
+        if variants.on_branch(paths, cfg):  # the user's commit (or reset, merge) on the branch:
+            append(paths, "worktree", base=tip)  # git wrote the files; edits start from there
+            state.worktree_base = tip
 
 
 def _based(paths: ExpPaths, state: State, frm: str, to: str, vid: str | None) -> None:
@@ -153,10 +157,13 @@ def _decided(
 
 def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
     old = state.base
-    clean = variants.worktree_clean(paths, cfg, state.worktree_base)
+    # the files follow a keep only where gpuswarm wrote them last and nobody edited them since;
+    # with HEAD on another branch (--no-checkout, `git checkout master`) they are never touched
+    follow = variants.on_branch(paths, cfg)
+    clean = follow and variants.worktree_clean(paths, cfg, state.worktree_base)
     gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", v.commit, old)
     _based(paths, state, old, v.commit, v.id)
-    if variants.on_branch(paths, cfg):  # HEAD follows the branch: keep `git status` clean
+    if follow:  # HEAD follows the branch: keep `git status` clean
         variants.sync_index(paths, cfg, v.commit)
     if clean:  # nobody is editing: the editable files follow BASE
         variants.restore(paths, cfg, v.commit)

@@ -84,10 +84,18 @@ def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
         return None
 
 
+def edit_start(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> str:
+    """The commit the user's files were made from: the last BASE gpuswarm wrote into them while
+    HEAD is on the experiment branch, else HEAD's commit (gpuswarm never wrote there)."""
+    if on_branch(paths, cfg):
+        return state.worktree_base
+    return gitops.rev_parse(paths.repo, "HEAD") or state.worktree_base
+
+
 def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message: str) -> str:
     """A commit on BASE holding the user's current edits of the editable files."""
-    _refuse_outside_edits(paths, cfg, state.worktree_base)
-    start = state.worktree_base
+    start = edit_start(paths, cfg, state)
+    _refuse_outside_edits(paths, cfg, start)
     edits = {
         rel: data
         for rel in cfg.edit
@@ -164,8 +172,9 @@ def from_files(
     return gitops.commit_files(paths.repo, base, files, message)
 
 
-def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
-    """Write BASE's editable files into the user's working tree, verify, and journal it."""
+def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str, *, journal: bool = True) -> None:
+    """Write ``base``'s editable files into the user's working tree, verify, and journal it
+    (``journal``: the files are at a BASE; not when they were put back to another branch's)."""
     for rel in cfg.edit:
         want = gitops.blob(paths.repo, base, rel)
         target = paths.repo / rel
@@ -180,7 +189,54 @@ def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
         os.replace(tmp, target)
         if target.read_bytes() != want:
             raise ResearchError(f"{target}: could not be restored to BASE (it changed meanwhile)")
-    append(paths, "worktree", base=base)
+    if journal:
+        append(paths, "worktree", base=base)
+
+
+def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+    """HEAD is on the branch and the files are exactly BASE's (the user committed them, or
+    checked the branch out again): they are at BASE now, so they follow the next keeps."""
+    if state.worktree_base == state.base or not on_branch(paths, cfg):
+        return
+    if worktree_clean(paths, cfg, state.base):
+        append(paths, "worktree", base=state.base)
+        state.worktree_base = state.base
+
+
+def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> dict[str, object]:
+    """Which case the user's editable files are in, said plainly: they follow every keep only
+    while HEAD is on the experiment branch and they hold what gpuswarm last wrote there."""
+    head = gitops.git(paths.repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    files = ", ".join(cfg.edit)
+    if not on_branch(paths, cfg):
+        where = f"on {head}" if head else "detached"
+        return {
+            "follows": False,
+            "case": "other-branch",
+            "message": f"HEAD is {where}, not {cfg.branch}: gpuswarm leaves your files alone "
+            f"(`git checkout {cfg.branch}` to see BASE)",
+        }
+    if not worktree_clean(paths, cfg, state.worktree_base):
+        return {
+            "follows": False,
+            "case": "edited",
+            "message": f"{files} edited since BASE {gitops.short(state.worktree_base)}: not "
+            "updated by keeps; `research try` carries the edit onto BASE, `research restore` "
+            "drops it",
+        }
+    if state.worktree_base != state.base:
+        return {
+            "follows": True,
+            "case": "behind",
+            "message": f"{files} are at {gitops.short(state.worktree_base)} (what gpuswarm "
+            f"wrote last), BASE is {gitops.short(state.base)}: the next keep brings them to "
+            "BASE, or `research restore` now",
+        }
+    return {
+        "follows": True,
+        "case": "following",
+        "message": f"{files} follow BASE (HEAD is on {cfg.branch})",
+    }
 
 
 def worktree_clean(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> bool:

@@ -61,12 +61,19 @@ def _headline(d: dict[str, Any]) -> str:
     return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {d['mode']}"
 
 
+def _files_line(d: dict[str, Any], always: bool = False) -> None:
+    files = d.get("files") or {}
+    if files and (always or files["case"] not in ("following", "behind")):
+        click.echo(f"files: {files['message']}")
+
+
 def show_wait(d: dict[str, Any]) -> None:
     click.echo(_headline(d))
     for v in d["finished"]:
         click.echo(_variant_line(v))
     if d["waiting"]:
         click.echo(f"still running: {', '.join(d['waiting'])}")
+    _files_line(d)
 
 
 def show_status(d: dict[str, Any]) -> None:
@@ -83,6 +90,7 @@ def show_status(d: dict[str, Any]) -> None:
     for r in d["last"]:
         cells = (r["commit"], r["metric"], f"{r['memory_gb']:>5}", f"{r['status']:<8}")
         click.echo(f"  {'  '.join(cells)} {r['description']}")
+    _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
 
 
@@ -101,6 +109,7 @@ def show_loop(d: dict[str, Any]) -> None:
 
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
+    _files_line(d, always="files" in d)
 
 
 def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
