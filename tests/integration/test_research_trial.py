@@ -285,3 +285,179 @@ def test_keeps_never_touch_another_branchs_files(gpuswarm: Cli, research_repo: P
         assert (repo / "train.py").read_text() == master_train
     finally:
         stop(gpuswarm, repo)
+
+
+# -- 3. mutate on a nanoGPT-style script ---------------------------------------------------------
+NANO_TRAIN = """\
+import time
+
+# I/O
+out_dir = "out"
+eval_interval = 250
+log_interval = 10
+# data
+batch_size = 64
+block_size = 256
+# model
+n_layer = 6
+n_embd = 384
+dropout = 0.2
+bias = False
+# adamw optimizer
+learning_rate = 1e-3
+max_iters = 5000
+betas = (0.9, 0.99)
+tokens_per_iter = 2**16
+flops_promised = 312e12  # A100 bf16 peak: only for the MFU printout
+exec(open("configurator.py").read())  # overrides from the command line or a config file
+
+t0 = time.time()
+loss = 1.5 + (learning_rate - 2e-3) ** 2 * 1e4 + abs(n_embd - 256) / 1000 + dropout * 0.1
+loss += abs(betas[1] - 0.95) + abs(tokens_per_iter - 2**15) / 1e6 + block_size / 1e5
+loss += n_layer * batch_size * max_iters / 1e6 + (eval_interval + log_interval) / 1e7
+for it in range(3):
+    print(f"iter {it}: loss {loss + 1 - it * 0.1:.4f}, mfu {100 * 1e9 / flops_promised:.2f}%")
+print("---")
+print(f"val_loss:         {loss:.6f}")
+print(f"training_seconds: {time.time() - t0:.1f}")
+print(f"peak_vram_mb:     {n_layer * n_embd / 10:.1f}")
+print(f"num_steps:        {max_iters}")
+"""
+
+CONFIGURATOR = """\
+import sys
+from ast import literal_eval
+
+for arg in sys.argv[1:]:
+    if "=" not in arg:
+        config_file = arg
+        print(f"Overriding config with {config_file}:")
+        exec(open(config_file).read())
+    else:
+        key, val = arg.split("=")
+        key = key[2:]
+        assert key in globals(), f"Unknown config key: {key}"
+        globals()[key] = literal_eval(val)
+"""
+
+TINY_CONFIG = "# a tiny run on CPU\nn_layer = 2\nbatch_size = 8\nmax_iters = 20\n"
+
+
+def nano_repo(root: Path) -> Path:
+    root.mkdir(parents=True)
+    git(root, "init", "-q", "-b", "master")
+    git(root, "config", "user.email", "test@example.com")
+    git(root, "config", "user.name", "test")
+    (root / "train.py").write_text(NANO_TRAIN)
+    (root / "configurator.py").write_text(CONFIGURATOR)
+    (root / "config").mkdir()
+    (root / "config" / "train_tiny.py").write_text(TINY_CONFIG)
+    git(root, "add", ".")
+    git(root, "commit", "-q", "-m", "nanoGPT-style")
+    return root
+
+
+def nano_init(gpuswarm: Cli, repo: Path, *extra: str) -> None:
+    res = gpuswarm(
+        "research",
+        "init",
+        "-C",
+        repo,
+        "--tag",
+        TAG,
+        "--edit",
+        "train.py",
+        "--protect",
+        "configurator.py",
+        "--command",
+        f"{shlex.quote(PY)} train.py config/train_tiny.py --dropout=0.1",
+        "--metric",
+        "val_loss",
+        "--gpus",
+        "sim:2",
+        "--timeout",
+        "20s",
+        "--linger",
+        "2s",
+        *extra,
+    )
+    assert res.returncode == 0, res
+
+
+@pytest.mark.timeout(120)
+def test_loop_mutate_on_a_nanogpt_style_script(
+    gpuswarm: Cli, tmp_path: Path, run_reaper: None
+) -> None:
+    repo = nano_repo(tmp_path / "nano")
+    nano_init(gpuswarm, repo, "--mode", "async")
+    res = gpuswarm(
+        "research", "loop", "-C", repo, "--max-experiments", "4", "--seed", "2", timeout=100
+    )
+    try:
+        assert res.returncode == 0, res
+        made = [v for v in variants(repo).values() if v["kind"] == "variant"]
+        assert len(made) >= 3 and all(v["source"] == "mutate" for v in made), made
+        # set at run time by the config file or --dropout=: changing them in train.py is moot;
+        # flops_promised only feeds a printout
+        moot = {"n_layer", "batch_size", "max_iters", "dropout", "flops_promised"}
+        allowed = {
+            "eval_interval",
+            "log_interval",
+            "block_size",
+            "n_embd",
+            "learning_rate",
+            "betas[0]",
+            "betas[1]",
+            "tokens_per_iter",
+        }
+        finished = {e["id"]: e for e in events(repo, "finished")}
+        for v in made:
+            names = {change[0] for change in v["meta"]["changes"]}
+            assert names and names <= allowed and not names & moot, v
+            diff = git(repo, "diff", "-U0", v["parent"], v["commit"], "--", "train.py")
+            changed = [ln for ln in diff.splitlines() if ln.startswith("+") and "+++" not in ln]
+            assert changed and all(ln[1].islower() for ln in changed), diff
+            if v["id"] in finished:  # it ran: the summary block was read
+                fin = finished[v["id"]]
+                assert fin["ok"], fin
+                assert fin["summary"]["num_steps"] == 20.0  # the config file's max_iters
+        assert sum(1 for v in made if v["id"] in finished) >= 3
+        table = research_results(repo, TAG)
+        assert table[0][1] == "val_loss"
+        assert len(table) - 1 == len(decided(repo)) >= 5  # the baseline and the variants
+    finally:
+        stop(gpuswarm, repo)
+
+
+def test_loop_with_nothing_to_mutate_exits_2_saying_why(
+    gpuswarm: Cli, tmp_path: Path, run_reaper: None
+) -> None:
+    repo = tmp_path / "plain"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "master")
+    git(repo, "config", "user.email", "test@example.com")
+    git(repo, "config", "user.name", "test")
+    (repo / "train.py").write_text(
+        'name = "gpt"\nuse_amp = True\nflops = 1e12\nprint(f"{flops}")\nprint("val_bpb: 1.0")\n'
+    )
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "no knobs")
+    init(gpuswarm, repo)
+    try:
+        res = research(gpuswarm, repo, "loop", "--max-experiments", "2")
+        assert res.returncode == 2, res
+        assert "nothing to propose" in res.stderr and "flops" in res.stderr, res
+        assert "--mutate" in res.stderr, res
+        res = research(gpuswarm, repo, "loop", "--max-experiments", "2", "--mutate", "lr")
+        assert res.returncode == 2, res
+        assert "--mutate lr" in res.stderr and "flops" in res.stderr, res
+        assert variants(repo) == {}
+        # named explicitly, a print-only setting is mutated anyway: the user knows better
+        res = research(
+            gpuswarm, repo, "loop", "--max-experiments", "1", "--mutate", "flops", timeout=60
+        )
+        assert res.returncode == 0, res
+        made = [v for v in variants(repo).values() if v["source"] == "mutate"]
+        assert len(made) == 1 and made[0]["meta"]["changes"][0][0] == "flops", made
+    finally:
+        stop(gpuswarm, repo)

@@ -277,6 +277,19 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
 @click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
+@click.option(
+    "--mutate",
+    "mutate",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: only these settings (repeat; globs: 'lr*', 'betas', 'GPTConfig.n_layer')",
+)
+@click.option(
+    "--mutate-exclude",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: never these settings (repeat; globs: 'seed', '*_interval')",
+)
 @click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
 @click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
 @click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
@@ -301,7 +314,14 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         )
         proposer = AgentProposer(exp.paths, exp.cfg, opts)
     else:
-        proposer = MutateProposer(exp.paths, exp.cfg, kw["seed"])
+        proposer = MutateProposer(
+            exp.paths,
+            exp.cfg,
+            kw["seed"],
+            include=tuple(kw["mutate"]),
+            exclude=tuple(kw["mutate_exclude"]),
+        )
+        proposer.check(exp.settle())  # nothing to propose: exit 2 saying why, before anything
     loop_opts = LoopOptions(
         mode=kw["mode"],
         max_experiments=kw["max_experiments"],
@@ -318,6 +338,8 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     else:
         data = views.run_loop_live(exp, proposer, loop_opts)
     _out(as_json, data, views.show_loop)
+    if data["made"] == 0 and data.get("exhausted"):
+        raise ResearchError(f"the loop started nothing: {data['exhausted']}")
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)
 

@@ -83,6 +83,12 @@ def run_loop(
         "report": files["report"],
         "stopped": stop.soft.is_set() or stop.hard.is_set(),
         "left_running": [v.id for v in state.in_flight()],
+        "exhausted": (
+            f"the {proposer.name} proposer has nothing new to propose (every change it can make "
+            "was tried already)"
+            if run.exhausted
+            else None
+        ),
     }
 
 
@@ -112,6 +118,7 @@ class _Run:
         self.proposing: set[Future[Proposal | None]] = set()
         self.round_left = 0  # rounds: proposals still to start for the open round
         self.round_open = False  # rounds: the open round has proposals made or queued
+        self.exhausted = False  # the proposer had nothing (new) to offer
 
     def step(self) -> bool:
         """Settle, queue what proposers made, ask for more, wait for news; False = done."""
@@ -123,6 +130,7 @@ class _Run:
         _check_baseline(exp, state)
         if _harvest(exp, self.proposer, self.proposing, self.say, queue=not stop.soft.is_set()):
             self.idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
+            self.exhausted = True
         state = exp.settle()
         self.made = _started(state) - self.already
         budget = _budget(self.opts, self.made + len(self.proposing), self.deadline)

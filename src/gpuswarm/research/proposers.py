@@ -1,7 +1,7 @@
 """Proposers: where an autonomous loop's variants come from.
 
-- ``mutate`` (built in, offline): perturbs UPPER_CASE numeric constants of the editable files,
-  one or two at a time, never repeating a variant already tried (by content digest).
+- ``mutate`` (built in, offline): perturbs numeric settings of the editable files (see
+  mutate.py for the forms), one or two at a time, never repeating a variant already tried.
 - ``agent``: runs a configured command (an LLM coding agent's CLI) in a scratch export of BASE
   with a prompt file (the user's program.md, the current best, recent results and crashes);
   its edits of the editable files and its message (``$GPUSWARM_MESSAGE_FILE``, else the last
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import shlex
@@ -55,9 +56,18 @@ def _base_files(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> dict[str, 
 class MutateProposer:
     name = "mutate"
 
-    def __init__(self, paths: ExpPaths, cfg: ExperimentConfig, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        paths: ExpPaths,
+        cfg: ExperimentConfig,
+        seed: int | None = None,
+        *,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+    ) -> None:
         self.paths = paths
         self.cfg = cfg
+        self.include, self.exclude = include, exclude
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
         self._offered: set[str] = set()  # digests proposed, maybe not journaled yet
@@ -69,14 +79,61 @@ class MutateProposer:
             self._digests[commit] = mutate.digest(_base_files(self.paths, self.cfg, commit))
         return self._digests[commit]
 
+    def selection(self, base: str, files: dict[str, str]) -> mutate.Selection:
+        """What may be mutated at ``base``: --mutate / --mutate-exclude, minus the names the
+        command overrides at run time (a config file after the script, ``--name=value``)."""
+        tracked = dict(files)
+        for word in self.cfg.command.split():
+            rel = word[2:] if word.startswith("./") else word
+            if rel.endswith(".py") and rel not in tracked:
+                with contextlib.suppress(ResearchError):
+                    data = gitops.blob(self.paths.repo, base, rel)
+                    if data is not None:
+                        tracked[rel] = data.decode("utf-8", errors="surrogateescape")
+        names, configs = mutate.command_overrides(self.cfg.command, tracked)
+        return mutate.Selection(
+            include=self.include,
+            exclude=self.exclude,
+            overridden=frozenset(names),
+            config_files=frozenset(configs),
+        )
+
+    def check(self, state: State) -> list[str]:
+        """The settings mutate would change at BASE; a ResearchError (exit 2) saying why when
+        there is none, or when a --mutate name matches nothing."""
+        files = _base_files(self.paths, self.cfg, state.base)
+        select = self.selection(state.base, files)
+        pool = mutate.candidates(files, select)
+        found = [c.name for c, _ in pool]
+        for pattern in self.include:
+            if not any(select.matches((pattern,), c) for c, _ in pool):
+                every = [c.name for p in sorted(files) for c in mutate.constants(p, files[p])]
+                raise ResearchError(
+                    f"--mutate {pattern}: no numeric setting of that name in "
+                    f"{', '.join(self.cfg.edit)} (found: {', '.join(every[:30]) or 'none'})"
+                )
+        if not found:
+            skipped = "; ".join(f"{n}: {why}" for n, why in list(select.skipped.items())[:12])
+            raise ResearchError(
+                f"mutate has nothing to propose: no numeric setting it may change in "
+                f"{', '.join(self.cfg.edit)} at BASE {gitops.short(state.base)} (it looks for "
+                "`name = <number>` at module level, `2**19`, tuples of numbers, @dataclass "
+                "field and add_argument defaults)"
+                + (f"; skipped {skipped}" if skipped else "")
+                + ". Name settings with --mutate NAME, edit other files (--edit at init), or "
+                "use --proposer agent"
+            )
+        return found
+
     def propose(self, state: State) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
+        select = self.selection(state.base, files)
         tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}
         # every variant's code, however it was made (by hand, a re-base): never propose a twin
         tried.update(self._digest_of(v.commit) for v in state.variants.values())
         tried.add(mutate.digest(files))
         with self._lock:  # proposals may be made in parallel: never the same one twice
-            m = mutate.propose(files, self.rng, tried | self._offered)
+            m = mutate.propose(files, self.rng, tried | self._offered, select=select)
             if m is None:
                 return None
             after = {**files, **m.files}

@@ -99,6 +99,8 @@ def show_loop(d: dict[str, Any]) -> None:
         f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept "
         f"({d['made']} started by this loop)"
     )
+    if d.get("exhausted"):
+        click.echo(f"stopped: {d['exhausted']}")
     if d["left_running"]:
         click.echo(
             f"left running in the background: {', '.join(d['left_running'])} "
