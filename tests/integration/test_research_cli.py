@@ -161,6 +161,13 @@ def test_init_creates_branch_and_empty_results(gpuswarm: Cli, research_repo: Pat
             ["--protect", "train.py"],
             ["train.py", "editable and protected"],
         ),
+        # a runner could never use these (issue 12): refused here, not at its every start
+        ("timeout 30d", "t", ["--timeout", "30d"], ["--timeout", "days"]),
+        ("unbalanced quotes", "t", ["--command", "python3 'x"], ["--command", "quotes"]),
+        ("bad shell", "t", ["--shell", "--command", "python3 'x"], ["--command", "shell"]),
+        ("bad metric regex", "t", ["--metric-regex", "val: (["], ["--metric-regex"]),
+        ("metric regex no group", "t", ["--metric-regex", "val: 1"], ["--metric-regex", "group"]),
+        ("bad memory regex", "t", ["--memory-regex", "*mb"], ["--memory-regex"]),
     ],
 )
 def test_init_refusals_write_nothing(

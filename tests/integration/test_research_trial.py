@@ -461,3 +461,35 @@ def test_loop_with_nothing_to_mutate_exits_2_saying_why(
         assert len(made) == 1 and made[0]["meta"]["changes"][0][0] == "flops", made
     finally:
         stop(gpuswarm, repo)
+
+
+# -- issue 12: settings a runner cannot use -----------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("metric_pattern", "val_bpb: ([", "--metric-regex"),
+        ("memory_pattern", "(*)", "--memory-regex"),
+        ("command", "python3 'x", "command"),
+        ("timeout", 30 * 86400, "timeout"),
+    ],
+)
+def test_stored_settings_a_runner_cannot_use_are_reported(
+    gpuswarm: Cli, research_repo: Path, field: str, value: object, needle: str
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)
+    settings = exp_dir(repo) / "experiment.json"
+    data = json.loads(settings.read_text())
+    data[field] = value  # as an older gpuswarm (or a hand edit) stored it
+    settings.write_text(json.dumps(data))
+    edit_constant(repo, "LR", "0.05")
+    for args in (("try", "-m", "LR 0.05"), ("status",), ("wait", "--timeout", "1s")):
+        res = research(gpuswarm, repo, *args)
+        assert res.returncode == 2, res
+        assert "Traceback" not in res.stderr, res
+        assert "experiment.json" in res.stderr and needle in res.stderr, res
+    assert variants(repo) == {}
+    # the runner itself, started by hand, says what is wrong and exits: no traceback
+    res = gpuswarm("research", "_serve", exp_dir(repo), cwd=repo)
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res
+    assert needle in res.stderr, res

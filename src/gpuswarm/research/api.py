@@ -20,7 +20,10 @@ from gpuswarm.research.experiment import (
     State,
     Variant,
     append,
+    check_command,
+    check_pattern,
     check_tag,
+    check_timeout,
     experiments_dir,
     flocked,
     load_config,
@@ -145,8 +148,17 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
         raise ResearchError(f"{', '.join(sorted(both))}: a file cannot be editable and protected")
     if opts.confirm < 0:
         raise ResearchError(f"--confirm {opts.confirm}: the number of re-runs, 0 or more")
-    if not opts.command.strip():
-        raise ResearchError("--command: give the command that trains, e.g. 'uv run train.py'")
+    try:  # what the runner needs must be usable: refused here, never at its every start
+        check_command(opts.command, opts.shell)
+        check_timeout(opts.timeout)
+        for flag, pattern in (
+            ("--metric-regex", opts.metric_regex),
+            ("--memory-regex", opts.memory_regex),
+        ):
+            if pattern is not None:
+                check_pattern(flag, pattern)
+    except ValueError as exc:
+        raise ResearchError(str(exc)) from None
 
 
 def _files(paths: ExpPaths) -> dict[str, str]:

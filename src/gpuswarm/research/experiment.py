@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.errors import ResearchError
 from gpuswarm.fsutil import atomic_write_json, read_json
@@ -42,8 +42,62 @@ DEFAULT_MEMORY_PATTERN = r"^\s*peak_vram_mb:\s*([-+0-9.eE]+)"
 DEFAULT_FAIL_PATTERN = r"^FAIL\b"
 
 
+MAX_TIMEOUT = 7 * 86400.0  # a research run is a fixed budget: a week bounds any of them
+
+
 def metric_pattern(metric: str) -> str:
     return rf"^\s*{re.escape(metric)}:\s*([-+0-9.eEnaif]+)"
+
+
+def check_pattern(flag: str, pattern: str, *, group: bool = True) -> str:
+    """``pattern`` if it compiles (and has a group 1 holding the number, when ``group``)."""
+    try:
+        compiled = re.compile(pattern, re.MULTILINE)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"{flag} {pattern!r} is not a valid regular expression ({exc})") from None
+    if group and compiled.groups < 1:
+        raise ValueError(
+            f"{flag} {pattern!r} has no group: put the number in parentheses, e.g. "
+            "'^val_loss: ([0-9.]+)'"
+        )
+    return pattern
+
+
+def check_command(command: str, shell: bool) -> str:
+    """``command`` if it can be run: words that split (unbalanced quotes do not), or a shell
+    script /bin/sh can parse."""
+    import shlex
+    import subprocess
+
+    if not command.strip():
+        raise ValueError("--command is empty: give the command that trains, e.g. 'uv run train.py'")
+    if "\0" in command:
+        raise ValueError("--command holds a NUL byte")
+    if shell:
+        proc = subprocess.run(
+            ["/bin/sh", "-n", "-c", command], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise ValueError(
+                f"--command {command!r} is not valid shell ({proc.stderr.strip()[:200]})"
+            )
+        return command
+    try:
+        shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(
+            f"--command {command!r} cannot be split into words ({exc}); balance its quotes"
+        ) from None
+    return command
+
+
+def check_timeout(seconds: float) -> float:
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ValueError(
+            f"--timeout {seconds:g}s: a run's budget is at most {MAX_TIMEOUT / 86400:g} days "
+            "(e.g. 10m, 2h, 3d)"
+        )
+    return seconds
 
 
 class ExperimentConfig(BaseModel):
@@ -70,6 +124,16 @@ class ExperimentConfig(BaseModel):
     link: list[str] = Field(default_factory=list)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
+
+    @model_validator(mode="after")
+    def _runnable(self) -> ExperimentConfig:
+        """Settings a runner could not use are refused when read, never at every start."""
+        check_command(self.command, self.shell)
+        check_pattern("--metric-regex", self.metric_pattern)
+        check_pattern("--memory-regex", self.memory_pattern)
+        check_pattern("fail_pattern", self.fail_pattern, group=False)
+        check_timeout(self.timeout)
+        return self
 
 
 @dataclass(frozen=True)
@@ -157,7 +221,17 @@ def locate(repo: Path, tag: str | None) -> ExpPaths:
 def load_config(paths: ExpPaths) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(read_json(paths.config))
-    except (OSError, ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ResearchError(
+            f"{paths.config}: the experiment's settings cannot be used ({problems}); change "
+            "them with `gpuswarm research config`, or start a new experiment"
+        ) from None
+    except (OSError, ValueError) as exc:
         raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
 
 
