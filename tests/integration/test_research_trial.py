@@ -493,3 +493,114 @@ def test_stored_settings_a_runner_cannot_use_are_reported(
     res = gpuswarm("research", "_serve", exp_dir(repo), cwd=repo)
     assert res.returncode != 0 and "Traceback" not in res.stderr, res
     assert needle in res.stderr, res
+
+
+# -- 4. --link adds to .venv ---------------------------------------------------------------------
+def test_link_adds_to_the_default_venv_link(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    tool = repo / ".venv" / "bin" / "train"
+    tool.parent.mkdir(parents=True)
+    tool.write_text('#!/bin/sh\nexec "$(cat data/python)" train.py\n')
+    tool.chmod(0o755)
+    (repo / "data").mkdir()
+    (repo / "data" / "python").write_text(PY)
+    exclude = repo / ".git" / "info" / "exclude"
+    exclude.write_text(exclude.read_text() + "/.venv/\n/data/\n")
+    res = gpuswarm(
+        "research", "init", "-C", repo, "--tag", TAG, "--edit", "train.py", "--link", "data",
+        "--command", ".venv/bin/train", "--gpus", "sim:2", "--timeout", "20s", "--linger", "2s",
+    )  # fmt: skip
+    assert res.returncode == 0, res
+    settings = json.loads((exp_dir(repo) / "experiment.json").read_text())
+    assert settings["link"] == [".venv", "data"]
+    try:
+        tried = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        got = {v["id"]: v for v in waited["finished"]}
+        assert got[tried["id"]]["status"] == "keep", got  # it ran: .venv and data were there
+        assert got["v0001"]["metric"] is not None, got
+    finally:
+        stop(gpuswarm, repo)
+
+
+# -- 5, 6. why a run crashed, and every field of the ledger ---------------------------------------
+def test_crash_reason_names_the_failing_line_and_log_json_has_every_field(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)
+    try:
+        with (repo / "train.py").open("a") as fh:
+            fh.write("def broken(:\n")
+        crash = ok_json(research(gpuswarm, repo, "try", "-m", "a syntax error", "--json"))
+        fine = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        got = {v["id"]: v for v in waited["finished"]}
+        assert got[crash["id"]]["status"] == "crash"
+        assert "SyntaxError" in got[crash["id"]]["reason"], got[crash["id"]]
+        log_path = Path(got[crash["id"]]["log_path"])
+        assert log_path.is_absolute() and "SyntaxError" in log_path.read_text()
+        (row,) = [r for r in research_results(repo, TAG)[1:] if r[0] == crash["commit"][:7]]
+        assert "SyntaxError" in row[4], row
+        text = research(gpuswarm, repo, "status").stdout
+        assert "SyntaxError" in text, text
+
+        logged = ok_json(research(gpuswarm, repo, "log", "--json"))
+        by_id = {v["id"]: v for v in logged["variants"]}
+        ok = by_id[fine["id"]]
+        assert ok["host"] and ok["started"] and ok["ended"] and ok["ended"] >= ok["started"]
+        assert ok["summary"]["training_seconds"] == 0.2 and ok["summary"]["depth"] == 6.0
+        assert ok["diff"]["insertions"] == 1 and ok["diff"]["deletions"] == 1
+        assert ok["decision"]["status"] in ("keep", "discard")
+        assert "SyntaxError" in by_id[crash["id"]]["tail"]
+        assert Path(by_id[crash["id"]]["log_path"]) == log_path
+    finally:
+        stop(gpuswarm, repo)
+
+
+# -- 8, 9. a loop's mode is that loop's; wait does not repeat what the loop reported -------------
+@pytest.mark.timeout(90)
+def test_loop_mode_applies_to_the_loop_and_wait_reports_only_new(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)  # rounds: the default for manual use
+    try:
+        res = research(
+            gpuswarm, repo, "loop", "--mode", "async", "--max-experiments", "2", "--seed", "1",
+            timeout=80,
+        )  # fmt: skip
+        assert res.returncode == 0, res
+        assert events(repo, "mode")[-1]["mode"] == "rounds"
+        assert ok_json(research(gpuswarm, repo, "status", "--json"))["mode"] == "rounds"
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "10s"))
+        assert waited["finished"] == [], waited  # the loop printed them already
+        tried = try_edit(gpuswarm, repo, "DEPTH to 7", DEPTH="7")
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        assert [v["id"] for v in waited["finished"]] == [tried["id"]]
+        (row,) = [r for r in research_results(repo, TAG)[1:] if r[0] == tried["commit"][:7]]
+        assert row[4].startswith(f"[R{tried['round']} gpu"), row  # round semantics again
+    finally:
+        stop(gpuswarm, repo)
+
+
+# -- 10. one row per variant; the best measured is shown --------------------------------------
+def test_keep_by_hand_of_a_discard_replaces_its_row(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    init(gpuswarm, repo, "--policy", "manual")
+    try:
+        worse = try_edit(gpuswarm, repo, "DEPTH to 20", DEPTH="20")
+        better = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        assert ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert status["best_recorded"]["id"] == better["id"], status  # measured, undecided
+        assert status["best"] > status["best_recorded"]["metric"]
+        assert research(gpuswarm, repo, "discard", worse["id"]).returncode == 0
+        assert research(gpuswarm, repo, "keep", worse["id"]).returncode == 0  # overrides it
+        table = research_results(repo, TAG)[1:]
+        assert [r[0] for r in table].count(worse["commit"][:7]) == 1, table
+        assert len(table) == 2 and table[-1][3] == "keep", table
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert status["experiments"] == 2 and status["kept"] == 2, status
+    finally:
+        stop(gpuswarm, repo)

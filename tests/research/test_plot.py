@@ -169,3 +169,15 @@ def test_bad_goal(tmp_path: Path) -> None:
 def test_import_is_lazy() -> None:
     code = "import sys, gpuswarm.research.plot; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_title_shows_bases_metric_not_a_lucky_repeat() -> None:
+    """After ``baseline --repeat 3`` BASE's metric is the mean; the title must say that, as the
+    report header does, not the luckiest of the repeats (issue 13 item 10)."""
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0, "keep", "baseline"), PlotRow(0.9, "keep", "baseline (repeat 2/3)")]
+    rows.append(PlotRow(1.1, "keep", "baseline (repeat 3/3)"))
+    ax = Figure().add_subplot()
+    assert "best val_bpb 1.000000" in plot._draw(ax, rows, "val_bpb", "min", 1.0)
+    assert "best val_bpb 0.900000" in plot._draw(Figure().add_subplot(), rows, "val_bpb", "min")

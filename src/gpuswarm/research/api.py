@@ -24,6 +24,7 @@ from gpuswarm.research.experiment import (
     check_pattern,
     check_tag,
     check_timeout,
+    drop_row,
     experiments_dir,
     flocked,
     load_config,
@@ -92,7 +93,9 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
     parse_gpu_spec(opts.gpus)  # a bad --gpus fails before anything is written
-    links = opts.link if opts.link is not None else [p for p in (".venv",) if (repo / p).is_dir()]
+    # --link adds to the default .venv link (replacing it would break `uv run` in every run)
+    links = [p for p in (".venv",) if (repo / p).is_dir()]
+    links += [p for p in opts.link or [] if p not in links]
     cfg = ExperimentConfig(
         tag=tag,
         branch=branch,
@@ -386,6 +389,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     undecided = [v.view() for v in state.undecided() if v.finished is not None]
     return {
         **_headline(exp, state),
+        "best_recorded": best_recorded(exp.cfg, state),
         "experiments": len(state.rows),
         "kept": sum(1 for r in state.rows if r[3] == "keep"),
         "in_flight": in_flight,
@@ -400,9 +404,49 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     }
 
 
+def best_recorded(cfg: ExperimentConfig, state: State) -> dict[str, Any] | None:
+    """The best metric any run measured (kept or not): BASE's metric is what the policy kept,
+    this is what was seen (a lucky re-run, a discarded winner under noise-aware)."""
+    runs = [v for v in state.variants.values() if v.finished and v.finished.get("ok")]
+    runs = [v for v in runs if v.finished and v.finished.get("metric") is not None]
+    if not runs:
+        return None
+    sign = 1.0 if cfg.goal == "min" else -1.0
+    top = min(runs, key=lambda v: sign * float((v.finished or {})["metric"]))
+    return {
+        "id": top.id,
+        "metric": float((top.finished or {})["metric"]),
+        "status": top.status,
+        "commit": top.commit,
+    }
+
+
 def log(exp: Experiment) -> dict[str, Any]:
+    """Every variant with every field the ledger has: host, times, the summary block, diff
+    stats, the log tail and path, the decision and its reason, the proposer's notes."""
     state = exp.settle()
-    return {**_headline(exp, state), "variants": [v.view() for v in state.variants.values()]}
+    out = []
+    for v in state.variants.values():
+        fin = v.finished or {}
+        out.append(
+            {
+                **v.view(),
+                "source": v.source,
+                "origin": v.origin,
+                "meta": v.meta,
+                "host": fin.get("host"),
+                "started": fin.get("started"),
+                "ended": fin.get("ended"),
+                "exit": fin.get("exit"),
+                "summary": fin.get("summary") or {},
+                "diff": fin.get("diff"),
+                "tail": fin.get("tail") or "",
+                "decision": None
+                if v.decision is None
+                else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
+            }
+        )
+    return {**_headline(exp, state), "variants": out}
 
 
 # -- manual decisions ----------------------------------------------------------------------------
@@ -428,8 +472,8 @@ def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, A
                 f"{gitops.short(state.base)}; re-evaluate it there with "
                 f"`gpuswarm research try --from {vid} -m '...'`"
             )
-        if v.decision is not None:  # overriding the policy: a second row says so
-            state.variants[vid].decision = None
+        if v.decision is not None:  # overriding the policy: its one row is replaced
+            drop_row(state, v)
         apply(exp.paths, exp.cfg, state, Decision(vid, "keep", reason))
     files = variants.files_case(exp.paths, exp.cfg, state)
     return {"id": vid, "status": "keep", "base": state.base, "files": files}
@@ -475,6 +519,7 @@ def plot(exp: Experiment, output: Path | None = None) -> Path:
         metric=exp.cfg.metric,
         goal=exp.cfg.goal,
         title=f"autoresearch/{exp.cfg.tag}",
+        best=state.best,  # as the report and status say it (the mean of repeated baselines)
     )
 
 

@@ -89,7 +89,9 @@ def research() -> None:
 @click.option("--confirm", default=0, show_default=True, help="re-runs of a would-be keep")
 @click.option("--branch-prefix", default="autoresearch/", show_default=True)
 @click.option("--shell", is_flag=True, help="run the command through /bin/sh")
-@click.option("--link", multiple=True, help="untracked path to link into each run (default .venv)")
+@click.option(
+    "--link", multiple=True, help="untracked path to link into each run, besides .venv (repeat)"
+)
 @click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
 @click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")

@@ -263,6 +263,7 @@ def outcome(
         "seconds": last.get("duration"),
         "exit": last.get("returncode"),
         "log": str(log.relative_to(paths.root)) if log else None,
+        "log_path": str(log.resolve()) if log else None,
         "tail": "\n".join(text.splitlines()[-15:]) if reason else "",
     }
 
@@ -276,12 +277,32 @@ def _crash_reason(
     if kind == "timeout":
         return f"timeout after {cfg.timeout:g}s"
     if state is State.FAILED:
-        return str(last.get("reason") or "failed")
+        reason = str(last.get("reason") or "failed")
+        line = failing_line(text)
+        if not line and "SIGKILL" in reason:
+            line = "killed from outside, e.g. by the kernel when memory ran out"
+        return f"{reason}: {line}" if line else reason
     if re.search(cfg.fail_pattern, text, re.MULTILINE):
         return "FAIL"
     if not isinstance(metric, int | float) or metric != metric:  # missing or NaN
         return f"no {cfg.metric} in the output"
     return None
+
+
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*$"
+    r"|^Killed\b.*$|^Segmentation fault.*$|^.*(?:[Oo]ut of memory|CUDA error).*$"
+)
+
+
+def failing_line(text: str, limit: int = 160) -> str:
+    """The line of a crashed run's log that says why: its last exception line
+    (``SyntaxError: invalid syntax``, ``MemoryError``), a kill or an out-of-memory message."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and _EXCEPTION_LINE.match(line):
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return ""
 
 
 def _protected_changes(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> list[str]:

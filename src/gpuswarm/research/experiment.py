@@ -307,6 +307,7 @@ class Variant:
             "seconds": fin.get("seconds"),
             "reason": (self.decision or {}).get("reason") or fin.get("reason"),
             "log": fin.get("log"),
+            "log_path": fin.get("log_path"),
         }
 
 
@@ -374,10 +375,23 @@ def _on_finished(state: State, e: dict[str, Any]) -> None:
         state.variants[e["id"]].finished = e
 
 
+def drop_row(state: State, v: Variant) -> None:
+    """Forget ``v``'s decision and its results.tsv row (a manual keep overrides a discard: one
+    variant, one row)."""
+    if v.decision is not None:
+        row = list(v.decision.get("row") or [])
+        for i in range(len(state.rows) - 1, -1, -1):
+            if state.rows[i] == row:
+                del state.rows[i]
+                break
+    v.decision = None
+
+
 def _on_decided(state: State, e: dict[str, Any]) -> None:
     v = state.variants.get(e["id"])
     if v is None:
         return
+    drop_row(state, v)  # decided again (a keep by hand of a discard): the new row replaces it
     v.decision = e
     state.rows.append(list(e["row"]))
     if e.get("base_metric") is not None:

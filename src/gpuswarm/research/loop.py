@@ -63,6 +63,7 @@ def run_loop(
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
+        previous = state.mode
         if state.mode != opts.mode:
             append(exp.paths, "mode", mode=opts.mode)
     run = _Run(exp, proposer, opts, say, stop, tick, state)
@@ -72,6 +73,10 @@ def run_loop(
                 pass
     finally:
         run.close()
+        if previous != opts.mode:  # the mode of a loop applies to that loop only
+            with flocked(exp.paths.lock):
+                seal_round(exp.paths, settle_locked(exp.paths, exp.cfg))
+                append(exp.paths, "mode", mode=previous)
     made, seen = run.made, run.seen
     state = exp.settle()
     _report(exp, state, seen, say)
@@ -256,6 +261,7 @@ def _recorded(state: State) -> set[str]:
 def _report(
     exp: api.Experiment, state: State, seen: set[str], say: Callable[[str], None]
 ) -> set[str]:
+    shown: list[str] = []
     for v in state.variants.values():
         if v.decision is None or v.id in seen:
             continue
@@ -263,6 +269,9 @@ def _report(
         new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
         say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
         seen.add(v.id)
+        shown.append(v.id)
+    if shown:  # reported here: a later `research wait` does not print them again
+        append(exp.paths, "seen", ids=shown)
     return seen
 
 

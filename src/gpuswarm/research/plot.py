@@ -70,7 +70,9 @@ def _ylimits(kept: list[float], discarded: list[float], goal: str) -> tuple[floa
     return lo - pad * 1.6, hi + pad * (4.0 if goal == "max" else 2.5)
 
 
-def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
+def _draw(
+    ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str, best_value: float | None = None
+) -> str:
     """Draw the experiments on ``ax``; return the title's summary."""
     n = len(rows)
     xs_keep = [i for i, r in enumerate(rows, 1) if _has_metric(r) and r.status == "keep"]
@@ -110,7 +112,8 @@ def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
             desc, xy, off = _short(rows[i - 1].description), (i, val[i]), (4.0, 5.0)
             text = ax.annotate(desc, xy, off, textcoords="offset points", rotation=25, fontsize=7)
             text.set(rotation_mode="anchor", color=DARK_GREEN, clip_on=True)
-        summary += f", best {_esc(metric)} {best[-1]:.6f}"
+        shown = best[-1] if best_value is None else best_value  # BASE's (a mean of repeats)
+        summary += f", best {_esc(metric)} {shown:.6f}"
     if xs_crash:
         ys = [0.02] * len(xs_crash)  # axes fraction: on the bottom edge, they have no metric
         tr = ax.get_xaxis_transform()
@@ -127,6 +130,7 @@ def progress_png(
     metric: str,
     goal: str = "min",
     title: str = "autoresearch",
+    best: float | None = None,
 ) -> Path:
     """Render the progress chart of ``rows`` to ``path`` (PNG, written atomically); return it."""
     if goal not in ("min", "max"):
@@ -145,7 +149,7 @@ def progress_png(
     ax.set_axisbelow(True)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if rows:
-        summary = _draw(ax, rows, metric, goal)
+        summary = _draw(ax, rows, metric, goal, best)
         ax.set_xlim(0.3, len(rows) + 1 + 0.12 * len(rows))  # room for the last labels
         if ax.get_legend_handles_labels()[0]:
             ax.legend(
