@@ -604,3 +604,122 @@ def test_keep_by_hand_of_a_discard_replaces_its_row(gpuswarm: Cli, research_repo
         assert status["experiments"] == 2 and status["kept"] == 2, status
     finally:
         stop(gpuswarm, repo)
+
+
+# -- 7. research config ----------------------------------------------------------------------
+def test_config_shows_and_changes_settings_for_new_variants(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo, "--policy", "manual")
+    try:
+        shown = ok_json(research(gpuswarm, repo, "config", "--json"))
+        assert shown["settings"]["timeout"] == 20.0 and shown["changed"] == {}
+        bad = research(gpuswarm, repo, "config", "--command", "python3 'x")
+        assert bad.returncode == 2 and "command" in bad.stderr, bad
+        bad = research(gpuswarm, repo, "config", "--metric-regex", "([")
+        assert bad.returncode == 2 and "--metric-regex" in bad.stderr, bad
+        assert ok_json(research(gpuswarm, repo, "config", "--json"))["changed"] == {}
+        changed = ok_json(
+            research(gpuswarm, repo, "config", "--timeout", "45s", "--policy", "greedy", "--json")
+        )
+        assert changed["changed"] == {"timeout": [20.0, 45.0], "policy": ["manual", "greedy"]}
+        (event,) = events(repo, "config")
+        assert event["changes"]["timeout"] == [20.0, 45.0]
+        tried = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        got = {v["id"]: v for v in waited["finished"]}
+        assert got[tried["id"]]["status"] == "keep"  # greedy now decides by itself
+        run = next((exp_dir(repo) / "queue").glob("run_*"))
+        (desc,) = (run / ".parallel" / "done").glob(f"*{tried['id']}*")
+        assert json.loads(desc.read_text())["task"]["timeout"] == 45.0
+    finally:
+        stop(gpuswarm, repo)
+
+
+def test_config_fixes_a_stored_setting_a_runner_cannot_use(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)
+    settings = exp_dir(repo) / "experiment.json"
+    data = json.loads(settings.read_text())
+    data["metric_pattern"] = "val_bpb: (["
+    settings.write_text(json.dumps(data))
+    assert research(gpuswarm, repo, "status").returncode == 2
+    res = research(gpuswarm, repo, "config", "--metric-regex", r"^val_bpb:\s*([0-9.]+)")
+    assert res.returncode == 0, res
+    assert research(gpuswarm, repo, "status").returncode == 0
+
+
+# -- 12. withdrawing a queued variant ------------------------------------------------------------
+def test_discard_withdraws_a_queued_variant(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path
+) -> None:
+    repo, gates = research_repo, tmp_path / "gates"
+    gated_repo(repo, gates, ("v0001", "v0002"))
+    init(gpuswarm, repo, gpus="sim:1")  # one slot: v0001 runs (gated), the others wait
+    try:
+        running = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
+        queued = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
+        run = next((exp_dir(repo) / "queue").glob("run_*"))
+        wait_for(lambda: list((run / ".parallel" / "running").iterdir()), 20, what="a claim")
+        res = research(gpuswarm, repo, "discard", "v0001")  # running: refused, said why
+        assert res.returncode == 2 and "running" in res.stderr, res
+        out = ok_json(research(gpuswarm, repo, "discard", queued["id"], "--json"))
+        assert out["status"] == "withdrawn"
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert queued["id"] not in {v["id"] for v in status["in_flight"]}
+        release(gates, "v0001")
+        release(gates, "v0002")
+        ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        table = research_results(repo, TAG)[1:]
+        assert queued["commit"][:7] not in [r[0] for r in table], table  # it measured nothing
+        assert len(table) == 2, table  # the baseline and the one that ran
+        assert running["id"] in decided(repo) and decided(repo)[queued["id"]]["row"] is None
+        assert not list((run / ".parallel" / "pending").iterdir())
+        # never run, so trying the same change again is fine
+        again = try_edit(gpuswarm, repo, "DEPTH to 6 again", DEPTH="6")
+        assert again["commit"] != queued["commit"]
+    finally:
+        stop(gpuswarm, repo)
+
+
+# -- 13. a dead runner's leftovers ---------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_the_first_command_after_a_dead_runner_owns_its_leftovers(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    import psutil
+    from conftest import run_processes
+
+    repo = research_repo
+    edit_constant(repo, "SLEEP", "40")  # every run trains for 40 s (the timeout is 60 s)
+    git(repo, "commit", "-q", "-am", "long runs")
+    res = gpuswarm(
+        "research", "init", "-C", repo, "--tag", TAG, "--edit", "train.py", "--command",
+        f"{shlex.quote(PY)} train.py", "--gpus", "sim:1", "--timeout", "60s", "--linger", "2s",
+    )  # fmt: skip
+    assert res.returncode == 0, res
+    try:
+        assert research(gpuswarm, repo, "baseline").returncode == 0
+        run = next((exp_dir(repo) / "queue").glob("run_*"))
+        trainers = wait_for(lambda: run_processes(run), 20, what="the baseline training")
+        runners = [
+            p
+            for p in run_processes(exp_dir(repo), var="GPUSWARM_EXPERIMENT")
+            if "_serve" in p.cmdline()
+        ]
+        assert len(runners) == 1, runners
+        runners[0].kill()  # the runner dies (with the loop, say); its training runs on
+        runners[0].wait(10)
+        assert all(p.is_running() for p in trainers)
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        assert status["runner"] is True, status  # it noticed, and a runner took over
+
+        def orphans_gone() -> bool:
+            return not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in trainers)
+
+        wait_for(orphans_gone, 20, interval=0.2, what="the orphaned training to be killed")
+    finally:
+        stop(gpuswarm, repo)

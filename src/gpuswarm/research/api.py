@@ -303,6 +303,66 @@ def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:
     return commit
 
 
+# -- settings ----------------------------------------------------------------------------------
+CHANGEABLE = (
+    "command",
+    "shell",
+    "timeout",
+    "link",
+    "policy",
+    "noise_k",
+    "confirm",
+    "linger",
+    "metric_pattern",
+    "memory_pattern",
+)
+
+
+def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+    """Show the experiment's settings, or change some (journaled as one ``config`` event; they
+    apply to variants queued and decisions made from now on). Works on stored settings a runner
+    could not use, so they can be fixed."""
+    from gpuswarm.fsutil import read_json
+
+    paths = locate(gitops.toplevel(where), tag)
+    with flocked(paths.lock):
+        try:
+            raw: dict[str, Any] = dict(read_json(paths.config))
+        except (OSError, ValueError) as exc:
+            raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
+        unknown = set(changes) - set(CHANGEABLE)
+        if unknown:  # pragma: no cover - the CLI offers only these
+            raise ResearchError(f"cannot change {', '.join(sorted(unknown))}")
+        if "link" in changes:
+            for rel in changes["link"]:
+                gitops._check_path(rel)
+        diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
+        cfg = _validated({**raw, **changes})
+        if diff:
+            save_config(paths, cfg)
+            append(paths, "config", changes=diff)
+    shown = {k: getattr(cfg, k) for k in ("tag", "branch", "edit", "protect", "metric", "goal")}
+    shown.update({k: getattr(cfg, k) for k in CHANGEABLE})
+    return {"settings": shown, "changed": diff, "file": str(paths.config)}
+
+
+def _validated(merged: dict[str, Any]) -> ExperimentConfig:
+    """The settings as the experiment would store them, or a ResearchError naming the field."""
+    from pydantic import ValidationError
+
+    if int(merged.get("confirm", 0)) < 0:
+        raise ResearchError(f"--confirm {merged['confirm']}: the number of re-runs, 0 or more")
+    try:
+        return ExperimentConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ResearchError(problems) from None
+
+
 def restore(exp: Experiment) -> dict[str, Any]:
     """Put the editable files back to BASE (drops uncommitted edits of them)."""
     with flocked(exp.paths.lock):
@@ -487,11 +547,28 @@ def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dic
         state = settle_locked(exp.paths, exp.cfg)
         v = _variant(state, vid)
         if v.finished is None:
-            raise ResearchError(f"{vid} has not finished; wait for it first")
+            return _withdraw(exp, state, v, reason)
         if v.decision is not None:
             raise ResearchError(f"{vid} is already {v.decision['status']}")
         apply(exp.paths, exp.cfg, state, Decision(vid, "discard", reason))
     return {"id": vid, "status": "discard", "base": state.base}
+
+
+def _withdraw(exp: Experiment, state: State, v: Variant, reason: str) -> dict[str, Any]:
+    """A queued variant taken back before it runs: journaled, no results.tsv row (it measured
+    nothing); a running one is refused (it is measuring already)."""
+    if v.kind == "confirm":
+        raise ResearchError(f"{v.id} is a confirmation run of {v.origin}; it cannot be withdrawn")
+    if not executor.withdraw(exp.paths, exp.cfg, v.id):
+        raise ResearchError(
+            f"{v.id} is running already; wait for it (or `gpuswarm research stop`, which puts "
+            "running variants back in the queue, then discard it)"
+        )
+    why = reason if reason != "discarded by hand" else "withdrawn by hand before it ran"
+    append(exp.paths, "finished", id=v.id, ok=False, metric=None, reason=why, withdrawn=True)
+    append(exp.paths, "decided", id=v.id, status="withdrawn", reason=why, row=None)
+    executor.remove_export(exp.paths, v.id)
+    return {"id": v.id, "status": "withdrawn", "base": state.base}
 
 
 def _variant(state: State, vid: str) -> Variant:

@@ -259,6 +259,38 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
     _out(as_json, api.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
 
 
+@research.command("config")
+@click.option("--command", "command", help="the training command (new variants)")
+@click.option("--shell/--no-shell", default=None, help="run the command through /bin/sh")
+@click.option("--timeout", help="per run, e.g. 10m (new variants)")
+@click.option("--link", multiple=True, help="untracked paths linked into each run (replaces)")
+@click.option("--policy", type=click.Choice(["greedy", "noise-aware", "manual"]))
+@click.option("--noise-k", type=float, help="noise-aware: k x baseline spread")
+@click.option("--confirm", type=int, help="re-runs of a would-be keep")
+@click.option("--linger", help="idle runner waits this long (its next start)")
+@click.option("--metric-regex", help="regex whose group 1 is the metric")
+@click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@_where
+@_errors
+def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
+    """Show the experiment's settings, or change them (journaled; for new variants)."""
+    changes: dict[str, Any] = {}
+    for key in ("command", "shell", "policy", "noise_k", "confirm"):
+        if kw[key] is not None:
+            changes[key] = kw[key]
+    if kw["timeout"] is not None:
+        changes["timeout"] = _duration("--timeout", kw["timeout"])
+    if kw["linger"] is not None:
+        changes["linger"] = _duration("--linger", kw["linger"])
+    if kw["link"]:
+        changes["link"] = list(dict.fromkeys(kw["link"]))
+    if kw["metric_regex"] is not None:
+        changes["metric_pattern"] = kw["metric_regex"]
+    if kw["memory_regex"] is not None:
+        changes["memory_pattern"] = kw["memory_regex"]
+    _out(as_json, api.configure(where, tag, changes), views.show_config)
+
+
 @research.command()
 @_where
 @_errors

@@ -393,7 +393,8 @@ def _on_decided(state: State, e: dict[str, Any]) -> None:
         return
     drop_row(state, v)  # decided again (a keep by hand of a discard): the new row replaces it
     v.decision = e
-    state.rows.append(list(e["row"]))
+    if e.get("row"):  # a withdrawn variant measured nothing: no row
+        state.rows.append(list(e["row"]))
     if e.get("base_metric") is not None:
         state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:

@@ -265,7 +265,7 @@ def _report(
     for v in state.variants.values():
         if v.decision is None or v.id in seen:
             continue
-        row = v.decision["row"]
+        row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
         new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
         say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
         seen.add(v.id)

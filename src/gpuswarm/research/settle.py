@@ -13,6 +13,7 @@ import statistics
 
 from gpuswarm.errors import ResearchError
 from gpuswarm.fsutil import atomic_write_text
+from gpuswarm.queue import State as QueueState
 from gpuswarm.research import executor, gitops, variants
 from gpuswarm.research.experiment import (
     ExperimentConfig,
@@ -39,6 +40,10 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     _follow_branch(paths, cfg, state)
     variants.adopt_worktree(paths, cfg, state)
     queued = executor.tasks(paths, cfg) if state.in_flight() else {}
+    if any(st is QueueState.RUNNING for st, _ in queued.values()):
+        # claimed, so some runner ran them: if it is dead, whoever notices owns its leftovers
+        # at once (a new runner's recovery kills the orphaned training processes, re-queues)
+        executor.ensure_runner(paths, cfg)
     for v in state.in_flight():
         found = queued.get(v.id)
         if found is None:

@@ -71,6 +71,8 @@ def twin(paths: ExpPaths, state: State, commit: str) -> str | None:
     if tree[commit] == tree[state.base]:
         return f"BASE {gitops.short(state.base)}"
     for v in state.variants.values():
+        if v.decision is not None and v.decision["status"] == "withdrawn":
+            continue  # it never ran: trying it again is fine
         if tree[v.commit] == tree[commit]:
             where = v.decision["status"] if v.decision is not None else "in flight"
             return f"{v.id} ({where}: {v.description})"

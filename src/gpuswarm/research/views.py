@@ -109,6 +109,14 @@ def show_loop(d: dict[str, Any]) -> None:
     click.echo(f"results:  {d['results']}\nprogress: {d['plot']}\nreport:   {d['report']}")
 
 
+def show_config(d: dict[str, Any]) -> None:
+    for key, (old, new) in d["changed"].items():
+        click.echo(f"changed {key}: {old!r} -> {new!r}")
+    for key, value in d["settings"].items():
+        click.echo(f"{key:<15} {value}")
+    click.echo(f"settings: {d['file']}")
+
+
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
     _files_line(d, always="files" in d)
