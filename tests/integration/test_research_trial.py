@@ -723,3 +723,71 @@ def test_the_first_command_after_a_dead_runner_owns_its_leftovers(
         wait_for(orphans_gone, 20, interval=0.2, what="the orphaned training to be killed")
     finally:
         stop(gpuswarm, repo)
+
+
+# -- 11. the agent proposer: every attempt journaled, it dies with the loop, links in scratch --
+FLAKY_AGENT = r"""
+import os, pathlib, re, sys, time
+state = pathlib.Path(sys.argv[1])
+calls = int(state.read_text()) + 1 if state.exists() else 1
+state.write_text(str(calls))
+if calls == 1:
+    print("the model is overloaded")
+    sys.exit(3)
+if calls == 2:
+    sys.exit(0)  # no edit
+assert pathlib.Path("data/tokens.bin").read_bytes() == b"tok"  # the linked data is there
+pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))
+time.sleep(float(sys.argv[3]))
+train = pathlib.Path("train.py")
+train.write_text(re.sub(r"(?m)^DEPTH = .*$", "DEPTH = 7", train.read_text()))
+pathlib.Path(os.environ["GPUSWARM_MESSAGE_FILE"]).write_text("DEPTH to 7\nthe long story\n")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_agent_attempts_are_journaled_and_the_agent_dies_with_the_loop(
+    gpuswarm: Cli, gpuswarm_popen: Callable[..., Any], research_repo: Path, tmp_path: Path
+) -> None:
+    import signal
+
+    from cli_driver import pid_running
+
+    repo = research_repo
+    (repo / "data").mkdir()
+    (repo / "data" / "tokens.bin").write_bytes(b"tok")
+    agent, calls, pidfile = tmp_path / "agent.py", tmp_path / "calls", tmp_path / "agent.pid"
+    agent.write_text(FLAKY_AGENT)
+    init(gpuswarm, repo, "--link", "data")
+
+    def command(sleep: float) -> str:
+        return " ".join(shlex.quote(str(a)) for a in (PY, agent, calls, pidfile, sleep))
+
+    loop = gpuswarm_popen(
+        "research", "loop", "-C", repo, "--proposer", "agent", "--agent-command",
+        command(60), "--max-experiments", "1",
+    )  # fmt: skip
+    try:
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 40, what="agent"))
+        outcomes = [(e["outcome"], e["reason"]) for e in events(repo, "proposal")]
+        assert [o for o, _ in outcomes] == ["failed", "failed"], outcomes  # each one journaled
+        assert "exited 3" in outcomes[0][1] and "overloaded" in outcomes[0][1], outcomes
+        assert "changed none" in outcomes[1][1], outcomes
+        assert list((exp_dir(repo) / "scratch").iterdir())  # the agent's scratch copy
+        loop.send(signal.SIGKILL)
+        loop.wait(10)
+        wait_for(lambda: not pid_running(pid), 10, what="the agent to die with the loop")
+
+        calls.write_text("2")  # the next call edits at once
+        res = research(
+            gpuswarm, repo, "loop", "--proposer", "agent", "--agent-command", command(0),
+            "--max-experiments", "1", timeout=80,
+        )  # fmt: skip
+        assert res.returncode == 0, res
+        assert list((exp_dir(repo) / "scratch").iterdir()) == []  # the killed loop's is gone
+        made = [e for e in events(repo, "proposal") if e["outcome"] == "made"]
+        assert len(made) == 1 and made[0]["description"] == "DEPTH to 7", made  # the first line
+        (v,) = [v for v in variants(repo).values() if v["source"] == "agent"]
+        assert v["description"] == "DEPTH to 7"
+    finally:
+        stop(gpuswarm, repo)

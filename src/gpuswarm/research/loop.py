@@ -243,6 +243,14 @@ def _queue_proposal(
         )
     except ResearchError as exc:  # e.g. it conflicts with a keep made while it was proposed
         say(f"proposal not queued: {exc}")
+        append(
+            exp.paths,
+            "proposal",
+            proposer=proposer.name,
+            outcome="refused",
+            reason=str(exc),
+            description=proposal.description,
+        )
         return
     first = data["baseline_queued"]
     extra = f" (baseline {', '.join(first)} first)" if first else ""

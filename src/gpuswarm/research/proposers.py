@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
-import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,7 +28,8 @@ from gpuswarm.errors import ResearchError
 from gpuswarm.placeholders import render
 from gpuswarm.process import kill_tree
 from gpuswarm.research import gitops, mutate
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
+from gpuswarm.research.executor import remove_tree
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,7 @@ class AgentProposer:
         self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
         self._live: set[subprocess.Popen[bytes]] = set()
         self._closed = False
+        remove_stale_scratch(paths)
 
     def close(self) -> None:
         """Stop agents still running (the loop ends)."""
@@ -189,6 +193,9 @@ class AgentProposer:
                     self.failures += 1
                     self.last_error = str(exc)
                     failures = self.failures
+                append(
+                    self.paths, "proposal", proposer=self.name, outcome="failed", reason=str(exc)
+                )
                 if failures >= self.opts.max_failures:
                     raise ResearchError(
                         f"the agent failed {self.failures} times in a row (last: "
@@ -196,6 +203,14 @@ class AgentProposer:
                     ) from None
                 continue
             self.failures = 0
+            append(
+                self.paths,
+                "proposal",
+                proposer=self.name,
+                outcome="made",
+                prompt=proposal.meta.get("prompt"),
+                description=proposal.description,
+            )
             return proposal
 
     def _run(self, state: State) -> Proposal:
@@ -204,10 +219,11 @@ class AgentProposer:
             n = next(self._numbers)
         prompt = self.paths.prompts / f"prompt-{n:04d}.md"
         prompt.write_text(self.prompt_text(state))
-        with tempfile.TemporaryDirectory(prefix="gpuswarm-agent-") as tmp:
-            work = Path(tmp) / "work"
+        with scratch_dir(self.paths, n) as tmp:
+            work = tmp / "work"
             gitops.export(self.paths.repo, state.base, work)
-            message_file = Path(tmp) / "message.txt"
+            link_into(self.paths, self.cfg, work)  # .venv, data: the agent can smoke-test
+            message_file = tmp / "message.txt"
             out = self._call(work, prompt, message_file)
             files = {}
             for rel in self.cfg.edit:
@@ -220,8 +236,11 @@ class AgentProposer:
             if not files:
                 raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
             message = message_file.read_text().strip() if message_file.exists() else ""
+        # a message file is a commit message: its first line is the description; without one,
+        # the last line the agent printed (its chatter comes before)
         lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
-        message = (lines[-1] if lines else "agent edit")[:200]
+        pick = lines[0] if message and lines else lines[-1] if lines else "agent edit"
+        message = pick[:200]
         return Proposal(files, message, state.base, {"prompt": n})
 
     def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
@@ -246,6 +265,7 @@ class AgentProposer:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # a killed loop leaves no agent spending tokens
             )
         except OSError as exc:
             raise _AgentFailed(f"cannot start the agent: {exc}") from None
@@ -307,9 +327,81 @@ class _AgentFailed(Exception):
     pass
 
 
-def _clean_env() -> dict[str, str]:
-    import os
+SCRATCH = "scratch"
 
+
+@contextlib.contextmanager
+def scratch_dir(paths: ExpPaths, n: int) -> Iterator[Path]:
+    """``<experiment>/scratch/agent-<pid>-<n>/``: removed after the proposal, and by the next
+    loop when the process that made it was killed."""
+    root = paths.root / SCRATCH
+    root.mkdir(exist_ok=True)
+    tmp = root / f"agent-{os.getpid()}-{n:04d}"
+    remove_tree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        remove_tree(tmp)
+
+
+def remove_stale_scratch(paths: ExpPaths) -> None:
+    """Scratch folders of proposers whose process is gone (a loop killed with SIGKILL)."""
+    root = paths.root / SCRATCH
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        parts = entry.name.split("-")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        if pid != os.getpid() and not _alive(pid):
+            remove_tree(entry)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def link_into(paths: ExpPaths, cfg: ExperimentConfig, work: Path) -> None:
+    """The experiment's --link paths (``.venv``, data) as symlinks in a scratch copy."""
+    for rel in cfg.link:
+        src = paths.repo / rel
+        if src.exists() and not (work / rel).exists():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).symlink_to(src)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """PR_SET_PDEATHSIG: the agent gets SIGKILL when the loop (the thread that started it)
+    dies, even by SIGKILL."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _prctl() -> Any:
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return lambda *args: 0
+    ulong = ctypes.c_ulong
+    fn.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL = _prctl()  # looked up before any fork: the child only calls it
+
+
+def _clean_env() -> dict[str, str]:
     env = dict(os.environ)
     for name in ("GPUSWARM_RUN_DIR", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(name, None)
