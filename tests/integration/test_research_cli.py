@@ -519,7 +519,7 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
 
     wait_for(running, timeout=20, interval=0.1, what=f"{vid} running")
     (flight,) = ok_json(research(gpuswarm, repo, "status", "--json"))["in_flight"]
-    assert (flight["id"], flight["state"]) == (vid, "running")
+    assert (flight["id"], flight["status"]) == (vid, "running")
     assert flight["slot"] is not None
 
     stopped = ok_json(research(gpuswarm, repo, "stop", "--json"))
@@ -530,7 +530,7 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
     status = ok_json(research(gpuswarm, repo, "status", "--json"))
     assert status["runner"] is False
     (flight,) = status["in_flight"]
-    assert (flight["id"], flight["state"]) == (vid, "queued")
+    assert (flight["id"], flight["status"]) == (vid, "queued")
     rows = research_results(repo, tag)
     assert [r[3] for r in rows[1:]] == ["keep"]  # the baseline; no crash row for the slow one
     assert not [e for e in ledger(repo, tag) if e["ev"] == "finished" and e["id"] == vid]

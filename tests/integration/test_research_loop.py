@@ -469,6 +469,7 @@ def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Pat
         assert float(decided[combo["id"]]["row"][1]) == pytest.approx(expected_metric(0.05, 6))
         slow_row = next(r for r in rows(repo) if r[0] == variants[slow]["commit"][:7])
         assert slow_row[3] == "discard"
+        assert slow_row[4].endswith(f"(re-based, see {combo['id']})"), slow_row  # not a bug
         assert status_json(gpuswarm, repo)["in_flight"] == []
     finally:
         stop(gpuswarm, repo)

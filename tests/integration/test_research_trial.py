@@ -791,3 +791,34 @@ def test_agent_attempts_are_journaled_and_the_agent_dies_with_the_loop(
         assert v["description"] == "DEPTH to 7"
     finally:
         stop(gpuswarm, repo)
+
+
+# -- smaller things: status --json, errors as JSON, wait's exit, the report ----------------------
+def test_status_json_errors_json_wait_exit_and_report(gpuswarm: Cli, research_repo: Path) -> None:
+    repo = research_repo
+    init(gpuswarm, repo)
+    try:
+        crash = try_edit(gpuswarm, repo, "crash on purpose", CRASH="1")
+        waited = research(gpuswarm, repo, "wait", "--json", "--timeout", "40s")
+        got = {v["id"]: v["status"] for v in json.loads(waited.stdout)["finished"]}
+        assert got[crash["id"]] == "crash" and got["v0001"] == "keep", got
+        assert waited.returncode == 0, waited  # not every one crashed: the baseline ran
+        again = try_edit(gpuswarm, repo, "crash again", CRASH="2")
+        res = research(gpuswarm, repo, "wait", "--json", "--timeout", "40s")
+        assert [v["id"] for v in json.loads(res.stdout)["finished"]] == [again["id"]]
+        assert res.returncode == 1, res  # every variant it waited for crashed
+        status = ok_json(research(gpuswarm, repo, "status", "--json"))
+        last = {r["id"]: r for r in status["last"]}
+        assert last["v0001"]["metric"] == pytest.approx(0.93)
+        assert last[crash["id"]]["metric"] is None
+        assert isinstance(last["v0001"]["memory_gb"], float)
+        for v in status["in_flight"]:
+            assert "state" not in v
+        bad = research(gpuswarm, repo, "keep", "v0099", "--json")
+        assert bad.returncode == 2 and "v0099" in json.loads(bad.stdout)["error"], bad
+        report = ok_json(research(gpuswarm, repo, "report", "--json"))
+        html = Path(report["report"]).read_text()
+        assert "0.930000" in html  # 6 decimals, as results.tsv
+        assert 'href="queue/' in html and f"{crash['id']} log" in html  # a crash links its log
+    finally:
+        stop(gpuswarm, repo)

@@ -181,3 +181,16 @@ def test_title_shows_bases_metric_not_a_lucky_repeat() -> None:
     ax = Figure().add_subplot()
     assert "best val_bpb 1.000000" in plot._draw(ax, rows, "val_bpb", "min", 1.0)
     assert "best val_bpb 0.900000" in plot._draw(Figure().add_subplot(), rows, "val_bpb", "min")
+
+
+def test_a_rebased_discard_is_marked_as_such() -> None:
+    """A stale-parent winner (better than the running best, discarded and measured again as a
+    combination) has its own marker and legend entry, not a plain grey discard."""
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0, "keep", "baseline"), PlotRow(0.95, "keep", "lr 0.05")]
+    rows += [PlotRow(0.9, "discard", "depth 6 (re-based, see v0004)"), PlotRow(1.2, "discard", "x")]
+    ax = Figure().add_subplot()
+    plot._draw(ax, rows, "val_bpb", "min")
+    labels = ax.get_legend_handles_labels()[1]
+    assert "re-based, measured again (1)" in labels and "discarded (1)" in labels, labels

@@ -441,7 +441,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         in_flight.append(
             {
                 **v.view(),
-                "state": "running" if run else "queued",
+                "status": "running" if run else "queued",  # one state field, never two
                 "slot": run["slot"] if run else None,
                 "elapsed": round(now - run["since"], 1) if run else None,
             }
@@ -455,8 +455,16 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
-            dict(zip(("commit", "metric", "memory_gb", "status", "description"), r, strict=True))
-            for r in state.rows[-last:]
+            {
+                "id": vid,
+                "commit": r[0],
+                "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
+                "memory_gb": float(r[2]),
+                "status": r[3],
+                "description": r[4],
+            }
+            for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
+            if last > 0
         ],
         "runner": bool(executor.runner_pids(exp.paths)),
         "timeout": exp.cfg.timeout,

@@ -35,6 +35,8 @@ def _errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except GpuswarmError as exc:
             click.echo(f"gpuswarm: error: {exc}", err=True)
+            if kwargs.get("as_json"):  # a script reading stdout gets the error as JSON too
+                click.echo(json.dumps({"error": str(exc), "exit_code": exc.exit_code}))
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
@@ -182,6 +184,10 @@ def wait(
     data = api.wait(exp, mode=mode, timeout=_duration("--timeout", timeout), ids=list(ids) or None)
     _out(as_json, data, views.show_wait)
     if data["timed_out"] and mode == "all":
+        sys.exit(EXIT_UNFINISHED)
+    waited = data["finished"]
+    if waited and not data["waiting"] and all(v["status"] == "crash" for v in waited):
+        click.echo("gpuswarm: every variant waited for crashed", err=True)
         sys.exit(EXIT_UNFINISHED)
 
 

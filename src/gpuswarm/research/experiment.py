@@ -318,6 +318,7 @@ class State:
     base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
     baselines: dict[str, list[float]] = field(default_factory=dict)  # commit -> repeats
     rows: list[list[str]] = field(default_factory=list)
+    row_ids: list[str] = field(default_factory=list)  # the variant of each row
     round: int = 1  # the open round: new variants join it until it is sealed
     sealed: set[int] = field(default_factory=set)
     mode: str = "rounds"
@@ -383,6 +384,8 @@ def drop_row(state: State, v: Variant) -> None:
         for i in range(len(state.rows) - 1, -1, -1):
             if state.rows[i] == row:
                 del state.rows[i]
+                if i < len(state.row_ids):
+                    del state.row_ids[i]
                 break
     v.decision = None
 
@@ -395,6 +398,7 @@ def _on_decided(state: State, e: dict[str, Any]) -> None:
     v.decision = e
     if e.get("row"):  # a withdrawn variant measured nothing: no row
         state.rows.append(list(e["row"]))
+        state.row_ids.append(v.id)
     if e.get("base_metric") is not None:
         state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:

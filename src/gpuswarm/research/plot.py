@@ -28,6 +28,7 @@ DARK_GREEN = "#1b5e20"
 FIGSIZE = (12.0, 6.0)
 DPI = 120
 LABEL_CHARS = 40
+REBASED = "(re-based, see v"  # results.tsv marks a stale-parent winner so
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,20 @@ def _draw(
         ax.set_yticks([])  # nothing but crashes: no scale to show
     if disc:
         inside = [i for i in xs_disc if ymin <= val[i] <= ymax]
-        label = f"discarded ({len(xs_disc)})"
+        rebased = [i for i in inside if REBASED in rows[i - 1].description]
+        inside = [i for i in inside if i not in rebased]
+        label = f"discarded ({len(xs_disc) - len(rebased)})"
         ax.scatter(inside, [val[i] for i in inside], s=18, c=DISCARD_COLOR, zorder=2, label=label)
+        if rebased:  # a winner measured on an older BASE: measured again as a combination
+            ax.scatter(
+                rebased,
+                [val[i] for i in rebased],
+                s=30,
+                facecolors="none",
+                edgecolors=KEEP_COLOR,
+                zorder=2,
+                label=f"re-based, measured again ({len(rebased)})",
+            )
         for i in (i for i in xs_disc if i not in inside):  # outliers: a triangle on the edge
             up = val[i] > ymax
             y = ymax - (ymax - ymin) * 0.015 if up else ymin + (ymax - ymin) * 0.015

@@ -147,12 +147,15 @@ def _decided(
     status: str,
     reason: str,
     metric: dict[str, object] | None,
+    *,
+    note: str = "",
 ) -> None:
-    row = tsv_row(state, v, status)
+    row = tsv_row(state, v, status, note)
     v.decision = append(
         paths, "decided", id=v.id, status=status, reason=reason, row=row, base_metric=metric
     )
     state.rows.append(row)
+    state.row_ids.append(v.id)
     if metric is not None:
         state.base_metric[str(metric["commit"])] = float(metric["value"])  # type: ignore[arg-type]
         if v.kind == "baseline":
@@ -203,7 +206,8 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
         )
         executor.enqueue(paths, cfg, combo)
     reason = f"{d.reason}; re-evaluating on BASE {gitops.short(state.base)} as {combo.id}"
-    _decided(paths, cfg, state, v, "discard", reason, None)
+    # a discard better than the running best reads as a bug unless the row says why
+    _decided(paths, cfg, state, v, "discard", reason, None, note=f"re-based, see {combo.id}")
 
 
 def _change_of(state: State, v: Variant) -> str:
@@ -231,7 +235,7 @@ def _remove_exports(paths: ExpPaths, state: State) -> None:
 
 
 # -- results.tsv -------------------------------------------------------------------------------
-def tsv_row(state: State, v: Variant, status: str) -> list[str]:
+def tsv_row(state: State, v: Variant, status: str, note: str = "") -> list[str]:
     """The seed's five columns: 7-char commit, metric (6 decimals), memory GB (.1f), status,
     description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
     fin = v.finished or {}
@@ -248,6 +252,8 @@ def tsv_row(state: State, v: Variant, status: str) -> list[str]:
         tag = f"[{gpu}] " if gpu else ""
     if crash:
         text = f"{text} ({fin.get('reason') or 'crash'})"
+    elif note:
+        text = f"{text} ({note})"
     desc = " ".join((tag + text).replace("\t", " ").split())
     return [gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc]
 

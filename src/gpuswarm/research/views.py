@@ -88,8 +88,8 @@ def show_status(d: dict[str, Any]) -> None:
     for v in d["undecided"]:
         click.echo(f"  awaiting decision: {_variant_line(v)}")
     for r in d["last"]:
-        cells = (r["commit"], r["metric"], f"{r['memory_gb']:>5}", f"{r['status']:<8}")
-        click.echo(f"  {'  '.join(cells)} {r['description']}")
+        cells = (r["id"], r["commit"], f"{_metric(r['metric']):>10}", f"{r['memory_gb']:>5.1f}")
+        click.echo(f"  {'  '.join(cells)}  {r['status']:<8} {r['description']}")
     _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
 
