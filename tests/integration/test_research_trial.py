@@ -822,3 +822,28 @@ def test_status_json_errors_json_wait_exit_and_report(gpuswarm: Cli, research_re
         assert 'href="queue/' in html and f"{crash['id']} log" in html  # a crash links its log
     finally:
         stop(gpuswarm, repo)
+
+
+def test_protect_accepts_a_linked_untracked_file_by_checksum(
+    gpuswarm: Cli, research_repo: Path
+) -> None:
+    repo = research_repo
+    (repo / "data").mkdir()
+    (repo / "data" / "val.bin").write_bytes(b"\x00validation tokens\x01" * 100)
+    res = gpuswarm(
+        "research", "init", "-C", repo, "--tag", TAG, "--edit", "train.py", "--link", "data",
+        "--protect", "data/val.bin", "--command", f"{shlex.quote(PY)} train.py",
+        "--gpus", "sim:1", "--timeout", "20s", "--linger", "2s",
+    )  # fmt: skip
+    assert res.returncode == 0, res
+    try:
+        with (repo / "train.py").open("a") as fh:  # a run that writes into the user's data
+            fh.write('open("data/val.bin", "ab").write(b"more")\n')
+        tamper = ok_json(research(gpuswarm, repo, "try", "-m", "append to val.bin", "--json"))
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "40s"))
+        got = {v["id"]: v for v in waited["finished"]}
+        assert got["v0001"]["status"] == "keep", got  # the baseline ran first, untouched
+        assert got[tamper["id"]]["status"] == "crash", got
+        assert "data/val.bin" in got[tamper["id"]]["reason"], got
+    finally:
+        stop(gpuswarm, repo)

@@ -26,6 +26,7 @@ from gpuswarm.research.experiment import (
     check_timeout,
     drop_row,
     experiments_dir,
+    file_sha256,
     flocked,
     load_config,
     locate,
@@ -114,6 +115,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         linger=opts.linger,
         memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
         confirm=opts.confirm,
+        protect_sums=_protect_sums(repo, head, opts.protect),
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -141,6 +143,8 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
         raise ResearchError("--edit: name at least one file a variant may change, e.g. train.py")
     for flag, files in (("--edit", opts.edit), ("--protect", opts.protect)):
         for rel in files:
+            if flag == "--protect" and _untracked_file(repo, head, rel):
+                continue  # a linked data file: protected by its checksum
             if gitops.blob(repo, head, rel) is None:
                 raise ResearchError(
                     f"{flag} {rel}: not a file committed at HEAD {gitops.short(head)}; commit "
@@ -162,6 +166,17 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
                 check_pattern(flag, pattern)
     except ValueError as exc:
         raise ResearchError(str(exc)) from None
+
+
+def _untracked_file(repo: Path, head: str, rel: str) -> bool:
+    gitops._check_path(rel)
+    return gitops.blob(repo, head, rel) is None and (repo / rel).is_file()
+
+
+def _protect_sums(repo: Path, head: str, protect: list[str]) -> dict[str, str]:
+    """sha256 of each protected file that is not committed (a linked val.bin): a run that
+    writes into it is caught by the checksum after it ends."""
+    return {rel: file_sha256(repo / rel) for rel in protect if _untracked_file(repo, head, rel)}
 
 
 def _files(paths: ExpPaths) -> dict[str, str]:

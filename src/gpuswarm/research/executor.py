@@ -45,7 +45,13 @@ from gpuswarm.queue import (
     task_id_of,
 )
 from gpuswarm.research import gitops
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant, flocked
+from gpuswarm.research.experiment import (
+    ExperimentConfig,
+    ExpPaths,
+    Variant,
+    file_sha256,
+    flocked,
+)
 from gpuswarm.runs import NewRun, create_run, open_run
 
 EXPERIMENT_VAR = "GPUSWARM_EXPERIMENT"
@@ -263,7 +269,7 @@ def outcome(
     memory = metrics.get("peak_vram_mb")
     text = log_tail(log, max_lines=400, max_bytes=1 << 20) if log else ""
     reason = _crash_reason(cfg, state, last, metric, text)
-    protect = _protected_changes(paths, cfg, v)
+    protect = _protected_changes(paths, cfg, v) + protected_data_changes(paths, cfg)
     if reason is None and protect:
         reason = f"changed protected file {', '.join(protect)}"
     gpus = last.get("gpus") or []
@@ -328,12 +334,28 @@ def _protected_changes(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> li
     changed = []
     root = paths.export_dir(v.id)
     for rel in cfg.protect:
+        if rel in cfg.protect_sums:
+            continue  # untracked: checked by checksum after the run (protected_data_changes)
         want = gitops.blob(paths.repo, v.parent, rel)
         try:
             have: bytes | None = (root / rel).read_bytes()
         except OSError:
             have = None
         if want is None or have is None or _sha(want) != _sha(have):
+            changed.append(rel)
+    return changed
+
+
+def protected_data_changes(paths: ExpPaths, cfg: ExperimentConfig) -> list[str]:
+    """Protected untracked files (linked into every run) whose checksum is not the one
+    recorded at init: a run wrote into the user's data."""
+    changed = []
+    for rel, want in cfg.protect_sums.items():
+        try:
+            have = file_sha256(paths.repo / rel)
+        except OSError:
+            have = ""
+        if have != want:
             changed.append(rel)
     return changed
 

@@ -45,6 +45,17 @@ DEFAULT_FAIL_PATTERN = r"^FAIL\b"
 MAX_TIMEOUT = 7 * 86400.0  # a research run is a fixed budget: a week bounds any of them
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks (data files can be large)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def metric_pattern(metric: str) -> str:
     return rf"^\s*{re.escape(metric)}:\s*([-+0-9.eEnaif]+)"
 
@@ -122,6 +133,8 @@ class ExperimentConfig(BaseModel):
     noise_k: float = 2.0
     confirm: int = 0  # re-runs of a would-be keep before it is kept (the mean decides)
     link: list[str] = Field(default_factory=list)
+    # --protect of untracked (linked) files: path -> sha256 at init, checked after every run
+    protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
 
