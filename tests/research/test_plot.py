@@ -194,3 +194,21 @@ def test_a_rebased_discard_is_marked_as_such() -> None:
     plot._draw(ax, rows, "val_bpb", "min")
     labels = ax.get_legend_handles_labels()[1]
     assert "re-based, measured again (1)" in labels and "discarded (1)" in labels, labels
+
+
+def test_labels_of_consecutive_keeps_do_not_overlap() -> None:
+    """Forty keeps in a row: the labels that are shown never overlap (the newest win)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0 - i * 0.001, "keep", f"idea {i}: a longer description") for i in range(40)]
+    fig = Figure(figsize=plot.FIGSIZE, dpi=plot.DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    plot._draw(ax, rows, "val_bpb", "min")
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in ax.texts if t.get_text().startswith("idea")]
+    shown = [t.get_window_extent(renderer) for t in texts if t.get_visible()]
+    assert len(texts) == 40 and 3 <= len(shown) < 40
+    assert not any(a.overlaps(b) for i, a in enumerate(shown) for b in shown[i + 1 :])
+    assert texts[-1].get_visible()  # the latest (best) one is always labelled

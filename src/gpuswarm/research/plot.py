@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -83,6 +83,8 @@ def _draw(
     kept, disc = [val[i] for i in xs_keep], [val[i] for i in xs_disc]
     better = min if goal == "min" else max
     summary = f"{n} experiment{'s' if n != 1 else ''}, {len(xs_keep)} kept"
+    ax.set_xlim(0.3, n + 1 + 0.12 * n)  # room for the last labels (set first: labels are laid
+    # out against it)
     if kept or disc:
         ymin, ymax = _ylimits(kept, disc, goal)
         ax.set_ylim(ymin, ymax)
@@ -121,10 +123,13 @@ def _draw(
             xs_keep, kept, s=55, c=KEEP_COLOR, edgecolors=DARK_GREEN, lw=0.6, zorder=4
         )
         dots.set_label(f"kept ({len(xs_keep)})")
+        labels = []
         for i in xs_keep:  # the description, shortened, up and to the right of the dot
             desc, xy, off = _short(rows[i - 1].description), (i, val[i]), (4.0, 5.0)
             text = ax.annotate(desc, xy, off, textcoords="offset points", rotation=25, fontsize=7)
             text.set(rotation_mode="anchor", color=DARK_GREEN, clip_on=True)
+            labels.append(text)
+        _drop_overlapping(ax, labels)
         shown = best[-1] if best_value is None else best_value  # BASE's (a mean of repeats)
         summary += f", best {_esc(metric)} {shown:.6f}"
     if xs_crash:
@@ -134,6 +139,22 @@ def _draw(
         marks.set(clip_on=False, zorder=4, label=f"crash ({len(xs_crash)})")
         summary += f", {len(xs_crash)} crashed"
     return summary
+
+
+def _drop_overlapping(ax: Axes, labels: list[Any]) -> None:
+    """Hide labels that would overlap one already shown; the latest keeps (the best so far)
+    are shown first, so a run of consecutive keeps reads as the newest ones."""
+    canvas = ax.figure.canvas
+    renderer = canvas.get_renderer() if hasattr(canvas, "get_renderer") else None
+    if renderer is None:  # pragma: no cover - every Figure here has an Agg canvas
+        return
+    shown: list[Any] = []
+    for text in reversed(labels):
+        box = text.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in shown):
+            text.set_visible(False)
+        else:
+            shown.append(box)
 
 
 def progress_png(
@@ -163,7 +184,6 @@ def progress_png(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if rows:
         summary = _draw(ax, rows, metric, goal, best)
-        ax.set_xlim(0.3, len(rows) + 1 + 0.12 * len(rows))  # room for the last labels
         if ax.get_legend_handles_labels()[0]:
             ax.legend(
                 loc="upper right" if goal == "min" else "upper left", fontsize=8, framealpha=0.9
