@@ -278,10 +278,16 @@ def test_keeps_never_touch_another_branchs_files(gpuswarm: Cli, research_repo: P
         assert git(repo, "status", "--porcelain") == ""
         assert waited["files"]["case"] == "other-branch", waited["files"]
         assert "master" in waited["files"]["message"]
-        # an edit made on master is measured as master's edit, carried onto BASE
-        tried = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
+        # master moves on (a file outside the experiment) and an edit is made there: it is
+        # measured as that edit of train.py carried onto BASE, and nothing else of master's
+        (repo / "README.md").write_text("# master moved on\n")
+        git(repo, "commit", "-q", "-am", "master moves on")
+        kept = branch_tip(repo)
+        tried = try_edit(gpuswarm, repo, "SLEEP to 0.25", SLEEP="0.25")
         source = show(repo, tried["commit"])
-        assert "LR = 0.05\n" in source + "\n" and "DEPTH = 6\n" in source + "\n", source
+        assert "LR = 0.05\n" in source + "\n" and "SLEEP = 0.25\n" in source + "\n", source
+        assert tried["parent"] == kept
+        assert git(repo, "diff", "--name-only", kept, tried["commit"]) == "train.py"
         assert (repo / "train.py").read_text() == master_train
     finally:
         stop(gpuswarm, repo)

@@ -111,7 +111,10 @@ def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message:
     commit = gitops.commit_files(paths.repo, start, edits, message)
     if start == state.base:
         return commit
-    moved = rebase(paths, cfg, commit, start, state.base, message)
+    # another branch's HEAD may differ from BASE in more than the editable files: carry over
+    # only the edit of those (a variant is BASE plus a change to them, nothing else)
+    files_only = not on_branch(paths, cfg)
+    moved = rebase(paths, cfg, commit, start, state.base, message, files_only=files_only)
     if moved is None:
         raise ResearchError(
             f"your edit of {', '.join(edits)} was made on BASE {gitops.short(start)}, and "
@@ -307,10 +310,18 @@ def merge_lines(base: bytes, ours: bytes, theirs: bytes) -> bytes | None:
 
 
 def rebase(
-    paths: ExpPaths, cfg: ExperimentConfig, commit: str, parent: str, onto: str, message: str
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    commit: str,
+    parent: str,
+    onto: str,
+    message: str,
+    *,
+    files_only: bool = False,
 ) -> str | None:
-    """``commit`` (a change of ``parent``) re-applied onto ``onto``; None on a real conflict."""
-    merged = gitops.merge_onto(paths.repo, commit, onto, message)
+    """``commit`` (a change of ``parent``) re-applied onto ``onto``; None on a real conflict.
+    ``files_only``: merge the editable files only, by lines (never git's whole-tree merge)."""
+    merged = None if files_only else gitops.merge_onto(paths.repo, commit, onto, message)
     if merged is not None:
         return merged
     files: dict[str, bytes | None] = {}
