@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_driver import CliResult, wait_for
 from conftest import (
-    CliResult,
     edit_constant,
     git,
     research_results,
     run_processes,
-    wait_for,
     wait_no_run_processes,
 )
 
@@ -123,7 +122,7 @@ def show(repo: Path, rev: str, path: str) -> bytes:
 
 def queue_run(repo: Path, tag: str) -> Path:
     cfg = json.loads((exp_dir(repo, tag) / "experiment.json").read_text())
-    return exp_dir(repo, tag) / cfg["run"]
+    return exp_dir(repo, tag) / str(cfg["run"])
 
 
 # -- 1. init -----------------------------------------------------------------------------------

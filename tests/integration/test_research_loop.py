@@ -23,17 +23,14 @@ from typing import Any
 
 import psutil
 import pytest
+from cli_driver import CliProcess, CliResult, pid_running, wait_for
 from conftest import (
     TRAIN_PY,
-    CliProcess,
-    CliResult,
     descriptor,
     edit_constant,
     git,
-    pid_running,
     research_results,
     run_processes,
-    wait_for,
     wait_no_run_processes,
 )
 

@@ -203,10 +203,10 @@ def test_labels_of_consecutive_keeps_do_not_overlap() -> None:
 
     rows = [PlotRow(1.0 - i * 0.001, "keep", f"idea {i}: a longer description") for i in range(40)]
     fig = Figure(figsize=plot.FIGSIZE, dpi=plot.DPI)
-    FigureCanvasAgg(fig)
+    canvas = FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     plot._draw(ax, rows, "val_bpb", "min")
-    renderer = fig.canvas.get_renderer()
+    renderer = canvas.get_renderer()  # type: ignore[no-untyped-call]
     texts = [t for t in ax.texts if t.get_text().startswith("idea")]
     shown = [t.get_window_extent(renderer) for t in texts if t.get_visible()]
     assert len(texts) == 40 and 3 <= len(shown) < 40
