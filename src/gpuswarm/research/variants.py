@@ -213,6 +213,7 @@ def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> dict[str
     while HEAD is on the experiment branch and they hold what gpuswarm last wrote there."""
     head = gitops.git(paths.repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
     files = ", ".join(cfg.edit)
+    s = "" if len(cfg.edit) > 1 else "s"  # "train.py follows", "a.py, b.py follow"
     if not on_branch(paths, cfg):
         where = f"on {head}" if head else "detached"
         return {
@@ -233,14 +234,15 @@ def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> dict[str
         return {
             "follows": True,
             "case": "behind",
-            "message": f"{files} are at {gitops.short(state.worktree_base)} (what gpuswarm "
+            "message": f"{files} {'is' if s else 'are'} at {gitops.short(state.worktree_base)} "
+            "(what gpuswarm "
             f"wrote last), BASE is {gitops.short(state.base)}: the next keep brings them to "
             "BASE, or `research restore` now",
         }
     return {
         "follows": True,
         "case": "following",
-        "message": f"{files} follow BASE (HEAD is on {cfg.branch})",
+        "message": f"{files} follow{s} BASE (HEAD is on {cfg.branch})",
     }
 
 
