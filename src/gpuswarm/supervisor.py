@@ -41,7 +41,7 @@ from gpuswarm.config import TaskSpec
 from gpuswarm.gpus import Slot
 from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.logs import cap_log
+from gpuswarm.logs import LogPump, cap_log
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import Attempt, AttemptEnd, EndKind, become_subreaper, sweep_orphans
 from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of, task_id_of
@@ -55,6 +55,7 @@ FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
 COMMIT_BATCH = 64  # outcomes committed together (one fsync per destination folder)
+MAX_SLEEP_MS = 3_600_000  # poll() takes a C int of milliseconds (24.8 days): re-armed after
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class Supervisor:
         self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
+        self._pump = LogPump()  # attempts write into pipes; it holds every log's cap
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -139,6 +141,7 @@ class Supervisor:
             threading.Thread(target=self._committer, name=f"commit-{i}", daemon=True)
             for i in range(COMMITTERS)
         ]
+        self._pump.start()
         for thread in (keeper, *committers, loop):
             thread.start()
         while loop.is_alive():
@@ -154,6 +157,7 @@ class Supervisor:
             self._reclaimer.join()
         self._release_delayed(everything=True)
         sweep_orphans(f"{self.paths.root.name}/")
+        self._pump.stop()
         self.ledger.emit(
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
@@ -216,7 +220,11 @@ class Supervisor:
                     self._reclaimer.start()
 
     def _cap_logs(self) -> bool:
-        """Cap every live attempt's log; False when one is growing fast (check again soon)."""
+        """Cap every live attempt's log; False when one is growing fast (check again soon).
+
+        Attempts launched through the log pump need none of this (the pump holds the cap)."""
+        if self._pump is not None:
+            return True
         calm = True
         sizes: dict[Path, int] = {}
         for live in list(self.live.values()):
@@ -343,7 +351,7 @@ class Supervisor:
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
         self._hand_over()
-        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ms = None if timeout is None else min(MAX_SLEEP_MS, max(0, int(timeout * 1000 + 0.999)))
         ready = self._poller.poll(ms)
         for fd, _ in ready:
             if fd == self._wake_r:
@@ -462,7 +470,7 @@ class Supervisor:
             owner=self.cfg.owner,
             base_dir=self.cfg.base_dir,
         )
-        handle = Attempt.launch(spec)
+        handle = Attempt.launch(spec, pump=self._pump, max_log_bytes=self.cfg.max_log_bytes)
         live = LiveAttempt(
             slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
         )
