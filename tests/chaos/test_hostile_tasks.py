@@ -41,6 +41,7 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.timeout(240)
 def test_hostile_tasks_never_hang_crash_or_leak(
     tmp_path: Path, cli: Callable[..., CliResult], figures: Callable[..., None]
 ) -> None:
