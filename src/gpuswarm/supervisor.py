@@ -136,7 +136,7 @@ class Supervisor:
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
         loop = threading.Thread(target=self._loop_main, name="slots", daemon=True)
-        keeper = threading.Thread(target=self._keep, name="keeper", daemon=True)
+        keeper = threading.Thread(target=self._keep_safely, name="keeper", daemon=True)
         committers = [
             threading.Thread(target=self._committer, name=f"commit-{i}", daemon=True)
             for i in range(COMMITTERS)
@@ -175,7 +175,8 @@ class Supervisor:
         first = not self.stopping.is_set()
         self.cold = self.cold or cold or not first
         self.stopping.set()
-        self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
+        with contextlib.suppress(OSError):  # a full disk must not keep the stop from happening
+            self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
         for live in list(self.live.values()):
             live.handle.cancel(hard=self.cold)
         self._wakeup()
@@ -218,6 +219,20 @@ class Supervisor:
                     # period, and the heartbeat must not wait for it
                     self._reclaimer = threading.Thread(target=self._reclaim, daemon=True)
                     self._reclaimer.start()
+
+    def _keep_safely(self) -> None:
+        """The keeper, started again after an error (a full disk: a retry that cannot be
+        requeued, a journal that cannot be synced): the run stops, keeping goes on."""
+        while True:
+            try:
+                self._keep()
+                return
+            except Exception as exc:
+                if not self.stopping.is_set():
+                    self.errors.append(exc)
+                    self.request_stop()
+                if self._done_keeping.wait(1.0):
+                    return
 
     def _cap_logs(self) -> bool:
         """Cap every live attempt's log; False when one is growing fast (check again soon).
