@@ -213,7 +213,7 @@ class DirQueue:
         os.utime(dst)  # mtime = claim time, for status
         try:
             data = json.loads(dst.read_bytes())
-            problem = descriptor_problem(data)
+            problem = descriptor_problem(data, task_fields=False)  # the task: see _start
             if problem is not None:
                 raise ValueError(problem)
         except (OSError, ValueError) as exc:

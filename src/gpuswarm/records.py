@@ -65,8 +65,11 @@ def _check(obj: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str)
     return None
 
 
-def descriptor_problem(data: Any) -> str | None:
-    """What makes ``data`` (a parsed descriptor) unusable, or None when it is a descriptor."""
+def descriptor_problem(data: Any, *, task_fields: bool = True) -> str | None:
+    """What makes ``data`` (a parsed descriptor) unusable, or None when it is a descriptor.
+
+    ``task_fields=False`` leaves the task's own fields to the caller (a claim validates the
+    whole task and sets an invalid one aside as ``invalid-task``)."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not a descriptor object"
     if "task" not in data:
@@ -74,7 +77,7 @@ def descriptor_problem(data: Any) -> str | None:
     problem = _check(data, _TOP_TYPES, "")
     if problem is not None:
         return problem
-    problem = _check(data["task"], _TASK_TYPES, "task.")
+    problem = _check(data["task"], _TASK_TYPES, "task.") if task_fields else None
     if problem is not None:
         return problem
     for i, attempt in enumerate(data.get("attempts", [])):
