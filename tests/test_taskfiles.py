@@ -185,3 +185,13 @@ def test_journal_readers_skip_lines_that_are_no_events(tmp_path: Path) -> None:
     assert [e["ev"] for e in read_events(path)] == ["a", "c"]
     assert [e["ev"] for e in tail_events(path)] == ["a", "c"]
     assert [n for n, _ in bad_event_lines(path)] == [2, 3, 4, 5]
+
+
+def test_durations_are_bounded_but_a_month_is_fine() -> None:
+    from gpuswarm.config_models import parse_duration
+
+    assert parse_duration("30d") == 30 * 86400
+    assert parse_duration("365d") == 365 * 86400
+    for absurd in ("366d", "400d", 1e300, "9999999h"):
+        with pytest.raises(ValueError, match="longer than 365 days"):
+            parse_duration(absurd)
