@@ -164,7 +164,7 @@ def test_pump_keeps_everything_under_the_cap(tmp_path: Path) -> None:
 
 
 def test_pump_with_a_cap_smaller_than_its_marker(tmp_path: Path) -> None:
-    log, peak = _pump_into(tmp_path, 64, [b"y" * 1000] * 5)
+    _, peak = _pump_into(tmp_path, 64, [b"y" * 1000] * 5)
     assert peak <= 200, peak
 
 
