@@ -12,6 +12,7 @@ import os
 import re
 import select
 import threading
+import time
 from pathlib import Path
 
 from gpuswarm.taskfiles import RDWR_FLAGS, open_regular, read_tail
@@ -275,23 +276,30 @@ class LogPump:
 
     def _run(self) -> None:
         while not self._stopping:
-            for fd, _ in self._poller.poll():
-                if fd == self._wake_r:
-                    with contextlib.suppress(OSError):
-                        os.read(self._wake_r, 4096)
-                    continue
-                with self._lock:
-                    sink = self._sinks.get(fd)
-                if sink is None:
-                    continue
-                with sink.lock:
-                    if not sink.closed and not sink.eof:
-                        try:
-                            sink.pump()
-                        except OSError:  # the pipe itself broke: nothing more comes from it
-                            sink.eof = True
-                    quiet = sink.eof
-                if quiet:  # EOF polls readable for ever: stop watching it until finish()
-                    with self._lock, contextlib.suppress(KeyError, ValueError):
-                        self._poller.unregister(fd)
-            self._close_finished()
+            try:
+                self._pass()
+            except Exception:  # never die: every task would block on its full pipe
+                time.sleep(0.01)
+
+    def _pass(self) -> None:
+        """One poll: move what is ready, close what finish() handed over."""
+        for fd, _ in self._poller.poll():
+            if fd == self._wake_r:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+                continue
+            with self._lock:
+                sink = self._sinks.get(fd)
+            if sink is None:
+                continue
+            with sink.lock:
+                if not sink.closed and not sink.eof:
+                    try:
+                        sink.pump()
+                    except OSError:  # the pipe itself broke: nothing more comes from it
+                        sink.eof = True
+                quiet = sink.eof
+            if quiet:  # EOF polls readable for ever: stop watching it until finish()
+                with self._lock, contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(fd)
+        self._close_finished()

@@ -181,6 +181,12 @@ class Supervisor:
             live.handle.cancel(hard=self.cold)
         self._wakeup()
 
+    def _stop_on_error(self) -> None:
+        """A warm stop after an error; more errors (a full disk fails every commit) do not
+        turn it into a cold one: the running attempts still get their SIGTERM and grace."""
+        if not self.stopping.is_set():
+            self.request_stop()
+
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
         if self._wake_w < 0:  # the run is over
@@ -434,7 +440,7 @@ class Supervisor:
             self._busy_at = time.monotonic()
             if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)
-                self.request_stop()
+                self._stop_on_error()
                 continue
             history = self._histories[slot.index]
             if end is not None and self._trips(history, end):
@@ -554,7 +560,7 @@ class Supervisor:
                         self._commit(live, end)
             except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)  # (what was not committed is re-run after a resume)
-                self.request_stop()
+                self._stop_on_error()
             with self._lock:
                 self._commits -= len(batch)
                 last = self._commits == 0
