@@ -195,3 +195,14 @@ def test_durations_are_bounded_but_a_month_is_fine() -> None:
     for absurd in ("366d", "400d", 1e300, "9999999h"):
         with pytest.raises(ValueError, match="longer than 365 days"):
             parse_duration(absurd)
+
+
+def test_a_workspace_replaced_by_a_symlink_does_not_move_the_boundary(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "r.json").write_text('{"secret": "SECRET"}')
+    ws = tmp_path / "tasks" / "t"
+    ws.parent.mkdir()
+    ws.symlink_to(elsewhere)  # the task did: rm -rf $WS; ln -s elsewhere $WS
+    with pytest.raises(ResultFileError, match="outside the task workspace"):
+        read_completion(ws, "r.json")

@@ -105,8 +105,8 @@ def inside(root: Path, rel: str) -> Path:
     ``..`` or hold a NUL byte; and a task may have replaced a folder on the way by a symlink."""
     if "\0" in rel:
         raise UnsafeFile(errno.EINVAL, "the path holds a NUL byte", rel.replace("\0", "\\0"))
-    base = Path(os.path.realpath(root))
-    target = Path(os.path.realpath(base / rel))
+    base = Path(os.path.realpath(root.parent)) / root.name  # the workspace itself may be a
+    target = Path(os.path.realpath(base / rel))  # symlink the task planted: never resolved
     if target != base and base not in target.parents:
         raise UnsafeFile(
             errno.EXDEV, f"leads outside the task workspace (to {target})", str(root / rel)
