@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.gpus import Slot, isolation_env
-from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
+from gpuswarm.metrics import ResultFileError, flatten, parse_metrics, read_completion
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import AttemptEnd, LaunchSpec
 from gpuswarm.queue import State
@@ -120,12 +120,12 @@ def judge(
     if not end.ok:
         return Outcome(State.FAILED, end.reason, record)
     if task.done_when:
-        target = paths.task_dir(task.id) / render(task.done_when, values)
-        try:
-            result = load_result_file(target)
+        workspace = paths.task_dir(task.id)
+        try:  # the task's own file: any problem with it fails this attempt, never the run
+            result = flatten(read_completion(workspace, render(task.done_when, values)))
         except ResultFileError as exc:
             reason = f"exit 0 but {exc}"
             record["reason"] = reason
             return Outcome(State.FAILED, reason, record)
-        data["result"] = flatten(result)
+        data["result"] = result
     return Outcome(State.DONE, end.reason, record)

@@ -19,10 +19,11 @@ from typing import Any
 
 from gpuswarm.errors import RunLockedError
 from gpuswarm.leases import attach, is_live, owner_alive
-from gpuswarm.ledger import Ledger, read_events
+from gpuswarm.ledger import Ledger, bad_event_lines, read_events
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
-from gpuswarm.runs import open_run, recover, temp_files
+from gpuswarm.records import why_unreadable
+from gpuswarm.runs import open_run, recover, set_aside, temp_files
 
 RANK = {State.DONE: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}  # keep the latest
 EVENT_STATE = {"started": "running", "requeued": "pending"}
@@ -74,7 +75,8 @@ def _journal(paths: RunPaths) -> Journal:
     for e in read_events(paths.events):
         task, ev = e.get("task"), e.get("ev")
         if ev == "requeued" and e.get("reason") == "config-change":
-            added += int(e.get("added", 0))
+            n = e.get("added", 0)
+            added += n if isinstance(n, int) and not isinstance(n, bool) else 0
         if not isinstance(task, str):
             continue
         if ev == "started":
@@ -150,7 +152,8 @@ def _task_findings(
         state, name = places[0]
         data = queue.read(state, name)
         if data is None:
-            out.append(Finding("unreadable", f"{state.value}/{name}", task))
+            why = why_unreadable(queue.paths.state_dir(state.value) / name) or "gone"
+            out.append(Finding("unreadable", f"{state.value}/{name}: {why}", task))
             continue
         lease = lease_of(name)
         if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
@@ -180,6 +183,29 @@ def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: Journal)
     return out
 
 
+def _set_aside_unusable(queue: DirQueue, ledger: Ledger) -> list[Finding]:
+    """``--repair``: a descriptor in done/, failed/ or pending/ that is empty, garbage or
+    mistyped cannot be re-run (its task spec is what is lost); it goes to corrupt/ with the
+    reason in its name and a ``corrupt`` event, so it is counted, and the run is not complete."""
+    out = []
+    for state in (State.DONE, State.FAILED, State.PENDING):
+        for name in queue.names(state):
+            path = queue.paths.state_dir(state.value) / name
+            why = why_unreadable(path) if queue.read(state, name) is None else None
+            if why is not None:
+                set_aside(queue, ledger, path, f"unreadable {state.value}: {why}")
+                detail = f"{state.value}/{name}: {why}; moved to corrupt/"
+                out.append(Finding("unreadable", detail, task_id_of(name), repaired=True))
+    return out
+
+
+def _bad_events(paths: RunPaths) -> list[Finding]:
+    return [
+        Finding("bad-event", f"events.jsonl line {n}: {why} (skipped by every reader)")
+        for n, why in bad_event_lines(paths.events)[:50]
+    ]
+
+
 def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     paths, info = open_run(run_dir)
     ttl = float(info.get("settings", {}).get("lease_ttl", 30.0))
@@ -193,6 +219,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
             findings += _duplicates(queue, _places(queue), repair=True)
             ledger = Ledger(paths.events)
             moved = recover(queue, ledger, retry_failed=False)
+            findings += _set_aside_unusable(queue, ledger)
             ledger.close()
             for kind in ("temp_files", "interrupted", "recovered", "requeued", "corrupt"):
                 if moved[kind]:
@@ -206,7 +233,14 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     findings += _task_findings(queue, where, journal, live, ttl)
     findings += _duplicate_completions(journal)
     findings += _lost(paths, info, where, journal)
-    open_problems = [f for f in findings if not f.repaired and not (live and f.kind == "temp-file")]
+    findings += _bad_events(paths)
+    open_problems = [
+        f
+        for f in findings
+        if not f.repaired
+        and not (live and f.kind == "temp-file")
+        and f.kind != "bad-event"  # reported; every reader skips such a line
+    ]
     return {
         "run": str(paths.root),
         "live": live,

@@ -24,7 +24,14 @@ from gpuswarm.engine import (
     work_run,
     write_run_report,
 )
-from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
+from gpuswarm.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    DiskFullError,
+    GpuswarmError,
+    Interrupted,
+    disk_full,
+)
 from gpuswarm.live import is_terminal
 from gpuswarm.paths import resolve_run_dir
 from gpuswarm.runs import latest_run
@@ -49,6 +56,11 @@ def _stoppable() -> Iterator[None]:
         yield
     except GpuswarmError as exc:
         _fail(exc)
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(DiskFullError(f"the disk is full: {exc.strerror}{where}; free some space"))
     except Interrupted as exc:
         click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
         sys.exit(EXIT_INTERRUPTED)

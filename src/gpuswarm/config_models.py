@@ -29,6 +29,7 @@ from gpuswarm.placeholders import CONFIG_REF, GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
+MAX_DURATION_SECONDS = 365 * 86400.0  # longer is a typo, not a plan (and overflows timers)
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([dhms])")
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
@@ -65,6 +66,8 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"{value!r} is not a duration; {DURATION_HELP}")
     if seconds <= 0 or math.isinf(seconds):
         raise ValueError(f"{value!r} is not a positive duration; {DURATION_HELP}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{value!r} is longer than 365 days; write at most 365d (or 8760h)")
     return seconds
 
 

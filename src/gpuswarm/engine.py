@@ -15,7 +15,14 @@ from typing import Any, TextIO
 
 from gpuswarm import __version__
 from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
-from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
+from gpuswarm.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNFINISHED,
+    ConfigError,
+    DiskFullError,
+    disk_full,
+)
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.leases import attach, is_live, owner_id, register_slots, write_owner_file
@@ -287,15 +294,26 @@ def supervise(
             sup = Supervisor(paths, queue, ledger, cfg)
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop()), shown:
-                sup.run()
-                _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
-                extra = {"quarantined": sup.quarantined}
-                summary = write_outputs(paths, queue, info, (started, time.time()), extra)
-                ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+                try:
+                    sup.run()
+                    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
+                    extra = {"quarantined": sup.quarantined}
+                    summary = write_outputs(paths, queue, info, (started, time.time()), extra)
+                    ledger.emit(
+                        Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"]
+                    )
+                except OSError as exc:
+                    if not disk_full(exc):
+                        raise
+                    raise _after_disk_full(paths, queue, exc) from None
                 if output.report:
                     _write_report(paths, queue, summary, info, output)
         finally:
-            ledger.close()
+            try:
+                ledger.close()
+            except OSError as exc:  # the journal's last fsync: the disk may be full
+                if not disk_full(exc):
+                    raise
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
 
 
@@ -341,6 +359,21 @@ def _write_report(
         write_report(paths, queue, summary, info)
     except Exception as exc:  # the results are written already; the report is a view of them
         _say(out, f"gpuswarm: could not write the report ({type(exc).__name__}: {exc})")
+
+
+def _after_disk_full(paths: RunPaths, queue: DirQueue, exc: OSError) -> DiskFullError:
+    """The run stopped on a full disk: write the outputs if they still fit, say what to do."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    try:
+        _, info = open_run(paths.root)
+        write_outputs(paths, queue, info, None)
+        wrote = "summary.json and results.tsv are written"
+    except OSError:
+        wrote = "summary.json and results.tsv could not be written"
+    return DiskFullError(
+        f"the disk is full: {exc.strerror}{where}; the run stopped, {wrote}, and the queue "
+        f"is intact: free some space, then run: gpuswarm resume {paths.root}"
+    )
 
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:

@@ -52,6 +52,17 @@ class LeaseLostError(QueueError):
     the write that found it gone wrote nothing, and the task is no longer this process's."""
 
 
+class DiskFullError(GpuswarmError):
+    """The disk (or a quota) is full: the queue is intact, a resume after freeing space goes on."""
+
+
+DISK_FULL_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
 class ResearchError(BadInputError):
     """A research command cannot do what was asked (no experiment, bad variant id, dirty edit)."""
 

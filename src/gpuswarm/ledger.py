@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.fsutil import dumps_compact
+from gpuswarm.records import event_problem, parse_event
 
 
 class Ev(str, Enum):
@@ -87,10 +88,9 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
         for raw in fh:
             if not raw.endswith(b"\n"):
                 break  # torn last line
-            try:
-                yield json.loads(raw)
-            except ValueError:
-                continue
+            event = parse_event(raw)
+            if event is not None:  # a line that is no JSON object is skipped (check reports it)
+                yield event
 
 
 def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
@@ -108,10 +108,9 @@ def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
         lines = lines[1:]  # first line is partial
     out: list[dict[str, Any]] = []
     for raw in lines[:-1]:  # the last element is "" or a torn line
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            continue
+        event = parse_event(raw)
+        if event is not None:
+            out.append(event)
     return out
 
 
@@ -135,8 +134,27 @@ class EventTail:
         self._partial = lines.pop()  # a line still being written
         out = []
         for raw in lines:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
+            event = parse_event(raw)
+            if event is not None:
+                out.append(event)
         return out
+
+
+def bad_event_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, why)`` for each complete journal line that is no JSON object."""
+    out: list[tuple[int, str]] = []
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return out
+    with fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                why = event_problem(json.loads(raw))
+            except (ValueError, RecursionError):
+                why = "not JSON"
+            if why is not None:
+                out.append((number, why))
+    return out

@@ -37,6 +37,7 @@ from typing import Any
 from gpuswarm.errors import LeaseLostError, QueueError
 from gpuswarm.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.paths import STATES, RunPaths
+from gpuswarm.records import descriptor_problem
 
 DESCRIPTOR_VERSION = 1
 PRIORITY_LIMIT = 4999
@@ -238,8 +239,9 @@ class DirQueue:
         os.utime(dst)  # mtime = claim time, for status
         try:
             data = json.loads(dst.read_bytes())
-            if not isinstance(data, dict) or "task" not in data:
-                raise ValueError("not a descriptor")
+            problem = descriptor_problem(data, task_fields=False)  # the task: see _start
+            if problem is not None:
+                raise ValueError(problem)
         except (OSError, ValueError) as exc:
             self.quarantine(dst, f"unreadable: {exc}")
             if self.on_corrupt is not None:
@@ -339,11 +341,13 @@ class DirQueue:
         return out
 
     def read(self, state: State, name: str) -> dict[str, Any] | None:
+        """The descriptor, or None when it is unreadable, not JSON or mistyped (a record with
+        ``"attempts": "x"`` is as unusable as an empty file: every reader reports it)."""
         try:
             data = json.loads((self.paths.state_dir(state.value) / name).read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
-        return data if isinstance(data, dict) else None
+        return data if descriptor_problem(data) is None else None
 
     def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
         for name in self.names(state):

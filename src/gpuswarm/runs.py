@@ -6,6 +6,7 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import zlib
@@ -64,7 +65,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
         sync_tree(staging.root)
-        os.rename(staging.root, final)
+        final = _rename_into_place(staging, final, info)
         fsync_dir(parent)
     except BaseException:
         _remove_tree(staging.root)
@@ -82,6 +83,23 @@ def _remove_stale_staging(parent: Path) -> None:
         pid = entry.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             _remove_tree(entry)
+
+
+def _rename_into_place(staging: RunPaths, final: Path, info: dict[str, Any]) -> Path:
+    """Rename the staged run to ``final``, or, when another run of the same name took that
+    name meanwhile (started in the same second), to the next free one: each gets its own."""
+    base = final.name
+    for _ in range(1000):
+        try:
+            os.rename(staging.root, final)
+            return final
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        final = _free_name(final.parent, base)
+        info["run_dir"] = final.name
+        atomic_write_json(staging.run_json, info)
+    raise OSError(errno.EEXIST, "no free run folder name", str(final))
 
 
 def _free_name(parent: Path, name: str) -> Path:

@@ -127,8 +127,12 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
         paths = RunPaths(run)
         try:
             counts = {s.value: n for s, n in DirQueue(paths).counts().items()}
+            unusable = _empty_descriptors(paths)
         except OSError:
             continue
+        for state, n in unusable.items():  # a descriptor truncated to 0 bytes is no task done
+            counts[state] -= n
+        counts["corrupt"] = sum(unusable.values()) + _corrupt_count(paths)
         out.append(
             {
                 "run": str(run),
@@ -139,3 +143,22 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _empty_descriptors(paths: RunPaths) -> dict[str, int]:
+    """Descriptors truncated to 0 bytes, per state folder (one stat each: cheap for ``ls``;
+    other damage is found by ``check``, ``report`` and the end-of-run summary)."""
+    out: dict[str, int] = {}
+    for state in (State.DONE, State.FAILED):
+        with os.scandir(paths.state_dir(state.value)) as it:
+            n = sum(1 for e in it if not e.name.startswith(".") and e.stat().st_size == 0)
+        if n:
+            out[state.value] = n
+    return out
+
+
+def _corrupt_count(paths: RunPaths) -> int:
+    try:
+        return sum(1 for name in os.listdir(paths.corrupt) if not name.startswith("."))
+    except OSError:
+        return 0

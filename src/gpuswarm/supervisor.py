@@ -42,7 +42,7 @@ from gpuswarm.errors import LeaseLostError
 from gpuswarm.gpus import Slot
 from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.logs import cap_log
+from gpuswarm.logs import LogPump, cap_log
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import Attempt, AttemptEnd, EndKind, become_subreaper, sweep_orphans
 from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of, task_id_of
@@ -56,6 +56,7 @@ FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
 COMMIT_BATCH = 64  # outcomes committed together (one fsync per destination folder)
+MAX_SLEEP_MS = 3_600_000  # poll() takes a C int of milliseconds (24.8 days): re-armed after
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class Supervisor:
         self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
+        self._pump = LogPump()  # attempts write into pipes; it holds every log's cap
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -136,11 +138,12 @@ class Supervisor:
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
         loop = threading.Thread(target=self._loop_main, name="slots", daemon=True)
-        keeper = threading.Thread(target=self._keep, name="keeper", daemon=True)
+        keeper = threading.Thread(target=self._keep_safely, name="keeper", daemon=True)
         committers = [
             threading.Thread(target=self._committer, name=f"commit-{i}", daemon=True)
             for i in range(COMMITTERS)
         ]
+        self._pump.start()
         for thread in (keeper, *committers, loop):
             thread.start()
         while loop.is_alive():
@@ -156,6 +159,7 @@ class Supervisor:
             self._reclaimer.join()
         self._release_delayed(everything=True)
         sweep_orphans(f"{self.paths.root.name}/")
+        self._pump.stop()
         self.ledger.emit(
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
@@ -173,10 +177,17 @@ class Supervisor:
         first = not self.stopping.is_set()
         self.cold = self.cold or cold or not first
         self.stopping.set()
-        self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
+        with contextlib.suppress(OSError):  # a full disk must not keep the stop from happening
+            self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
         for live in list(self.live.values()):
             live.handle.cancel(hard=self.cold)
         self._wakeup()
+
+    def _stop_on_error(self) -> None:
+        """A warm stop after an error; more errors (a full disk fails every commit) do not
+        turn it into a cold one: the running attempts still get their SIGTERM and grace."""
+        if not self.stopping.is_set():
+            self.request_stop()
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
@@ -240,8 +251,26 @@ class Supervisor:
             reason=f"lease lost (another supervisor reclaimed the task): {what}",
         )
 
+    def _keep_safely(self) -> None:
+        """The keeper, started again after an error (a full disk: a retry that cannot be
+        requeued, a journal that cannot be synced): the run stops, keeping goes on."""
+        while True:
+            try:
+                self._keep()
+                return
+            except Exception as exc:
+                if not self.stopping.is_set():
+                    self.errors.append(exc)
+                    self.request_stop()
+                if self._done_keeping.wait(1.0):
+                    return
+
     def _cap_logs(self) -> bool:
-        """Cap every live attempt's log; False when one is growing fast (check again soon)."""
+        """Cap every live attempt's log; False when one is growing fast (check again soon).
+
+        Attempts launched through the log pump need none of this (the pump holds the cap)."""
+        if self._pump is not None:
+            return True
         calm = True
         sizes: dict[Path, int] = {}
         for live in list(self.live.values()):
@@ -372,7 +401,7 @@ class Supervisor:
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
         self._hand_over()
-        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ms = None if timeout is None else min(MAX_SLEEP_MS, max(0, int(timeout * 1000 + 0.999)))
         ready = self._poller.poll(ms)
         for fd, _ in ready:
             if fd == self._wake_r:
@@ -440,7 +469,7 @@ class Supervisor:
             self._busy_at = time.monotonic()
             if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)
-                self.request_stop()
+                self._stop_on_error()
                 continue
             history = self._histories[slot.index]
             if end is not None and self._trips(history, end):
@@ -492,7 +521,7 @@ class Supervisor:
             owner=self.cfg.owner,
             base_dir=self.cfg.base_dir,
         )
-        handle = Attempt.launch(spec)
+        handle = Attempt.launch(spec, pump=self._pump, max_log_bytes=self.cfg.max_log_bytes)
         live = LiveAttempt(
             slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
         )
@@ -566,7 +595,7 @@ class Supervisor:
                         self._commit(live, end)
             except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)  # (what was not committed is re-run after a resume)
-                self.request_stop()
+                self._stop_on_error()
             with self._lock:
                 self._commits -= len(batch)
                 last = self._commits == 0
