@@ -75,6 +75,7 @@ be unique. Every error names the file, line and field, and says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
@@ -97,13 +98,14 @@ from gpuswarm.config_models import (
     TaskOptions,
     TaskSpec,
     check_run_name,
+    expand_user,
     parse_duration,
     to_plain,
 )
 from gpuswarm.config_tasks import expand_entries, task_id_for
 from gpuswarm.errors import ConfigError
-from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render
-from gpuswarm.yamlload import LineMap, Locator, load_yaml
+from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render, render_shell, shell_split
+from gpuswarm.yamlload import LineMap, Locator, load_yaml, quote
 
 __all__ = [
     "DURATION_HELP",
@@ -120,6 +122,7 @@ __all__ = [
     "load_command_list",
     "load_config",
     "parse_duration",
+    "read_stdin",
     "render",
     "render_command",
     "render_cwd",
@@ -153,22 +156,24 @@ class LoadedConfig:
                 check_run_name(name)
             except ValueError as exc:
                 raise ConfigError(f"--name: {exc}") from None
-        return replace(
-            self,
-            name=name or self.name,
-            workspace=workspace.expanduser().absolute() if workspace else self.workspace,
-        )
+        try:
+            chosen = expand_user(workspace).absolute() if workspace else self.workspace
+        except ValueError as exc:
+            raise ConfigError(f"--workspace: {exc}") from None
+        return replace(self, name=name or self.name, workspace=chosen)
 
     def resolve_path(self, text: str) -> Path:
-        """``~`` expanded; relative paths joined to :attr:`base_dir`."""
-        path = Path(text).expanduser()
+        """``~`` expanded; relative paths joined to :attr:`base_dir` (ValueError: no such user)."""
+        path = expand_user(text)
         return path if path.is_absolute() else self.base_dir / path
 
 
 # -- loading ---------------------------------------------------------------------------------------
 def _read_text(path: Path, source: str) -> str:
     try:
-        return path.expanduser().read_text(encoding="utf-8")
+        return expand_user(path).read_text(encoding="utf-8")
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file; check the path") from None
     except IsADirectoryError:
@@ -179,6 +184,17 @@ def _read_text(path: Path, source: str) -> str:
         ) from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read it: {exc.strerror}") from None
+
+
+def read_stdin() -> str:
+    """A command list from stdin, decoded as UTF-8 (whatever the locale says) or ConfigError."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"<stdin>: not UTF-8 text (byte {exc.start}); convert it, e.g. with iconv -t UTF-8"
+        ) from None
 
 
 def _safe_name(text: str) -> str:
@@ -192,7 +208,7 @@ def _validate(data: Any, where: Locator) -> RunConfig:
             "e.g. 'tasks: [{command: python train.py}]'"
         )
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"{type(data).__name__} {data!r}"
+        kind = "a list" if isinstance(data, list) else f"{type(data).__name__} {quote(data)}"
         raise where.error(
             (), f"the file must be a mapping of settings (name:, tasks:, ...), not {kind}"
         )
@@ -204,7 +220,10 @@ def _validate(data: Any, where: Locator) -> RunConfig:
 
 def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
     for index, entry in enumerate(loaded.config.home.provision):
-        src = loaded.resolve_path(entry.src)
+        try:
+            src = loaded.resolve_path(entry.src)
+        except ValueError as exc:
+            raise where.error(("home", "provision", index, "src"), str(exc)) from None
         if not src.exists():
             raise where.error(
                 ("home", "provision", index, "src"),
@@ -226,14 +245,17 @@ def load_config(path: Path) -> LoadedConfig:
         base_dir=base_dir,
         tasks=expand_tasks(config, base_dir, source, lines=lines),
         name=config.name or _safe_name(path.stem),
-        workspace=_workspace(config.workspace, base_dir),
+        workspace=_workspace(config.workspace, base_dir, where),
     )
     _check_provision(loaded, where)
     return loaded
 
 
-def _workspace(workspace: str | None, base_dir: Path) -> Path:
-    path = Path(workspace or "runs").expanduser()
+def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = None) -> Path:
+    try:
+        path = expand_user(workspace or "runs")
+    except ValueError as exc:
+        raise (where or Locator("<config>")).error(("workspace",), str(exc)) from None
     return path if path.is_absolute() else base_dir / path
 
 
@@ -296,7 +318,7 @@ def load_command_list(
     """
     label = str(source) if source is not None else "<stdin>"
     if text is None:
-        text = _read_text(source, label) if source is not None else sys.stdin.read()
+        text = _read_text(source, label) if source is not None else read_stdin()
     base = defaults or TaskOptions()
     opts = base.model_copy(update={"shell": shell or base.shell})
     lines = _command_lines(text)
@@ -327,13 +349,15 @@ def _values(task: TaskSpec, values: Mapping[str, str]) -> dict[str, str]:
 def render_command(task: TaskSpec, values: Mapping[str, str]) -> list[str]:
     """The argv to launch: ``[/bin/sh, -c, rendered]`` for shell tasks, else each arg rendered.
 
+    In a shell command each value is quoted for the shell (``{key!raw}`` splices it as is).
+
     ``values`` (the launch placeholders) win over the task's own :attr:`TaskSpec.vars`.
     """
     merged = _values(task, values)
     if task.shell:
         text = task.command if isinstance(task.command, str) else shlex.join(task.command)
-        return [SHELL, "-c", render(text, merged)]
-    argv = task.command if isinstance(task.command, list) else shlex.split(task.command)
+        return [SHELL, "-c", render_shell(text, merged)]  # values quoted for the shell
+    argv = task.command if isinstance(task.command, list) else shell_split(task.command)
     return [render(arg, merged) for arg in argv]
 
 
@@ -347,7 +371,9 @@ def render_cwd(task: TaskSpec, values: Mapping[str, str], base_dir: Path) -> Pat
     """The working folder of an attempt: rendered, relative results joined to ``base_dir``."""
     if task.cwd is None:
         return base_dir
-    path = Path(render(task.cwd, _values(task, values))).expanduser()
+    path = Path(render(task.cwd, _values(task, values)))
+    with contextlib.suppress(RuntimeError):  # ~nosuchuser from a value: stays as it is
+        path = path.expanduser()
     return path if path.is_absolute() else base_dir / path
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import (
@@ -26,6 +26,8 @@ from pydantic import (
 from gpuswarm.config_errors import flag_error
 from gpuswarm.paths import slugify
 from gpuswarm.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.redact import redact_argv, redact_shapes
+from gpuswarm.yamlload import quote
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
@@ -34,6 +36,11 @@ _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([dhms])")
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Upper bounds of the bounded fields (a slot, a GPU or an attempt costs memory and processes).
+MAX_GPUS = 1024  # GPUs of one task / one slot (as many as --gpus sim:N may simulate)
+MAX_TASKS_PER_GPU = 256  # slots sharing one GPU
+MAX_ATTEMPTS = 10_000  # attempts of one task; failures of the breaker
+MAX_LOG_MB = 1_048_576.0  # 1 TiB per output.log
 
 
 # -- durations -------------------------------------------------------------------------------------
@@ -62,9 +69,9 @@ def parse_duration(value: object) -> float:
         number = _NUMBER.match(value)
         seconds = float(number.group(1)) if number else _parse_units(value.strip())
     if seconds is None or math.isnan(seconds):
-        raise ValueError(f"{value!r} is not a duration; {DURATION_HELP}")
+        raise ValueError(f"{quote(value)} is not a duration; {DURATION_HELP}")
     if seconds <= 0 or math.isinf(seconds):
-        raise ValueError(f"{value!r} is not a positive duration; {DURATION_HELP}")
+        raise ValueError(f"{quote(value)} is not a positive duration; {DURATION_HELP}")
     return seconds
 
 
@@ -85,7 +92,7 @@ Timeout = Annotated[float | None, BeforeValidator(_timeout)]
 def _env_name(name: str) -> str:
     if not _IDENT.match(name):
         raise ValueError(
-            f"{name!r} is not a valid environment variable name; use letters, digits and '_', "
+            f"{quote(name)} is not a valid environment variable name; use letters, digits and '_', "
             "not starting with a digit"
         )
     return name
@@ -114,12 +121,12 @@ def _metric_pattern(pattern: str) -> str:
         compiled = re.compile(pattern)
     except re.error as exc:
         raise ValueError(
-            f"pattern '{pattern}' is not a valid regular expression ({exc}); "
+            f"pattern {quote(pattern)} is not a valid regular expression ({exc}); "
             "escape special characters with a backslash"
         ) from None
     if compiled.groups != 1:
         raise ValueError(
-            f"pattern '{pattern}' has {compiled.groups} capture groups; it needs exactly one, "
+            f"pattern {quote(pattern)} has {compiled.groups} capture groups; it needs exactly one, "
             r"around the value, e.g. 'loss=([0-9.]+)' (write (?:...) for other groups)"
         )
     return pattern
@@ -132,7 +139,7 @@ def _relative_to(text: str, where: str, example: str) -> str:
     path = PurePosixPath(text)
     if not text.strip() or path.is_absolute() or text.startswith("~") or ".." in path.parts:
         raise ValueError(
-            f"{text!r} must be a relative path inside {where}, like {example}; "
+            f"{quote(text)} must be a relative path inside {where}, like {example}; "
             "it cannot be empty or absolute or use '..'"
         )
     return text
@@ -148,6 +155,18 @@ def _in_home(text: str) -> str:
 
 RelativePath = Annotated[str, AfterValidator(_in_workspace)]
 HomePath = Annotated[str, AfterValidator(_in_home)]
+
+
+def expand_user(text: str | PurePosixPath | Path) -> Path:
+    """``Path(text).expanduser()``; ValueError (with the fix) for ``~nosuchuser``."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = str(text).split("/", 1)[0]
+        raise ValueError(
+            f"{quote(user)}: no such user on this machine, so it cannot be expanded; write the "
+            "full path, or ~/ for your own home"
+        ) from None
 
 
 def _non_empty(text: str) -> str:
@@ -166,11 +185,11 @@ class TaskOptions(BaseModel):
     model_config = _STRICT
 
     timeout: Timeout = None
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     cwd: NonEmpty | None = None
     priority: int = Field(default=0, ge=-4999, le=4999)
-    gpus: int | None = Field(default=None, ge=1)
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     done_when: RelativePath | None = None
     metrics: dict[NonEmpty, MetricPattern] = Field(default_factory=dict)
     shell: bool = False
@@ -206,10 +225,10 @@ def _command(value: object) -> object:
 
 def _matrix_key(key: str) -> str:
     if not _IDENT.match(key):
-        raise ValueError(f"matrix key {key!r} must be an identifier (letters, digits, '_')")
+        raise ValueError(f"matrix key {quote(key)} must be an identifier (letters, digits, '_')")
     if key in PLACEHOLDERS_AT_LAUNCH or key in GLOB_VARS:
         raise ValueError(
-            f"matrix key {key!r} clashes with a placeholder gpuswarm supplies; rename it"
+            f"matrix key {quote(key)} clashes with a placeholder gpuswarm supplies; rename it"
         )
     return key
 
@@ -219,7 +238,7 @@ def _matrix_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float | str):
         return str(value)
-    raise ValueError(f"matrix values must be strings or numbers, got {value!r}")
+    raise ValueError(f"matrix values must be strings or numbers, got {quote(value)}")
 
 
 MatrixKey = Annotated[str, AfterValidator(_matrix_key)]
@@ -277,8 +296,8 @@ def check_run_name(name: str) -> str:
     """``name`` if it can be a run folder name, else ValueError with a suggestion."""
     if not _SAFE_NAME.match(name):
         raise ValueError(
-            f"{name!r} cannot be a folder name; use letters, digits, '.', '_' and '-', "
-            f"e.g. {slugify(name)!r}"
+            f"{quote(name)} cannot be a folder name; use letters, digits, '.', '_' and '-', "
+            f"e.g. {quote(slugify(name))}"
         )
     return name
 
@@ -292,7 +311,7 @@ def _gpus(value: object) -> object:
         return ",".join(str(v) for v in value)
     if value is None or isinstance(value, str):
         return value
-    raise ValueError(f"{value!r} is not a GPU selection; write auto, 0,1,2 or sim:N")
+    raise ValueError(f"{quote(value)} is not a GPU selection; write auto, 0,1,2 or sim:N")
 
 
 class BreakerConfig(BaseModel):
@@ -300,7 +319,7 @@ class BreakerConfig(BaseModel):
 
     model_config = _STRICT
 
-    failures: int = Field(default=5, ge=0)  # 0 turns the breaker off
+    failures: int = Field(default=5, ge=0, le=MAX_ATTEMPTS)  # 0 turns the breaker off
     window: Duration = 60.0
 
 
@@ -312,7 +331,9 @@ class Reliability(BaseModel):
     lease_ttl: Duration = 30.0  # reclaim a task whose supervisor shows no heartbeat this long
     retry_backoff: Duration | None = 1.0  # before attempt n+1: backoff * 2**(n-1); null = none
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
-    max_log_mb: float = Field(default=256.0, gt=0)  # each output.log stays under this size
+    max_log_mb: float = Field(  # each output.log stays under this size
+        default=256.0, gt=0, le=MAX_LOG_MB, allow_inf_nan=False
+    )
 
 
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
@@ -329,8 +350,8 @@ class RunConfig(BaseModel):
     name: Annotated[str, AfterValidator(check_run_name)] | None = None
     workspace: NonEmpty | None = None
     gpus: Annotated[str | None, BeforeValidator(_gpus)] = None
-    gpus_per_task: int = Field(default=1, ge=1)
-    tasks_per_gpu: int = Field(default=1, ge=1)
+    gpus_per_task: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tasks_per_gpu: int = Field(default=1, ge=1, le=MAX_TASKS_PER_GPU)
     grace: Duration = 10.0
     home: HomeConfig = Field(default_factory=HomeConfig)
     reliability: Reliability = Field(default_factory=Reliability)
@@ -370,8 +391,8 @@ class TaskSpec(BaseModel):
 
 def default_name(command: str | list[str]) -> str:
     """The name of an explicit task without ``name:``: its command, cut to 60 characters."""
-    text = command if isinstance(command, str) else " ".join(command)
-    return " ".join(text.split())[:60]
+    text = command if isinstance(command, str) else " ".join(redact_argv(command))
+    return " ".join(redact_shapes(text).split())[:60]  # redacted before it is cut
 
 
 def to_plain(model: BaseModel) -> dict[str, Any]:

@@ -6,12 +6,22 @@ Rules (the same at load time and at launch):
   (configs are checked at load time, so that only happens for hand-made templates);
 - ``{{`` and ``}}`` produce literal ``{`` and ``}``;
 - ``${...}`` (a shell variable) is left untouched, braces and all;
-- any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text.
+- any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text;
+- ``{key!raw}`` is the same value as ``{key}``; it differs only in shell commands.
+
+In a ``shell: true`` command (:func:`render_shell`) every value is quoted for the place it
+lands in, so that a matched folder named ``$(rm -rf ~)`` or a matrix value ``a; reboot`` stays
+one literal word: outside quotes with :func:`shlex.quote`, inside ``"..."`` by escaping
+``\\ " $ ```, inside ``'...'`` by closing and reopening the quotes around ``\\'``. Write
+``{key!raw}`` to splice a value into the shell text as it is (then it *is* shell code).
+
+:func:`shell_split` splits a command like :func:`shlex.split` (POSIX rules), in linear time.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 
 #: Placeholders the supervisor supplies when it launches an attempt.
@@ -29,7 +39,7 @@ PLACEHOLDERS_AT_LAUNCH = (
 #: Variables a ``glob:`` entry defines for each matched file.
 GLOB_VARS = ("task_file", "task_dir", "task_rel")
 
-_TOKEN = re.compile(r"\$\{[^}]*\}|\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TOKEN = re.compile(r"\$\{[^}]*\}|\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)(!raw)?\}")
 _LITERAL = {"{{": "{", "}}": "}"}
 
 
@@ -44,6 +54,99 @@ def render(template: str, values: Mapping[str, str]) -> str:
         return _LITERAL.get(token, token)
 
     return _TOKEN.sub(substitute, template)
+
+
+def render_shell(template: str, values: Mapping[str, str]) -> str:
+    """:func:`render` for a ``/bin/sh -c`` command: each value quoted where it lands."""
+    out: list[str] = []
+    quote = ""  # the quote we are inside: "", "'" or '"'
+    pos = 0
+    for match in _TOKEN.finditer(template):
+        literal = template[pos : match.start()]
+        quote = _quote_state(literal, quote)
+        out.append(literal)
+        key = match.group(1)
+        token = match.group(0)
+        if key is None:
+            out.append(_LITERAL.get(token, token))
+        elif key not in values:
+            out.append(token)
+        elif match.group(2):  # {key!raw}: spliced as shell code
+            out.append(values[key])
+        else:
+            out.append(_shell_quoted(values[key], quote))
+        pos = match.end()
+    out.append(template[pos:])
+    return "".join(out)
+
+
+def _quote_state(text: str, quote: str) -> str:
+    """The quoting in force after ``text`` when it starts inside ``quote``."""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if quote == "'":
+            if char == "'":
+                quote = ""
+        elif char == "\\":
+            i += 1  # the next character is escaped (outside quotes and inside "...")
+        elif quote == '"':
+            if char == '"':
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        i += 1
+    return quote
+
+
+def _shell_quoted(value: str, quote: str) -> str:
+    if quote == "'":
+        return value.replace("'", "'\\''")
+    if quote == '"':
+        return re.sub(r'(["\\$`])', r"\\\1", value)
+    return shlex.quote(value)
+
+
+_WORD_PART = re.compile(
+    r"""([^ \t\r\n'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([ \t\r\n]+)""", re.DOTALL
+)
+_IN_DOUBLE = re.compile(r'\\(["\\])')
+
+
+def shell_split(text: str) -> list[str]:
+    """``shlex.split(text)`` (POSIX, no comments) in linear time; ValueError on a bad quote.
+
+    ``shlex`` builds each word one character at a time (quadratic for a 2 MB argument).
+    """
+    words: list[str] = []
+    parts: list[str] = []
+    in_word = False
+    pos = 0
+    while pos < len(text):
+        match = _WORD_PART.match(text, pos)
+        if match is None:
+            if text[pos] == "\\":
+                raise ValueError("No escaped character")
+            raise ValueError("No closing quotation")
+        bare, single, double, escaped, space = match.groups()
+        if space is not None:
+            if in_word:
+                words.append("".join(parts))
+                parts, in_word = [], False
+        else:
+            in_word = True
+            if bare is not None:
+                parts.append(bare)
+            elif single is not None:
+                parts.append(single)
+            elif double is not None:
+                parts.append(_IN_DOUBLE.sub(r"\1", double))
+            else:
+                parts.append(escaped)
+        pos = match.end()
+    if in_word:
+        words.append("".join(parts))
+    return words
 
 
 def find_placeholders(template: str) -> list[str]:
