@@ -171,9 +171,11 @@ class LoadedConfig:
 # -- loading ---------------------------------------------------------------------------------------
 def _read_text(path: Path, source: str) -> str:
     try:
-        return expand_user(path).read_text(encoding="utf-8")
+        path = expand_user(path)
     except ValueError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    try:
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file; check the path") from None
     except IsADirectoryError:
@@ -188,7 +190,10 @@ def _read_text(path: Path, source: str) -> str:
 
 def read_stdin() -> str:
     """A command list from stdin, decoded as UTF-8 (whatever the locale says) or ConfigError."""
-    data = sys.stdin.buffer.read()
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream (tests): already str
+        return sys.stdin.read()
+    data = buffer.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

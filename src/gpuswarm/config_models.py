@@ -27,7 +27,7 @@ from gpuswarm.config_errors import flag_error
 from gpuswarm.paths import slugify
 from gpuswarm.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
 from gpuswarm.redact import redact_argv, redact_shapes
-from gpuswarm.yamlload import quote
+from gpuswarm.yamlload import quote, shorten
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
@@ -121,12 +121,12 @@ def _metric_pattern(pattern: str) -> str:
         compiled = re.compile(pattern)
     except re.error as exc:
         raise ValueError(
-            f"pattern {quote(pattern)} is not a valid regular expression ({exc}); "
+            f"pattern '{shorten(pattern)}' is not a valid regular expression ({exc}); "
             "escape special characters with a backslash"
         ) from None
     if compiled.groups != 1:
         raise ValueError(
-            f"pattern {quote(pattern)} has {compiled.groups} capture groups; it needs exactly one, "
+            f"pattern '{shorten(pattern)}' has {compiled.groups} capture groups; it needs exactly one, "
             r"around the value, e.g. 'loss=([0-9.]+)' (write (?:...) for other groups)"
         )
     return pattern

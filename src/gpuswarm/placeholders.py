@@ -107,10 +107,10 @@ def _shell_quoted(value: str, quote: str) -> str:
     return shlex.quote(value)
 
 
-_WORD_PART = re.compile(
-    r"""([^ \t\r\n'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)|([ \t\r\n]+)""", re.DOTALL
-)
+_SHELL_WORD = re.compile(r"""(?:[^ \t\r\n'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+""", re.DOTALL)
+_WORD_PART = re.compile(r"""([^'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)""", re.DOTALL)
 _IN_DOUBLE = re.compile(r'\\(["\\])')
+_SHELL_SPACE = frozenset(" \t\r\n")
 
 
 def shell_split(text: str) -> list[str]:
@@ -119,34 +119,36 @@ def shell_split(text: str) -> list[str]:
     ``shlex`` builds each word one character at a time (quadratic for a 2 MB argument).
     """
     words: list[str] = []
-    parts: list[str] = []
-    in_word = False
     pos = 0
-    while pos < len(text):
-        match = _WORD_PART.match(text, pos)
-        if match is None:
-            if text[pos] == "\\":
+    for match in _SHELL_WORD.finditer(text):
+        _check_gap(text, pos, match.start())
+        word = match.group()
+        if "'" in word or '"' in word or "\\" in word:
+            word = "".join(_unquoted(part) for part in _WORD_PART.finditer(word))
+        words.append(word)
+        pos = match.end()
+    _check_gap(text, pos, len(text))
+    return words
+
+
+def _check_gap(text: str, start: int, end: int) -> None:
+    """Between two words only shell white space; anything else is an open quote."""
+    for char in text[start:end]:
+        if char not in _SHELL_SPACE:
+            if char == "\\":
                 raise ValueError("No escaped character")
             raise ValueError("No closing quotation")
-        bare, single, double, escaped, space = match.groups()
-        if space is not None:
-            if in_word:
-                words.append("".join(parts))
-                parts, in_word = [], False
-        else:
-            in_word = True
-            if bare is not None:
-                parts.append(bare)
-            elif single is not None:
-                parts.append(single)
-            elif double is not None:
-                parts.append(_IN_DOUBLE.sub(r"\1", double))
-            else:
-                parts.append(escaped)
-        pos = match.end()
-    if in_word:
-        words.append("".join(parts))
-    return words
+
+
+def _unquoted(part: re.Match[str]) -> str:
+    bare, single, double, escaped = part.groups()
+    if bare is not None:
+        return str(bare)
+    if single is not None:
+        return str(single)
+    if double is not None:
+        return _IN_DOUBLE.sub(r"\1", double)
+    return str(escaped)
 
 
 def find_placeholders(template: str) -> list[str]:

@@ -39,6 +39,11 @@ _REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 3
 _REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
 
 
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` as it is when short, else its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def quote(value: object) -> str:
     """A short ``repr`` of ``value`` for a message: long strings and big lists are cut."""
     return _REPR.repr(value)
