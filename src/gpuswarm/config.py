@@ -105,6 +105,7 @@ from gpuswarm.config_models import (
 from gpuswarm.config_tasks import expand_entries, task_id_for
 from gpuswarm.errors import ConfigError
 from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render, render_shell, shell_split
+from gpuswarm.redact import redact_shapes
 from gpuswarm.yamlload import LineMap, Locator, load_yaml, quote
 
 __all__ = [
@@ -291,7 +292,10 @@ def _command_config(
         shown = lines
     else:  # run.json names the source; the queue holds every command
         shown = [(0, f"{len(lines)} commands from {source}, the first: {lines[0][1]}")]
-    entries = [{"name": line[:NAME_MAX], "command": line, "shell": opts.shell} for _, line in shown]
+    entries = [
+        {"name": redact_shapes(line)[:NAME_MAX], "command": line, "shell": opts.shell}
+        for _, line in shown
+    ]
     data = {
         "name": name,
         "workspace": str(base_dir / "runs"),

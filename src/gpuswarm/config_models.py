@@ -126,7 +126,8 @@ def _metric_pattern(pattern: str) -> str:
         ) from None
     if compiled.groups != 1:
         raise ValueError(
-            f"pattern '{shorten(pattern)}' has {compiled.groups} capture groups; it needs exactly one, "
+            f"pattern '{shorten(pattern)}' has {compiled.groups} capture groups; it needs exactly "
+            "one, "
             r"around the value, e.g. 'loss=([0-9.]+)' (write (?:...) for other groups)"
         )
     return pattern
