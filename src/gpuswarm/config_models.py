@@ -65,7 +65,7 @@ def parse_duration(value: object) -> float:
     seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and len(value) <= 64:  # longer is no duration (and scans slowly)
         number = _NUMBER.match(value)
         seconds = float(number.group(1)) if number else _parse_units(value.strip())
     if seconds is None or math.isnan(seconds):

@@ -35,7 +35,7 @@ MAX_ALIAS_NODES = 1_000_000  # nodes aliases may add to a document (each merge o
 MAX_MESSAGE = 2000  # characters of one error message
 _NOT_TEXT = re.compile("[\0\ud800-\udfff]")
 _REPR = reprlib.Repr()
-_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 3
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 2
 _REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
 
 

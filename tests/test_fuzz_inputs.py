@@ -1,0 +1,382 @@
+"""Fuzzed configs and command lists through the real loader and, for a sample, the real CLI.
+
+Configs are YAML text built from a grammar of the real schema (every key of ``RunConfig``, the
+task fields, explicit / ``glob:`` / ``matrix:`` entries) filled with hostile values (huge and
+negative numbers, ``.inf``/``.nan``, NUL bytes, lone surrogates, ``~nosuchuser``, unknown
+placeholders, shell code, 5,000-character strings, wrong types), then sometimes mangled as text
+(recursive anchors, alias bombs, 1,000 nested brackets, tabs, a second document, a Python tag,
+bytes that are not UTF-8, a cut in the middle). Command lists are lines of hostile words.
+
+What must hold:
+
+- the loader returns tasks or raises :class:`ConfigError` (exit 2), nothing else, and never runs
+  longer than :data:`LOADER_SECONDS` per input;
+- ``gpuswarm run --gpus sim:1`` (on configs whose tasks do nothing: ``true`` and friends; shell
+  values that would run code only ``touch`` a marker) exits 0, 1 or 2, prints no traceback, ends
+  within :data:`CLI_SECONDS`, writes nothing when it exits 2, and no placeholder value ran as
+  shell code.
+
+Budget: about a minute by default (150 loader inputs, 12 CLI runs). A larger one:
+``GPUSWARM_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz_inputs.py -p no:cacheprovider``
+(N loader inputs and N // 10 CLI runs, at least 3; the per-test timeout grows with N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuswarm.config import load_command_list, load_config
+from gpuswarm.errors import ConfigError
+
+EXAMPLES = int(os.environ.get("GPUSWARM_FUZZ_EXAMPLES", "150"))
+CLI_EXAMPLES = max(3, EXAMPLES // 10)
+LOADER_SECONDS = 10
+CLI_SECONDS = 60
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    database=None,
+)
+CLI_FUZZ = settings(FUZZ, max_examples=CLI_EXAMPLES)
+
+HOSTILE_TEXT = [
+    "",
+    " ",
+    "~nosuchuser/x",
+    "{workspace}",
+    "{nope}",
+    "{{",
+    "}",
+    "${HOME}",
+    "{v!raw}",
+    "$(touch PWNED)",
+    "a; touch PWNED",
+    "`touch PWNED`",
+    "' ; touch PWNED ; '",
+    "\0",
+    "a\0b",
+    "\ud800",
+    "\x1b[2J",
+    "\u202e",
+    "../..",
+    "/etc/passwd",
+    "sk-abcdefghijklmnopqrstuvwxyz012345",
+    "x" * 5000,
+    "10m",
+    "1h30m",
+    "25d",
+    "1e400",
+    "-1",
+    ".inf",
+    "NaN",
+    "true",
+    "null",
+    "(",
+    "loss=([0-9.]+)",
+    "(a)(b)",
+    "tasks/*/config.yaml",
+    "nothing/**",
+    "sim:4",
+    "auto",
+]
+ALL_NUMBERS = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0, 1, 2, 256, 257, 100_000_000, -1, 0.5]),
+)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    ALL_NUMBERS,
+    st.text(max_size=12),
+    st.sampled_from(HOSTILE_TEXT),
+)
+ANY = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """The field's own kind of value most of the time, anything now and then."""
+    return st.one_of(strategy, strategy, strategy, ANY)
+
+
+# -- the loader: anything goes (nothing runs) ----------------------------------------------------
+def _task_fields(text: st.SearchStrategy[Any], command: st.SearchStrategy[Any]) -> dict[str, Any]:
+    return {
+        "command": command,
+        "name": _maybe(text),
+        "timeout": _maybe(st.one_of(text, ALL_NUMBERS, st.none())),
+        "grace": _maybe(st.one_of(text, ALL_NUMBERS)),
+        "max_attempts": _maybe(ALL_NUMBERS),
+        "priority": _maybe(ALL_NUMBERS),
+        "gpus": _maybe(ALL_NUMBERS),
+        "env": _maybe(st.dictionaries(st.sampled_from(["A", "HF_TOKEN", "1BAD", "PATH_X"]), text)),
+        "cwd": _maybe(text),
+        "done_when": _maybe(text),
+        "metrics": _maybe(st.dictionaries(st.sampled_from(["loss", ""]), text, max_size=2)),
+        "shell": _maybe(st.booleans()),
+    }
+
+
+def _entries(
+    text: st.SearchStrategy[Any], command: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
+    fields = _task_fields(text, command)
+    required = {"command": fields.pop("command")}
+    explicit = st.fixed_dictionaries(required, optional=fields)
+    glob = st.fixed_dictionaries({**required, "glob": _maybe(text)}, optional=fields)
+    keys = st.sampled_from(["v", "w", "workspace", "1x", "lr"])
+    values = st.lists(st.one_of(text, ALL_NUMBERS, st.booleans()), min_size=0, max_size=4)
+    matrix = st.fixed_dictionaries(
+        {**required, "matrix": _maybe(st.dictionaries(keys, values, max_size=3))}, optional=fields
+    )
+    return st.one_of(explicit, glob, matrix)
+
+
+def _configs(
+    text: st.SearchStrategy[Any], command: st.SearchStrategy[Any], safe: bool
+) -> st.SearchStrategy[Any]:
+    small = st.integers(min_value=0, max_value=3) if safe else ALL_NUMBERS
+    durations = (
+        st.sampled_from(["1s", 0.2, "0", "-1", "x", None])
+        if safe
+        else _maybe(st.one_of(text, ALL_NUMBERS))
+    )
+    reliability = st.fixed_dictionaries(
+        {},
+        optional={
+            "lease_ttl": durations,
+            "retry_backoff": durations,
+            "breaker": st.fixed_dictionaries({}, optional={"failures": small, "window": durations}),
+            "max_log_mb": _maybe(ALL_NUMBERS),
+            "bogus": SCALARS,
+        },
+    )
+    home = st.fixed_dictionaries(
+        {},
+        optional={
+            "isolate": _maybe(st.booleans()),
+            "provision": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "src": st.sampled_from(["provided.txt", "missing", "~nosuchuser/a", "\0"]),
+                        "dest": text,
+                    }
+                ),
+                max_size=2,
+            ),
+        },
+    )
+    fields = _task_fields(text, command)
+    fields.pop("command")
+    return st.fixed_dictionaries(
+        {"tasks": st.one_of(st.lists(_entries(text, command), max_size=3), SCALARS)},
+        optional={
+            "name": _maybe(text),
+            "workspace": st.sampled_from(["runs", "~nosuchuser/w", "a-file", "", "{x}", "sub/dir"]),
+            "gpus": _maybe(st.one_of(text, ALL_NUMBERS)),
+            "gpus_per_task": small,
+            "tasks_per_gpu": small,
+            "grace": durations,
+            "home": _maybe(home),
+            "reliability": _maybe(reliability),
+            "defaults": _maybe(st.fixed_dictionaries({}, optional=fields)),
+            "bogus_key": SCALARS,
+        },
+    )
+
+
+def _bomb() -> str:
+    lines = ['b0: &b0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"b{n}: &b{n} [" + ",".join([f"*b{n - 1}"] * 9) + "]" for n in range(1, 10)]
+    return "\n".join(lines)
+
+
+MANGLES: list[Callable[[str, int], str]] = [
+    lambda text, n: text,
+    lambda text, n: text[: n % (len(text) + 1)],  # cut anywhere
+    lambda text, n: text + "loop: &l [*l]\n",
+    lambda text, n: text + _bomb() + "\nname: *b9\n",
+    lambda text, n: "tasks: " + "[" * (n % 2000) + "]" * (n % 2000) + "\n",
+    lambda text, n: text.replace("  ", "\t", 1),
+    lambda text, n: text + "---\ntasks: []\n",
+    lambda text, n: text + "x: !!python/object/apply:os.system [touch PWNED]\n",
+    lambda text, n: text + text.split("\n", 1)[0] + "\n",  # a duplicate key
+    lambda text, n: text + "defaults: &d {timeout: 1h}\nextra: {<<: *d, <<: *nope}\n",
+    lambda text, n: text.replace(":", ": :", 1),
+    lambda text, n: text + '"\\ud800": "\\x00"\n',
+]
+
+
+def _yaml_text(data: Any) -> str:
+    return yaml.safe_dump(data, allow_unicode=True, default_flow_style=None, width=10_000)
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int, what: str) -> Iterator[None]:
+    def hang(signum: int, frame: object) -> None:
+        raise AssertionError(f"{what} ran longer than {seconds}s: a hang")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _folder() -> tempfile.TemporaryDirectory[str]:
+    tmp = tempfile.TemporaryDirectory(prefix="gpuswarm-fuzz-")
+    base = Path(tmp.name)
+    (base / "provided.txt").write_text("credential\n")
+    (base / "a-file").write_text("a file, not a folder\n")
+    for name in ("one", "$(touch PWNED)", "a;b"):
+        (base / "tasks" / name).mkdir(parents=True)
+        (base / "tasks" / name / "config.yaml").write_text("x: 1\n")
+    return tmp
+
+
+def _load(path: Path) -> None:
+    with _deadline(LOADER_SECONDS, f"loading {path.name}"):
+        try:
+            load_config(path)
+        except ConfigError as exc:
+            assert str(exc).strip(), "an empty message"
+            assert len(str(exc)) < 30_000, "a message that quotes too much"
+
+
+@pytest.mark.timeout(60 + EXAMPLES)
+@FUZZ
+@given(
+    data=_configs(
+        st.one_of(st.text(max_size=12), st.sampled_from(HOSTILE_TEXT)),
+        _maybe(
+            st.one_of(
+                st.sampled_from(HOSTILE_TEXT),
+                st.text(max_size=20),
+                st.lists(st.sampled_from(HOSTILE_TEXT), max_size=3),
+            )
+        ),
+        safe=False,
+    ),
+    mangle=st.sampled_from(range(len(MANGLES))),
+    n=st.integers(0, 10_000),
+    raw=st.booleans(),
+)
+def test_loader_gives_tasks_or_a_config_error(data: Any, mangle: int, n: int, raw: bool) -> None:
+    with _folder() as tmp:
+        path = Path(tmp) / "fuzz.yaml"
+        text = MANGLES[mangle](_yaml_text(data), n)
+        path.write_bytes(
+            text.encode("utf-8", "surrogatepass") + (b"\xff\xfe" if raw and n % 7 == 0 else b"")
+        )
+        _load(path)
+        assert not list(Path(tmp).rglob("PWNED"))
+
+
+COMMAND_WORDS = st.one_of(st.sampled_from(HOSTILE_TEXT), st.text(max_size=10))
+
+
+@pytest.mark.timeout(60 + EXAMPLES)
+@FUZZ
+@given(
+    lines=st.lists(st.lists(COMMAND_WORDS, max_size=4).map(" ".join), max_size=6),
+    shell=st.booleans(),
+)
+def test_command_list_gives_tasks_or_a_config_error(lines: list[str], shell: bool) -> None:
+    with _folder() as tmp, _deadline(LOADER_SECONDS, "loading a command list"):
+        try:
+            loaded = load_command_list(None, "\n".join(lines), shell=shell, base_dir=Path(tmp))
+        except ConfigError as exc:
+            assert str(exc).strip()
+        else:
+            assert len(loaded.tasks) >= 1
+
+
+# -- the CLI: tasks that do nothing ---------------------------------------------------------------
+SAFE_TEXT = st.sampled_from([t for t in HOSTILE_TEXT if t not in ("/etc/passwd",)])
+SAFE_COMMANDS = st.sampled_from(
+    [
+        "true",
+        "true {v}",
+        "python3 -c pass",
+        "exit 3",
+        "true {workspace} {nope}",
+        ["true", "{v}", "$(touch PWNED)"],
+        "printf '%s' {v} '{v}' \"{v}\" > /dev/null",
+        "true 'unclosed",
+        "",
+        [],
+        ["true", 3],
+    ]
+)
+
+
+def _tree(base: Path) -> list[str]:
+    return sorted(str(p.relative_to(base)) for p in base.rglob("*"))
+
+
+def _run_cli(base: Path, *args: str, stdin: bytes | None = None) -> None:
+    before = _tree(base)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSWARM_")}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpuswarm", *args],
+            cwd=base,
+            input=stdin if stdin is not None else b"",
+            capture_output=True,
+            timeout=CLI_SECONDS,
+            env=env,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"gpuswarm {' '.join(args)} ran longer than {CLI_SECONDS}s") from None
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode in (0, 1, 2), f"exit {proc.returncode}: {err[-2000:]}"
+    assert "Traceback" not in err, err[-3000:]
+    if proc.returncode == 2:
+        assert _tree(base) == before, f"exit 2 but something was written: {err[-500:]}"
+    assert not list(base.rglob("PWNED")), "a placeholder value ran as shell code"
+
+
+@pytest.mark.timeout(60 + 30 * CLI_EXAMPLES)
+@CLI_FUZZ
+@given(data=_configs(SAFE_TEXT, SAFE_COMMANDS, safe=True))
+def test_cli_run_exits_0_1_or_2(data: Any) -> None:
+    with _folder() as tmp:
+        base = Path(tmp)
+        (base / "fuzz.yaml").write_text(_yaml_text(data), errors="surrogatepass")
+        _run_cli(base, "run", "fuzz.yaml", "--gpus", "sim:1", "-q", "--no-report")
+
+
+@pytest.mark.timeout(60 + 30 * CLI_EXAMPLES)
+@CLI_FUZZ
+@given(
+    words=st.lists(st.lists(COMMAND_WORDS, max_size=3), min_size=0, max_size=4),
+    junk=st.binary(max_size=8),
+)
+def test_cli_command_list_exits_0_1_or_2(words: list[list[str]], junk: bytes) -> None:
+    lines = ["true " + " ".join(w) for w in words]  # argv, never a shell: nothing runs but true
+    stdin = "\n".join(lines).encode("utf-8", "surrogatepass") + junk
+    with _folder() as tmp:
+        _run_cli(Path(tmp), "run", "-", "--gpus", "sim:1", "-q", "--no-report", stdin=stdin)
