@@ -194,7 +194,7 @@ def read_stdin() -> str:
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a text stream (tests): already str
         return sys.stdin.read()
-    data = buffer.read()
+    data: bytes = buffer.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -172,9 +172,10 @@ def _frame_of(run: Path) -> str:
 
 @pytest.mark.parametrize("source", ["config", "command-list"])
 def test_planted_secrets_reach_no_output(tmp_path: Path, gpuswarm: Cli, source: str) -> None:
+    args: list[str | Path]
+    stdin: str | None = None
     if source == "config":
         args = [_write(tmp_path / "s.yaml", SECRET_CONFIG)]
-        stdin = None
     else:
         args, stdin = ["-", "--name", "lines"], SECRET_LINES
     env = {"HTTPS_PROXY": f"http://u:{MARK}EnvProxy@proxy:8080"}  # the supervisor's own env
