@@ -7,8 +7,8 @@
                                # relative to the config file's folder; default: runs
     gpus: auto                 # default for --gpus (auto | 0,1,2 | sim:N); the CLI wins.
                                # A number or a list of numbers is turned into "2" / "0,1,2"
-    gpus_per_task: 1           # each worker slot owns k GPUs (torchrun/DDP)
-    tasks_per_gpu: 1           # m slots share one GPU (small jobs); not both above 1
+    gpus_per_task: 1           # each worker slot owns k GPUs (torchrun/DDP); 1..1024
+    tasks_per_gpu: 1           # m slots share one GPU (small jobs); 1..256; not both above 1
     grace: 10s                 # SIGTERM -> SIGKILL grace on timeout / shutdown
     home:                      # optional per-slot private HOME with its own caches
       isolate: false
@@ -20,6 +20,7 @@
       breaker: {failures: 5, window: 60s}   # quarantine a slot whose last 5 attempts all
                                             # failed within 60s (0 failures = never)
       max_log_mb: 256          # each attempt's output.log keeps head + latest output under this
+                               # (a finite number, at most 1048576 = 1 TiB)
     defaults:                  # any task field below, for every task that does not set it
       timeout: 2h
       max_attempts: 2
@@ -45,7 +46,7 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 - ``timeout``: a duration, or null for none (the default). ``grace``: a duration (default: the
   top-level ``grace``). Durations are seconds (``600``, ``2.5``) or ``90s``, ``10m``, ``2h``,
   ``1h30m``, ``1.5h``, ``2d``; they must be > 0.
-- ``max_attempts``: int >= 1 (default 1). ``priority``: -4999..4999, higher runs first (default 0).
+- ``max_attempts``: 1..10000 (default 1). ``priority``: -4999..4999, higher runs first (default 0).
 - ``env``: NAME -> string (numbers are turned into strings). ``cwd``: a folder, relative to the
   config's folder unless it starts with a placeholder (``"{workspace}"``); default: that folder.
 - ``gpus``: GPUs the task needs, 1..gpus_per_task. ``shell``: run the command with ``/bin/sh -c``.
@@ -67,7 +68,14 @@ For glob and matrix entries, a ``name`` that uses none of the entry's values is 
 Placeholders (:mod:`gpuswarm.placeholders`): ``{key}`` in ``command``, ``cwd``, ``done_when`` and
 ``env`` values is filled at launch from the entry's values and :data:`PLACEHOLDERS_AT_LAUNCH`;
 ``name`` may use only the entry's values (it is fixed at load time). ``{{``/``}}`` are literal
-braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at load time.
+braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at load time. With
+``shell: true`` every value is quoted for the shell where it lands; ``{key!raw}`` splices it as
+shell code (without a shell both forms give the value as it is).
+
+Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, nesting deeper than 64
+levels, aliases that add over 1,000,000 values or refer to themselves, and ``~user`` for a user
+this machine does not know are refused with the file, line and field. Task names (and the ids
+made from them) are redacted by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
 
 The task id is the name made a safe file name (``gpumode/softmax`` -> ``gpumode-softmax``); ids must
 be unique. Every error names the file, line and field, and says how to fix it.
