@@ -543,11 +543,12 @@ def test_loader_records_lines() -> None:
     assert lines[("tasks", 1)] == 5 and lines[("tasks", 1, 1)] == 5 and lines[("flow", "k")] == 6
 
 
-def test_loader_handles_anchors_merges_and_recursion() -> None:
-    text = "base: &b {x: 1}\nuse:\n  <<: *b\n  y: 2\nloop: &l [*l]\n"
+def test_loader_handles_anchors_and_merges_and_refuses_recursion() -> None:
+    text = "base: &b {x: 1}\nuse:\n  <<: *b\n  y: 2\n"
     data, lines = load_yaml(text, "t.yaml")
     assert data["use"] == {"x": 1, "y": 2} and lines[("use", "y")] == 4
-    assert data["loop"][0] is data["loop"]
+    with pytest.raises(ConfigError, match=r"^t\.yaml:5: an alias refers to the anchor it is in"):
+        load_yaml(text + "loop: &l [*l]\n", "t.yaml")  # a config cannot be infinite
 
 
 def test_loader_refuses_python_tags() -> None:

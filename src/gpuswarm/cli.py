@@ -15,7 +15,13 @@ import click
 
 from gpuswarm import __version__
 from gpuswarm.check import check_run
-from gpuswarm.config import LoadedConfig, TaskOptions, load_command_list, load_config
+from gpuswarm.config import (
+    LoadedConfig,
+    TaskOptions,
+    load_command_list,
+    load_config,
+    read_stdin,
+)
 from gpuswarm.engine import (
     Output,
     RunReport,
@@ -81,7 +87,7 @@ def _load_source(
         loaded = load_config(Path(source))
     elif source == "-":
         loaded = load_command_list(
-            None, sys.stdin.read(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
+            None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
         )
     else:
         loaded = load_command_list(

@@ -7,8 +7,8 @@
                                # relative to the config file's folder; default: runs
     gpus: auto                 # default for --gpus (auto | 0,1,2 | sim:N); the CLI wins.
                                # A number or a list of numbers is turned into "2" / "0,1,2"
-    gpus_per_task: 1           # each worker slot owns k GPUs (torchrun/DDP)
-    tasks_per_gpu: 1           # m slots share one GPU (small jobs); not both above 1
+    gpus_per_task: 1           # each worker slot owns k GPUs (torchrun/DDP); 1..1024
+    tasks_per_gpu: 1           # m slots share one GPU (small jobs); 1..256; not both above 1
     grace: 10s                 # SIGTERM -> SIGKILL grace on timeout / shutdown
     tasks_root: tasks          # glob task ids: folder paths relative to this (default: here)
     home:                      # optional per-slot private HOME with its own caches
@@ -21,6 +21,7 @@
       breaker: {failures: 5, window: 60s}   # quarantine a slot whose last 5 attempts all
                                             # failed within 60s (0 failures = never)
       max_log_mb: 256          # each attempt's output.log keeps head + latest output under this
+                               # (a finite number, at most 1048576 = 1 TiB)
     defaults:                  # any task field below, for every task that does not set it
       timeout: 2h
       max_attempts: 2
@@ -46,7 +47,7 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 - ``timeout``: a duration, or null for none (the default). ``grace``: a duration (default: the
   top-level ``grace``). Durations are seconds (``600``, ``2.5``) or ``90s``, ``10m``, ``2h``,
   ``1h30m``, ``1.5h``, ``2d``; they must be > 0.
-- ``max_attempts``: int >= 1 (default 1). ``priority``: -4999..4999, higher runs first (default 0).
+- ``max_attempts``: 1..10000 (default 1). ``priority``: -4999..4999, higher runs first (default 0).
 - ``env``: NAME -> string (numbers are turned into strings). ``cwd``: a folder, relative to the
   config's folder unless it starts with a placeholder (``"{workspace}"``); default: that folder.
 - ``gpus``: GPUs the task needs, 1..gpus_per_task. ``shell``: run the command with ``/bin/sh -c``.
@@ -72,7 +73,14 @@ For glob and matrix entries, a ``name`` that uses none of the entry's values is 
 Placeholders (:mod:`gpuswarm.placeholders`): ``{key}`` in ``command``, ``cwd``, ``done_when`` and
 ``env`` values is filled at launch from the entry's values and :data:`PLACEHOLDERS_AT_LAUNCH`;
 ``name`` may use only the entry's values (it is fixed at load time). ``{{``/``}}`` are literal
-braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at load time.
+braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at load time. With
+``shell: true`` every value is quoted for the shell where it lands; ``{key!raw}`` splices it as
+shell code (without a shell both forms give the value as it is).
+
+Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, nesting deeper than 64
+levels, aliases that add over 1,000,000 values or refer to themselves, and ``~user`` for a user
+this machine does not know are refused with the file, line and field. Task names (and the ids
+made from them) are redacted by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
 
 The task id is the name made a safe file name (``gpumode/softmax`` -> ``gpumode-softmax``); ids must
 be unique. Every error names the file, line and field, and says how to fix it.
@@ -80,6 +88,7 @@ be unique. Every error names the file, line and field, and says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shlex
@@ -102,13 +111,15 @@ from gpuswarm.config_models import (
     TaskOptions,
     TaskSpec,
     check_run_name,
+    expand_user,
     parse_duration,
     to_plain,
 )
 from gpuswarm.config_tasks import expand_entries, task_id_for
 from gpuswarm.errors import ConfigError
-from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render
-from gpuswarm.yamlload import LineMap, Locator, load_yaml
+from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH, render, render_shell, shell_split
+from gpuswarm.redact import redact_shapes
+from gpuswarm.yamlload import LineMap, Locator, load_yaml, quote
 
 __all__ = [
     "DURATION_HELP",
@@ -125,6 +136,7 @@ __all__ = [
     "load_command_list",
     "load_config",
     "parse_duration",
+    "read_stdin",
     "render",
     "render_command",
     "render_cwd",
@@ -158,22 +170,26 @@ class LoadedConfig:
                 check_run_name(name)
             except ValueError as exc:
                 raise ConfigError(f"--name: {exc}") from None
-        return replace(
-            self,
-            name=name or self.name,
-            workspace=workspace.expanduser().absolute() if workspace else self.workspace,
-        )
+        try:
+            chosen = expand_user(workspace).absolute() if workspace else self.workspace
+        except ValueError as exc:
+            raise ConfigError(f"--workspace: {exc}") from None
+        return replace(self, name=name or self.name, workspace=chosen)
 
     def resolve_path(self, text: str) -> Path:
-        """``~`` expanded; relative paths joined to :attr:`base_dir`."""
-        path = Path(text).expanduser()
+        """``~`` expanded; relative paths joined to :attr:`base_dir` (ValueError: no such user)."""
+        path = expand_user(text)
         return path if path.is_absolute() else self.base_dir / path
 
 
 # -- loading ---------------------------------------------------------------------------------------
 def _read_text(path: Path, source: str) -> str:
     try:
-        return path.expanduser().read_text(encoding="utf-8")
+        path = expand_user(path)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    try:
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{source}: no such file; check the path") from None
     except IsADirectoryError:
@@ -184,6 +200,20 @@ def _read_text(path: Path, source: str) -> str:
         ) from None
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read it: {exc.strerror}") from None
+
+
+def read_stdin() -> str:
+    """A command list from stdin, decoded as UTF-8 (whatever the locale says) or ConfigError."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream (tests): already str
+        return sys.stdin.read()
+    data: bytes = buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"<stdin>: not UTF-8 text (byte {exc.start}); convert it, e.g. with iconv -t UTF-8"
+        ) from None
 
 
 def _safe_name(text: str) -> str:
@@ -197,7 +227,7 @@ def _validate(data: Any, where: Locator) -> RunConfig:
             "e.g. 'tasks: [{command: python train.py}]'"
         )
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"{type(data).__name__} {data!r}"
+        kind = "a list" if isinstance(data, list) else f"{type(data).__name__} {quote(data)}"
         raise where.error(
             (), f"the file must be a mapping of settings (name:, tasks:, ...), not {kind}"
         )
@@ -209,7 +239,10 @@ def _validate(data: Any, where: Locator) -> RunConfig:
 
 def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
     for index, entry in enumerate(loaded.config.home.provision):
-        src = loaded.resolve_path(entry.src)
+        try:
+            src = loaded.resolve_path(entry.src)
+        except ValueError as exc:
+            raise where.error(("home", "provision", index, "src"), str(exc)) from None
         if not src.exists():
             raise where.error(
                 ("home", "provision", index, "src"),
@@ -231,14 +264,17 @@ def load_config(path: Path) -> LoadedConfig:
         base_dir=base_dir,
         tasks=expand_tasks(config, base_dir, source, lines=lines),
         name=config.name or _safe_name(path.stem),
-        workspace=_workspace(config.workspace, base_dir),
+        workspace=_workspace(config.workspace, base_dir, where),
     )
     _check_provision(loaded, where)
     return loaded
 
 
-def _workspace(workspace: str | None, base_dir: Path) -> Path:
-    path = Path(workspace or "runs").expanduser()
+def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = None) -> Path:
+    try:
+        path = expand_user(workspace or "runs")
+    except ValueError as exc:
+        raise (where or Locator("<config>")).error(("workspace",), str(exc)) from None
     return path if path.is_absolute() else base_dir / path
 
 
@@ -269,7 +305,10 @@ def _command_config(
         shown = lines
     else:  # run.json names the source; the queue holds every command
         shown = [(0, f"{len(lines)} commands from {source}, the first: {lines[0][1]}")]
-    entries = [{"name": line[:NAME_MAX], "command": line, "shell": opts.shell} for _, line in shown]
+    entries = [
+        {"name": redact_shapes(line)[:NAME_MAX], "command": line, "shell": opts.shell}
+        for _, line in shown
+    ]
     data = {
         "name": name,
         "workspace": str(base_dir / "runs"),
@@ -301,7 +340,7 @@ def load_command_list(
     """
     label = str(source) if source is not None else "<stdin>"
     if text is None:
-        text = _read_text(source, label) if source is not None else sys.stdin.read()
+        text = _read_text(source, label) if source is not None else read_stdin()
     base = defaults or TaskOptions()
     opts = base.model_copy(update={"shell": shell or base.shell})
     lines = _command_lines(text)
@@ -332,13 +371,15 @@ def _values(task: TaskSpec, values: Mapping[str, str]) -> dict[str, str]:
 def render_command(task: TaskSpec, values: Mapping[str, str]) -> list[str]:
     """The argv to launch: ``[/bin/sh, -c, rendered]`` for shell tasks, else each arg rendered.
 
+    In a shell command each value is quoted for the shell (``{key!raw}`` splices it as is).
+
     ``values`` (the launch placeholders) win over the task's own :attr:`TaskSpec.vars`.
     """
     merged = _values(task, values)
     if task.shell:
         text = task.command if isinstance(task.command, str) else shlex.join(task.command)
-        return [SHELL, "-c", render(text, merged)]
-    argv = task.command if isinstance(task.command, list) else shlex.split(task.command)
+        return [SHELL, "-c", render_shell(text, merged)]  # values quoted for the shell
+    argv = task.command if isinstance(task.command, list) else shell_split(task.command)
     return [render(arg, merged) for arg in argv]
 
 
@@ -352,7 +393,9 @@ def render_cwd(task: TaskSpec, values: Mapping[str, str], base_dir: Path) -> Pat
     """The working folder of an attempt: rendered, relative results joined to ``base_dir``."""
     if task.cwd is None:
         return base_dir
-    path = Path(render(task.cwd, _values(task, values))).expanduser()
+    path = Path(render(task.cwd, _values(task, values)))
+    with contextlib.suppress(RuntimeError):  # ~nosuchuser from a value: stays as it is
+        path = path.expanduser()
     return path if path.is_absolute() else base_dir / path
 
 

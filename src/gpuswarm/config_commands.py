@@ -17,6 +17,7 @@ from typing import Any, overload
 from gpuswarm.config_models import TaskOptions, TaskSpec
 from gpuswarm.config_tasks import Instance, check_template, make_spec, split_command
 from gpuswarm.placeholders import PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.redact import redact_shapes
 from gpuswarm.yamlload import Locator
 
 NAME_MAX = 60
@@ -72,10 +73,15 @@ def command_tasks(
     rows: list[Row] = []
     for number, line in lines:
         where = Locator(source, {(): number})
+        if "\0" in line:
+            raise where.error(
+                (), "the command holds a NUL byte, which no argument can carry; remove it"
+            )
         if "{" in line or "}" in line:
             check_template(line, allowed, where, (), "the command")
         command = split_command(line, opts.shell, where, (), shell_hint="pass --shell")
-        rows.append((f"cmd-{number:0{width}d}", line[:NAME_MAX].replace("\0", ""), command))
+        name = redact_shapes(line)[:NAME_MAX]  # names are written and shown: no tokens
+        rows.append((f"cmd-{number:0{width}d}", name, command))
     first = make_spec(
         Instance(rows[0][1], {}, f"line {lines[0][0]}"),
         rows[0][2],

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from gpuswarm.errors import ConfigError
-from gpuswarm.yamlload import Locator, PathKey, format_path
+from gpuswarm.yamlload import Locator, PathKey, format_path, quote
 
 MAX_REPORTED = 10
 
@@ -66,8 +66,7 @@ def _kind(value: object) -> str:
 def _shown(value: object, path: PathKey) -> str:
     if "env" in path:
         return "<hidden>"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return quote(value)  # bounded: a value may be a 2 MB string or a huge list
 
 
 def data_path(data: Any, loc: tuple[int | str, ...]) -> PathKey:
@@ -118,10 +117,10 @@ def _unknown_key(path: PathKey, root: type[BaseModel]) -> str:
     where = format_path(parent) or "the top level"
     model = model_at(root, parent)
     allowed = sorted(model.model_fields) if model else []
-    close = difflib.get_close_matches(str(key), allowed, n=1)
+    close = difflib.get_close_matches(str(key), allowed, n=1) if len(str(key)) < 100 else []
     if close:
-        return f"unknown key {key!r} in {where}; did you mean {close[0]!r}?"
-    return f"unknown key {key!r} in {where}; allowed keys: {', '.join(allowed)}"
+        return f"unknown key {quote(key)} in {where}; did you mean {close[0]!r}?"
+    return f"unknown key {quote(key)} in {where}; allowed keys: {', '.join(allowed)}"
 
 
 def _looks_typed(text: str) -> bool:
@@ -155,6 +154,8 @@ def _describe(err: Mapping[str, Any], path: PathKey) -> str:
     if kind in _RANGE:
         name, op = _RANGE[kind]
         return f"{_shown(value, path)} is out of range; it must be {op} {ctx.get(name)}"
+    if kind == "finite_number":
+        return f"{_shown(value, path)} is not a finite number; write a number, e.g. 256"
     if kind == "too_short":
         return "the list is empty; give at least one value"
     return f"{err['msg']} (got {_shown(value, path)})"
@@ -166,7 +167,7 @@ def _entry(err: Mapping[str, Any], data: Any, where: Locator, root: type[BaseMod
         return where.message(path, _unknown_key(path, root), show_path=False)
     if err["type"] == "invalid_key" and path:
         inside = format_path(path[:-1]) or "the top level"
-        text = f"key {path[-1]!r} in {inside} is not a string; quote it or remove it"
+        text = f"key {quote(path[-1])} in {inside} is not a string; quote it or remove it"
         return where.message(path, text, show_path=False)
     parent = path[:-1] if err["type"] == "missing" else path
     return where.message(parent, _describe(err, path))

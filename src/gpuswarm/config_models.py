@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 
 from pydantic import (
@@ -26,6 +26,8 @@ from pydantic import (
 from gpuswarm.config_errors import flag_error
 from gpuswarm.paths import slugify
 from gpuswarm.placeholders import CONFIG_REF, GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.redact import redact_argv, redact_shapes
+from gpuswarm.yamlload import quote, shorten
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
@@ -35,6 +37,11 @@ _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([dhms])")
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Upper bounds of the bounded fields (a slot, a GPU or an attempt costs memory and processes).
+MAX_GPUS = 1024  # GPUs of one task / one slot (as many as --gpus sim:N may simulate)
+MAX_TASKS_PER_GPU = 256  # slots sharing one GPU
+MAX_ATTEMPTS = 10_000  # attempts of one task; failures of the breaker
+MAX_LOG_MB = 1_048_576.0  # 1 TiB per output.log
 
 
 # -- durations -------------------------------------------------------------------------------------
@@ -59,15 +66,15 @@ def parse_duration(value: object) -> float:
     seconds: float | None = None
     if isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and len(value) <= 64:  # longer is no duration (and scans slowly)
         number = _NUMBER.match(value)
         seconds = float(number.group(1)) if number else _parse_units(value.strip())
     if seconds is None or math.isnan(seconds):
-        raise ValueError(f"{value!r} is not a duration; {DURATION_HELP}")
+        raise ValueError(f"{quote(value)} is not a duration; {DURATION_HELP}")
     if seconds <= 0 or math.isinf(seconds):
-        raise ValueError(f"{value!r} is not a positive duration; {DURATION_HELP}")
+        raise ValueError(f"{quote(value)} is not a positive duration; {DURATION_HELP}")
     if seconds > MAX_DURATION_SECONDS:
-        raise ValueError(f"{value!r} is longer than 365 days; write at most 365d (or 8760h)")
+        raise ValueError(f"{quote(value)} is longer than 365 days; write at most 365d (or 8760h)")
     return seconds
 
 
@@ -90,7 +97,7 @@ Timeout = Annotated[float | str | None, BeforeValidator(_timeout)]
 def _env_name(name: str) -> str:
     if not _IDENT.match(name):
         raise ValueError(
-            f"{name!r} is not a valid environment variable name; use letters, digits and '_', "
+            f"{quote(name)} is not a valid environment variable name; use letters, digits and '_', "
             "not starting with a digit"
         )
     return name
@@ -119,12 +126,13 @@ def _metric_pattern(pattern: str) -> str:
         compiled = re.compile(pattern)
     except re.error as exc:
         raise ValueError(
-            f"pattern '{pattern}' is not a valid regular expression ({exc}); "
+            f"pattern '{shorten(pattern)}' is not a valid regular expression ({exc}); "
             "escape special characters with a backslash"
         ) from None
     if compiled.groups != 1:
         raise ValueError(
-            f"pattern '{pattern}' has {compiled.groups} capture groups; it needs exactly one, "
+            f"pattern '{shorten(pattern)}' has {compiled.groups} capture groups; it needs exactly "
+            "one, "
             r"around the value, e.g. 'loss=([0-9.]+)' (write (?:...) for other groups)"
         )
     return pattern
@@ -137,7 +145,7 @@ def _relative_to(text: str, where: str, example: str) -> str:
     path = PurePosixPath(text)
     if not text.strip() or path.is_absolute() or text.startswith("~") or ".." in path.parts:
         raise ValueError(
-            f"{text!r} must be a relative path inside {where}, like {example}; "
+            f"{quote(text)} must be a relative path inside {where}, like {example}; "
             "it cannot be empty or absolute or use '..'"
         )
     return text
@@ -153,6 +161,18 @@ def _in_home(text: str) -> str:
 
 RelativePath = Annotated[str, AfterValidator(_in_workspace)]
 HomePath = Annotated[str, AfterValidator(_in_home)]
+
+
+def expand_user(text: str | PurePosixPath | Path) -> Path:
+    """``Path(text).expanduser()``; ValueError (with the fix) for ``~nosuchuser``."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = str(text).split("/", 1)[0]
+        raise ValueError(
+            f"{quote(user)}: no such user on this machine, so it cannot be expanded; write the "
+            "full path, or ~/ for your own home"
+        ) from None
 
 
 def _non_empty(text: str) -> str:
@@ -171,11 +191,11 @@ class TaskOptions(BaseModel):
     model_config = _STRICT
 
     timeout: Timeout = None
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
     env: dict[EnvName, EnvValue] = Field(default_factory=dict)
     cwd: NonEmpty | None = None
     priority: int = Field(default=0, ge=-4999, le=4999)
-    gpus: int | None = Field(default=None, ge=1)
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
     done_when: RelativePath | None = None
     metrics: dict[NonEmpty, MetricPattern] = Field(default_factory=dict)
     shell: bool = False
@@ -211,10 +231,10 @@ def _command(value: object) -> object:
 
 def _matrix_key(key: str) -> str:
     if not _IDENT.match(key):
-        raise ValueError(f"matrix key {key!r} must be an identifier (letters, digits, '_')")
+        raise ValueError(f"matrix key {quote(key)} must be an identifier (letters, digits, '_')")
     if key in PLACEHOLDERS_AT_LAUNCH or key in GLOB_VARS:
         raise ValueError(
-            f"matrix key {key!r} clashes with a placeholder gpuswarm supplies; rename it"
+            f"matrix key {quote(key)} clashes with a placeholder gpuswarm supplies; rename it"
         )
     return key
 
@@ -224,7 +244,7 @@ def _matrix_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float | str):
         return str(value)
-    raise ValueError(f"matrix values must be strings or numbers, got {value!r}")
+    raise ValueError(f"matrix values must be strings or numbers, got {quote(value)}")
 
 
 MatrixKey = Annotated[str, AfterValidator(_matrix_key)]
@@ -282,8 +302,8 @@ def check_run_name(name: str) -> str:
     """``name`` if it can be a run folder name, else ValueError with a suggestion."""
     if not _SAFE_NAME.match(name):
         raise ValueError(
-            f"{name!r} cannot be a folder name; use letters, digits, '.', '_' and '-', "
-            f"e.g. {slugify(name)!r}"
+            f"{quote(name)} cannot be a folder name; use letters, digits, '.', '_' and '-', "
+            f"e.g. {quote(slugify(name))}"
         )
     return name
 
@@ -297,7 +317,7 @@ def _gpus(value: object) -> object:
         return ",".join(str(v) for v in value)
     if value is None or isinstance(value, str):
         return value
-    raise ValueError(f"{value!r} is not a GPU selection; write auto, 0,1,2 or sim:N")
+    raise ValueError(f"{quote(value)} is not a GPU selection; write auto, 0,1,2 or sim:N")
 
 
 class BreakerConfig(BaseModel):
@@ -305,7 +325,7 @@ class BreakerConfig(BaseModel):
 
     model_config = _STRICT
 
-    failures: int = Field(default=5, ge=0)  # 0 turns the breaker off
+    failures: int = Field(default=5, ge=0, le=MAX_ATTEMPTS)  # 0 turns the breaker off
     window: Duration = 60.0
 
 
@@ -317,7 +337,9 @@ class Reliability(BaseModel):
     lease_ttl: Duration = 30.0  # reclaim a task whose supervisor shows no heartbeat this long
     retry_backoff: Duration | None = 1.0  # before attempt n+1: backoff * 2**(n-1); null = none
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
-    max_log_mb: float = Field(default=256.0, gt=0)  # each output.log stays under this size
+    max_log_mb: float = Field(  # each output.log stays under this size
+        default=256.0, gt=0, le=MAX_LOG_MB, allow_inf_nan=False
+    )
 
 
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
@@ -334,8 +356,8 @@ class RunConfig(BaseModel):
     name: Annotated[str, AfterValidator(check_run_name)] | None = None
     workspace: NonEmpty | None = None
     gpus: Annotated[str | None, BeforeValidator(_gpus)] = None
-    gpus_per_task: int = Field(default=1, ge=1)
-    tasks_per_gpu: int = Field(default=1, ge=1)
+    gpus_per_task: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tasks_per_gpu: int = Field(default=1, ge=1, le=MAX_TASKS_PER_GPU)
     grace: Duration = 10.0
     tasks_root: NonEmpty | None = None  # glob task ids: folder paths relative to this
     home: HomeConfig = Field(default_factory=HomeConfig)
@@ -376,8 +398,8 @@ class TaskSpec(BaseModel):
 
 def default_name(command: str | list[str]) -> str:
     """The name of an explicit task without ``name:``: its command, cut to 60 characters."""
-    text = command if isinstance(command, str) else " ".join(command)
-    return " ".join(text.split())[:60]
+    text = command if isinstance(command, str) else " ".join(redact_argv(command))
+    return " ".join(redact_shapes(text).split())[:60]  # redacted before it is cut
 
 
 def to_plain(model: BaseModel) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import itertools
 import math
 import os
 import re
-import shlex
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from gpuswarm.config_models import (
     TaskOptions,
     TaskSpec,
     default_name,
+    expand_user,
     parse_duration,
 )
 from gpuswarm.errors import ConfigError
@@ -32,9 +32,11 @@ from gpuswarm.placeholders import (
     PLACEHOLDERS_AT_LAUNCH,
     find_placeholders,
     render,
+    shell_split,
     unknown_placeholders,
 )
-from gpuswarm.yamlload import Locator, PathKey, format_path, load_yaml
+from gpuswarm.redact import redact_shapes
+from gpuswarm.yamlload import Locator, PathKey, format_path, load_yaml, quote
 
 MAX_TASKS = 1_000_000
 _WILDCARD = re.compile(r"[*?\[]")
@@ -80,10 +82,13 @@ def make_spec(
     base_dir: Path,
     task_id: str | None = None,
 ) -> TaskSpec:
-    """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given)."""
+    """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given).
+
+    The name is redacted by shape (a name made of a command must not carry its token)."""
+    name = redact_shapes(instance.name).replace("\0", "")  # an env value cannot hold NUL
     return TaskSpec(
-        id=task_id or task_id_for(instance.name),
-        name=instance.name.replace("\0", ""),  # an environment value cannot hold NUL
+        id=task_id or task_id_for(name),
+        name=name,
         command=command,
         shell=opts.shell,
         cwd=_cwd(opts.cwd, base_dir),
@@ -133,7 +138,7 @@ def split_command(
     if isinstance(command, list):
         return list(command)
     try:
-        argv = shlex.split(command)
+        argv = shell_split(command)  # shlex.split's rules, linear time
     except ValueError as exc:
         raise loc.error(
             path,
@@ -195,6 +200,8 @@ def _check_templates(
             origin = _origin(entry, path, field)
             suffix = used_by if origin[0] == "defaults" else ""
             check_template(value, known, loc, origin, field + suffix)
+            if field == "cwd" and not value.startswith("{"):
+                _expanded(value, loc, origin)
     for key, value in opts.env.items():
         origin = _origin(entry, path, "env", key)
         suffix = used_by if origin[0] == "defaults" else ""
@@ -273,9 +280,17 @@ def _check_readable(match: Path, loc: Locator, path: PathKey) -> None:
         )
 
 
+def _expanded(text: str, loc: Locator, path: PathKey) -> Path:
+    try:
+        return expand_user(text)
+    except ValueError as exc:
+        raise loc.error(path, str(exc)) from None
+
+
 def _glob_matches(
     pattern: str, base_dir: Path, loc: Locator, path: PathKey
 ) -> tuple[Path, list[Path]]:
+    _expanded(pattern, loc, path)
     root, rest = _split_glob(pattern, base_dir)
     try:
         found = set(root.glob(rest)) if rest and root.is_dir() else set()
@@ -289,7 +304,7 @@ def _glob_matches(
         missing = "" if root.is_dir() else f" ({root} does not exist)"
         raise loc.error(
             path,
-            f"{pattern!r} matches nothing under {root}{missing}; check the pattern: relative "
+            f"{quote(pattern)} matches nothing under {root}{missing}; check the pattern: relative "
             f"patterns start at the config file's folder {base_dir}, and ** searches subfolders",
         )
     return root, sorted(found)
@@ -519,6 +534,6 @@ def _duplicate(
     at = f" at line {line}" if line is not None else ""
     raise loc.error(
         path,
-        f"task id {spec.id!r} (name {spec.name!r}) of {inst.label} is already used by "
+        f"task id {quote(spec.id)} (name {quote(spec.name)}) of {inst.label} is already used by "
         f"{other.label}{at}; task ids must be unique: {_dedupe_hint(entry)}",
     )

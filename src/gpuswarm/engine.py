@@ -5,6 +5,7 @@ The CLI calls these functions; they hold no terminal logic beyond choosing a rep
 
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 import time
@@ -30,10 +31,11 @@ from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
+from gpuswarm.redact import redact_tree
 from gpuswarm.report import write_report
 from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
-from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
+from gpuswarm.sandbox import Provision, check_provision_dest
 from gpuswarm.signals import on_stop_signals
 from gpuswarm.supervisor import Supervisor, SupervisorConfig
 
@@ -78,14 +80,7 @@ def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
 
 
 def _redact_tree(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: redact_env(v) if k == "env" and isinstance(v, dict) else _redact_tree(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_redact_tree(v) for v in value]
-    return value
+    return redact_tree(value)  # env by name and shape, commands and every string by shape
 
 
 def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
@@ -176,12 +171,27 @@ def start_run(
         info=run_info(loaded, gpus, slots),
         tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
     )
-    paths = create_run(new, suffix=suffix)
+    paths = _create(new, suffix)
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
     setup = Setup(slots, loaded.base_dir, isolate, provisions, new.info["settings"])
     return supervise(paths, setup, mode="run", output=output)
+
+
+def _create(new: NewRun, suffix: str | None) -> RunPaths:
+    """create_run; a workspace that is a file, read-only or not ours is bad input (exit 2)."""
+    try:
+        return create_run(new, suffix=suffix)
+    except OSError as exc:
+        bad_place = (NotADirectoryError, FileExistsError, PermissionError)
+        if not isinstance(exc, bad_place) and exc.errno != errno.EROFS:
+            raise
+        raise ConfigError(
+            f"workspace {new.workspace}: cannot create the run folder there "
+            f"({exc.strerror or exc}: {exc.filename or new.workspace}); choose another "
+            "workspace (workspace: in the config, or --workspace)"
+        ) from None
 
 
 def resume_run(

@@ -13,6 +13,7 @@ import time
 from typing import Any, TextIO
 
 from gpuswarm.queue import State
+from gpuswarm.redact import inert
 
 
 def is_terminal(stream: Any) -> bool:
@@ -37,6 +38,7 @@ class PlainReporter:
         line = self._line(event)
         if line is None:
             return
+        line = inert(line)  # reasons quote task output: no escape sequence reaches the terminal
         with self._lock:
             self.stream.write(line + "\n")
             self.stream.flush()

@@ -28,6 +28,7 @@ from rich.text import Text
 from gpuswarm.ledger import read_events
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
+from gpuswarm.redact import inert
 
 REFRESH_PER_SECOND = 4
 RECENT_FAILURES = 5
@@ -180,7 +181,7 @@ class LiveView:
         parts.append(bar)
         parts.append(self._table(rows, now))
         for line in failures:
-            parts.append(Text(f"  ! {line}", style="red"))
+            parts.append(Text(inert(f"  ! {line}"), style="red"))
         if note:
             parts.append(Text(note, style="yellow"))
         return Group(*parts)
@@ -197,7 +198,7 @@ class LiveView:
                 limit = f"/{clock(row.timeout)}" if row.timeout else ""
                 cells = [
                     label,
-                    f"{row.task} {row.name}".strip()[:48],
+                    escape(inert(f"{row.task} {row.name}".strip()[:48])),
                     str(row.attempt),
                     f"{clock(now - row.since)}{limit}",
                     self._last_line(row)[:80],
@@ -211,7 +212,7 @@ class LiveView:
 
     def _last_line(self, row: SlotRow) -> str:
         tail = log_tail(self.log_of(row.task, row.attempt), max_lines=1, max_bytes=4096)
-        return escape(tail.strip())
+        return escape(inert(tail.strip()))  # task output: no escape sequence for the terminal
 
 
 @contextlib.contextmanager

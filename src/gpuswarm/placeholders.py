@@ -7,12 +7,22 @@ Rules (the same at load time and at launch):
   happens for hand-made templates);
 - ``{{`` and ``}}`` produce literal ``{`` and ``}``;
 - ``${...}`` (a shell variable) is left untouched, braces and all;
-- any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text.
+- any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text;
+- ``{key!raw}`` is the same value as ``{key}``; it differs only in shell commands.
+
+In a ``shell: true`` command (:func:`render_shell`) every value is quoted for the place it
+lands in, so that a matched folder named ``$(rm -rf ~)`` or a matrix value ``a; reboot`` stays
+one literal word: outside quotes with :func:`shlex.quote`, inside ``"..."`` by escaping
+``\\ " $ ```, inside ``'...'`` by closing and reopening the quotes around ``\\'``. Write
+``{key!raw}`` to splice a value into the shell text as it is (then it *is* shell code).
+
+:func:`shell_split` splits a command like :func:`shlex.split` (POSIX rules), in linear time.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 
 #: Placeholders the supervisor supplies when it launches an attempt.
@@ -35,7 +45,8 @@ GLOB_VARS = ("task_file", "task_dir", "task_rel")
 CONFIG_PREFIX = "config."
 
 _TOKEN = re.compile(
-    r"\$\{[^}]*\}|\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*|config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)\}"
+    r"\$\{[^}]*\}|\{\{|\}\}"
+    r"|\{([A-Za-z_][A-Za-z0-9_]*|config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)(!raw)?\}"
 )
 CONFIG_REF = re.compile(r"\{(config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)\}")
 _LITERAL = {"{{": "{", "}}": "}"}
@@ -52,6 +63,101 @@ def render(template: str, values: Mapping[str, str]) -> str:
         return _LITERAL.get(token, token)
 
     return _TOKEN.sub(substitute, template)
+
+
+def render_shell(template: str, values: Mapping[str, str]) -> str:
+    """:func:`render` for a ``/bin/sh -c`` command: each value quoted where it lands."""
+    out: list[str] = []
+    quote = ""  # the quote we are inside: "", "'" or '"'
+    pos = 0
+    for match in _TOKEN.finditer(template):
+        literal = template[pos : match.start()]
+        quote = _quote_state(literal, quote)
+        out.append(literal)
+        key = match.group(1)
+        token = match.group(0)
+        if key is None:
+            out.append(_LITERAL.get(token, token))
+        elif key not in values:
+            out.append(token)
+        elif match.group(2):  # {key!raw}: spliced as shell code
+            out.append(values[key])
+        else:
+            out.append(_shell_quoted(values[key], quote))
+        pos = match.end()
+    out.append(template[pos:])
+    return "".join(out)
+
+
+def _quote_state(text: str, quote: str) -> str:
+    """The quoting in force after ``text`` when it starts inside ``quote``."""
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if quote == "'":
+            if char == "'":
+                quote = ""
+        elif char == "\\":
+            i += 1  # the next character is escaped (outside quotes and inside "...")
+        elif quote == '"':
+            if char == '"':
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        i += 1
+    return quote
+
+
+def _shell_quoted(value: str, quote: str) -> str:
+    if quote == "'":
+        return value.replace("'", "'\\''")
+    if quote == '"':
+        return re.sub(r'(["\\$`])', r"\\\1", value)
+    return shlex.quote(value)
+
+
+_SHELL_WORD = re.compile(r"""(?:[^ \t\r\n'"\\]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+""", re.DOTALL)
+_WORD_PART = re.compile(r"""([^'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)""", re.DOTALL)
+_IN_DOUBLE = re.compile(r'\\(["\\])')
+_SHELL_SPACE = frozenset(" \t\r\n")
+
+
+def shell_split(text: str) -> list[str]:
+    """``shlex.split(text)`` (POSIX, no comments) in linear time; ValueError on a bad quote.
+
+    ``shlex`` builds each word one character at a time (quadratic for a 2 MB argument).
+    """
+    words: list[str] = []
+    pos = 0
+    for match in _SHELL_WORD.finditer(text):
+        _check_gap(text, pos, match.start())
+        word = match.group()
+        if "'" in word or '"' in word or "\\" in word:
+            word = "".join(_unquoted(part) for part in _WORD_PART.finditer(word))
+        words.append(word)
+        pos = match.end()
+    _check_gap(text, pos, len(text))
+    return words
+
+
+def _check_gap(text: str, start: int, end: int) -> None:
+    """Between two words only shell white space; anything else is an open quote."""
+    for char in text[start:end]:
+        if char not in _SHELL_SPACE:
+            if char == "\\":
+                raise ValueError("No escaped character")
+            raise ValueError("No closing quotation")
+
+
+def _unquoted(part: re.Match[str]) -> str:
+    bare, single, double, escaped = part.groups()
+    if bare is not None:
+        return str(bare)
+    if single is not None:
+        return str(single)
+    if double is not None:
+        return _IN_DOUBLE.sub(r"\1", double)
+    return str(escaped)
 
 
 def find_placeholders(template: str) -> list[str]:

@@ -468,7 +468,7 @@ class Attempt:
             return attempt._launch_pumped(pump, max_log_bytes)
         try:
             _make_log_dir(spec.log_path.parent)
-            log = os.open(spec.log_path, _LOG_FLAGS, 0o644)  # the child gets a copy of it
+            log = os.open(spec.log_path, _LOG_FLAGS, 0o600)  # private; the child gets a copy
         except OSError as exc:
             return attempt._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
         try:

@@ -55,7 +55,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     now = now or datetime.now()
     final = _free_name(parent, run_dir_name(now, suffix))
     staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
-    staging.root.mkdir(mode=0o755)
+    staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
     try:
         DirQueue.create_layout(staging)
         staging.tasks.mkdir()

@@ -18,22 +18,24 @@ task left inside the slot HOME on the way to a cache folder or a provision are r
 followed) before anything is written, so re-provisioning cannot write into the host's files.
 
 :func:`is_secret_name`, :func:`redact_env` and :func:`redact_text` keep secret values out of
-logs and messages.
+logs and messages; they live in :mod:`gpuswarm.redact` (by name and by value shape).
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 import shutil
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuswarm.errors import ConfigError
 from gpuswarm.fsutil import atomic_write_bytes
+from gpuswarm.redact import REDACTED as REDACTED  # redaction lives in gpuswarm.redact
+from gpuswarm.redact import is_secret_name as is_secret_name
+from gpuswarm.redact import redact_env as redact_env
+from gpuswarm.redact import redact_text as redact_text
 
 CACHE_DIRS: dict[str, str] = {
     "XDG_CACHE_HOME": ".cache",
@@ -50,17 +52,6 @@ CACHE_DIRS: dict[str, str] = {
 }
 """Cache variable -> folder relative to the slot HOME."""
 CACHE_VARS: tuple[str, ...] = tuple(CACHE_DIRS)
-
-REDACTED = "***"
-MIN_SECRET_LEN = 4
-_PLAIN_VALUES = frozenset({"true", "false", "none", "null"})  # ENABLE_AUTH=true hides no secret
-_SECRET_RE = re.compile(
-    r"TOKEN(?!I[ZS]|S(?:_|$))"  # not TOKENIZERS_PARALLELISM, MAX_TOKENS
-    r"|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL"
-    r"|AUTH(?!OR(?!I[SZ]))"  # AUTH, AUTHORIZATION, OAUTH; not AUTHOR, AUTHORITY
-    r"|COOKIE|SESSION_KEY|(?:^|_)KEY(?:_|$)",
-    re.IGNORECASE,
-)
 
 
 @dataclass(frozen=True)
@@ -258,36 +249,3 @@ def prepare_home(home: Path, provisions: Sequence[Provision]) -> dict[str, str]:
     for prov, dest in zip(provisions, dests, strict=True):
         _provision(prov, home, dest)
     return env
-
-
-# -- redaction
-def is_secret_name(name: str) -> bool:
-    """True for variable names that usually hold secrets (``HF_TOKEN``, ``OPENAI_API_KEY``...)."""
-    return _SECRET_RE.search(name) is not None
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with every non-empty secret value replaced by ``***``."""
-    return {k: REDACTED if v and is_secret_name(k) else v for k, v in env.items()}
-
-
-@functools.lru_cache(maxsize=64)
-def _secret_pattern(values: frozenset[str]) -> re.Pattern[str]:
-    ordered = sorted(values, key=len, reverse=True)  # a secret containing another goes first
-    return re.compile("|".join(re.escape(v) for v in ordered))
-
-
-def redact_text(text: str, env: Mapping[str, str]) -> str:
-    """``text`` with every occurrence of a secret variable's value (>= 4 chars) replaced.
-
-    Values are matched as given and stripped of surrounding whitespace; ``true``, ``false``,
-    ``none`` and ``null`` are left alone so that flags do not blank out ordinary words.
-    """
-    values = {
-        v
-        for k, raw in env.items()
-        if is_secret_name(k)
-        for v in (raw, raw.strip())
-        if len(v) >= MIN_SECRET_LEN and v.lower() not in _PLAIN_VALUES
-    }
-    return _secret_pattern(frozenset(values)).sub(REDACTED, text) if values else text

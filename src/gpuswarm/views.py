@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuswarm.liveview import clock
+from gpuswarm.redact import inert
 
 if TYPE_CHECKING:
     from gpuswarm.engine import RunReport
@@ -28,7 +29,7 @@ def _counts(counts: dict[str, int]) -> str:
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
     live = "[green]live[/]" if data["live"] else "[dim]not running[/]"
-    con.print(f"[bold]{escape(data['name'])}[/]  {escape(data['run'])}  ({live})")
+    con.print(f"[bold]{escape(inert(data['name']))}[/]  {escape(inert(data['run']))}  ({live})")
     con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
     eta = data.get("eta") or {}
     if eta.get("eta_seconds") is not None:
@@ -39,7 +40,7 @@ def print_status(data: dict[str, Any]) -> None:
             table.add_row(
                 str(r["slot"]),
                 str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
-                r["task"],
+                inert(r["task"]),
                 str(r["attempt"]),
                 clock(r["elapsed"]),
                 clock(r["timeout"]),
@@ -47,11 +48,12 @@ def print_status(data: dict[str, Any]) -> None:
         con.print(table)
     for f in data["failures"]:
         con.print(
-            f"[red]failed[/] {escape(f['task'])}: {escape(f['reason'])} ({f['attempts']} attempts)"
+            f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
+            f"({f['attempts']} attempts)"
         )
         if f["log_tail"]:
             for line in f["log_tail"].splitlines()[-5:]:
-                con.print("    " + line, style="dim", markup=False)
+                con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
         con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
 
@@ -77,11 +79,11 @@ def print_report(report: RunReport) -> None:
     for line in field_lines(s.get("fields", {})):
         con.print("  " + line, markup=False)
     for f in s["failures"][:10]:
-        con.print(f"  {f['state']} {f['task']}: {f['reason']}", markup=False)
+        con.print(inert(f"  {f['state']} {f['task']}: {f['reason']}"), markup=False)
     if len(s["failures"]) > 10:
         con.print(f"  ... and {len(s['failures']) - 10} more (see results.tsv)")
     for q in s.get("quarantined", []):
-        con.print(f"  quarantined {q['slot']}: {q['reason']}", markup=False)
+        con.print(inert(f"  quarantined {q['slot']}: {q['reason']}"), markup=False)
     con.print(f"results: {report.paths.results_tsv}")
     html = report.paths.root / "report.html"
     if html.is_file():

@@ -1,0 +1,227 @@
+"""What gpuswarm writes or shows for a person: secrets redacted, terminal controls made inert.
+
+Redaction works two ways, and every command, environment value, task name and log tail that
+gpuswarm writes (run.json, events.jsonl, results.tsv, summary.json, report.html, ``status``,
+the live view and the plain lines) goes through one of these functions:
+
+- **by name**: an environment variable whose name looks secret (:func:`is_secret_name`:
+  ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*API_KEY*``, ``*_KEY``, ``*CREDENTIAL*``,
+  ``AUTH*``, ...) has its whole value replaced by ``***``, and that value is blanked wherever it
+  appears in a text (:func:`redact_text`);
+- **by shape** (:func:`redact_shapes`), whatever the name: the password of a URL
+  (``https://user:***@host``), the value after a secret-looking option (``--api-key ***``,
+  ``--token=***``, ``--password ***``), a secret-looking ``NAME=value`` assignment, the
+  credentials of an ``Authorization:`` / ``X-Api-Key:`` / ``Cookie:`` header, and common token
+  formats (OpenAI ``sk-...``, GitHub ``ghp_...``/``github_pat_...``, Slack ``xox.-...``, AWS
+  ``AKIA...``, Hugging Face ``hf_...``, GitLab ``glpat-...``, Google ``AIza...``, JWTs).
+
+The queue itself (``.parallel/``, mode 0700) keeps the real command and env: a resume must run
+them. :func:`inert` shows text from a task (log lines, reasons) with control characters as
+visible escapes (``\\x1b``), so that a task's output cannot drive the terminal of ``status``,
+``watch`` or the live view.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+REDACTED = "***"
+MIN_SECRET_LEN = 4
+_PLAIN_VALUES = frozenset({"true", "false", "none", "null"})  # ENABLE_AUTH=true hides no secret
+_SECRET_RE = re.compile(
+    r"TOKEN(?!I[ZS]|S(?:_|$))"  # not TOKENIZERS_PARALLELISM, MAX_TOKENS
+    r"|SECRET|PASSWORD|PASSWD|PASSPHRASE|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL"
+    r"|AUTH(?!OR(?!I[SZ]))"  # AUTH, AUTHORIZATION, OAUTH; not AUTHOR, AUTHORITY
+    r"|COOKIE|SESSION_KEY|(?:^|_)KEY(?:_|$)|(?:^|_)PASS(?:_|$)",
+    re.IGNORECASE,
+)
+
+# -- shapes ---------------------------------------------------------------------------------------
+_NOT_WORD = r"(?<![A-Za-z0-9_\-])"
+_TOKENS = re.compile(
+    _NOT_WORD
+    + r"(?:"
+    + r"|".join(
+        (
+            r"sk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-|live-|test-)?[A-Za-z0-9_]{20,}[\w-]*",
+            r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
+            r"gh[pousr]_[A-Za-z0-9]{20,}",
+            r"github_pat_[A-Za-z0-9_]{20,}",
+            r"xox[abposr]-[A-Za-z0-9-]{10,}",
+            r"(?:AKIA|ASIA)[A-Z0-9]{16}",
+            r"hf_[A-Za-z0-9]{20,}",
+            r"glpat-[A-Za-z0-9_-]{20,}",
+            r"AIza[0-9A-Za-z_-]{35}",
+            r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
+        )
+    )
+    + r")"
+)
+# scheme://user:password@host -> scheme://user:***@host
+_URL_CREDENTIALS = re.compile(
+    r"((?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{0,31}://[^\s/:@'\"]*:)([^\s/@'\"]+)(@)"
+)
+# Authorization: Bearer X, X-Api-Key: X, Cookie: X (also the -H 'Authorization: ...' of curl)
+_HEADER = re.compile(
+    r"(?i)\b((?:proxy-)?authorization|x-api-key|api-key|x-auth-token|x-access-token|"
+    r"private-token|(?:set-)?cookie)(\s*[:=]\s*)((?:bearer|basic|token|bot|digest|negotiate)\s+)?"
+    r"([^\s'\"]+)"
+)
+# --api-key X, --token=X, -password X (the option name decides: is_secret_name)
+_OPTION = re.compile(
+    r"(?<![\w-])(--?([A-Za-z][A-Za-z0-9_-]*))(=|[ \t]+)(\"[^\"]*\"|'[^']*'|(?!-)[^\s'\"]+)"
+)
+# curl -u user:X, --user=user:X
+_USER_OPTION = re.compile(r"(?<![\w-])(-u|--user|--proxy-user)(=|[ \t]+)([^\s:'\"]*):([^\s'\"]+)")
+# HF_TOKEN=X python ..., export DB_PASSWORD='X'
+_ASSIGNMENT = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)(=)(\"[^\"]*\"|'[^']*'|[^\s'\"]+)")
+
+
+def is_secret_name(name: str) -> bool:
+    """True for variable names that usually hold secrets (``HF_TOKEN``, ``OPENAI_API_KEY``...)."""
+    return _SECRET_RE.search(name) is not None
+
+
+def _option_name_secret(name: str) -> bool:
+    return is_secret_name(name.replace("-", "_"))
+
+
+def _hide_quoted(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[0] + REDACTED + value[0]
+    return REDACTED
+
+
+def _option(match: re.Match[str]) -> str:
+    if not _option_name_secret(match.group(2)) or match.group(4).lower() in _PLAIN_VALUES:
+        return match.group(0)
+    return match.group(1) + match.group(3) + _hide_quoted(match.group(4))
+
+
+def _assignment(match: re.Match[str]) -> str:
+    if not is_secret_name(match.group(1)) or match.group(3).lower() in _PLAIN_VALUES:
+        return match.group(0)
+    return match.group(1) + "=" + _hide_quoted(match.group(3))
+
+
+def _header(match: re.Match[str]) -> str:
+    return match.group(1) + match.group(2) + (match.group(3) or "") + REDACTED
+
+
+def redact_shapes(text: str) -> str:
+    """``text`` with secrets that look like secrets replaced by ``***`` (see the module doc)."""
+    if not text:
+        return text
+    text = _URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+    text = _HEADER.sub(_header, text)
+    if "-" in text:
+        text = _OPTION.sub(_option, text)
+        text = _USER_OPTION.sub(
+            lambda m: m.group(1) + m.group(2) + m.group(3) + ":" + REDACTED, text
+        )
+    if "=" in text:
+        text = _ASSIGNMENT.sub(_assignment, text)
+    return _TOKENS.sub(REDACTED, text)
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """An argv list redacted element by element; ``["--token", "X"]`` hides ``X`` too."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("--"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        option = re.fullmatch(r"--?([A-Za-z][A-Za-z0-9_-]*)", arg)
+        if option and _option_name_secret(option.group(1)):
+            hide_next = True
+        header = re.fullmatch(r"(?i)(?:proxy-)?authorization|x-api-key|api-key|cookie", arg)
+        if header:
+            hide_next = True
+        if out and out[-1] in ("-u", "--user", "--proxy-user") and ":" in arg:
+            arg = arg.split(":", 1)[0] + ":" + REDACTED
+        out.append(redact_shapes(arg))
+    return out
+
+
+def redact_command(command: str | list[str]) -> str | list[str]:
+    """A task's command (a shell string or an argv list) fit to be written or shown."""
+    return redact_argv(command) if isinstance(command, list) else redact_shapes(command)
+
+
+# -- environments and texts ----------------------------------------------------------------------
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env``: secret-named values are ``***``, the others redacted by shape."""
+    return {
+        k: REDACTED if v and is_secret_name(k) else redact_shapes(v) if isinstance(v, str) else v
+        for k, v in env.items()
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _secret_pattern(values: frozenset[str]) -> re.Pattern[str]:
+    ordered = sorted(values, key=len, reverse=True)  # a secret containing another goes first
+    return re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def redact_text(text: str, env: Mapping[str, str]) -> str:
+    """``text`` with every secret variable's value (>= 4 chars) replaced, then by shape.
+
+    Values are matched as given and stripped of surrounding whitespace; ``true``, ``false``,
+    ``none`` and ``null`` are left alone so that flags do not blank out ordinary words.
+    """
+    values = {
+        v
+        for k, raw in env.items()
+        if is_secret_name(k)
+        for v in (raw, raw.strip())
+        if len(v) >= MIN_SECRET_LEN and v.lower() not in _PLAIN_VALUES
+    }
+    if values:
+        text = _secret_pattern(frozenset(values)).sub(REDACTED, text)
+    return redact_shapes(text)
+
+
+def redact_tree(value: Any) -> Any:
+    """A JSON-like config dump fit for run.json: ``env`` mappings by :func:`redact_env`,
+    ``command`` values by :func:`redact_command`, every other string by shape."""
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if k == "env" and isinstance(v, dict):
+                out[k] = redact_env(v)
+            elif k == "command" and isinstance(v, list | str):
+                out[k] = redact_command(v) if _all_str(v) else redact_tree(v)
+            else:
+                out[k] = redact_tree(v)
+        return out
+    if isinstance(value, list):
+        return [redact_tree(v) for v in value]
+    return redact_shapes(value) if isinstance(value, str) else value
+
+
+def _all_str(value: str | list[Any]) -> bool:
+    return isinstance(value, str) or all(isinstance(v, str) for v in value)
+
+
+# -- terminals ------------------------------------------------------------------------------------
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def inert(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with control characters (all but tab, and newline with ``keep_newlines``)
+    written as visible escapes: ESC becomes ``\\x1b``, so no escape sequence reaches a terminal.
+    Bidirectional overrides (``\\u202e``) are escaped too."""
+    if keep_newlines:
+        return "\n".join(_CONTROL.sub(_visible, line) for line in text.split("\n"))
+    return _CONTROL.sub(_visible, text)
