@@ -486,7 +486,7 @@ class Attempt:
         spec = self.spec
         try:
             _fresh_log_dir(spec.log_path.parent)
-            log = os.open(spec.log_path, _PUMPED_LOG_FLAGS, 0o644)
+            log = os.open(spec.log_path, _PUMPED_LOG_FLAGS, 0o600)  # private, like the unpumped log
         except OSError as exc:
             return self._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
         try:

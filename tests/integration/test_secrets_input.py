@@ -71,6 +71,7 @@ def test_shell_placeholders_are_quoted(tmp_path: Path, gpuswarm: Cli) -> None:
     cfg = _write(
         tmp_path / "q.yaml",
         f"""\
+        tasks_root: tasks
         tasks:
           - glob: "tasks/*/config.yaml"
             shell: true
@@ -236,7 +237,8 @@ def test_run_folders_logs_and_homes_are_private(shared_tmp: Path, gpuswarm: Cli)
     assert log.read_text() == "private words\n"
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
-    assert stat.S_IMODE((run / "homes" / "slot-0").stat().st_mode) == 0o700
+    (home,) = (run / "homes").iterdir()  # one slot: <host>-gpu0
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
     denied = _as_nobody("cat", str(log))
     assert denied.returncode != 0 and "private words" not in denied.stdout
     assert "Permission denied" in denied.stderr
