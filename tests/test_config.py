@@ -491,7 +491,7 @@ def test_a_long_command_list_is_summarised_in_the_config(tmp_path: Path) -> None
     loaded = load_command_list(None, "true\n" * 1001, base_dir=tmp_path)
     assert len(loaded.tasks) == 1001 and loaded.tasks[1000].id == "cmd-01001"
     (entry,) = loaded.config.tasks
-    assert entry.name.startswith("1001 commands from <stdin>")
+    assert entry.name is not None and entry.name.startswith("1001 commands from <stdin>")
 
 
 def test_command_list_from_stdin_text_with_shell_and_defaults(tmp_path: Path) -> None:

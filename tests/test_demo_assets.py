@@ -137,7 +137,8 @@ def test_evaluation_is_fixed_and_bounded(prepare: ModuleType) -> None:
 
     def predict(x: np.ndarray) -> np.ndarray:
         assert x.shape[1] == prepare.SEQ_LEN
-        return table[x[:, -1]] * 1000  # a bigram guess with huge logits: still finite
+        out: np.ndarray = table[x[:, -1]] * 1000  # a bigram guess with huge logits: still finite
+        return out
 
     first = prepare.evaluate_bpb(predict)
     assert math.isfinite(first)

@@ -19,15 +19,14 @@ import psutil
 import pytest
 
 from gpuswarm import process
+from gpuswarm.logs import detect_oom, log_tail
 from gpuswarm.process import (
     Attempt,
     AttemptEnd,
     EndKind,
     LaunchSpec,
     become_subreaper,
-    detect_oom,
     kill_tree,
-    log_tail,
     sweep_orphans,
 )
 

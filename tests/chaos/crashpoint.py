@@ -66,7 +66,7 @@ def _at_emit(kind: str, rest: str, trigger: Trigger) -> None:
             trigger.hit()
         return record
 
-    ledger.Ledger.emit = patched_emit  # type: ignore[method-assign]
+    ledger.Ledger.emit = patched_emit  # type: ignore[method-assign,assignment]
 
 
 def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
@@ -86,7 +86,7 @@ def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
 def _at_write(kind: str, rest: str, trigger: Trigger) -> None:
     from gpuswarm import queue
 
-    write = queue.atomic_write_bytes
+    write = queue.atomic_write_bytes  # type: ignore[attr-defined]  # queue's own import
 
     def patched_write(path: Path, data: bytes, **kw: Any) -> None:
         hit = path.parent.name == "running" and json.loads(data).get("state") == rest
@@ -99,7 +99,7 @@ def _at_write(kind: str, rest: str, trigger: Trigger) -> None:
         if hit and kind == "state-written":
             trigger.hit()
 
-    queue.atomic_write_bytes = patched_write
+    queue.atomic_write_bytes = patched_write  # type: ignore[attr-defined]
 
 
 INSTALLERS = {

@@ -384,7 +384,7 @@ def _dies(paths: RunPaths, owner: str) -> None:
 def _reclaim_and_crash_after_the_rename(paths: RunPaths, ledger: Ledger, n: int) -> None:
     """A reclaimer renames a dead owner's task under its own lease, then dies."""
     owner, queue = _supervisor(paths, n)
-    queue.adopt_running = _crash  # type: ignore[method-assign]  # the next step of _reclaim_one
+    queue.adopt_running = _crash  # type: ignore[method-assign,assignment]  # the next step of _reclaim_one
     with pytest.raises(Crash):
         reclaim_dead(queue, ledger, owner, lease_ttl=TTL)
     _dies(paths, owner)
@@ -426,7 +426,7 @@ def test_a_stale_moved_from_is_not_taken_for_a_begun_move(tmp_path: Path) -> Non
     s, qs = _supervisor(paths, 3)
     assert qs.claim(s, 0) is not None
     _dies(paths, s)
-    qr.adopt_running = _crash  # type: ignore[method-assign]  # r renames it again and dies
+    qr.adopt_running = _crash  # type: ignore[method-assign,assignment]  # r renames it again and dies
     with pytest.raises(Crash):
         reclaim_dead(qr, ledger, r, lease_ttl=TTL)
     _dies(paths, r)

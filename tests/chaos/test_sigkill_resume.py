@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_driver import CliProcess, CliResult, wait_for_run
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 def _config(tmp_path: Path, shared: Path, rng: random.Random) -> tuple[Path, list[str], float]:
     n = rng.randint(16, 32)
     slots = rng.choice([2, 3, 4])
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     busy = 0.0
     for i in range(n):
         seconds = round(rng.uniform(0.05, 0.4), 2)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_driver import CliProcess, read_events, wait_for, wait_for_run
@@ -265,7 +266,7 @@ def test_reclaiming_a_begun_requeue_costs_no_attempt(
     effect = f"echo $GPUSWARM_ATTEMPT >> {q(shared)}/$GPUSWARM_TASK_ID"
     flaky = f'[ "$GPUSWARM_ATTEMPT" -ge 2 ] || exit 1; {effect}'
     tasks = [{"name": "flaky", "command": flaky, "shell": True, "max_attempts": 2}]
-    top = {"name": "requeue", "workspace": "ws", "gpus": "sim:1"}
+    top: dict[str, Any] = {"name": "requeue", "workspace": "ws", "gpus": "sim:1"}
     top["reliability"] = {"retry_backoff": None}
     config = write_config(tmp_path, top, tasks)
     # attempt 1 failed; its supervisor saved the requeue (state 'pending') and died
@@ -291,7 +292,7 @@ def test_reclaiming_stubborn_leftovers_does_not_stall_the_heartbeat(
     whose kill_tree waited 10 s for leftovers that ignore SIGTERM: no heartbeat meanwhile."""
     stubborn = "trap '' TERM; sleep 30"
     tasks = [{"name": f"t{i}", "command": stubborn, "shell": True} for i in range(2)]
-    top = {"name": "stall", "workspace": "ws", "gpus": "sim:1"}
+    top: dict[str, Any] = {"name": "stall", "workspace": "ws", "gpus": "sim:1"}
     top["reliability"] = {"lease_ttl": f"{LEASE_TTL}s"}
     config = write_config(tmp_path, top, tasks)
     survivor = cli_popen("run", "-q", config)

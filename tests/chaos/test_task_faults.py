@@ -12,6 +12,7 @@ import contextlib
 import random
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ FAULTY = str(HERE / "faulty.py")
 FLOOD_MB = 200
 MAX_LOG_MB = 1
 RSS_LIMIT = 200 << 20
+
+
+def _gone(pid: int) -> bool:
+    return not pid_running(pid)
 
 
 def task(name: str, *args: str, **extra: Any) -> dict[str, Any]:
@@ -146,7 +151,7 @@ def test_every_kind_of_task_fault_in_one_run(
     # escapees (double fork + setsid, SIGTERM ignored) die with their attempt
     for name, pidfile in pids.items():
         pid = int(wait_for(pidfile.read_text, 5, what=f"{pidfile}"))
-        wait_for(lambda pid=pid: not pid_running(pid), 10, what=f"escapee of {name} to die")
+        wait_for(partial(_gone, pid), 10, what=f"escapee of {name} to die")
 
     # the flood: log bounded once the attempt ended, supervisor memory flat
     cap = MAX_LOG_MB << 20

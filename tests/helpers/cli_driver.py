@@ -167,7 +167,9 @@ def find_runs(workspace: Path) -> list[Path]:
 
 
 def wait_for_run(workspace: Path, timeout: float = 30.0) -> Path:
-    runs = wait_for(lambda: find_runs(workspace), timeout, what=f"a run under {workspace}")
+    runs: list[Path] = wait_for(
+        lambda: find_runs(workspace), timeout, what=f"a run under {workspace}"
+    )
     assert len(runs) == 1, runs
     return runs[0]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_processes
+from integration_support import run_processes
 
 pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cli_driver import CliResult, find_runs, run_cli
-from conftest import queue_files
+from integration_support import queue_files
 
 KERNELS: dict[str, dict[str, Any]] = {
     "hip2hip/gpumode/GELU": {"performance_timeout": 1, "kernel": "gelu"},

@@ -17,24 +17,27 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from conftest import (
+from cli_driver import (
     CliProcess,
     CliResult,
     count_events,
-    descriptor,
     find_runs,
     pid_running,
     read_events,
+    wait_for,
+    wait_for_run,
+)
+from integration_support import (
+    descriptor,
     read_results,
     run_processes,
     task_states,
-    wait_for,
-    wait_for_run,
     wait_no_run_processes,
 )
 
@@ -146,6 +149,10 @@ def q(path: Path | str) -> str:
     return shlex.quote(str(path))
 
 
+def _not_alive(pid: int, marker: str) -> bool:
+    return not escapee_alive(pid, marker)
+
+
 def escapee_alive(pid: int, marker: str) -> bool:
     """Whether ``pid`` is still the (non-zombie) escapee started from the script ``marker``."""
     if not pid_running(pid):
@@ -173,7 +180,7 @@ def check_run(
         assert pidfile.exists(), f"{pidfile} was never written: the task did not get that far"
         pid = int(pidfile.read_text())
         wait_for(
-            lambda pid=pid, marker=marker: not escapee_alive(pid, marker),
+            partial(_not_alive, pid, marker),
             settle,
             what=f"pid {pid} to die",
         )

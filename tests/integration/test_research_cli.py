@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliResult, wait_for
-from conftest import (
+from integration_support import (
     edit_constant,
     git,
     research_results,

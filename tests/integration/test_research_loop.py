@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 from cli_driver import CliProcess, CliResult, pid_running, wait_for
-from conftest import (
+from integration_support import (
     TRAIN_PY,
     descriptor,
     edit_constant,

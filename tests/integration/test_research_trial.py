@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliResult, wait_for
-from conftest import edit_constant, git, research_results
+from integration_support import edit_constant, git, research_results
 
 pytestmark = pytest.mark.slow
 
@@ -697,7 +697,7 @@ def test_the_first_command_after_a_dead_runner_owns_its_leftovers(
     gpuswarm: Cli, research_repo: Path
 ) -> None:
     import psutil
-    from conftest import run_processes
+    from integration_support import run_processes
 
     repo = research_repo
     edit_constant(repo, "SLEEP", "40")  # every run trains for 40 s (the timeout is 60 s)

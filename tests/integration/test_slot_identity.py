@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cli_driver import read_events, run_cli, start_cli, wait_for, wait_for_run
-from conftest import queue_files
+from integration_support import queue_files
 
 from gpuswarm.leases import host_slug
 from gpuswarm.paths import slugify

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuswarm.errors import ResearchError
-from gpuswarm.research import api, executor
+from gpuswarm.research import api as api
+from gpuswarm.research import executor as executor
 
 TRAIN = "LR = 0.04\n# spacer\nDEPTH = 8\n# spacer\nWD = 0.1\nprint('val_bpb: 1.0')\n"
 
