@@ -105,6 +105,36 @@ def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> 
     }
 
 
+STALE_SLACK_SECONDS = 1.0  # filesystem clocks may lag time.time() a little
+
+
+def completion_path(paths: RunPaths, task: TaskSpec, values: dict[str, str]) -> Path | None:
+    """Where the attempt's completion file must appear (None: the task has none)."""
+    if not task.done_when:
+        return None
+    return paths.task_dir(task.id) / render(task.done_when, values)
+
+
+def set_aside_stale(
+    paths: RunPaths, task: TaskSpec, values: dict[str, str], n: int
+) -> tuple[Path, Path] | None:
+    """Move whatever is at the completion path before attempt ``n`` starts into the attempt's
+    folder (``attempt-<n>/stale-<name>``): only a file this attempt writes may count, and
+    nothing of the task's is deleted. Returns (from, to) when something was moved."""
+    target = completion_path(paths, task, values)
+    if target is None or not os.path.lexists(target):
+        return None
+    folder = paths.attempt_log(task.id, n).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"stale-{target.name}"
+    k = 2
+    while os.path.lexists(dest):
+        dest = folder / f"stale-{k}-{target.name}"
+        k += 1
+    os.rename(target, dest)
+    return target, dest
+
+
 def judge(
     paths: RunPaths,
     task: TaskSpec,
@@ -117,13 +147,28 @@ def judge(
     record["metrics"] = parse_metrics(paths.attempt_log(task.id, record["n"]), task.metrics)
     if not end.ok:
         return Outcome(State.FAILED, end.reason, record)
-    if task.done_when:
-        target = paths.task_dir(task.id) / render(task.done_when, values)
+    target = completion_path(paths, task, values)
+    if target is not None:
         try:
             result = load_result_file(target)
+            _written_since(target, end.started)
         except ResultFileError as exc:
             reason = f"exit 0 but {exc}"
             record["reason"] = reason
             return Outcome(State.FAILED, reason, record)
         data["result"] = flatten(result)
     return Outcome(State.DONE, end.reason, record)
+
+
+def _written_since(target: Path, started: float) -> None:
+    """A completion file last changed before the attempt started was not written by it (a copy
+    that kept its old time, e.g. ``cp -p`` or ``shutil.copytree`` of a folder shipping one)."""
+    try:
+        mtime = target.stat().st_mtime
+    except OSError:
+        return  # it parsed a moment ago; a task that removes it now is judged by what was read
+    if mtime < started - STALE_SLACK_SECONDS:
+        raise ResultFileError(
+            f"completion file {target.name} was not written by this attempt (last changed "
+            f"{started - mtime:.0f}s before it started: a copied old file?)"
+        )

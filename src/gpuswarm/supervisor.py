@@ -34,6 +34,7 @@ from gpuswarm.attempt_plan import (
     judge,
     launch_spec_for,
     record_of,
+    set_aside_stale,
     slot_base_env,
     values_for,
 )
@@ -462,6 +463,19 @@ class Supervisor:
             owner=self.cfg.owner,
             base_dir=self.cfg.base_dir,
         )
+        try:
+            stale = set_aside_stale(self.paths, task, values, number)
+        except OSError as exc:  # judged by its time then (an old file never counts)
+            self.ledger.emit(Ev.STALE_RESULT, task=task.id, attempt=number, error=str(exc))
+            stale = None
+        if stale is not None:
+            self.ledger.emit(
+                Ev.STALE_RESULT,
+                task=task.id,
+                attempt=number,
+                file=str(stale[0].relative_to(self.paths.root)),
+                moved_to=str(stale[1].relative_to(self.paths.root)),
+            )
         handle = Attempt.launch(spec)
         live = LiveAttempt(
             slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
