@@ -6,8 +6,10 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,12 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import ValidationError
 
 from gpuswarm import __version__
+from gpuswarm.attempt_plan import STALE_SLACK_SECONDS, completion_path
+from gpuswarm.config import TaskSpec
 from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
 from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
 from gpuswarm.ledger import Ev, Ledger
+from gpuswarm.metrics import ResultFileError, flatten, load_result_file
 from gpuswarm.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
@@ -143,11 +149,13 @@ def recover(
     moved["corrupt"] = 0
     moved["temp_files"] = _remove_temp_files(queue.paths)
     leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
+    still_running = task_ids_of(leftovers)
     if leftovers:
         moved["killed"] = kill_tree(leftovers, grace)
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
+    moved["judged_done"] = 0
     for name in queue.names(State.RUNNING):
-        moved[_recover_running(queue, ledger, name)] += 1
+        moved[_recover_running(queue, ledger, name, still_running)] += 1
     if retry_failed:
         for name in queue.names(State.FAILED):
             moved["retried"] += _retry_failed(queue, ledger, name)
@@ -176,7 +184,7 @@ def _remove_temp_files(paths: RunPaths) -> int:
     return len(found)
 
 
-def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
+def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: set[str]) -> str:
     try:
         claimed = queue.adopt_running(name)
     except QueueError:
@@ -188,6 +196,10 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
     if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
     lease = lease_of(name)
+    if claimed.task_id not in still_running and judge_orphan(
+        queue, ledger, claimed, f"its supervisor died ({lease[0] if lease else '?'})"
+    ):
+        return "judged_done"
     data["attempts"].append(
         {
             "n": len(data["attempts"]) + 1,
@@ -269,6 +281,96 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
     return 1
 
 
+def task_ids_of(pids: Iterable[int]) -> set[str]:
+    """The ``GPUSWARM_TASK_ID`` of each of ``pids`` that is still alive (its attempt runs on)."""
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            task = psutil.Process(pid).environ().get("GPUSWARM_TASK_ID")
+            if task:
+                out.add(task)
+    return out
+
+
+def _lease_time(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
+    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
+    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
+    written after the claim (the running file's time), parses: then it is done, not re-run.
+    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
+    """
+    data = claimed.data
+    try:
+        task = TaskSpec.model_validate(data.get("task"))
+    except ValidationError:
+        return False
+    claimed_at = _lease_time(claimed.path)
+    if task.done_when is None or claimed_at is None:
+        return False
+    paths = queue.paths
+    n = len(data["attempts"]) + 1
+    values = {
+        **task.vars,
+        "workspace": str(paths.task_dir(task.id)),
+        "run_dir": str(paths.root),
+        "task_id": task.id,
+        "name": task.name,
+        "attempt": str(n),
+    }
+    target = completion_path(paths, task, values)
+    if target is None or "{" in str(target.relative_to(paths.task_dir(task.id))):
+        return False  # it names the slot or GPU, which the journal would have to tell
+    try:
+        written = target.stat().st_mtime
+        result = load_result_file(target)
+    except (OSError, ResultFileError):
+        return False
+    if written < claimed_at - STALE_SLACK_SECONDS:
+        return False  # older than the claim: not this attempt's
+    lease = lease_of(claimed.path.name)
+    stamp = time.strftime("%H:%M:%S", time.localtime(written))
+    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
+    data["attempts"].append(
+        {
+            "n": n,
+            "slot": f"slot {lease[1]}" if lease and lease[1] >= 0 else "",
+            "started": round(claimed_at, 4),
+            "ended": round(written, 4),
+            "duration": round(max(0.0, written - claimed_at), 4),
+            "kind": "orphan",
+            "returncode": None,
+            "signal": None,
+            "reason": reason,
+            "oom": False,
+            "killed": 0,
+        }
+    )
+    data["result"] = flatten(result)
+    data["reason"] = None
+    queue.move(
+        claimed,
+        State.DONE,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="done",
+            reason=reason,
+            seconds=round(max(0.0, written - claimed_at), 3),
+            retry=False,
+            judged=True,
+        ),
+    )
+    return True
+
+
 def reclaim_dead(
     queue: DirQueue, ledger: Ledger, me: str, *, lease_ttl: float, grace: float = 10.0
 ) -> int:
@@ -324,6 +426,8 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
         return False
     data = claimed.data
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
+        return True
+    if on_this_host(owner) and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}

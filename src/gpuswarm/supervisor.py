@@ -522,7 +522,21 @@ class Supervisor:
             self._hand_back(live.claimed, live.task, record)
             return
         outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
+        if live.handle.cancelled and not self._done_in_stop(live.task, end, outcome):
+            record["kind"] = EndKind.CANCELLED.value
+            record["reason"] = f"cancelled ({end.reason}; not done: {outcome.reason})"
+            self._hand_back(live.claimed, live.task, record)
+            return
         self._finish(live.claimed, live.task, outcome)
+
+    @staticmethod
+    def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:
+        """An attempt a stop cancelled counts only when it is done for sure: it exited 0 before
+        it was signalled, or its completion file (written by this attempt) parses. Exit 0 after
+        the stop's SIGTERM alone proves nothing (a graceful-shutdown handler exits 0 too)."""
+        if outcome.state is not State.DONE:
+            return False
+        return task.done_when is not None or end.reason != "exit 0 during the stop's grace period"
 
     def _committer(self) -> None:
         """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""

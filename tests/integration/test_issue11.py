@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,15 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import CliProcess, CliResult, read_events, task_states
+from conftest import (
+    CliProcess,
+    CliResult,
+    descriptor,
+    read_events,
+    task_states,
+    wait_for,
+    wait_for_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +115,83 @@ def test_a_completion_file_left_by_an_earlier_attempt_is_moved_aside(
     (ev,) = [e for e in read_events(run) if e["ev"] == "stale_result"]
     assert ev["task"] == "t" and ev["attempt"] == 2
     assert ev["moved_to"] == "tasks/t/attempt-2/stale-r.yaml"
+
+
+# -- item 5: finished work is not re-run --------------------------------------------------------
+def test_tasks_that_finish_after_a_sigkill_of_the_supervisor_are_done_on_resume(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    # 'a' and 'b' write their result after the supervisor is gone; 'c' exits 0 without one on
+    # its first attempt (so it must run again), and writes one on the next
+    cmd = (
+        "while [ ! -e {run_dir}/../../go ]; do sleep 0.05; done; "
+        "if [ {name} != c ] || [ {attempt} != 1 ]; then echo 'ok: true' > {workspace}/r.yaml; fi"
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "orphans",
+            "gpus": "sim:3",
+            "tasks": [
+                {"name": n, "command": cmd, "shell": True, "done_when": "r.yaml"}
+                for n in ("a", "b", "c")
+            ],
+        },
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: len([e for e in read_events(run) if e["ev"] == "started"]) == 3, 30)
+    proc.send(signal.SIGKILL)
+    proc.wait(30)
+    (tmp_path / "runs" / "go").touch()  # the orphans finish now, their supervisor dead
+    wait_for(lambda: all((run / "tasks" / n / "r.yaml").exists() for n in ("a", "b")), 30)
+    time.sleep(0.5)  # let the orphans exit
+    res = gpuswarm("resume", run, "--plain")
+    assert res.returncode == 0, res
+    assert task_states(run) == {"a": "done", "b": "done", "c": "done"}
+    started = [e["task"] for e in read_events(run) if e["ev"] == "started"]
+    assert sorted(started) == ["a", "b", "c", "c"]  # only c ran again
+    for name in ("a", "b"):
+        last = descriptor(run, name)["attempts"][-1]
+        assert last["kind"] == "orphan", last
+        assert last["reason"].startswith("finished after its supervisor died"), last
+    assert descriptor(run, "c")["attempts"][0]["kind"] == "lost"
+    assert gpuswarm("check", run).returncode == 0
+
+
+def test_tasks_that_exit_0_in_the_grace_period_of_a_ctrl_c_are_done(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    # on SIGTERM 'fin' finishes its work (writes its result) and exits 0; 'quit' exits 0 without
+    # a result: it is handed back, not failed and not done
+    script = tmp_path / "task.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        'trap \'[ "$1" = fin ] && echo "ok: true" > "$2/r.yaml"; exit 0\' TERM\n'
+        'touch "$2/up"\n'
+        "while true; do sleep 0.05; done\n"
+    )
+    script.chmod(0o755)
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "grace",
+            "gpus": "sim:2",
+            "grace": "20s",
+            "tasks": [
+                {"name": n, "command": [str(script), n, "{workspace}"], "done_when": "r.yaml"}
+                for n in ("fin", "quit")
+            ],
+        },
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: all((run / "tasks" / n / "up").exists() for n in ("fin", "quit")), 30)
+    proc.send(signal.SIGINT)
+    res = proc.wait(60)
+    assert res.returncode == 130, res
+    assert task_states(run) == {"fin": "done", "quit": "pending"}
+    fin = descriptor(run, "fin")["attempts"][-1]
+    assert fin["reason"] == "exit 0 during the stop's grace period", fin
+    quit_ = descriptor(run, "quit")["attempts"][-1]
+    assert quit_["interrupted"] is True and "not done" in quit_["reason"], quit_
