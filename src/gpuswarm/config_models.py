@@ -336,6 +336,9 @@ class RunConfig(BaseModel):
     reliability: Reliability = Field(default_factory=Reliability)
     defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())
     tasks: Annotated[list[TaskEntry], AfterValidator(_non_empty_tasks)]
+    # issue 11: run once per slot before it claims anything; once after every slot finished
+    preflight: list[NonEmpty] = Field(default_factory=list)
+    after_all: NonEmpty | None = None
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:

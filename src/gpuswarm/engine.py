@@ -15,13 +15,20 @@ from typing import Any, TextIO
 
 from gpuswarm import __version__
 from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
-from gpuswarm.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED, ConfigError
+from gpuswarm.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNFINISHED,
+    ConfigError,
+    PreflightError,
+)
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
+from gpuswarm.preflight import missing_programs, run_preflight
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
 from gpuswarm.report import write_report
 from gpuswarm.results import write_outputs
@@ -128,6 +135,8 @@ class Setup:
     isolate: bool
     provisions: tuple[Provision, ...]
     settings: dict[str, Any]
+    preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
+    after_all: str | None = None  # run once after every slot finished
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
@@ -147,7 +156,16 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         for p in home.get("provision", [])
     )
     base_dir = Path(info.get("base_dir", "."))
-    return Setup(slots, base_dir, bool(home.get("isolate")), provisions, info.get("settings", {}))
+    config = info.get("config") or {}
+    return Setup(
+        slots,
+        base_dir,
+        bool(home.get("isolate")),
+        provisions,
+        info.get("settings", {}),
+        tuple(config.get("preflight") or ()),
+        config.get("after_all"),
+    )
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
@@ -163,6 +181,7 @@ def start_run(
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
+    _check_programs(loaded, count, output)
     new = NewRun(
         name=loaded.name,
         workspace=loaded.workspace,
@@ -173,8 +192,32 @@ def start_run(
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
-    setup = Setup(slots, loaded.base_dir, isolate, provisions, new.info["settings"])
+    cfg = loaded.config
+    setup = Setup(
+        slots,
+        loaded.base_dir,
+        isolate,
+        provisions,
+        new.info["settings"],
+        tuple(cfg.preflight),
+        cfg.after_all,
+    )
     return supervise(paths, setup, mode="run", output=output)
+
+
+def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
+    """Before anything is created: a run whose every task runs a program that cannot be found
+    ends here, with one line naming it; some such tasks get a warning (they will fail)."""
+    missing, _ = missing_programs(task_dumps(loaded.tasks), loaded.base_dir)
+    if not missing:
+        return
+    named = ", ".join(f"{p} ({n} task{'s' if n != 1 else ''})" for p, n in sorted(missing.items()))
+    if sum(missing.values()) >= count:
+        raise PreflightError(
+            f"command not found: {named}; every task runs it and none can start. Install it "
+            "or fix PATH (or the task's env: PATH); nothing was started"
+        )
+    _say(output, f"gpuswarm: warning: command not found: {named}; those tasks will fail")
 
 
 def resume_run(
@@ -279,6 +322,16 @@ def supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
+            run_preflight(
+                paths,
+                setup.slots,
+                setup.preflight,
+                cwd=setup.base_dir,
+                isolate=setup.isolate,
+                provisions=setup.provisions,
+            )
+            if setup.preflight:
+                ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
             shown = _reporter(paths, queue, ledger, setup, output)

@@ -195,3 +195,78 @@ def test_tasks_that_exit_0_in_the_grace_period_of_a_ctrl_c_are_done(
     assert fin["reason"] == "exit 0 during the stop's grace period", fin
     quit_ = descriptor(run, "quit")["attempts"][-1]
     assert quit_["interrupted"] is True and "not done" in quit_["reason"], quit_
+
+
+# -- item 8: preflight, and programs that cannot be found ----------------------------------------
+def test_a_failing_preflight_stops_the_run_before_any_task(tmp_path: Path, gpuswarm: Gs) -> None:
+    seen = tmp_path / "seen.txt"
+    check = (
+        f'echo "$GPUSWARM_HOST_GPU_ID $CUDA_VISIBLE_DEVICES $HOME" >> {seen}; '
+        'if [ "$GPUSWARM_HOST_GPU_ID" = 1 ]; then echo "codex: not logged in"; exit 3; fi'
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "pre",
+            "gpus": "sim:3",
+            "home": {"isolate": True},
+            "preflight": ["true", check],
+            "tasks": [{"name": f"t{i}", "command": "true"} for i in range(4)],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 2, res
+    assert "preflight failed on gpu1" in res.stderr and "exit 3" in res.stderr, res
+    assert "codex: not logged in" in res.stderr, res
+    run = only_run(tmp_path / "runs")
+    assert set(task_states(run).values()) == {"pending"}  # nothing started, nothing failed
+    assert not [e for e in read_events(run) if e["ev"] == "started"]
+    lines = sorted(seen.read_text().split("\n")[:-1])
+    assert [ln.split()[:2] for ln in lines] == [["0", "0"], ["1", "1"], ["2", "2"]]
+    for ln in lines:  # each slot's own private HOME
+        gpu, _, home = ln.split()
+        assert home.endswith(f"homes/slot-{gpu}"), ln
+
+
+def test_a_passing_preflight_then_tasks_run(tmp_path: Path, gpuswarm: Gs) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "pre2",
+            "gpus": "sim:2",
+            "preflight": [f"touch {marks}/pre-$GPUSWARM_HOST_GPU_ID"],
+            "tasks": [{"name": "t", "command": f"test -e {marks}/pre-0 -a -e {marks}/pre-1"}],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 0, res
+    assert (only_run(tmp_path / "runs") / "preflight" / "gpu0.log").is_file()
+
+
+def test_every_task_program_missing_is_one_clear_line_and_blames_no_gpu(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "nocodex",
+            "gpus": "sim:8",
+            "tasks": [
+                {
+                    "glob": "tasks/*/config.yaml",
+                    "command": "codex-gs-missing exec --task {task_dir}",
+                }
+            ],
+        },
+    )
+    for i in range(20):
+        (tmp_path / "tasks" / f"k{i}").mkdir(parents=True)
+        (tmp_path / "tasks" / f"k{i}" / "config.yaml").write_text("a: 1\n")
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 2, res
+    errors = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "command not found: codex-gs-missing (20 tasks)" in errors[0], res
+    assert "GPU" not in res.stderr and "quarantine" not in res.stderr
+    assert not list((tmp_path / "runs").glob("*/run_*"))  # nothing was created
