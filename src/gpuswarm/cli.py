@@ -27,7 +27,7 @@ from gpuswarm.engine import (
 from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
 from gpuswarm.live import is_terminal
 from gpuswarm.runs import latest_run
-from gpuswarm.status import list_runs, run_status
+from gpuswarm.status import lift_quarantine, list_runs, run_status
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -230,6 +230,24 @@ def status(run_dir: Path, as_json: bool) -> None:
         from gpuswarm.views import print_status  # rich, loaded only to print
 
         print_status(data)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("slot", required=False)
+def unquarantine(run_dir: Path, slot: str | None) -> None:
+    """Put a quarantined SLOT (e.g. gpu2; every slot when omitted) of a live run back in
+    rotation. Its supervisor notices within a second; a resume starts with no quarantine."""
+    try:
+        lifted = lift_quarantine(run_dir, slot)
+    except GpuswarmError as exc:
+        _fail(exc)
+    if not lifted:
+        what = f"slot {slot}" if slot else "no slot"
+        click.echo(f"gpuswarm: {what} is not quarantined in {run_dir}", err=True)
+        sys.exit(1)
+    for q in lifted:
+        click.echo(f"lifted the quarantine of {q['slot']} (owner {q.get('owner', '?')})")
 
 
 @cli.command()

@@ -175,6 +175,7 @@ class TaskOptions(BaseModel):
     metrics: dict[NonEmpty, MetricPattern] = Field(default_factory=dict)
     shell: bool = False
     grace: Duration | None = None
+    skip_exit_code: int | None = Field(default=None, ge=1, le=255)  # this exit ends it skipped
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -302,6 +303,7 @@ class BreakerConfig(BaseModel):
 
     failures: int = Field(default=5, ge=0)  # 0 turns the breaker off
     window: Duration = 60.0
+    cooldown: Duration = 300.0  # a quarantined slot is probed again after this long
 
 
 class Reliability(BaseModel):
@@ -369,6 +371,7 @@ class TaskSpec(BaseModel):
     done_when: str | None = None
     metrics: dict[str, str] = Field(default_factory=dict)
     vars: dict[str, str] = Field(default_factory=dict)
+    skip_exit_code: int | None = None
 
 
 def default_name(command: str | list[str]) -> str:

@@ -84,6 +84,7 @@ def make_spec(
         done_when=opts.done_when,
         metrics=dict(opts.metrics),
         vars=dict(instance.vars),
+        skip_exit_code=opts.skip_exit_code,
     )
 
 

@@ -122,6 +122,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         "retry_backoff": rel.retry_backoff or 0.0,
         "breaker_failures": rel.breaker.failures,
         "breaker_window": rel.breaker.window,
+        "breaker_cooldown": rel.breaker.cooldown,
         "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
     }
 
@@ -340,7 +341,7 @@ def supervise(
             with on_stop_signals(lambda: sup.request_stop()), shown:
                 sup.run()
                 _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
-                extra = {"quarantined": sup.quarantined}
+                extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
                 summary = write_outputs(paths, queue, info, (started, time.time()), extra)
                 ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
                 if output.report:

@@ -26,6 +26,7 @@ class Row:
     values: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
+    busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
 
 
 def _exit_text(attempt: dict[str, Any]) -> str:
@@ -49,6 +50,7 @@ def row_for(state: State, data: dict[str, Any]) -> Row:
         "exit": _exit_text(last),
         "reason": data.get("reason") or last.get("reason") or "",
     }
+    row.busy = sum(float(a.get("duration") or 0) for a in attempts)
     row.metrics = last.get("metrics") or _EMPTY  # the descriptor's own dicts: no copies
     row.result = data.get("result") or _EMPTY
     return row
@@ -161,7 +163,11 @@ def summarize(
         for r in rows
         if r.values["state"] != State.DONE.value
     ]
-    busy = sum(float(r.values["seconds"] or 0) for r in rows)
+    busy = sum(r.busy for r in rows)
+    reasons: dict[str, int] = {}
+    for f in failures:
+        if f["state"] == State.FAILED.value:
+            reasons[str(f["reason"])] = reasons.get(str(f["reason"]), 0) + 1
     return {
         "run": run_info.get("run_dir", ""),
         "name": run_info.get("name", ""),
@@ -169,11 +175,31 @@ def summarize(
         "total": len(rows),
         "counts": counts,
         "complete": counts[State.DONE.value] == len(rows),
-        "busy_seconds": round(busy, 3),
+        "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
+        "not_done": len(failures),  # the true count ("failures" lists the first 200)
+        "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
         "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
         "failures": failures[:200],
         "fields": field_stats(rows),
     }
+
+
+#: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
+COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED = (
+    "complete",
+    "finished with failures",
+    "stopped",
+    "unfinished",
+)
+
+
+def end_state(counts: dict[str, int], stopped: bool) -> str:
+    """complete (every task done or skipped), finished with failures (every task ran, some
+    failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks left)."""
+    if counts.get(State.PENDING.value, 0) + counts.get(State.RUNNING.value, 0) == 0:
+        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, "skipped"))
+        return COMPLETE if bad == 0 else WITH_FAILURES
+    return STOPPED if stopped else UNFINISHED
 
 
 def write_outputs(
@@ -187,5 +213,6 @@ def write_outputs(
     rows = collect(queue)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
     summary = {**summarize(rows, run_info, window), **(extra or {})}
+    summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

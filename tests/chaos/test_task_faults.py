@@ -213,15 +213,11 @@ def test_breaker_quarantines_slots_whose_attempts_keep_failing(
     run_dir = wait_for_run(tmp_path / "ws")
     rep = check_run(run_dir, [t["name"] for t in tasks])
     counts = rep.counts()
-    assert counts == {"failed": 2 * failures, "pending": n - 2 * failures}, counts
-    for tid, state in rep.states.items():
-        if state == "pending":
-            assert rep.descriptors[tid]["attempts"] == [], tid
-    quarantined = summary(run_dir)["quarantined"]
-    assert sorted(q["slot"] for q in quarantined) == ["gpu0", "gpu1"], quarantined
-    assert all(f"last {failures} attempts failed" in q["reason"] for q in quarantined)
-    events = [e for e in read_events(run_dir) if e["ev"] == "quarantined"]
-    assert sorted(e["slot"] for e in events) == ["gpu0", "gpu1"], events
+    # every task fails on every slot: the tasks' fault, not a GPU's (issue 11), so the breaker
+    # blames no slot and every task runs (and fails)
+    assert counts == {"failed": n}, counts
+    assert summary(run_dir)["quarantined"] == []
+    assert not [e for e in read_events(run_dir) if e["ev"] == "quarantined"]
     figures(
         "4b breaker (failures 3) on sim:2",
         tasks=n,

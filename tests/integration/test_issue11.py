@@ -270,3 +270,136 @@ def test_every_task_program_missing_is_one_clear_line_and_blames_no_gpu(
     assert len(errors) == 1 and "command not found: codex-gs-missing (20 tasks)" in errors[0], res
     assert "GPU" not in res.stderr and "quarantine" not in res.stderr
     assert not list((tmp_path / "runs").glob("*/run_*"))  # nothing was created
+
+
+# -- item 2: the circuit breaker blames a GPU only when the GPU is the difference -----------------
+def test_fast_task_failures_first_quarantine_no_gpu(tmp_path: Path, gpuswarm: Gs) -> None:
+    tasks: list[dict[str, Any]] = [
+        {"name": f"skip{i}", "command": "exit 3", "shell": True, "priority": 10} for i in range(10)
+    ]
+    tasks += [{"name": f"good{i}", "command": "true"} for i in range(100)]
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "fastfail",
+            "gpus": "sim:2",
+            "reliability": {"breaker": {"failures": 3, "window": "60s"}},
+            "tasks": tasks,
+        },
+    )
+    res = gpuswarm("run", config, "--plain", timeout=120)
+    assert res.returncode == 1, res
+    run = only_run(tmp_path / "runs")
+    s = summary_of(run)
+    assert s["quarantined"] == [], s["quarantined"]
+    assert s["counts"]["done"] == 100 and s["counts"]["failed"] == 10, s["counts"]
+    assert not [e for e in read_events(run) if e["ev"] == "quarantined"]
+
+
+def test_a_program_hidden_behind_shell_syntax_fails_as_not_found_not_as_a_gpu(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "hidden",
+            "gpus": "sim:4",
+            "reliability": {"breaker": {"failures": 2}},
+            "tasks": [
+                {"name": f"t{i}", "command": "cd . && codex-gs-missing exec", "shell": True}
+                for i in range(30)
+            ],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 1, res
+    run = only_run(tmp_path / "runs")
+    s = summary_of(run)
+    assert s["quarantined"] == [] and s["counts"]["failed"] == 30, s
+    assert "30 failed: command not found: codex-gs-missing" in res.stderr, res
+    assert "quarantine" not in res.stderr.lower()
+
+
+BROKEN_GPU = (
+    'if [ "$GPUSWARM_HOST_GPU_ID" = 2 ]; then echo "CUDA error: an illegal memory access"; '
+    "exit 1; fi; sleep 0.1"
+)
+
+
+def test_only_the_broken_gpu_is_quarantined_and_its_tasks_finish_elsewhere(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "broken",
+            "gpus": "sim:4",
+            "reliability": {
+                "retry_backoff": "0.2s",
+                "breaker": {"failures": 3, "window": "60s", "cooldown": "1s"},
+            },
+            "defaults": {"max_attempts": 6},
+            "tasks": [{"name": f"t{i}", "command": BROKEN_GPU, "shell": True} for i in range(60)],
+        },
+    )
+    res = gpuswarm("run", config, "--plain", timeout=120)
+    assert res.returncode == 0, res
+    run = only_run(tmp_path / "runs")
+    s = summary_of(run)
+    assert s["counts"]["done"] == 60, s["counts"]
+    assert {q["slot"] for q in s["quarantined"]} == {"gpu2"}, s["quarantined"]
+    events = read_events(run)
+    assert {e["slot"] for e in events if e["ev"] == "quarantined"} == {"gpu2"}
+    # probed again after the 1 s cool-down: the probe fails, so it is quarantined again
+    assert [e for e in events if e["ev"] == "unquarantined" and e.get("probe")], events
+    assert "QUARANTINED" in res.stderr  # the plain live lines say so
+    report = (run / "report.html").read_text()
+    assert "gpu2" in report and "quarantined" in report.lower()
+    st = gpuswarm("status", run, "--json")
+    assert [q["slot"] for q in json.loads(st.stdout)["quarantined"]] == ["gpu2"], st
+    assert "QUARANTINED gpu2" in gpuswarm("status", run).stdout
+
+
+def test_a_quarantine_is_shown_by_status_and_lifted_by_hand(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    stay = tmp_path / "stay"
+    stay.touch()
+    cmd = (
+        'if [ "$GPUSWARM_HOST_GPU_ID" = 1 ]; then exit 1; fi; '
+        f"while [ -e {stay} ] && [ {{name}} = long ]; do sleep 0.05; done; sleep 0.05"
+    )
+    # gpu1 fails every attempt at once; gpu0 succeeds, then runs 'long' (last), which keeps
+    # the run live until the test removes its file
+    tasks = [{"name": "long", "command": cmd, "shell": True, "priority": -5}]
+    tasks += [{"name": f"t{i}", "command": cmd, "shell": True} for i in range(8)]
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "byhand",
+            "gpus": "sim:2",
+            "reliability": {"retry_backoff": None, "breaker": {"failures": 2, "cooldown": "1h"}},
+            "defaults": {"max_attempts": 9},
+            "tasks": tasks,
+        },
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: [e for e in read_events(run) if e["ev"] == "quarantined"], 30)
+    st = json.loads(gpuswarm("status", run, "--json").stdout)
+    assert [q["slot"] for q in st["quarantined"]] == ["gpu1"], st
+    text = gpuswarm("status", run).stdout
+    assert "QUARANTINED gpu1" in text and f"gpuswarm unquarantine {run} gpu1" in text, text
+    res = gpuswarm("unquarantine", run, "gpu1")
+    assert res.returncode == 0 and "gpu1" in res.stdout, res
+    wait_for(
+        lambda: [
+            e
+            for e in read_events(run)
+            if e["ev"] == "unquarantined" and e.get("reason") == "lifted by hand"
+        ],
+        30,
+    )
+    stay.unlink()
+    assert proc.wait(60).returncode in (0, 1)
+    assert gpuswarm("unquarantine", run, "gpu1").returncode == 1  # nothing left to lift
