@@ -15,7 +15,7 @@ from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render
 from gpuswarm.gpus import Slot, isolation_env
 from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
 from gpuswarm.paths import RunPaths
-from gpuswarm.process import AttemptEnd, LaunchSpec
+from gpuswarm.process import AttemptEnd, EndKind, LaunchSpec
 from gpuswarm.queue import State
 
 
@@ -145,6 +145,10 @@ def judge(
 ) -> Outcome:
     """Done = exit 0 and the completion file (if any) parses; its result lands in ``data``."""
     record["metrics"] = parse_metrics(paths.attempt_log(task.id, record["n"]), task.metrics)
+    if skipped(task, end):
+        reason = f"skipped (exit {end.returncode} = skip_exit_code)"
+        record["reason"] = reason
+        return Outcome(State.SKIPPED, reason, record)
     if not end.ok:
         return Outcome(State.FAILED, end.reason, record)
     target = completion_path(paths, task, values)
@@ -158,6 +162,15 @@ def judge(
             return Outcome(State.FAILED, reason, record)
         data["result"] = flatten(result)
     return Outcome(State.DONE, end.reason, record)
+
+
+def skipped(task: TaskSpec, end: AttemptEnd) -> bool:
+    """The task declared this end a skip (``skip_exit_code``): not a failure, not a success."""
+    return (
+        task.skip_exit_code is not None
+        and end.kind is EndKind.EXITED
+        and end.returncode == task.skip_exit_code
+    )
 
 
 def _written_since(target: Path, started: float) -> None:

@@ -233,6 +233,7 @@ class TaskEntry(TaskOptions):
     name: NonEmpty | None = None
     command: Annotated[str | list[str], BeforeValidator(_command)]
     glob: NonEmpty | None = None
+    exclude: list[NonEmpty] = Field(default_factory=list)  # globs: matches end skipped, unrun
     matrix: dict[MatrixKey, Annotated[list[MatrixValue], Field(min_length=1)]] | None = None
 
     @model_validator(mode="after")
@@ -243,6 +244,10 @@ class TaskEntry(TaskOptions):
             )
         if self.matrix == {}:
             raise ValueError("matrix: is empty; give at least one key with a list of values")
+        if self.exclude and self.glob is None:
+            raise ValueError(
+                "exclude: filters the matches of a glob: entry; add glob: or remove exclude:"
+            )
         return self
 
 
@@ -372,6 +377,7 @@ class TaskSpec(BaseModel):
     metrics: dict[str, str] = Field(default_factory=dict)
     vars: dict[str, str] = Field(default_factory=dict)
     skip_exit_code: int | None = None
+    skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
 
 
 def default_name(command: str | list[str]) -> str:

@@ -80,6 +80,9 @@ class PlainReporter:
         secs = f"{float(e.get('seconds', 0)):.1f}s"
         if state == "done":
             return f"{stamp} {e['slot']:<8} done   {e['task']} {secs} {self._progress()}"
+        if state == "skipped":
+            why = e.get("reason", "")
+            return f"{stamp} {e['slot']:<8} skip   {e['task']} {why} {self._progress()}"
         why = e.get("reason", "")
         if e.get("retry"):
             wait = f", again in {e['retry_in']:g}s" if e.get("retry_in") else ""

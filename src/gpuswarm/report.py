@@ -138,6 +138,7 @@ class _Scan:
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
         self.unfinished: list[tuple[str, dict[str, Any]]] = []
+        self.skipped: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
         for state in State:
@@ -148,7 +149,9 @@ class _Scan:
                 task_env = data.get("task", {}).get("env") or {}
                 if task_env:
                     self.env[str(row.values["task"])] = dict(task_env)
-                if state is not State.DONE:
+                if state is State.SKIPPED:
+                    self.skipped.append(row)
+                elif state is not State.DONE:
                     self.unfinished.append((state.value, data))
         known = {str(r.values["task"]) for r in self.rows}
         for fail in summary.get("failures", []):  # descriptors moved to corrupt/
@@ -339,6 +342,21 @@ def _failures(scan: _Scan, paths: RunPaths) -> str:
     return "\n".join(out) + "\n"
 
 
+def _skipped(scan: _Scan) -> str:
+    """Tasks that ended skipped (a declared exit code, an exclude: glob): listed apart."""
+    if not scan.skipped:
+        return ""
+    items = "".join(
+        f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
+        for r in scan.skipped[:MAX_ROWS]
+        if (task := r.values["task"]) is not None
+    )
+    return (
+        f"<h2>Skipped ({len(scan.skipped)})</h2>\n<p class=note>not failed; left out of the pass "
+        f"rates</p>\n<ul>{items}</ul>\n"
+    )
+
+
 def write_report(
     paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
 ) -> Path:
@@ -366,6 +384,7 @@ def write_report(
         + image
         + "\n"
         + _failures(scan, paths)
+        + _skipped(scan)
         + _tasks(scan, paths.results_tsv.name)
     )
     out = paths.root / "report.html"

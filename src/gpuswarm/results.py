@@ -123,7 +123,7 @@ def _numeric_stats(values: list[float]) -> dict[str, Any]:
 
 def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
-    total = len(rows)
+    total = sum(1 for r in rows if r.values["state"] != State.SKIPPED.value)  # skipped: apart
     done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
     columns: dict[str, list[Any]] = {}
     for r in rows:
@@ -161,7 +161,12 @@ def summarize(
     failures = [
         {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
         for r in rows
-        if r.values["state"] != State.DONE.value
+        if r.values["state"] not in (State.DONE.value, State.SKIPPED.value)
+    ]
+    skipped = [
+        {"task": r.values["task"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] == State.SKIPPED.value
     ]
     busy = sum(r.busy for r in rows)
     reasons: dict[str, int] = {}
@@ -173,15 +178,22 @@ def summarize(
         "name": run_info.get("name", ""),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "total": len(rows),
-        "counts": counts,
-        "complete": counts[State.DONE.value] == len(rows),
+        "complete": counts[State.DONE.value] + counts[State.SKIPPED.value] == len(rows),
+        "counts": shown_counts(counts),
         "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
         "not_done": len(failures),  # the true count ("failures" lists the first 200)
         "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
         "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
         "failures": failures[:200],
+        "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
         "fields": field_stats(rows),
     }
+
+
+def shown_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Counts per state as outputs show them: ``skipped`` only when some task was skipped (runs
+    without skipped tasks read as they always did)."""
+    return {k: n for k, n in counts.items() if n or k != State.SKIPPED.value}
 
 
 #: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".

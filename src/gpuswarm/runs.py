@@ -64,7 +64,9 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     try:
         DirQueue.create_layout(staging)
         staging.tasks.mkdir()
-        descriptors = (new_descriptor(t, seq) for seq, t in enumerate(new.tasks))
+        descriptors = (
+            _skipped_if_excluded(new_descriptor(t, seq)) for seq, t in enumerate(new.tasks)
+        )
         count = DirQueue.write_pending(staging, descriptors)
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
@@ -78,8 +80,28 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     paths = RunPaths(final)
     ledger = Ledger(paths.events)
     ledger.emit(Ev.RUN_CREATED, tasks=count, name=new.name, version=__version__)
+    for name in DirQueue(paths).names(State.SKIPPED):  # excluded tasks: journaled as ended
+        ledger.emit(
+            Ev.FINISHED,
+            task=task_id_of(name),
+            attempt=0,
+            slot="",
+            state=State.SKIPPED.value,
+            reason="excluded by the config",
+            seconds=0,
+            retry=False,
+        )
     ledger.close()
     return paths
+
+
+def _skipped_if_excluded(desc: dict[str, Any]) -> dict[str, Any]:
+    """A task an ``exclude:`` glob matched is created skipped: listed, never run."""
+    why = desc["task"].get("skip_reason")
+    if why:
+        desc["state"] = State.SKIPPED.value
+        desc["reason"] = why
+    return desc
 
 
 def _remove_stale_staging(parent: Path) -> None:

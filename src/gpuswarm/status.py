@@ -20,7 +20,7 @@ from gpuswarm.live import attempt_number
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths, find_runs
 from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
-from gpuswarm.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state
+from gpuswarm.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.runs import open_run
 from gpuswarm.sandbox import redact_text
 
@@ -104,7 +104,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     paths, info = open_run(run_dir)
     queue = DirQueue(paths)
     now = time.time()
-    counts = {s.value: n for s, n in queue.counts().items()}
+    counts = shown_counts({s.value: n for s, n in queue.counts().items()})
     slots = int(info.get("slot_count") or 1)
     live = is_live(paths)
     return {
@@ -187,7 +187,7 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
     for run in find_runs(workspace):
         paths = RunPaths(run)
         try:
-            counts = {s.value: n for s, n in DirQueue(paths).counts().items()}
+            counts = shown_counts({s.value: n for s, n in DirQueue(paths).counts().items()})
         except OSError:
             continue
         out.append(

@@ -35,6 +35,7 @@ from gpuswarm.attempt_plan import (
     launch_spec_for,
     record_of,
     set_aside_stale,
+    skipped,
     slot_base_env,
     values_for,
 )
@@ -521,7 +522,7 @@ class Supervisor:
             with self._lock:
                 self._commits += 1
             self._to_commit.append((live, end))
-        neutral = end.kind is EndKind.EXITED and end.returncode == live.task.skip_exit_code
+        neutral = skipped(live.task, end)
         return live.slot, end, None, slow, live.task_id, neutral
 
     def _commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
@@ -669,7 +670,8 @@ class Supervisor:
         state = outcome.state
         retry = state is State.FAILED and attempts_used(data) < task.max_attempts
         delay = self._backoff(attempts_used(data)) if retry and not self.stopping.is_set() else 0
-        data["reason"] = outcome.reason if state is State.FAILED and not retry else None
+        ended = state is State.SKIPPED or (state is State.FAILED and not retry)
+        data["reason"] = outcome.reason if ended else None
         if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
             data["retry_at"] = round(time.time() + delay, 3)
             self.queue.save(claimed)

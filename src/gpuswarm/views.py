@@ -23,6 +23,8 @@ def _console() -> Console:
 def _counts(counts: dict[str, int]) -> str:
     order = ("done", "failed", "running", "pending")
     text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+    if counts.get("skipped"):
+        text += f"  skipped {counts['skipped']}"
     return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
 
 

@@ -403,3 +403,53 @@ def test_a_quarantine_is_shown_by_status_and_lifted_by_hand(
     stay.unlink()
     assert proc.wait(60).returncode in (0, 1)
     assert gpuswarm("unquarantine", run, "gpu1").returncode == 1  # nothing left to lift
+
+
+# -- item 9: skipped tasks ---------------------------------------------------------------------
+def test_skipped_tasks_are_not_failures_and_stay_out_of_pass_rates(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    for name in ("cuda-only", "ok1", "ok2", "broken", "old1"):
+        (tmp_path / "tasks" / name).mkdir(parents=True)
+        (tmp_path / "tasks" / name / "config.yaml").write_text("a: 1\n")
+    # the stand-in agent: a platform skip exits 3, 'broken' fails, the others pass
+    cmd = (
+        "case {task_rel} in cuda-only) exit 3;; broken) echo 'passed: false' > {workspace}/r.json;;"
+        " *) echo '{{\"passed\": true}}' > {workspace}/r.json;; esac"
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "skips",
+            "gpus": "sim:2",
+            "defaults": {"skip_exit_code": 3, "done_when": "r.json"},
+            "tasks": [
+                {
+                    "glob": "tasks/*/config.yaml",
+                    "exclude": ["tasks/old*/config.yaml"],
+                    "command": cmd,
+                    "shell": True,
+                }
+            ],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 1, res  # 'broken' wrote no valid JSON: failed
+    run = only_run(tmp_path / "runs")
+    s = summary_of(run)
+    assert s["counts"]["skipped"] == 2 and s["counts"]["done"] == 2, s["counts"]
+    assert s["counts"]["failed"] == 1, s["counts"]
+    assert {f["task"] for f in s["failures"]} == {"broken"}
+    skipped = {k["task"]: k["reason"] for k in s["skipped"]}
+    assert skipped["cuda-only"] == "skipped (exit 3 = skip_exit_code)"
+    assert skipped["old1"] == "excluded by tasks/old*/config.yaml"
+    passed = s["fields"]["result.passed"]
+    assert (passed["true"], passed["of_done"], passed["of_total"]) == (2, 2, 3), passed
+    assert sorted(p.name.split("_", 1)[1] for p in (run / ".parallel/skipped").iterdir()) == [
+        "cuda-only.json",
+        "old1.json",
+    ]
+    assert not (run / "tasks" / "old1").exists()  # never ran
+    report = (run / "report.html").read_text()
+    assert "Skipped (2)" in report and "excluded by tasks/old*/config.yaml" in report
+    assert gpuswarm("check", run).returncode == 0
