@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
+from gpuswarm.after_all import run_once
 from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
 from gpuswarm.errors import (
     EXIT_INTERRUPTED,
@@ -49,6 +50,9 @@ class RunReport:
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
+        after = self.summary.get("after_all")
+        if isinstance(after, dict) and not after.get("ok"):
+            return EXIT_UNFINISHED  # the post-processing step failed
         return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
 
 
@@ -344,11 +348,24 @@ def supervise(
                 extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
                 summary = write_outputs(paths, queue, info, (started, time.time()), extra)
                 ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+                if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
+                    _say(output, f"after_all: {setup.after_all}")
+                    after = run_once(paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping)
+                    if after is not None:
+                        fields = {k: v for k, v in after.items() if k != "command"}
+                        ledger.emit(Ev.AFTER_ALL, **fields)
+                        summary["after_all"] = after
+                        atomic_write_json(paths.summary_json, summary)
                 if output.report:
                     _write_report(paths, queue, summary, info, output)
         finally:
             ledger.close()
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _all_ended(queue: DirQueue) -> bool:
+    counts = queue.counts()
+    return counts[State.PENDING] == 0 and counts[State.RUNNING] == 0
 
 
 def _reporter(

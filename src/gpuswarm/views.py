@@ -105,6 +105,11 @@ def print_report(report: RunReport) -> None:
         con.print(f"  ... and {not_done - 10} more (see results.tsv)")
     for q in s.get("quarantined", []):
         con.print(f"  quarantined {q['slot']}: {q['reason']}", markup=False)
+    after = s.get("after_all")
+    if isinstance(after, dict):
+        log = report.paths.root / str(after.get("log", "after_all.log"))
+        how = "ok" if after.get("ok") else f"FAILED ({after.get('reason', '?')})"
+        con.print(f"after_all {how}: {log}", markup=False)
     con.print(f"results: {report.paths.results_tsv}")
     html = report.paths.root / "report.html"
     if html.is_file():

@@ -453,3 +453,37 @@ def test_skipped_tasks_are_not_failures_and_stay_out_of_pass_rates(
     report = (run / "report.html").read_text()
     assert "Skipped (2)" in report and "excluded by tasks/old*/config.yaml" in report
     assert gpuswarm("check", run).returncode == 0
+
+
+# -- item 11: after_all ---------------------------------------------------------------------------
+def test_after_all_runs_once_with_the_run_dir_and_its_failure_is_the_exit_code(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    def config(name: str, step: str) -> Path:
+        return write_config(
+            tmp_path / f"{name}.yaml",
+            {
+                "name": name,
+                "gpus": "sim:3",
+                "after_all": step,
+                "tasks": [{"name": f"t{i}", "command": "true"} for i in range(5)],
+            },
+        )
+
+    good = config("post", 'echo "post of $GPUSWARM_RUN_DIR"; wc -l < "$GPUSWARM_RESULTS"')
+    res = gpuswarm("run", good, "--plain")
+    assert res.returncode == 0, res
+    run = only_run(tmp_path / "runs")  # one run so far
+    log = (run / "after_all.log").read_text()
+    assert f"post of {run}" in log and "6" in log, log  # results.tsv was there: header + 5
+    s = summary_of(run)
+    assert s["after_all"]["ok"] is True and s["after_all"]["exit"] == 0, s["after_all"]
+    assert len([e for e in read_events(run) if e["ev"] == "after_all"]) == 1
+
+    bad = config("postbad", "echo aggregation broke; exit 4")
+    res = gpuswarm("run", bad, "--plain")
+    assert res.returncode == 1, res
+    assert "after_all FAILED (exit 4)" in res.stderr, res
+    (run,) = (tmp_path / "runs" / "postbad").glob("run_*")
+    assert summary_of(run)["after_all"]["exit"] == 4
+    assert "aggregation broke" in (run / "after_all.log").read_text()
