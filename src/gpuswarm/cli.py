@@ -115,6 +115,7 @@ def cli() -> None:
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def run(
     source: str,
     gpus: str | None,
@@ -128,6 +129,7 @@ def run(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -141,7 +143,7 @@ def run(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
         output = Output(quiet=quiet, live=not plain, report=not no_report)
-        report = start_run(loaded, gpus, suffix=suffix, output=output)
+        report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json)
 
 
@@ -160,6 +162,7 @@ def run(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -173,6 +176,7 @@ def resume(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones."""
     if (run_dir is None) == (not latest):
@@ -189,6 +193,7 @@ def resume(
             new_config=new_config,
             allow_change=allow_config_change,
             output=Output(quiet=quiet, live=not plain, report=not no_report),
+            share_gpus=share_gpus,
         )
     _finish(report, as_json)
 
@@ -200,8 +205,15 @@ def resume(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def work(
-    run_dir: Path, gpus: str, quiet: bool, plain: bool, no_report: bool, as_json: bool
+    run_dir: Path,
+    gpus: str,
+    quiet: bool,
+    plain: bool,
+    no_report: bool,
+    as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
 
@@ -209,9 +221,8 @@ def work(
     (their leases expire). It stops when nothing is left to claim.
     """
     with _stoppable():
-        report = work_run(
-            run_dir, gpus, output=Output(quiet=quiet, live=not plain, report=not no_report)
-        )
+        output = Output(quiet=quiet, live=not plain, report=not no_report)
+        report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
     _finish(report, as_json)
 
 

@@ -25,6 +25,7 @@ from gpuswarm.errors import (
 )
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.hostlock import GpuHold, gpu_keys
 from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
@@ -180,13 +181,40 @@ def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot
 
 
 def start_run(
-    loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+    loaded: LoadedConfig,
+    gpus_spec: str | None,
+    *,
+    suffix: str | None,
+    output: Output,
+    share_gpus: bool = False,
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
     _check_programs(loaded, count, output)
+    hold = GpuHold.acquire(_keys(slots), run="", share=share_gpus)  # before anything is made
+    try:
+        return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
+    finally:
+        hold.release()
+
+
+def _keys(slots: list[Slot]) -> list[str]:
+    return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
+
+
+def _start(
+    loaded: LoadedConfig,
+    gpus: GpuSet,
+    slots: list[Slot],
+    provisions: tuple[Provision, ...],
+    count: int,
+    hold: GpuHold,
+    *,
+    suffix: str | None,
+    output: Output,
+) -> RunReport:
     new = NewRun(
         name=loaded.name,
         workspace=loaded.workspace,
@@ -194,6 +222,7 @@ def start_run(
         tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
     )
     paths = create_run(new, suffix=suffix)
+    hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
@@ -207,7 +236,7 @@ def start_run(
         tuple(cfg.preflight),
         cfg.after_all,
     )
-    return supervise(paths, setup, mode="run", output=output)
+    return supervise(paths, setup, mode="run", output=output, hold=hold)
 
 
 def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
@@ -233,6 +262,7 @@ def resume_run(
     new_config: LoadedConfig | None,
     allow_change: bool,
     output: Output,
+    share_gpus: bool = False,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     setup = setup_from_info(info, gpus_spec)
@@ -245,13 +275,17 @@ def resume_run(
         output=output,
         retry_failed=retry_failed,
         new_config=new_config if allow_change else None,
+        share_gpus=share_gpus,
     )
 
 
-def work_run(run_dir: Path, gpus_spec: str, *, output: Output) -> RunReport:
+def work_run(
+    run_dir: Path, gpus_spec: str, *, output: Output, share_gpus: bool = False
+) -> RunReport:
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
-    return supervise(paths, setup_from_info(info, gpus_spec), mode="work", output=output)
+    setup = setup_from_info(info, gpus_spec)
+    return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
 def _check_config_change(
@@ -309,12 +343,32 @@ def supervise(
     output: Output,
     retry_failed: bool = True,
     new_config: LoadedConfig | None = None,
+    hold: GpuHold | None = None,
+    share_gpus: bool = False,
 ) -> RunReport:
     """Attach to the run, initialise (recover / reclaim), run the slots, write the outputs.
 
     ``mode``: ``run`` (a fresh run), ``resume`` (no other supervisor may be live; repairs
     everything) or ``work`` (joins live supervisors; reclaims only dead owners' tasks).
     """
+    own_hold = hold is None  # resume / work: hold this run's GPUs now (same run never blocks)
+    if hold is None:
+        hold = GpuHold.acquire(_keys(setup.slots), run=str(paths.root), share=share_gpus)
+    try:
+        return _supervise(paths, setup, mode, output, retry_failed, new_config)
+    finally:
+        if own_hold:
+            hold.release()
+
+
+def _supervise(
+    paths: RunPaths,
+    setup: Setup,
+    mode: str,
+    output: Output,
+    retry_failed: bool,
+    new_config: LoadedConfig | None,
+) -> RunReport:
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
     recovered = None

@@ -487,3 +487,44 @@ def test_after_all_runs_once_with_the_run_dir_and_its_failure_is_the_exit_code(
     (run,) = (tmp_path / "runs" / "postbad").glob("run_*")
     assert summary_of(run)["after_all"]["exit"] == 4
     assert "aggregation broke" in (run / "after_all.log").read_text()
+
+
+# -- item 12: one run per GPU at a time on a host --------------------------------------------------
+def test_a_second_run_on_held_gpus_is_refused_naming_the_run(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    env = {"GPUSWARM_LOCK_DIR": str(tmp_path / "locks")}
+    go = tmp_path / "go"
+    first = write_config(
+        tmp_path / "first.yaml",
+        {
+            "name": "first",
+            "gpus": "sim:2",
+            "tasks": [
+                {
+                    "name": "wait",
+                    "command": f"while [ ! -e {go} ]; do sleep 0.05; done",
+                    "shell": True,
+                }
+            ],
+        },
+    )
+    second = write_config(
+        tmp_path / "second.yaml",
+        {"name": "second", "gpus": "sim:1", "tasks": [{"name": "t", "command": "true"}]},
+    )
+    proc = gpuswarm_popen("run", first, "--plain", env=env)
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: [e for e in read_events(run) if e["ev"] == "started"], 30)
+    res = gpuswarm("run", second, "--plain", env=env)
+    assert res.returncode == 2, res
+    assert f"sim-0 by the live run {run}" in res.stderr and "--share-gpus" in res.stderr, res
+    assert not (tmp_path / "runs" / "second").exists() or not list(
+        (tmp_path / "runs" / "second").glob("run_*")
+    )
+    shared = gpuswarm("run", second, "--plain", "--share-gpus", env=env)
+    assert shared.returncode == 0, shared
+    go.touch()
+    assert proc.wait(60).returncode == 0
+    again = gpuswarm("run", second, "--plain", env=env)  # the first run's hold is gone
+    assert again.returncode == 0, again
