@@ -37,7 +37,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def _stoppable() -> Iterator[None]:
+def _stoppable(viewer: bool = False) -> Iterator[None]:
     """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
 
     Unwinding (not dying) lets a run being created remove its staging folder. Errors of ours
@@ -49,7 +49,10 @@ def _stoppable() -> Iterator[None]:
     except GpuswarmError as exc:
         _fail(exc)
     except Interrupted as exc:
-        click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
+        if viewer:  # watch started nothing and stops nothing: only the viewing ends
+            click.echo(f"gpuswarm: stopped watching ({exc}); the run itself goes on", err=True)
+        else:
+            click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         for sig, handler in old.items():
@@ -364,8 +367,10 @@ def report_cmd(run_dir: Path) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 def watch_cmd(run_dir: Path, plain: bool) -> None:
-    """Follow a run that another gpuswarm process supervises (live table on a terminal)."""
-    with _stoppable():
+    """Follow a run that another gpuswarm process supervises (live table on a terminal).
+
+    Ctrl-C ends the watching (exit 130), never the run."""
+    with _stoppable(viewer=True):
         from gpuswarm.watch import watch
 
         code = watch(run_dir, stream=sys.stderr, plain=plain)

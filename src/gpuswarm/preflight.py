@@ -35,55 +35,6 @@ from gpuswarm.sandbox import Provision, prepare_home, redact_text
 
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
 SHELL = "/bin/sh"
-_SHELL_WORDS = frozenset(
-    [
-        "cd",
-        "export",
-        "set",
-        "unset",
-        "source",
-        ".",
-        "exec",
-        "eval",
-        "true",
-        "false",
-        "test",
-        "[",
-        "[[",
-        "echo",
-        "printf",
-        "if",
-        "then",
-        "else",
-        "fi",
-        "for",
-        "while",
-        "until",
-        "do",
-        "done",
-        "case",
-        "esac",
-        "{",
-        "}",
-        "(",
-        ")",
-        "!",
-        "time",
-        "umask",
-        "ulimit",
-        "trap",
-        "wait",
-        "read",
-        "shift",
-        "local",
-        "alias",
-        "command",
-        "builtin",
-        "type",
-        "hash",
-        ":",
-    ]
-)
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+")
 
 
@@ -210,8 +161,8 @@ def program_of(task: dict[str, Any]) -> str | None:
         except ValueError:
             return None
         word = words[0] if words else None
-        if task.get("shell") and word is not None and (word in _SHELL_WORDS or "=" in word):
-            return None
+        if task.get("shell") and word is not None and "=" in word:
+            return None  # an assignment first: VAR=x prog ...
     else:
         return None
     if not word or not set(word) <= _PLAIN:
@@ -219,7 +170,25 @@ def program_of(task: dict[str, Any]) -> str | None:
     return word
 
 
-def _found(word: str, cwd: Path, path_var: str | None) -> bool:
+def _found(word: str, cwd: Path, path_var: str | None, shell: bool) -> bool:
+    if shell:  # the shell itself says: its builtins and keywords count, as PATH and ./x do
+        env = dict(os.environ)
+        if path_var is not None:
+            env["PATH"] = path_var
+        try:
+            probe = subprocess.run(
+                [SHELL, "-c", 'command -v -- "$1" >/dev/null 2>&1', "sh", word],
+                env=env,
+                cwd=cwd if cwd.is_dir() else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: let the launch say
+        return probe.returncode == 0
     if "/" in word:
         target = Path(word) if word.startswith("/") else cwd / word
         return os.access(target, os.X_OK) and target.is_file()
@@ -229,7 +198,7 @@ def _found(word: str, cwd: Path, path_var: str | None) -> bool:
 def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[dict[str, int], int]:
     """``({program: tasks that run it}, tasks checked)`` for programs not found on PATH (or, for
     a path, not an executable file relative to the task's folder)."""
-    cache: dict[tuple[str, str, str | None], bool] = {}
+    cache: dict[tuple[str, str, str | None, bool], bool] = {}
     missing: dict[str, int] = {}
     checked = 0
     default_path = os.environ.get("PATH")
@@ -243,9 +212,10 @@ def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[d
             continue
         cwd = Path(cwd_text) if isinstance(cwd_text, str) else base_dir
         cwd = cwd if cwd.is_absolute() else base_dir / cwd
-        key = (word, str(cwd), path_var)
+        shell = bool(task.get("shell"))
+        key = (word, str(cwd), path_var, shell)
         if key not in cache:
-            cache[key] = _found(word, cwd, path_var)
+            cache[key] = _found(word, cwd, path_var, shell)
         checked += 1
         if not cache[key]:
             missing[word] = missing.get(word, 0) + 1

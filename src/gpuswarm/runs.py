@@ -60,8 +60,8 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     now = now or datetime.now()
     final = _free_name(parent, run_dir_name(now, suffix))
     staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
-    staging.root.mkdir(mode=0o755)
-    try:
+    try:  # the mkdir inside: a stop signal right after it must not leave the folder behind
+        staging.root.mkdir(mode=0o755)
         DirQueue.create_layout(staging)
         staging.tasks.mkdir()
         descriptors = (

@@ -528,3 +528,135 @@ def test_a_second_run_on_held_gpus_is_refused_naming_the_run(
     assert proc.wait(60).returncode == 0
     again = gpuswarm("run", second, "--plain", env=env)  # the first run's hold is gone
     assert again.returncode == 0, again
+
+
+# -- smaller things ------------------------------------------------------------------------
+def test_true_counts_in_the_summary_and_status(tmp_path: Path, gpuswarm: Gs) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "many",
+            "gpus": "sim:4",
+            "tasks": [
+                {"name": f"t{i:03d}", "command": f"exit {1 + i % 3}", "shell": True}
+                for i in range(230)
+            ],
+        },
+    )
+    res = gpuswarm("run", config, "--plain", timeout=120)
+    assert res.returncode == 1, res
+    assert "... and 220 more (see results.tsv)" in res.stderr, res  # not "190": the capped list
+    assert "77 failed: exit 1" in res.stderr, res
+    run = only_run(tmp_path / "runs")
+    assert summary_of(run)["not_done"] == 230
+    st = gpuswarm("status", run)
+    assert "latest 20 of 230 failures" in st.stdout, st
+    assert "finished with failures" in st.stdout, st
+    ls = gpuswarm("ls", tmp_path / "runs")
+    assert "finished with failures" in ls.stdout, ls
+
+
+def test_busy_seconds_count_every_attempt(tmp_path: Path, gpuswarm: Gs) -> None:
+    cmd = "sleep 0.4; [ {attempt} -ge 3 ]"
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "busy",
+            "gpus": "sim:1",
+            "reliability": {"retry_backoff": None},
+            "tasks": [{"name": "t", "command": cmd, "shell": True, "max_attempts": 3}],
+        },
+    )
+    assert gpuswarm("run", config, "--plain").returncode == 0
+    run = only_run(tmp_path / "runs")
+    attempts = descriptor(run, "t")["attempts"]
+    assert len(attempts) == 3
+    total = sum(a["duration"] for a in attempts)
+    assert summary_of(run)["busy_seconds"] == pytest.approx(total, abs=0.01)
+    assert summary_of(run)["busy_seconds"] > 1.2  # three attempts of 0.4 s, not the last one
+    assert "task time (all attempts)" in (run / "report.html").read_text()
+
+
+def test_a_resume_with_a_fresh_budget_counts_attempts_from_1(tmp_path: Path, gpuswarm: Gs) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "budget",
+            "gpus": "sim:1",
+            "reliability": {"retry_backoff": None},
+            "tasks": [{"name": "t", "command": "exit 1", "shell": True, "max_attempts": 2}],
+        },
+    )
+    first = gpuswarm("run", config, "--plain")
+    assert "(attempt 1/2)" in first.stderr, first
+    run = only_run(tmp_path / "runs")
+    again = gpuswarm("resume", run, "--plain")
+    assert again.returncode == 1, again
+    assert "(attempt 1/2)" in again.stderr and "3/2" not in again.stderr, again
+
+
+def test_watch_interrupted_says_it_stopped_watching(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    go = tmp_path / "go"
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "watched",
+            "gpus": "sim:1",
+            "tasks": [
+                {
+                    "name": "t",
+                    "command": f"while [ ! -e {go} ]; do sleep 0.05; done",
+                    "shell": True,
+                }
+            ],
+        },
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    watcher = gpuswarm_popen("watch", run, "--plain")
+    time.sleep(1.5)
+    watcher.send(signal.SIGINT)
+    res = watcher.wait(30)
+    assert res.returncode == 130, res
+    assert "stopped watching" in res.stderr and "before any task started" not in res.stderr
+    assert proc.alive()  # the run goes on
+    go.touch()
+    assert proc.wait(60).returncode == 0
+
+
+def test_status_of_a_crashed_run_says_its_owner_is_dead(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {"name": "crash", "gpus": "sim:1", "tasks": [{"name": "t", "command": "sleep 30"}]},
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: [e for e in read_events(run) if e["ev"] == "started"], 30)
+    proc.send(signal.SIGKILL)
+    proc.wait(30)
+    st = gpuswarm("status", run)
+    assert "crashed" in st.stdout and "supervisor is gone" in st.stdout, st
+    assert f"gpuswarm resume {run}" in st.stdout, st
+    assert json.loads(gpuswarm("status", run, "--json").stdout)["state"] == "crashed"
+    assert "crashed" in gpuswarm("ls", tmp_path / "runs").stdout
+
+
+def test_a_stopped_run_is_shown_as_stopped(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {"name": "stopme", "gpus": "sim:1", "tasks": [{"name": "t", "command": "sleep 30"}]},
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: [e for e in read_events(run) if e["ev"] == "started"], 30)
+    proc.send(signal.SIGINT)
+    assert proc.wait(60).returncode == 130
+    assert summary_of(run)["state"] == "stopped"
+    assert "stopped" in gpuswarm("ls", tmp_path / "runs").stdout
+    assert "stopped" in (run / "report.html").read_text()
