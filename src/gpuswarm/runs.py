@@ -403,6 +403,7 @@ def reclaim_dead(
     supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
     """
     verdicts: dict[str, bool] = {}
+    still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
     count = 0
     for name in queue.names(State.RUNNING):
         lease = lease_of(name)
@@ -414,9 +415,10 @@ def reclaim_dead(
             if not verdicts[owner] and on_this_host(owner):
                 leftovers = find_by_env(OWNER_VAR, owner)
                 if leftovers:
+                    still_running |= task_ids_of(leftovers)
                     kill_tree(leftovers, grace)
                     ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
-        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me):
+        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
             count += 1
     _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
     return count
@@ -434,7 +436,9 @@ def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
             (running / name).unlink(missing_ok=True)
 
 
-def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:
+def _reclaim_one(
+    queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
+) -> bool:
     running = queue.paths.state_dir("running")
     mine = running / reclaim_name(name, me)
     try:
@@ -449,7 +453,8 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
     data = claimed.data
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True
-    if on_this_host(owner) and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
+    judge = on_this_host(owner) and claimed.task_id not in still_running
+    if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}

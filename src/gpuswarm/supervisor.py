@@ -129,6 +129,7 @@ class Supervisor:
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
         self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_window, cfg.breaker_cooldown)
         self._cooling: dict[int, tuple[float, Slot]] = {}  # quarantined: slot -> (probe at, slot)
+        self._qfiles: set[int] = set()  # quarantined slots whose file was written (can be lifted)
         self._lifted: threadq.SimpleQueue[int] = threadq.SimpleQueue()  # lifted by hand
         self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
@@ -618,8 +619,11 @@ class Supervisor:
             open_[-1].update(info, probes=open_[-1].get("probes", 0) + 1)
         else:
             self.quarantined.append({"slot": slot.label, **info, "lifted": None})
-        with contextlib.suppress(OSError):
+        try:
             write_quarantine(self.paths, slot.label, self.cfg.owner, info)
+            self._qfiles.add(slot.index)
+        except OSError:  # shown in the journal and summary still; probed after the cool-down
+            self._qfiles.discard(slot.index)
         self.ledger.emit(
             Ev.QUARANTINED,
             slot=slot.label,
@@ -645,7 +649,8 @@ class Supervisor:
             cooling = dict(self._cooling)
         now = time.monotonic()
         for index, (due, slot) in cooling.items():
-            by_hand = not quarantine_file(self.paths, slot.label, self.cfg.owner).exists()
+            path = quarantine_file(self.paths, slot.label, self.cfg.owner)
+            by_hand = index in self._qfiles and not path.exists()
             if not by_hand and due > now:
                 continue
             with self._lock:

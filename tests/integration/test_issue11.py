@@ -660,3 +660,55 @@ def test_a_stopped_run_is_shown_as_stopped(
     assert summary_of(run)["state"] == "stopped"
     assert "stopped" in gpuswarm("ls", tmp_path / "runs").stdout
     assert "stopped" in (run / "report.html").read_text()
+
+
+def test_work_reclaiming_a_dead_supervisors_finished_tasks_judges_them_done(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    cmd = (
+        "while [ ! -e {run_dir}/../../go ]; do sleep 0.05; done; "
+        "echo 'ok: true' > {workspace}/r.yaml"
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "reclaimed",
+            "gpus": "sim:2",
+            "tasks": [
+                {"name": n, "command": cmd, "shell": True, "done_when": "r.yaml"} for n in "ab"
+            ],
+        },
+    )
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: len([e for e in read_events(run) if e["ev"] == "started"]) == 2, 30)
+    proc.send(signal.SIGKILL)
+    proc.wait(30)
+    (tmp_path / "runs" / "go").touch()
+    wait_for(lambda: all((run / "tasks" / n / "r.yaml").exists() for n in "ab"), 30)
+    time.sleep(0.5)
+    res = gpuswarm("work", run, "--gpus", "sim:1", "--plain")
+    assert res.returncode == 0, res
+    assert task_states(run) == {"a": "done", "b": "done"}
+    assert len([e for e in read_events(run) if e["ev"] == "started"]) == 2  # none re-run
+    assert descriptor(run, "a")["attempts"][-1]["kind"] == "orphan"
+
+
+def test_some_tasks_with_a_missing_program_are_named_before_the_run(
+    tmp_path: Path, gpuswarm: Gs
+) -> None:
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "somemissing",
+            "gpus": "sim:2",
+            "tasks": [
+                {"name": "ok", "command": "true"},
+                {"name": "bad", "command": "gs-no-such-agent --x"},
+            ],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 1, res
+    assert "warning: command not found: gs-no-such-agent (1 task)" in res.stderr, res
+    assert task_states(only_run(tmp_path / "runs")) == {"ok": "done", "bad": "failed"}
