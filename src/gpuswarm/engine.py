@@ -37,6 +37,7 @@ from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest, redact_env
 from gpuswarm.signals import on_stop_signals
+from gpuswarm.status import run_state
 from gpuswarm.supervisor import Supervisor, SupervisorConfig
 
 
@@ -453,6 +454,8 @@ def write_run_report(run_dir: Path) -> Path:
         summary = read_json(paths.summary_json)  # as its supervisor wrote it (wall time, ...)
     else:
         summary = write_outputs(paths, queue, info, None)
+    counts = {s.value: n for s, n in queue.counts().items()}
+    summary["state"] = run_state(paths, counts, is_live(paths))  # live, crashed, ...
     return write_report(paths, queue, summary, info)
 
 

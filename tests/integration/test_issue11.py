@@ -643,6 +643,8 @@ def test_status_of_a_crashed_run_says_its_owner_is_dead(
     assert f"gpuswarm resume {run}" in st.stdout, st
     assert json.loads(gpuswarm("status", run, "--json").stdout)["state"] == "crashed"
     assert "crashed" in gpuswarm("ls", tmp_path / "runs").stdout
+    assert gpuswarm("report", run).returncode == 0
+    assert 'b-no">crashed' in (run / "report.html").read_text()
 
 
 def test_a_stopped_run_is_shown_as_stopped(
