@@ -2,8 +2,8 @@
 
 The run survives each of them and classifies each one (exit code, signal, timeout, not found);
 escaped processes die with their attempt; a task flooding stdout keeps its log bounded and the
-supervisor's memory flat; a retried task is done once. Then a run where every task fails gets
-both its slots quarantined by the breaker.
+supervisor's memory flat; a retried task is done once. Then a run where every task fails on
+every slot: the tasks' fault, so the breaker quarantines no slot (issue 11).
 """
 
 from __future__ import annotations
