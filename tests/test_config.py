@@ -361,12 +361,12 @@ tasks:
 """
     text = text.replace("config.yaml\n", "config.yaml\n    command: agent {task_dir}\n", 1)
     tasks = load(kernel_tree, text).tasks
-    assert [t.id for t in tasks] == [
-        "gpumode-gemm",
-        "gpumode-softmax",
-        "dir-gemm",
-        "dir-softmax",
-        "t-top",
+    assert [t.id for t in tasks] == [  # relative to the config's folder, whatever the glob
+        "tasks-hip2hip-gpumode-gemm",
+        "tasks-hip2hip-gpumode-softmax",
+        "dir-tasks-hip2hip-gpumode-gemm",
+        "dir-tasks-hip2hip-gpumode-softmax",
+        "t-tasks",  # a matched file stands for its folder
     ]
     folder = kernel_tree.resolve() / "tasks" / "hip2hip" / "gpumode" / "gemm"
     assert tasks[2].vars["task_dir"] == tasks[2].vars["task_file"] == str(folder)
@@ -377,6 +377,7 @@ tasks:
 def test_glob_absolute_and_literal_patterns(kernel_tree: Path, tmp_path: Path) -> None:
     root = kernel_tree.resolve() / "tasks" / "hip2hip"
     text = f"""
+tasks_root: ../tasks
 tasks:
   - {{glob: "{root}/*/softmax/config.yaml", command: a}}
   - {{glob: ../tasks/hip2hip/gpumode/gemm/config.yaml, command: a}}
@@ -384,7 +385,10 @@ tasks:
     other = tmp_path / "elsewhere"
     other.mkdir()
     tasks = load(other, text).tasks
-    assert [t.name for t in tasks] == ["gpumode/softmax", "gemm"]
+    assert [t.name for t in tasks] == ["hip2hip/gpumode/softmax", "hip2hip/gpumode/gemm"]
+    # without tasks_root the matches lie outside the config's folder: refused, with the fix
+    message = error(other, text.replace("tasks_root: ../tasks\n", ""))
+    assert "is outside" in message and "set tasks_root:" in message, message
 
 
 # -- fingerprints ----------------------------------------------------------------------------------
@@ -661,10 +665,11 @@ def test_duplicate_ids_from_globs(kernel_tree: Path) -> None:
     text = (
         "tasks:\n"
         "  - {glob: 'tasks/**/config.yaml', name: k, command: a}\n"
-        "  - {command: a, name: k-hip2hip/gpumode/gemm}\n"
+        "  - {command: a, name: k-tasks/hip2hip/gpumode/gemm}\n"
     )
     message = error(kernel_tree, text)
-    assert ":3: tasks[1]: task id 'k-hip2hip-gpumode-gemm'" in message and "at line 2" in message
+    assert ":3: tasks[1]: task id 'k-tasks-hip2hip-gpumode-gemm'" in message
+    assert "at line 2" in message
 
 
 @pytest.mark.parametrize(
@@ -743,8 +748,8 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     message = error(tmp_path, "tasks:\n  - command: a\n  - command: echo {foo}\n")
     assert message.endswith(
         "kernels.yaml:3: tasks[1].command: unknown placeholder {foo} in the command; known "
-        "placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {task_id}, "
-        "{workspace}; write {{ and }} for literal braces"
+        "placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {slot_id}, "
+        "{task_id}, {workspace}; write {{ and }} for literal braces"
     )
     text = "tasks:\n  - matrix: {lr: [1]}\n    command: [echo, '{lr}', '{seed}']\n"
     assert (
@@ -759,7 +764,7 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     )
     assert error(tmp_path, "tasks: [{command: a, done_when: '{x}.yaml'}]\n").endswith(
         "done_when; known placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, "
-        "{task_id}, {workspace}; write {{ and }} for literal braces"
+        "{slot_id}, {task_id}, {workspace}; write {{ and }} for literal braces"
     )
     assert "tasks[0].cwd: unknown placeholder {where} in cwd" in error(
         tmp_path, "tasks: [{command: a, cwd: '{where}'}]\n"

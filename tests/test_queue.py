@@ -145,3 +145,35 @@ def test_every_task_is_in_exactly_one_state(
             seen[tid] = state.value
     assert sorted(seen) == [f"t{i:05d}" for i in range(n)]
     assert q.counts()[State.RUNNING] == len(held)
+
+
+def test_a_task_added_later_with_a_higher_priority_is_claimed_next(tmp_path: Path) -> None:
+    """The heap is loaded by the first claim; a task added afterwards (add_pending touches the
+    ``added`` marker) goes before the tasks already in it, without a scan per claim."""
+    q = make_queue(tmp_path, 5)
+    first = q.claim("o", 0)
+    assert first is not None and first.task_id == "t00000"
+    other = DirQueue(q.paths, durable=False)  # a second supervisor with its own heap
+    assert (c := other.claim("o2", 0)) is not None and c.task_id == "t00001"
+    DirQueue.add_pending(q.paths, {"id": "urgent", "priority": 7}, 100, durable=False)
+    got = [c.task_id for c in iter(lambda: q.claim("o", 0), None)]
+    assert got == ["urgent", "t00002", "t00003", "t00004"]
+    assert other.claim("o2", 0) is None  # nothing claimed twice
+
+
+def test_claims_do_not_rescan_pending_without_new_tasks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = make_queue(tmp_path, 50)
+    scans = 0
+    refill = DirQueue._refill
+
+    def counting(self: DirQueue) -> None:
+        nonlocal scans
+        scans += 1
+        refill(self)
+
+    monkeypatch.setattr(DirQueue, "_refill", counting)
+    while q.claim("o", 0) is not None:
+        pass
+    assert scans == 2  # the first claim and the one that found pending/ empty

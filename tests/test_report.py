@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 
 from gpuswarm.fsutil import dumps
+from gpuswarm.leases import host_slug
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, descriptor_name
 from gpuswarm.report import MAX_ROWS, html_table, png_data_uri, select_rows, write_report
@@ -160,7 +161,7 @@ def test_bars_from_queue_one_per_attempt(run: tuple[RunPaths, Path]) -> None:
     by_task: dict[str, list[str]] = {}
     for bar in bars:
         by_task.setdefault(bar.task, []).append(bar.outcome)
-        assert bar.lane in {"gpu0", "gpu1", "gpu2"} and bar.end >= bar.start
+        assert bar.lane in {f"{host_slug()}-gpu{i}" for i in range(3)} and bar.end >= bar.start
     assert by_task == {
         **{f"ok{i}": ["done"] for i in range(4)},
         "fails": ["failed"],

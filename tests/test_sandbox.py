@@ -1,4 +1,4 @@
-"""Tests for gpuswarm.sandbox: slot HOME layout, read-only provisioned copies, redaction."""
+"""Tests for gpuswarm.sandbox: slot HOME layout, private writable provisioned copies, redaction."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def test_home_that_is_a_file_is_refused(tmp_path: Path) -> None:
 
 
 # -- provisioned copies
-def test_file_copy_is_read_only_and_independent(tmp_path: Path, host: Path) -> None:
+def test_file_copy_is_private_and_independent(tmp_path: Path, host: Path) -> None:
     home = tmp_path / "slot-0"
     prepare_home(home, provisions(host))
     original = host / ".codex" / "auth.json"
@@ -193,7 +193,7 @@ def test_file_copy_is_read_only_and_independent(tmp_path: Path, host: Path) -> N
     assert copy.read_text() == '{"token": "sk-original"}'
     assert not copy.is_symlink()
     assert copy.stat().st_ino != original.stat().st_ino
-    assert mode(copy) == 0o400
+    assert mode(copy) == 0o600  # private, writable: agents refresh their tokens
     assert mode(home / ".codex") == 0o700  # CODEX_HOME itself stays writable
     original.write_text("changed later")
     assert copy.read_text() == '{"token": "sk-original"}'
@@ -204,12 +204,12 @@ def test_folder_copy_modes_and_symlink_rules(tmp_path: Path, host: Path) -> None
     prepare_home(home, provisions(host))
     copy = home / ".config" / "gcloud"
     assert tree(copy) == {
-        "configurations": ("dir", 0o500),
-        "configurations/config_default": ("file", 0o400),
-        "credentials.db": ("file", 0o400),
-        "link_to_file": ("file", 0o400),  # copied as the regular file it points to
+        "configurations": ("dir", 0o700),
+        "configurations/config_default": ("file", 0o600),
+        "credentials.db": ("file", 0o600),
+        "link_to_file": ("file", 0o600),  # copied as the regular file it points to
     }  # link_to_dir, dangling and fifo are skipped
-    assert mode(copy) == 0o500
+    assert mode(copy) == 0o700
     assert (copy / "credentials.db").read_bytes() == b"\x00db"
     assert (copy / "link_to_file").read_text() == "shared"
     assert not (home / ".config" / "gcloud" / "link_to_dir").exists()
@@ -220,7 +220,7 @@ def test_top_level_symlink_source_is_followed(tmp_path: Path, host: Path) -> Non
     link = tmp_path / "codex-link"
     link.symlink_to(host / ".codex")
     prepare_home(tmp_path / "slot-0", [Provision(link, ".codex/state")])
-    assert tree(tmp_path / "slot-0" / ".codex" / "state") == {"auth.json": ("file", 0o400)}
+    assert tree(tmp_path / "slot-0" / ".codex" / "state") == {"auth.json": ("file", 0o600)}
 
 
 def test_reprovision_replaces_copies(tmp_path: Path, host: Path) -> None:
@@ -231,14 +231,14 @@ def test_reprovision_replaces_copies(tmp_path: Path, host: Path) -> None:
     (host / ".config" / "gcloud" / "added").write_text("added")
     env = prepare_home(home, provisions(host))
     assert (home / ".codex" / "auth.json").read_text() == "new token"
-    assert mode(home / ".codex" / "auth.json") == 0o400
+    assert mode(home / ".codex" / "auth.json") == 0o600
     assert set(tree(home / ".config" / "gcloud")) == {
         "configurations",
         "configurations/config_default",
         "added",
         "link_to_file",
     }
-    assert mode(home / ".config" / "gcloud") == 0o500
+    assert mode(home / ".config" / "gcloud") == 0o700
     leftovers = [p for p in tree(home) if Path(p).name.startswith((".tmp-", ".old-"))]
     assert leftovers == []
     assert env["HOME"] == str(home)
@@ -266,7 +266,7 @@ def test_provision_kind_can_change_between_runs(tmp_path: Path, host: Path) -> N
     assert (home / ".codex" / "thing").is_dir()
 
 
-def test_copies_are_enforced_read_only_for_a_normal_user(shared_tmp: Path) -> None:
+def test_copies_are_writable_by_a_normal_user_and_the_source_stays(shared_tmp: Path) -> None:
     def body() -> None:
         src = shared_tmp / "src"
         (src / "dir" / "sub").mkdir(parents=True)
@@ -275,15 +275,18 @@ def test_copies_are_enforced_read_only_for_a_normal_user(shared_tmp: Path) -> No
         provs = [Provision(src / "auth.json", ".codex/auth.json"), Provision(src / "dir", "d")]
         home = shared_tmp / "slot-0"
         prepare_home(home, provs)
-        with pytest.raises(PermissionError):
-            (home / ".codex" / "auth.json").write_text("tampered")
-        with pytest.raises(PermissionError):
-            (home / "d" / "sub" / "new").write_text("x")
+        with (home / ".codex" / "auth.json").open("a") as fh:  # an agent refreshing its token
+            fh.write("-refreshed")
+        (home / "d" / "sub" / "new").write_text("x")
+        (home / "d" / "sub" / "f").write_text("rewritten")
+        assert (src / "auth.json").read_text() == "secret-1"  # the source is never written
+        assert (src / "dir" / "sub" / "f").read_text() == "one"
+        assert not (src / "dir" / "sub" / "new").exists()
         (src / "auth.json").write_text("secret-2")
-        (src / "dir" / "sub" / "f").write_text("two")
-        prepare_home(home, provs)  # replacing 0400 files and 0500 folders must still work
+        prepare_home(home, provs)  # a new supervisor provisions afresh from the source
         assert (home / ".codex" / "auth.json").read_text() == "secret-2"
-        assert (home / "d" / "sub" / "f").read_text() == "two"
+        assert (home / "d" / "sub" / "f").read_text() == "one"
+        assert not (home / "d" / "sub" / "new").exists()
 
     as_unprivileged(body)
 
@@ -328,8 +331,8 @@ def test_symlink_left_in_home_is_not_followed(tmp_path: Path, host: Path) -> Non
         (".", "without '..'"),
         ("./", "without '..'"),
         ("a\0b", "give a path relative"),
-        (".cache", "would make the XDG_CACHE_HOME folder ~/.cache read-only"),
-        (".config", "read-only"),
+        (".cache", "would replace the XDG_CACHE_HOME folder ~/.cache"),
+        (".config", "the slot's own cache"),
         (".triton", "TRITON_CACHE_DIR"),
         ("tmp", "TMPDIR"),
         (".codex", "CODEX_HOME"),

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuswarm.config import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.gpus import Slot, isolation_env
-from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
+from gpuswarm.metrics import ResultFileError, flatten, parse_metrics, read_completion
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import AttemptEnd, EndKind, LaunchSpec
 from gpuswarm.queue import State
+from gpuswarm.taskfiles import inside
 
 
 @dataclass
@@ -42,6 +43,7 @@ def values_for(
         "gpu_ids": ",".join(map(str, gpu_ids)),
         "gpu": str(gpu_ids[0]) if gpu_ids else "",
         "slot": str(slot.index),
+        "slot_id": slot.label,
     }
 
 
@@ -68,6 +70,7 @@ def launch_spec_for(
         GPUSWARM_TASK_WORKSPACE=values["workspace"],
         GPUSWARM_ATTEMPT=str(n),
         GPUSWARM_OWNER=owner,
+        GPUSWARM_SLOT_ID=slot.label,  # unique in the run: <host>-gpu3, <host>-gpu3.1
     )
     if "task_dir" in task.vars:
         env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
@@ -118,18 +121,27 @@ def completion_path(paths: RunPaths, task: TaskSpec, values: dict[str, str]) -> 
 def set_aside_stale(
     paths: RunPaths, task: TaskSpec, values: dict[str, str], n: int
 ) -> tuple[Path, Path] | None:
-    """Move whatever is at the completion path before attempt ``n`` starts into the attempt's
-    folder (``attempt-<n>/stale-<name>``): only a file this attempt writes may count, and
-    nothing of the task's is deleted. Returns (from, to) when something was moved."""
-    target = completion_path(paths, task, values)
-    if target is None or not os.path.lexists(target):
+    """Move whatever is at the completion path before attempt ``n`` starts aside, to
+    ``<workspace>/stale/attempt-<n>-<name>`` (not into ``attempt-<n>/``: the launch makes that
+    folder afresh): only a file this attempt writes may count, and nothing of the task's is
+    deleted. Returns (from, to) when something was moved."""
+    if not task.done_when:
         return None
-    folder = paths.attempt_log(task.id, n).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    dest = folder / f"stale-{target.name}"
+    workspace = paths.task_dir(task.id)
+    rel = PurePosixPath(render(task.done_when, values))
+    # the folder resolved (it must stay in the workspace), the file itself not: a symlink the
+    # task planted there is moved, never what it points to
+    target = inside(workspace, str(rel.parent)) / rel.name
+    if not os.path.lexists(target):
+        return None
+    folder = workspace / "stale"
+    if folder.is_symlink():
+        folder.unlink()  # planted: never followed
+    folder.mkdir(exist_ok=True)
+    dest = folder / f"attempt-{n}-{target.name}"
     k = 2
     while os.path.lexists(dest):
-        dest = folder / f"stale-{k}-{target.name}"
+        dest = folder / f"attempt-{n}-{k}-{target.name}"
         k += 1
     os.rename(target, dest)
     return target, dest
@@ -151,16 +163,17 @@ def judge(
         return Outcome(State.SKIPPED, reason, record)
     if not end.ok:
         return Outcome(State.FAILED, end.reason, record)
-    target = completion_path(paths, task, values)
-    if target is not None:
-        try:
-            result = load_result_file(target)
-            _written_since(target, end.started)
+    if task.done_when:
+        workspace = paths.task_dir(task.id)
+        rel = render(task.done_when, values)
+        try:  # the task's own file: any problem with it fails this attempt, never the run
+            result = flatten(read_completion(workspace, rel))
+            _written_since(inside(workspace, rel), end.started)
         except ResultFileError as exc:
             reason = f"exit 0 but {exc}"
             record["reason"] = reason
             return Outcome(State.FAILED, reason, record)
-        data["result"] = flatten(result)
+        data["result"] = result
     return Outcome(State.DONE, end.reason, record)
 
 

@@ -73,7 +73,8 @@ def lift_by_hand(paths: RunPaths, slot: str | None) -> list[dict[str, Any]]:
     them put the slots back in rotation. Returns what was lifted."""
     lifted = []
     for q in read_quarantines(paths):
-        if slot is None or q.get("slot") == slot:
+        label = str(q.get("slot"))
+        if slot is None or label == slot or label.endswith(f"-{slot}"):  # "gpu2" for "vm-gpu2"
             with contextlib.suppress(FileNotFoundError):
                 (quarantine_dir(paths) / q["file"]).unlink()
                 lifted.append(q)

@@ -3,25 +3,27 @@
 Checks: every task in exactly one state folder; no unreadable descriptor; no stale temp file;
 no lease held by a dead supervisor; events agree with folders (each task's last state-changing
 event names its folder, and its ``started`` events match its recorded attempts); no task that the
-journal knows of is missing. ``--repair`` (only on a run no supervisor holds) removes temp
-files, keeps the most advanced copy of a duplicated task, moves unreadable descriptors aside and
-returns orphaned running tasks to pending/, as ``resume`` would; it never retries failures.
+journal knows of is missing; no task journaled ``finished ... done`` twice. ``--repair`` (only
+on a run no supervisor holds) removes temp files, keeps the most advanced copy of a duplicated
+task, moves unreadable descriptors aside and returns orphaned running tasks to pending/, as
+``resume`` would; it never retries failures.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.errors import RunLockedError
 from gpuswarm.leases import attach, is_live, owner_alive
-from gpuswarm.ledger import Ledger, read_events
+from gpuswarm.ledger import Ledger, bad_event_lines, read_events
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
-from gpuswarm.runs import open_run, recover, temp_files
+from gpuswarm.records import why_unreadable
+from gpuswarm.runs import open_run, recover, set_aside, temp_files
 
 # keep the latest
 RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
@@ -57,6 +59,7 @@ class Journal:
     started: Counter[str]
     last: dict[str, str]
     added: int
+    completions: dict[str, list[Any]] = field(default_factory=dict)  # task -> attempts done
 
 
 def _event_state(e: dict[str, Any]) -> str | None:
@@ -69,18 +72,37 @@ def _journal(paths: RunPaths) -> Journal:
     started: Counter[str] = Counter()
     last: dict[str, str] = {}
     added = 0
+    completions: dict[str, list[Any]] = {}
     for e in read_events(paths.events):
         task, ev = e.get("task"), e.get("ev")
         if ev == "requeued" and e.get("reason") == "config-change":
-            added += int(e.get("added", 0))
+            n = e.get("added", 0)
+            added += n if isinstance(n, int) and not isinstance(n, bool) else 0
         if not isinstance(task, str):
             continue
         if ev == "started":
             started[task] += 1
+        if ev == "finished" and e.get("state") == "done":
+            completions.setdefault(task, []).append(e.get("attempt"))
         state = _event_state(e)
         if state is not None:
             last[task] = state
-    return Journal(started, last, added)
+    return Journal(started, last, added, completions)
+
+
+def _duplicate_completions(journal: Journal) -> list[Finding]:
+    """A task journaled ``finished ... done`` more than once ran to completion twice (e.g. a
+    stalled supervisor committed a task another one had reclaimed and re-run)."""
+    return [
+        Finding(
+            "duplicate-completion",
+            f"finished done {len(attempts)} times in the journal "
+            f"(attempts {', '.join(str(a) for a in attempts)})",
+            task,
+        )
+        for task, attempts in sorted(journal.completions.items())
+        if len(attempts) > 1
+    ]
 
 
 def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
@@ -131,7 +153,8 @@ def _task_findings(
         state, name = places[0]
         data = queue.read(state, name)
         if data is None:
-            out.append(Finding("unreadable", f"{state.value}/{name}", task))
+            why = why_unreadable(queue.paths.state_dir(state.value) / name) or "gone"
+            out.append(Finding("unreadable", f"{state.value}/{name}: {why}", task))
             continue
         lease = lease_of(name)
         if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
@@ -144,7 +167,9 @@ def _task_findings(
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
         said = journal.last.get(task, "pending")
-        if said != state.value:
+        begun_retry = state is State.FAILED and data.get("state") == State.PENDING.value
+        if said != state.value and not (begun_retry and said == State.PENDING.value):
+            # (a retry saved and journaled, not yet renamed: resume finishes it)
             out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
     return out
 
@@ -157,6 +182,29 @@ def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: Journal)
     if len(known) < expected:
         out.append(Finding("lost", f"{expected} tasks created, {len(known)} found"))
     return out
+
+
+def _set_aside_unusable(queue: DirQueue, ledger: Ledger) -> list[Finding]:
+    """``--repair``: a descriptor in done/, failed/ or pending/ that is empty, garbage or
+    mistyped cannot be re-run (its task spec is what is lost); it goes to corrupt/ with the
+    reason in its name and a ``corrupt`` event, so it is counted, and the run is not complete."""
+    out = []
+    for state in (State.DONE, State.FAILED, State.PENDING):
+        for name in queue.names(state):
+            path = queue.paths.state_dir(state.value) / name
+            why = why_unreadable(path) if queue.read(state, name) is None else None
+            if why is not None:
+                set_aside(queue, ledger, path, f"unreadable {state.value}: {why}")
+                detail = f"{state.value}/{name}: {why}; moved to corrupt/"
+                out.append(Finding("unreadable", detail, task_id_of(name), repaired=True))
+    return out
+
+
+def _bad_events(paths: RunPaths) -> list[Finding]:
+    return [
+        Finding("bad-event", f"events.jsonl line {n}: {why} (skipped by every reader)")
+        for n, why in bad_event_lines(paths.events)[:50]
+    ]
 
 
 def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
@@ -172,6 +220,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
             findings += _duplicates(queue, _places(queue), repair=True)
             ledger = Ledger(paths.events)
             moved = recover(queue, ledger, retry_failed=False)
+            findings += _set_aside_unusable(queue, ledger)
             ledger.close()
             for kind in ("temp_files", "interrupted", "recovered", "requeued", "corrupt"):
                 if moved[kind]:
@@ -183,8 +232,16 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
         findings += _duplicates(queue, where, repair=False)
     journal = _journal(paths)
     findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _duplicate_completions(journal)
     findings += _lost(paths, info, where, journal)
-    open_problems = [f for f in findings if not f.repaired and not (live and f.kind == "temp-file")]
+    findings += _bad_events(paths)
+    open_problems = [
+        f
+        for f in findings
+        if not f.repaired
+        and not (live and f.kind == "temp-file")
+        and f.kind != "bad-event"  # reported; every reader skips such a line
+    ]
     return {
         "run": str(paths.root),
         "live": live,

@@ -24,8 +24,16 @@ from gpuswarm.engine import (
     work_run,
     write_run_report,
 )
-from gpuswarm.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, GpuswarmError, Interrupted
+from gpuswarm.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    DiskFullError,
+    GpuswarmError,
+    Interrupted,
+    disk_full,
+)
 from gpuswarm.live import is_terminal
+from gpuswarm.paths import resolve_run_dir
 from gpuswarm.runs import latest_run
 from gpuswarm.status import lift_quarantine, list_runs, run_status
 
@@ -48,6 +56,11 @@ def _stoppable(viewer: bool = False) -> Iterator[None]:
         yield
     except GpuswarmError as exc:
         _fail(exc)
+    except OSError as exc:
+        if not disk_full(exc):
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(DiskFullError(f"the disk is full: {exc.strerror}{where}; free some space"))
     except Interrupted as exc:
         if viewer:  # watch started nothing and stops nothing: only the viewing ends
             click.echo(f"gpuswarm: stopped watching ({exc}); the run itself goes on", err=True)
@@ -152,10 +165,17 @@ def run(
 
 @cli.command()
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
-@click.option("--latest", is_flag=True, help="resume the newest run under --workspace")
+@click.option(
+    "--latest",
+    is_flag=True,
+    help="resume the newest run under --workspace, of any name unless --name is given",
+)
 @click.option("--name", help="with --latest: only runs of this name")
 @click.option(
-    "--workspace", default="runs", show_default=True, help="with --latest: where runs are"
+    "--workspace",
+    default="runs",
+    show_default=True,
+    help="where runs are (for --latest or a bare run name)",
 )
 @click.option("--gpus", help="GPUs to use now (default: the run's)")
 @click.option("--no-retry-failed", is_flag=True, help="leave failed tasks failed")
@@ -181,13 +201,24 @@ def resume(
     as_json: bool,
     share_gpus: bool,
 ) -> None:
-    """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones."""
+    """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
+
+    RUN_DIR is the run folder, any path inside it, or its bare name (run_20260702_041903),
+    looked up under --workspace.
+    """
     if (run_dir is None) == (not latest):
         click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     with _stoppable():
-        target = latest_run(Path(workspace), name) if latest else run_dir
-        assert target is not None
+        if latest:
+            target = latest_run(Path(workspace), name)
+            if not quiet:  # --latest without --name takes the newest run of any name: say which
+                what = f"runs named {name!r}" if name else "runs of any name (--name to choose)"
+                shown = target.resolve()
+                click.echo(f"gpuswarm: resuming {shown}, the newest of the {what}", err=True)
+        else:
+            assert run_dir is not None
+            target = resolve_run_dir(run_dir, Path(workspace))  # also a bare run_<stamp> name
         new_config = load_config(config_path) if config_path else None
         report = resume_run(
             target,

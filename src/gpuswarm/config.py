@@ -10,9 +10,10 @@
     gpus_per_task: 1           # each worker slot owns k GPUs (torchrun/DDP)
     tasks_per_gpu: 1           # m slots share one GPU (small jobs); not both above 1
     grace: 10s                 # SIGTERM -> SIGKILL grace on timeout / shutdown
+    tasks_root: tasks          # glob task ids: folder paths relative to this (default: here)
     home:                      # optional per-slot private HOME with its own caches
       isolate: false
-      provision:               # read-only copies into that HOME (needs isolate: true);
+      provision:               # private, writable copies into that HOME (needs isolate: true);
         - {src: ~/.codex/auth.json, dest: .codex/auth.json}   # src must exist; dest relative
     reliability:               # all optional, these are the defaults
       lease_ttl: 30s           # reclaim a task whose supervisor shows no heartbeat this long
@@ -55,10 +56,14 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 Task entries: exactly one kind per entry, and every entry needs ``command``:
 
 - explicit: ``name`` defaults to the command itself, cut to 60 characters;
-- ``glob``: one task per matching path (sorted; ``**`` searches subfolders; a matched folder is the
-  task folder itself). Values: ``task_file`` (the match, absolute), ``task_dir`` (its folder),
-  ``task_rel`` (task_dir relative to the pattern's wildcard-free prefix, e.g. ``gpumode/softmax``;
-  for a file directly in that prefix folder, the file's stem);
+- ``glob``: one task per selected folder, however the globs overlap (sorted; ``**`` searches
+  subfolders; a matched folder is the task folder itself, a matched file stands for its folder
+  unless the entry matched several files of it: then each is a task). Values: ``task_file`` (the
+  match, absolute), ``task_dir`` (its folder), ``task_rel`` (task_dir relative to
+  ``tasks_root``, default the config's folder, whatever glob matched it, e.g.
+  ``tasks/gpumode/softmax``; ``<folder>/<stem>`` for one of several files), and
+  ``{config.<field>}`` (``{config.a.b}`` nested): a field of the matched ``config.yaml`` (the
+  match itself when it is YAML), also usable as ``timeout: "{config.performance_timeout}"``;
 - ``matrix``: values ``{key}`` for each combination.
 
 For glob and matrix entries, a ``name`` that uses none of the entry's values is a prefix:

@@ -25,10 +25,11 @@ from pydantic import (
 
 from gpuswarm.config_errors import flag_error
 from gpuswarm.paths import slugify
-from gpuswarm.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.placeholders import CONFIG_REF, GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
+MAX_DURATION_SECONDS = 365 * 86400.0  # longer is a typo, not a plan (and overflows timers)
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([dhms])")
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
@@ -65,12 +66,16 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"{value!r} is not a duration; {DURATION_HELP}")
     if seconds <= 0 or math.isinf(seconds):
         raise ValueError(f"{value!r} is not a positive duration; {DURATION_HELP}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{value!r} is longer than 365 days; write at most 365d (or 8760h)")
     return seconds
 
 
-def _timeout(value: object) -> float | None:
+def _timeout(value: object) -> float | str | None:
     if value is None:
         return None
+    if isinstance(value, str) and CONFIG_REF.fullmatch(value.strip()):
+        return value.strip()  # a glob task's ``{config.field}``: resolved per matched file
     try:
         return parse_duration(value)
     except ValueError as exc:
@@ -78,7 +83,7 @@ def _timeout(value: object) -> float | None:
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-Timeout = Annotated[float | None, BeforeValidator(_timeout)]
+Timeout = Annotated[float | str | None, BeforeValidator(_timeout)]
 
 
 # -- env, metrics, paths ---------------------------------------------------------------------------
@@ -253,7 +258,7 @@ class TaskEntry(TaskOptions):
 
 # -- run level ------------------------------------------------------------------------------------
 class ProvisionEntry(BaseModel):
-    """A file copied read-only into each slot's private HOME."""
+    """A file or folder copied (private, writable: 0600/0700) into each slot's private HOME."""
 
     model_config = _STRICT
 
@@ -339,6 +344,7 @@ class RunConfig(BaseModel):
     gpus_per_task: int = Field(default=1, ge=1)
     tasks_per_gpu: int = Field(default=1, ge=1)
     grace: Duration = 10.0
+    tasks_root: NonEmpty | None = None  # glob task ids: folder paths relative to this
     home: HomeConfig = Field(default_factory=HomeConfig)
     reliability: Reliability = Field(default_factory=Reliability)
     defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())

@@ -11,20 +11,31 @@ import math
 import os
 import re
 import shlex
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from gpuswarm.config_models import RunConfig, TaskEntry, TaskOptions, TaskSpec, default_name
+from gpuswarm.config_models import (
+    RunConfig,
+    TaskEntry,
+    TaskOptions,
+    TaskSpec,
+    default_name,
+    parse_duration,
+)
+from gpuswarm.errors import ConfigError
 from gpuswarm.paths import check_task_id, slugify
 from gpuswarm.placeholders import (
+    CONFIG_PREFIX,
+    CONFIG_REF,
     GLOB_VARS,
     PLACEHOLDERS_AT_LAUNCH,
     find_placeholders,
     render,
     unknown_placeholders,
 )
-from gpuswarm.yamlload import Locator, PathKey, format_path
+from gpuswarm.yamlload import Locator, PathKey, format_path, load_yaml
 
 MAX_TASKS = 1_000_000
 _WILDCARD = re.compile(r"[*?\[]")
@@ -37,6 +48,7 @@ class Instance:
     name: str
     vars: dict[str, str]
     label: str  # how error messages name it: "tasks[2] (lr=0.1, seed=1)"
+    unit: str = ""  # a glob task's folder (or file): overlapping globs give it one task
     skip: str | None = None  # why it is skipped without running (an ``exclude:`` glob)
 
 
@@ -78,7 +90,7 @@ def make_spec(
         shell=opts.shell,
         cwd=_cwd(opts.cwd, base_dir),
         env=dict(opts.env),
-        timeout=opts.timeout,
+        timeout=_resolved_timeout(opts.timeout),
         grace=opts.grace if opts.grace is not None else grace,
         max_attempts=opts.max_attempts,
         priority=opts.priority,
@@ -89,6 +101,15 @@ def make_spec(
         skip_exit_code=opts.skip_exit_code,
         skip_reason=instance.skip,
     )
+
+
+def _resolved_timeout(timeout: float | str | None) -> float | None:
+    if isinstance(timeout, str):  # a {config.field} that no glob match resolved
+        raise ConfigError(
+            f"timeout {timeout!r}: {{config.<field>}} reads the config.yaml a glob: entry "
+            "matched, so only glob tasks can use it; give a duration (90s, 10m, 2h) here"
+        )
+    return timeout
 
 
 def _cwd(cwd: str | None, base_dir: Path) -> str | None:
@@ -128,9 +149,19 @@ def split_command(
     return argv
 
 
+ANY_CONFIG_FIELD = CONFIG_PREFIX + "*"  # in ``known``: a glob entry's {config.<field>} is allowed
+
+
+def _unknown(template: str, known: set[str]) -> list[str]:
+    bad = unknown_placeholders(template, known)
+    if ANY_CONFIG_FIELD in known:  # checked against each matched file when it is read
+        bad = [k for k in bad if not k.startswith(CONFIG_PREFIX)]
+    return bad
+
+
 def check_template(template: str, known: set[str], loc: Locator, path: PathKey, what: str) -> None:
     """Refuse a ``{placeholder}`` of ``template`` that is not in ``known``."""
-    bad = unknown_placeholders(template, known)
+    bad = _unknown(template, known)
     if bad:
         names = ", ".join("{" + k + "}" for k in sorted(known))
         raise loc.error(
@@ -143,7 +174,7 @@ def check_template(template: str, known: set[str], loc: Locator, path: PathKey, 
 def _check_name(entry: TaskEntry, var_names: set[str], loc: Locator, path: PathKey) -> None:
     if entry.name is None:
         return
-    for key in unknown_placeholders(entry.name, var_names):
+    for key in _unknown(entry.name, var_names):
         allowed = ", ".join("{" + k + "}" for k in sorted(var_names)) or "none"
         when = " is known only at launch" if key in PLACEHOLDERS_AT_LAUNCH else " is not defined"
         raise loc.error(
@@ -207,17 +238,31 @@ def _split_glob(pattern: str, base_dir: Path) -> tuple[Path, str]:
     return root, "/".join(parts[len(fixed) :])
 
 
-def _glob_vars(match: Path, root: Path) -> dict[str, str]:
-    task_dir = match if match.is_dir() else match.parent
-    if match == root:  # a pattern without wildcards
-        rel = match.name if match.is_dir() else match.parent.name
-    elif task_dir == root:  # a file directly in the searched folder
-        rel = match.stem
-    else:
+def _glob_vars(
+    match: Path, per_file: bool, tasks_root: Path, loc: Locator, path: PathKey
+) -> dict[str, str]:
+    """``task_file``, ``task_dir`` and ``task_rel``: the task folder's path relative to the one
+    ``tasks_root`` (the config's folder unless ``tasks_root:`` says), whatever glob matched it,
+    so a folder gets the same id from ``tasks/**`` and from ``tasks/x/y/config.yaml``. A matched
+    file stands for its folder, unless the entry matched several files of that folder
+    (``per_file``: ``configs/*.yaml``): then each file is a task (``<folder>/<stem>``)."""
+    task_dir = Path(os.path.normpath(match if match.is_dir() else match.parent))
+    root = Path(os.path.normpath(tasks_root))
+    try:
         rel = task_dir.relative_to(root).as_posix()
+    except ValueError:
+        raise loc.error(
+            path,
+            f"the matched task folder {task_dir} is outside {root}, the folder task ids are "
+            f"relative to; set tasks_root: to a folder that holds every task folder",
+        ) from None
+    if per_file:
+        rel = match.stem if rel == "." else f"{rel}/{match.stem}"
+    elif rel == ".":  # the root itself is the task folder
+        rel = task_dir.name or "task"
     return {
         "task_file": os.path.normpath(match),
-        "task_dir": os.path.normpath(task_dir),
+        "task_dir": str(task_dir),
         "task_rel": rel,
     }
 
@@ -254,19 +299,45 @@ def _glob_matches(
     return root, sorted(found)
 
 
-def _glob_instances(entry: TaskEntry, index: int, base_dir: Path, loc: Locator) -> list[Instance]:
+def tasks_root_of(config: RunConfig, base_dir: Path) -> Path:
+    """The folder glob task ids are relative to: ``tasks_root`` (relative to the config's
+    folder) or the config's folder itself."""
+    if config.tasks_root is None:
+        return base_dir
+    root = Path(config.tasks_root).expanduser()
+    return root if root.is_absolute() else base_dir / root
+
+
+def _glob_instances(
+    entry: TaskEntry,
+    index: int,
+    base_dir: Path,
+    loc: Locator,
+    tasks_root: Path,
+    fields: list[str],
+) -> list[Instance]:
     path: PathKey = ("tasks", index, "glob")
-    root, matches = _glob_matches(entry.glob or "", base_dir, loc, path)
+    _, matches = _glob_matches(entry.glob or "", base_dir, loc, path)
     if len(matches) > MAX_TASKS:
         raise loc.error(path, f"matches {len(matches)} paths, over {MAX_TASKS}; narrow it")
     template = entry.name if entry.name is not None else "{task_rel}"
     out: list[Instance] = []
+    units: set[str] = set()
+    is_dir = {m: m.is_dir() for m in matches}
+    files_in = Counter(m.parent for m in matches if not is_dir[m])
     for match in matches:
         _check_readable(match, loc, path)
-        values = _glob_vars(match, root)
+        per_file = not is_dir[match] and files_in[match.parent] > 1
+        values = _glob_vars(match, per_file, tasks_root, loc, path)
+        unit = values["task_file"] if per_file else values["task_dir"]
+        if unit in units:
+            continue  # one task per selected folder (a folder and a file in it both matched)
+        units.add(unit)
+        values.update(_config_fields(Path(values["task_file"]), fields, index))
         name = _name(template, values, "", values["task_rel"])
         label = f"tasks[{index}] (match {values['task_file']})"
-        out.append(Instance(name, values, label, excluded_by(match, entry.exclude, base_dir)))
+        skip = excluded_by(match, entry.exclude, base_dir)
+        out.append(Instance(name, values, label, unit, skip))
     return out
 
 
@@ -285,11 +356,92 @@ def excluded_by(match: Path, patterns: list[str], base_dir: Path) -> str | None:
     return None
 
 
-def _instances(entry: TaskEntry, index: int, base_dir: Path, loc: Locator) -> list[Instance]:
+# -- fields of the matched config.yaml ({config.<field>}) ------------------------------------------
+def _config_refs(entry: TaskEntry, opts: TaskOptions) -> list[str]:
+    """The ``config.<field>`` placeholders an entry uses (command, name, env, cwd, done_when,
+    timeout), in order of first use."""
+    texts = [entry.command] if isinstance(entry.command, str) else list(entry.command)
+    texts += [t for t in (entry.name, opts.cwd, opts.done_when) if t is not None]
+    texts += list(opts.env.values())
+    if isinstance(opts.timeout, str):
+        texts.append(opts.timeout)
+    found: list[str] = []
+    for text in texts:
+        for ref in CONFIG_REF.findall(text):
+            if ref not in found:
+                found.append(ref)
+    return found
+
+
+def _matched_config(task_file: Path) -> Path:
+    """The YAML file a glob task reads ``{config.*}`` from: the matched file when it is YAML,
+    else ``config.yaml`` in the matched folder."""
+    if task_file.is_file() and task_file.suffix in (".yaml", ".yml"):
+        return task_file
+    return (task_file if task_file.is_dir() else task_file.parent) / "config.yaml"
+
+
+def _config_fields(task_file: Path, refs: list[str], index: int) -> dict[str, str]:
+    """``{"config.<field>": value}`` for each reference, read from the matched config."""
+    if not refs:
+        return {}
+    source = _matched_config(task_file)
+    used = f"used by tasks[{index}] as {{{refs[0]}}}"
+    try:
+        text = source.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read it ({exc.strerror}), {used}") from None
+    data, _ = load_yaml(text, str(source))
+    out: dict[str, str] = {}
+    for ref in refs:
+        value: object = data
+        for key in ref[len(CONFIG_PREFIX) :].split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        shown = "{" + ref + "}"
+        if value is None:
+            raise ConfigError(
+                f"{source}: has no field {ref[len(CONFIG_PREFIX) :]!r} (used by tasks[{index}] "
+                f"as {shown}); add it to that file, or narrow the glob"
+            )
+        if isinstance(value, bool):
+            out[ref] = "true" if value else "false"
+        elif isinstance(value, int | float | str):
+            out[ref] = str(value)
+        else:
+            raise ConfigError(
+                f"{source}: field {ref[len(CONFIG_PREFIX) :]!r} is a {type(value).__name__}, "
+                f"not a string or number (used by tasks[{index}] as {shown}); point at a "
+                "scalar field"
+            )
+    return out
+
+
+def _instance_timeout(inst: Instance, timeout: str, index: int) -> float:
+    """A ``timeout: "{config.<field>}"`` of one matched task, as seconds."""
+    value = render(timeout, inst.vars)
+    source = _matched_config(Path(inst.vars["task_file"]))
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{source}: field {timeout.strip('{}')[len(CONFIG_PREFIX) :]!r} is used as the "
+            f"timeout of tasks[{index}]: {exc}"
+        ) from None
+
+
+def _instances(
+    entry: TaskEntry,
+    index: int,
+    base_dir: Path,
+    loc: Locator,
+    tasks_root: Path | None = None,
+    fields: list[str] | None = None,
+) -> list[Instance]:
     if entry.matrix is not None:
         return _matrix_instances(entry, index, loc)
     if entry.glob is not None:
-        return _glob_instances(entry, index, base_dir, loc)
+        root = base_dir if tasks_root is None else tasks_root
+        return _glob_instances(entry, index, base_dir, loc, root, fields or [])
     name = render(entry.name, {}) if entry.name is not None else default_name(entry.command)
     return [Instance(name, {}, f"tasks[{index}]")]
 
@@ -298,7 +450,7 @@ def _instances(entry: TaskEntry, index: int, base_dir: Path, loc: Locator) -> li
 def _var_names(entry: TaskEntry) -> set[str]:
     if entry.matrix is not None:
         return set(entry.matrix)
-    return set(GLOB_VARS) if entry.glob is not None else set()
+    return {*GLOB_VARS, ANY_CONFIG_FIELD} if entry.glob is not None else set()
 
 
 def _check_gpus(
@@ -317,7 +469,10 @@ def _dedupe_hint(entry: TaskEntry) -> str:
         example = "-".join(f"{k}{{{k}}}" for k in entry.matrix)
         return f'use every matrix key in the name, e.g. name: "{example}"'
     if entry.glob is not None:
-        return 'keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
+        return (
+            "two task folders give one id (ids are their paths relative to tasks_root, made "
+            'safe): rename one folder, or keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
+        )
     return "set a different name: on one of them"
 
 
@@ -331,11 +486,23 @@ def _expand_entry(
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
-    instances = _instances(entry, index, base_dir, loc)
-    return [
-        (make_spec(inst, command, opts, grace=config.grace, base_dir=base_dir), inst)
-        for inst in instances
-    ]
+    fields = _config_refs(entry, opts)
+    if fields and entry.glob is None:
+        raise loc.error(
+            _origin(entry, path, "timeout") if isinstance(opts.timeout, str) else path,
+            f"{{{fields[0]}}} reads the config.yaml a glob: entry matched; only glob tasks can "
+            "use it",
+        )
+    root = tasks_root_of(config, base_dir)
+    instances = _instances(entry, index, base_dir, loc, root, fields)
+    out = []
+    for inst in instances:
+        own = opts
+        if isinstance(opts.timeout, str):
+            timeout = _instance_timeout(inst, opts.timeout, index)
+            own = opts.model_copy(update={"timeout": timeout})
+        out.append((make_spec(inst, command, own, grace=config.grace, base_dir=base_dir), inst))
+    return out
 
 
 def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[TaskSpec]:
@@ -345,12 +512,18 @@ def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[Task
     for index, entry in enumerate(config.tasks):
         for spec, inst in _expand_entry(config, index, base_dir, loc):
             if spec.id in seen:
+                if _same_folder(inst, seen[spec.id][0]):
+                    continue  # overlapping globs: one task per folder (the first entry's)
                 _duplicate(spec, inst, seen[spec.id], entry, loc, ("tasks", index))
             seen[spec.id] = (inst, ("tasks", index))
             specs.append(spec)
         if len(specs) > MAX_TASKS:
             raise loc.error(("tasks", index), f"the config gives over {MAX_TASKS} tasks; split it")
     return specs
+
+
+def _same_folder(a: Instance, b: Instance) -> bool:
+    return bool(a.unit) and a.unit == b.unit
 
 
 def _duplicate(

@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,12 +21,14 @@ from gpuswarm.errors import (
     EXIT_OK,
     EXIT_UNFINISHED,
     ConfigError,
+    DiskFullError,
     PreflightError,
+    disk_full,
 )
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.hostlock import GpuHold, gpu_keys
-from gpuswarm.leases import attach, is_live, owner_id, write_owner_file
+from gpuswarm.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
@@ -382,6 +384,8 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
+            setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
+            cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
             run_preflight(
                 paths,
                 setup.slots,
@@ -398,23 +402,36 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg)
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop()), shown:
-                sup.run()
-                _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary short
-                extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
-                summary = write_outputs(paths, queue, info, (started, time.time()), extra)
-                ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
-                if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
-                    _say(output, f"after_all: {setup.after_all}")
-                    after = run_once(paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping)
-                    if after is not None:
-                        fields = {k: v for k, v in after.items() if k != "command"}
-                        ledger.emit(Ev.AFTER_ALL, **fields)
-                        summary["after_all"] = after
-                        atomic_write_json(paths.summary_json, summary)
+                try:
+                    sup.run()
+                    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
+                    extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
+                    summary = write_outputs(paths, queue, info, (started, time.time()), extra)
+                    ledger.emit(
+                        Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"]
+                    )
+                    if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
+                        _say(output, f"after_all: {setup.after_all}")
+                        after = run_once(
+                            paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping
+                        )
+                        if after is not None:
+                            fields = {k: v for k, v in after.items() if k != "command"}
+                            ledger.emit(Ev.AFTER_ALL, **fields)
+                            summary["after_all"] = after
+                            atomic_write_json(paths.summary_json, summary)
+                except OSError as exc:
+                    if not disk_full(exc):
+                        raise
+                    raise _after_disk_full(paths, queue, exc) from None
                 if output.report:
                     _write_report(paths, queue, summary, info, output)
         finally:
-            ledger.close()
+            try:
+                ledger.close()
+            except OSError as exc:  # the journal's last fsync: the disk may be full
+                if not disk_full(exc):
+                    raise
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
 
 
@@ -467,6 +484,21 @@ def _write_report(
         write_report(paths, queue, summary, info)
     except Exception as exc:  # the results are written already; the report is a view of them
         _say(out, f"gpuswarm: could not write the report ({type(exc).__name__}: {exc})")
+
+
+def _after_disk_full(paths: RunPaths, queue: DirQueue, exc: OSError) -> DiskFullError:
+    """The run stopped on a full disk: write the outputs if they still fit, say what to do."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    try:
+        _, info = open_run(paths.root)
+        write_outputs(paths, queue, info, None)
+        wrote = "summary.json and results.tsv are written"
+    except OSError:
+        wrote = "summary.json and results.tsv could not be written"
+    return DiskFullError(
+        f"the disk is full: {exc.strerror}{where}; the run stopped, {wrote}, and the queue "
+        f"is intact: free some space, then run: gpuswarm resume {paths.root}"
+    )
 
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:

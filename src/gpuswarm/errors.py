@@ -55,6 +55,22 @@ class QueueError(GpuswarmError):
     """The on-disk queue is in a state gpuswarm cannot repair by itself."""
 
 
+class LeaseLostError(QueueError):
+    """A claimed descriptor's lease file was renamed away (another supervisor reclaimed it):
+    the write that found it gone wrote nothing, and the task is no longer this process's."""
+
+
+class DiskFullError(GpuswarmError):
+    """The disk (or a quota) is full: the queue is intact, a resume after freeing space goes on."""
+
+
+DISK_FULL_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
 class ResearchError(BadInputError):
     """A research command cannot do what was asked (no experiment, bad variant id, dirty edit)."""
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
+import errno
 import json
 import os
 import threading
@@ -54,16 +57,31 @@ class DirSyncer:
 
 
 def atomic_write_bytes(
-    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, sync_dir: bool = True
+    path: Path,
+    data: bytes,
+    *,
+    durable: bool = True,
+    mode: int = 0o644,
+    sync_dir: bool = True,
+    fenced: bool = False,
 ) -> None:
     """Write ``data`` to ``path`` so that readers see either the old or the new file, never half.
 
     The temp file lives in the same folder (same filesystem, so the rename is atomic) and starts
     with ``.tmp-`` so folder scans can ignore it. ``sync_dir=False`` skips the folder fsync for a
     caller that renames the file on and syncs the destination folder itself.
+
+    ``fenced``: ``path`` is a lease (a claimed descriptor another process may rename away); it
+    is replaced only if it still exists, and never re-created: the temp file (created with
+    ``O_EXCL``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``, which fails when
+    ``path`` is gone. Then FileNotFoundError is raised and nothing was written.
     """
     tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    if fenced:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a write of this thread that a crash cut short; O_EXCL below
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if fenced else os.O_TRUNC)
+    fd = os.open(tmp, flags, mode)
     try:
         view = memoryview(data)
         while view:
@@ -76,9 +94,56 @@ def atomic_write_bytes(
             tmp.unlink()
         raise
     os.close(fd)
-    os.replace(tmp, path)
+    if fenced:
+        replace_existing(tmp, path)
+    else:
+        os.replace(tmp, path)
     if durable and sync_dir:
         fsync_dir(path.parent)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_exchange_supported: list[bool] = []  # [] unknown, [False] after the kernel or fs refused it
+
+
+def _renameat2() -> Any:
+    name = ctypes.util.find_library("c")
+    func = getattr(ctypes.CDLL(name, use_errno=True), "renameat2", None) if name else None
+    return func
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def replace_existing(tmp: Path, path: Path) -> None:
+    """Put ``tmp`` in place of ``path`` only if ``path`` exists; never create ``path``.
+
+    With ``renameat2(RENAME_EXCHANGE)`` (Linux 3.15+, ext4/xfs/btrfs/tmpfs...) the check and the
+    replacement are one atomic step; ``tmp`` then holds the old content and is removed. Where
+    the exchange is not supported the fallback checks, then renames: a rename away in between
+    (microseconds) is not detected there (a documented limit). ``tmp`` is removed and
+    FileNotFoundError raised when ``path`` is gone.
+    """
+    if _RENAMEAT2 is not None and _exchange_supported != [False]:
+        rc = _RENAMEAT2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE)
+        if rc == 0:
+            tmp.unlink()
+            return
+        err = ctypes.get_errno()
+        if err == errno.ENOENT:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise FileNotFoundError(errno.ENOENT, "lease file is gone", str(path))
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise OSError(err, os.strerror(err), str(path))
+        _exchange_supported[:] = [False]
+    if not os.path.lexists(path):
+        tmp.unlink()
+        raise FileNotFoundError(errno.ENOENT, "lease file is gone", str(path))
+    os.replace(tmp, path)
 
 
 def temp_writer_alive(name: str) -> bool:

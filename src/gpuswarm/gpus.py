@@ -102,12 +102,23 @@ class Slot:
     gpu_ids: tuple[int, ...]  # host GPU ids this slot owns (len == gpus_per_task)
     vendor: Vendor
     share: int = 0  # 0..tasks_per_gpu-1: which of the slots sharing these GPUs this is
+    ident: str = ""  # the slot id registered in the run (unique there): see slot_id()
 
     @property
     def label(self) -> str:
-        """``gpu0``, ``gpu0+1`` (two GPUs), ``gpu0#1`` (second slot sharing gpu0)."""
+        """The slot's id in its run once registered (``<host>-gpu3``, ``<host>-gpu3.1``);
+        before that ``gpu0``, ``gpu0+1`` (two GPUs), ``gpu0#1`` (second slot sharing gpu0)."""
+        if self.ident:
+            return self.ident
         base = "gpu" + "+".join(str(i) for i in self.gpu_ids)
         return f"{base}#{self.share}" if self.share else base
+
+
+def slot_id(host: str, gpu_ids: Sequence[int], share: int) -> str:
+    """``<host>-gpu3``; ``<host>-gpu3.1`` for the second slot on gpu3 (``tasks_per_gpu``, or a
+    second supervisor of this host on that GPU); ``<host>-gpu0+1`` for a two-GPU slot."""
+    base = f"{host}-gpu" + "+".join(str(i) for i in gpu_ids)
+    return f"{base}.{share}" if share else base
 
 
 def format_ids(ids: Iterable[int]) -> str:

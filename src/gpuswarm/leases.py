@@ -17,6 +17,7 @@ reused (start time differs), or, on any host, its heartbeat is older than ``leas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -30,7 +31,8 @@ from typing import Any
 import psutil
 
 from gpuswarm.errors import RunLockedError
-from gpuswarm.fsutil import atomic_write_json
+from gpuswarm.fsutil import atomic_write_bytes, atomic_write_json
+from gpuswarm.gpus import Slot, slot_id
 from gpuswarm.paths import RunPaths, slugify
 
 OWNER_VAR = "GPUSWARM_OWNER"
@@ -74,12 +76,72 @@ def owner_alive(paths: RunPaths, owner: str, lease_ttl: float, now: float | None
 
 def slot_label(paths: RunPaths, owner: str, index: int) -> str:
     """The label (``gpu3``) of slot ``index`` of supervisor ``owner``, from its owner file."""
+    if index < 0:
+        return "reclaimer"  # a reclaimer's lease (``@owner@-1.x``): no slot runs it
     try:
         with owner_file(paths, owner).open("rb") as fh:
             slots = json.loads(fh.read()).get("slots", [])
         return str(slots[index])
     except (OSError, ValueError, IndexError, TypeError, AttributeError):
         return f"slot {index}"
+
+
+def slots_dir(paths: RunPaths) -> Path:
+    return paths.parallel / "slots"
+
+
+def _take_slot_id(paths: RunPaths, ident: str, owner: str, lease_ttl: float) -> bool:
+    """Register ``ident`` for ``owner`` (O_EXCL), or take over a registration of a dead owner."""
+    path = slots_dir(paths) / ident
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        try:
+            holder = path.read_text().strip()
+        except OSError:
+            holder = ""
+        if holder == owner:
+            return True
+        if holder and owner_alive(paths, holder, lease_ttl):
+            return False
+        atomic_write_bytes(path, owner.encode() + b"\n")  # under the init lock: no race
+        return True
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(owner.encode() + b"\n")
+    return True
+
+
+def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: float) -> list[Slot]:
+    """Give each slot an id unique within the run and naming host + GPU (``<host>-gpu3``).
+
+    Called under the init lock. Each id is a file in ``.parallel/slots/`` created with
+    ``O_EXCL``; an id a live supervisor holds (a second ``work`` of this host on the same GPU)
+    makes this slot take the next share number (``<host>-gpu3.1``, ``.2``, ...); an id whose
+    holder is gone (a crash, an earlier supervisor) is taken over, so a resume keeps its lanes
+    and homes. Registrations are never removed: the folder lists every slot the run has had.
+    """
+    slots_dir(paths).mkdir(exist_ok=True)
+    host = host_slug()
+    taken: set[str] = set()
+    out = []
+    for slot in slots:
+        share = slot.share
+        while True:
+            ident = slot_id(host, slot.gpu_ids, share)
+            if ident not in taken and _take_slot_id(paths, ident, owner, lease_ttl):
+                break
+            share += 1
+        taken.add(ident)
+        out.append(dataclasses.replace(slot, ident=ident))
+    return out
+
+
+def registered_slot_ids(paths: RunPaths) -> list[str]:
+    """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
+    try:
+        return sorted(n for n in os.listdir(slots_dir(paths)) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
 
 
 def on_this_host(owner: str) -> bool:

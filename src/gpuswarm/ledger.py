@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.fsutil import dumps_compact
+from gpuswarm.records import event_problem, parse_event
 
 
 class Ev(str, Enum):
@@ -31,6 +32,7 @@ class Ev(str, Enum):
     CORRUPT = "corrupt"
     QUARANTINED = "quarantined"  # a slot stopped claiming: its attempts kept failing fast
     SHUTDOWN = "shutdown"  # warm or cold shutdown requested
+    LEASE_LOST = "lease_lost"  # a reclaimer took a task from a stalled supervisor: not committed
     AGGREGATED = "aggregated"
     STALE_RESULT = "stale_result"  # a completion file found before an attempt, moved aside
     UNQUARANTINED = "unquarantined"  # a quarantined slot back in rotation (probe or by hand)
@@ -91,10 +93,9 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
         for raw in fh:
             if not raw.endswith(b"\n"):
                 break  # torn last line
-            try:
-                yield json.loads(raw)
-            except ValueError:
-                continue
+            event = parse_event(raw)
+            if event is not None:  # a line that is no JSON object is skipped (check reports it)
+                yield event
 
 
 def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
@@ -112,10 +113,9 @@ def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
         lines = lines[1:]  # first line is partial
     out: list[dict[str, Any]] = []
     for raw in lines[:-1]:  # the last element is "" or a torn line
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            continue
+        event = parse_event(raw)
+        if event is not None:
+            out.append(event)
     return out
 
 
@@ -139,8 +139,27 @@ class EventTail:
         self._partial = lines.pop()  # a line still being written
         out = []
         for raw in lines:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
+            event = parse_event(raw)
+            if event is not None:
+                out.append(event)
         return out
+
+
+def bad_event_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, why)`` for each complete journal line that is no JSON object."""
+    out: list[tuple[int, str]] = []
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return out
+    with fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                why = event_problem(json.loads(raw))
+            except (ValueError, RecursionError):
+                why = "not JSON"
+            if why is not None:
+                out.append((number, why))
+    return out

@@ -10,7 +10,12 @@ from typing import Any
 
 import yaml
 
+from gpuswarm.taskfiles import inside, read_limited, read_tail
+
 LOG_SCAN_BYTES = 1 << 20
+RESULT_MAX_BYTES = 4 << 20  # a completion file larger than this is a failed attempt
+RESULT_MAX_DEPTH = 100  # nesting deeper than this is a failed attempt (never a RecursionError)
+RESULT_MAX_VALUES = 100_000
 
 
 class ResultFileError(Exception):
@@ -18,13 +23,7 @@ class ResultFileError(Exception):
 
 
 def _log_text(path: Path, max_bytes: int = LOG_SCAN_BYTES) -> str:
-    try:
-        with path.open("rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - max_bytes))
-            data = fh.read()
-    except OSError:
-        return ""
+    data = read_tail(path, max_bytes)[0]  # never blocks on a FIFO, never follows a symlink
     return data.decode("utf-8", errors="replace").replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -60,21 +59,66 @@ def parse_metrics(log: Path, patterns: Mapping[str, str]) -> dict[str, Any]:
 
 
 def load_result_file(path: Path) -> Any:
-    """Parse a completion file (JSON or YAML); raise ResultFileError with the reason."""
+    """Parse a completion file (JSON or YAML); raise ResultFileError with the reason.
+
+    The file is the task's: it may be a FIFO, a symlink, huge, deeply nested or recursive
+    (a YAML anchor that contains itself). Each of these is a ResultFileError, never a hang or
+    an exception of another kind."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = read_limited(path, RESULT_MAX_BYTES)
     except FileNotFoundError:
         raise ResultFileError(f"completion file {path.name} was not written") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ResultFileError(f"completion file {path.name} is unreadable: {exc}") from None
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise ResultFileError(f"completion file {path.name} is unreadable: {why}") from None
     try:
+        text = raw.decode("utf-8")
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        _check_shape(data)
+    except ResultFileError as exc:
+        raise ResultFileError(f"completion file {path.name} is unusable: {exc}") from None
+    except RecursionError:
+        raise ResultFileError(f"completion file {path.name} is nested too deeply") from None
+    except (ValueError, yaml.YAMLError, MemoryError, TypeError, OverflowError) as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ResultFileError(f"completion file {path.name} does not parse: {first}") from None
     if data is None:
         raise ResultFileError(f"completion file {path.name} is empty")
     return data
+
+
+def read_completion(workspace: Path, rel: str) -> Any:
+    """The parsed completion file ``rel`` of a task workspace (placeholders already filled in).
+
+    It must stay inside the workspace once symlinks are resolved (a task or a placeholder
+    value must not make gpuswarm copy ``/etc/passwd`` or a secret into results.tsv)."""
+    try:
+        target = inside(workspace, rel)
+    except OSError as exc:
+        raise ResultFileError(f"completion file {exc.filename}: {exc.strerror}") from None
+    return load_result_file(target)
+
+
+def _check_shape(data: Any) -> None:
+    """Refuse structures nested deeper than RESULT_MAX_DEPTH (a structure that contains
+    itself, a recursive YAML alias, is infinitely deep) or with too many values (aliases
+    shared many times over: a "billion laughs")."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, Mapping | list):
+            continue
+        if depth >= RESULT_MAX_DEPTH:
+            raise ResultFileError(
+                f"nested more than {RESULT_MAX_DEPTH} levels deep, or it contains itself "
+                "(a recursive YAML alias)"
+            )
+        seen += 1
+        if seen > RESULT_MAX_VALUES:
+            raise ResultFileError(f"more than {RESULT_MAX_VALUES} nested lists and mappings")
+        children = value.values() if isinstance(value, Mapping) else value
+        stack.extend((child, depth + 1) for child in children)
 
 
 def flatten(data: Any, prefix: str = "", max_items: int = 200) -> dict[str, Any]:

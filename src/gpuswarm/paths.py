@@ -15,6 +15,7 @@ from gpuswarm.errors import ConfigError, RunDirError
 
 STATES = ("pending", "running", "done", "failed", "skipped")  # skipped/: issue 11
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 RUN_PREFIX = "run_"
 
@@ -94,8 +95,11 @@ class RunPaths:
     def attempt_log(self, task_id: str, attempt: int) -> Path:
         return self.attempt_dir(task_id, attempt) / "output.log"
 
-    def slot_home(self, slot: int) -> Path:
-        return self.homes / f"slot-{slot}"
+    def slot_home(self, slot_id: str) -> Path:
+        """``homes/<slot-id>/``: one private HOME per slot id (unique within the run)."""
+        if not _SLOT_ID_RE.match(slot_id):
+            raise ValueError(f"slot id {slot_id!r} is not a safe folder name")
+        return self.homes / slot_id
 
     # -- recognising runs --------------------------------------------------------------------------
     def is_run(self) -> bool:
@@ -124,6 +128,31 @@ def list_runs(parent: Path) -> list[Path]:
         return []
     runs = [p for p in parent.iterdir() if p.name.startswith(RUN_PREFIX) and RunPaths(p).is_run()]
     return sorted(runs, key=lambda p: p.name)
+
+
+def resolve_run_dir(arg: Path, workspace: Path = Path("runs")) -> Path:
+    """The run folder meant by ``arg``: a run folder, any path inside one (``.../run.json``,
+    ``.../tasks/x/attempt-1/output.log``), or a bare run name (``run_20260702_041903``, as
+    AgentKernelArena takes it) looked up under ``workspace``. Anything else comes back as given
+    (the caller's "no such run directory" names it)."""
+    if arg.exists():
+        here = arg.resolve()
+        for folder in (here, *here.parents) if here.is_dir() else here.parents:
+            if RunPaths(folder).is_run():
+                return folder
+        return arg
+    if len(arg.parts) == 1 and arg.name.startswith(RUN_PREFIX):
+        found = [r for r in find_runs(workspace) if r.name == arg.name]
+        if len(found) > 1:
+            listed = ", ".join(str(r) for r in found)
+            raise RunDirError(f"{arg.name} names several runs ({listed}); pass the run folder")
+        if found:
+            return found[0]
+        raise RunDirError(
+            f"{arg}: no such run directory, and no run of that name under {workspace}; pass the "
+            "run folder, or --workspace where runs are"
+        )
+    return arg
 
 
 def find_runs(workspace: Path) -> list[Path]:

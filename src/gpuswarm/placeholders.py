@@ -2,8 +2,9 @@
 
 Rules (the same at load time and at launch):
 
-- ``{key}`` (``key`` an identifier) is replaced by ``values[key]``; an unknown key is left as is
-  (configs are checked at load time, so that only happens for hand-made templates);
+- ``{key}`` (``key`` an identifier, or ``config.<field>`` in a glob task) is replaced by
+  ``values[key]``; an unknown key is left as is (configs are checked at load time, so that only
+  happens for hand-made templates);
 - ``{{`` and ``}}`` produce literal ``{`` and ``}``;
 - ``${...}`` (a shell variable) is left untouched, braces and all;
 - any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text.
@@ -23,13 +24,20 @@ PLACEHOLDERS_AT_LAUNCH = (
     "attempt",  # 1, 2, ...
     "gpu_ids",  # host GPU ids of the slot, comma separated: "0,1"
     "gpu",  # the first of them
-    "slot",  # the worker slot number
+    "slot",  # the worker slot number (0..n-1 of its supervisor)
+    "slot_id",  # the slot's id, unique in the run: <host>-gpu3, <host>-gpu3.1
 )
 
 #: Variables a ``glob:`` entry defines for each matched file.
 GLOB_VARS = ("task_file", "task_dir", "task_rel")
 
-_TOKEN = re.compile(r"\$\{[^}]*\}|\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: ``{config.KEY}`` (``{config.a.b}`` for nested keys): a field of a glob task's matched config.
+CONFIG_PREFIX = "config."
+
+_TOKEN = re.compile(
+    r"\$\{[^}]*\}|\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*|config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)\}"
+)
+CONFIG_REF = re.compile(r"\{(config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)\}")
 _LITERAL = {"{{": "{", "}}": "}"}
 
 

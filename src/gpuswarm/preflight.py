@@ -75,7 +75,7 @@ def run_preflight(
     lock = threading.Lock()
 
     def one(slot: Slot) -> None:
-        home = prepare_home(paths.slot_home(slot.index), provisions) if isolate else {}
+        home = prepare_home(paths.slot_home(slot.label), provisions) if isolate else {}
         env = slot_env(paths, slot, home)
         log = folder / f"{_safe(slot.label)}.log"
         failure = _run_slot(slot.label, commands, env, cwd, log, timeout)

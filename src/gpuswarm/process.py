@@ -18,6 +18,7 @@ import errno
 import math
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 import psutil
 
-from gpuswarm.logs import detect_oom, log_tail
+from gpuswarm.logs import LogPump, LogSink, detect_oom, log_tail
 
 TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -43,6 +44,9 @@ _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 _HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
 _USE_PIDFD = hasattr(os, "pidfd_open")
 _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+# a log written by the LogPump: created fresh (never an existing file or a planted symlink)
+_PUMPED_LOG_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
 
 
 class EndKind(str, Enum):
@@ -392,6 +396,29 @@ def _make_log_dir(folder: Path) -> None:
             os.makedirs(level, exist_ok=True)  # noqa: PTH103 - a deeper parent is missing
 
 
+def _fresh_log_dir(folder: Path) -> None:
+    """``<task dir>/attempt-<n>``, made new: an earlier attempt may have planted it (a folder
+    whose ``output.log`` is a symlink to a file outside the run); that is removed first (never
+    followed). The task dir must be a real folder, not a symlink. One mkdir per level when
+    nothing is in the way (hot path)."""
+    try:
+        os.mkdir(folder.parent)  # noqa: PTH102
+    except FileNotFoundError:
+        os.makedirs(folder.parent, exist_ok=True)  # noqa: PTH103 - a deeper parent is missing
+    except FileExistsError:
+        if folder.parent.is_symlink():
+            why = "the task workspace is a symlink"
+            raise OSError(errno.ELOOP, why, str(folder.parent)) from None
+    try:
+        os.mkdir(folder)  # noqa: PTH102
+    except FileExistsError:
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)  # symlinks inside are removed, never followed
+        else:
+            folder.unlink()
+        os.mkdir(folder)  # noqa: PTH102
+
+
 def _precheck(spec: LaunchSpec) -> str | None:
     if not spec.argv:
         return "empty command"
@@ -421,15 +448,24 @@ class Attempt:
         self._seen: dict[int, psutil.Process] = {}
         self._killed: set[int] = set()
         self._pidfd: int | None = None
+        self._pump: LogPump | None = None
+        self._sink: LogSink | None = None
         self._wake: tuple[int, int] | None = None
         self._wait_lock = threading.Lock()
         self._pid_lock = threading.Lock()
         self._fd_lock = threading.RLock()  # re-entrant: cancel() may run in a signal handler
 
     @classmethod
-    def launch(cls, spec: LaunchSpec) -> Attempt:
-        """Start ``spec``; a command that cannot start gives an attempt that has already ended."""
+    def launch(
+        cls, spec: LaunchSpec, *, pump: LogPump | None = None, max_log_bytes: int = 0
+    ) -> Attempt:
+        """Start ``spec``; a command that cannot start gives an attempt that has already ended.
+
+        With ``pump``, the task writes into a pipe that the pump drains into its log, holding
+        ``max_log_bytes`` while the task writes; without, straight into the log (O_APPEND)."""
         attempt = cls(spec, spec.token or uuid.uuid4().hex, time.time())
+        if pump is not None:
+            return attempt._launch_pumped(pump, max_log_bytes)
         try:
             _make_log_dir(spec.log_path.parent)
             log = os.open(spec.log_path, _LOG_FLAGS, 0o644)  # the child gets a copy of it
@@ -445,6 +481,36 @@ class Attempt:
         finally:
             os.close(log)
         return attempt
+
+    def _launch_pumped(self, pump: LogPump, limit: int) -> Attempt:
+        spec = self.spec
+        try:
+            _fresh_log_dir(spec.log_path.parent)
+            log = os.open(spec.log_path, _PUMPED_LOG_FLAGS, 0o644)
+        except OSError as exc:
+            return self._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
+        try:
+            sink = pump.add(log, limit or (256 << 20))  # the pump owns the log from now on
+        except OSError as exc:
+            os.close(log)
+            return self._failed(EndKind.SPAWN_ERROR, f"cannot open a pipe for the log: {exc}")
+        self._pump, self._sink = pump, sink
+        pre = _precheck(spec)
+        failure = (EndKind.SPAWN_ERROR, pre) if pre else self._spawn(sink.write_fd)
+        if failure is not None:
+            with contextlib.suppress(OSError):
+                os.write(sink.write_fd, f"gpuswarm: {failure[1]}\n".encode())
+        sink.close_write_end()  # the child has its copy
+        if failure is not None:
+            self._finish_log()
+            return self._failed(*failure)
+        return self
+
+    def _finish_log(self) -> None:
+        """Everything the attempt wrote is in its log (before the log is read)."""
+        pump, sink, self._pump, self._sink = self._pump, self._sink, None, None
+        if pump is not None and sink is not None:
+            pump.finish(sink)
 
     def _spawn(self, log: int) -> tuple[EndKind, str] | None:
         env = {**self.spec.env, TOKEN_VAR: self.token}
@@ -581,7 +647,8 @@ class Attempt:
             timeout = _SLICE  # no pidfd: poll the main process in slices
         if self._wake is not None:
             poller.register(self._wake[0], select.POLLIN)
-        ready = poller.poll(None if timeout is None else math.ceil(max(timeout, 0) * 1000))
+        ms = None if timeout is None else min(_MAX_POLL_MS, math.ceil(max(timeout, 0) * 1000))
+        ready = poller.poll(ms)
         if self._wake is not None and any(fd == self._wake[0] for fd, _ in ready):
             with contextlib.suppress(OSError):
                 os.read(self._wake[0], 4096)
@@ -721,6 +788,7 @@ class Attempt:
         return "SIGTERM ignored, SIGKILL sent" if self._main_killed else "stopped by SIGTERM"
 
     def _classify(self, how: str) -> AttemptEnd:
+        self._finish_log()
         rc = self._rc
         sig = _signame(-rc) if rc < 0 else None
         if how == "timeout":

@@ -11,9 +11,10 @@ Layout (under ``RunPaths.parallel``)::
 Every transition is one ``rename`` on one filesystem, so a descriptor is in exactly one state
 folder at any time and two claimers can never both win (the loser's rename fails with ENOENT).
 Names sort lexicographically in claim order (priority first, then submission order). A claim pops
-the next name from an in-memory heap; the folder is scanned only when the heap runs dry, never
-per claim. Contents change only in ``running/`` (temp + fsync + rename over the claimed file),
-before the descriptor moves on.
+the next name from an in-memory heap; the folder is scanned only when the heap runs dry or the
+``added`` marker (touched by :meth:`DirQueue.add_pending`) changed, never per claim. Contents
+change only in ``running/`` (temp + fsync + rename over the claimed file), before the descriptor
+moves on.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ import itertools
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.errors import QueueError
+from gpuswarm.errors import LeaseLostError, QueueError
 from gpuswarm.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.paths import STATES, RunPaths
+from gpuswarm.records import descriptor_problem
 
 DESCRIPTOR_VERSION = 1
 PRIORITY_LIMIT = 4999
@@ -138,6 +141,7 @@ class DirQueue:
         self._heap: list[str] = []
         self._lock = threading.Lock()
         self._loaded = False
+        self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers
@@ -178,8 +182,28 @@ class DirQueue:
             os.close(folder)
         return count
 
+    @staticmethod
+    def add_pending(
+        paths: RunPaths, task: dict[str, Any], seq: int, *, durable: bool = True
+    ) -> str:
+        """Add one task to a run that may be live (temp + fsync + rename into pending/), then
+        touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
+        added later with a higher priority is claimed before those already in their heaps."""
+        desc = new_descriptor(task, seq)
+        name = descriptor_name(int(task.get("priority", 0)), seq, str(task["id"]))
+        atomic_write_bytes(paths.state_dir("pending") / name, dumps_compact(desc), durable=durable)
+        note_added(paths)
+        return name
+
     # -- claiming ------------------------------------------------------------------------------
+    def _added_mark(self) -> int | None:
+        try:
+            return (self.paths.parallel / ADDED_MARKER).stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
     def _refill(self) -> None:
+        self._added_seen = self._added_mark()  # before the scan: an add during it rescans again
         names = [e.name for e in os.scandir(self.paths.state_dir("pending")) if _visible(e.name)]
         heapq.heapify(names)
         self._heap = names
@@ -195,7 +219,10 @@ class DirQueue:
         rescanned = False
         while True:
             with self._lock:
-                if not self._heap and (not self._loaded or not rescanned):
+                if not self._loaded or self._added_mark() != self._added_seen:
+                    self._refill()  # first claim, or tasks were added: one stat per claim
+                    rescanned = True
+                elif not self._heap and not rescanned:
                     self._refill()
                     rescanned = True
                 if not self._heap:
@@ -218,8 +245,9 @@ class DirQueue:
         os.utime(dst)  # mtime = claim time, for status
         try:
             data = json.loads(dst.read_bytes())
-            if not isinstance(data, dict) or "task" not in data:
-                raise ValueError("not a descriptor")
+            problem = descriptor_problem(data, task_fields=False)  # the task: see _start
+            if problem is not None:
+                raise ValueError(problem)
         except (OSError, ValueError) as exc:
             self.quarantine(dst, f"unreadable: {exc}")
             if self.on_corrupt is not None:
@@ -229,28 +257,49 @@ class DirQueue:
 
     # -- transitions of a claimed descriptor ---------------------------------------------------
     def save(self, claimed: Claimed) -> None:
-        """Write the claimed descriptor's data in place (temp + fsync + rename)."""
-        atomic_write_bytes(claimed.path, dumps_compact(claimed.data), durable=self.durable)
+        """Write the claimed descriptor's data in place (temp + fsync + rename), fenced: only
+        while the lease file exists (LeaseLostError, nothing written, when it was renamed away)."""
+        self._fenced_write(claimed, sync_dir=True)
+
+    def _fenced_write(self, claimed: Claimed, *, sync_dir: bool) -> None:
+        try:
+            atomic_write_bytes(
+                claimed.path,
+                dumps_compact(claimed.data),
+                durable=self.durable,
+                sync_dir=sync_dir,
+                fenced=True,
+            )
+        except FileNotFoundError:
+            raise LeaseLostError(
+                f"{claimed.path.name}: the lease is gone (another supervisor reclaimed the task)"
+            ) from None
 
     def move(
         self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
     ) -> Path:
         """Save and move a claimed descriptor to ``state`` (pending, done or failed).
 
-        The data is saved (with ``state``) first, then ``announce`` runs (it journals the
-        transition), then the rename makes it true. A crash after the save leaves a running
+        Fenced: the save replaces the leased file only while it exists (LeaseLostError, nothing
+        written or journaled, once a reclaimer renamed it away). The data is saved (with
+        ``state``) first, then ``announce`` runs (it journals the transition), then the rename
+        makes it true. A crash after the save leaves a running
         descriptor that says where it was going; recovery finishes a move to done/failed and
         journals it again, so the journal never lags behind the folders.
         """
         claimed.data["state"] = state.value
         claimed.data["moved_from"] = claimed.path.name
-        atomic_write_bytes(
-            claimed.path, dumps_compact(claimed.data), durable=self.durable, sync_dir=False
-        )
+        self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
         if announce is not None:
             announce()
         dst = self.paths.state_dir(state.value) / claimed.name
-        os.rename(claimed.path, dst)
+        try:
+            os.rename(claimed.path, dst)  # from the exact leased name: never re-creates it
+        except FileNotFoundError:
+            # a reclaimer renamed it after the save: it finds the begun move in the saved
+            # descriptor and finishes it (journaled as recovered), so the outcome stands
+            claimed.path = dst
+            return dst
         if self.durable:
             deferred: set[Path] | None = getattr(self._local, "dirs", None)
             if deferred is not None:
@@ -306,11 +355,13 @@ class DirQueue:
         return out
 
     def read(self, state: State, name: str) -> dict[str, Any] | None:
+        """The descriptor, or None when it is unreadable, not JSON or mistyped (a record with
+        ``"attempts": "x"`` is as unusable as an empty file: every reader reports it)."""
         try:
             data = json.loads((self.paths.state_dir(state.value) / name).read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
-        return data if isinstance(data, dict) else None
+        return data if descriptor_problem(data) is None else None
 
     def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
         for name in self.names(state):
@@ -325,6 +376,20 @@ class DirQueue:
         if data is None:
             raise QueueError(f"{path}: unreadable running descriptor")
         return Claimed(name=base_name(name), path=path, data=data)
+
+
+ADDED_MARKER = "added"  # .parallel/added: touched whenever tasks are added to a run
+
+
+def note_added(paths: RunPaths) -> None:
+    """Tell live supervisors that pending/ has new tasks (their next claim rescans it)."""
+    marker = paths.parallel / ADDED_MARKER
+    now = time.time_ns()
+    try:
+        os.utime(marker, ns=(now, now))
+    except FileNotFoundError:
+        marker.touch()
+        os.utime(marker, ns=(now, now))
 
 
 def sync_tree(path: Path) -> None:
@@ -353,6 +418,7 @@ __all__ = [
     "descriptor_name",
     "lease_of",
     "new_descriptor",
+    "note_added",
     "sync_tree",
     "task_id_of",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuswarm.fsutil import atomic_write_text
 from gpuswarm.gpus import Gpu, GpuSet, Vendor, plan_slots
+from gpuswarm.leases import registered_slot_ids
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State
@@ -362,7 +363,7 @@ def write_report(
 ) -> Path:
     """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
     scan = _Scan(queue, summary)
-    lanes = _lanes(info)
+    lanes = registered_slot_ids(paths) or _lanes(info)  # every slot id the run has had
     stats = idle_stats(scan.bars, lanes)
     name = str(info.get("name") or summary.get("name") or "")
     try:

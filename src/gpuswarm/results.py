@@ -16,6 +16,7 @@ from typing import Any
 from gpuswarm.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.paths import RunPaths
 from gpuswarm.queue import DirQueue, State, corrupt_task_id, task_id_of
+from gpuswarm.records import why_unreadable
 
 FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
@@ -59,13 +60,34 @@ def row_for(state: State, data: dict[str, Any]) -> Row:
 def collect(queue: DirQueue) -> list[Row]:
     rows: list[Row] = []
     for state in State:
-        for name, data in queue.iter_state(state):
+        for name in queue.names(state):
+            data = queue.read(state, name)
+            if data is None:  # empty, garbage or mistyped: counted corrupt, never vanished
+                rows += _unusable_row(queue, state, name)
+                continue
             if "id" not in data:
                 data["id"] = task_id_of(name)
             rows.append(row_for(state, data))
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=lambda r: str(r.values["task"]))
     return rows
+
+
+def _unusable_row(queue: DirQueue, state: State, name: str) -> list[Row]:
+    """A descriptor in a state folder that cannot be used: a ``corrupt`` row with the reason
+    (none when it has just moved on: a live run)."""
+    why = why_unreadable(queue.paths.state_dir(state.value) / name)
+    if why is None:
+        return []
+    row = Row()
+    row.values = dict.fromkeys(FIXED_COLUMNS, "")
+    row.values.update(
+        task=task_id_of(name),
+        state="corrupt",
+        attempts=0,
+        reason=f"descriptor in {state.value}/: {why}",
+    )
+    return [row]
 
 
 def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:

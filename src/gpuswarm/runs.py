@@ -7,6 +7,7 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import time
@@ -21,14 +22,14 @@ import psutil
 from pydantic import ValidationError
 
 from gpuswarm import __version__
-from gpuswarm.attempt_plan import STALE_SLACK_SECONDS, completion_path
-from gpuswarm.config import TaskSpec
+from gpuswarm.attempt_plan import STALE_SLACK_SECONDS
+from gpuswarm.config import TaskSpec, render
 from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
-from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive
+from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.metrics import ResultFileError, flatten, load_result_file
-from gpuswarm.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
+from gpuswarm.metrics import ResultFileError, flatten, read_completion
+from gpuswarm.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
     LEASE_SEP,
@@ -42,6 +43,7 @@ from gpuswarm.queue import (
     sync_tree,
     task_id_of,
 )
+from gpuswarm.taskfiles import inside
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
         sync_tree(staging.root)
-        os.rename(staging.root, final)
+        final = _rename_into_place(staging, final, info)
         fsync_dir(parent)
     except BaseException:
         _remove_tree(staging.root)
@@ -112,6 +114,23 @@ def _remove_stale_staging(parent: Path) -> None:
             _remove_tree(entry)
 
 
+def _rename_into_place(staging: RunPaths, final: Path, info: dict[str, Any]) -> Path:
+    """Rename the staged run to ``final``, or, when another run of the same name took that
+    name meanwhile (started in the same second), to the next free one: each gets its own."""
+    base = final.name
+    for _ in range(1000):
+        try:
+            os.rename(staging.root, final)
+            return final
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        final = _free_name(final.parent, base)
+        info["run_dir"] = final.name
+        atomic_write_json(staging.run_json, info)
+    raise OSError(errno.EEXIST, "no free run folder name", str(final))
+
+
 def _free_name(parent: Path, name: str) -> Path:
     candidate = parent / name
     n = 2
@@ -127,7 +146,7 @@ def _remove_tree(root: Path) -> None:
 
 def open_run(run_dir: Path) -> tuple[RunPaths, dict[str, Any]]:
     """The run's paths and its run.json, or RunDirError naming what is wrong."""
-    paths = RunPaths(run_dir.resolve()).require_run()
+    paths = RunPaths(resolve_run_dir(run_dir).resolve()).require_run()  # a name or inner path
     try:
         info = read_json(paths.run_json)
     except (OSError, ValueError) as exc:
@@ -178,8 +197,10 @@ def recover(
     moved["judged_done"] = 0
     for name in queue.names(State.RUNNING):
         moved[_recover_running(queue, ledger, name, still_running)] += 1
-    if retry_failed:
-        for name in queue.names(State.FAILED):
+    for name in queue.names(State.FAILED):
+        if _finish_begun_retry(queue, ledger, name):
+            moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
+        elif retry_failed:
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
 
@@ -225,7 +246,7 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: 
     data["attempts"].append(
         {
             "n": len(data["attempts"]) + 1,
-            "slot": f"slot {lease[1]}" if lease else "",
+            "slot": slot_label(queue.paths, *lease) if lease else "",
             "interrupted": True,
             "kind": "lost",
             "reason": "its supervisor died" + (f" ({lease[0]})" if lease else ""),
@@ -293,13 +314,13 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
         return 0
     data["budget_from"] = len(data.get("attempts", []))
     data["reason"] = None
-    data["state"] = State.PENDING.value
+    data["state"] = State.PENDING.value  # in failed/: marks a begun retry (recovery ends it)
     staged = queue.paths.state_dir("failed") / f".retry-{base_name(name)}"
     atomic_write_json(staged, data, durable=queue.durable)
-    os.replace(staged, src)
-    os.rename(src, queue.paths.state_dir("pending") / name)
+    os.replace(staged, src)  # save
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")  # journal
+    os.rename(src, queue.paths.state_dir("pending") / name)  # rename: like every arrow
     queue.push(name)
-    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
     return 1
 
 
@@ -345,12 +366,14 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
         "name": task.name,
         "attempt": str(n),
     }
-    target = completion_path(paths, task, values)
-    if target is None or "{" in str(target.relative_to(paths.task_dir(task.id))):
+    rel = render(task.done_when, values)
+    if "{" in rel:
         return False  # it names the slot or GPU, which the journal would have to tell
+    workspace = paths.task_dir(task.id)
     try:
+        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
         written = target.stat().st_mtime
-        result = load_result_file(target)
+        result = flatten(read_completion(workspace, rel))
     except (OSError, ResultFileError):
         return False
     if written < claimed_at - STALE_SLACK_SECONDS:
@@ -361,7 +384,7 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
     data["attempts"].append(
         {
             "n": n,
-            "slot": f"slot {lease[1]}" if lease and lease[1] >= 0 else "",
+            "slot": slot_label(queue.paths, *lease) if lease and lease[1] >= 0 else "",
             "started": round(claimed_at, 4),
             "ended": round(written, 4),
             "duration": round(max(0.0, written - claimed_at), 4),
@@ -373,7 +396,7 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
             "killed": 0,
         }
     )
-    data["result"] = flatten(result)
+    data["result"] = result
     data["reason"] = None
     queue.move(
         claimed,
@@ -390,6 +413,18 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
             judged=True,
         ),
     )
+    return True
+
+
+def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
+    """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
+    it (again: the journal must never lag behind the folders) and finish the rename."""
+    data = queue.read(State.FAILED, name)
+    if data is None or data.get("state") != State.PENDING.value:
+        return False
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
+    os.rename(queue.paths.state_dir("failed") / name, queue.paths.state_dir("pending") / name)
+    queue.push(name)
     return True
 
 

@@ -1,4 +1,4 @@
-"""Per-slot private HOME with its own caches, read-only provisioned credentials, secret redaction.
+"""Per-slot private HOME with its own caches, private provisioned credentials, secret redaction.
 
 Each slot runs its attempts with ``HOME`` set to a private folder (mode 0700) and every cache
 variable in :data:`CACHE_VARS` pointing inside it, so tasks running side by side never share
@@ -6,9 +6,12 @@ variable in :data:`CACHE_VARS` pointing inside it, so tasks running side by side
 caches, temporary files or agent state (``CODEX_HOME``).
 
 A :class:`Provision` copies one host file or folder (e.g. ``~/.codex/auth.json``) into the slot
-HOME: files become 0400 and folders 0500. A copy is never a link, so a task cannot change the
-host's original, and it is written under a temporary name and renamed into place, so a
-half-copied credential is never visible. Inside a provisioned folder, symlinks are copied as the
+HOME: the copy is private to the slot's user and writable by the task (files 0600, folders 0700),
+because agents (Claude Code, Cursor, Codex) refresh tokens and keep state there. The source is
+never written, linked or mounted: a copy is bytes, so a task cannot change the host's original,
+and it is written under a temporary name and renamed into place, so a half-copied credential is
+never visible. Each supervisor start provisions afresh from the source (a refreshed token lives
+in the slot's copy until then). Inside a provisioned folder, symlinks are copied as the
 file they point to when that is a regular file and skipped otherwise (links to folders, dangling
 links, devices, FIFOs): a copy never descends into a folder outside the source. Symlinks that a
 task left inside the slot HOME on the way to a cache folder or a provision are removed (never
@@ -73,7 +76,7 @@ def check_provision_dest(dest: str) -> str:
     """``dest`` normalised (``a//./b`` -> ``a/b``) if it stays inside HOME, else ConfigError.
 
     Refused: empty, absolute, ``~``-prefixed, containing ``..`` or a NUL byte, and destinations
-    that are or contain a cache folder (the copy is read-only, the cache must stay writable).
+    that are or contain a cache folder (gpuswarm makes those per slot; a copy would replace them).
     """
     where = f"provision dest {dest!r}"
     if not dest or "\0" in dest:
@@ -90,8 +93,8 @@ def check_provision_dest(dest: str) -> str:
     for var, rel in CACHE_DIRS.items():
         if rel == norm or rel.startswith(norm + "/"):
             raise ConfigError(
-                f"{where} would make the {var} folder ~/{rel} read-only; "
-                f"provision the files inside it instead, e.g. '{rel}/<file>'"
+                f"{where} would replace the {var} folder ~/{rel} (the slot's own cache, made "
+                f"by gpuswarm); provision the files inside it instead, e.g. '{rel}/<file>'"
             )
     return norm
 
@@ -166,15 +169,19 @@ def _read_regular(path: Path) -> bytes | None:
         return fh.read()
 
 
-def _write_read_only(path: Path, data: bytes) -> None:
-    atomic_write_bytes(path, data, durable=False, mode=0o400)
-    path.chmod(0o400)
+COPY_FILE_MODE = 0o600  # private to the slot's user, writable: agents refresh their tokens
+COPY_DIR_MODE = 0o700
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    atomic_write_bytes(path, data, durable=False, mode=COPY_FILE_MODE)
+    path.chmod(COPY_FILE_MODE)  # whatever the umask
 
 
 # -- copies
 def _copy_tree(src: Path, dst: Path) -> None:
-    """Fill ``dst`` from ``src`` (files 0400), then make ``dst`` read-only (0500)."""
-    dst.mkdir(mode=0o700)
+    """Fill ``dst`` from ``src``: folders 0700, files 0600 (private, writable by the task)."""
+    dst.mkdir(mode=COPY_DIR_MODE)
     try:
         entries = sorted(os.scandir(src), key=lambda e: e.name)
     except PermissionError as exc:
@@ -185,8 +192,8 @@ def _copy_tree(src: Path, dst: Path) -> None:
             continue
         data = _read_regular(Path(entry.path))
         if data is not None:
-            _write_read_only(dst / entry.name, data)
-    dst.chmod(0o500)
+            _write_private(dst / entry.name, data)
+    dst.chmod(COPY_DIR_MODE)
 
 
 def _remove_leftovers(target: Path) -> None:
@@ -214,7 +221,7 @@ def _provision_file(src: Path, target: Path) -> None:
         raise ConfigError(f"provision source {src} is neither a regular file nor a folder")
     if target.is_symlink() or (os.path.lexists(target) and not target.is_file()):
         _remove(target)
-    _write_read_only(target, data)
+    _write_private(target, data)
 
 
 def _provision(prov: Provision, home: Path, dest: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuswarm.breaker import lift_by_hand, read_quarantines
 from gpuswarm.fsutil import read_json
-from gpuswarm.leases import is_live
+from gpuswarm.leases import is_live, slot_label
 from gpuswarm.ledger import tail_events
 from gpuswarm.live import attempt_number
 from gpuswarm.logs import log_tail
@@ -43,14 +43,15 @@ def _running(queue: DirQueue, now: float) -> list[dict[str, Any]]:
                 "task": data.get("id", task_id_of(name)),
                 "name": data.get("task", {}).get("name", ""),
                 "owner": lease[0] if lease else None,
-                "slot": lease[1] if lease else None,
+                "host": lease[0].split(":", 1)[0] if lease else None,
+                "slot": slot_label(queue.paths, *lease) if lease else None,  # unique in the run
                 "attempt": attempt,
                 "elapsed": round(now - since, 1),
                 "timeout": data.get("task", {}).get("timeout"),
                 "log": str(queue.paths.attempt_log(data["id"], attempt)) if "id" in data else None,
             }
         )
-    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or 0))
+    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or ""))
 
 
 def _failures(queue: DirQueue, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
@@ -188,8 +189,12 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
         paths = RunPaths(run)
         try:
             counts = shown_counts({s.value: n for s, n in DirQueue(paths).counts().items()})
+            unusable = _empty_descriptors(paths)
         except OSError:
             continue
+        for state, n in unusable.items():  # a descriptor truncated to 0 bytes is no task done
+            counts[state] -= n
+        counts["corrupt"] = sum(unusable.values()) + _corrupt_count(paths)
         out.append(
             {
                 "run": str(run),
@@ -201,3 +206,22 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _empty_descriptors(paths: RunPaths) -> dict[str, int]:
+    """Descriptors truncated to 0 bytes, per state folder (one stat each: cheap for ``ls``;
+    other damage is found by ``check``, ``report`` and the end-of-run summary)."""
+    out: dict[str, int] = {}
+    for state in (State.DONE, State.FAILED):
+        with os.scandir(paths.state_dir(state.value)) as it:
+            n = sum(1 for e in it if not e.name.startswith(".") and e.stat().st_size == 0)
+        if n:
+            out[state.value] = n
+    return out
+
+
+def _corrupt_count(paths: RunPaths) -> int:
+    try:
+        return sum(1 for name in os.listdir(paths.corrupt) if not name.startswith("."))
+    except OSError:
+        return 0

@@ -41,10 +41,11 @@ from gpuswarm.attempt_plan import (
 )
 from gpuswarm.breaker import Breaker, quarantine_file, write_quarantine
 from gpuswarm.config import TaskSpec
+from gpuswarm.errors import LeaseLostError
 from gpuswarm.gpus import Slot
 from gpuswarm.leases import owner_file
 from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.logs import cap_log
+from gpuswarm.logs import LogPump, cap_log
 from gpuswarm.paths import RunPaths
 from gpuswarm.process import Attempt, AttemptEnd, EndKind, become_subreaper, sweep_orphans
 from gpuswarm.queue import Claimed, DirQueue, State, attempts_used, lease_of, task_id_of
@@ -58,6 +59,7 @@ FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
 COMMIT_BATCH = 64  # outcomes committed together (one fsync per destination folder)
+MAX_SLEEP_MS = 3_600_000  # poll() takes a C int of milliseconds (24.8 days): re-armed after
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class LiveAttempt:
     gpu_ids: tuple[int, ...]
     values: dict[str, str]
     fd: int | None = None  # the pidfd the loop polls (the attempt closes it once it ends)
+    fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
 
 
 # (slot, end, error, slow: from a waiter, task id, neutral: an end the breaker ignores)
@@ -134,6 +137,7 @@ class Supervisor:
         self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
+        self._pump = LogPump()  # attempts write into pipes; it holds every log's cap
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -142,11 +146,12 @@ class Supervisor:
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
         loop = threading.Thread(target=self._loop_main, name="slots", daemon=True)
-        keeper = threading.Thread(target=self._keep, name="keeper", daemon=True)
+        keeper = threading.Thread(target=self._keep_safely, name="keeper", daemon=True)
         committers = [
             threading.Thread(target=self._committer, name=f"commit-{i}", daemon=True)
             for i in range(COMMITTERS)
         ]
+        self._pump.start()
         for thread in (keeper, *committers, loop):
             thread.start()
         while loop.is_alive():
@@ -162,6 +167,7 @@ class Supervisor:
             self._reclaimer.join()
         self._release_delayed(everything=True)
         sweep_orphans(f"{self.paths.root.name}/")
+        self._pump.stop()
         self.ledger.emit(
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
@@ -183,10 +189,17 @@ class Supervisor:
         first = not self.stopping.is_set()
         self.cold = self.cold or cold or not first
         self.stopping.set()
-        self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
+        with contextlib.suppress(OSError):  # a full disk must not keep the stop from happening
+            self.ledger.emit(Ev.SHUTDOWN, mode="cold" if self.cold else "warm")
         for live in list(self.live.values()):
             live.handle.cancel(hard=self.cold)
         self._wakeup()
+
+    def _stop_on_error(self) -> None:
+        """A warm stop after an error; more errors (a full disk fails every commit) do not
+        turn it into a cold one: the running attempts still get their SIGTERM and grace."""
+        if not self.stopping.is_set():
+            self.request_stop()
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
@@ -214,6 +227,7 @@ class Supervisor:
             now = time.monotonic()
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self._release_delayed(everything=self.stopping.is_set())
+            self._check_leases()
             if self._cooling:  # a cool-down may be over, or a quarantine lifted by hand
                 self._wakeup()
             if now >= next_beat:
@@ -229,8 +243,48 @@ class Supervisor:
                     self._reclaimer = threading.Thread(target=self._reclaim, daemon=True)
                     self._reclaimer.start()
 
+    def _check_leases(self) -> None:
+        """Kill every attempt whose lease file is gone (a reclaimer renamed it away while this
+        supervisor was stalled): one stat per running attempt, no folder scan. Its outcome is
+        never committed (the fenced writes would refuse it anyway)."""
+        for live in list(self.live.values()):
+            if live.fenced or os.path.lexists(live.claimed.path):
+                continue
+            if self.live.get(live.slot.index) is not live:
+                continue  # it ended meanwhile: its commit is fenced
+            live.fenced = True
+            self._lease_lost(live.task_id, live.attempt, "its attempt is killed")
+            live.handle.cancel(hard=True)
+
+    def _lease_lost(self, task_id: str, attempt: int | None, what: str) -> None:
+        self.ledger.emit(
+            Ev.LEASE_LOST,
+            task=task_id,
+            attempt=attempt,
+            owner=self.cfg.owner,
+            reason=f"lease lost (another supervisor reclaimed the task): {what}",
+        )
+
+    def _keep_safely(self) -> None:
+        """The keeper, started again after an error (a full disk: a retry that cannot be
+        requeued, a journal that cannot be synced): the run stops, keeping goes on."""
+        while True:
+            try:
+                self._keep()
+                return
+            except Exception as exc:
+                if not self.stopping.is_set():
+                    self.errors.append(exc)
+                    self.request_stop()
+                if self._done_keeping.wait(1.0):
+                    return
+
     def _cap_logs(self) -> bool:
-        """Cap every live attempt's log; False when one is growing fast (check again soon)."""
+        """Cap every live attempt's log; False when one is growing fast (check again soon).
+
+        Attempts launched through the log pump need none of this (the pump holds the cap)."""
+        if self._pump is not None:
+            return True
         calm = True
         sizes: dict[Path, int] = {}
         for live in list(self.live.values()):
@@ -258,7 +312,11 @@ class Supervisor:
                     return
                 _, _, claimed = heapq.heappop(self._delayed)
             claimed.data.pop("retry_at", None)
-            self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+            try:
+                self.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+            except LeaseLostError:
+                self._lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
+                continue
             self._more_work()
 
     def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
@@ -357,7 +415,7 @@ class Supervisor:
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
         self._hand_over()
-        ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+        ms = None if timeout is None else min(MAX_SLEEP_MS, max(0, int(timeout * 1000 + 0.999)))
         ready = self._poller.poll(ms)
         for fd, _ in ready:
             if fd == self._wake_r:
@@ -425,7 +483,7 @@ class Supervisor:
             self._busy_at = time.monotonic()
             if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)
-                self.request_stop()
+                self._stop_on_error()
                 continue
             if end is not None and not self._breaker_lets(slot, task_id, end, neutral, free):
                 continue
@@ -457,7 +515,8 @@ class Supervisor:
             free.appendleft(slot)
             return
         if self.stopping.is_set():  # a stop came between the claim and the launch
-            self._hand_back(claimed, task, None)
+            with contextlib.suppress(LeaseLostError):
+                self._hand_back(claimed, task, None)
             free.appendleft(slot)
             return
         number = len(claimed.data["attempts"]) + 1
@@ -487,7 +546,7 @@ class Supervisor:
                 file=str(stale[0].relative_to(self.paths.root)),
                 moved_to=str(stale[1].relative_to(self.paths.root)),
             )
-        handle = Attempt.launch(spec)
+        handle = Attempt.launch(spec, pump=self._pump, max_log_bytes=self.cfg.max_log_bytes)
         live = LiveAttempt(
             slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
         )
@@ -530,16 +589,21 @@ class Supervisor:
         """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
         record = record_of(end, live.slot, live.gpu_ids, live.attempt)
         cap_log(self.paths.attempt_log(live.task_id, live.attempt), self.cfg.max_log_bytes)
-        if end.kind is EndKind.CANCELLED:
-            self._hand_back(live.claimed, live.task, record)
-            return
-        outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
-        if live.handle.cancelled and not self._done_in_stop(live.task, end, outcome):
-            record["kind"] = EndKind.CANCELLED.value
-            record["reason"] = f"cancelled ({end.reason}; not done: {outcome.reason})"
-            self._hand_back(live.claimed, live.task, record)
-            return
-        self._finish(live.claimed, live.task, outcome)
+        if live.fenced:
+            return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        try:
+            if end.kind is EndKind.CANCELLED:
+                self._hand_back(live.claimed, live.task, record)
+                return
+            outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
+            if live.handle.cancelled and not self._done_in_stop(live.task, end, outcome):
+                record["kind"] = EndKind.CANCELLED.value
+                record["reason"] = f"cancelled ({end.reason}; not done: {outcome.reason})"
+                self._hand_back(live.claimed, live.task, record)
+                return
+            self._finish(live.claimed, live.task, outcome)
+        except LeaseLostError:
+            self._lease_lost(live.task_id, live.attempt, "its outcome is not committed")
 
     @staticmethod
     def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:
@@ -571,7 +635,7 @@ class Supervisor:
                         self._commit(live, end)
             except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
                 self.errors.append(exc)  # (what was not committed is re-run after a resume)
-                self.request_stop()
+                self._stop_on_error()
             with self._lock:
                 self._commits -= len(batch)
                 last = self._commits == 0
@@ -667,7 +731,7 @@ class Supervisor:
     def _prepare_home(self, slot: Slot) -> dict[str, str]:
         if not self.cfg.isolate_home:
             return {}
-        return prepare_home(self.paths.slot_home(slot.index), self.cfg.provisions)
+        return prepare_home(self.paths.slot_home(slot.label), self.cfg.provisions)
 
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         data = claimed.data

@@ -40,10 +40,11 @@ def print_status(data: dict[str, Any]) -> None:
     if eta.get("eta_seconds") is not None:
         con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
     if data["running"]:
-        table = Table("slot", "task", "attempt", "elapsed", "timeout", box=None)
+        table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
         for r in data["running"]:
             table.add_row(
                 str(r["slot"]),
+                str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
                 r["task"],
                 str(r["attempt"]),
                 clock(r["elapsed"]),

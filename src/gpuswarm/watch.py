@@ -38,9 +38,12 @@ def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = Fa
         next_check = time.monotonic() + (0 if once else LIVE_CHECK_SECONDS)
         while True:
             for e in tail.poll():
-                state.apply(e)
-                if listener is None:
-                    reporter(e)
+                try:
+                    state.apply(e)
+                    if listener is None:
+                        reporter(e)
+                except (KeyError, TypeError, ValueError):  # a line no gpuswarm wrote: go on
+                    stream.write(f"gpuswarm: skipped a malformed journal line: {str(e)[:200]}\n")
             if time.monotonic() >= next_check:
                 if once or not is_live(paths):
                     return

@@ -65,15 +65,25 @@ def escape(pidfile: str, main: str) -> None:
     succeed()
 
 
+def _log_size() -> int:
+    """The size of this attempt's output.log (our stdout may be a pipe to it, or the file)."""
+    env = os.environ
+    log = Path(env["GPUSWARM_RUN_DIR"], "tasks", env["GPUSWARM_TASK_ID"])
+    try:
+        return (log / f"attempt-{env['GPUSWARM_ATTEMPT']}" / "output.log").stat().st_size
+    except OSError:
+        return 0
+
+
 def flood(mib: int) -> None:
-    """Write ``mib`` MiB in 64 KiB writes; note the largest size the log reached (fstat of our
-    stdout after each MiB) in ``flood.peak`` of the task workspace."""
+    """Write ``mib`` MiB in 64 KiB writes; note the largest size the log reached (a stat of
+    this attempt's output.log after each MiB) in ``flood.peak`` of the task workspace."""
     chunk = (b"flood " * 10923)[: (1 << 16) - 1] + b"\n"
     peak = 0
     for i in range(mib * 16):
         os.write(1, chunk)
         if i % 16 == 15:
-            peak = max(peak, os.fstat(1).st_size)
+            peak = max(peak, _log_size())
     workspace_path("flood.peak").write_text(str(peak))
     succeed()
 

@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuswarm.leases import host_slug
+
 pytestmark = pytest.mark.slow
 
 PY = sys.executable
@@ -211,7 +213,7 @@ def test_each_task_sees_exactly_one_gpu_and_concurrent_tasks_never_share(tmp_pat
     assert len({i["env"]["CUDA_VISIBLE_DEVICES"] for i in infos}) >= 2
     started = [e for e in events(run) if e["ev"] == "started"]
     assert len(started) == 8
-    assert all(e["gpus"] == [int(e["slot"][3:])] for e in started)
+    assert all(e["gpus"] == [int(e["slot"].rsplit("-gpu", 1)[1])] for e in started)
 
 
 def test_gpus_per_task_two_gives_pairs(tmp_path: Path) -> None:
@@ -276,11 +278,12 @@ def test_tasks_per_gpu_two_gives_two_slots_per_gpu(tmp_path: Path) -> None:
     assert sorted(per_gpu) == ["0", "1"]
     assert all(len(v) == 2 for v in per_gpu.values())
     labels = {e["slot"] for e in events(run) if e["ev"] == "started"}
-    assert labels == {"gpu0", "gpu1", "gpu0#1", "gpu1#1"}
+    h = host_slug()  # slot ids name host + GPU; .1 = the second slot on a GPU
+    assert labels == {f"{h}-gpu0", f"{h}-gpu1", f"{h}-gpu0.1", f"{h}-gpu1.1"}
     assert json.loads((run / "run.json").read_text())["slot_count"] == 4
 
 
-def test_isolated_home_with_read_only_provisioned_credential(tmp_path: Path) -> None:
+def test_isolated_home_with_private_provisioned_credential(tmp_path: Path) -> None:
     probe = write_probe(tmp_path)
     secret_file = tmp_path / "host_auth.json"
     secret_file.write_text('{"token": "host-credential-42"}\n')
@@ -322,13 +325,13 @@ def test_isolated_home_with_read_only_provisioned_credential(tmp_path: Path) -> 
             "CODEX_HOME",
         ):
             assert Path(env[var]).is_relative_to(home), f"{var}={env[var]} not inside {home}"
-        assert info["auth_mode"] == 0o400, oct(info["auth_mode"])
+        assert info["auth_mode"] == 0o600, oct(info["auth_mode"])
         assert info["auth_text"] == secret_file.read_text()
         homes.add(env["HOME"])
     # the two tasks overlapped on two slots: each slot has its own HOME
     assert len(homes) == 2
     # the host file is untouched
-    assert stat.S_IMODE(secret_file.stat().st_mode) != 0o400
+    assert stat.S_IMODE(secret_file.stat().st_mode) != 0o600
 
 
 # == 2. Completion files ===========================================================================
@@ -508,6 +511,7 @@ def test_glob_and_matrix_tasks(tmp_path: Path) -> None:
     cfg = write_yaml(
         tmp_path / "g.yaml",
         {
+            "tasks_root": "tasks/x",  # ids and task_rel relative to it (default: the config's)
             "tasks": [
                 {
                     "glob": "tasks/x/*/config.yaml",
@@ -526,7 +530,7 @@ def test_glob_and_matrix_tasks(tmp_path: Path) -> None:
                     "name": "lr{lr}-s{seed}",
                     "command": [PY, "-c", dump, "{workspace}/seen.txt", "{lr}", "{seed}"],
                 },
-            ]
+            ],
         },
     )
     proc = gs("run", "--gpus", "sim:2", cfg, cwd=tmp_path)
@@ -563,7 +567,7 @@ def test_priority_decides_order_on_one_slot(tmp_path: Path) -> None:
     run = only_run(tmp_path / "runs")
     order = [e["task"] for e in events(run) if e["ev"] == "started"]
     assert order == ["urgent", "mid", "low-first-in-file", "low-second-in-file", "negative"]
-    assert {e["slot"] for e in events(run) if e["ev"] == "started"} == {"gpu0"}
+    assert {e["slot"] for e in events(run) if e["ev"] == "started"} == {f"{host_slug()}-gpu0"}
 
 
 # == 5. Bad input ==================================================================================
@@ -952,7 +956,8 @@ def test_status_of_live_run(tmp_path: Path) -> None:
         run = runs_under(tmp_path / "ws")[0]
         assert data["live"] is True
         assert data["counts"] == {"pending": 1, "running": 2, "done": 0, "failed": 0}
-        assert sorted(r["slot"] for r in data["running"]) == [0, 1]
+        ids = [f"{host_slug()}-gpu{i}" for i in (0, 1)]
+        assert sorted(r["slot"] for r in data["running"]) == ids
         for r in data["running"]:
             assert isinstance(r["elapsed"], (int, float)) and r["elapsed"] >= 0
             assert r["attempt"] == 1

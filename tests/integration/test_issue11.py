@@ -27,11 +27,18 @@ from conftest import (
     wait_for_run,
 )
 
+from gpuswarm.leases import host_slug
+
 pytestmark = pytest.mark.slow
 
 PY = sys.executable
 Gs = Callable[..., CliResult]
 Popen = Callable[..., CliProcess]
+
+
+def slot(gpu: int) -> str:
+    """The label of this host's slot on ``gpu`` (slot ids name host + GPU)."""
+    return f"{host_slug()}-gpu{gpu}"
 
 
 def write_config(path: Path, config: dict[str, Any]) -> Path:
@@ -72,6 +79,7 @@ def test_a_completion_file_shipped_in_the_task_folder_is_not_done(
         {
             "name": "stale",
             "gpus": "sim:2",
+            "tasks_root": "tasks",
             "defaults": {"done_when": "report.yaml"},
             "tasks": [{"glob": "tasks/*/config.yaml", "command": cmd, "shell": True}],
         },
@@ -109,12 +117,12 @@ def test_a_completion_file_left_by_an_earlier_attempt_is_moved_aside(
     assert res.returncode == 1, res
     run = only_run(tmp_path / "runs")
     assert task_states(run) == {"t": "failed"}
-    kept = run / "tasks" / "t" / "attempt-2" / "stale-r.yaml"
+    kept = run / "tasks" / "t" / "stale" / "attempt-2-r.yaml"
     assert kept.read_text() == "passed: true\n"  # kept, never deleted
     assert not (run / "tasks" / "t" / "r.yaml").exists()
     (ev,) = [e for e in read_events(run) if e["ev"] == "stale_result"]
     assert ev["task"] == "t" and ev["attempt"] == 2
-    assert ev["moved_to"] == "tasks/t/attempt-2/stale-r.yaml"
+    assert ev["moved_to"] == "tasks/t/stale/attempt-2-r.yaml"
 
 
 # -- item 5: finished work is not re-run --------------------------------------------------------
@@ -216,7 +224,7 @@ def test_a_failing_preflight_stops_the_run_before_any_task(tmp_path: Path, gpusw
     )
     res = gpuswarm("run", config, "--plain")
     assert res.returncode == 2, res
-    assert "preflight failed on gpu1" in res.stderr and "exit 3" in res.stderr, res
+    assert f"preflight failed on {slot(1)}" in res.stderr and "exit 3" in res.stderr, res
     assert "codex: not logged in" in res.stderr, res
     run = only_run(tmp_path / "runs")
     assert set(task_states(run).values()) == {"pending"}  # nothing started, nothing failed
@@ -225,7 +233,7 @@ def test_a_failing_preflight_stops_the_run_before_any_task(tmp_path: Path, gpusw
     assert [ln.split()[:2] for ln in lines] == [["0", "0"], ["1", "1"], ["2", "2"]]
     for ln in lines:  # each slot's own private HOME
         gpu, _, home = ln.split()
-        assert home.endswith(f"homes/slot-{gpu}"), ln
+        assert home.endswith(f"homes/{slot(int(gpu))}"), ln
 
 
 def test_a_passing_preflight_then_tasks_run(tmp_path: Path, gpuswarm: Gs) -> None:
@@ -242,7 +250,7 @@ def test_a_passing_preflight_then_tasks_run(tmp_path: Path, gpuswarm: Gs) -> Non
     )
     res = gpuswarm("run", config, "--plain")
     assert res.returncode == 0, res
-    assert (only_run(tmp_path / "runs") / "preflight" / "gpu0.log").is_file()
+    assert (only_run(tmp_path / "runs") / "preflight" / f"{slot(0)}.log").is_file()
 
 
 def test_every_task_program_missing_is_one_clear_line_and_blames_no_gpu(
@@ -347,17 +355,17 @@ def test_only_the_broken_gpu_is_quarantined_and_its_tasks_finish_elsewhere(
     run = only_run(tmp_path / "runs")
     s = summary_of(run)
     assert s["counts"]["done"] == 60, s["counts"]
-    assert {q["slot"] for q in s["quarantined"]} == {"gpu2"}, s["quarantined"]
+    assert {q["slot"] for q in s["quarantined"]} == {slot(2)}, s["quarantined"]
     events = read_events(run)
-    assert {e["slot"] for e in events if e["ev"] == "quarantined"} == {"gpu2"}
+    assert {e["slot"] for e in events if e["ev"] == "quarantined"} == {slot(2)}
     # probed again after the 1 s cool-down: the probe fails, so it is quarantined again
     assert [e for e in events if e["ev"] == "unquarantined" and e.get("probe")], events
     assert "QUARANTINED" in res.stderr  # the plain live lines say so
     report = (run / "report.html").read_text()
-    assert "gpu2" in report and "quarantined" in report.lower()
+    assert slot(2) in report and "quarantined" in report.lower()
     st = gpuswarm("status", run, "--json")
-    assert [q["slot"] for q in json.loads(st.stdout)["quarantined"]] == ["gpu2"], st
-    assert "QUARANTINED gpu2" in gpuswarm("status", run).stdout
+    assert [q["slot"] for q in json.loads(st.stdout)["quarantined"]] == [slot(2)], st
+    assert f"QUARANTINED {slot(2)}" in gpuswarm("status", run).stdout
 
 
 def test_a_quarantine_is_shown_by_status_and_lifted_by_hand(
@@ -387,9 +395,10 @@ def test_a_quarantine_is_shown_by_status_and_lifted_by_hand(
     run = wait_for_run(tmp_path / "runs")
     wait_for(lambda: [e for e in read_events(run) if e["ev"] == "quarantined"], 30)
     st = json.loads(gpuswarm("status", run, "--json").stdout)
-    assert [q["slot"] for q in st["quarantined"]] == ["gpu1"], st
+    assert [q["slot"] for q in st["quarantined"]] == [slot(1)], st
     text = gpuswarm("status", run).stdout
-    assert "QUARANTINED gpu1" in text and f"gpuswarm unquarantine {run} gpu1" in text, text
+    assert f"QUARANTINED {slot(1)}" in text, text
+    assert f"gpuswarm unquarantine {run} {slot(1)}" in text, text
     res = gpuswarm("unquarantine", run, "gpu1")
     assert res.returncode == 0 and "gpu1" in res.stdout, res
     wait_for(
@@ -422,6 +431,7 @@ def test_skipped_tasks_are_not_failures_and_stay_out_of_pass_rates(
         {
             "name": "skips",
             "gpus": "sim:2",
+            "tasks_root": "tasks",
             "defaults": {"skip_exit_code": 3, "done_when": "r.json"},
             "tasks": [
                 {

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_driver import CliResult, wait_for
 from conftest import (
-    CliResult,
     edit_constant,
     git,
     research_results,
     run_processes,
-    wait_for,
     wait_no_run_processes,
 )
 
@@ -123,7 +122,7 @@ def show(repo: Path, rev: str, path: str) -> bytes:
 
 def queue_run(repo: Path, tag: str) -> Path:
     cfg = json.loads((exp_dir(repo, tag) / "experiment.json").read_text())
-    return exp_dir(repo, tag) / cfg["run"]
+    return exp_dir(repo, tag) / str(cfg["run"])
 
 
 # -- 1. init -----------------------------------------------------------------------------------
@@ -161,6 +160,13 @@ def test_init_creates_branch_and_empty_results(gpuswarm: Cli, research_repo: Pat
             ["--protect", "train.py"],
             ["train.py", "editable and protected"],
         ),
+        # a runner could never use these (issue 12): refused here, not at its every start
+        ("timeout 30d", "t", ["--timeout", "30d"], ["--timeout", "days"]),
+        ("unbalanced quotes", "t", ["--command", "python3 'x"], ["--command", "quotes"]),
+        ("bad shell", "t", ["--shell", "--command", "python3 'x"], ["--command", "shell"]),
+        ("bad metric regex", "t", ["--metric-regex", "val: (["], ["--metric-regex"]),
+        ("metric regex no group", "t", ["--metric-regex", "val: 1"], ["--metric-regex", "group"]),
+        ("bad memory regex", "t", ["--memory-regex", "*mb"], ["--memory-regex"]),
     ],
 )
 def test_init_refusals_write_nothing(
@@ -512,7 +518,7 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
 
     wait_for(running, timeout=20, interval=0.1, what=f"{vid} running")
     (flight,) = ok_json(research(gpuswarm, repo, "status", "--json"))["in_flight"]
-    assert (flight["id"], flight["state"]) == (vid, "running")
+    assert (flight["id"], flight["status"]) == (vid, "running")
     assert flight["slot"] is not None
 
     stopped = ok_json(research(gpuswarm, repo, "stop", "--json"))
@@ -523,7 +529,7 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
     status = ok_json(research(gpuswarm, repo, "status", "--json"))
     assert status["runner"] is False
     (flight,) = status["in_flight"]
-    assert (flight["id"], flight["state"]) == (vid, "queued")
+    assert (flight["id"], flight["status"]) == (vid, "queued")
     rows = research_results(repo, tag)
     assert [r[3] for r in rows[1:]] == ["keep"]  # the baseline; no crash row for the slow one
     assert not [e for e in ledger(repo, tag) if e["ev"] == "finished" and e["id"] == vid]

@@ -23,17 +23,14 @@ from typing import Any
 
 import psutil
 import pytest
+from cli_driver import CliProcess, CliResult, pid_running, wait_for
 from conftest import (
     TRAIN_PY,
-    CliProcess,
-    CliResult,
     descriptor,
     edit_constant,
     git,
-    pid_running,
     research_results,
     run_processes,
-    wait_for,
     wait_no_run_processes,
 )
 
@@ -469,6 +466,7 @@ def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Pat
         assert float(decided[combo["id"]]["row"][1]) == pytest.approx(expected_metric(0.05, 6))
         slow_row = next(r for r in rows(repo) if r[0] == variants[slow]["commit"][:7])
         assert slow_row[3] == "discard"
+        assert slow_row[4].endswith(f"(re-based, see {combo['id']})"), slow_row  # not a bug
         assert status_json(gpuswarm, repo)["in_flight"] == []
     finally:
         stop(gpuswarm, repo)

@@ -8,7 +8,16 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.research.mutate import Constant, constants, digest, neighbours, propose
+from gpuswarm.research.mutate import (
+    Constant,
+    Selection,
+    candidates,
+    command_overrides,
+    constants,
+    digest,
+    neighbours,
+    propose,
+)
 
 TRAIN = '''"""A training script."""
 import math
@@ -61,7 +70,10 @@ def test_constants_finds_top_level_numbers_only() -> None:
         "OFFSET",
         "WARMUP",
         "EPS",
+        "lowercase",  # any case: real scripts keep their knobs in lowercase variables
+        "POW",
     ]
+    assert (found["POW"].kind, found["POW"].literal, found["POW"].value) == ("power", "2**10", 1024)
     assert found["LEARNING_RATE"].value == 0.04
     assert found["WEIGHT_DECAY"].literal == "3e-4"
     assert found["STEPS"].literal == "1_000"
@@ -95,7 +107,7 @@ def test_syntax_error_gives_nothing() -> None:
     bad = "LR = 0.1\ndef (:\n"
     assert constants("bad.py", bad) == []
     assert propose({"bad.py": bad}, random.Random(0), set()) is None
-    assert propose({"x.py": "x = 1\n"}, random.Random(0), set()) is None
+    assert propose({"x.py": "x = 'a'\nflag = True\n"}, random.Random(0), set()) is None
 
 
 def test_float_neighbours_have_no_noise() -> None:
@@ -128,7 +140,8 @@ def test_int_neighbours_stay_positive_ints() -> None:
     assert sorted(ints(1)) == [2, 3]
     assert sorted(ints(8)) == [4, 6, 12, 16]
     assert sorted(ints(64)) == [32, 48, 96, 128]
-    assert sorted(ints(768)) == [384, 576, 767, 769, 960, 1152, 1536]
+    assert sorted(ints(768)) == [384, 576, 960, 1152, 1536]
+    assert sorted(ints(24)) == [12, 18, 30, 36, 48]  # scaled steps, no 24 -> 25
     assert ints(0) and all(n > 0 for n in ints(0))
 
 
@@ -206,7 +219,7 @@ def test_two_changes_happen_sometimes() -> None:
 )
 def test_mutated_file_parses_and_only_literal_changes(value: float, seed: int, prefix: str) -> None:
     literal = repr(value)
-    text = f"# {prefix}\nS = '{prefix}'; VALUE = {literal}  # {prefix}\nother = 1\n"
+    text = f"# {prefix}\nS = '{prefix}'; VALUE = {literal}  # {prefix}\nother = '1'\n"
     (c,) = constants("p.py", text)
     assert c.literal == literal and c.value == value
     m = propose({"p.py": text}, random.Random(seed), set())
@@ -219,3 +232,102 @@ def test_mutated_file_parses_and_only_literal_changes(value: float, seed: int, p
     assert type(ast.literal_eval(lit)) is type(value)
     if isinstance(value, int) and value != 0:
         assert (int(lit) > 0) == (value > 0)
+
+
+NANOGPT = """\
+import math
+from dataclasses import dataclass
+
+out_dir = "out"
+eval_interval = 2000
+log_interval = 1
+batch_size = 12
+block_size = 1024
+n_layer = 12
+learning_rate = 6e-4
+total_batch = 2**19
+lr_scaled = 6e-4 / 2
+betas = (0.9, 0.95)
+dropout = 0.0
+bias = False
+flops_promised = 312e12
+gradient_accumulation_steps = 5 * 8
+gradient_accumulation_steps //= 2
+warmup = 100
+warmup = 200
+exec(open("configurator.py").read())
+tokens = batch_size * block_size * n_layer * learning_rate * total_batch * lr_scaled
+tokens *= betas[0] * dropout * warmup * eval_interval * log_interval
+
+
+@dataclass
+class GPTConfig:
+    n_embd: int = 768
+    name: str = "gpt"
+
+
+def report(mfu: float) -> None:
+    print(f"mfu {mfu / flops_promised:.2%}")
+
+
+parser = None
+if parser:
+    parser.add_argument("--wd", type=float, default=0.1)
+"""
+
+
+def test_constants_in_the_forms_real_scripts_use() -> None:
+    found = by_name(NANOGPT)
+    assert set(found) == {
+        "eval_interval",
+        "log_interval",
+        "batch_size",
+        "block_size",
+        "n_layer",
+        "learning_rate",
+        "total_batch",
+        "lr_scaled",
+        "betas[0]",
+        "betas[1]",
+        "dropout",
+        "flops_promised",
+        "warmup",
+        "GPTConfig.n_embd",
+        "--wd",
+    }  # not: strings, bools, a name assigned again by `//=`
+    assert found["warmup"].literal == "200"  # the last assignment is the one that counts
+    assert (found["total_batch"].kind, found["total_batch"].value) == ("power", 2**19)
+    assert neighbours(found["total_batch"]) == ["2**18", "2**20"]
+    assert (found["lr_scaled"].kind, found["lr_scaled"].value) == ("expr", 3e-4)
+    assert found["betas[1]"].literal == "0.95"
+    for c in found.values():
+        assert NANOGPT[c.start : c.end] == c.literal
+        for new in neighbours(c):
+            ast.parse(NANOGPT[: c.start] + new + NANOGPT[c.end :])
+
+
+def test_print_only_settings_are_skipped_and_selection_works() -> None:
+    pool = {c.name for c, _ in candidates({"train.py": NANOGPT})}
+    assert "flops_promised" not in pool  # only read inside print(): cannot change the metric
+    assert {"n_layer", "betas[1]", "total_batch"} <= pool
+    only = candidates({"train.py": NANOGPT}, Selection(include=("n_layer", "betas")))
+    assert {c.name for c, _ in only} == {"n_layer", "betas[0]", "betas[1]"}
+    named = candidates({"train.py": NANOGPT}, Selection(include=("flops_promised",)))
+    assert [c.name for c, _ in named] == ["flops_promised"]  # named: the user knows better
+    select = Selection(exclude=("*_interval", "betas"))
+    rest = {c.name for c, _ in candidates({"train.py": NANOGPT}, select)}
+    assert not rest & {"eval_interval", "log_interval", "betas[0]", "betas[1]"}
+    assert select.skipped["eval_interval"] == "excluded"
+
+
+def test_names_a_config_file_overrides_are_mutated_there_only() -> None:
+    config = "n_layer = 4\nbatch_size = 8\n"
+    tracked = {"train.py": NANOGPT, "config/tiny.py": config}
+    names, files = command_overrides("python train.py config/tiny.py --learning_rate=1e-3", tracked)
+    assert files == {"config/tiny.py"}
+    assert names == {"n_layer", "batch_size", "learning_rate"}
+    select = Selection(overridden=frozenset(names), config_files=frozenset(files))
+    pool = candidates(tracked, select)
+    where = {(c.path, c.name) for c, _ in pool}
+    assert ("config/tiny.py", "n_layer") in where and ("config/tiny.py", "batch_size") in where
+    assert not {n for p, n in where if p == "train.py"} & names

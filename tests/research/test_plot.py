@@ -169,3 +169,46 @@ def test_bad_goal(tmp_path: Path) -> None:
 def test_import_is_lazy() -> None:
     code = "import sys, gpuswarm.research.plot; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_title_shows_bases_metric_not_a_lucky_repeat() -> None:
+    """After ``baseline --repeat 3`` BASE's metric is the mean; the title must say that, as the
+    report header does, not the luckiest of the repeats (issue 13 item 10)."""
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0, "keep", "baseline"), PlotRow(0.9, "keep", "baseline (repeat 2/3)")]
+    rows.append(PlotRow(1.1, "keep", "baseline (repeat 3/3)"))
+    ax = Figure().add_subplot()
+    assert "best val_bpb 1.000000" in plot._draw(ax, rows, "val_bpb", "min", 1.0)
+    assert "best val_bpb 0.900000" in plot._draw(Figure().add_subplot(), rows, "val_bpb", "min")
+
+
+def test_a_rebased_discard_is_marked_as_such() -> None:
+    """A stale-parent winner (better than the running best, discarded and measured again as a
+    combination) has its own marker and legend entry, not a plain grey discard."""
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0, "keep", "baseline"), PlotRow(0.95, "keep", "lr 0.05")]
+    rows += [PlotRow(0.9, "discard", "depth 6 (re-based, see v0004)"), PlotRow(1.2, "discard", "x")]
+    ax = Figure().add_subplot()
+    plot._draw(ax, rows, "val_bpb", "min")
+    labels = ax.get_legend_handles_labels()[1]
+    assert "re-based, measured again (1)" in labels and "discarded (1)" in labels, labels
+
+
+def test_labels_of_consecutive_keeps_do_not_overlap() -> None:
+    """Forty keeps in a row: the labels that are shown never overlap (the newest win)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [PlotRow(1.0 - i * 0.001, "keep", f"idea {i}: a longer description") for i in range(40)]
+    fig = Figure(figsize=plot.FIGSIZE, dpi=plot.DPI)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    plot._draw(ax, rows, "val_bpb", "min")
+    renderer = canvas.get_renderer()  # type: ignore[no-untyped-call]
+    texts = [t for t in ax.texts if t.get_text().startswith("idea")]
+    shown = [t.get_window_extent(renderer) for t in texts if t.get_visible()]
+    assert len(texts) == 40 and 3 <= len(shown) < 40
+    assert not any(a.overlaps(b) for i, a in enumerate(shown) for b in shown[i + 1 :])
+    assert texts[-1].get_visible()  # the latest (best) one is always labelled

@@ -20,8 +20,13 @@ from gpuswarm.research.experiment import (
     State,
     Variant,
     append,
+    check_command,
+    check_pattern,
     check_tag,
+    check_timeout,
+    drop_row,
     experiments_dir,
+    file_sha256,
     flocked,
     load_config,
     locate,
@@ -89,7 +94,9 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
     parse_gpu_spec(opts.gpus)  # a bad --gpus fails before anything is written
-    links = opts.link if opts.link is not None else [p for p in (".venv",) if (repo / p).is_dir()]
+    # --link adds to the default .venv link (replacing it would break `uv run` in every run)
+    links = [p for p in (".venv",) if (repo / p).is_dir()]
+    links += [p for p in opts.link or [] if p not in links]
     cfg = ExperimentConfig(
         tag=tag,
         branch=branch,
@@ -108,6 +115,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         linger=opts.linger,
         memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
         confirm=opts.confirm,
+        protect_sums=_protect_sums(repo, head, opts.protect),
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -135,6 +143,8 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
         raise ResearchError("--edit: name at least one file a variant may change, e.g. train.py")
     for flag, files in (("--edit", opts.edit), ("--protect", opts.protect)):
         for rel in files:
+            if flag == "--protect" and _untracked_file(repo, head, rel):
+                continue  # a linked data file: protected by its checksum
             if gitops.blob(repo, head, rel) is None:
                 raise ResearchError(
                     f"{flag} {rel}: not a file committed at HEAD {gitops.short(head)}; commit "
@@ -145,8 +155,28 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
         raise ResearchError(f"{', '.join(sorted(both))}: a file cannot be editable and protected")
     if opts.confirm < 0:
         raise ResearchError(f"--confirm {opts.confirm}: the number of re-runs, 0 or more")
-    if not opts.command.strip():
-        raise ResearchError("--command: give the command that trains, e.g. 'uv run train.py'")
+    try:  # what the runner needs must be usable: refused here, never at its every start
+        check_command(opts.command, opts.shell)
+        check_timeout(opts.timeout)
+        for flag, pattern in (
+            ("--metric-regex", opts.metric_regex),
+            ("--memory-regex", opts.memory_regex),
+        ):
+            if pattern is not None:
+                check_pattern(flag, pattern)
+    except ValueError as exc:
+        raise ResearchError(str(exc)) from None
+
+
+def _untracked_file(repo: Path, head: str, rel: str) -> bool:
+    gitops._check_path(rel)
+    return gitops.blob(repo, head, rel) is None and (repo / rel).is_file()
+
+
+def _protect_sums(repo: Path, head: str, protect: list[str]) -> dict[str, str]:
+    """sha256 of each protected file that is not committed (a linked val.bin): a run that
+    writes into it is caught by the checksum after it ends."""
+    return {rel: file_sha256(repo / rel) for rel in protect if _untracked_file(repo, head, rel)}
 
 
 def _files(paths: ExpPaths) -> dict[str, str]:
@@ -223,6 +253,12 @@ def try_variant(
             commit = _from_variant(exp, state, from_id, message)
         else:
             commit = variants.from_worktree(exp.paths, exp.cfg, state, message)
+        same = variants.twin(exp.paths, state, commit)
+        if same is not None:
+            raise ResearchError(
+                f"this variant's code is identical to {same}: it would measure nothing new, so "
+                "it is not queued; change something else (your files are left as they are)"
+            )
         queued = _queue_baselines(exp, state, 1) if _baseline_needed(state) else []
         v = variants.record(
             exp.paths,
@@ -236,7 +272,11 @@ def try_variant(
             meta=meta,
         )
         if files is None and patch is None and from_id is None:
-            variants.restore(exp.paths, exp.cfg, state.base)
+            if variants.on_branch(exp.paths, exp.cfg):
+                variants.restore(exp.paths, exp.cfg, state.base)
+            else:  # another branch's files: back to what they were, never BASE's
+                start = variants.edit_start(exp.paths, exp.cfg, state)
+                variants.restore(exp.paths, exp.cfg, start, journal=False)
         _queue(exp, state, [*queued, v])
     return {
         "id": v.id,
@@ -276,6 +316,66 @@ def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:
     if gitops.tree_of(exp.paths.repo, commit) == gitops.tree_of(exp.paths.repo, state.base):
         raise ResearchError(f"{vid}'s change is already part of BASE {gitops.short(state.base)}")
     return commit
+
+
+# -- settings ----------------------------------------------------------------------------------
+CHANGEABLE = (
+    "command",
+    "shell",
+    "timeout",
+    "link",
+    "policy",
+    "noise_k",
+    "confirm",
+    "linger",
+    "metric_pattern",
+    "memory_pattern",
+)
+
+
+def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+    """Show the experiment's settings, or change some (journaled as one ``config`` event; they
+    apply to variants queued and decisions made from now on). Works on stored settings a runner
+    could not use, so they can be fixed."""
+    from gpuswarm.fsutil import read_json
+
+    paths = locate(gitops.toplevel(where), tag)
+    with flocked(paths.lock):
+        try:
+            raw: dict[str, Any] = dict(read_json(paths.config))
+        except (OSError, ValueError) as exc:
+            raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
+        unknown = set(changes) - set(CHANGEABLE)
+        if unknown:  # pragma: no cover - the CLI offers only these
+            raise ResearchError(f"cannot change {', '.join(sorted(unknown))}")
+        if "link" in changes:
+            for rel in changes["link"]:
+                gitops._check_path(rel)
+        diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
+        cfg = _validated({**raw, **changes})
+        if diff:
+            save_config(paths, cfg)
+            append(paths, "config", changes=diff)
+    shown = {k: getattr(cfg, k) for k in ("tag", "branch", "edit", "protect", "metric", "goal")}
+    shown.update({k: getattr(cfg, k) for k in CHANGEABLE})
+    return {"settings": shown, "changed": diff, "file": str(paths.config)}
+
+
+def _validated(merged: dict[str, Any]) -> ExperimentConfig:
+    """The settings as the experiment would store them, or a ResearchError naming the field."""
+    from pydantic import ValidationError
+
+    if int(merged.get("confirm", 0)) < 0:
+        raise ResearchError(f"--confirm {merged['confirm']}: the number of re-runs, 0 or more")
+    try:
+        return ExperimentConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ResearchError(problems) from None
 
 
 def restore(exp: Experiment) -> dict[str, Any]:
@@ -342,6 +442,7 @@ def _headline(exp: Experiment, state: State) -> dict[str, Any]:
         "goal": exp.cfg.goal,
         "mode": state.mode,
         "round": state.round,
+        "files": variants.files_case(exp.paths, exp.cfg, state),
     }
 
 
@@ -355,7 +456,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         in_flight.append(
             {
                 **v.view(),
-                "state": "running" if run else "queued",
+                "status": "running" if run else "queued",  # one state field, never two
                 "slot": run["slot"] if run else None,
                 "elapsed": round(now - run["since"], 1) if run else None,
             }
@@ -363,13 +464,22 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     undecided = [v.view() for v in state.undecided() if v.finished is not None]
     return {
         **_headline(exp, state),
+        "best_recorded": best_recorded(exp.cfg, state),
         "experiments": len(state.rows),
         "kept": sum(1 for r in state.rows if r[3] == "keep"),
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
-            dict(zip(("commit", "metric", "memory_gb", "status", "description"), r, strict=True))
-            for r in state.rows[-last:]
+            {
+                "id": vid,
+                "commit": r[0],
+                "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
+                "memory_gb": float(r[2]),
+                "status": r[3],
+                "description": r[4],
+            }
+            for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
+            if last > 0
         ],
         "runner": bool(executor.runner_pids(exp.paths)),
         "timeout": exp.cfg.timeout,
@@ -377,9 +487,49 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     }
 
 
+def best_recorded(cfg: ExperimentConfig, state: State) -> dict[str, Any] | None:
+    """The best metric any run measured (kept or not): BASE's metric is what the policy kept,
+    this is what was seen (a lucky re-run, a discarded winner under noise-aware)."""
+    runs = [v for v in state.variants.values() if v.finished and v.finished.get("ok")]
+    runs = [v for v in runs if v.finished and v.finished.get("metric") is not None]
+    if not runs:
+        return None
+    sign = 1.0 if cfg.goal == "min" else -1.0
+    top = min(runs, key=lambda v: sign * float((v.finished or {})["metric"]))
+    return {
+        "id": top.id,
+        "metric": float((top.finished or {})["metric"]),
+        "status": top.status,
+        "commit": top.commit,
+    }
+
+
 def log(exp: Experiment) -> dict[str, Any]:
+    """Every variant with every field the ledger has: host, times, the summary block, diff
+    stats, the log tail and path, the decision and its reason, the proposer's notes."""
     state = exp.settle()
-    return {**_headline(exp, state), "variants": [v.view() for v in state.variants.values()]}
+    out = []
+    for v in state.variants.values():
+        fin = v.finished or {}
+        out.append(
+            {
+                **v.view(),
+                "source": v.source,
+                "origin": v.origin,
+                "meta": v.meta,
+                "host": fin.get("host"),
+                "started": fin.get("started"),
+                "ended": fin.get("ended"),
+                "exit": fin.get("exit"),
+                "summary": fin.get("summary") or {},
+                "diff": fin.get("diff"),
+                "tail": fin.get("tail") or "",
+                "decision": None
+                if v.decision is None
+                else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
+            }
+        )
+    return {**_headline(exp, state), "variants": out}
 
 
 # -- manual decisions ----------------------------------------------------------------------------
@@ -405,10 +555,11 @@ def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, A
                 f"{gitops.short(state.base)}; re-evaluate it there with "
                 f"`gpuswarm research try --from {vid} -m '...'`"
             )
-        if v.decision is not None:  # overriding the policy: a second row says so
-            state.variants[vid].decision = None
+        if v.decision is not None:  # overriding the policy: its one row is replaced
+            drop_row(state, v)
         apply(exp.paths, exp.cfg, state, Decision(vid, "keep", reason))
-    return {"id": vid, "status": "keep", "base": state.base}
+    files = variants.files_case(exp.paths, exp.cfg, state)
+    return {"id": vid, "status": "keep", "base": state.base, "files": files}
 
 
 def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dict[str, Any]:
@@ -419,11 +570,28 @@ def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dic
         state = settle_locked(exp.paths, exp.cfg)
         v = _variant(state, vid)
         if v.finished is None:
-            raise ResearchError(f"{vid} has not finished; wait for it first")
+            return _withdraw(exp, state, v, reason)
         if v.decision is not None:
             raise ResearchError(f"{vid} is already {v.decision['status']}")
         apply(exp.paths, exp.cfg, state, Decision(vid, "discard", reason))
     return {"id": vid, "status": "discard", "base": state.base}
+
+
+def _withdraw(exp: Experiment, state: State, v: Variant, reason: str) -> dict[str, Any]:
+    """A queued variant taken back before it runs: journaled, no results.tsv row (it measured
+    nothing); a running one is refused (it is measuring already)."""
+    if v.kind == "confirm":
+        raise ResearchError(f"{v.id} is a confirmation run of {v.origin}; it cannot be withdrawn")
+    if not executor.withdraw(exp.paths, exp.cfg, v.id):
+        raise ResearchError(
+            f"{v.id} is running already; wait for it (or `gpuswarm research stop`, which puts "
+            "running variants back in the queue, then discard it)"
+        )
+    why = reason if reason != "discarded by hand" else "withdrawn by hand before it ran"
+    append(exp.paths, "finished", id=v.id, ok=False, metric=None, reason=why, withdrawn=True)
+    append(exp.paths, "decided", id=v.id, status="withdrawn", reason=why, row=None)
+    executor.remove_export(exp.paths, v.id)
+    return {"id": v.id, "status": "withdrawn", "base": state.base}
 
 
 def _variant(state: State, vid: str) -> Variant:
@@ -451,6 +619,7 @@ def plot(exp: Experiment, output: Path | None = None) -> Path:
         metric=exp.cfg.metric,
         goal=exp.cfg.goal,
         title=f"autoresearch/{exp.cfg.tag}",
+        best=state.best,  # as the report and status say it (the mean of repeated baselines)
     )
 
 

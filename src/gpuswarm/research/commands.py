@@ -35,6 +35,8 @@ def _errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except GpuswarmError as exc:
             click.echo(f"gpuswarm: error: {exc}", err=True)
+            if kwargs.get("as_json"):  # a script reading stdout gets the error as JSON too
+                click.echo(json.dumps({"error": str(exc), "exit_code": exc.exit_code}))
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
@@ -89,7 +91,9 @@ def research() -> None:
 @click.option("--confirm", default=0, show_default=True, help="re-runs of a would-be keep")
 @click.option("--branch-prefix", default="autoresearch/", show_default=True)
 @click.option("--shell", is_flag=True, help="run the command through /bin/sh")
-@click.option("--link", multiple=True, help="untracked path to link into each run (default .venv)")
+@click.option(
+    "--link", multiple=True, help="untracked path to link into each run, besides .venv (repeat)"
+)
 @click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
 @click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")
@@ -181,6 +185,10 @@ def wait(
     _out(as_json, data, views.show_wait)
     if data["timed_out"] and mode == "all":
         sys.exit(EXIT_UNFINISHED)
+    waited = data["finished"]
+    if waited and not data["waiting"] and all(v["status"] == "crash" for v in waited):
+        click.echo("gpuswarm: every variant waited for crashed", err=True)
+        sys.exit(EXIT_UNFINISHED)
 
 
 @research.command()
@@ -257,6 +265,38 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
     _out(as_json, api.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
 
 
+@research.command("config")
+@click.option("--command", "command", help="the training command (new variants)")
+@click.option("--shell/--no-shell", default=None, help="run the command through /bin/sh")
+@click.option("--timeout", help="per run, e.g. 10m (new variants)")
+@click.option("--link", multiple=True, help="untracked paths linked into each run (replaces)")
+@click.option("--policy", type=click.Choice(["greedy", "noise-aware", "manual"]))
+@click.option("--noise-k", type=float, help="noise-aware: k x baseline spread")
+@click.option("--confirm", type=int, help="re-runs of a would-be keep")
+@click.option("--linger", help="idle runner waits this long (its next start)")
+@click.option("--metric-regex", help="regex whose group 1 is the metric")
+@click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@_where
+@_errors
+def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
+    """Show the experiment's settings, or change them (journaled; for new variants)."""
+    changes: dict[str, Any] = {}
+    for key in ("command", "shell", "policy", "noise_k", "confirm"):
+        if kw[key] is not None:
+            changes[key] = kw[key]
+    if kw["timeout"] is not None:
+        changes["timeout"] = _duration("--timeout", kw["timeout"])
+    if kw["linger"] is not None:
+        changes["linger"] = _duration("--linger", kw["linger"])
+    if kw["link"]:
+        changes["link"] = list(dict.fromkeys(kw["link"]))
+    if kw["metric_regex"] is not None:
+        changes["metric_pattern"] = kw["metric_regex"]
+    if kw["memory_regex"] is not None:
+        changes["memory_pattern"] = kw["memory_regex"]
+    _out(as_json, api.configure(where, tag, changes), views.show_config)
+
+
 @research.command()
 @_where
 @_errors
@@ -277,6 +317,19 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
 @click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
+@click.option(
+    "--mutate",
+    "mutate",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: only these settings (repeat; globs: 'lr*', 'betas', 'GPTConfig.n_layer')",
+)
+@click.option(
+    "--mutate-exclude",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: never these settings (repeat; globs: 'seed', '*_interval')",
+)
 @click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
 @click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
 @click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
@@ -301,7 +354,14 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         )
         proposer = AgentProposer(exp.paths, exp.cfg, opts)
     else:
-        proposer = MutateProposer(exp.paths, exp.cfg, kw["seed"])
+        proposer = MutateProposer(
+            exp.paths,
+            exp.cfg,
+            kw["seed"],
+            include=tuple(kw["mutate"]),
+            exclude=tuple(kw["mutate_exclude"]),
+        )
+        proposer.check(exp.settle())  # nothing to propose: exit 2 saying why, before anything
     loop_opts = LoopOptions(
         mode=kw["mode"],
         max_experiments=kw["max_experiments"],
@@ -318,6 +378,8 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     else:
         data = views.run_loop_live(exp, proposer, loop_opts)
     _out(as_json, data, views.show_loop)
+    if data["made"] == 0 and data.get("exhausted"):
+        raise ResearchError(f"the loop started nothing: {data['exhausted']}")
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)
 

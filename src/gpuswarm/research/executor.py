@@ -29,7 +29,7 @@ from gpuswarm import __version__
 from gpuswarm.config import TaskSpec
 from gpuswarm.engine import Output, setup_from_info, supervise
 from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import atomic_write_json, temp_writer_alive
+from gpuswarm.fsutil import temp_writer_alive
 from gpuswarm.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.leases import slot_label
 from gpuswarm.logs import log_tail
@@ -39,13 +39,17 @@ from gpuswarm.queue import (
     DirQueue,
     State,
     base_name,
-    descriptor_name,
     lease_of,
-    new_descriptor,
     task_id_of,
 )
 from gpuswarm.research import gitops
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant, flocked
+from gpuswarm.research.experiment import (
+    ExperimentConfig,
+    ExpPaths,
+    Variant,
+    file_sha256,
+    flocked,
+)
 from gpuswarm.runs import NewRun, create_run, open_run
 
 EXPERIMENT_VAR = "GPUSWARM_EXPERIMENT"
@@ -160,8 +164,25 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
     run = run_paths(paths, cfg)
     task = task_for(paths, cfg, v)
     seq = int(v.id[1:])
-    name = descriptor_name(task.priority, seq, task.id)
-    atomic_write_json(run.state_dir("pending") / name, new_descriptor(task.model_dump(), seq))
+    DirQueue.add_pending(run, task.model_dump(), seq)  # touches the marker live runners watch
+
+
+def withdraw(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str) -> bool:
+    """Take a variant's task out of pending/ before a runner claims it; False when it is not
+    there (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
+    run = run_paths(paths, cfg)
+    pending = run.state_dir("pending")
+    for name in os.listdir(pending):
+        if name.startswith(".") or task_id_of(base_name(name)) != variant_id:
+            continue
+        aside = pending / f".withdrawn-{name}"
+        try:
+            os.rename(pending / name, aside)
+        except FileNotFoundError:
+            return False  # a runner claimed it this instant
+        aside.unlink()
+        return True
+    return False
 
 
 def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
@@ -245,7 +266,7 @@ def outcome(
     memory = metrics.get("peak_vram_mb")
     text = log_tail(log, max_lines=400, max_bytes=1 << 20) if log else ""
     reason = _crash_reason(cfg, state, last, metric, text)
-    protect = _protected_changes(paths, cfg, v)
+    protect = _protected_changes(paths, cfg, v) + protected_data_changes(paths, cfg)
     if reason is None and protect:
         reason = f"changed protected file {', '.join(protect)}"
     gpus = last.get("gpus") or []
@@ -263,6 +284,7 @@ def outcome(
         "seconds": last.get("duration"),
         "exit": last.get("returncode"),
         "log": str(log.relative_to(paths.root)) if log else None,
+        "log_path": str(log.resolve()) if log else None,
         "tail": "\n".join(text.splitlines()[-15:]) if reason else "",
     }
 
@@ -276,7 +298,11 @@ def _crash_reason(
     if kind == "timeout":
         return f"timeout after {cfg.timeout:g}s"
     if state is State.FAILED:
-        return str(last.get("reason") or "failed")
+        reason = str(last.get("reason") or "failed")
+        line = failing_line(text)
+        if not line and "SIGKILL" in reason:
+            line = "killed from outside, e.g. by the kernel when memory ran out"
+        return f"{reason}: {line}" if line else reason
     if re.search(cfg.fail_pattern, text, re.MULTILINE):
         return "FAIL"
     if not isinstance(metric, int | float) or metric != metric:  # missing or NaN
@@ -284,17 +310,49 @@ def _crash_reason(
     return None
 
 
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b.*$"
+    r"|^Killed\b.*$|^Segmentation fault.*$|^.*(?:[Oo]ut of memory|CUDA error).*$"
+)
+
+
+def failing_line(text: str, limit: int = 160) -> str:
+    """The line of a crashed run's log that says why: its last exception line
+    (``SyntaxError: invalid syntax``, ``MemoryError``), a kill or an out-of-memory message."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and _EXCEPTION_LINE.match(line):
+            return line if len(line) <= limit else line[: limit - 3] + "..."
+    return ""
+
+
 def _protected_changes(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> list[str]:
     """Protected files whose content in the export differs from BASE's (before or after)."""
     changed = []
     root = paths.export_dir(v.id)
     for rel in cfg.protect:
+        if rel in cfg.protect_sums:
+            continue  # untracked: checked by checksum after the run (protected_data_changes)
         want = gitops.blob(paths.repo, v.parent, rel)
         try:
             have: bytes | None = (root / rel).read_bytes()
         except OSError:
             have = None
         if want is None or have is None or _sha(want) != _sha(have):
+            changed.append(rel)
+    return changed
+
+
+def protected_data_changes(paths: ExpPaths, cfg: ExperimentConfig) -> list[str]:
+    """Protected untracked files (linked into every run) whose checksum is not the one
+    recorded at init: a run wrote into the user's data."""
+    changed = []
+    for rel, want in cfg.protect_sums.items():
+        try:
+            have = file_sha256(paths.repo / rel)
+        except OSError:
+            have = ""
+        if have != want:
             changed.append(rel)
     return changed
 

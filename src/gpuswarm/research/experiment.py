@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.errors import ResearchError
 from gpuswarm.fsutil import atomic_write_json, read_json
@@ -42,8 +42,73 @@ DEFAULT_MEMORY_PATTERN = r"^\s*peak_vram_mb:\s*([-+0-9.eE]+)"
 DEFAULT_FAIL_PATTERN = r"^FAIL\b"
 
 
+MAX_TIMEOUT = 7 * 86400.0  # a research run is a fixed budget: a week bounds any of them
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks (data files can be large)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def metric_pattern(metric: str) -> str:
     return rf"^\s*{re.escape(metric)}:\s*([-+0-9.eEnaif]+)"
+
+
+def check_pattern(flag: str, pattern: str, *, group: bool = True) -> str:
+    """``pattern`` if it compiles (and has a group 1 holding the number, when ``group``)."""
+    try:
+        compiled = re.compile(pattern, re.MULTILINE)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"{flag} {pattern!r} is not a valid regular expression ({exc})") from None
+    if group and compiled.groups < 1:
+        raise ValueError(
+            f"{flag} {pattern!r} has no group: put the number in parentheses, e.g. "
+            "'^val_loss: ([0-9.]+)'"
+        )
+    return pattern
+
+
+def check_command(command: str, shell: bool) -> str:
+    """``command`` if it can be run: words that split (unbalanced quotes do not), or a shell
+    script /bin/sh can parse."""
+    import shlex
+    import subprocess
+
+    if not command.strip():
+        raise ValueError("--command is empty: give the command that trains, e.g. 'uv run train.py'")
+    if "\0" in command:
+        raise ValueError("--command holds a NUL byte")
+    if shell:
+        proc = subprocess.run(
+            ["/bin/sh", "-n", "-c", command], capture_output=True, text=True, check=False
+        )
+        if proc.returncode != 0:
+            raise ValueError(
+                f"--command {command!r} is not valid shell ({proc.stderr.strip()[:200]})"
+            )
+        return command
+    try:
+        shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(
+            f"--command {command!r} cannot be split into words ({exc}); balance its quotes"
+        ) from None
+    return command
+
+
+def check_timeout(seconds: float) -> float:
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ValueError(
+            f"--timeout {seconds:g}s: a run's budget is at most {MAX_TIMEOUT / 86400:g} days "
+            "(e.g. 10m, 2h, 3d)"
+        )
+    return seconds
 
 
 class ExperimentConfig(BaseModel):
@@ -68,8 +133,20 @@ class ExperimentConfig(BaseModel):
     noise_k: float = 2.0
     confirm: int = 0  # re-runs of a would-be keep before it is kept (the mean decides)
     link: list[str] = Field(default_factory=list)
+    # --protect of untracked (linked) files: path -> sha256 at init, checked after every run
+    protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
+
+    @model_validator(mode="after")
+    def _runnable(self) -> ExperimentConfig:
+        """Settings a runner could not use are refused when read, never at every start."""
+        check_command(self.command, self.shell)
+        check_pattern("--metric-regex", self.metric_pattern)
+        check_pattern("--memory-regex", self.memory_pattern)
+        check_pattern("fail_pattern", self.fail_pattern, group=False)
+        check_timeout(self.timeout)
+        return self
 
 
 @dataclass(frozen=True)
@@ -157,7 +234,17 @@ def locate(repo: Path, tag: str | None) -> ExpPaths:
 def load_config(paths: ExpPaths) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(read_json(paths.config))
-    except (OSError, ValueError, ValidationError) as exc:
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ResearchError(
+            f"{paths.config}: the experiment's settings cannot be used ({problems}); change "
+            "them with `gpuswarm research config`, or start a new experiment"
+        ) from None
+    except (OSError, ValueError) as exc:
         raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
 
 
@@ -233,6 +320,7 @@ class Variant:
             "seconds": fin.get("seconds"),
             "reason": (self.decision or {}).get("reason") or fin.get("reason"),
             "log": fin.get("log"),
+            "log_path": fin.get("log_path"),
         }
 
 
@@ -243,6 +331,7 @@ class State:
     base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
     baselines: dict[str, list[float]] = field(default_factory=dict)  # commit -> repeats
     rows: list[list[str]] = field(default_factory=list)
+    row_ids: list[str] = field(default_factory=list)  # the variant of each row
     round: int = 1  # the open round: new variants join it until it is sealed
     sealed: set[int] = field(default_factory=set)
     mode: str = "rounds"
@@ -300,12 +389,29 @@ def _on_finished(state: State, e: dict[str, Any]) -> None:
         state.variants[e["id"]].finished = e
 
 
+def drop_row(state: State, v: Variant) -> None:
+    """Forget ``v``'s decision and its results.tsv row (a manual keep overrides a discard: one
+    variant, one row)."""
+    if v.decision is not None:
+        row = list(v.decision.get("row") or [])
+        for i in range(len(state.rows) - 1, -1, -1):
+            if state.rows[i] == row:
+                del state.rows[i]
+                if i < len(state.row_ids):
+                    del state.row_ids[i]
+                break
+    v.decision = None
+
+
 def _on_decided(state: State, e: dict[str, Any]) -> None:
     v = state.variants.get(e["id"])
     if v is None:
         return
+    drop_row(state, v)  # decided again (a keep by hand of a discard): the new row replaces it
     v.decision = e
-    state.rows.append(list(e["row"]))
+    if e.get("row"):  # a withdrawn variant measured nothing: no row
+        state.rows.append(list(e["row"]))
+        state.row_ids.append(v.id)
     if e.get("base_metric") is not None:
         state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:

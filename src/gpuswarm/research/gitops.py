@@ -222,6 +222,15 @@ def tree_of(repo: Path, commit: str) -> str:
     return git(repo, "rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")
 
 
+def trees(repo: Path, commits: list[str]) -> dict[str, str]:
+    """commit -> the sha of its tree, for many commits in one git call."""
+    unique = list(dict.fromkeys(commits))
+    if not unique:
+        return {}
+    out = git(repo, "rev-parse", *(f"{c}^{{tree}}" for c in unique))  # shas: no options
+    return dict(zip(unique, out.split(), strict=True))
+
+
 def changed_paths(repo: Path, base: str) -> list[str]:
     """Sorted paths tracked in ``base`` whose working-tree file differs from ``base``.
 

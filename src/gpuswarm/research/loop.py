@@ -63,6 +63,7 @@ def run_loop(
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
+        previous = state.mode
         if state.mode != opts.mode:
             append(exp.paths, "mode", mode=opts.mode)
     run = _Run(exp, proposer, opts, say, stop, tick, state)
@@ -72,6 +73,10 @@ def run_loop(
                 pass
     finally:
         run.close()
+        if previous != opts.mode:  # the mode of a loop applies to that loop only
+            with flocked(exp.paths.lock):
+                seal_round(exp.paths, settle_locked(exp.paths, exp.cfg))
+                append(exp.paths, "mode", mode=previous)
     made, seen = run.made, run.seen
     state = exp.settle()
     _report(exp, state, seen, say)
@@ -83,6 +88,12 @@ def run_loop(
         "report": files["report"],
         "stopped": stop.soft.is_set() or stop.hard.is_set(),
         "left_running": [v.id for v in state.in_flight()],
+        "exhausted": (
+            f"the {proposer.name} proposer has nothing new to propose (every change it can make "
+            "was tried already)"
+            if run.exhausted
+            else None
+        ),
     }
 
 
@@ -112,6 +123,7 @@ class _Run:
         self.proposing: set[Future[Proposal | None]] = set()
         self.round_left = 0  # rounds: proposals still to start for the open round
         self.round_open = False  # rounds: the open round has proposals made or queued
+        self.exhausted = False  # the proposer had nothing (new) to offer
 
     def step(self) -> bool:
         """Settle, queue what proposers made, ask for more, wait for news; False = done."""
@@ -123,6 +135,7 @@ class _Run:
         _check_baseline(exp, state)
         if _harvest(exp, self.proposer, self.proposing, self.say, queue=not stop.soft.is_set()):
             self.idle_until = time.monotonic() + IDLE_PROPOSER_SECONDS
+            self.exhausted = True
         state = exp.settle()
         self.made = _started(state) - self.already
         budget = _budget(self.opts, self.made + len(self.proposing), self.deadline)
@@ -230,6 +243,14 @@ def _queue_proposal(
         )
     except ResearchError as exc:  # e.g. it conflicts with a keep made while it was proposed
         say(f"proposal not queued: {exc}")
+        append(
+            exp.paths,
+            "proposal",
+            proposer=proposer.name,
+            outcome="refused",
+            reason=str(exc),
+            description=proposal.description,
+        )
         return
     first = data["baseline_queued"]
     extra = f" (baseline {', '.join(first)} first)" if first else ""
@@ -248,13 +269,17 @@ def _recorded(state: State) -> set[str]:
 def _report(
     exp: api.Experiment, state: State, seen: set[str], say: Callable[[str], None]
 ) -> set[str]:
+    shown: list[str] = []
     for v in state.variants.values():
         if v.decision is None or v.id in seen:
             continue
-        row = v.decision["row"]
+        row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
         new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
         say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
         seen.add(v.id)
+        shown.append(v.id)
+    if shown:  # reported here: a later `research wait` does not print them again
+        append(exp.paths, "seen", ids=shown)
     return seen
 
 

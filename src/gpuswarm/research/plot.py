@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -28,6 +28,7 @@ DARK_GREEN = "#1b5e20"
 FIGSIZE = (12.0, 6.0)
 DPI = 120
 LABEL_CHARS = 40
+REBASED = "(re-based, see v"  # results.tsv marks a stale-parent winner so
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ def _ylimits(kept: list[float], discarded: list[float], goal: str) -> tuple[floa
     return lo - pad * 1.6, hi + pad * (4.0 if goal == "max" else 2.5)
 
 
-def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
+def _draw(
+    ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str, best_value: float | None = None
+) -> str:
     """Draw the experiments on ``ax``; return the title's summary."""
     n = len(rows)
     xs_keep = [i for i, r in enumerate(rows, 1) if _has_metric(r) and r.status == "keep"]
@@ -80,6 +83,8 @@ def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
     kept, disc = [val[i] for i in xs_keep], [val[i] for i in xs_disc]
     better = min if goal == "min" else max
     summary = f"{n} experiment{'s' if n != 1 else ''}, {len(xs_keep)} kept"
+    ax.set_xlim(0.3, n + 1 + 0.12 * n)  # room for the last labels (set first: labels are laid
+    # out against it)
     if kept or disc:
         ymin, ymax = _ylimits(kept, disc, goal)
         ax.set_ylim(ymin, ymax)
@@ -88,8 +93,20 @@ def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
         ax.set_yticks([])  # nothing but crashes: no scale to show
     if disc:
         inside = [i for i in xs_disc if ymin <= val[i] <= ymax]
-        label = f"discarded ({len(xs_disc)})"
+        rebased = [i for i in inside if REBASED in rows[i - 1].description]
+        inside = [i for i in inside if i not in rebased]
+        label = f"discarded ({len(xs_disc) - len(rebased)})"
         ax.scatter(inside, [val[i] for i in inside], s=18, c=DISCARD_COLOR, zorder=2, label=label)
+        if rebased:  # a winner measured on an older BASE: measured again as a combination
+            ax.scatter(
+                rebased,
+                [val[i] for i in rebased],
+                s=30,
+                facecolors="none",
+                edgecolors=KEEP_COLOR,
+                zorder=2,
+                label=f"re-based, measured again ({len(rebased)})",
+            )
         for i in (i for i in xs_disc if i not in inside):  # outliers: a triangle on the edge
             up = val[i] > ymax
             y = ymax - (ymax - ymin) * 0.015 if up else ymin + (ymax - ymin) * 0.015
@@ -106,11 +123,15 @@ def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
             xs_keep, kept, s=55, c=KEEP_COLOR, edgecolors=DARK_GREEN, lw=0.6, zorder=4
         )
         dots.set_label(f"kept ({len(xs_keep)})")
+        labels = []
         for i in xs_keep:  # the description, shortened, up and to the right of the dot
             desc, xy, off = _short(rows[i - 1].description), (i, val[i]), (4.0, 5.0)
             text = ax.annotate(desc, xy, off, textcoords="offset points", rotation=25, fontsize=7)
             text.set(rotation_mode="anchor", color=DARK_GREEN, clip_on=True)
-        summary += f", best {_esc(metric)} {best[-1]:.6f}"
+            labels.append(text)
+        _drop_overlapping(ax, labels)
+        shown = best[-1] if best_value is None else best_value  # BASE's (a mean of repeats)
+        summary += f", best {_esc(metric)} {shown:.6f}"
     if xs_crash:
         ys = [0.02] * len(xs_crash)  # axes fraction: on the bottom edge, they have no metric
         tr = ax.get_xaxis_transform()
@@ -120,6 +141,22 @@ def _draw(ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str) -> str:
     return summary
 
 
+def _drop_overlapping(ax: Axes, labels: list[Any]) -> None:
+    """Hide labels that would overlap one already shown; the latest keeps (the best so far)
+    are shown first, so a run of consecutive keeps reads as the newest ones."""
+    canvas = ax.figure.canvas
+    renderer = canvas.get_renderer() if hasattr(canvas, "get_renderer") else None
+    if renderer is None:  # pragma: no cover - every Figure here has an Agg canvas
+        return
+    shown: list[Any] = []
+    for text in reversed(labels):
+        box = text.get_window_extent(renderer)
+        if any(box.overlaps(other) for other in shown):
+            text.set_visible(False)
+        else:
+            shown.append(box)
+
+
 def progress_png(
     rows: Sequence[PlotRow],
     path: Path,
@@ -127,6 +164,7 @@ def progress_png(
     metric: str,
     goal: str = "min",
     title: str = "autoresearch",
+    best: float | None = None,
 ) -> Path:
     """Render the progress chart of ``rows`` to ``path`` (PNG, written atomically); return it."""
     if goal not in ("min", "max"):
@@ -145,8 +183,7 @@ def progress_png(
     ax.set_axisbelow(True)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if rows:
-        summary = _draw(ax, rows, metric, goal)
-        ax.set_xlim(0.3, len(rows) + 1 + 0.12 * len(rows))  # room for the last labels
+        summary = _draw(ax, rows, metric, goal, best)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(
                 loc="upper right" if goal == "min" else "upper left", fontsize=8, framealpha=0.9

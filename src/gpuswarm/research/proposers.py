@@ -1,7 +1,7 @@
 """Proposers: where an autonomous loop's variants come from.
 
-- ``mutate`` (built in, offline): perturbs UPPER_CASE numeric constants of the editable files,
-  one or two at a time, never repeating a variant already tried (by content digest).
+- ``mutate`` (built in, offline): perturbs numeric settings of the editable files (see
+  mutate.py for the forms), one or two at a time, never repeating a variant already tried.
 - ``agent``: runs a configured command (an LLM coding agent's CLI) in a scratch export of BASE
   with a prompt file (the user's program.md, the current best, recent results and crashes);
   its edits of the editable files and its message (``$GPUSWARM_MESSAGE_FILE``, else the last
@@ -10,13 +10,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
-import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,7 +28,8 @@ from gpuswarm.errors import ResearchError
 from gpuswarm.placeholders import render
 from gpuswarm.process import kill_tree
 from gpuswarm.research import gitops, mutate
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
+from gpuswarm.research.executor import remove_tree
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append
 
 
 @dataclass(frozen=True)
@@ -55,19 +59,84 @@ def _base_files(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> dict[str, 
 class MutateProposer:
     name = "mutate"
 
-    def __init__(self, paths: ExpPaths, cfg: ExperimentConfig, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        paths: ExpPaths,
+        cfg: ExperimentConfig,
+        seed: int | None = None,
+        *,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+    ) -> None:
         self.paths = paths
         self.cfg = cfg
+        self.include, self.exclude = include, exclude
         self.rng = random.Random(seed)
         self._lock = threading.Lock()
         self._offered: set[str] = set()  # digests proposed, maybe not journaled yet
+        self._digests: dict[str, str] = {}
+
+    def _digest_of(self, commit: str) -> str:
+        """The mutate digest of a commit's editable files (cached: commits never change)."""
+        if commit not in self._digests:
+            self._digests[commit] = mutate.digest(_base_files(self.paths, self.cfg, commit))
+        return self._digests[commit]
+
+    def selection(self, base: str, files: dict[str, str]) -> mutate.Selection:
+        """What may be mutated at ``base``: --mutate / --mutate-exclude, minus the names the
+        command overrides at run time (a config file after the script, ``--name=value``)."""
+        tracked = dict(files)
+        for word in self.cfg.command.split():
+            rel = word[2:] if word.startswith("./") else word
+            if rel.endswith(".py") and rel not in tracked:
+                with contextlib.suppress(ResearchError):
+                    data = gitops.blob(self.paths.repo, base, rel)
+                    if data is not None:
+                        tracked[rel] = data.decode("utf-8", errors="surrogateescape")
+        names, configs = mutate.command_overrides(self.cfg.command, tracked)
+        return mutate.Selection(
+            include=self.include,
+            exclude=self.exclude,
+            overridden=frozenset(names),
+            config_files=frozenset(configs),
+        )
+
+    def check(self, state: State) -> list[str]:
+        """The settings mutate would change at BASE; a ResearchError (exit 2) saying why when
+        there is none, or when a --mutate name matches nothing."""
+        files = _base_files(self.paths, self.cfg, state.base)
+        select = self.selection(state.base, files)
+        pool = mutate.candidates(files, select)
+        found = [c.name for c, _ in pool]
+        for pattern in self.include:
+            if not any(select.matches((pattern,), c) for c, _ in pool):
+                every = [c.name for p in sorted(files) for c in mutate.constants(p, files[p])]
+                raise ResearchError(
+                    f"--mutate {pattern}: no numeric setting of that name in "
+                    f"{', '.join(self.cfg.edit)} (found: {', '.join(every[:30]) or 'none'})"
+                )
+        if not found:
+            skipped = "; ".join(f"{n}: {why}" for n, why in list(select.skipped.items())[:12])
+            raise ResearchError(
+                f"mutate has nothing to propose: no numeric setting it may change in "
+                f"{', '.join(self.cfg.edit)} at BASE {gitops.short(state.base)} (it looks for "
+                "`name = <number>` at module level, `2**19`, tuples of numbers, @dataclass "
+                "field and add_argument defaults)"
+                + (f"; skipped {skipped}" if skipped else "")
+                + ". Name settings with --mutate NAME, edit other files (--edit at init), or "
+                "use --proposer agent"
+            )
+        return found
 
     def propose(self, state: State) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
+        select = self.selection(state.base, files)
         tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}
+        # every variant's code, however it was made (by hand, a re-base): never propose a twin
+        tried.update(self._digest_of(v.commit) for v in state.variants.values())
         tried.add(mutate.digest(files))
         with self._lock:  # proposals may be made in parallel: never the same one twice
-            m = mutate.propose(files, self.rng, tried | self._offered)
+            m = mutate.propose(files, self.rng, tried | self._offered, select=select)
             if m is None:
                 return None
             after = {**files, **m.files}
@@ -102,6 +171,7 @@ class AgentProposer:
         self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
         self._live: set[subprocess.Popen[bytes]] = set()
         self._closed = False
+        remove_stale_scratch(paths)
 
     def close(self) -> None:
         """Stop agents still running (the loop ends)."""
@@ -123,6 +193,9 @@ class AgentProposer:
                     self.failures += 1
                     self.last_error = str(exc)
                     failures = self.failures
+                append(
+                    self.paths, "proposal", proposer=self.name, outcome="failed", reason=str(exc)
+                )
                 if failures >= self.opts.max_failures:
                     raise ResearchError(
                         f"the agent failed {self.failures} times in a row (last: "
@@ -130,6 +203,14 @@ class AgentProposer:
                     ) from None
                 continue
             self.failures = 0
+            append(
+                self.paths,
+                "proposal",
+                proposer=self.name,
+                outcome="made",
+                prompt=proposal.meta.get("prompt"),
+                description=proposal.description,
+            )
             return proposal
 
     def _run(self, state: State) -> Proposal:
@@ -138,10 +219,11 @@ class AgentProposer:
             n = next(self._numbers)
         prompt = self.paths.prompts / f"prompt-{n:04d}.md"
         prompt.write_text(self.prompt_text(state))
-        with tempfile.TemporaryDirectory(prefix="gpuswarm-agent-") as tmp:
-            work = Path(tmp) / "work"
+        with scratch_dir(self.paths, n) as tmp:
+            work = tmp / "work"
             gitops.export(self.paths.repo, state.base, work)
-            message_file = Path(tmp) / "message.txt"
+            link_into(self.paths, self.cfg, work)  # .venv, data: the agent can smoke-test
+            message_file = tmp / "message.txt"
             out = self._call(work, prompt, message_file)
             files = {}
             for rel in self.cfg.edit:
@@ -154,8 +236,11 @@ class AgentProposer:
             if not files:
                 raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
             message = message_file.read_text().strip() if message_file.exists() else ""
+        # a message file is a commit message: its first line is the description; without one,
+        # the last line the agent printed (its chatter comes before)
         lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
-        message = (lines[-1] if lines else "agent edit")[:200]
+        pick = lines[0] if message and lines else lines[-1] if lines else "agent edit"
+        message = pick[:200]
         return Proposal(files, message, state.base, {"prompt": n})
 
     def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
@@ -180,6 +265,7 @@ class AgentProposer:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,  # a killed loop leaves no agent spending tokens
             )
         except OSError as exc:
             raise _AgentFailed(f"cannot start the agent: {exc}") from None
@@ -241,9 +327,81 @@ class _AgentFailed(Exception):
     pass
 
 
-def _clean_env() -> dict[str, str]:
-    import os
+SCRATCH = "scratch"
 
+
+@contextlib.contextmanager
+def scratch_dir(paths: ExpPaths, n: int) -> Iterator[Path]:
+    """``<experiment>/scratch/agent-<pid>-<n>/``: removed after the proposal, and by the next
+    loop when the process that made it was killed."""
+    root = paths.root / SCRATCH
+    root.mkdir(exist_ok=True)
+    tmp = root / f"agent-{os.getpid()}-{n:04d}"
+    remove_tree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        remove_tree(tmp)
+
+
+def remove_stale_scratch(paths: ExpPaths) -> None:
+    """Scratch folders of proposers whose process is gone (a loop killed with SIGKILL)."""
+    root = paths.root / SCRATCH
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        parts = entry.name.split("-")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        if pid != os.getpid() and not _alive(pid):
+            remove_tree(entry)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def link_into(paths: ExpPaths, cfg: ExperimentConfig, work: Path) -> None:
+    """The experiment's --link paths (``.venv``, data) as symlinks in a scratch copy."""
+    for rel in cfg.link:
+        src = paths.repo / rel
+        if src.exists() and not (work / rel).exists():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).symlink_to(src)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """PR_SET_PDEATHSIG: the agent gets SIGKILL when the loop (the thread that started it)
+    dies, even by SIGKILL."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _prctl() -> Any:
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return lambda *args: 0
+    ulong = ctypes.c_ulong
+    fn.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL = _prctl()  # looked up before any fork: the child only calls it
+
+
+def _clean_env() -> dict[str, str]:
     env = dict(os.environ)
     for name in ("GPUSWARM_RUN_DIR", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(name, None)

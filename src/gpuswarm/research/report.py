@@ -17,26 +17,34 @@ def write_research_report(
 ) -> Path:
     rows = []
     classes = []
+    crashes: list[str] = []
     for v in state.variants.values():
         fin = v.finished or {}
         dec = v.decision or {}
         diff = fin.get("diff") or {}
         status = dec.get("status") or ("finished" if v.finished else "running")
+        metric = fin.get("metric")
+        seconds = fin.get("seconds")
         rows.append(
             [
                 v.id,
                 v.commit[:7],
-                fin.get("metric"),
+                "" if metric is None else f"{float(metric):.6f}",  # as results.tsv
                 fin.get("memory_gb"),
                 status,
                 (dec.get("row") or ["", "", "", "", v.description])[4],
                 f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
                 fin.get("gpu"),
-                fin.get("seconds"),
+                "" if seconds is None else round(float(seconds)),
                 dec.get("reason") or fin.get("reason") or "",
             ]
         )
         classes.append(ROW_CLASS.get(status, ""))
+        if status == "crash" and fin.get("log"):
+            crashes.append(
+                f'<li><a href="{esc(str(fin["log"]))}">{esc(v.id)} log</a>: '
+                f"{esc(str(fin.get('reason') or 'crash'))}</li>"
+            )
     columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
     columns += ["gpu", "seconds", "reason"]
     best = "-" if state.best is None else f"{state.best:.6f}"
@@ -65,7 +73,9 @@ def write_research_report(
         f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
         f"{esc(', '.join(cfg.edit))}; protected {esc(', '.join(cfg.protect) or '-')}; "
         f"results in {esc(paths.results_tsv.name)}, every field in {esc(paths.ledger.name)}</p>\n"
-        f"{image}\n<h2>Experiments</h2>\n" + html_table(columns, rows, row_classes=classes)
+        f"{image}\n<h2>Experiments</h2>\n"
+        + html_table(columns, rows, row_classes=classes)
+        + (f"\n<h2>Crashes</h2>\n<ul>{''.join(crashes)}</ul>" if crashes else "")
     )
     out = paths.root / "report.html"
     atomic_write_text(out, html_page(f"autoresearch {cfg.tag}", body))

@@ -13,6 +13,7 @@ import statistics
 
 from gpuswarm.errors import ResearchError
 from gpuswarm.fsutil import atomic_write_text
+from gpuswarm.queue import State as QueueState
 from gpuswarm.research import executor, gitops, variants
 from gpuswarm.research.experiment import (
     ExperimentConfig,
@@ -37,7 +38,12 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     state = replay(paths)
     executor.remove_cut_writes(paths, cfg)
     _follow_branch(paths, cfg, state)
+    variants.adopt_worktree(paths, cfg, state)
     queued = executor.tasks(paths, cfg) if state.in_flight() else {}
+    if any(st is QueueState.RUNNING for st, _ in queued.values()):
+        # claimed, so some runner ran them: if it is dead, whoever notices owns its leftovers
+        # at once (a new runner's recovery kills the orphaned training processes, re-queues)
+        executor.ensure_runner(paths, cfg)
     for v in state.in_flight():
         found = queued.get(v.id)
         if found is None:
@@ -82,6 +88,9 @@ def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None
                 f"`git branch -f {cfg.branch} {state.base}`"
             )
         _based(paths, state, state.base, tip, None)  # a new BASE without a metric: re-baseline
+        if variants.on_branch(paths, cfg):  # the user's commit (or reset, merge) on the branch:
+            append(paths, "worktree", base=tip)  # git wrote the files; edits start from there
+            state.worktree_base = tip
 
 
 def _based(paths: ExpPaths, state: State, frm: str, to: str, vid: str | None) -> None:
@@ -138,12 +147,15 @@ def _decided(
     status: str,
     reason: str,
     metric: dict[str, object] | None,
+    *,
+    note: str = "",
 ) -> None:
-    row = tsv_row(state, v, status)
+    row = tsv_row(state, v, status, note)
     v.decision = append(
         paths, "decided", id=v.id, status=status, reason=reason, row=row, base_metric=metric
     )
     state.rows.append(row)
+    state.row_ids.append(v.id)
     if metric is not None:
         state.base_metric[str(metric["commit"])] = float(metric["value"])  # type: ignore[arg-type]
         if v.kind == "baseline":
@@ -153,10 +165,13 @@ def _decided(
 
 def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
     old = state.base
-    clean = variants.worktree_clean(paths, cfg, state.worktree_base)
+    # the files follow a keep only where gpuswarm wrote them last and nobody edited them since;
+    # with HEAD on another branch (--no-checkout, `git checkout master`) they are never touched
+    follow = variants.on_branch(paths, cfg)
+    clean = follow and variants.worktree_clean(paths, cfg, state.worktree_base)
     gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", v.commit, old)
     _based(paths, state, old, v.commit, v.id)
-    if variants.on_branch(paths, cfg):  # HEAD follows the branch: keep `git status` clean
+    if follow:  # HEAD follows the branch: keep `git status` clean
         variants.sync_index(paths, cfg, v.commit)
     if clean:  # nobody is editing: the editable files follow BASE
         variants.restore(paths, cfg, v.commit)
@@ -172,6 +187,12 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
             reason = f"{d.reason}; conflicts with BASE {gitops.short(state.base)}"
             _decided(paths, cfg, state, v, "discard", reason, None)
             return
+        same = variants.twin(paths, state, commit)
+        if same is not None:  # nothing new to measure: never run or keep an empty change
+            what = "already part of" if same.startswith("BASE") else "on BASE identical to"
+            reason = f"{d.reason}; its change is {what} {same}, not re-evaluated"
+            _decided(paths, cfg, state, v, "discard", reason, None)
+            return
         combo = variants.record(
             paths,
             cfg,
@@ -185,7 +206,8 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
         )
         executor.enqueue(paths, cfg, combo)
     reason = f"{d.reason}; re-evaluating on BASE {gitops.short(state.base)} as {combo.id}"
-    _decided(paths, cfg, state, v, "discard", reason, None)
+    # a discard better than the running best reads as a bug unless the row says why
+    _decided(paths, cfg, state, v, "discard", reason, None, note=f"re-based, see {combo.id}")
 
 
 def _change_of(state: State, v: Variant) -> str:
@@ -213,7 +235,7 @@ def _remove_exports(paths: ExpPaths, state: State) -> None:
 
 
 # -- results.tsv -------------------------------------------------------------------------------
-def tsv_row(state: State, v: Variant, status: str) -> list[str]:
+def tsv_row(state: State, v: Variant, status: str, note: str = "") -> list[str]:
     """The seed's five columns: 7-char commit, metric (6 decimals), memory GB (.1f), status,
     description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
     fin = v.finished or {}
@@ -230,6 +252,8 @@ def tsv_row(state: State, v: Variant, status: str) -> list[str]:
         tag = f"[{gpu}] " if gpu else ""
     if crash:
         text = f"{text} ({fin.get('reason') or 'crash'})"
+    elif note:
+        text = f"{text} ({note})"
     desc = " ".join((tag + text).replace("\t", " ").split())
     return [gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc]
 

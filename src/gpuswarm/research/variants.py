@@ -62,6 +62,23 @@ def record(
     return v
 
 
+def twin(paths: ExpPaths, state: State, commit: str) -> str | None:
+    """What ``commit``'s code is identical to (same tree): BASE, or a variant already queued,
+    running or decided ("v0003 (discard)"); None when it is new. Identical code measures
+    nothing new: it is never run or kept."""
+    commits = [state.base, commit, *(v.commit for v in state.variants.values())]
+    tree = gitops.trees(paths.repo, commits)
+    if tree[commit] == tree[state.base]:
+        return f"BASE {gitops.short(state.base)}"
+    for v in state.variants.values():
+        if v.decision is not None and v.decision["status"] == "withdrawn":
+            continue  # it never ran: trying it again is fine
+        if tree[v.commit] == tree[commit]:
+            where = v.decision["status"] if v.decision is not None else "in flight"
+            return f"{v.id} ({where}: {v.description})"
+    return None
+
+
 def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
     try:
         return (paths.repo / rel).read_bytes()
@@ -69,10 +86,18 @@ def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
         return None
 
 
+def edit_start(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> str:
+    """The commit the user's files were made from: the last BASE gpuswarm wrote into them while
+    HEAD is on the experiment branch, else HEAD's commit (gpuswarm never wrote there)."""
+    if on_branch(paths, cfg):
+        return state.worktree_base
+    return gitops.rev_parse(paths.repo, "HEAD") or state.worktree_base
+
+
 def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message: str) -> str:
     """A commit on BASE holding the user's current edits of the editable files."""
-    _refuse_outside_edits(paths, cfg, state.worktree_base)
-    start = state.worktree_base
+    start = edit_start(paths, cfg, state)
+    _refuse_outside_edits(paths, cfg, start)
     edits = {
         rel: data
         for rel in cfg.edit
@@ -86,7 +111,10 @@ def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message:
     commit = gitops.commit_files(paths.repo, start, edits, message)
     if start == state.base:
         return commit
-    moved = rebase(paths, cfg, commit, start, state.base, message)
+    # another branch's HEAD may differ from BASE in more than the editable files: carry over
+    # only the edit of those (a variant is BASE plus a change to them, nothing else)
+    files_only = not on_branch(paths, cfg)
+    moved = rebase(paths, cfg, commit, start, state.base, message, files_only=files_only)
     if moved is None:
         raise ResearchError(
             f"your edit of {', '.join(edits)} was made on BASE {gitops.short(start)}, and "
@@ -149,8 +177,9 @@ def from_files(
     return gitops.commit_files(paths.repo, base, files, message)
 
 
-def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
-    """Write BASE's editable files into the user's working tree, verify, and journal it."""
+def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str, *, journal: bool = True) -> None:
+    """Write ``base``'s editable files into the user's working tree, verify, and journal it
+    (``journal``: the files are at a BASE; not when they were put back to another branch's)."""
     for rel in cfg.edit:
         want = gitops.blob(paths.repo, base, rel)
         target = paths.repo / rel
@@ -165,7 +194,56 @@ def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> None:
         os.replace(tmp, target)
         if target.read_bytes() != want:
             raise ResearchError(f"{target}: could not be restored to BASE (it changed meanwhile)")
-    append(paths, "worktree", base=base)
+    if journal:
+        append(paths, "worktree", base=base)
+
+
+def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+    """HEAD is on the branch and the files are exactly BASE's (the user committed them, or
+    checked the branch out again): they are at BASE now, so they follow the next keeps."""
+    if state.worktree_base == state.base or not on_branch(paths, cfg):
+        return
+    if worktree_clean(paths, cfg, state.base):
+        append(paths, "worktree", base=state.base)
+        state.worktree_base = state.base
+
+
+def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> dict[str, object]:
+    """Which case the user's editable files are in, said plainly: they follow every keep only
+    while HEAD is on the experiment branch and they hold what gpuswarm last wrote there."""
+    head = gitops.git(paths.repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    files = ", ".join(cfg.edit)
+    s = "" if len(cfg.edit) > 1 else "s"  # "train.py follows", "a.py, b.py follow"
+    if not on_branch(paths, cfg):
+        where = f"on {head}" if head else "detached"
+        return {
+            "follows": False,
+            "case": "other-branch",
+            "message": f"HEAD is {where}, not {cfg.branch}: gpuswarm leaves your files alone "
+            f"(`git checkout {cfg.branch}` to see BASE)",
+        }
+    if not worktree_clean(paths, cfg, state.worktree_base):
+        return {
+            "follows": False,
+            "case": "edited",
+            "message": f"{files} edited since BASE {gitops.short(state.worktree_base)}: not "
+            "updated by keeps; `research try` carries the edit onto BASE, `research restore` "
+            "drops it",
+        }
+    if state.worktree_base != state.base:
+        return {
+            "follows": True,
+            "case": "behind",
+            "message": f"{files} {'is' if s else 'are'} at {gitops.short(state.worktree_base)} "
+            "(what gpuswarm "
+            f"wrote last), BASE is {gitops.short(state.base)}: the next keep brings them to "
+            "BASE, or `research restore` now",
+        }
+    return {
+        "follows": True,
+        "case": "following",
+        "message": f"{files} follow{s} BASE (HEAD is on {cfg.branch})",
+    }
 
 
 def worktree_clean(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> bool:
@@ -234,10 +312,18 @@ def merge_lines(base: bytes, ours: bytes, theirs: bytes) -> bytes | None:
 
 
 def rebase(
-    paths: ExpPaths, cfg: ExperimentConfig, commit: str, parent: str, onto: str, message: str
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    commit: str,
+    parent: str,
+    onto: str,
+    message: str,
+    *,
+    files_only: bool = False,
 ) -> str | None:
-    """``commit`` (a change of ``parent``) re-applied onto ``onto``; None on a real conflict."""
-    merged = gitops.merge_onto(paths.repo, commit, onto, message)
+    """``commit`` (a change of ``parent``) re-applied onto ``onto``; None on a real conflict.
+    ``files_only``: merge the editable files only, by lines (never git's whole-tree merge)."""
+    merged = None if files_only else gitops.merge_onto(paths.repo, commit, onto, message)
     if merged is not None:
         return merged
     files: dict[str, bytes | None] = {}

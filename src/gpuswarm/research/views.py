@@ -61,12 +61,19 @@ def _headline(d: dict[str, Any]) -> str:
     return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {d['mode']}"
 
 
+def _files_line(d: dict[str, Any], always: bool = False) -> None:
+    files = d.get("files") or {}
+    if files and (always or files["case"] not in ("following", "behind")):
+        click.echo(f"files: {files['message']}")
+
+
 def show_wait(d: dict[str, Any]) -> None:
     click.echo(_headline(d))
     for v in d["finished"]:
         click.echo(_variant_line(v))
     if d["waiting"]:
         click.echo(f"still running: {', '.join(d['waiting'])}")
+    _files_line(d)
 
 
 def show_status(d: dict[str, Any]) -> None:
@@ -81,8 +88,9 @@ def show_status(d: dict[str, Any]) -> None:
     for v in d["undecided"]:
         click.echo(f"  awaiting decision: {_variant_line(v)}")
     for r in d["last"]:
-        cells = (r["commit"], r["metric"], f"{r['memory_gb']:>5}", f"{r['status']:<8}")
-        click.echo(f"  {'  '.join(cells)} {r['description']}")
+        cells = (r["id"], r["commit"], f"{_metric(r['metric']):>10}", f"{r['memory_gb']:>5.1f}")
+        click.echo(f"  {'  '.join(cells)}  {r['status']:<8} {r['description']}")
+    _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
 
 
@@ -91,6 +99,8 @@ def show_loop(d: dict[str, Any]) -> None:
         f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept "
         f"({d['made']} started by this loop)"
     )
+    if d.get("exhausted"):
+        click.echo(f"stopped: {d['exhausted']}")
     if d["left_running"]:
         click.echo(
             f"left running in the background: {', '.join(d['left_running'])} "
@@ -99,8 +109,17 @@ def show_loop(d: dict[str, Any]) -> None:
     click.echo(f"results:  {d['results']}\nprogress: {d['plot']}\nreport:   {d['report']}")
 
 
+def show_config(d: dict[str, Any]) -> None:
+    for key, (old, new) in d["changed"].items():
+        click.echo(f"changed {key}: {old!r} -> {new!r}")
+    for key, value in d["settings"].items():
+        click.echo(f"{key:<15} {value}")
+    click.echo(f"settings: {d['file']}")
+
+
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
+    _files_line(d, always="files" in d)
 
 
 def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
