@@ -140,7 +140,7 @@ def test_report_content(run: tuple[RunPaths, Path]) -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # escaped task name
     assert "<script>alert" not in page
     assert "run_" in page and paths.root.name in page and "sim:3" in page
-    assert "incomplete" in page and "GPU busy" in page
+    assert "finished with failures" in page and "GPU busy" in page
     assert "not shown" not in page  # 8 rows: no cap note
 
 

@@ -25,7 +25,8 @@ from gpuswarm.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_o
 from gpuswarm.records import why_unreadable
 from gpuswarm.runs import open_run, recover, set_aside, temp_files
 
-RANK = {State.DONE: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}  # keep the latest
+# keep the latest
+RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
 EVENT_STATE = {"started": "running", "requeued": "pending"}
 
 
@@ -245,7 +246,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
         "run": str(paths.root),
         "live": live,
         "tasks": len(where),
-        "counts": {s.value: n for s, n in queue.counts().items()},
+        "counts": {s.value: n for s, n in queue.counts().items() if n or s is not State.SKIPPED},
         "findings": [asdict(f) for f in findings],
         "consistent": not open_problems,
     }

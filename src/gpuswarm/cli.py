@@ -41,7 +41,7 @@ from gpuswarm.errors import (
 from gpuswarm.live import is_terminal
 from gpuswarm.paths import resolve_run_dir
 from gpuswarm.runs import latest_run
-from gpuswarm.status import list_runs, run_status
+from gpuswarm.status import lift_quarantine, list_runs, run_status
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -51,7 +51,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def _stoppable() -> Iterator[None]:
+def _stoppable(viewer: bool = False) -> Iterator[None]:
     """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
 
     Unwinding (not dying) lets a run being created remove its staging folder. Errors of ours
@@ -68,7 +68,10 @@ def _stoppable() -> Iterator[None]:
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(DiskFullError(f"the disk is full: {exc.strerror}{where}; free some space"))
     except Interrupted as exc:
-        click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
+        if viewer:  # watch started nothing and stops nothing: only the viewing ends
+            click.echo(f"gpuswarm: stopped watching ({exc}); the run itself goes on", err=True)
+        else:
+            click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
         sys.exit(EXIT_INTERRUPTED)
     finally:
         for sig, handler in old.items():
@@ -134,6 +137,7 @@ def cli() -> None:
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def run(
     source: str,
     gpus: str | None,
@@ -147,6 +151,7 @@ def run(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -160,7 +165,7 @@ def run(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         )
         output = Output(quiet=quiet, live=not plain, report=not no_report)
-        report = start_run(loaded, gpus, suffix=suffix, output=output)
+        report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json)
 
 
@@ -186,6 +191,7 @@ def run(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -199,6 +205,7 @@ def resume(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
 
@@ -226,6 +233,7 @@ def resume(
             new_config=new_config,
             allow_change=allow_config_change,
             output=Output(quiet=quiet, live=not plain, report=not no_report),
+            share_gpus=share_gpus,
         )
     _finish(report, as_json)
 
@@ -237,8 +245,15 @@ def resume(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def work(
-    run_dir: Path, gpus: str, quiet: bool, plain: bool, no_report: bool, as_json: bool
+    run_dir: Path,
+    gpus: str,
+    quiet: bool,
+    plain: bool,
+    no_report: bool,
+    as_json: bool,
+    share_gpus: bool,
 ) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
 
@@ -246,9 +261,8 @@ def work(
     (their leases expire). It stops when nothing is left to claim.
     """
     with _stoppable():
-        report = work_run(
-            run_dir, gpus, output=Output(quiet=quiet, live=not plain, report=not no_report)
-        )
+        output = Output(quiet=quiet, live=not plain, report=not no_report)
+        report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
     _finish(report, as_json)
 
 
@@ -267,6 +281,24 @@ def status(run_dir: Path, as_json: bool) -> None:
         from gpuswarm.views import print_status  # rich, loaded only to print
 
         print_status(data)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("slot", required=False)
+def unquarantine(run_dir: Path, slot: str | None) -> None:
+    """Put a quarantined SLOT (e.g. gpu2; every slot when omitted) of a live run back in
+    rotation. Its supervisor notices within a second; a resume starts with no quarantine."""
+    try:
+        lifted = lift_quarantine(run_dir, slot)
+    except GpuswarmError as exc:
+        _fail(exc)
+    if not lifted:
+        what = f"slot {slot}" if slot else "no slot"
+        click.echo(f"gpuswarm: {what} is not quarantined in {run_dir}", err=True)
+        sys.exit(1)
+    for q in lifted:
+        click.echo(f"lifted the quarantine of {q['slot']} (owner {q.get('owner', '?')})")
 
 
 @cli.command()
@@ -372,8 +404,10 @@ def report_cmd(run_dir: Path) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 def watch_cmd(run_dir: Path, plain: bool) -> None:
-    """Follow a run that another gpuswarm process supervises (live table on a terminal)."""
-    with _stoppable():
+    """Follow a run that another gpuswarm process supervises (live table on a terminal).
+
+    Ctrl-C ends the watching (exit 130), never the run."""
+    with _stoppable(viewer=True):
         from gpuswarm.watch import watch
 
         code = watch(run_dir, stream=sys.stderr, plain=plain)

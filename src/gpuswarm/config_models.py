@@ -200,6 +200,7 @@ class TaskOptions(BaseModel):
     metrics: dict[NonEmpty, MetricPattern] = Field(default_factory=dict)
     shell: bool = False
     grace: Duration | None = None
+    skip_exit_code: int | None = Field(default=None, ge=1, le=255)  # this exit ends it skipped
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -257,6 +258,7 @@ class TaskEntry(TaskOptions):
     name: NonEmpty | None = None
     command: Annotated[str | list[str], BeforeValidator(_command)]
     glob: NonEmpty | None = None
+    exclude: list[NonEmpty] = Field(default_factory=list)  # globs: matches end skipped, unrun
     matrix: dict[MatrixKey, Annotated[list[MatrixValue], Field(min_length=1)]] | None = None
 
     @model_validator(mode="after")
@@ -267,6 +269,10 @@ class TaskEntry(TaskOptions):
             )
         if self.matrix == {}:
             raise ValueError("matrix: is empty; give at least one key with a list of values")
+        if self.exclude and self.glob is None:
+            raise ValueError(
+                "exclude: filters the matches of a glob: entry; add glob: or remove exclude:"
+            )
         return self
 
 
@@ -327,6 +333,7 @@ class BreakerConfig(BaseModel):
 
     failures: int = Field(default=5, ge=0, le=MAX_ATTEMPTS)  # 0 turns the breaker off
     window: Duration = 60.0
+    cooldown: Duration = 300.0  # a quarantined slot is probed again after this long
 
 
 class Reliability(BaseModel):
@@ -364,6 +371,9 @@ class RunConfig(BaseModel):
     reliability: Reliability = Field(default_factory=Reliability)
     defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())
     tasks: Annotated[list[TaskEntry], AfterValidator(_non_empty_tasks)]
+    # issue 11: run once per slot before it claims anything; once after every slot finished
+    preflight: list[NonEmpty] = Field(default_factory=list)
+    after_all: NonEmpty | None = None
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:
@@ -394,6 +404,8 @@ class TaskSpec(BaseModel):
     done_when: str | None = None
     metrics: dict[str, str] = Field(default_factory=dict)
     vars: dict[str, str] = Field(default_factory=dict)
+    skip_exit_code: int | None = None
+    skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
 
 
 def default_name(command: str | list[str]) -> str:

@@ -5,6 +5,7 @@ Everything here raises :class:`ConfigError` located with a :class:`Locator` (fil
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import math
 import os
@@ -50,6 +51,7 @@ class Instance:
     vars: dict[str, str]
     label: str  # how error messages name it: "tasks[2] (lr=0.1, seed=1)"
     unit: str = ""  # a glob task's folder (or file): overlapping globs give it one task
+    skip: str | None = None  # why it is skipped without running (an ``exclude:`` glob)
 
 
 def task_id_for(name: str) -> str:
@@ -101,6 +103,8 @@ def make_spec(
         done_when=opts.done_when,
         metrics=dict(opts.metrics),
         vars=dict(instance.vars),
+        skip_exit_code=opts.skip_exit_code,
+        skip_reason=instance.skip,
     )
 
 
@@ -347,8 +351,24 @@ def _glob_instances(
         values.update(_config_fields(Path(values["task_file"]), fields, index))
         name = _name(template, values, "", values["task_rel"])
         label = f"tasks[{index}] (match {values['task_file']})"
-        out.append(Instance(name, values, label, unit))
+        skip = excluded_by(match, entry.exclude, base_dir)
+        out.append(Instance(name, values, label, unit, skip))
     return out
+
+
+def excluded_by(match: Path, patterns: list[str], base_dir: Path) -> str | None:
+    """``"excluded by <pattern>"`` when a glob of ``exclude:`` (relative to the config's folder,
+    like ``glob:``) matches the task's file or its folder; None otherwise."""
+    if not patterns:
+        return None
+    task_dir = match if match.is_dir() else match.parent
+    for pattern in patterns:
+        full = Path(pattern).expanduser()
+        full = full if full.is_absolute() else base_dir / full
+        for candidate in (match, task_dir):
+            if candidate.match(str(full)) or fnmatch.fnmatch(str(candidate), str(full)):
+                return f"excluded by {pattern}"
+    return None
 
 
 # -- fields of the matched config.yaml ({config.<field>}) ------------------------------------------

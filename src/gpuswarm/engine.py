@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
+from gpuswarm.after_all import run_once
 from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
 from gpuswarm.errors import (
     EXIT_INTERRUPTED,
@@ -22,14 +23,17 @@ from gpuswarm.errors import (
     EXIT_UNFINISHED,
     ConfigError,
     DiskFullError,
+    PreflightError,
     disk_full,
 )
 from gpuswarm.fsutil import atomic_write_json, read_json
 from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.hostlock import GpuHold, gpu_keys
 from gpuswarm.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.ledger import Ev, Ledger
 from gpuswarm.live import PlainReporter, is_terminal
 from gpuswarm.paths import RunPaths
+from gpuswarm.preflight import missing_programs, run_preflight
 from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
 from gpuswarm.redact import redact_tree
 from gpuswarm.report import write_report
@@ -37,6 +41,7 @@ from gpuswarm.results import write_outputs
 from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.sandbox import Provision, check_provision_dest
 from gpuswarm.signals import on_stop_signals
+from gpuswarm.status import run_state
 from gpuswarm.supervisor import Supervisor, SupervisorConfig
 
 
@@ -51,6 +56,9 @@ class RunReport:
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
+        after = self.summary.get("after_all")
+        if isinstance(after, dict) and not after.get("ok"):
+            return EXIT_UNFINISHED  # the post-processing step failed
         return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
 
 
@@ -117,6 +125,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         "retry_backoff": rel.retry_backoff or 0.0,
         "breaker_failures": rel.breaker.failures,
         "breaker_window": rel.breaker.window,
+        "breaker_cooldown": rel.breaker.cooldown,
         "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
     }
 
@@ -130,6 +139,8 @@ class Setup:
     isolate: bool
     provisions: tuple[Provision, ...]
     settings: dict[str, Any]
+    preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
+    after_all: str | None = None  # run once after every slot finished
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
@@ -149,7 +160,16 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         for p in home.get("provision", [])
     )
     base_dir = Path(info.get("base_dir", "."))
-    return Setup(slots, base_dir, bool(home.get("isolate")), provisions, info.get("settings", {}))
+    config = info.get("config") or {}
+    return Setup(
+        slots,
+        base_dir,
+        bool(home.get("isolate")),
+        provisions,
+        info.get("settings", {}),
+        tuple(config.get("preflight") or ()),
+        config.get("after_all"),
+    )
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
@@ -159,12 +179,40 @@ def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot
 
 
 def start_run(
-    loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+    loaded: LoadedConfig,
+    gpus_spec: str | None,
+    *,
+    suffix: str | None,
+    output: Output,
+    share_gpus: bool = False,
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
+    _check_programs(loaded, count, output)
+    hold = GpuHold.acquire(_keys(slots), run="", share=share_gpus)  # before anything is made
+    try:
+        return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
+    finally:
+        hold.release()
+
+
+def _keys(slots: list[Slot]) -> list[str]:
+    return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
+
+
+def _start(
+    loaded: LoadedConfig,
+    gpus: GpuSet,
+    slots: list[Slot],
+    provisions: tuple[Provision, ...],
+    count: int,
+    hold: GpuHold,
+    *,
+    suffix: str | None,
+    output: Output,
+) -> RunReport:
     new = NewRun(
         name=loaded.name,
         workspace=loaded.workspace,
@@ -172,11 +220,36 @@ def start_run(
         tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
     )
     paths = _create(new, suffix)
+    hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
-    setup = Setup(slots, loaded.base_dir, isolate, provisions, new.info["settings"])
-    return supervise(paths, setup, mode="run", output=output)
+    cfg = loaded.config
+    setup = Setup(
+        slots,
+        loaded.base_dir,
+        isolate,
+        provisions,
+        new.info["settings"],
+        tuple(cfg.preflight),
+        cfg.after_all,
+    )
+    return supervise(paths, setup, mode="run", output=output, hold=hold)
+
+
+def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
+    """Before anything is created: a run whose every task runs a program that cannot be found
+    ends here, with one line naming it; some such tasks get a warning (they will fail)."""
+    missing, _ = missing_programs(task_dumps(loaded.tasks), loaded.base_dir)
+    if not missing:
+        return
+    named = ", ".join(f"{p} ({n} task{'s' if n != 1 else ''})" for p, n in sorted(missing.items()))
+    if sum(missing.values()) >= count:
+        raise PreflightError(
+            f"command not found: {named}; every task runs it and none can start. Install it "
+            "or fix PATH (or the task's env: PATH); nothing was started"
+        )
+    _say(output, f"gpuswarm: warning: command not found: {named}; those tasks will fail")
 
 
 def _create(new: NewRun, suffix: str | None) -> RunPaths:
@@ -202,6 +275,7 @@ def resume_run(
     new_config: LoadedConfig | None,
     allow_change: bool,
     output: Output,
+    share_gpus: bool = False,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     setup = setup_from_info(info, gpus_spec)
@@ -214,13 +288,17 @@ def resume_run(
         output=output,
         retry_failed=retry_failed,
         new_config=new_config if allow_change else None,
+        share_gpus=share_gpus,
     )
 
 
-def work_run(run_dir: Path, gpus_spec: str, *, output: Output) -> RunReport:
+def work_run(
+    run_dir: Path, gpus_spec: str, *, output: Output, share_gpus: bool = False
+) -> RunReport:
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
-    return supervise(paths, setup_from_info(info, gpus_spec), mode="work", output=output)
+    setup = setup_from_info(info, gpus_spec)
+    return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
 def _check_config_change(
@@ -278,12 +356,32 @@ def supervise(
     output: Output,
     retry_failed: bool = True,
     new_config: LoadedConfig | None = None,
+    hold: GpuHold | None = None,
+    share_gpus: bool = False,
 ) -> RunReport:
     """Attach to the run, initialise (recover / reclaim), run the slots, write the outputs.
 
     ``mode``: ``run`` (a fresh run), ``resume`` (no other supervisor may be live; repairs
     everything) or ``work`` (joins live supervisors; reclaims only dead owners' tasks).
     """
+    own_hold = hold is None  # resume / work: hold this run's GPUs now (same run never blocks)
+    if hold is None:
+        hold = GpuHold.acquire(_keys(setup.slots), run=str(paths.root), share=share_gpus)
+    try:
+        return _supervise(paths, setup, mode, output, retry_failed, new_config)
+    finally:
+        if own_hold:
+            hold.release()
+
+
+def _supervise(
+    paths: RunPaths,
+    setup: Setup,
+    mode: str,
+    output: Output,
+    retry_failed: bool,
+    new_config: LoadedConfig | None,
+) -> RunReport:
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
     recovered = None
@@ -298,6 +396,16 @@ def supervise(
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
             cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
+            run_preflight(
+                paths,
+                setup.slots,
+                setup.preflight,
+                cwd=setup.base_dir,
+                isolate=setup.isolate,
+                provisions=setup.provisions,
+            )
+            if setup.preflight:
+                ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
             shown = _reporter(paths, queue, ledger, setup, output)
@@ -307,11 +415,21 @@ def supervise(
                 try:
                     sup.run()
                     _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
-                    extra = {"quarantined": sup.quarantined}
+                    extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
                     summary = write_outputs(paths, queue, info, (started, time.time()), extra)
                     ledger.emit(
                         Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"]
                     )
+                    if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
+                        _say(output, f"after_all: {setup.after_all}")
+                        after = run_once(
+                            paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping
+                        )
+                        if after is not None:
+                            fields = {k: v for k, v in after.items() if k != "command"}
+                            ledger.emit(Ev.AFTER_ALL, **fields)
+                            summary["after_all"] = after
+                            atomic_write_json(paths.summary_json, summary)
                 except OSError as exc:
                     if not disk_full(exc):
                         raise
@@ -325,6 +443,11 @@ def supervise(
                 if not disk_full(exc):
                     raise
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _all_ended(queue: DirQueue) -> bool:
+    counts = queue.counts()
+    return counts[State.PENDING] == 0 and counts[State.RUNNING] == 0
 
 
 def _reporter(
@@ -358,6 +481,8 @@ def write_run_report(run_dir: Path) -> Path:
         summary = read_json(paths.summary_json)  # as its supervisor wrote it (wall time, ...)
     else:
         summary = write_outputs(paths, queue, info, None)
+    counts = {s.value: n for s, n in queue.counts().items()}
+    summary["state"] = run_state(paths, counts, is_live(paths))  # live, crashed, ...
     return write_report(paths, queue, summary, info)
 
 

@@ -43,6 +43,14 @@ class RunLockedError(GpuswarmError):
     exit_code = EXIT_BAD_INPUT
 
 
+class PreflightError(BadInputError):
+    """A preflight command failed, or no task's program can be found: nothing was started."""
+
+
+class GpuBusyError(BadInputError):
+    """The GPUs asked for are held by another live run of this host (see ``--share-gpus``)."""
+
+
 class QueueError(GpuswarmError):
     """The on-disk queue is in a state gpuswarm cannot repair by itself."""
 

@@ -34,6 +34,11 @@ class Ev(str, Enum):
     SHUTDOWN = "shutdown"  # warm or cold shutdown requested
     LEASE_LOST = "lease_lost"  # a reclaimer took a task from a stalled supervisor: not committed
     AGGREGATED = "aggregated"
+    STALE_RESULT = "stale_result"  # a completion file found before an attempt, moved aside
+    UNQUARANTINED = "unquarantined"  # a quarantined slot back in rotation (probe or by hand)
+    PREFLIGHT = "preflight"  # a slot's preflight commands: ok, or the failure that stopped it
+    AFTER_ALL = "after_all"  # the after_all step ran: exit code, output file
+    JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
 
 
 Listener = Callable[[dict[str, Any]], None]

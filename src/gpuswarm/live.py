@@ -63,6 +63,9 @@ class PlainReporter:
             return self._finished(stamp, e)
         if ev == "quarantined":
             return f"{stamp} {e['slot']:<8} QUARANTINED: {e.get('reason', '')}"
+        if ev == "unquarantined":
+            what = "probe: claims one task" if e.get("probe") else f"back: {e.get('reason', '')}"
+            return f"{stamp} {e['slot']:<8} quarantine {what}"
         if ev == "requeued" and e.get("frm") == "running":
             self._move("running", "pending")
             return f"{stamp} {'':<8} requeued {e['task']} ({e.get('reason', '')})"
@@ -79,11 +82,22 @@ class PlainReporter:
         secs = f"{float(e.get('seconds', 0)):.1f}s"
         if state == "done":
             return f"{stamp} {e['slot']:<8} done   {e['task']} {secs} {self._progress()}"
+        if state == "skipped":
+            why = e.get("reason", "")
+            return f"{stamp} {e['slot']:<8} skip   {e['task']} {why} {self._progress()}"
         why = e.get("reason", "")
         if e.get("retry"):
             wait = f", again in {e['retry_in']:g}s" if e.get("retry_in") else ""
+            used = e.get("used", e["attempt"])  # within the budget (a resume grants a fresh one)
             return (
-                f"{stamp} {e['slot']:<8} retry  {e['task']} {why} (attempt {e['attempt']}/"
+                f"{stamp} {e['slot']:<8} retry  {e['task']} {why} (attempt {used}/"
                 f"{e.get('max_attempts', '?')}{wait}) {self._progress()}"
             )
         return f"{stamp} {e['slot']:<8} FAILED {e['task']} {why} {secs} {self._progress()}"
+
+
+def attempt_number(data: dict[str, Any]) -> int:
+    """The number of the attempt a running descriptor is on (the one rule, shared by status and
+    watch): every attempt recorded so far, interrupted ones included, plus one, as the
+    supervisor numbers them. Its log is ``attempt-<n>/output.log``."""
+    return len(data.get("attempts", [])) + 1

@@ -54,6 +54,7 @@ class ViewState:
     finished_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     started: float = field(default_factory=time.time)
     note: str = ""
+    quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -85,6 +86,12 @@ class ViewState:
             self._clear_task(e.get("task", ""))
         elif ev == "quarantined":
             self.failures.append(f"slot {e.get('slot')} quarantined: {e.get('reason', '')}")
+            self.quarantined[str(e.get("slot"))] = str(e.get("reason", ""))
+        elif ev == "unquarantined":
+            if e.get("probe"):
+                self.quarantined[str(e.get("slot"))] = "probe"
+            else:
+                self.quarantined.pop(str(e.get("slot")), None)
         elif ev == "shutdown":
             self.note = "stopping: Ctrl-C again kills at once" if e.get("mode") == "warm" else ""
 
@@ -163,6 +170,7 @@ class LiveView:
             failures = list(self.state.failures)
             eta = self.state.eta(now)
             note = self.state.note
+            quarantined = dict(self.state.quarantined)
         total = max(1, sum(counts.values()))
         finished = counts.get("done", 0) + counts.get("failed", 0)
         head = Text.from_markup(
@@ -179,14 +187,16 @@ class LiveView:
             f"{finished}/{sum(counts.values())}",
         )
         parts.append(bar)
-        parts.append(self._table(rows, now))
+        parts.append(self._table(rows, now, quarantined))
         for line in failures:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
         if note:
             parts.append(Text(note, style="yellow"))
         return Group(*parts)
 
-    def _table(self, rows: Sequence[tuple[str, SlotRow]], now: float) -> Table:
+    def _table(
+        self, rows: Sequence[tuple[str, SlotRow]], now: float, quarantined: dict[str, str]
+    ) -> Table:
         stats = self.gpu_stats() if self.gpu_stats else {}
         table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
         for col in ("slot", "task", "try", "elapsed", "last output"):
@@ -194,17 +204,23 @@ class LiveView:
         if stats:
             table.add_column("gpu", no_wrap=True)
         for label, row in rows:
-            if row.task:
+            why = quarantined.get(label)
+            shown_label = label if why is None else f"{label} [red](QUARANTINED)[/]"
+            if why == "probe":
+                shown_label = f"{label} [yellow](probe)[/]"
+            if why is not None and why != "probe" and not row.task:
+                cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:80]]
+            elif row.task:
                 limit = f"/{clock(row.timeout)}" if row.timeout else ""
                 cells = [
-                    label,
+                    shown_label,
                     escape(inert(f"{row.task} {row.name}".strip()[:48])),
                     str(row.attempt),
                     f"{clock(now - row.since)}{limit}",
                     self._last_line(row)[:80],
                 ]
             else:
-                cells = [label, "[dim]idle[/]", "", "", f"[dim]{row.done} done[/]"]
+                cells = [shown_label, "[dim]idle[/]", "", "", f"[dim]{row.done} done[/]"]
             if stats:
                 cells.append(stats.get(label, ""))
             table.add_row(*cells)
@@ -268,6 +284,7 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
 def initial_state(paths: RunPaths) -> ViewState:
     """Counts and running slots from one look at the queue (only when a watch starts)."""
     from gpuswarm.leases import slot_label
+    from gpuswarm.live import attempt_number
     from gpuswarm.queue import DirQueue, State, lease_of, task_id_of
 
     queue = DirQueue(paths)
@@ -280,7 +297,6 @@ def initial_state(paths: RunPaths) -> ViewState:
     for name in queue.names(State.RUNNING):
         data = queue.read(State.RUNNING, name) or {}
         lease = lease_of(name)
-        started = [a for a in data.get("attempts", []) if not a.get("interrupted")]
         label = slot_label(paths, lease[0], lease[1]) if lease else "?"
         with contextlib.suppress(OSError):
             since = (paths.state_dir("running") / name).stat().st_mtime
@@ -288,8 +304,13 @@ def initial_state(paths: RunPaths) -> ViewState:
             state.slots[label] = SlotRow(
                 task=task_id_of(name),
                 name=task.get("name", ""),
-                attempt=len(started) + 1,
+                attempt=attempt_number(data),
                 since=since,
                 timeout=task.get("timeout"),
             )
+    from gpuswarm.breaker import read_quarantines
+    from gpuswarm.leases import is_live
+
+    for q in read_quarantines(paths) if is_live(paths) else []:
+        state.quarantined[str(q.get("slot"))] = str(q.get("reason", ""))
     return state

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuswarm.errors import ConfigError, RunDirError
 
-STATES = ("pending", "running", "done", "failed")
+STATES = ("pending", "running", "done", "failed", "skipped")  # skipped/: issue 11
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

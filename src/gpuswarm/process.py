@@ -571,6 +571,11 @@ class Attempt:
                     os.write(self._wake[1], b"x")
 
     @property
+    def cancelled(self) -> bool:
+        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
+        return self._cancelled
+
+    @property
     def exit_fd(self) -> int | None:
         """A pidfd that polls readable once the main process exits (None: no pidfd here; then
         only :meth:`wait` can tell)."""
@@ -789,6 +794,10 @@ class Attempt:
         if how == "timeout":
             kind, reason = EndKind.TIMEOUT, f"timeout after {self.spec.timeout:g}s"
             reason += f" ({self._stop_detail()})"
+        elif how == "cancelled" and self._reaped and rc == 0:
+            # it exited 0 in the stop's grace period: judged like any end (the supervisor hands
+            # it back unless that makes it done; see ``cancelled``)
+            kind, reason = EndKind.EXITED, "exit 0 during the stop's grace period"
         elif how == "cancelled":
             kind, reason = EndKind.CANCELLED, f"cancelled ({self._stop_detail()})"
         elif sig is not None:

@@ -49,6 +49,7 @@ class State(str, Enum):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
+    SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
 
 
 def descriptor_name(priority: int, seq: int, task_id: str) -> str:
@@ -163,9 +164,14 @@ class DirQueue:
         count = 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
+        skipped = paths.state_dir(State.SKIPPED.value)
         try:
             for desc in descriptors:
                 name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
+                if desc.get("state") == State.SKIPPED.value:  # excluded: never pending
+                    atomic_write_bytes(skipped / name, dumps_compact(desc), durable=False)
+                    count += 1
+                    continue
                 fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
                 try:
                     os.write(fd, dumps_compact(desc))  # a few hundred bytes: one write
@@ -329,14 +335,22 @@ class DirQueue:
 
     # -- inspection ----------------------------------------------------------------------------
     def names(self, state: State) -> list[str]:
-        return sorted(
-            e.name for e in os.scandir(self.paths.state_dir(state.value)) if _visible(e.name)
-        )
+        try:
+            entries = os.scandir(self.paths.state_dir(state.value))
+        except FileNotFoundError:  # skipped/ of a run made before it existed
+            return []
+        with entries:
+            return sorted(e.name for e in entries if _visible(e.name))
 
     def counts(self) -> dict[State, int]:
         out: dict[State, int] = {}
         for state in State:
-            with os.scandir(self.paths.state_dir(state.value)) as it:
+            try:
+                it = os.scandir(self.paths.state_dir(state.value))
+            except FileNotFoundError:  # skipped/ of a run made before it existed
+                out[state] = 0
+                continue
+            with it:
                 out[state] = sum(1 for e in it if _visible(e.name))
         return out
 

@@ -139,6 +139,7 @@ class _Scan:
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
         self.unfinished: list[tuple[str, dict[str, Any]]] = []
+        self.skipped: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
         for state in State:
@@ -149,7 +150,9 @@ class _Scan:
                 task_env = data.get("task", {}).get("env") or {}
                 if task_env:
                     self.env[str(row.values["task"])] = dict(task_env)
-                if state is not State.DONE:
+                if state is State.SKIPPED:
+                    self.skipped.append(row)
+                elif state is not State.DONE:
                     self.unfinished.append((state.value, data))
         known = {str(r.values["task"]) for r in self.rows}
         for fail in summary.get("failures", []):  # descriptors moved to corrupt/
@@ -197,23 +200,50 @@ def _header(
 ) -> str:
     name = info.get("name") or summary.get("name") or paths.root.parent.name
     ids = ",".join(str(i) for i in info.get("gpu_ids") or [])
-    state = _badge("ok", "complete") if summary.get("complete") else _badge("no", "incomplete")
+    label = str(summary.get("state") or ("complete" if summary.get("complete") else "unfinished"))
+    state = _badge("ok" if label == "complete" else "no", label)
     badges = "".join(_badge(k, f"{k} {v}") for k, v in (summary.get("counts") or {}).items())
     meta = {
         "run": paths.root.name,
         "GPUs": f"{info.get('gpus', '?')} (ids {ids or '?'})",
         "written": summary.get("written", ""),
         "wall time": _seconds(summary.get("wall_seconds")),
-        "task time": _seconds(summary.get("busy_seconds")),
+        "task time (all attempts)": _seconds(summary.get("busy_seconds")),
     }
     busy = f"{100 * stats['busy_fraction']:.1f}%" if stats["span_seconds"] > 0 else "n/a"
+    skipped = (summary.get("counts") or {}).get("skipped", 0)
+    apart = f"<p>skipped {esc(skipped)}: not failed, out of the pass rates</p>\n" if skipped else ""
     return (
         f"<h1>{esc(name)} {state}</h1>\n<p class=meta>"
         + " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in meta.items())
         + f"</p>\n<p>{esc(summary.get('total', 0))} tasks: {badges}</p>\n"
         f"<p>GPU busy <b>{busy}</b> of the timeline span ({esc(_seconds(stats['span_seconds']))}; "
-        f"idle {esc(_seconds(stats['idle_seconds']))} summed over lanes)</p>\n"
+        f"idle {esc(_seconds(stats['idle_seconds']))} summed over lanes)</p>\n" + apart
     )
+
+
+def _quarantines(summary: Mapping[str, Any]) -> str:
+    """Slots the breaker took out of rotation, each with its reason and whether it came back."""
+    found = [q for q in summary.get("quarantined") or [] if isinstance(q, Mapping)]
+    if not found:
+        return ""
+    rows = "".join(
+        f"<li>{_badge('no', 'quarantined')} <b>{esc(q.get('slot'))}</b> "
+        f"(GPUs {esc(','.join(str(g) for g in q.get('gpus') or []))}): {esc(q.get('reason'))}"
+        + (f"; lifted: {esc(q['lifted'])}" if q.get("lifted") else "; still out at the end")
+        + "</li>"
+        for q in found
+    )
+    return f"<h2>Quarantined slots</h2>\n<ul>{rows}</ul>\n"
+
+
+def quarantined_lanes(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Lane -> mark for the timeline: slots quarantined at some point of the run."""
+    out: dict[str, str] = {}
+    for q in summary.get("quarantined") or []:
+        if isinstance(q, Mapping) and q.get("slot"):
+            out[str(q["slot"])] = "quarantined" if not q.get("lifted") else "was quarantined"
+    return out
 
 
 def _rate(true: int, of: int, what: str) -> str:
@@ -313,6 +343,21 @@ def _failures(scan: _Scan, paths: RunPaths) -> str:
     return "\n".join(out) + "\n"
 
 
+def _skipped(scan: _Scan) -> str:
+    """Tasks that ended skipped (a declared exit code, an exclude: glob): listed apart."""
+    if not scan.skipped:
+        return ""
+    items = "".join(
+        f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
+        for r in scan.skipped[:MAX_ROWS]
+        if (task := r.values["task"]) is not None
+    )
+    return (
+        f"<h2>Skipped ({len(scan.skipped)})</h2>\n<p class=note>not failed; left out of the pass "
+        f"rates</p>\n<ul>{items}</ul>\n"
+    )
+
+
 def write_report(
     paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
 ) -> Path:
@@ -322,17 +367,25 @@ def write_report(
     stats = idle_stats(scan.bars, lanes)
     name = str(info.get("name") or summary.get("name") or "")
     try:
-        png = timeline_png(scan.bars, paths.root / "timeline.png", title=name, lanes=lanes)
+        png = timeline_png(
+            scan.bars,
+            paths.root / "timeline.png",
+            title=name,
+            lanes=lanes,
+            marks=quarantined_lanes(summary),
+        )
         image = f'<img class="timeline" alt="timeline of every attempt" src="{png_data_uri(png)}">'
     except Exception as exc:  # the page is still worth having without the chart
         image = f"<p class=note>timeline not available: {esc(exc)}</p>"
     body = (
         _header(paths, summary, info, stats)
+        + _quarantines(summary)
         + _fields(summary.get("fields") or {})
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image
         + "\n"
         + _failures(scan, paths)
+        + _skipped(scan)
         + _tasks(scan, paths.results_tsv.name)
     )
     out = paths.root / "report.html"

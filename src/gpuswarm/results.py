@@ -27,6 +27,7 @@ class Row:
     values: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
+    busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
 
 
 def _exit_text(attempt: dict[str, Any]) -> str:
@@ -50,6 +51,7 @@ def row_for(state: State, data: dict[str, Any]) -> Row:
         "exit": _exit_text(last),
         "reason": data.get("reason") or last.get("reason") or "",
     }
+    row.busy = sum(float(a.get("duration") or 0) for a in attempts)
     row.metrics = last.get("metrics") or _EMPTY  # the descriptor's own dicts: no copies
     row.result = data.get("result") or _EMPTY
     return row
@@ -143,7 +145,7 @@ def _numeric_stats(values: list[float]) -> dict[str, Any]:
 
 def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
-    total = len(rows)
+    total = sum(1 for r in rows if r.values["state"] != State.SKIPPED.value)  # skipped: apart
     done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
     columns: dict[str, list[Any]] = {}
     for r in rows:
@@ -181,21 +183,57 @@ def summarize(
     failures = [
         {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
         for r in rows
-        if r.values["state"] != State.DONE.value
+        if r.values["state"] not in (State.DONE.value, State.SKIPPED.value)
     ]
-    busy = sum(float(r.values["seconds"] or 0) for r in rows)
+    skipped = [
+        {"task": r.values["task"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] == State.SKIPPED.value
+    ]
+    busy = sum(r.busy for r in rows)
+    reasons: dict[str, int] = {}
+    for f in failures:
+        if f["state"] == State.FAILED.value:
+            reasons[str(f["reason"])] = reasons.get(str(f["reason"]), 0) + 1
     return {
         "run": run_info.get("run_dir", ""),
         "name": run_info.get("name", ""),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "total": len(rows),
-        "counts": counts,
-        "complete": counts[State.DONE.value] == len(rows),
-        "busy_seconds": round(busy, 3),
+        "complete": counts[State.DONE.value] + counts[State.SKIPPED.value] == len(rows),
+        "counts": shown_counts(counts),
+        "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
+        "not_done": len(failures),  # the true count ("failures" lists the first 200)
+        "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
         "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
         "failures": failures[:200],
+        "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
         "fields": field_stats(rows),
     }
+
+
+def shown_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Counts per state as outputs show them: ``skipped`` only when some task was skipped (runs
+    without skipped tasks read as they always did)."""
+    return {k: n for k, n in counts.items() if n or k != State.SKIPPED.value}
+
+
+#: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
+COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED = (
+    "complete",
+    "finished with failures",
+    "stopped",
+    "unfinished",
+)
+
+
+def end_state(counts: dict[str, int], stopped: bool) -> str:
+    """complete (every task done or skipped), finished with failures (every task ran, some
+    failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks left)."""
+    if counts.get(State.PENDING.value, 0) + counts.get(State.RUNNING.value, 0) == 0:
+        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, "skipped"))
+        return COMPLETE if bad == 0 else WITH_FAILURES
+    return STOPPED if stopped else UNFINISHED
 
 
 def write_outputs(
@@ -209,5 +247,6 @@ def write_outputs(
     rows = collect(queue)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
     summary = {**summarize(rows, run_info, window), **(extra or {})}
+    summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

@@ -6,9 +6,11 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,12 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from pydantic import ValidationError
 
 from gpuswarm import __version__
+from gpuswarm.attempt_plan import STALE_SLACK_SECONDS
+from gpuswarm.config import TaskSpec, render
 from gpuswarm.errors import QueueError, RunDirError
 from gpuswarm.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
 from gpuswarm.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
 from gpuswarm.ledger import Ev, Ledger
+from gpuswarm.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.process import find_by_env, kill_tree
 from gpuswarm.queue import (
@@ -37,6 +43,7 @@ from gpuswarm.queue import (
     sync_tree,
     task_id_of,
 )
+from gpuswarm.taskfiles import inside
 
 
 @dataclass(frozen=True)
@@ -55,11 +62,13 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     now = now or datetime.now()
     final = _free_name(parent, run_dir_name(now, suffix))
     staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
-    staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
-    try:
+    try:  # the mkdir inside: a stop signal right after it must not leave the folder behind
+        staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
         DirQueue.create_layout(staging)
         staging.tasks.mkdir()
-        descriptors = (new_descriptor(t, seq) for seq, t in enumerate(new.tasks))
+        descriptors = (
+            _skipped_if_excluded(new_descriptor(t, seq)) for seq, t in enumerate(new.tasks)
+        )
         count = DirQueue.write_pending(staging, descriptors)
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
@@ -73,8 +82,28 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     paths = RunPaths(final)
     ledger = Ledger(paths.events)
     ledger.emit(Ev.RUN_CREATED, tasks=count, name=new.name, version=__version__)
+    for name in DirQueue(paths).names(State.SKIPPED):  # excluded tasks: journaled as ended
+        ledger.emit(
+            Ev.FINISHED,
+            task=task_id_of(name),
+            attempt=0,
+            slot="",
+            state=State.SKIPPED.value,
+            reason="excluded by the config",
+            seconds=0,
+            retry=False,
+        )
     ledger.close()
     return paths
+
+
+def _skipped_if_excluded(desc: dict[str, Any]) -> dict[str, Any]:
+    """A task an ``exclude:`` glob matched is created skipped: listed, never run."""
+    why = desc["task"].get("skip_reason")
+    if why:
+        desc["state"] = State.SKIPPED.value
+        desc["reason"] = why
+    return desc
 
 
 def _remove_stale_staging(parent: Path) -> None:
@@ -161,11 +190,13 @@ def recover(
     moved["corrupt"] = 0
     moved["temp_files"] = _remove_temp_files(queue.paths)
     leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
+    still_running = task_ids_of(leftovers)
     if leftovers:
         moved["killed"] = kill_tree(leftovers, grace)
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
+    moved["judged_done"] = 0
     for name in queue.names(State.RUNNING):
-        moved[_recover_running(queue, ledger, name)] += 1
+        moved[_recover_running(queue, ledger, name, still_running)] += 1
     for name in queue.names(State.FAILED):
         if _finish_begun_retry(queue, ledger, name):
             moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
@@ -196,7 +227,7 @@ def _remove_temp_files(paths: RunPaths) -> int:
     return len(found)
 
 
-def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
+def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: set[str]) -> str:
     try:
         claimed = queue.adopt_running(name)
     except QueueError:
@@ -208,6 +239,10 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str) -> str:
     if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
     lease = lease_of(name)
+    if claimed.task_id not in still_running and judge_orphan(
+        queue, ledger, claimed, f"its supervisor died ({lease[0] if lease else '?'})"
+    ):
+        return "judged_done"
     data["attempts"].append(
         {
             "n": len(data["attempts"]) + 1,
@@ -289,6 +324,98 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
     return 1
 
 
+def task_ids_of(pids: Iterable[int]) -> set[str]:
+    """The ``GPUSWARM_TASK_ID`` of each of ``pids`` that is still alive (its attempt runs on)."""
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            task = psutil.Process(pid).environ().get("GPUSWARM_TASK_ID")
+            if task:
+                out.add(task)
+    return out
+
+
+def _lease_time(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
+    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
+    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
+    written after the claim (the running file's time), parses: then it is done, not re-run.
+    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
+    """
+    data = claimed.data
+    try:
+        task = TaskSpec.model_validate(data.get("task"))
+    except ValidationError:
+        return False
+    claimed_at = _lease_time(claimed.path)
+    if task.done_when is None or claimed_at is None:
+        return False
+    paths = queue.paths
+    n = len(data["attempts"]) + 1
+    values = {
+        **task.vars,
+        "workspace": str(paths.task_dir(task.id)),
+        "run_dir": str(paths.root),
+        "task_id": task.id,
+        "name": task.name,
+        "attempt": str(n),
+    }
+    rel = render(task.done_when, values)
+    if "{" in rel:
+        return False  # it names the slot or GPU, which the journal would have to tell
+    workspace = paths.task_dir(task.id)
+    try:
+        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
+        written = target.stat().st_mtime
+        result = flatten(read_completion(workspace, rel))
+    except (OSError, ResultFileError):
+        return False
+    if written < claimed_at - STALE_SLACK_SECONDS:
+        return False  # older than the claim: not this attempt's
+    lease = lease_of(claimed.path.name)
+    stamp = time.strftime("%H:%M:%S", time.localtime(written))
+    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
+    data["attempts"].append(
+        {
+            "n": n,
+            "slot": slot_label(queue.paths, *lease) if lease and lease[1] >= 0 else "",
+            "started": round(claimed_at, 4),
+            "ended": round(written, 4),
+            "duration": round(max(0.0, written - claimed_at), 4),
+            "kind": "orphan",
+            "returncode": None,
+            "signal": None,
+            "reason": reason,
+            "oom": False,
+            "killed": 0,
+        }
+    )
+    data["result"] = result
+    data["reason"] = None
+    queue.move(
+        claimed,
+        State.DONE,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="done",
+            reason=reason,
+            seconds=round(max(0.0, written - claimed_at), 3),
+            retry=False,
+            judged=True,
+        ),
+    )
+    return True
+
+
 def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
     """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
     it (again: the journal must never lag behind the folders) and finish the rename."""
@@ -311,6 +438,7 @@ def reclaim_dead(
     supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
     """
     verdicts: dict[str, bool] = {}
+    still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
     count = 0
     for name in queue.names(State.RUNNING):
         lease = lease_of(name)
@@ -322,9 +450,10 @@ def reclaim_dead(
             if not verdicts[owner] and on_this_host(owner):
                 leftovers = find_by_env(OWNER_VAR, owner)
                 if leftovers:
+                    still_running |= task_ids_of(leftovers)
                     kill_tree(leftovers, grace)
                     ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
-        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me):
+        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
             count += 1
     _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
     return count
@@ -342,7 +471,9 @@ def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
             (running / name).unlink(missing_ok=True)
 
 
-def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str) -> bool:
+def _reclaim_one(
+    queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
+) -> bool:
     running = queue.paths.state_dir("running")
     mine = running / reclaim_name(name, me)
     try:
@@ -356,6 +487,9 @@ def _reclaim_one(queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str
         return False
     data = claimed.data
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
+        return True
+    judge = on_this_host(owner) and claimed.task_id not in still_running
+    if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
     data["attempts"].append(
         {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}

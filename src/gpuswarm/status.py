@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.breaker import lift_by_hand, read_quarantines
+from gpuswarm.fsutil import read_json
 from gpuswarm.leases import is_live, slot_label
 from gpuswarm.ledger import tail_events
+from gpuswarm.live import attempt_number
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths, find_runs
 from gpuswarm.queue import DirQueue, State, base_name, lease_of, task_id_of
+from gpuswarm.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.runs import open_run
 from gpuswarm.sandbox import redact_text
 
@@ -33,7 +37,7 @@ def _running(queue: DirQueue, now: float) -> list[dict[str, Any]]:
             since = path.stat().st_mtime
         except FileNotFoundError:
             continue
-        attempt = len(data.get("attempts", [])) + 1
+        attempt = attempt_number(data)
         out.append(
             {
                 "task": data.get("id", task_id_of(name)),
@@ -101,7 +105,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     paths, info = open_run(run_dir)
     queue = DirQueue(paths)
     now = time.time()
-    counts = {s.value: n for s, n in queue.counts().items()}
+    counts = shown_counts({s.value: n for s, n in queue.counts().items()})
     slots = int(info.get("slot_count") or 1)
     live = is_live(paths)
     return {
@@ -109,6 +113,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "name": info.get("name", ""),
         "created": info.get("created"),
         "live": live,
+        "state": (state := run_state(paths, counts, live)),
+        "hint": _hint(paths, state),
         "gpus": info.get("gpus"),
         "counts": counts,
         "total": sum(counts.values()),
@@ -118,7 +124,63 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "corrupt": sorted(p.name for p in paths.corrupt.iterdir())
         if paths.corrupt.is_dir()
         else [],
+        "quarantined": _quarantined(paths, live),
     }
+
+
+def _hint(paths: RunPaths, state: str) -> str:
+    """What to do about a run in ``state`` (empty when nothing is needed)."""
+    if state == CRASHED:
+        return (
+            "its supervisor is gone (killed or crashed): the running rows are stale leases; "
+            f"finish it with: gpuswarm resume {paths.root}"
+        )
+    if state in (STOPPED, UNFINISHED, WITH_FAILURES):
+        return f"finish it with: gpuswarm resume {paths.root}"
+    return ""
+
+
+def _quarantined(paths: RunPaths, live: bool) -> list[dict[str, Any]]:
+    """Slots out of rotation: a live run's quarantine files, else what its summary recorded."""
+    if live:
+        return [{k: v for k, v in q.items() if k != "file"} for q in read_quarantines(paths)]
+    try:
+        summary = read_json(paths.summary_json)
+    except (OSError, ValueError):
+        return []
+    found = summary.get("quarantined") if isinstance(summary, dict) else None
+    return [q for q in found or [] if isinstance(q, dict) and not q.get("lifted")]
+
+
+def lift_quarantine(run_dir: Path, slot: str | None) -> list[dict[str, Any]]:
+    """``gpuswarm unquarantine``: remove the quarantine files of a live run's slot(s)."""
+    paths, _ = open_run(run_dir)
+    return lift_by_hand(paths, slot)
+
+
+LIVE, CRASHED = "live", "crashed"
+
+
+def run_state(paths: RunPaths, counts: dict[str, int], live: bool) -> str:
+    """live, crashed (no supervisor, yet tasks in running/: its owner died), or how the last
+    supervisor ended (summary.json: complete, finished with failures, stopped, unfinished)."""
+    if live:
+        return LIVE
+    if counts.get("running", 0) > 0:
+        return CRASHED
+    try:
+        summary = read_json(paths.summary_json)
+    except (OSError, ValueError):
+        summary = None
+    stopped = isinstance(summary, dict) and bool(summary.get("stopped"))
+    left = counts.get("pending", 0) > 0
+    if left and not isinstance(summary, dict):
+        return CRASHED if _ever_started(paths) else UNFINISHED
+    return end_state(counts, stopped and left)
+
+
+def _ever_started(paths: RunPaths) -> bool:
+    return any(e.get("ev") == "supervisor_started" for e in tail_events(paths.events))
 
 
 def list_runs(workspace: Path) -> list[dict[str, Any]]:
@@ -126,7 +188,7 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
     for run in find_runs(workspace):
         paths = RunPaths(run)
         try:
-            counts = {s.value: n for s, n in DirQueue(paths).counts().items()}
+            counts = shown_counts({s.value: n for s, n in DirQueue(paths).counts().items()})
             unusable = _empty_descriptors(paths)
         except OSError:
             continue
@@ -137,7 +199,8 @@ def list_runs(workspace: Path) -> list[dict[str, Any]]:
             {
                 "run": str(run),
                 "name": run.parent.name,
-                "live": is_live(paths),
+                "live": (live := is_live(paths)),
+                "state": run_state(paths, counts, live),
                 "counts": counts,
                 "total": sum(counts.values()),
             }

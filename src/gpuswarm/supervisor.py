@@ -34,9 +34,12 @@ from gpuswarm.attempt_plan import (
     judge,
     launch_spec_for,
     record_of,
+    set_aside_stale,
+    skipped,
     slot_base_env,
     values_for,
 )
+from gpuswarm.breaker import Breaker, quarantine_file, write_quarantine
 from gpuswarm.config import TaskSpec
 from gpuswarm.errors import LeaseLostError
 from gpuswarm.gpus import Slot
@@ -71,6 +74,7 @@ class SupervisorConfig:
     retry_backoff: float = 1.0  # wait before attempt n+1: backoff * 2**(n-1), 0 = none
     breaker_failures: int = 5  # quarantine a slot whose last N attempts all failed ...
     breaker_window: float = 60.0  # ... within this many seconds; 0 failures = never
+    breaker_cooldown: float = 300.0  # a quarantined slot is probed again after this long
     max_log_bytes: int = 256 << 20  # each attempt's output.log is kept under this size
     linger: float = 0.0  # an idle supervisor waits this long for new tasks before it ends
 
@@ -93,7 +97,8 @@ class LiveAttempt:
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
 
 
-Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool]  # slow: from a waiter
+# (slot, end, error, slow: from a waiter, task id, neutral: an end the breaker ignores)
+Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool, str, bool]
 Committable = tuple[LiveAttempt, AttemptEnd]
 
 
@@ -125,7 +130,10 @@ class Supervisor:
         self._slow = 0  # attempts in waiter threads
         self._poller = select.poll()
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
-        self._histories: dict[int, deque[AttemptEnd]] = {}
+        self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_window, cfg.breaker_cooldown)
+        self._cooling: dict[int, tuple[float, Slot]] = {}  # quarantined: slot -> (probe at, slot)
+        self._qfiles: set[int] = set()  # quarantined slots whose file was written (can be lifted)
+        self._lifted: threadq.SimpleQueue[int] = threadq.SimpleQueue()  # lifted by hand
         self._commit_queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
@@ -166,6 +174,10 @@ class Supervisor:
         self.ledger.sync()
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
+        for index in list(self._cooling):  # summary.json keeps the record; the files are live
+            label = self._cooling[index][1].label
+            with contextlib.suppress(FileNotFoundError):
+                quarantine_file(self.paths, label, self.cfg.owner).unlink()
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:  # a stop request from now on must not write into a reused fd number
             os.close(fd)
@@ -216,6 +228,8 @@ class Supervisor:
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self._release_delayed(everything=self.stopping.is_set())
             self._check_leases()
+            if self._cooling:  # a cool-down may be over, or a quarantine lifted by hand
+                self._wakeup()
             if now >= next_beat:
                 next_beat = now + beat_every
                 self.ledger.sync()
@@ -324,11 +338,11 @@ class Supervisor:
         free: deque[Slot] = deque()
         for slot in self.cfg.slots:
             self._homes[slot.index] = slot_base_env(self._prepare_home(slot))
-            self._histories[slot.index] = deque(maxlen=max(1, self.cfg.breaker_failures))
             free.append(slot)
         seen = -1
         while True:
             self._collect_returns(free)
+            self._back_in_rotation(free)
             if self.stopping.is_set():
                 self._hand_all_to_waiters()
                 if self._slow == 0 and not self._committing():
@@ -444,7 +458,7 @@ class Supervisor:
         try:
             self._returns.put(self._settle(live, live.handle.wait(), slow=True))
         except BaseException as exc:
-            self._returns.put((live.slot, None, exc, True))
+            self._returns.put((live.slot, None, exc, True, live.task_id, False))
         self._wakeup()
 
     def _hand_all_to_waiters(self) -> None:
@@ -462,7 +476,7 @@ class Supervisor:
         """Slots whose attempt has an outcome: back in rotation, unless their breaker trips."""
         while True:
             try:
-                slot, end, exc, slow = self._returns.get_nowait()
+                slot, end, exc, slow, task_id, neutral = self._returns.get_nowait()
             except threadq.Empty:
                 return
             self._slow -= slow
@@ -471,9 +485,7 @@ class Supervisor:
                 self.errors.append(exc)
                 self._stop_on_error()
                 continue
-            history = self._histories[slot.index]
-            if end is not None and self._trips(history, end):
-                self._quarantine(slot, history)
+            if end is not None and not self._breaker_lets(slot, task_id, end, neutral, free):
                 continue
             free.append(slot)
             with self._lock:
@@ -521,6 +533,19 @@ class Supervisor:
             owner=self.cfg.owner,
             base_dir=self.cfg.base_dir,
         )
+        try:
+            stale = set_aside_stale(self.paths, task, values, number)
+        except OSError as exc:  # judged by its time then (an old file never counts)
+            self.ledger.emit(Ev.STALE_RESULT, task=task.id, attempt=number, error=str(exc))
+            stale = None
+        if stale is not None:
+            self.ledger.emit(
+                Ev.STALE_RESULT,
+                task=task.id,
+                attempt=number,
+                file=str(stale[0].relative_to(self.paths.root)),
+                moved_to=str(stale[1].relative_to(self.paths.root)),
+            )
         handle = Attempt.launch(spec, pump=self._pump, max_log_bytes=self.cfg.max_log_bytes)
         live = LiveAttempt(
             slot, task.id, task.name, number, time.time(), handle, claimed, task, gpu_ids, values
@@ -557,7 +582,8 @@ class Supervisor:
             with self._lock:
                 self._commits += 1
             self._to_commit.append((live, end))
-        return live.slot, end, None, slow
+        neutral = skipped(live.task, end)
+        return live.slot, end, None, slow, live.task_id, neutral
 
     def _commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
         """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
@@ -570,9 +596,23 @@ class Supervisor:
                 self._hand_back(live.claimed, live.task, record)
                 return
             outcome = judge(self.paths, live.task, end, live.values, record, live.claimed.data)
+            if live.handle.cancelled and not self._done_in_stop(live.task, end, outcome):
+                record["kind"] = EndKind.CANCELLED.value
+                record["reason"] = f"cancelled ({end.reason}; not done: {outcome.reason})"
+                self._hand_back(live.claimed, live.task, record)
+                return
             self._finish(live.claimed, live.task, outcome)
         except LeaseLostError:
             self._lease_lost(live.task_id, live.attempt, "its outcome is not committed")
+
+    @staticmethod
+    def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:
+        """An attempt a stop cancelled counts only when it is done for sure: it exited 0 before
+        it was signalled, or its completion file (written by this attempt) parses. Exit 0 after
+        the stop's SIGTERM alone proves nothing (a graceful-shutdown handler exits 0 too)."""
+        if outcome.state is not State.DONE:
+            return False
+        return task.done_when is not None or end.reason != "exit 0 during the stop's grace period"
 
     def _committer(self) -> None:
         """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""
@@ -602,25 +642,91 @@ class Supervisor:
             if last:
                 self._wakeup()  # the loop may be waiting for the last commit to end the run
 
-    def _trips(self, history: deque[AttemptEnd], end: AttemptEnd) -> bool:
-        """Record an attempt's end; True when the slot's last N attempts all failed fast."""
-        if end.kind is EndKind.CANCELLED or self.cfg.breaker_failures <= 0:
+    # -- the breaker -------------------------------------------------------------------------------
+    def _breaker_lets(
+        self, slot: Slot, task_id: str, end: AttemptEnd, neutral: bool, free: deque[Slot]
+    ) -> bool:
+        """Feed the breaker; False when ``slot`` is quarantined now (it stays out of rotation).
+        Successes elsewhere may incriminate slots that are running something else meanwhile:
+        those are quarantined when their attempt ends (or now, when they are free)."""
+        verdict = self.breaker.record(slot.label, task_id, end, neutral=neutral)
+        if verdict == "lift":
+            self._unquarantine(slot, "its probe attempt succeeded")
+        elif verdict in ("trip", "again"):
+            self._quarantine(slot, end, again=verdict == "again")
             return False
-        history.append(end)
-        return (
-            len(history) == self.cfg.breaker_failures
-            and not any(e.ok for e in history)
-            and history[-1].ended - history[0].ended <= self.cfg.breaker_window
+        if end.ok:
+            for label in self.breaker.others_tripped():
+                other = next((s for s in free if s.label == label), None)
+                if other is not None:
+                    free.remove(other)
+                    self._quarantine(other, None, again=False)
+        return True
+
+    def _quarantine(self, slot: Slot, end: AttemptEnd | None, *, again: bool) -> None:
+        cooldown = self.breaker.quarantined(slot.label)
+        n = self.cfg.breaker_failures
+        if again:
+            reason = f"its probe attempt failed too ({end.reason if end else '?'})"
+        else:
+            last = f" (last: {end.reason})" if end is not None else ""
+            reason = (
+                f"its last {n} attempts failed within {self.cfg.breaker_window:g}s while the "
+                f"same work succeeded on other slots{last}; check this GPU and its driver"
+            )
+        probe_at = time.time() + cooldown
+        info = {"gpus": list(slot.gpu_ids), "reason": reason, "probe_at": round(probe_at, 3)}
+        with self._lock:
+            self._cooling[slot.index] = (time.monotonic() + cooldown, slot)
+        open_ = [q for q in self.quarantined if q["slot"] == slot.label and q["lifted"] is None]
+        if open_:  # a failed probe: the same quarantine goes on
+            open_[-1].update(info, probes=open_[-1].get("probes", 0) + 1)
+        else:
+            self.quarantined.append({"slot": slot.label, **info, "lifted": None})
+        try:
+            write_quarantine(self.paths, slot.label, self.cfg.owner, info)
+            self._qfiles.add(slot.index)
+        except OSError:  # shown in the journal and summary still; probed after the cool-down
+            self._qfiles.discard(slot.index)
+        self.ledger.emit(
+            Ev.QUARANTINED,
+            slot=slot.label,
+            gpus=list(slot.gpu_ids),
+            reason=reason,
+            probe_in=round(cooldown, 1),
         )
 
-    def _quarantine(self, slot: Slot, history: deque[AttemptEnd]) -> None:
-        span = history[-1].ended - history[0].ended
-        reason = (
-            f"its last {len(history)} attempts failed within {span:.0f}s "
-            f"(last: {history[-1].reason}); check the GPU and its driver"
-        )
-        self.quarantined.append({"slot": slot.label, "gpus": list(slot.gpu_ids), "reason": reason})
-        self.ledger.emit(Ev.QUARANTINED, slot=slot.label, gpus=list(slot.gpu_ids), reason=reason)
+    def _unquarantine(self, slot: Slot, why: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            quarantine_file(self.paths, slot.label, self.cfg.owner).unlink()
+        for q in self.quarantined:
+            if q["slot"] == slot.label and q["lifted"] is None:
+                q["lifted"] = why
+        self.ledger.emit(Ev.UNQUARANTINED, slot=slot.label, reason=why)
+
+    def _back_in_rotation(self, free: deque[Slot]) -> None:
+        """Quarantined slots whose cool-down is over claim one probe task; slots lifted by hand
+        (their quarantine file removed) come back with a clean slate."""
+        with self._lock:
+            if not self._cooling:
+                return
+            cooling = dict(self._cooling)
+        now = time.monotonic()
+        for index, (due, slot) in cooling.items():
+            path = quarantine_file(self.paths, slot.label, self.cfg.owner)
+            by_hand = index in self._qfiles and not path.exists()
+            if not by_hand and due > now:
+                continue
+            with self._lock:
+                self._cooling.pop(index, None)
+            if by_hand:
+                self.breaker.lifted(slot.label)
+                self._unquarantine(slot, "lifted by hand")
+            else:
+                self.breaker.probe(slot.label)
+                self.ledger.emit(Ev.UNQUARANTINED, slot=slot.label, reason="probe", probe=True)
+            free.append(slot)
+            self._more_work()
 
     def _prepare_home(self, slot: Slot) -> dict[str, str]:
         if not self.cfg.isolate_home:
@@ -633,7 +739,8 @@ class Supervisor:
         state = outcome.state
         retry = state is State.FAILED and attempts_used(data) < task.max_attempts
         delay = self._backoff(attempts_used(data)) if retry and not self.stopping.is_set() else 0
-        data["reason"] = outcome.reason if state is State.FAILED and not retry else None
+        ended = state is State.SKIPPED or (state is State.FAILED and not retry)
+        data["reason"] = outcome.reason if ended else None
         if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
             data["retry_at"] = round(time.time() + delay, 3)
             self.queue.save(claimed)
@@ -654,6 +761,7 @@ class Supervisor:
                 retry=retry,
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
+                used=attempts_used(data),  # attempts of the current budget: "used/max_attempts"
             )
 
         if delay > 0:

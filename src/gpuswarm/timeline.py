@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,9 +160,16 @@ def _esc(text: str) -> str:
 
 
 def timeline_png(
-    bars: Sequence[Bar], path: Path, *, title: str = "", lanes: Iterable[str] = ()
+    bars: Sequence[Bar],
+    path: Path,
+    *,
+    title: str = "",
+    lanes: Iterable[str] = (),
+    marks: Mapping[str, str] | None = None,
 ) -> Path:
-    """Render the Gantt chart of ``bars`` (plus empty ``lanes``) to ``path`` atomically."""
+    """Render the Gantt chart of ``bars`` (plus empty ``lanes``) to ``path`` atomically;
+    ``marks`` (lane -> text, e.g. "quarantined") are shown in red next to the lane's name."""
+    marks = marks or {}
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -219,9 +226,11 @@ def timeline_png(
                 colors=GAP_COLOR,
                 linewidths=1.0,
             )
-    ax.set_yticks(
-        range(len(groups)), [_esc(lane) for lane in groups], fontsize=9 if len(groups) <= 32 else 6
-    )
+    names = [_esc(lane) + (f" ({_esc(marks[lane])})" if lane in marks else "") for lane in groups]
+    ax.set_yticks(range(len(groups)), names, fontsize=9 if len(groups) <= 32 else 6)
+    for tick, lane in zip(ax.get_yticklabels(), groups, strict=True):
+        if lane in marks:
+            tick.set_color("#d62728")
     ax.set_ylim(len(groups) - 0.5, -0.5)  # first lane on top
     ax.set_xlim(0, span / scale if span > 0 else 1)
     ax.set_xlabel(f"{unit} since the first start")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,14 +24,20 @@ def _console() -> Console:
 def _counts(counts: dict[str, int]) -> str:
     order = ("done", "failed", "running", "pending")
     text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+    if counts.get("skipped"):
+        text += f"  skipped {counts['skipped']}"
     return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
 
 
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
-    live = "[green]live[/]" if data["live"] else "[dim]not running[/]"
-    con.print(f"[bold]{escape(inert(data['name']))}[/]  {escape(inert(data['run']))}  ({live})")
+    state = data.get("state") or ("live" if data["live"] else "not running")
+    color = {"live": "green", "complete": "green", "crashed": "red"}.get(state, "yellow")
+    name, run = escape(inert(data["name"])), escape(inert(data["run"]))
+    con.print(f"[bold]{name}[/]  {run}  ([{color}]{state}[/])")
     con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
+    if data.get("hint"):
+        con.print(f"[{color}]{escape(data['hint'])}[/]")
     eta = data.get("eta") or {}
     if eta.get("eta_seconds") is not None:
         con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
@@ -46,6 +53,9 @@ def print_status(data: dict[str, Any]) -> None:
                 clock(r["timeout"]),
             )
         con.print(table)
+    shown, failed = len(data["failures"]), data["counts"].get("failed", 0)
+    if failed > shown:
+        con.print(f"latest {shown} of {failed} failures:")
     for f in data["failures"]:
         con.print(
             f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
@@ -56,6 +66,17 @@ def print_status(data: dict[str, Any]) -> None:
                 con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
         con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+    for q in data.get("quarantined", []):
+        slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
+        con.print(f"[red]QUARANTINED[/] {slot}: {why}")
+        if data["live"]:
+            probe = q.get("probe_at")
+            when = time.strftime("%H:%M:%S", time.localtime(probe)) if probe else "-"
+            con.print(
+                f"    probed again at {when}; lift now: gpuswarm unquarantine "
+                f"{escape(data['run'])} {escape(str(q.get('slot')))}",
+                markup=False,
+            )
 
 
 def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
@@ -63,12 +84,12 @@ def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
     if not rows:
         print(f"no runs under {workspace}")
         return
-    print(f"{'state':<11}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
+    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
     for r in rows:
         c = r["counts"]
-        state = "live" if r["live"] else ("complete" if c["done"] == r["total"] else "unfinished")
+        state = r.get("state") or ("live" if r["live"] else "unfinished")
         left = c["pending"] + c["running"]
-        print(f"{state:<11}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
+        print(f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
 
 
 def print_report(report: RunReport) -> None:
@@ -78,12 +99,20 @@ def print_report(report: RunReport) -> None:
     con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
     for line in field_lines(s.get("fields", {})):
         con.print("  " + line, markup=False)
+    for reason, n in s.get("failure_reasons", [])[:5]:
+        con.print(inert(f"  {n} failed: {reason}"), markup=False)
     for f in s["failures"][:10]:
         con.print(inert(f"  {f['state']} {f['task']}: {f['reason']}"), markup=False)
-    if len(s["failures"]) > 10:
-        con.print(f"  ... and {len(s['failures']) - 10} more (see results.tsv)")
+    not_done = int(s.get("not_done", len(s["failures"])))  # the true count, not the list's
+    if not_done > 10:
+        con.print(f"  ... and {not_done - 10} more (see results.tsv)")
     for q in s.get("quarantined", []):
         con.print(inert(f"  quarantined {q['slot']}: {q['reason']}"), markup=False)
+    after = s.get("after_all")
+    if isinstance(after, dict):
+        log = report.paths.root / str(after.get("log", "after_all.log"))
+        how = "ok" if after.get("ok") else f"FAILED ({after.get('reason', '?')})"
+        con.print(inert(f"after_all {how}: {log}"), markup=False)
     con.print(f"results: {report.paths.results_tsv}")
     html = report.paths.root / "report.html"
     if html.is_file():

@@ -104,7 +104,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _where(self) -> dict[str, list[tuple[str, str]]]:
         out: dict[str, list[tuple[str, str]]] = {}
-        for state in ("pending", "running", "done", "failed", "corrupt"):
+        for state in ("pending", "running", "done", "failed", "skipped", "corrupt"):
             folder = self.paths.parallel / state
             for name in os.listdir(folder):
                 assert not name.startswith("."), f"temp file left behind: {state}/{name}"

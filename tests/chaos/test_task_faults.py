@@ -2,8 +2,8 @@
 
 The run survives each of them and classifies each one (exit code, signal, timeout, not found);
 escaped processes die with their attempt; a task flooding stdout keeps its log bounded and the
-supervisor's memory flat; a retried task is done once. Then a run where every task fails gets
-both its slots quarantined by the breaker.
+supervisor's memory flat; a retried task is done once. Then a run where every task fails on
+every slot: the tasks' fault, so the breaker quarantines no slot (issue 11).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import pytest
 from cli_driver import CliProcess, CliResult, pid_running, read_events, wait_for, wait_for_run
 from harness import HERE, PY, summary, write_config
 from invariants import check_run
-
-from gpuswarm.leases import host_slug
 
 pytestmark = pytest.mark.slow
 
@@ -215,16 +213,11 @@ def test_breaker_quarantines_slots_whose_attempts_keep_failing(
     run_dir = wait_for_run(tmp_path / "ws")
     rep = check_run(run_dir, [t["name"] for t in tasks])
     counts = rep.counts()
-    assert counts == {"failed": 2 * failures, "pending": n - 2 * failures}, counts
-    for tid, state in rep.states.items():
-        if state == "pending":
-            assert rep.descriptors[tid]["attempts"] == [], tid
-    quarantined = summary(run_dir)["quarantined"]
-    ids = [f"{host_slug()}-gpu{i}" for i in (0, 1)]  # slot ids name host + GPU
-    assert sorted(q["slot"] for q in quarantined) == ids, quarantined
-    assert all(f"last {failures} attempts failed" in q["reason"] for q in quarantined)
-    events = [e for e in read_events(run_dir) if e["ev"] == "quarantined"]
-    assert sorted(e["slot"] for e in events) == ids, events
+    # every task fails on every slot: the tasks' fault, not a GPU's (issue 11), so the breaker
+    # blames no slot and every task runs (and fails)
+    assert counts == {"failed": n}, counts
+    assert summary(run_dir)["quarantined"] == []
+    assert not [e for e in read_events(run_dir) if e["ev"] == "quarantined"]
     figures(
         "4b breaker (failures 3) on sim:2",
         tasks=n,

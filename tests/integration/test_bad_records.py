@@ -119,7 +119,10 @@ def test_journal_lines_that_are_no_objects_are_reported_and_skipped(
 def test_same_name_runs_in_the_same_second_get_their_own_folders(tmp_path: Path) -> None:
     cmds = tmp_path / "c.txt"
     cmds.write_text("true\n")
-    argv = cli_argv("run", "-q", "--no-report", "--gpus", "sim:1", "--workspace", "ws", cmds)
+    # --share-gpus: three runs at once on one (simulated) GPU would otherwise be refused
+    argv = cli_argv(
+        "run", "-q", "--no-report", "--share-gpus", "--gpus", "sim:1", "--workspace", "ws", cmds
+    )
     procs = [
         subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stderr=subprocess.PIPE, text=True)
         for _ in range(3)

@@ -898,7 +898,7 @@ def test_status_of_finished_run_and_ls(tmp_path: Path) -> None:
     assert not rows["good"]["live"] and not rows["mixed"]["live"]
     human_ls = gs("ls", "ws", cwd=tmp_path)
     assert human_ls.returncode == 0, show(human_ls)
-    assert "complete" in human_ls.stdout and "unfinished" in human_ls.stdout
+    assert "complete" in human_ls.stdout and "finished with failures" in human_ls.stdout
 
     empty = gs("ls", "nothing-here", cwd=tmp_path)
     assert empty.returncode == 0 and "no runs" in empty.stdout

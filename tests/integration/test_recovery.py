@@ -285,7 +285,9 @@ def test_sigkill_supervisor_mid_run_then_resume(
         assert rows[task_id]["state"] == "done", (seed, rows[task_id])
     interrupted = [t for t in states if descriptor(run_dir, t)["interruptions"]]
     print(f"seed={seed}: {len(interrupted)} tasks interrupted by the kill: {interrupted}")
-    assert len(interrupted) <= 4  # only what the 4 slots held was in running/
+    # only what the 4 slots held was in running/: per slot its attempt, and at most one more (an
+    # attempt that ended but was not committed yet when the slot claimed its next task)
+    assert len(interrupted) <= 8
 
 
 def test_orphans_of_a_killed_supervisor_then_resume(
