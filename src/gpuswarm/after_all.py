@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.paths import RunPaths
+from gpuswarm.preflight import start_shell
 
 LOG_NAME = "after_all.log"
-SHELL = "/bin/sh"
 
 
 def run_once(
@@ -70,15 +70,7 @@ def run_after_all(
     t0 = time.time()
     with log.open("wb") as out:
         try:
-            proc = subprocess.Popen(
-                [SHELL, "-c", command],
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = start_shell(command, env, cwd, out)
         except OSError as exc:
             return {**record, "ok": False, "exit": None, "reason": f"could not start: {exc}"}
         code: int | None = None

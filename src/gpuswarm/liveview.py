@@ -28,7 +28,7 @@ from rich.text import Text
 from gpuswarm.ledger import read_events
 from gpuswarm.logs import log_tail
 from gpuswarm.paths import RunPaths
-from gpuswarm.redact import inert
+from gpuswarm.redact import inert, redact_shapes
 
 REFRESH_PER_SECOND = 4
 RECENT_FAILURES = 5
@@ -228,7 +228,8 @@ class LiveView:
 
     def _last_line(self, row: SlotRow) -> str:
         tail = log_tail(self.log_of(row.task, row.attempt), max_lines=1, max_bytes=4096)
-        return escape(inert(tail.strip()))  # task output: no escape sequence for the terminal
+        # task output: no escape sequence for the terminal, no token or URL password on screen
+        return escape(inert(redact_shapes(tail.strip())))
 
 
 @contextlib.contextmanager

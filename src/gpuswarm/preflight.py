@@ -118,17 +118,24 @@ def _run_slot(
     return None
 
 
+def start_shell(
+    command: str, env: dict[str, str], cwd: Path | None, out: Any
+) -> subprocess.Popen[bytes]:
+    """A user's shell command (preflight, after_all) in its own session, output into ``out``."""
+    return subprocess.Popen(
+        [SHELL, "-c", command],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def _run_one(command: str, env: dict[str, str], cwd: Path, out: Any, timeout: float) -> str | None:
     try:
-        proc = subprocess.Popen(
-            [SHELL, "-c", command],
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = start_shell(command, env, cwd, out)
     except OSError as exc:
         return f"could not start: {exc.strerror or exc}"
     try:

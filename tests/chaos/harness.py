@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from cli_driver import CliProcess, pid_running, read_events, wait_for
+from cli_driver import CliProcess, env_processes, pid_running, read_events, wait_for
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent
@@ -104,31 +104,6 @@ def running_leases(run_dir: Path) -> list[str]:
 
 
 # -- processes ---------------------------------------------------------------------------------
-def _real(path: Path | str) -> str:
-    return os.path.realpath(path)
-
-
-def env_processes(var: str, value: str, *, under: bool = False) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose environment has ``var`` == ``value`` (or a path below)."""
-    want = _real(value) if var == "GPUSWARM_RUN_DIR" else value
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            got = proc.environ().get(var)
-            if got is None:
-                continue
-            if var == "GPUSWARM_RUN_DIR":
-                got = _real(got)
-            match = got == want or (under and got.startswith(want + os.sep))
-            if match and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
 def run_processes(root: Path, *, under: bool = False) -> list[psutil.Process]:
     return env_processes("GPUSWARM_RUN_DIR", str(root), under=under)
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cli_driver import CliProcess, CliResult, read_events, wait_for, wait_for_run
-from harness import env_processes, owner_of, q, write_config
+from cli_driver import CliProcess, CliResult, env_processes, read_events, wait_for, wait_for_run
+from harness import owner_of, q, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_driver import CliProcess, read_events, wait_for, wait_for_run
+from cli_driver import CliProcess, env_processes, read_events, wait_for, wait_for_run
 from harness import (
     HERE,
     PY,
     HeartbeatWatch,
-    env_processes,
     owner_of,
     q,
     running_leases,

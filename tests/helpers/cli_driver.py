@@ -201,3 +201,32 @@ def pid_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+_PATH_VARS = ("GPUSWARM_RUN_DIR", "GPUSWARM_EXPERIMENT")
+
+
+def _real(path: Path | str) -> str:
+    return os.path.realpath(path)
+
+
+def env_processes(var: str, value: str, *, under: bool = False) -> list[psutil.Process]:
+    """Live (non-zombie) processes whose environment has ``var`` == ``value`` (or a path below,
+    ``under``); run and experiment folders are compared as real paths."""
+    is_path = var in _PATH_VARS
+    want = _real(value) if is_path else value
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            got = proc.environ().get(var)
+            if got is None:
+                continue
+            got = _real(got) if is_path else got
+            match = got == want or (under and got.startswith(want + os.sep))
+            if match and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found

@@ -3,7 +3,7 @@
 Reading a run (:func:`queue_files`, :func:`task_states`, :func:`descriptor`,
 :func:`read_results`), its processes (:func:`run_processes`, :func:`wait_no_run_processes`,
 :func:`kill_run_processes`), research repositories (:func:`make_research_repo`, :func:`git`,
-:func:`edit_constant`, :func:`research_results`), and the CLI driver's names re-exported.
+:func:`edit_constant`, :func:`research_results`). The CLI driver is ``cli_driver.py``.
 """
 
 from __future__ import annotations
@@ -17,20 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from cli_driver import (  # noqa: F401 - re-exported for the tests
-    CliProcess,
-    CliResult,
-    cli_argv,
-    cli_env,
-    count_events,
-    find_runs,
-    pid_running,
-    read_events,
-    run_cli,
-    start_cli,
-    wait_for,
-    wait_for_run,
-)
+from cli_driver import env_processes, pid_running
 
 STATES = ("pending", "running", "done", "failed")
 
@@ -71,31 +58,12 @@ def read_results(run_dir: Path) -> dict[str, dict[str, str]]:
 
 
 # -- processes ---------------------------------------------------------------------------------
-def _real(path: Path | str) -> str:
-    return os.path.realpath(path)
-
-
 def run_processes(
     root: Path, *, under: bool = False, var: str = "GPUSWARM_RUN_DIR"
 ) -> list[psutil.Process]:
     """Live (non-zombie) processes whose ``var`` (``GPUSWARM_RUN_DIR``) is ``root`` (or below,
     ``under``)."""
-    want = _real(root)
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            run_dir = proc.environ().get(var)
-            if run_dir is None:
-                continue
-            got = _real(run_dir)
-            match = got == want or (under and got.startswith(want + os.sep))
-            if match and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    return env_processes(var, str(root), under=under)
 
 
 def reap_my_zombies(pids: set[int]) -> None:
