@@ -139,11 +139,13 @@ class Grammar:
     def task_fields(self) -> dict[str, st.SearchStrategy[Any]]:
         f = self.field
         # a run must end quickly: no hostile duration or attempt count that only makes it wait
-        # (timeouts of 25 days and more crash the loop today: issue 12 item 5, another branch)
-        durations = st.sampled_from([0, -1, "x", "", "-5m", ".inf"]) if self.safe else HOSTILE
+        # (a 30-day timeout is fine: the tasks end at once; the loop's poll waits are clamped)
+        durations = (
+            st.sampled_from([0, -1, "x", "", "-5m", ".inf", "400d"]) if self.safe else HOSTILE
+        )
         attempts = st.sampled_from([0, -1, "2", 10**9, 1.5]) if self.safe else HOSTILE
         return {
-            "timeout": f("10m", 5, 0.5, None, "1h30m", "2d", hostile=durations),
+            "timeout": f("10m", 5, 0.5, None, "1h30m", "2d", "30d", "365d", hostile=durations),
             "grace": f("1s", 2, 0.1, hostile=durations),
             "max_attempts": f(1, 2, 3, hostile=attempts),
             "priority": f(-10, 0, 7, 4999),
