@@ -11,8 +11,10 @@ lock is free are leftovers and are removed.
 
 The lock dir is per user: ``$GPUSWARM_LOCK_DIR``, else ``$XDG_RUNTIME_DIR/gpuswarm/gpu-locks``,
 else ``<temp dir>/gpuswarm-<uid>/gpu-locks`` (mode 0700, refused when another user owns it), so it
-works without root; runs of other users are not seen. Simulated GPUs (``sim:N``) are locked like
-real ones (``sim-0``...), so this can be tested anywhere.
+works without root; runs of other users are not seen. Simulated GPUs (``sim:N``) are no shared
+device: two demos, test suites or research experiments on ``sim:4`` at once must not refuse each
+other, so they are locked (``sim-0``...) only inside an explicit ``$GPUSWARM_LOCK_DIR`` (which is
+how the lock itself is tested without a GPU).
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def lock_dir() -> Path | None:
 
 
 def gpu_keys(vendor: str, ids: Iterable[int]) -> list[str]:
+    """The lock names of these GPUs; none for simulated ones unless a lock dir is explicit."""
+    if vendor == "sim" and not os.environ.get("GPUSWARM_LOCK_DIR"):
+        return []
     return sorted({f"{vendor}-{i}" for i in ids})
 
 

@@ -53,6 +53,7 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for var in ("GPUSWARM_RUN_DIR", "GPUSWARM_OWNER", "GPUSWARM_ATTEMPT_TOKEN"):
         env.pop(var, None)  # never look like a task of some run ourselves
+    env.pop("GPUSWARM_LOCK_DIR", None)  # a test that wants GPU locks names its own folder
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("COLUMNS", "200")  # rich: no wrapping of long paths in messages
     env.update(extra or {})

@@ -533,6 +533,29 @@ def test_a_second_run_on_held_gpus_is_refused_naming_the_run(
     assert again.returncode == 0, again
 
 
+def test_simulated_gpus_are_not_locked_without_an_explicit_lock_dir(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    """Two demos or test suites on sim:N at once on one host never refuse each other (a sim
+    GPU is no shared device): without $GPUSWARM_LOCK_DIR nothing is locked for them."""
+    go = tmp_path / "go"
+    wait = {"name": "wait", "command": f"while [ ! -e {go} ]; do sleep 0.05; done", "shell": True}
+    first = write_config(
+        tmp_path / "first.yaml", {"name": "first", "gpus": "sim:1", "tasks": [wait]}
+    )
+    second = write_config(
+        tmp_path / "second.yaml",
+        {"name": "second", "gpus": "sim:1", "tasks": [{"name": "t", "command": "true"}]},
+    )
+    proc = gpuswarm_popen("run", first, "--plain")  # cli_env drops any GPUSWARM_LOCK_DIR
+    run = wait_for_run(tmp_path / "runs")
+    wait_for(lambda: [e for e in read_events(run) if e["ev"] == "started"], 30)
+    res = gpuswarm("run", second, "--plain")
+    assert res.returncode == 0, res
+    go.touch()
+    assert proc.wait(60).returncode == 0
+
+
 # -- smaller things ------------------------------------------------------------------------
 def test_true_counts_in_the_summary_and_status(tmp_path: Path, gpuswarm: Gs) -> None:
     config = write_config(
