@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import select
@@ -103,6 +104,8 @@ def _cut(fd: int, size: int, limit: int, dropped_before: int) -> tuple[int, int]
 _CHUNK = 1 << 20
 _FINISH_MAX = 16 << 20  # what finish() drains at most (writers outside our tree may go on)
 _SPLICE = getattr(os, "splice", None)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_PIPE_SIZE = 1 << 20  # the default /proc/sys/fs/pipe-max-size: no privilege needed
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 
 
@@ -213,6 +216,8 @@ class LogPump:
         """A pipe whose write end becomes an attempt's stdout/stderr; takes ``log_fd``."""
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(read_fd, False)
+        with contextlib.suppress(OSError):  # room for what a task prints while nobody reads
+            fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
         sink = LogSink(read_fd, write_fd, log_fd, limit)
         with self._lock:
             self._sinks[read_fd] = sink
@@ -222,7 +227,7 @@ class LogPump:
 
     def finish(self, sink: LogSink) -> None:
         """The attempt has ended: drain its pipe into the log now, then let the pump close it
-        (a writer left outside our process tree gets EPIPE from then on)."""
+        (a writer left outside our process tree is not read from then on)."""
         sink.close_write_end()
         with sink.lock:
             if sink.closed:

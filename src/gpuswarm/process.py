@@ -496,7 +496,12 @@ class Attempt:
             return self._failed(EndKind.SPAWN_ERROR, f"cannot open a pipe for the log: {exc}")
         self._pump, self._sink = pump, sink
         pre = _precheck(spec)
-        failure = (EndKind.SPAWN_ERROR, pre) if pre else self._spawn(sink.write_fd)
+        # the child keeps a copy of the read end too: if this supervisor dies (SIGKILL), the
+        # task's next write must not end it with EPIPE/SIGPIPE (an attempt that finishes before
+        # the resume is judged done); the pipe's buffer (1 MiB where allowed) takes what it
+        # prints meanwhile, and only a task that fills it waits there
+        keep = (sink.read_fd,)
+        failure = (EndKind.SPAWN_ERROR, pre) if pre else self._spawn(sink.write_fd, keep)
         if failure is not None:
             with contextlib.suppress(OSError):
                 os.write(sink.write_fd, f"gpuswarm: {failure[1]}\n".encode())
@@ -512,7 +517,7 @@ class Attempt:
         if pump is not None and sink is not None:
             pump.finish(sink)
 
-    def _spawn(self, log: int) -> tuple[EndKind, str] | None:
+    def _spawn(self, log: int, keep: tuple[int, ...] = ()) -> tuple[EndKind, str] | None:
         env = {**self.spec.env, TOKEN_VAR: self.token}
         with _REG.lock:
             _REG.launching += 1
@@ -526,6 +531,7 @@ class Attempt:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=keep,
             )
         except (OSError, ValueError, TypeError) as exc:
             self._close()

@@ -119,14 +119,19 @@ def test_a_completion_file_left_by_an_earlier_attempt_is_moved_aside(
 
 
 # -- item 5: finished work is not re-run --------------------------------------------------------
+@pytest.mark.parametrize("talk", [False, True], ids=["quiet", "printing"])
 def test_tasks_that_finish_after_a_sigkill_of_the_supervisor_are_done_on_resume(
-    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen, talk: bool
 ) -> None:
     # 'a' and 'b' write their result after the supervisor is gone; 'c' exits 0 without one on
-    # its first attempt (so it must run again), and writes one on the next
+    # its first attempt (so it must run again), and writes one on the next. "printing": they
+    # print after the supervisor died (no reader of their log pipe is left in it: EPIPE or
+    # SIGPIPE would end them there, before their result)
+    say = "for i in 1 2 3 4 5 6 7 8; do echo still working $i; done; " if talk else ""
     cmd = (
         "while [ ! -e {run_dir}/../../go ]; do sleep 0.05; done; "
-        "if [ {name} != c ] || [ {attempt} != 1 ]; then echo 'ok: true' > {workspace}/r.yaml; fi"
+        + say
+        + "if [ {name} != c ] || [ {attempt} != 1 ]; then echo 'ok: true' > {workspace}/r.yaml; fi"
     )
     config = write_config(
         tmp_path / "c.yaml",
