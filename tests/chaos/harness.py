@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from cli_driver import CliProcess, env_processes, pid_running, read_events, wait_for
+from cli_driver import (
+    CliProcess,
+    env_processes,
+    kill_processes,
+    pid_running,
+    read_events,
+    reap_my_zombies,
+    wait_for,
+)
 
 PY = sys.executable
 HERE = Path(__file__).resolve().parent
@@ -108,12 +116,6 @@ def run_processes(root: Path, *, under: bool = False) -> list[psutil.Process]:
     return env_processes("GPUSWARM_RUN_DIR", str(root), under=under)
 
 
-def reap_my_zombies(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
 def describe(procs: Iterable[psutil.Process]) -> list[str]:
     out = []
     for p in procs:
@@ -140,14 +142,7 @@ def wait_no_env_processes(var: str, value: str, timeout: float = 10.0) -> float:
 
 
 def kill_run_processes(root: Path) -> int:
-    procs = run_processes(root, under=True)
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    if procs:
-        psutil.wait_procs(procs, timeout=5)
-        reap_my_zombies({p.pid for p in procs})
-    return len(procs)
+    return kill_processes(run_processes(root, under=True))
 
 
 def owner_of(proc: CliProcess, run_dir: Path, timeout: float = 20.0) -> str:

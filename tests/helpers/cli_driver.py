@@ -231,3 +231,21 @@ def env_processes(var: str, value: str, *, under: bool = False) -> list[psutil.P
         except (psutil.Error, OSError):
             continue
     return found
+
+
+def reap_my_zombies(pids: set[int]) -> None:
+    """Collect those of ``pids`` that ended up as our zombie children (if pytest is a subreaper)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def kill_processes(procs: list[psutil.Process]) -> int:
+    """SIGKILL ``procs``, wait for them and reap the ones that were ours; how many there were."""
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    if procs:
+        psutil.wait_procs(procs, timeout=5)
+        reap_my_zombies({p.pid for p in procs})
+    return len(procs)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
-from cli_driver import env_processes, pid_running
+from cli_driver import env_processes, kill_processes, pid_running, reap_my_zombies
 
 STATES = ("pending", "running", "done", "failed")
 
@@ -66,13 +65,6 @@ def run_processes(
     return env_processes(var, str(root), under=under)
 
 
-def reap_my_zombies(pids: set[int]) -> None:
-    """Collect those of ``pids`` that ended up as our zombie children (if pytest is a subreaper)."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
 def wait_no_run_processes(root: Path, timeout: float = 10.0) -> None:
     """Wait until no live process of run ``root`` is left; fail naming the survivors."""
     deadline = time.monotonic() + timeout
@@ -96,13 +88,7 @@ def kill_run_processes(root: Path) -> int:
     under it (they are detached and would otherwise linger after the test)."""
     procs = run_processes(root, under=True, var="GPUSWARM_EXPERIMENT")
     procs += run_processes(root, under=True)
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    if procs:
-        psutil.wait_procs(procs, timeout=5)
-        reap_my_zombies({p.pid for p in procs})
-    return len(procs)
+    return kill_processes(procs)
 
 
 # -- research --------------------------------------------------------------------------------
@@ -165,3 +151,17 @@ def research_results(repo: Path, tag: str) -> list[list[str]]:
     """results.tsv rows (header included) as lists of cells."""
     text = (repo / ".gpuswarm" / "research" / tag / "results.tsv").read_text()
     return [line.split("\t") for line in text.splitlines()]
+
+
+def research_ledger(repo: Path, tag: str) -> list[dict[str, Any]]:
+    """The experiment's ledger.jsonl as events (none yet: []; a torn last line is skipped)."""
+    path = repo / ".gpuswarm" / "research" / tag / "ledger.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a torn last line while someone writes
+            continue
+    return out

@@ -29,6 +29,7 @@ from integration_support import (
     descriptor,
     edit_constant,
     git,
+    research_ledger,
     research_results,
     run_processes,
     wait_no_run_processes,
@@ -61,16 +62,7 @@ def core_run(repo: Path) -> Path:
 
 
 def ledger(repo: Path) -> list[dict[str, Any]]:
-    path = exp_dir(repo) / "ledger.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a torn last line while someone writes
-            continue
-    return out
+    return research_ledger(repo, TAG)
 
 
 def events(repo: Path, ev: str) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliResult, wait_for
-from integration_support import edit_constant, git, research_results
+from integration_support import edit_constant, git, research_ledger, research_results
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +31,7 @@ def exp_dir(repo: Path) -> Path:
 
 
 def ledger(repo: Path) -> list[dict[str, Any]]:
-    path = exp_dir(repo) / "ledger.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return research_ledger(repo, TAG)
 
 
 def events(repo: Path, ev: str) -> list[dict[str, Any]]:
