@@ -24,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from gpuswarm.ledger import EventTail as EventTail  # re-exported
-from gpuswarm.ledger import read_events as read_events
+from gpuswarm.store.ledger import EventTail as EventTail  # re-exported
+from gpuswarm.store.ledger import read_events as read_events
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

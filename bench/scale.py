@@ -1,6 +1,6 @@
 """2. Scale: a 100,000-task queue (10,000 with --quick).
 
-(a) enqueue: ``gpuswarm.runs.create_run`` timed through the API with 100k TaskSpec dumps of a
+(a) enqueue: ``gpuswarm.store.runs.create_run`` timed through the API with 100k TaskSpec dumps of a
     command list of ``true`` (built as ``engine.start_run`` does: ``load_command_list``,
     ``engine.plan``, ``engine.run_info``; that loading is reported on its own row). The page
     cache is flushed (``os.sync``) first, so the run's one ``syncfs`` pays only for its own files.
@@ -48,9 +48,9 @@ OWNER = "bench-host:1:1"
 
 def api_run(n: int, where: Path) -> tuple[Any, float, float]:
     """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks."""
-    from gpuswarm.config import load_command_list
+    from gpuswarm.config.load import load_command_list
     from gpuswarm.engine import plan, run_info
-    from gpuswarm.runs import NewRun, create_run
+    from gpuswarm.store.runs import NewRun, create_run
 
     where.mkdir(parents=True, exist_ok=True)
     cmds = where / "cmds.txt"
@@ -69,7 +69,7 @@ def api_run(n: int, where: Path) -> tuple[Any, float, float]:
 
 def claim_cost(paths: Any, claims: int) -> tuple[float, float]:
     """(first claim seconds, median seconds of the next ``claims`` claims)."""
-    from gpuswarm.queue import DirQueue
+    from gpuswarm.store.queue import DirQueue
 
     queue = DirQueue(paths)
     t0 = time.perf_counter()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from gpuswarm.breaker import Breaker
-from gpuswarm.process import AttemptEnd, EndKind
+from gpuswarm.exec.local.process import AttemptEnd, EndKind
+from gpuswarm.supervise.breaker import Breaker
 
 _clock = itertools.count()
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuswarm.config import (
+from gpuswarm.config.load import (
     PLACEHOLDERS_AT_LAUNCH,
     LoadedConfig,
     RunConfig,
@@ -28,10 +28,10 @@ from gpuswarm.config import (
     spec_hash,
     task_id_for,
 )
-from gpuswarm.errors import ConfigError
-from gpuswarm.paths import check_task_id
-from gpuswarm.placeholders import escape_braces, find_placeholders
-from gpuswarm.yamlload import load_yaml
+from gpuswarm.config.yamlload import load_yaml
+from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.paths import check_task_id
+from gpuswarm.core.placeholders import escape_braces, find_placeholders
 
 DATA = Path(__file__).parent / "data" / "config"
 
@@ -448,10 +448,10 @@ def test_command_list_tasks_are_what_one_model_per_line_would_be(
     import hashlib
     import json
 
-    from gpuswarm.config import spec_hash, task_dumps
-    from gpuswarm.config_models import to_plain
-    from gpuswarm.config_tasks import Instance, make_spec, split_command
-    from gpuswarm.yamlload import Locator
+    from gpuswarm.config.load import spec_hash, task_dumps
+    from gpuswarm.config.models import to_plain
+    from gpuswarm.config.tasks import Instance, make_spec, split_command
+    from gpuswarm.config.yamlload import Locator
 
     text = COMMANDS + "python a.py --name 'x y'  # tail\n" + "echo \u00e9t\u00e9 {gpu}\n" * 3
     defaults = TaskOptions(timeout=60, env={"A": "b"}, metrics={"loss": r"loss=(\S+)"})

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm.ledger import Ev, Ledger, read_events, tail_events
-from gpuswarm.metrics import ResultFileError, flatten, load_result_file, parse_metrics
-from gpuswarm.paths import RunPaths, check_task_id, slugify
-from gpuswarm.queue import DirQueue, State
-from gpuswarm.results import collect, field_stats, to_tsv
-from gpuswarm.runs import NewRun, create_run, latest_run
+from gpuswarm.core.metrics import ResultFileError, flatten, load_result_file, parse_metrics
+from gpuswarm.core.paths import RunPaths, check_task_id, slugify
+from gpuswarm.outputs.results import collect, field_stats, to_tsv
+from gpuswarm.store.ledger import Ev, Ledger, read_events, tail_events
+from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.runs import NewRun, create_run, latest_run
 
 
 def test_metrics_last_match_wins_and_carriage_returns(tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_task_ids_cannot_escape() -> None:
 
 
 def test_recover_finishes_a_move_cut_short_and_numbers_lost_attempts(tmp_path: Path) -> None:
-    from gpuswarm.runs import recover
+    from gpuswarm.store.runs import recover
 
     paths = _run(tmp_path, [{"id": f"t{i}", "priority": 0} for i in range(2)])
     q = DirQueue(paths, durable=False)
@@ -181,7 +181,7 @@ def test_recover_keeps_a_temp_file_whose_writer_is_alive(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from gpuswarm.runs import recover, temp_files
+    from gpuswarm.store.runs import recover, temp_files
 
     paths = _run(tmp_path, [{"id": "t0", "priority": 0}])
     pending = paths.state_dir("pending")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm import fsutil
-from gpuswarm.errors import LeaseLostError
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import Claimed, DirQueue, State, new_descriptor
+from gpuswarm.core import fsutil
+from gpuswarm.core.errors import LeaseLostError
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.queue import Claimed, DirQueue, State, new_descriptor
 
 
 @pytest.fixture(params=["exchange", "fallback"])

@@ -38,8 +38,8 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.config import load_command_list, load_config
-from gpuswarm.errors import ConfigError
+from gpuswarm.config.load import load_command_list, load_config
+from gpuswarm.core.errors import ConfigError
 
 EXAMPLES = int(os.environ.get("GPUSWARM_FUZZ_EXAMPLES", "150"))
 CLI_EXAMPLES = max(3, EXAMPLES // 15)

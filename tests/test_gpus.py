@@ -1,4 +1,5 @@
-"""Tests for gpuswarm.gpus: discovery with fake NVML / tool outputs, --gpus, slots, isolation."""
+"""Tests for gpuswarm.placement.gpus: discovery with fake NVML / tool outputs, --gpus, slots,
+isolation."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpuswarm import gpus
-from gpuswarm.errors import EXIT_BAD_INPUT, GpuSpecError
-from gpuswarm.gpus import (
+from gpuswarm.core.errors import EXIT_BAD_INPUT, GpuSpecError
+from gpuswarm.placement import gpus
+from gpuswarm.placement.gpus import (
     Gpu,
     GpuSet,
     Slot,

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.config import TaskSpec, load_command_list, load_config, render_command
-from gpuswarm.errors import ConfigError
-from gpuswarm.placeholders import render_shell, shell_split
-from gpuswarm.redact import inert, redact_argv, redact_env, redact_shapes, redact_text
-from gpuswarm.yamlload import MAX_DEPTH, load_yaml
+from gpuswarm.config.load import TaskSpec, load_command_list, load_config, render_command
+from gpuswarm.config.yamlload import MAX_DEPTH, load_yaml
+from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.placeholders import render_shell, shell_split
+from gpuswarm.core.redact import inert, redact_argv, redact_env, redact_shapes, redact_text
 
 
 def _config(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:

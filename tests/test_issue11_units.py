@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpuswarm.config import TaskSpec
-from gpuswarm.liveview import LiveView, SlotRow, ViewState, initial_state
-from gpuswarm.queue import DirQueue
-from gpuswarm.runs import NewRun, create_run
-from gpuswarm.status import run_status
+from gpuswarm.config.load import TaskSpec
+from gpuswarm.outputs.status import run_status
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, initial_state
 
 
 def spec(tid: str) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpuswarm.ledger import EventTail
-from gpuswarm.live import is_terminal
-from gpuswarm.liveview import LiveView, SlotRow, ViewState
+from gpuswarm.store.ledger import EventTail
+from gpuswarm.ui.live import is_terminal
+from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState
 
 
 def _view(tmp_path: Path) -> tuple[ViewState, LiveView]:

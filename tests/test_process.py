@@ -18,9 +18,9 @@ from typing import Any
 import psutil
 import pytest
 
-from gpuswarm import process
-from gpuswarm.logs import detect_oom, log_tail
-from gpuswarm.process import (
+from gpuswarm.core.logs import detect_oom, log_tail
+from gpuswarm.exec.local import process
+from gpuswarm.exec.local.process import (
     Attempt,
     AttemptEnd,
     EndKind,

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import (
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.queue import (
     DirQueue,
     State,
     attempts_used,

@@ -8,16 +8,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.check import check_run
-from gpuswarm.config import TaskSpec
-from gpuswarm.gpus import parse_gpu_spec, plan_slots
-from gpuswarm.leases import attach, is_live, owner_alive, owner_id, write_owner_file
-from gpuswarm.ledger import Ev, Ledger, read_events
-from gpuswarm.logs import cap_log
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue, State
-from gpuswarm.runs import NewRun, create_run, reclaim_dead
-from gpuswarm.supervisor import Supervisor, SupervisorConfig
+from gpuswarm.config.load import TaskSpec
+from gpuswarm.core.logs import cap_log
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.outputs.check import check_run
+from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.store.leases import attach, is_live, owner_alive, owner_id, write_owner_file
+from gpuswarm.store.ledger import Ev, Ledger, read_events
+from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.runs import NewRun, create_run, reclaim_dead
+from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 DEAD = "nohost-that-exists:999999:1"
 

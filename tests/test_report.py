@@ -21,13 +21,11 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from gpuswarm.fsutil import dumps
-from gpuswarm.leases import host_slug
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue, descriptor_name
-from gpuswarm.report import MAX_ROWS, html_table, png_data_uri, select_rows, write_report
-from gpuswarm.results import Row
-from gpuswarm.timeline import (
+from gpuswarm.core.fsutil import dumps
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.outputs.report import MAX_ROWS, html_table, png_data_uri, select_rows, write_report
+from gpuswarm.outputs.results import Row
+from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
     bars_from_queue,
@@ -35,6 +33,8 @@ from gpuswarm.timeline import (
     lane_key,
     timeline_png,
 )
+from gpuswarm.store.leases import host_slug
+from gpuswarm.store.queue import DirQueue, descriptor_name
 
 PY = sys.executable
 SECRET = "hunter2-very-secret-value"
@@ -298,6 +298,9 @@ def test_report_caps_the_table(tmp_path: Path) -> None:
 
 
 def test_importing_does_not_import_matplotlib() -> None:
-    code = "import sys, gpuswarm.timeline, gpuswarm.report; print('matplotlib' in sys.modules)"
+    code = (
+        "import sys, gpuswarm.outputs.timeline, gpuswarm.outputs.report; "
+        "print('matplotlib' in sys.modules)"
+    )
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,5 @@
-"""Tests for gpuswarm.sandbox: slot HOME layout, private writable provisioned copies, redaction."""
+"""Tests for gpuswarm.exec.sandbox: slot HOME layout, private writable provisioned copies,
+redaction."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm.errors import EXIT_BAD_INPUT, ConfigError
-from gpuswarm.sandbox import (
+from gpuswarm.core.errors import EXIT_BAD_INPUT, ConfigError
+from gpuswarm.exec.sandbox import (
     CACHE_DIRS,
     CACHE_VARS,
     Provision,

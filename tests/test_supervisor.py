@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config import TaskSpec
-from gpuswarm.gpus import parse_gpu_spec, plan_slots
-from gpuswarm.ledger import Ledger, read_events
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue, State
-from gpuswarm.runs import NewRun, create_run
-from gpuswarm.supervisor import Supervisor, SupervisorConfig
+from gpuswarm.config.load import TaskSpec
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.store.ledger import Ledger, read_events
+from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 PY = sys.executable
 
@@ -96,7 +96,7 @@ def test_loop_without_pidfds_runs_every_attempt_in_a_waiter_thread(
 ) -> None:
     """Where os.pidfd_open is missing (macOS, old kernels) every attempt takes the blocking
     path in a waiter thread: exits, failures and timeouts come out the same."""
-    from gpuswarm import process
+    from gpuswarm.exec.local import process
 
     monkeypatch.setattr(process, "_USE_PIDFD", False)
     tasks = [task(f"ok{i}", "pass") for i in range(5)]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm.ledger import bad_event_lines, read_events, tail_events
-from gpuswarm.logs import LogPump, cap_log, detect_oom, log_tail
-from gpuswarm.metrics import ResultFileError, load_result_file, parse_metrics, read_completion
-from gpuswarm.records import descriptor_problem, parse_descriptor
-from gpuswarm.taskfiles import UnsafeFile, read_limited, read_tail
+from gpuswarm.core.logs import LogPump, cap_log, detect_oom, log_tail
+from gpuswarm.core.metrics import ResultFileError, load_result_file, parse_metrics, read_completion
+from gpuswarm.core.records import descriptor_problem, parse_descriptor
+from gpuswarm.core.taskfiles import UnsafeFile, read_limited, read_tail
+from gpuswarm.store.ledger import bad_event_lines, read_events, tail_events
 
 
 def _in_thread(fn: object, timeout: float = 10.0) -> None:
@@ -188,7 +188,7 @@ def test_journal_readers_skip_lines_that_are_no_events(tmp_path: Path) -> None:
 
 
 def test_durations_are_bounded_but_a_month_is_fine() -> None:
-    from gpuswarm.config_models import parse_duration
+    from gpuswarm.config.models import parse_duration
 
     assert parse_duration("30d") == 30 * 86400
     assert parse_duration("365d") == 365 * 86400

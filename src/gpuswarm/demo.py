@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.errors import ResearchError
+from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import api, executor
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import MutateProposer

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
-from gpuswarm.after_all import run_once
-from gpuswarm.config import LoadedConfig, RunConfig, spec_hash, task_dumps
-from gpuswarm.errors import (
+from gpuswarm.config.load import LoadedConfig, RunConfig, spec_hash, task_dumps
+from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNFINISHED,
@@ -26,23 +25,24 @@ from gpuswarm.errors import (
     PreflightError,
     disk_full,
 )
-from gpuswarm.fsutil import atomic_write_json, read_json
-from gpuswarm.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
-from gpuswarm.hostlock import GpuHold, gpu_keys
-from gpuswarm.leases import attach, is_live, owner_id, register_slots, write_owner_file
-from gpuswarm.ledger import Ev, Ledger
-from gpuswarm.live import PlainReporter, is_terminal
-from gpuswarm.paths import RunPaths
-from gpuswarm.preflight import missing_programs, run_preflight
-from gpuswarm.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
-from gpuswarm.redact import redact_tree
-from gpuswarm.report import write_report
-from gpuswarm.results import write_outputs
-from gpuswarm.runs import NewRun, create_run, open_run, reclaim_dead, recover
-from gpuswarm.sandbox import Provision, check_provision_dest
-from gpuswarm.signals import on_stop_signals
-from gpuswarm.status import run_state
-from gpuswarm.supervisor import Supervisor, SupervisorConfig
+from gpuswarm.core.fsutil import atomic_write_json, read_json
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.redact import redact_tree
+from gpuswarm.core.signals import on_stop_signals
+from gpuswarm.exec.sandbox import Provision, check_provision_dest
+from gpuswarm.outputs.report import write_report
+from gpuswarm.outputs.results import write_outputs
+from gpuswarm.outputs.status import run_state
+from gpuswarm.placement.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.placement.hostlock import GpuHold, gpu_keys
+from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
+from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
+from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, recover
+from gpuswarm.supervise.after_all import run_once
+from gpuswarm.supervise.preflight import missing_programs, run_preflight
+from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
+from gpuswarm.ui.live import PlainReporter, is_terminal
 
 
 @dataclass
@@ -461,7 +461,7 @@ def _reporter(
     if not (output.live and is_terminal(stream)):
         ledger.subscribe(PlainReporter(counts, stream))
         return nullcontext()
-    from gpuswarm.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
+    from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
 
     state = ViewState({s.value: n for s, n in counts.items()})
     for slot in setup.slots:

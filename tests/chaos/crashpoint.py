@@ -51,7 +51,7 @@ class Trigger:
 
 
 def _at_emit(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm import ledger
+    from gpuswarm.store import ledger
 
     ev, _, match = rest.partition(":")
     key, _, value = match.partition("=")
@@ -70,7 +70,7 @@ def _at_emit(kind: str, rest: str, trigger: Trigger) -> None:
 
 
 def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm import queue
+    from gpuswarm.store import queue
 
     try_claim = queue.DirQueue._try_claim
 
@@ -84,7 +84,7 @@ def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
 
 
 def _at_write(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm import queue
+    from gpuswarm.store import queue
 
     write = queue.atomic_write_bytes  # type: ignore[attr-defined]  # queue's own import
 

@@ -387,10 +387,11 @@ def _check_effects(rep: Report, tid: str, data: dict[str, Any], lines: list[int]
 # -- gpuswarm check, when it exists ------------------------------------------------------------
 def cli_check(run_dir: Path) -> dict[str, Any] | None:
     """What ``gpuswarm check RUN --json`` says, with ``exit_code`` (0 = consistent), or None
-    when this gpuswarm has no ``check``. Called in-process (``gpuswarm.check.check_run``, what
+    when this gpuswarm has no ``check``. Called in-process (``gpuswarm.outputs.check.check_run``,
+    what
     the command prints): a subprocess per scenario would cost the suite ~10 s."""
     try:
-        from gpuswarm.check import check_run as gpuswarm_check
+        from gpuswarm.outputs.check import check_run as gpuswarm_check
     except ImportError:
         return None
     report: dict[str, Any] = gpuswarm_check(run_dir)

@@ -30,11 +30,11 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from gpuswarm.fsutil import atomic_write_bytes, dumps
-from gpuswarm.leases import owner_file, write_owner_file
-from gpuswarm.ledger import Ledger
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import (
+from gpuswarm.core.fsutil import atomic_write_bytes, dumps
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.leases import owner_file, write_owner_file
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.queue import (
     Claimed,
     DirQueue,
     State,
@@ -42,7 +42,7 @@ from gpuswarm.queue import (
     lease_of,
     new_descriptor,
 )
-from gpuswarm.runs import reclaim_dead, reclaim_name, recover
+from gpuswarm.store.runs import reclaim_dead, reclaim_name, recover
 
 HOST = "chaos-fake-host"  # never this host: liveness by heartbeat only
 TTL = 60.0

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuswarm.leases import host_slug
+from gpuswarm.store.leases import host_slug
 
 pytestmark = pytest.mark.slow
 
@@ -158,8 +158,8 @@ def max_concurrency(intervals: Iterable[dict[str, Any]]) -> int:
 
 def gpu_tools_present() -> bool:
     """Whether ``--gpus auto`` would find a GPU here (then '0,99' is judged differently)."""
-    from gpuswarm.errors import GpuSpecError
-    from gpuswarm.gpus import discover
+    from gpuswarm.core.errors import GpuSpecError
+    from gpuswarm.placement.gpus import discover
 
     try:
         discover(environ={})

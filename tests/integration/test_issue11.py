@@ -20,7 +20,7 @@ import yaml
 from cli_driver import CliProcess, CliResult, read_events, wait_for, wait_for_run
 from integration_support import descriptor, task_states
 
-from gpuswarm.leases import host_slug
+from gpuswarm.store.leases import host_slug
 
 pytestmark = pytest.mark.slow
 

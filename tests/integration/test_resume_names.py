@@ -15,9 +15,9 @@ from pathlib import Path
 
 from cli_driver import find_runs, read_events, run_cli, start_cli, wait_for, wait_for_run
 
-from gpuswarm.config import TaskSpec
-from gpuswarm.paths import RunPaths
-from gpuswarm.queue import DirQueue
+from gpuswarm.config.load import TaskSpec
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.queue import DirQueue
 
 
 def _config(folder: Path, name: str, command: str = "true") -> Path:

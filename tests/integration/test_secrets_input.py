@@ -28,7 +28,7 @@ import pytest
 from cli_driver import CliResult, find_runs, read_events
 from rich.console import Console
 
-from gpuswarm.liveview import LiveView, SlotRow, ViewState
+from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState
 
 Cli = Callable[..., CliResult]
 MARK = "S3cret"  # every planted secret contains it

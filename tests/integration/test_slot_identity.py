@@ -18,8 +18,8 @@ from typing import Any
 from cli_driver import read_events, run_cli, start_cli, wait_for, wait_for_run
 from integration_support import queue_files
 
-from gpuswarm.leases import host_slug
-from gpuswarm.paths import slugify
+from gpuswarm.core.paths import slugify
+from gpuswarm.store.leases import host_slug
 
 TASKS = 18
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm.errors import GitError, ResearchError
+from gpuswarm.core.errors import GitError, ResearchError
 from gpuswarm.research import gitops
 
 TRAIN = "".join(f"line {i}\n" for i in range(1, 13)).encode()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm.errors import ResearchError
+from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import api as api
 from gpuswarm.research import executor as executor
 

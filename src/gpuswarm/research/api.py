@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import atomic_write_text
-from gpuswarm.gpus import parse_gpu_spec
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.fsutil import atomic_write_text
+from gpuswarm.placement.gpus import parse_gpu_spec
 from gpuswarm.research import executor, gitops, variants
 from gpuswarm.research.experiment import (
     DEFAULT_MEMORY_PATTERN,
@@ -337,7 +337,7 @@ def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str
     """Show the experiment's settings, or change some (journaled as one ``config`` event; they
     apply to variants queued and decisions made from now on). Works on stored settings a runner
     could not use, so they can be fixed."""
-    from gpuswarm.fsutil import read_json
+    from gpuswarm.core.fsutil import read_json
 
     paths = locate(gitops.toplevel(where), tag)
     with flocked(paths.lock):

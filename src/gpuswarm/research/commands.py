@@ -11,19 +11,19 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuswarm.config_models import parse_duration
-from gpuswarm.errors import (
+from gpuswarm.config.models import parse_duration
+from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
     EXIT_UNFINISHED,
     GpuswarmError,
     ResearchError,
 )
-from gpuswarm.live import is_terminal
 from gpuswarm.research import api, executor, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
+from gpuswarm.ui.live import is_terminal
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -26,22 +26,14 @@ from typing import Any
 import psutil
 
 from gpuswarm import __version__
-from gpuswarm.config import TaskSpec
+from gpuswarm.config.load import TaskSpec
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.fsutil import temp_writer_alive
+from gpuswarm.core.logs import log_tail
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.engine import Output, setup_from_info, supervise
-from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import temp_writer_alive
-from gpuswarm.gpus import parse_gpu_spec, plan_slots
-from gpuswarm.leases import slot_label
-from gpuswarm.logs import log_tail
-from gpuswarm.paths import RunPaths
-from gpuswarm.process import find_by_env, kill_tree
-from gpuswarm.queue import (
-    DirQueue,
-    State,
-    base_name,
-    lease_of,
-    task_id_of,
-)
+from gpuswarm.exec.local.process import find_by_env, kill_tree
+from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import (
     ExperimentConfig,
@@ -50,7 +42,15 @@ from gpuswarm.research.experiment import (
     file_sha256,
     flocked,
 )
-from gpuswarm.runs import NewRun, create_run, open_run
+from gpuswarm.store.leases import slot_label
+from gpuswarm.store.queue import (
+    DirQueue,
+    State,
+    base_name,
+    lease_of,
+    task_id_of,
+)
+from gpuswarm.store.runs import NewRun, create_run, open_run
 
 EXPERIMENT_VAR = "GPUSWARM_EXPERIMENT"
 SUMMARY_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*):\s+([-+]?[0-9.]+(?:[eE][-+]?\d+)?)\s*$")

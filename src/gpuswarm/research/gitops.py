@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuswarm.errors import GitError, ResearchError
+from gpuswarm.core.errors import GitError, ResearchError
 
 FALLBACK_NAME = "gpuswarm"
 FALLBACK_EMAIL = "gpuswarm@localhost"

@@ -20,12 +20,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gpuswarm.errors import ResearchError
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State, append, flocked
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
-from gpuswarm.signals import on_stop_signals
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this

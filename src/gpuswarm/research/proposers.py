@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuswarm.errors import ResearchError
-from gpuswarm.placeholders import render
-from gpuswarm.process import kill_tree
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.placeholders import render
+from gpuswarm.exec.local.process import kill_tree
 from gpuswarm.research import gitops, mutate
 from gpuswarm.research.executor import remove_tree
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append

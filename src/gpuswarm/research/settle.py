@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-from gpuswarm.errors import ResearchError
-from gpuswarm.fsutil import atomic_write_text
-from gpuswarm.queue import State as QueueState
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.research import executor, gitops, variants
 from gpuswarm.research.experiment import (
     ExperimentConfig,
@@ -25,6 +24,7 @@ from gpuswarm.research.experiment import (
     replay,
 )
 from gpuswarm.research.policy import Decision, decide
+from gpuswarm.store.queue import State as QueueState
 
 HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
 

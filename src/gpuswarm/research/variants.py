@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.errors import ResearchError
+from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, Variant, append
 

@@ -8,12 +8,12 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.ledger import EventTail
-from gpuswarm.liveview import LiveView, clock, initial_state, shown
 from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
+from gpuswarm.store.ledger import EventTail
+from gpuswarm.ui.liveview import LiveView, clock, initial_state, shown
 
 
 def _metric(value: Any) -> str:

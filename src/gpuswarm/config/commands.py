@@ -1,0 +1,141 @@
+"""Command lists (one command per line) as tasks, without a model per line.
+
+A 100,000-line list would cost 100,000 validated :class:`TaskSpec` models (hundreds of MB and
+seconds). Its tasks differ only in id, name and command, so :class:`CommandTasks` keeps one
+validated template and a row per line; every line is still checked (placeholders, quoting) when
+the list is loaded, and errors name the line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+from gpuswarm.config.models import TaskOptions, TaskSpec
+from gpuswarm.config.tasks import Instance, check_template, make_spec, split_command
+from gpuswarm.config.yamlload import Locator
+from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.core.redact import redact_shapes
+
+NAME_MAX = 60
+Row = tuple[str, str, list[str] | str]  # id, name, command
+
+
+class CommandTasks(Sequence[TaskSpec]):
+    """The tasks of a command list: one template (a validated TaskSpec's dump) and its rows."""
+
+    def __init__(self, template: dict[str, Any], rows: list[Row]) -> None:
+        self._template = template
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> TaskSpec: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TaskSpec]: ...
+
+    def __getitem__(self, index: int | slice) -> TaskSpec | list[TaskSpec]:
+        if isinstance(index, slice):
+            return [TaskSpec.model_validate(self.dump(i)) for i in range(len(self))[index]]
+        return TaskSpec.model_validate(self.dump(range(len(self))[index]))
+
+    def dump(self, index: int) -> dict[str, Any]:
+        """What ``self[index].model_dump(mode="json")`` returns, without building the model."""
+        task_id, name, command = self._rows[index]
+        out = dict(self._template)
+        out["id"], out["name"] = task_id, name
+        out["command"] = list(command) if isinstance(command, list) else command
+        return out
+
+    def ids(self) -> list[str]:
+        return [row[0] for row in self._rows]
+
+    def dumps(self) -> Iterator[dict[str, Any]]:
+        return (self.dump(i) for i in range(len(self._rows)))
+
+    def clear(self) -> None:
+        self._rows = []
+
+
+def command_tasks(
+    lines: list[tuple[int, str]], opts: TaskOptions, source: str, base_dir: Path, grace: float
+) -> CommandTasks:
+    """Check every line and build the tasks: ids ``cmd-<line number>`` (zero padded to at least
+    5 digits), names the line cut to 60 characters."""
+    width = max(5, len(str(lines[-1][0])))
+    allowed = set(PLACEHOLDERS_AT_LAUNCH)
+    rows: list[Row] = []
+    for number, line in lines:
+        where = Locator(source, {(): number})
+        if "\0" in line:
+            raise where.error(
+                (), "the command holds a NUL byte, which no argument can carry; remove it"
+            )
+        if "{" in line or "}" in line:
+            check_template(line, allowed, where, (), "the command")
+        command = split_command(line, opts.shell, where, (), shell_hint="pass --shell")
+        name = redact_shapes(line)[:NAME_MAX]  # names are written and shown: no tokens
+        rows.append((f"cmd-{number:0{width}d}", name, command))
+    first = make_spec(
+        Instance(rows[0][1], {}, f"line {lines[0][0]}"),
+        rows[0][2],
+        opts,
+        grace=grace,
+        base_dir=base_dir,
+        task_id=rows[0][0],
+    )
+    return CommandTasks(first.model_dump(mode="json"), rows)
+
+
+def task_dumps(tasks: Sequence[TaskSpec]) -> Iterator[dict[str, Any]]:
+    """The JSON dicts of ``tasks``, one at a time (no model is built for a command list)."""
+    if isinstance(tasks, CommandTasks):
+        return tasks.dumps()
+    return (t.model_dump(mode="json") for t in tasks)
+
+
+def tasks_digest(tasks: Sequence[TaskSpec], layout: dict[str, Any]) -> str:
+    """sha256 of ``json.dumps({**layout, "tasks": tasks sorted by id}, sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)``, hashed piece by piece: the same digest,
+    without a string of the whole task list in memory."""
+    digest = hashlib.sha256()
+    keys = sorted([*layout, "tasks"])
+    digest.update(b"{")
+    for n, key in enumerate(keys):
+        digest.update(_dumps(key).encode() + b":")
+        if key == "tasks":
+            digest.update(b"[")
+            _update_items(digest, _sorted_dumps(tasks))
+            digest.update(b"]")
+        else:
+            digest.update(_dumps(layout[key]).encode())
+        if n < len(keys) - 1:
+            digest.update(b",")
+    digest.update(b"}")
+    return digest.hexdigest()
+
+
+def _sorted_dumps(tasks: Sequence[TaskSpec]) -> Iterable[dict[str, Any]]:
+    if isinstance(tasks, CommandTasks):
+        ids = tasks.ids()
+        return (tasks.dump(i) for i in sorted(range(len(ids)), key=ids.__getitem__))
+    return sorted(task_dumps(tasks), key=lambda t: str(t["id"]))
+
+
+def _update_items(digest: Any, items: Iterable[dict[str, Any]]) -> None:
+    first = True
+    for item in items:
+        if not first:
+            digest.update(b",")
+        digest.update(_dumps(item).encode())
+        first = False
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,419 @@
+"""The pydantic models of a gpuswarm config file, and the value types they use.
+
+See :mod:`gpuswarm.config.load` for the documented schema. Every model forbids unknown keys and is
+strict (``"3"`` is not an integer), except where a field says it coerces (env values, ``gpus``,
+durations). Validators raise ``ValueError`` with a message that says what is wrong and how to fix
+it; :mod:`gpuswarm.config.errors` adds the file, line and field path.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from gpuswarm.config.errors import flag_error
+from gpuswarm.config.yamlload import quote, shorten
+from gpuswarm.core.paths import slugify
+from gpuswarm.core.placeholders import CONFIG_REF, GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.core.redact import redact_argv, redact_shapes
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+DURATION_HELP = "write seconds (600) or 90s, 10m, 2h, 1h30m"
+MAX_DURATION_SECONDS = 365 * 86400.0  # longer is a typo, not a plan (and overflows timers)
+_UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+)\s*([dhms])")
+_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Upper bounds of the bounded fields (a slot, a GPU or an attempt costs memory and processes).
+MAX_GPUS = 1024  # GPUs of one task / one slot (as many as --gpus sim:N may simulate)
+MAX_TASKS_PER_GPU = 256  # slots sharing one GPU
+MAX_ATTEMPTS = 10_000  # attempts of one task; failures of the breaker
+MAX_LOG_MB = 1_048_576.0  # 1 TiB per output.log
+
+
+# -- durations -------------------------------------------------------------------------------------
+def _parse_units(text: str) -> float | None:
+    total, pos, last_rank = 0.0, 0, -1
+    for match in _DURATION_PART.finditer(text):
+        rank = "dhms".index(match.group(2))
+        if match.start() != pos or rank <= last_rank:
+            return None
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos, last_rank = match.end(), rank
+    return total if pos and text[pos:].strip() == "" else None
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``600``, ``2.5``, ``"90s"``, ``"10m"``, ``"2h"``, ``"1h30m"``, ``"1.5h"``.
+
+    ``"2d"`` (days) works too.
+
+    Raises ``ValueError`` (with the fix) for anything else, and for values that are not > 0.
+    """
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and len(value) <= 64:  # longer is no duration (and scans slowly)
+        number = _NUMBER.match(value)
+        seconds = float(number.group(1)) if number else _parse_units(value.strip())
+    if seconds is None or math.isnan(seconds):
+        raise ValueError(f"{quote(value)} is not a duration; {DURATION_HELP}")
+    if seconds <= 0 or math.isinf(seconds):
+        raise ValueError(f"{quote(value)} is not a positive duration; {DURATION_HELP}")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"{quote(value)} is longer than 365 days; write at most 365d (or 8760h)")
+    return seconds
+
+
+def _timeout(value: object) -> float | str | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and CONFIG_REF.fullmatch(value.strip()):
+        return value.strip()  # a glob task's ``{config.field}``: resolved per matched file
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or null for no timeout") from None
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Timeout = Annotated[float | str | None, BeforeValidator(_timeout)]
+
+
+# -- env, metrics, paths ---------------------------------------------------------------------------
+def _env_name(name: str) -> str:
+    if not _IDENT.match(name):
+        raise ValueError(
+            f"{quote(name)} is not a valid environment variable name; use letters, digits and '_', "
+            "not starting with a digit"
+        )
+    return name
+
+
+def _env_value(value: object) -> str:
+    # Never echo the value: it may be a secret.
+    if isinstance(value, bool) or value is None:
+        shown = "null" if value is None else str(value).lower()
+        raise ValueError(f"the value is {shown}, not a string; quote it, e.g. '1', 'true' or ''")
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError("the value contains a NUL byte, which no environment can hold")
+        return value
+    raise ValueError("the value must be a string (or a number); quote it")
+
+
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+
+
+def _metric_pattern(pattern: str) -> str:
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(
+            f"pattern '{shorten(pattern)}' is not a valid regular expression ({exc}); "
+            "escape special characters with a backslash"
+        ) from None
+    if compiled.groups != 1:
+        raise ValueError(
+            f"pattern '{shorten(pattern)}' has {compiled.groups} capture groups; it needs exactly "
+            "one, "
+            r"around the value, e.g. 'loss=([0-9.]+)' (write (?:...) for other groups)"
+        )
+    return pattern
+
+
+MetricPattern = Annotated[str, AfterValidator(_metric_pattern)]
+
+
+def _relative_to(text: str, where: str, example: str) -> str:
+    path = PurePosixPath(text)
+    if not text.strip() or path.is_absolute() or text.startswith("~") or ".." in path.parts:
+        raise ValueError(
+            f"{quote(text)} must be a relative path inside {where}, like {example}; "
+            "it cannot be empty or absolute or use '..'"
+        )
+    return text
+
+
+def _in_workspace(text: str) -> str:
+    return _relative_to(text, "the task workspace", "task_result.yaml")
+
+
+def _in_home(text: str) -> str:
+    return _relative_to(text, "the slot's HOME", ".codex/auth.json")
+
+
+RelativePath = Annotated[str, AfterValidator(_in_workspace)]
+HomePath = Annotated[str, AfterValidator(_in_home)]
+
+
+def expand_user(text: str | PurePosixPath | Path) -> Path:
+    """``Path(text).expanduser()``; ValueError (with the fix) for ``~nosuchuser``."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = str(text).split("/", 1)[0]
+        raise ValueError(
+            f"{quote(user)}: no such user on this machine, so it cannot be expanded; write the "
+            "full path, or ~/ for your own home"
+        ) from None
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+NonEmpty = Annotated[str, AfterValidator(_non_empty)]
+
+
+# -- task fields ----------------------------------------------------------------------------------
+class TaskOptions(BaseModel):
+    """Fields of a task; usable in ``defaults:`` and on any task entry."""
+
+    model_config = _STRICT
+
+    timeout: Timeout = None
+    max_attempts: int = Field(default=1, ge=1, le=MAX_ATTEMPTS)
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict)
+    cwd: NonEmpty | None = None
+    priority: int = Field(default=0, ge=-4999, le=4999)
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS)
+    done_when: RelativePath | None = None
+    metrics: dict[NonEmpty, MetricPattern] = Field(default_factory=dict)
+    shell: bool = False
+    grace: Duration | None = None
+    skip_exit_code: int | None = Field(default=None, ge=1, le=255)  # this exit ends it skipped
+
+    @classmethod
+    def from_cli(cls, **options: object) -> TaskOptions:
+        """Task options from command-line flags (``timeout="10m"``); None means not given.
+
+        A bad value is a ConfigError naming the flag: ``--timeout: '10 minutes' is not a ...``.
+        """
+        given = {key: value for key, value in options.items() if value is not None}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as exc:
+            raise flag_error(exc) from None
+
+
+def _command(value: object) -> object:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("the command is empty; write the program and its arguments")
+        return value
+    if isinstance(value, list) and value and all(isinstance(a, str) for a in value):
+        return value
+    if isinstance(value, list) and value:
+        raise ValueError("every element of an argv list must be a string; quote numbers")
+    raise ValueError(
+        "expected a string (split like a shell would, without running one) or a non-empty "
+        "argv list such as [python, train.py]"
+    )
+
+
+def _matrix_key(key: str) -> str:
+    if not _IDENT.match(key):
+        raise ValueError(f"matrix key {quote(key)} must be an identifier (letters, digits, '_')")
+    if key in PLACEHOLDERS_AT_LAUNCH or key in GLOB_VARS:
+        raise ValueError(
+            f"matrix key {quote(key)} clashes with a placeholder gpuswarm supplies; rename it"
+        )
+    return key
+
+
+def _matrix_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    raise ValueError(f"matrix values must be strings or numbers, got {quote(value)}")
+
+
+MatrixKey = Annotated[str, AfterValidator(_matrix_key)]
+MatrixValue = Annotated[str, BeforeValidator(_matrix_value)]
+
+
+class TaskEntry(TaskOptions):
+    """One item of ``tasks:``: an explicit command, a ``glob:`` or a ``matrix:`` of tasks."""
+
+    name: NonEmpty | None = None
+    command: Annotated[str | list[str], BeforeValidator(_command)]
+    glob: NonEmpty | None = None
+    exclude: list[NonEmpty] = Field(default_factory=list)  # globs: matches end skipped, unrun
+    matrix: dict[MatrixKey, Annotated[list[MatrixValue], Field(min_length=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TaskEntry:
+        if self.glob is not None and self.matrix is not None:
+            raise ValueError(
+                "an entry can have glob: or matrix:, not both; split it into two entries"
+            )
+        if self.matrix == {}:
+            raise ValueError("matrix: is empty; give at least one key with a list of values")
+        if self.exclude and self.glob is None:
+            raise ValueError(
+                "exclude: filters the matches of a glob: entry; add glob: or remove exclude:"
+            )
+        return self
+
+
+# -- run level ------------------------------------------------------------------------------------
+class ProvisionEntry(BaseModel):
+    """A file or folder copied (private, writable: 0600/0700) into each slot's private HOME."""
+
+    model_config = _STRICT
+
+    src: NonEmpty
+    dest: HomePath
+
+
+class HomeConfig(BaseModel):
+    """Optional per-slot private HOME (with its own caches)."""
+
+    model_config = _STRICT
+
+    isolate: bool = False
+    provision: list[ProvisionEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _provision_needs_isolate(self) -> HomeConfig:
+        if self.provision and not self.isolate:
+            raise ValueError(
+                "provision: copies files into a private per-slot HOME, which needs "
+                "isolate: true; set home.isolate: true or remove provision:"
+            )
+        return self
+
+
+def check_run_name(name: str) -> str:
+    """``name`` if it can be a run folder name, else ValueError with a suggestion."""
+    if not _SAFE_NAME.match(name):
+        raise ValueError(
+            f"{quote(name)} cannot be a folder name; use letters, digits, '.', '_' and '-', "
+            f"e.g. {quote(slugify(name))}"
+        )
+    return name
+
+
+def _gpus(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return ",".join(str(v) for v in value)
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"{quote(value)} is not a GPU selection; write auto, 0,1,2 or sim:N")
+
+
+class BreakerConfig(BaseModel):
+    """Quarantine a slot whose last ``failures`` attempts all failed within ``window``."""
+
+    model_config = _STRICT
+
+    failures: int = Field(default=5, ge=0, le=MAX_ATTEMPTS)  # 0 turns the breaker off
+    window: Duration = 60.0
+    cooldown: Duration = 300.0  # a quarantined slot is probed again after this long
+
+
+class Reliability(BaseModel):
+    """Leases, retries, the circuit breaker and log bounds (all have safe defaults)."""
+
+    model_config = _STRICT
+
+    lease_ttl: Duration = 30.0  # reclaim a task whose supervisor shows no heartbeat this long
+    retry_backoff: Duration | None = 1.0  # before attempt n+1: backoff * 2**(n-1); null = none
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    max_log_mb: float = Field(  # each output.log stays under this size
+        default=256.0, gt=0, le=MAX_LOG_MB, allow_inf_nan=False
+    )
+
+
+def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
+    if not tasks:
+        raise ValueError("the task list is empty; add at least one entry, e.g. - command: ...")
+    return tasks
+
+
+class RunConfig(BaseModel):
+    """A whole config file."""
+
+    model_config = _STRICT
+
+    name: Annotated[str, AfterValidator(check_run_name)] | None = None
+    workspace: NonEmpty | None = None
+    gpus: Annotated[str | None, BeforeValidator(_gpus)] = None
+    gpus_per_task: int = Field(default=1, ge=1, le=MAX_GPUS)
+    tasks_per_gpu: int = Field(default=1, ge=1, le=MAX_TASKS_PER_GPU)
+    grace: Duration = 10.0
+    tasks_root: NonEmpty | None = None  # glob task ids: folder paths relative to this
+    home: HomeConfig = Field(default_factory=HomeConfig)
+    reliability: Reliability = Field(default_factory=Reliability)
+    defaults: TaskOptions = Field(default_factory=lambda: TaskOptions())
+    tasks: Annotated[list[TaskEntry], AfterValidator(_non_empty_tasks)]
+    # issue 11: run once per slot before it claims anything; once after every slot finished
+    preflight: list[NonEmpty] = Field(default_factory=list)
+    after_all: NonEmpty | None = None
+
+    @model_validator(mode="after")
+    def _slots(self) -> RunConfig:
+        if self.gpus_per_task > 1 and self.tasks_per_gpu > 1:
+            raise ValueError(
+                "gpus_per_task and tasks_per_gpu are both above 1; a slot either owns several "
+                "GPUs or shares one, so set one of them to 1"
+            )
+        return self
+
+
+class TaskSpec(BaseModel):
+    """One resolved task, as the queue stores it. Templates are rendered at launch."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    name: str
+    command: list[str] | str
+    shell: bool = False
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = None
+    grace: float = 10.0
+    max_attempts: int = 1
+    priority: int = 0
+    gpus: int | None = None
+    done_when: str | None = None
+    metrics: dict[str, str] = Field(default_factory=dict)
+    vars: dict[str, str] = Field(default_factory=dict)
+    skip_exit_code: int | None = None
+    skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
+
+
+def default_name(command: str | list[str]) -> str:
+    """The name of an explicit task without ``name:``: its command, cut to 60 characters."""
+    text = command if isinstance(command, str) else " ".join(redact_argv(command))
+    return " ".join(redact_shapes(text).split())[:60]  # redacted before it is cut
+
+
+def to_plain(model: BaseModel) -> dict[str, Any]:
+    """A JSON-ready dict of ``model`` (used for snapshots and fingerprints)."""
+    return model.model_dump(mode="json")

@@ -1,0 +1,271 @@
+"""YAML loading that remembers where every value came from.
+
+:class:`LineLoader` is a ``yaml.SafeLoader`` that records, for each mapping key and each sequence
+item, the 1-based line it starts on, keyed by its path tuple (``("tasks", 2, "timeout") -> 14``).
+It rejects duplicate keys in a mapping (plain YAML silently keeps the last one), nesting deeper
+than :data:`MAX_DEPTH` levels, aliases that expand the document by more than
+:data:`MAX_ALIAS_NODES` nodes (a "billion laughs" bomb) or into itself (``&a [*a]``), and values
+holding a NUL byte or a lone surrogate (``"\\ud800"``), which no command, path or environment
+can carry. :func:`quote` shows a value in a message in at most a line.
+
+:class:`Locator` turns a path into ``file:line: field.path: message`` so every error about a
+config names the file, the line and the field. A path without a recorded line falls back to the
+line of its nearest recorded parent.
+"""
+
+from __future__ import annotations
+
+import re
+import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import yaml
+
+from gpuswarm.core.errors import ConfigError
+
+PathKey: TypeAlias = tuple[str | int, ...]
+LineMap: TypeAlias = dict[PathKey, int]
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+MAX_DEPTH = 64  # a config needs about 6 levels (tasks[i].matrix.key[j])
+MAX_ALIAS_NODES = 1_000_000  # nodes aliases may add to a document (each merge of defaults adds)
+MAX_MESSAGE = 2000  # characters of one error message
+_NOT_TEXT = re.compile("[\0\ud800-\udfff]")
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 2
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 4
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    """``text`` as it is when short, else its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def quote(value: object) -> str:
+    """A short ``repr`` of ``value`` for a message: long strings and big lists are cut."""
+    return _REPR.repr(value)
+
+
+def format_path(path: PathKey) -> str:
+    """``("tasks", 2, "timeout")`` -> ``tasks[2].timeout``; odd keys are quoted: ``env['A B']``."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{quote(part)}]"
+    return out
+
+
+@dataclass(frozen=True)
+class Locator:
+    """Where a config came from (``source``, a display name) and the line of each path in it."""
+
+    source: str
+    lines: Mapping[PathKey, int] = field(default_factory=dict)
+
+    def line(self, path: PathKey) -> int | None:
+        """The line of ``path``, else of its nearest parent that has one."""
+        for end in range(len(path), -1, -1):
+            found = self.lines.get(path[:end])
+            if found is not None:
+                return found
+        return None
+
+    def where(self, path: PathKey) -> str:
+        line = self.line(path)
+        return f"{self.source}:{line}" if line is not None else self.source
+
+    def message(self, path: PathKey, text: str, *, show_path: bool = True) -> str:
+        shown = format_path(path) if show_path else ""
+        out = f"{self.where(path)}: {shown}: {text}" if shown else f"{self.where(path)}: {text}"
+        return out if len(out) <= MAX_MESSAGE else out[: MAX_MESSAGE - 3] + "..."
+
+    def error(self, path: PathKey, text: str, *, show_path: bool = True) -> ConfigError:
+        return ConfigError(self.message(path, text, show_path=show_path))
+
+
+def _line_of(node: yaml.Node) -> int:
+    return int(node.start_mark.line) + 1
+
+
+class LineLoader(yaml.SafeLoader):
+    """A SafeLoader that fills :attr:`lines` and refuses duplicate mapping keys."""
+
+    def __init__(self, stream: str, source: str = "<string>") -> None:
+        super().__init__(stream)
+        self.source = source
+        self.lines: LineMap = {}
+        self._walked: set[int] = set()
+        self._depth = 0
+
+    def load_with_lines(self) -> Any:
+        """Load the single document of the stream (None when it is empty), recording lines."""
+        node = self.get_single_node()
+        if node is None:
+            return None
+        self.lines[()] = _line_of(node)
+        self._check_expansion(node)
+        self._walk(node, ())
+        return self.construct_document(node)
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        """PyYAML composes recursively: refuse a nesting that would exhaust the stack."""
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                line = int(self.peek_event().start_mark.line) + 1  # type: ignore[no-untyped-call]
+                raise ConfigError(
+                    f"{self.source}:{line}: the YAML is nested more than {MAX_DEPTH} levels deep; "
+                    "a gpuswarm config needs a few levels (tasks: - matrix: key: [values]): "
+                    "flatten it"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def _check_expansion(self, root: yaml.Node) -> None:
+        """Refuse aliases that expand into themselves, too deep, or by too many nodes."""
+        size: dict[int, int] = {}
+        depth: dict[int, int] = {}
+        on_path: set[int] = set()
+        stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+        while stack:
+            node, finished = stack.pop()
+            key = id(node)
+            kids = _children(node)
+            if finished:
+                on_path.discard(key)
+                size[key] = 1 + sum(size[id(k)] for k in kids)
+                depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+                self._check_size(node, size[key], depth[key], len(size))
+                continue
+            if key in size:
+                continue
+            on_path.add(key)
+            stack.append((node, True))
+            for kid in kids:
+                if id(kid) in on_path:
+                    raise ConfigError(
+                        f"{self.source}:{_line_of(kid)}: an alias refers to the anchor it is "
+                        "inside (a recursive structure, e.g. &a [*a]); a config cannot be "
+                        "infinite: write the value out"
+                    )
+                if id(kid) not in size:
+                    stack.append((kid, False))
+
+    def _check_size(self, node: yaml.Node, size: int, depth: int, distinct: int) -> None:
+        if size - distinct > MAX_ALIAS_NODES:
+            raise ConfigError(
+                f"{self.source}:{_line_of(node)}: aliases expand this value to over "
+                f"{MAX_ALIAS_NODES:,} values (a YAML bomb?); write the values out, or use "
+                "fewer nested aliases"
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(
+                f"{self.source}:{_line_of(node)}: aliases nest this value more than "
+                f"{MAX_DEPTH} levels deep; write it out flat"
+            )
+
+    def _check_text(self, node: yaml.ScalarNode, path: PathKey) -> None:
+        found = _NOT_TEXT.search(node.value)
+        if found is None:
+            return
+        where = format_path(path) or "a key"
+        if found.group() == "\0":
+            problem = "holds a NUL byte (\\0), which no command, path or environment can carry"
+            fix = "remove it"
+        else:
+            code = f"\\u{ord(found.group()):04x}"
+            problem = f"holds {code}, a lone UTF-16 surrogate, which is not text"
+            fix = "remove that escape or write the character itself"
+        raise ConfigError(f"{self.source}:{_line_of(node)}: {where}: the value {problem}; {fix}")
+
+    def _walk(self, node: yaml.Node, path: PathKey) -> None:
+        # Aliased nodes are walked once (their first path); this also stops recursive anchors.
+        if id(node) in self._walked:
+            return
+        self._walked.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            self._check_text(node, path)
+        elif isinstance(node, yaml.MappingNode):
+            self._walk_mapping(node, path)
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                self.lines.setdefault((*path, index), _line_of(item))
+                self._walk(item, (*path, index))
+
+    def _walk_mapping(self, node: yaml.MappingNode, path: PathKey) -> None:
+        first_line: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+                self._walk(value_node, path)  # a merged mapping's values: checked for NULs
+                continue
+            self._check_text(key_node, path)
+            key = self.construct_object(key_node)
+            line = _line_of(key_node)
+            if key in first_line:
+                self._duplicate(path, key, line, first_line[key])
+            first_line[key] = line
+            if isinstance(key, str | int) and not isinstance(key, bool):
+                child: PathKey = (*path, key)
+                self.lines[child] = line
+                self._walk(value_node, child)
+
+    def _duplicate(self, path: PathKey, key: Any, line: int, first: int) -> None:
+        where = format_path(path) or "the top level"
+        raise ConfigError(
+            f"{self.source}:{line}: duplicate key {quote(key)} in {where} (first at line {first}); "
+            "YAML would silently keep only the last one: remove or rename one of them"
+        )
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _hint(problem: str) -> str:
+    if "\\t" in problem or "\t" in problem:
+        return "indent with spaces, not tabs"
+    if "mapping values are not allowed" in problem:
+        return "quote values that contain ': ' and check the indentation"
+    if "another document" in problem:
+        return "keep one document per file (remove the '---' line)"
+    return "check the indentation and quoting near that line"
+
+
+def _yaml_error(exc: yaml.YAMLError, source: str) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    problem = str(getattr(exc, "problem", None) or exc)
+    if mark is None:
+        return ConfigError(f"{source}: invalid YAML: {problem}; {_hint(problem)}")
+    detail = f"{problem} (column {mark.column + 1})"
+    if context:
+        at = f" at line {context_mark.line + 1}" if context_mark is not None else ""
+        detail = f"{context}{at}: {detail}"
+    return ConfigError(f"{source}:{mark.line + 1}: invalid YAML: {detail}; {_hint(problem)}")
+
+
+def load_yaml(text: str, source: str) -> tuple[Any, LineMap]:
+    """Parse ``text`` (one YAML document) into plain data plus its :data:`LineMap`.
+
+    Any YAML error becomes a :class:`ConfigError` naming ``source`` and the line.
+    """
+    loader = LineLoader(text, source)
+    try:
+        data = loader.load_with_lines()
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, source) from None
+    finally:
+        loader.dispose()
+    return data, loader.lines

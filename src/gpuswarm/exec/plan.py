@@ -1,0 +1,200 @@
+"""What one attempt of a task is: its placeholder values, its launch spec, its record, its verdict.
+
+Pure bookkeeping around :class:`gpuswarm.exec.local.process.Attempt`, shared by the supervisor's
+loop and its waiter threads; nothing here blocks or touches the queue.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from gpuswarm.config.load import TaskSpec, render, render_command, render_cwd, render_env
+from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.taskfiles import inside
+from gpuswarm.exec.local.process import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.placement.gpus import Slot, isolation_env
+from gpuswarm.store.queue import State
+
+
+@dataclass
+class Outcome:
+    """What one attempt led to."""
+
+    state: State
+    reason: str
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def values_for(
+    paths: RunPaths, task: TaskSpec, slot: Slot, gpu_ids: tuple[int, ...], n: int
+) -> dict[str, str]:
+    """The placeholder values of attempt ``n`` of ``task`` on ``slot``."""
+    return {
+        **task.vars,
+        "workspace": str(paths.task_dir(task.id)),
+        "run_dir": str(paths.root),
+        "task_id": task.id,
+        "name": task.name,
+        "attempt": str(n),
+        "gpu_ids": ",".join(map(str, gpu_ids)),
+        "gpu": str(gpu_ids[0]) if gpu_ids else "",
+        "slot": str(slot.index),
+        "slot_id": slot.label,
+    }
+
+
+def launch_spec_for(
+    paths: RunPaths,
+    task: TaskSpec,
+    slot: Slot,
+    gpu_ids: tuple[int, ...],
+    n: int,
+    values: dict[str, str],
+    *,
+    base_env: dict[str, str],
+    owner: str,
+    base_dir: Path,
+) -> LaunchSpec:
+    """The process to start: argv, environment (isolation + task + identity), cwd, log."""
+    env = dict(base_env)
+    env.update(render_env(task, values))
+    env.update(isolation_env(slot, gpu_ids))
+    env.update(
+        GPUSWARM_RUN_DIR=str(paths.root),
+        GPUSWARM_TASK_ID=task.id,
+        GPUSWARM_TASK_NAME=task.name,
+        GPUSWARM_TASK_WORKSPACE=values["workspace"],
+        GPUSWARM_ATTEMPT=str(n),
+        GPUSWARM_OWNER=owner,
+        GPUSWARM_SLOT_ID=slot.label,  # unique in the run: <host>-gpu3, <host>-gpu3.1
+    )
+    if "task_dir" in task.vars:
+        env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
+    return LaunchSpec(
+        argv=render_command(task, values),
+        env=env,
+        cwd=render_cwd(task, values, base_dir),
+        log_path=paths.attempt_log(task.id, n),  # Attempt.launch makes its folder
+        timeout=task.timeout,
+        grace=task.grace,
+        token=f"{paths.root.name}/{task.id}/{n}",
+    )
+
+
+def slot_base_env(home_env: dict[str, str]) -> dict[str, str]:
+    """The supervisor's environment with the slot's private home over it."""
+    return {**os.environ, **home_env}
+
+
+def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> dict[str, Any]:
+    """The attempt's entry in its descriptor's ``attempts`` list."""
+    return {
+        "n": n,
+        "slot": slot.label,
+        "gpus": list(gpu_ids),
+        "started": round(end.started, 4),
+        "ended": round(end.ended, 4),
+        "duration": round(end.duration, 4),
+        "kind": end.kind.value,
+        "returncode": end.returncode,
+        "signal": end.signal,
+        "reason": end.reason,
+        "oom": end.oom,
+        "killed": end.killed,
+    }
+
+
+STALE_SLACK_SECONDS = 1.0  # filesystem clocks may lag time.time() a little
+
+
+def completion_path(paths: RunPaths, task: TaskSpec, values: dict[str, str]) -> Path | None:
+    """Where the attempt's completion file must appear (None: the task has none)."""
+    if not task.done_when:
+        return None
+    return paths.task_dir(task.id) / render(task.done_when, values)
+
+
+def set_aside_stale(
+    paths: RunPaths, task: TaskSpec, values: dict[str, str], n: int
+) -> tuple[Path, Path] | None:
+    """Move whatever is at the completion path before attempt ``n`` starts aside, to
+    ``<workspace>/stale/attempt-<n>-<name>`` (not into ``attempt-<n>/``: the launch makes that
+    folder afresh): only a file this attempt writes may count, and nothing of the task's is
+    deleted. Returns (from, to) when something was moved."""
+    if not task.done_when:
+        return None
+    workspace = paths.task_dir(task.id)
+    rel = PurePosixPath(render(task.done_when, values))
+    # the folder resolved (it must stay in the workspace), the file itself not: a symlink the
+    # task planted there is moved, never what it points to
+    target = inside(workspace, str(rel.parent)) / rel.name
+    if not os.path.lexists(target):
+        return None
+    folder = workspace / "stale"
+    if folder.is_symlink():
+        folder.unlink()  # planted: never followed
+    folder.mkdir(exist_ok=True)
+    dest = folder / f"attempt-{n}-{target.name}"
+    k = 2
+    while os.path.lexists(dest):
+        dest = folder / f"attempt-{n}-{k}-{target.name}"
+        k += 1
+    os.rename(target, dest)
+    return target, dest
+
+
+def judge(
+    paths: RunPaths,
+    task: TaskSpec,
+    end: AttemptEnd,
+    values: dict[str, str],
+    record: dict[str, Any],
+    data: dict[str, Any],
+) -> Outcome:
+    """Done = exit 0 and the completion file (if any) parses; its result lands in ``data``."""
+    record["metrics"] = parse_metrics(paths.attempt_log(task.id, record["n"]), task.metrics)
+    if skipped(task, end):
+        reason = f"skipped (exit {end.returncode} = skip_exit_code)"
+        record["reason"] = reason
+        return Outcome(State.SKIPPED, reason, record)
+    if not end.ok:
+        return Outcome(State.FAILED, end.reason, record)
+    if task.done_when:
+        workspace = paths.task_dir(task.id)
+        rel = render(task.done_when, values)
+        try:  # the task's own file: any problem with it fails this attempt, never the run
+            result = flatten(read_completion(workspace, rel))
+            _written_since(inside(workspace, rel), end.started)
+        except ResultFileError as exc:
+            reason = f"exit 0 but {exc}"
+            record["reason"] = reason
+            return Outcome(State.FAILED, reason, record)
+        data["result"] = result
+    return Outcome(State.DONE, end.reason, record)
+
+
+def skipped(task: TaskSpec, end: AttemptEnd) -> bool:
+    """The task declared this end a skip (``skip_exit_code``): not a failure, not a success."""
+    return (
+        task.skip_exit_code is not None
+        and end.kind is EndKind.EXITED
+        and end.returncode == task.skip_exit_code
+    )
+
+
+def _written_since(target: Path, started: float) -> None:
+    """A completion file last changed before the attempt started was not written by it (a copy
+    that kept its old time, e.g. ``cp -p`` or ``shutil.copytree`` of a folder shipping one)."""
+    try:
+        mtime = target.stat().st_mtime
+    except OSError:
+        return  # it parsed a moment ago; a task that removes it now is judged by what was read
+    if mtime < started - STALE_SLACK_SECONDS:
+        raise ResultFileError(
+            f"completion file {target.name} was not written by this attempt (last changed "
+            f"{started - mtime:.0f}s before it started: a copied old file?)"
+        )

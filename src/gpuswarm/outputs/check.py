@@ -1,0 +1,252 @@
+"""``gpuswarm check``: verify that a run is consistent, and repair what resume would repair.
+
+Checks: every task in exactly one state folder; no unreadable descriptor; no stale temp file;
+no lease held by a dead supervisor; events agree with folders (each task's last state-changing
+event names its folder, and its ``started`` events match its recorded attempts); no task that the
+journal knows of is missing; no task journaled ``finished ... done`` twice. ``--repair`` (only
+on a run no supervisor holds) removes temp files, keeps the most advanced copy of a duplicated
+task, moves unreadable descriptors aside and returns orphaned running tasks to pending/, as
+``resume`` would; it never retries failures.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.errors import RunLockedError
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.records import why_unreadable
+from gpuswarm.store.leases import attach, is_live, owner_alive
+from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
+from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
+from gpuswarm.store.runs import open_run, recover, set_aside, temp_files
+
+# keep the latest
+RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
+EVENT_STATE = {"started": "running", "requeued": "pending"}
+
+
+@dataclass
+class Finding:
+    kind: str
+    detail: str
+    task: str | None = None
+    repaired: bool = False
+
+
+def _corrupt_task_ids(paths: RunPaths) -> set[str]:
+    if not paths.corrupt.is_dir():
+        return set()
+    return {t for name in os.listdir(paths.corrupt) if (t := corrupt_task_id(name)) is not None}
+
+
+def _places(queue: DirQueue) -> dict[str, list[tuple[State, str]]]:
+    where: dict[str, list[tuple[State, str]]] = {}
+    for state in State:
+        for name in queue.names(state):
+            where.setdefault(task_id_of(name), []).append((state, name))
+    return where
+
+
+@dataclass
+class Journal:
+    """What events.jsonl says: started events and last state per task, tasks added later."""
+
+    started: Counter[str]
+    last: dict[str, str]
+    added: int
+    completions: dict[str, list[Any]] = field(default_factory=dict)  # task -> attempts done
+
+
+def _event_state(e: dict[str, Any]) -> str | None:
+    ev = str(e.get("ev"))
+    state = EVENT_STATE.get(ev) or (e.get("state") if ev in ("finished", "recovered") else None)
+    return None if state is None else ("running" if state == "waiting" else str(state))
+
+
+def _journal(paths: RunPaths) -> Journal:
+    started: Counter[str] = Counter()
+    last: dict[str, str] = {}
+    added = 0
+    completions: dict[str, list[Any]] = {}
+    for e in read_events(paths.events):
+        task, ev = e.get("task"), e.get("ev")
+        if ev == "requeued" and e.get("reason") == "config-change":
+            n = e.get("added", 0)
+            added += n if isinstance(n, int) and not isinstance(n, bool) else 0
+        if not isinstance(task, str):
+            continue
+        if ev == "started":
+            started[task] += 1
+        if ev == "finished" and e.get("state") == "done":
+            completions.setdefault(task, []).append(e.get("attempt"))
+        state = _event_state(e)
+        if state is not None:
+            last[task] = state
+    return Journal(started, last, added, completions)
+
+
+def _duplicate_completions(journal: Journal) -> list[Finding]:
+    """A task journaled ``finished ... done`` more than once ran to completion twice (e.g. a
+    stalled supervisor committed a task another one had reclaimed and re-run)."""
+    return [
+        Finding(
+            "duplicate-completion",
+            f"finished done {len(attempts)} times in the journal "
+            f"(attempts {', '.join(str(a) for a in attempts)})",
+            task,
+        )
+        for task, attempts in sorted(journal.completions.items())
+        if len(attempts) > 1
+    ]
+
+
+def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
+    """How many ``started`` events a descriptor's attempts account for.
+
+    Each recorded attempt had one, except that an attempt recorded as ``lost`` (its supervisor
+    died) may have died between the claim and its ``started`` line; a claimed, running task has
+    one more (unless it only waits out a retry backoff).
+    """
+    attempts = data.get("attempts", [])
+    lost = sum(1 for a in attempts if a.get("kind") == "lost")
+    extra = 1 if running and not data.get("retry_at") else 0
+    return len(attempts) - lost + extra, len(attempts) + extra
+
+
+def _temp_files(paths: RunPaths) -> list[Finding]:
+    return [Finding("temp-file", f"{p.parent.name}/{p.name}") for p in temp_files(paths)]
+
+
+Where = dict[str, list[tuple[State, str]]]
+
+
+def _duplicates(
+    queue: DirQueue, where: dict[str, list[tuple[State, str]]], repair: bool
+) -> list[Finding]:
+    out = []
+    for task, places in where.items():
+        if len(places) < 2:
+            continue
+        keep = min(places, key=lambda p: RANK[p[0]])
+        if repair:
+            for state, name in places:
+                if (state, name) != keep:
+                    queue.quarantine(queue.paths.state_dir(state.value) / name, "duplicate")
+            where[task] = [keep]
+        shown = ", ".join(s.value for s, _ in places)
+        out.append(Finding("duplicate", f"in {shown}; kept {keep[0].value}", task, repair))
+    return out
+
+
+def _task_findings(
+    queue: DirQueue, where: Where, journal: Journal, live: bool, ttl: float
+) -> list[Finding]:
+    out = []
+    for task, places in sorted(where.items()):
+        if len(places) > 1:
+            continue  # reported as a duplicate
+        state, name = places[0]
+        data = queue.read(state, name)
+        if data is None:
+            why = why_unreadable(queue.paths.state_dir(state.value) / name) or "gone"
+            out.append(Finding("unreadable", f"{state.value}/{name}: {why}", task))
+            continue
+        lease = lease_of(name)
+        if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
+            if not live:
+                out.append(Finding("stale-lease", f"its supervisor {lease[0]} is gone", task))
+            continue
+        low, high = attempt_bounds(data, running=state is State.RUNNING)
+        seen = journal.started[task]
+        if not low <= seen <= high:
+            want = str(high) if low == high else f"{low}-{high}"
+            out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
+        said = journal.last.get(task, "pending")
+        begun_retry = state is State.FAILED and data.get("state") == State.PENDING.value
+        if said != state.value and not (begun_retry and said == State.PENDING.value):
+            # (a retry saved and journaled, not yet renamed: resume finishes it)
+            out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
+    return out
+
+
+def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: Journal) -> list[Finding]:
+    known = set(where) | _corrupt_task_ids(paths)
+    missing = sorted(set(journal.last) - known)
+    out = [Finding("lost", "in the journal, in no folder", t) for t in missing]
+    expected = int(info.get("task_count", 0)) + journal.added
+    if len(known) < expected:
+        out.append(Finding("lost", f"{expected} tasks created, {len(known)} found"))
+    return out
+
+
+def _set_aside_unusable(queue: DirQueue, ledger: Ledger) -> list[Finding]:
+    """``--repair``: a descriptor in done/, failed/ or pending/ that is empty, garbage or
+    mistyped cannot be re-run (its task spec is what is lost); it goes to corrupt/ with the
+    reason in its name and a ``corrupt`` event, so it is counted, and the run is not complete."""
+    out = []
+    for state in (State.DONE, State.FAILED, State.PENDING):
+        for name in queue.names(state):
+            path = queue.paths.state_dir(state.value) / name
+            why = why_unreadable(path) if queue.read(state, name) is None else None
+            if why is not None:
+                set_aside(queue, ledger, path, f"unreadable {state.value}: {why}")
+                detail = f"{state.value}/{name}: {why}; moved to corrupt/"
+                out.append(Finding("unreadable", detail, task_id_of(name), repaired=True))
+    return out
+
+
+def _bad_events(paths: RunPaths) -> list[Finding]:
+    return [
+        Finding("bad-event", f"events.jsonl line {n}: {why} (skipped by every reader)")
+        for n, why in bad_event_lines(paths.events)[:50]
+    ]
+
+
+def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
+    paths, info = open_run(run_dir)
+    ttl = float(info.get("settings", {}).get("lease_ttl", 30.0))
+    live = is_live(paths)
+    if repair and live:
+        raise RunLockedError(f"{paths.root} is live; check it without --repair, or stop it first")
+    queue = DirQueue(paths)
+    findings: list[Finding] = []
+    if repair:
+        with attach(paths, exclusive_start=True):
+            findings += _duplicates(queue, _places(queue), repair=True)
+            ledger = Ledger(paths.events)
+            moved = recover(queue, ledger, retry_failed=False)
+            findings += _set_aside_unusable(queue, ledger)
+            ledger.close()
+            for kind in ("temp_files", "interrupted", "recovered", "requeued", "corrupt"):
+                if moved[kind]:
+                    findings.append(Finding("recovered", f"{moved[kind]} {kind}", repaired=True))
+    else:
+        findings += _temp_files(paths)
+    where = _places(queue)
+    if not repair:
+        findings += _duplicates(queue, where, repair=False)
+    journal = _journal(paths)
+    findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _duplicate_completions(journal)
+    findings += _lost(paths, info, where, journal)
+    findings += _bad_events(paths)
+    open_problems = [
+        f
+        for f in findings
+        if not f.repaired
+        and not (live and f.kind == "temp-file")
+        and f.kind != "bad-event"  # reported; every reader skips such a line
+    ]
+    return {
+        "run": str(paths.root),
+        "live": live,
+        "tasks": len(where),
+        "counts": {s.value: n for s, n in queue.counts().items() if n or s is not State.SKIPPED},
+        "findings": [asdict(f) for f in findings],
+        "consistent": not open_problems,
+    }

@@ -1,0 +1,393 @@
+"""``report.html``: one self-contained page per run (inline CSS and JS, the timeline as a data URI).
+
+It reads the queue once: rows for the task table, bars for the timeline, and the descriptors of
+unfinished tasks for the failures section. Every user-controlled text (names, reasons, logs) is
+redacted like ``gpuswarm status`` does and HTML-escaped. For 100k tasks the table shows at most
+``MAX_ROWS`` rows, failures first, and points to results.tsv for the rest.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.fsutil import atomic_write_text
+from gpuswarm.core.logs import log_tail
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.exec.sandbox import redact_text
+from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
+from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
+from gpuswarm.placement.gpus import Gpu, GpuSet, Vendor, plan_slots
+from gpuswarm.store.leases import registered_slot_ids
+from gpuswarm.store.queue import DirQueue, State
+
+MAX_ROWS = 2000
+MAX_FAILURES = 200
+TAIL_LINES = 20
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222}.note{color:#666;font-style:italic}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#555}.meta b{color:#222}.fail h3{font-size:14px;margin:14px 0 4px}
+.badge{display:inline-block;padding:2px 10px;border-radius:10px;margin:2px 6px 2px 0;color:#fff}
+.b-done,.b-ok{background:#2ca02c}.b-failed,.b-no{background:#d62728}.b-running{background:#1f77b4}
+.b-pending{background:#888}.b-corrupt{background:#8c564b}img.timeline{max-width:100%}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f3f3f3;position:sticky;top:0}table.sortable th{cursor:pointer;user-select:none}
+table.sortable th:after{content:" \\2195";color:#bbb}
+table.sortable th.asc:after{content:" \\25B2";color:#333}
+table.sortable th.desc:after{content:" \\25BC";color:#333}
+tr.failed td{background:#fdecea}tr.pending td,tr.running td{background:#fff8e1}
+tr.corrupt td{background:#efebe9}tr.keep td{background:#e8f5e9}
+pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:8px;overflow-x:auto;font-size:12px}
+"""
+# nothing may be loaded from anywhere: the page works offline and leaks nothing when opened
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
+
+SORT_JS = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  var heads = table.tHead.rows[0].cells;
+  Array.prototype.forEach.call(heads, function (th, col) {
+    th.addEventListener("click", function () {
+      var asc = !th.classList.contains("asc");
+      Array.prototype.forEach.call(heads, function (h) { h.classList.remove("asc", "desc"); });
+      th.classList.add(asc ? "asc" : "desc");
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      var num = /^\\s*[-+]?(\\d+\\.?\\d*|\\.\\d+)(e[-+]?\\d+)?\\s*$/i;
+      rows.sort(function (a, b) {
+        var x = a.cells[col].textContent, y = b.cells[col].textContent;
+        if (x === "" || y === "") return x === y ? 0 : (x === "" ? 1 : -1);
+        var c = num.test(x) && num.test(y) ? parseFloat(x) - parseFloat(y)
+          : x.localeCompare(y, undefined, {numeric: true});
+        return asc ? c : -c;
+      });
+      var frag = document.createDocumentFragment();
+      rows.forEach(function (r) { frag.appendChild(r); });
+      body.appendChild(frag);
+    });
+  });
+});
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def html_page(title: str, body: str) -> str:
+    """A complete, self-contained page: inline CSS and the table-sorting JS, nothing loaded."""
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+        f"<title>{esc(title)}</title>\n<style>{CSS}</style></head>\n<body>\n{body}\n"
+        f"<script>{SORT_JS}</script>\n</body></html>\n"
+    )
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "" if value is None else str(value)
+
+
+def html_table(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    sortable: bool = True,
+    row_classes: Sequence[str] | None = None,
+) -> str:
+    """An HTML table of escaped cells; ``sortable`` tables sort by a click on a header."""
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{esc(row_classes[i])}"' if row_classes and row_classes[i] else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(_cell(v))}</td>" for v in row) + "</tr>")
+    klass = ' class="sortable"' if sortable else ""
+    return (
+        f"<table{klass}><thead><tr>{head}</tr></thead><tbody>\n"
+        + "\n".join(body)
+        + "</tbody></table>"
+    )
+
+
+def png_data_uri(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
+
+
+def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], int]:
+    """At most ``limit`` rows, unfinished and failed ones first (each group in task order);
+    also how many were left out."""
+    ordered = sorted(
+        rows, key=lambda r: (r.values.get("state") == State.DONE.value, str(r.values.get("task")))
+    )
+    return ordered[:limit], max(0, len(ordered) - limit)
+
+
+# -- reading the run ---------------------------------------------------------------------------
+class _Scan:
+    """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
+
+    def __init__(self, queue: DirQueue, summary: Mapping[str, Any]) -> None:
+        self.rows: list[Row] = []
+        self.bars: list[Bar] = []
+        self.unfinished: list[tuple[str, dict[str, Any]]] = []
+        self.skipped: list[Row] = []
+        self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
+        self.base_env = dict(os.environ)
+        for state in State:
+            for _, data in queue.iter_state(state):
+                row = row_for(state, data)
+                self.rows.append(row)
+                self.bars += bars_from_descriptor(data, state.value)
+                task_env = data.get("task", {}).get("env") or {}
+                if task_env:
+                    self.env[str(row.values["task"])] = dict(task_env)
+                if state is State.SKIPPED:
+                    self.skipped.append(row)
+                elif state is not State.DONE:
+                    self.unfinished.append((state.value, data))
+        known = {str(r.values["task"]) for r in self.rows}
+        for fail in summary.get("failures", []):  # descriptors moved to corrupt/
+            if fail.get("state") == "corrupt" and str(fail.get("task")) not in known:
+                row = Row(values=dict.fromkeys(FIXED_COLUMNS, ""))
+                row.values.update(
+                    task=fail["task"], state="corrupt", attempts=0, reason=fail.get("reason", "")
+                )
+                self.rows.append(row)
+
+    def redact(self, task: object, text: object) -> str:
+        own = self.env.get(str(task))
+        return redact_text(_cell(text), {**self.base_env, **own} if own else self.base_env)
+
+
+def _lanes(info: Mapping[str, Any]) -> list[str]:
+    """Slot labels of the run (idle slots are lanes too); [] when run.json does not say."""
+    try:
+        vendor = Vendor(str(info.get("vendor", "sim")))
+        gpus = tuple(Gpu(int(i), "", vendor) for i in info.get("gpu_ids") or [])
+        gpu_set = GpuSet(vendor, gpus, str(info.get("gpus", "")))
+        slots = plan_slots(
+            gpu_set, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
+        )
+    except Exception:  # a report must not fail on an odd run.json
+        return []
+    return [s.label for s in slots]
+
+
+# -- sections ----------------------------------------------------------------------------------
+def _seconds(value: object) -> str:
+    if not isinstance(value, (int, float)):
+        return "?"
+    minutes, sec = divmod(round(value), 60)
+    hms = f"{minutes // 60}:{minutes % 60:02d}:{sec:02d}"
+    return f"{value:.1f} s" if value < 120 else f"{hms} ({value:.0f} s)"
+
+
+def _badge(kind: str, text: object) -> str:
+    return f'<span class="badge b-{esc(kind)}">{esc(text)}</span>'
+
+
+def _header(
+    paths: RunPaths, summary: Mapping[str, Any], info: Mapping[str, Any], stats: Mapping[str, float]
+) -> str:
+    name = info.get("name") or summary.get("name") or paths.root.parent.name
+    ids = ",".join(str(i) for i in info.get("gpu_ids") or [])
+    label = str(summary.get("state") or ("complete" if summary.get("complete") else "unfinished"))
+    state = _badge("ok" if label == "complete" else "no", label)
+    badges = "".join(_badge(k, f"{k} {v}") for k, v in (summary.get("counts") or {}).items())
+    meta = {
+        "run": paths.root.name,
+        "GPUs": f"{info.get('gpus', '?')} (ids {ids or '?'})",
+        "written": summary.get("written", ""),
+        "wall time": _seconds(summary.get("wall_seconds")),
+        "task time (all attempts)": _seconds(summary.get("busy_seconds")),
+    }
+    busy = f"{100 * stats['busy_fraction']:.1f}%" if stats["span_seconds"] > 0 else "n/a"
+    skipped = (summary.get("counts") or {}).get("skipped", 0)
+    apart = f"<p>skipped {esc(skipped)}: not failed, out of the pass rates</p>\n" if skipped else ""
+    return (
+        f"<h1>{esc(name)} {state}</h1>\n<p class=meta>"
+        + " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in meta.items())
+        + f"</p>\n<p>{esc(summary.get('total', 0))} tasks: {badges}</p>\n"
+        f"<p>GPU busy <b>{busy}</b> of the timeline span ({esc(_seconds(stats['span_seconds']))}; "
+        f"idle {esc(_seconds(stats['idle_seconds']))} summed over lanes)</p>\n" + apart
+    )
+
+
+def _quarantines(summary: Mapping[str, Any]) -> str:
+    """Slots the breaker took out of rotation, each with its reason and whether it came back."""
+    found = [q for q in summary.get("quarantined") or [] if isinstance(q, Mapping)]
+    if not found:
+        return ""
+    rows = "".join(
+        f"<li>{_badge('no', 'quarantined')} <b>{esc(q.get('slot'))}</b> "
+        f"(GPUs {esc(','.join(str(g) for g in q.get('gpus') or []))}): {esc(q.get('reason'))}"
+        + (f"; lifted: {esc(q['lifted'])}" if q.get("lifted") else "; still out at the end")
+        + "</li>"
+        for q in found
+    )
+    return f"<h2>Quarantined slots</h2>\n<ul>{rows}</ul>\n"
+
+
+def quarantined_lanes(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Lane -> mark for the timeline: slots quarantined at some point of the run."""
+    out: dict[str, str] = {}
+    for q in summary.get("quarantined") or []:
+        if isinstance(q, Mapping) and q.get("slot"):
+            out[str(q["slot"])] = "quarantined" if not q.get("lifted") else "was quarantined"
+    return out
+
+
+def _rate(true: int, of: int, what: str) -> str:
+    return f"{true}/{of} of {what} ({100 * true / of:.1f}%)" if of else f"{true}/0 of {what}"
+
+
+def _fields(fields: Mapping[str, Mapping[str, Any]]) -> str:
+    rates = [
+        (k, _rate(f["true"], f["of_done"], "done"), _rate(f["true"], f["of_total"], "all"))
+        for k, f in fields.items()
+        if f.get("kind") == "bool"
+    ]
+    nums = [
+        (k, f["n"], f["mean"], f["median"], f["p90"], f["min"], f["max"])
+        for k, f in fields.items()
+        if f.get("kind") == "number"
+    ]
+    out = "<h2>Metrics and results</h2>\n"
+    if not rates and not nums:
+        return out + "<p class=note>no metric or result fields</p>\n"
+    if rates:
+        out += html_table(("field", "pass rate of done", "pass rate of all"), rates) + "\n"
+    if nums:
+        out += html_table(("field", "n", "mean", "median", "p90", "min", "max"), nums) + "\n"
+    return out
+
+
+def _tasks(scan: _Scan, results_name: str) -> str:
+    shown, hidden = select_rows(scan.rows)
+    metric_cols = sorted({k for r in scan.rows for k in r.metrics})
+    result_cols = sorted({k for r in scan.rows for k in r.result})
+    columns = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    table = []
+    for r in shown:
+        cells: list[object] = [r.values.get(c) for c in FIXED_COLUMNS]
+        cells[1] = scan.redact(r.values["task"], cells[1])
+        cells[7] = scan.redact(r.values["task"], cells[7])
+        table.append(
+            cells + [r.metrics.get(c) for c in metric_cols] + [r.result.get(c) for c in result_cols]
+        )
+    classes = [str(r.values.get("state", "")) for r in shown]
+    note = ""
+    if hidden:
+        note = (
+            f"<p class=note>{hidden} more tasks are not shown (the table keeps {len(shown)}, "
+            f"failures first); every task is in {esc(results_name)}.</p>\n"
+        )
+    return (
+        "<h2>Tasks</h2>\n<p class=note>click a header to sort</p>\n"
+        + note
+        + html_table(columns, table, row_classes=classes)
+        + "\n"
+    )
+
+
+def _failures(scan: _Scan, paths: RunPaths) -> str:
+    items = sorted(
+        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].get("id")))
+    )
+    corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
+    if not items and not corrupt:
+        return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"
+    out = [f"<h2>Failures and unfinished tasks ({len(items) + len(corrupt)})</h2>"]
+    for state, data in items[:MAX_FAILURES]:
+        task = str(data.get("id", ""))
+        attempts = data.get("attempts") or []
+        last = attempts[-1] if attempts else {}
+        reason = (
+            data.get("reason") or last.get("reason") or ("never started" if not attempts else "")
+        )
+        name = data.get("task", {}).get("name", "")
+        out.append(
+            f'<div class="fail"><h3>{esc(task)} {_badge(state, state)} '
+            f"{esc(scan.redact(task, name))}</h3>\n"
+            f"<p>reason: <b>{esc(scan.redact(task, reason))}</b> · attempts: {len(attempts)}</p>"
+        )
+        logged = [a for a in attempts if isinstance(a.get("n"), int) and "started" in a]
+        if logged:
+            n = logged[-1]["n"]
+            try:
+                log = paths.attempt_log(task, n)
+                tail = scan.redact(task, log_tail(log, TAIL_LINES)) if log.exists() else ""
+            except Exception:  # a bad id must not stop the report
+                tail = ""
+            label = f"last {TAIL_LINES} lines of attempt {n}'s log"
+            out.append(f"<p class=note>{esc(label)}:</p><pre>{esc(tail) or '(no output)'}</pre>")
+        out.append("</div>")
+    if len(items) > MAX_FAILURES:
+        out.append(
+            f"<p class=note>{len(items) - MAX_FAILURES} more not shown; see results.tsv.</p>"
+        )
+    for r in corrupt:
+        out.append(
+            f'<div class="fail"><h3>{esc(r.values["task"])} {_badge("corrupt", "corrupt")}</h3>'
+            f"<p>reason: <b>{esc(r.values['reason'])}</b></p></div>"
+        )
+    return "\n".join(out) + "\n"
+
+
+def _skipped(scan: _Scan) -> str:
+    """Tasks that ended skipped (a declared exit code, an exclude: glob): listed apart."""
+    if not scan.skipped:
+        return ""
+    items = "".join(
+        f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
+        for r in scan.skipped[:MAX_ROWS]
+        if (task := r.values["task"]) is not None
+    )
+    return (
+        f"<h2>Skipped ({len(scan.skipped)})</h2>\n<p class=note>not failed; left out of the pass "
+        f"rates</p>\n<ul>{items}</ul>\n"
+    )
+
+
+def write_report(
+    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
+) -> Path:
+    """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
+    scan = _Scan(queue, summary)
+    lanes = registered_slot_ids(paths) or _lanes(info)  # every slot id the run has had
+    stats = idle_stats(scan.bars, lanes)
+    name = str(info.get("name") or summary.get("name") or "")
+    try:
+        png = timeline_png(
+            scan.bars,
+            paths.root / "timeline.png",
+            title=name,
+            lanes=lanes,
+            marks=quarantined_lanes(summary),
+        )
+        image = f'<img class="timeline" alt="timeline of every attempt" src="{png_data_uri(png)}">'
+    except Exception as exc:  # the page is still worth having without the chart
+        image = f"<p class=note>timeline not available: {esc(exc)}</p>"
+    body = (
+        _header(paths, summary, info, stats)
+        + _quarantines(summary)
+        + _fields(summary.get("fields") or {})
+        + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
+        + image
+        + "\n"
+        + _failures(scan, paths)
+        + _skipped(scan)
+        + _tasks(scan, paths.results_tsv.name)
+    )
+    out = paths.root / "report.html"
+    atomic_write_text(out, html_page(f"gpuswarm report: {name} {paths.root.name}", body))
+    return out

@@ -1,0 +1,252 @@
+"""Aggregation: one row per task (failed ones included) into results.tsv and summary.json.
+
+Rates use honest denominators: a boolean result field is reported over the tasks that finished
+(``of_done``) and over every task of the run (``of_total``), so a run where half the tasks crashed
+cannot look perfect.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.records import why_unreadable
+from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, task_id_of
+
+FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
+_EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
+
+
+@dataclass(slots=True)  # 100k rows at the end of a 100k-task run: no __dict__ each
+class Row:
+    values: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
+    busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
+
+
+def _exit_text(attempt: dict[str, Any]) -> str:
+    if attempt.get("signal"):
+        return str(attempt["signal"])
+    code = attempt.get("returncode")
+    return "" if code is None else str(code)
+
+
+def row_for(state: State, data: dict[str, Any]) -> Row:
+    attempts = data.get("attempts", [])
+    last = attempts[-1] if attempts else {}
+    row = Row()
+    row.values = {
+        "task": data.get("id", ""),
+        "name": data.get("task", {}).get("name", ""),
+        "state": state.value,
+        "attempts": len([a for a in attempts if not a.get("interrupted")]),
+        "gpus": ",".join(str(g) for g in last.get("gpus", [])),
+        "seconds": round(float(last["duration"]), 3) if "duration" in last else "",
+        "exit": _exit_text(last),
+        "reason": data.get("reason") or last.get("reason") or "",
+    }
+    row.busy = sum(float(a.get("duration") or 0) for a in attempts)
+    row.metrics = last.get("metrics") or _EMPTY  # the descriptor's own dicts: no copies
+    row.result = data.get("result") or _EMPTY
+    return row
+
+
+def collect(queue: DirQueue) -> list[Row]:
+    rows: list[Row] = []
+    for state in State:
+        for name in queue.names(state):
+            data = queue.read(state, name)
+            if data is None:  # empty, garbage or mistyped: counted corrupt, never vanished
+                rows += _unusable_row(queue, state, name)
+                continue
+            if "id" not in data:
+                data["id"] = task_id_of(name)
+            rows.append(row_for(state, data))
+    rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
+    rows.sort(key=lambda r: str(r.values["task"]))
+    return rows
+
+
+def _unusable_row(queue: DirQueue, state: State, name: str) -> list[Row]:
+    """A descriptor in a state folder that cannot be used: a ``corrupt`` row with the reason
+    (none when it has just moved on: a live run)."""
+    why = why_unreadable(queue.paths.state_dir(state.value) / name)
+    if why is None:
+        return []
+    row = Row()
+    row.values = dict.fromkeys(FIXED_COLUMNS, "")
+    row.values.update(
+        task=task_id_of(name),
+        state="corrupt",
+        attempts=0,
+        reason=f"descriptor in {state.value}/: {why}",
+    )
+    return [row]
+
+
+def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
+    """Tasks whose only descriptor was moved to corrupt/: counted, so nothing vanishes."""
+    folder = queue.paths.corrupt
+    rows: list[Row] = []
+    for name in sorted(os.listdir(folder)) if folder.is_dir() else []:
+        task = corrupt_task_id(name)
+        if task is None or task in known:
+            continue  # e.g. a duplicate set aside by `check --repair`
+        known.add(task)
+        reason = name.split(".json", 1)[1].lstrip(".").split("@")[-1]
+        row = Row()
+        row.values = dict.fromkeys(FIXED_COLUMNS, "")
+        row.values.update(task=task, state="corrupt", attempts=0, reason=f"descriptor {reason}")
+        rows.append(row)
+    return rows
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+
+
+def to_tsv(rows: list[Row]) -> str:
+    metric_cols = sorted({k for r in rows for k in r.metrics})
+    result_cols = sorted({k for r in rows for k in r.result})
+    header = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    lines = ["\t".join(header)]
+    for r in rows:
+        cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        cells += [r.metrics.get(c) for c in metric_cols]
+        cells += [r.result.get(c) for c in result_cols]
+        lines.append("\t".join(_cell(c) for c in cells))
+    return "\n".join(lines) + "\n"
+
+
+def _numeric_stats(values: list[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
+    return {
+        "kind": "number",
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "median": statistics.median(values),
+        "p90": p90,
+        "min": ordered[0],
+        "max": ordered[-1],
+    }
+
+
+def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
+    total = sum(1 for r in rows if r.values["state"] != State.SKIPPED.value)  # skipped: apart
+    done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
+    columns: dict[str, list[Any]] = {}
+    for r in rows:
+        for k, v in r.metrics.items():
+            columns.setdefault(k, []).append(v)
+        for k, v in r.result.items():
+            columns.setdefault(f"result.{k}", []).append(v)
+    out: dict[str, dict[str, Any]] = {}
+    for key, values in sorted(columns.items()):
+        if all(isinstance(v, bool) for v in values):
+            true = sum(1 for v in values if v)
+            out[key] = {
+                "kind": "bool",
+                "true": true,
+                "of_done": done,
+                "of_total": total,
+                "rate_done": true / done if done else None,
+                "rate_total": true / total if total else None,
+            }
+        else:
+            nums = [
+                float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            ]
+            if nums:
+                out[key] = _numeric_stats(nums)
+    return out
+
+
+def summarize(
+    rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
+) -> dict[str, Any]:
+    counts = {s.value: 0 for s in State}
+    for r in rows:
+        counts[r.values["state"]] = counts.get(r.values["state"], 0) + 1
+    failures = [
+        {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] not in (State.DONE.value, State.SKIPPED.value)
+    ]
+    skipped = [
+        {"task": r.values["task"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] == State.SKIPPED.value
+    ]
+    busy = sum(r.busy for r in rows)
+    reasons: dict[str, int] = {}
+    for f in failures:
+        if f["state"] == State.FAILED.value:
+            reasons[str(f["reason"])] = reasons.get(str(f["reason"]), 0) + 1
+    return {
+        "run": run_info.get("run_dir", ""),
+        "name": run_info.get("name", ""),
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "total": len(rows),
+        "complete": counts[State.DONE.value] + counts[State.SKIPPED.value] == len(rows),
+        "counts": shown_counts(counts),
+        "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
+        "not_done": len(failures),  # the true count ("failures" lists the first 200)
+        "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
+        "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
+        "failures": failures[:200],
+        "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
+        "fields": field_stats(rows),
+    }
+
+
+def shown_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Counts per state as outputs show them: ``skipped`` only when some task was skipped (runs
+    without skipped tasks read as they always did)."""
+    return {k: n for k, n in counts.items() if n or k != State.SKIPPED.value}
+
+
+#: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
+COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED = (
+    "complete",
+    "finished with failures",
+    "stopped",
+    "unfinished",
+)
+
+
+def end_state(counts: dict[str, int], stopped: bool) -> str:
+    """complete (every task done or skipped), finished with failures (every task ran, some
+    failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks left)."""
+    if counts.get(State.PENDING.value, 0) + counts.get(State.RUNNING.value, 0) == 0:
+        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, "skipped"))
+        return COMPLETE if bad == 0 else WITH_FAILURES
+    return STOPPED if stopped else UNFINISHED
+
+
+def write_outputs(
+    paths: RunPaths,
+    queue: DirQueue,
+    run_info: dict[str, Any],
+    window: tuple[float, float] | None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write results.tsv and summary.json atomically; return the summary."""
+    rows = collect(queue)
+    atomic_write_text(paths.results_tsv, to_tsv(rows))
+    summary = {**summarize(rows, run_info, window), **(extra or {})}
+    summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
+    atomic_write_json(paths.summary_json, summary)
+    return summary

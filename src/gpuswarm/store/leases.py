@@ -1,0 +1,232 @@
+"""Who may touch a run, and when a claimed task's owner is gone.
+
+Two ``flock`` files in ``.parallel/`` (the kernel drops a lock when its holder dies, even by
+SIGKILL, so a stale lock never blocks anyone):
+
+- ``lock``: exclusive, held only while a supervisor initialises (recovery, reclaiming), so two
+  initialisations never clobber each other's queue;
+- ``live``: shared, held by every live supervisor for its whole life. ``resume`` needs it
+  exclusively (a run with a live supervisor is not resumed); ``work`` shares it.
+
+A running descriptor's lease is in its file name (``...@<owner>@<slot>``); the owner is
+``host:pid:start``. Its heartbeat is the mtime of ``.parallel/owners/<owner>``, renewed every few
+seconds without scanning any folder. An owner is gone when, on this host, its pid is dead or was
+reused (start time differs), or, on any host, its heartbeat is older than ``lease_ttl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpuswarm.core.errors import RunLockedError
+from gpuswarm.core.fsutil import atomic_write_bytes, atomic_write_json
+from gpuswarm.core.paths import RunPaths, slugify
+from gpuswarm.placement.gpus import Slot, slot_id
+
+OWNER_VAR = "GPUSWARM_OWNER"
+
+
+def host_slug() -> str:
+    return slugify(socket.gethostname(), 60)
+
+
+def owner_id() -> str:
+    """``host:pid:start``: names this supervisor process uniquely, even after pid reuse."""
+    start = int(psutil.Process().create_time() * 100)
+    return f"{host_slug()}:{os.getpid()}:{start}"
+
+
+def owner_file(paths: RunPaths, owner: str) -> Path:
+    return paths.parallel / "owners" / owner.replace(":", "_")
+
+
+def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Path:
+    path = owner_file(paths, owner)
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_json(path, {"owner": owner, "since": time.time(), **detail})
+    return path
+
+
+def owner_alive(paths: RunPaths, owner: str, lease_ttl: float, now: float | None = None) -> bool:
+    """Whether the supervisor ``owner`` still holds its leases."""
+    parts = owner.split(":")
+    if len(parts) == 3 and parts[0] == host_slug() and parts[1].isdigit():
+        try:
+            return int(psutil.Process(int(parts[1])).create_time() * 100) == int(parts[2])
+        except (psutil.Error, ValueError):
+            return False
+    try:
+        beat = owner_file(paths, owner).stat().st_mtime
+    except FileNotFoundError:
+        return False
+    return (now if now is not None else time.time()) - beat < lease_ttl
+
+
+def slot_label(paths: RunPaths, owner: str, index: int) -> str:
+    """The label (``gpu3``) of slot ``index`` of supervisor ``owner``, from its owner file."""
+    if index < 0:
+        return "reclaimer"  # a reclaimer's lease (``@owner@-1.x``): no slot runs it
+    try:
+        with owner_file(paths, owner).open("rb") as fh:
+            slots = json.loads(fh.read()).get("slots", [])
+        return str(slots[index])
+    except (OSError, ValueError, IndexError, TypeError, AttributeError):
+        return f"slot {index}"
+
+
+def slots_dir(paths: RunPaths) -> Path:
+    return paths.parallel / "slots"
+
+
+def _take_slot_id(paths: RunPaths, ident: str, owner: str, lease_ttl: float) -> bool:
+    """Register ``ident`` for ``owner`` (O_EXCL), or take over a registration of a dead owner."""
+    path = slots_dir(paths) / ident
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        try:
+            holder = path.read_text().strip()
+        except OSError:
+            holder = ""
+        if holder == owner:
+            return True
+        if holder and owner_alive(paths, holder, lease_ttl):
+            return False
+        atomic_write_bytes(path, owner.encode() + b"\n")  # under the init lock: no race
+        return True
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(owner.encode() + b"\n")
+    return True
+
+
+def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: float) -> list[Slot]:
+    """Give each slot an id unique within the run and naming host + GPU (``<host>-gpu3``).
+
+    Called under the init lock. Each id is a file in ``.parallel/slots/`` created with
+    ``O_EXCL``; an id a live supervisor holds (a second ``work`` of this host on the same GPU)
+    makes this slot take the next share number (``<host>-gpu3.1``, ``.2``, ...); an id whose
+    holder is gone (a crash, an earlier supervisor) is taken over, so a resume keeps its lanes
+    and homes. Registrations are never removed: the folder lists every slot the run has had.
+    """
+    slots_dir(paths).mkdir(exist_ok=True)
+    host = host_slug()
+    taken: set[str] = set()
+    out = []
+    for slot in slots:
+        share = slot.share
+        while True:
+            ident = slot_id(host, slot.gpu_ids, share)
+            if ident not in taken and _take_slot_id(paths, ident, owner, lease_ttl):
+                break
+            share += 1
+        taken.add(ident)
+        out.append(dataclasses.replace(slot, ident=ident))
+    return out
+
+
+def registered_slot_ids(paths: RunPaths) -> list[str]:
+    """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
+    try:
+        return sorted(n for n in os.listdir(slots_dir(paths)) if not n.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def on_this_host(owner: str) -> bool:
+    return owner.split(":", 1)[0] == host_slug()
+
+
+class FileLock:
+    """A ``flock`` on one file; shared or exclusive, never blocking unless asked."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, *, exclusive: bool, wait: float = 0.0) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, mode)
+                self._fd = fd
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return False
+                time.sleep(0.05)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def is_live(paths: RunPaths) -> bool:
+    """Whether any supervisor holds the run's ``live`` lock."""
+    if not (paths.parallel / "live").exists():
+        return False
+    probe = FileLock(paths.parallel / "live")
+    if probe.acquire(exclusive=True):
+        probe.release()
+        return False
+    return True
+
+
+def _live_owners(paths: RunPaths) -> str:
+    owners = paths.parallel / "owners"
+    names = sorted(p.name.replace("_", ":") for p in owners.iterdir()) if owners.is_dir() else []
+    return ", ".join(names[-3:]) or "another process"
+
+
+class Attachment:
+    """A supervisor's hold on a run: the init lock while initialising, ``live`` for its life."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
+        self.init = FileLock(paths.parallel / "lock")
+        self.live = FileLock(paths.parallel / "live")
+
+    def end_init(self) -> None:
+        """Let other supervisors initialise (called once recovery/reclaiming is done)."""
+        self.init.release()
+
+
+@contextlib.contextmanager
+def attach(paths: RunPaths, *, exclusive_start: bool) -> Iterator[Attachment]:
+    """Take the init lock (waiting a little for another initialisation), then ``live``.
+
+    ``exclusive_start`` (resume) refuses a run that has a live supervisor.
+    """
+    hold = Attachment(paths)
+    if not hold.init.acquire(exclusive=True, wait=30.0):
+        raise RunLockedError(f"{paths.root}: another gpuswarm is initialising this run; retry")
+    try:
+        if exclusive_start and is_live(paths):
+            raise RunLockedError(
+                f"{paths.root} is live: supervisor {_live_owners(paths)} is running it; watch it "
+                f"with 'gpuswarm status {paths.root}', add GPUs with 'gpuswarm work', or stop it"
+            )
+        hold.live.acquire(exclusive=False)
+        yield hold
+    finally:
+        hold.init.release()
+        hold.live.release()

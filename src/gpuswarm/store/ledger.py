@@ -1,0 +1,165 @@
+"""events.jsonl: the append-only journal of a run, one JSON line per state transition.
+
+Each line has ``ts`` (unix seconds), ``ev`` (the event kind) and event fields. Lines are appended
+with one ``write(2)`` on an ``O_APPEND`` descriptor, so concurrent writers (threads or several
+supervisors) never interleave inside a line. Readers tolerate a torn last line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.fsutil import dumps_compact
+from gpuswarm.core.records import event_problem, parse_event
+
+
+class Ev(str, Enum):
+    RUN_CREATED = "run_created"
+    SUPERVISOR_STARTED = "supervisor_started"
+    SUPERVISOR_STOPPED = "supervisor_stopped"
+    STARTED = "started"
+    FINISHED = "finished"  # an attempt ended (fields: state it led to, reason)
+    REQUEUED = "requeued"  # back to pending (retry, interrupted, resume)
+    RECOVERED = "recovered"  # a move a crashed supervisor had begun, completed on resume
+    KILLED = "killed"  # leftover processes of a crashed supervisor's attempts, killed on resume
+    CORRUPT = "corrupt"
+    QUARANTINED = "quarantined"  # a slot stopped claiming: its attempts kept failing fast
+    SHUTDOWN = "shutdown"  # warm or cold shutdown requested
+    LEASE_LOST = "lease_lost"  # a reclaimer took a task from a stalled supervisor: not committed
+    AGGREGATED = "aggregated"
+    STALE_RESULT = "stale_result"  # a completion file found before an attempt, moved aside
+    UNQUARANTINED = "unquarantined"  # a quarantined slot back in rotation (probe or by hand)
+    PREFLIGHT = "preflight"  # a slot's preflight commands: ok, or the failure that stopped it
+    AFTER_ALL = "after_all"  # the after_all step ran: exit code, output file
+    JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
+
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class Ledger:
+    """Appends events; calls listeners (the terminal reporter) with each event."""
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        self.path = path
+        self.durable = durable
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._dirty = False
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
+        line = dumps_compact(record)
+        with self._lock:
+            os.write(self._fd, line)
+            self._dirty = True
+        for listener in self._listeners:
+            listener(record)
+        return record
+
+    def sync(self) -> None:
+        """fsync the journal (called on heartbeats and at exit, not per line)."""
+        with self._lock:
+            if self._dirty and self._fd >= 0:
+                os.fsync(self._fd)
+                self._dirty = False
+
+    def close(self) -> None:
+        self.sync()
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete, parseable event line of a journal, in order."""
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for raw in fh:
+            if not raw.endswith(b"\n"):
+                break  # torn last line
+            event = parse_event(raw)
+            if event is not None:  # a line that is no JSON object is skipped (check reports it)
+                yield event
+
+
+def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
+    """The events in the last ``max_bytes`` of a journal (cheap on huge runs)."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            start = max(0, size - max_bytes)
+            fh.seek(start)
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    if start > 0:
+        lines = lines[1:]  # first line is partial
+    out: list[dict[str, Any]] = []
+    for raw in lines[:-1]:  # the last element is "" or a torn line
+        event = parse_event(raw)
+        if event is not None:
+            out.append(event)
+    return out
+
+
+class EventTail:
+    """New complete lines of a journal since the last call (reads only what was appended)."""
+
+    def __init__(self, path: Path, *, from_end: bool = True) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        self._partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()  # a line still being written
+        out = []
+        for raw in lines:
+            event = parse_event(raw)
+            if event is not None:
+                out.append(event)
+        return out
+
+
+def bad_event_lines(path: Path) -> list[tuple[int, str]]:
+    """``(line number, why)`` for each complete journal line that is no JSON object."""
+    out: list[tuple[int, str]] = []
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        return out
+    with fh:
+        for number, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                why = event_problem(json.loads(raw))
+            except (ValueError, RecursionError):
+                why = "not JSON"
+            if why is not None:
+                out.append((number, why))
+    return out

@@ -1,0 +1,517 @@
+"""Creating, opening, locking and recovering run directories.
+
+A run is staged in a hidden sibling folder and made visible by one rename once every descriptor
+and run.json are on disk, so a bad input or a crash during creation never leaves half a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pydantic import ValidationError
+
+from gpuswarm import __version__
+from gpuswarm.config.load import TaskSpec, render
+from gpuswarm.core.errors import QueueError, RunDirError
+from gpuswarm.core.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
+from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
+from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
+from gpuswarm.core.taskfiles import inside
+from gpuswarm.exec.local.process import find_by_env, kill_tree
+from gpuswarm.exec.plan import STALE_SLACK_SECONDS
+from gpuswarm.store.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
+from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.queue import (
+    LEASE_SEP,
+    Claimed,
+    DirQueue,
+    State,
+    attempts_used,
+    base_name,
+    lease_of,
+    new_descriptor,
+    sync_tree,
+    task_id_of,
+)
+
+
+@dataclass(frozen=True)
+class NewRun:
+    name: str
+    workspace: Path
+    info: dict[str, Any]  # the run.json content, secrets already redacted
+    tasks: Iterable[dict[str, Any]]  # TaskSpec dumps, in submission order (read once)
+
+
+def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None = None) -> RunPaths:
+    """Stage the run (descriptors, run.json), sync once, then rename it into place."""
+    parent = new.workspace / slugify(new.name)
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(parent)
+    now = now or datetime.now()
+    final = _free_name(parent, run_dir_name(now, suffix))
+    staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
+    try:  # the mkdir inside: a stop signal right after it must not leave the folder behind
+        staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
+        DirQueue.create_layout(staging)
+        staging.tasks.mkdir()
+        descriptors = (
+            _skipped_if_excluded(new_descriptor(t, seq)) for seq, t in enumerate(new.tasks)
+        )
+        count = DirQueue.write_pending(staging, descriptors)
+        info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
+        atomic_write_json(staging.run_json, info, durable=False)
+        staging.events.touch()
+        sync_tree(staging.root)
+        final = _rename_into_place(staging, final, info)
+        fsync_dir(parent)
+    except BaseException:
+        _remove_tree(staging.root)
+        raise
+    paths = RunPaths(final)
+    ledger = Ledger(paths.events)
+    ledger.emit(Ev.RUN_CREATED, tasks=count, name=new.name, version=__version__)
+    for name in DirQueue(paths).names(State.SKIPPED):  # excluded tasks: journaled as ended
+        ledger.emit(
+            Ev.FINISHED,
+            task=task_id_of(name),
+            attempt=0,
+            slot="",
+            state=State.SKIPPED.value,
+            reason="excluded by the config",
+            seconds=0,
+            retry=False,
+        )
+    ledger.close()
+    return paths
+
+
+def _skipped_if_excluded(desc: dict[str, Any]) -> dict[str, Any]:
+    """A task an ``exclude:`` glob matched is created skipped: listed, never run."""
+    why = desc["task"].get("skip_reason")
+    if why:
+        desc["state"] = State.SKIPPED.value
+        desc["reason"] = why
+    return desc
+
+
+def _remove_stale_staging(parent: Path) -> None:
+    """Remove staging folders whose creator died (SIGKILL mid-creation): never a visible run."""
+    for entry in parent.glob(".staging-run_*"):
+        pid = entry.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            _remove_tree(entry)
+
+
+def _rename_into_place(staging: RunPaths, final: Path, info: dict[str, Any]) -> Path:
+    """Rename the staged run to ``final``, or, when another run of the same name took that
+    name meanwhile (started in the same second), to the next free one: each gets its own."""
+    base = final.name
+    for _ in range(1000):
+        try:
+            os.rename(staging.root, final)
+            return final
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        final = _free_name(final.parent, base)
+        info["run_dir"] = final.name
+        atomic_write_json(staging.run_json, info)
+    raise OSError(errno.EEXIST, "no free run folder name", str(final))
+
+
+def _free_name(parent: Path, name: str) -> Path:
+    candidate = parent / name
+    n = 2
+    while candidate.exists():
+        candidate = parent / f"{name}-{n}"
+        n += 1
+    return candidate
+
+
+def _remove_tree(root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def open_run(run_dir: Path) -> tuple[RunPaths, dict[str, Any]]:
+    """The run's paths and its run.json, or RunDirError naming what is wrong."""
+    paths = RunPaths(resolve_run_dir(run_dir).resolve()).require_run()  # a name or inner path
+    try:
+        info = read_json(paths.run_json)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{paths.run_json}: unreadable run snapshot ({exc})") from None
+    if not isinstance(info, dict):
+        raise RunDirError(f"{paths.run_json}: not a JSON object")
+    return paths, info
+
+
+def latest_run(workspace: Path, name: str | None = None) -> Path:
+    runs = find_runs(workspace)
+    if name is not None:
+        runs = [r for r in runs if r.parent.name == slugify(name)]
+    if not runs:
+        what = f"named {name!r} " if name else ""
+        raise RunDirError(
+            f"no run {what}found under {workspace}; pass the run folder, or --workspace"
+        )
+    return max(runs, key=lambda r: (r.name, r.stat().st_mtime))
+
+
+def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
+    """Move an unreadable descriptor to corrupt/ and journal it."""
+    queue.quarantine(path, reason)
+    ledger.emit(Ev.CORRUPT, task=task_id_of(path.name), file=path.name, reason=reason)
+
+
+def recover(
+    queue: DirQueue, ledger: Ledger, *, retry_failed: bool, grace: float = 10.0
+) -> dict[str, int]:
+    """Repair a run no supervisor holds: after a crash, a stop, or to retry failures.
+
+    Call only while holding the run lock: then no supervisor is live and every running
+    descriptor was orphaned. First the attempts a crashed supervisor left running are killed
+    (they run on in their own sessions and would hold their GPU twice); then each running
+    descriptor either completes the move its supervisor had begun (done/failed), or goes back
+    to pending/ with an interrupted attempt recorded, so the re-run gets a new attempt number.
+    Unless ``retry_failed`` is False, failed tasks are re-queued with a fresh attempt budget.
+    """
+    moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
+    moved["corrupt"] = 0
+    moved["temp_files"] = _remove_temp_files(queue.paths)
+    leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
+    still_running = task_ids_of(leftovers)
+    if leftovers:
+        moved["killed"] = kill_tree(leftovers, grace)
+        ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
+    moved["judged_done"] = 0
+    for name in queue.names(State.RUNNING):
+        moved[_recover_running(queue, ledger, name, still_running)] += 1
+    for name in queue.names(State.FAILED):
+        if _finish_begun_retry(queue, ledger, name):
+            moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
+        elif retry_failed:
+            moved["retried"] += _retry_failed(queue, ledger, name)
+    return moved
+
+
+def temp_files(paths: RunPaths) -> list[Path]:
+    """Temp files in the state folders that a crash cut short (descriptors stay intact).
+
+    A temp file whose writer is still alive is a write in progress, not a leftover: a process
+    that adds tasks to a run it does not lock (``research try`` beside its runner) may be
+    between its write and its rename, and removing the file would fail that rename.
+    """
+    return [
+        paths.state_dir(state) / name
+        for state in STATES
+        for name in os.listdir(paths.state_dir(state))
+        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
+    ]
+
+
+def _remove_temp_files(paths: RunPaths) -> int:
+    found = temp_files(paths)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return len(found)
+
+
+def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: set[str]) -> str:
+    try:
+        claimed = queue.adopt_running(name)
+    except QueueError:
+        set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
+        return "corrupt"
+    data = claimed.data
+    if _requeue_waiting(queue, ledger, claimed):
+        return "requeued"
+    if _finish_begun_move(queue, ledger, claimed):
+        return "recovered"
+    lease = lease_of(name)
+    if claimed.task_id not in still_running and judge_orphan(
+        queue, ledger, claimed, f"its supervisor died ({lease[0] if lease else '?'})"
+    ):
+        return "judged_done"
+    data["attempts"].append(
+        {
+            "n": len(data["attempts"]) + 1,
+            "slot": slot_label(queue.paths, *lease) if lease else "",
+            "interrupted": True,
+            "kind": "lost",
+            "reason": "its supervisor died" + (f" ({lease[0]})" if lease else ""),
+        }
+    )
+    data["interruptions"] = data.get("interruptions", 0) + 1
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
+    return "interrupted"
+
+
+def _requeued(ledger: Ledger, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
+    return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
+
+
+def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """A task that was only waiting out its retry backoff goes back to pending/ as it is."""
+    if claimed.data.pop("retry_at", None) is None:
+        return False
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "retry", "waiting"))
+    return True
+
+
+def reclaim_name(name: str, me: str) -> str:
+    """The name a reclaimer gives a dead owner's running file: it encodes the claim's name.
+
+    The suffix is a checksum of the name the task was claimed under; a reclaim of a reclaim
+    keeps it, so recovery can always tell the move that claim began.
+    """
+    slot_part = name.rsplit(LEASE_SEP, 1)[-1]
+    suffix = slot_part[3:] if slot_part.startswith("-1.") else f"{zlib.crc32(name.encode()):08x}"
+    return f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1.{suffix}"
+
+
+def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """Complete a move that a crash cut short after its descriptor was saved.
+
+    ``moved_from`` names the claim that began the move: the file's current name, or, after a
+    reclaimer renamed it, the name :func:`reclaim_name` encodes. A later claim of the same task
+    has another name, so an old marker is never mistaken for a begun move.
+    """
+    data = claimed.data
+    target, begun, now = data.get("state"), data.get("moved_from"), claimed.path.name
+    lease = lease_of(now)
+    if not isinstance(begun, str) or target not in STATE_VALUES or lease is None:
+        return False
+    reclaimed_from_begun = lease[1] == -1 and now.endswith(f".{zlib.crc32(begun.encode()):08x}")
+    if begun != now and not reclaimed_from_begun:
+        return False
+    if target == State.PENDING.value:
+        announce = _requeued(ledger, claimed, "retry", "running")
+    else:
+        announce = lambda: ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)  # noqa: E731
+    queue.move(claimed, State(target), announce)
+    return True
+
+
+STATE_VALUES = (State.PENDING.value, State.DONE.value, State.FAILED.value)
+
+
+def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
+    src = queue.paths.state_dir("failed") / name
+    data = queue.read(State.FAILED, name)
+    if data is None:
+        set_aside(queue, ledger, src, "unreadable failed")
+        return 0
+    data["budget_from"] = len(data.get("attempts", []))
+    data["reason"] = None
+    data["state"] = State.PENDING.value  # in failed/: marks a begun retry (recovery ends it)
+    staged = queue.paths.state_dir("failed") / f".retry-{base_name(name)}"
+    atomic_write_json(staged, data, durable=queue.durable)
+    os.replace(staged, src)  # save
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")  # journal
+    os.rename(src, queue.paths.state_dir("pending") / name)  # rename: like every arrow
+    queue.push(name)
+    return 1
+
+
+def task_ids_of(pids: Iterable[int]) -> set[str]:
+    """The ``GPUSWARM_TASK_ID`` of each of ``pids`` that is still alive (its attempt runs on)."""
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            task = psutil.Process(pid).environ().get("GPUSWARM_TASK_ID")
+            if task:
+                out.add(task)
+    return out
+
+
+def _lease_time(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
+    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
+    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
+    written after the claim (the running file's time), parses: then it is done, not re-run.
+    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
+    """
+    data = claimed.data
+    try:
+        task = TaskSpec.model_validate(data.get("task"))
+    except ValidationError:
+        return False
+    claimed_at = _lease_time(claimed.path)
+    if task.done_when is None or claimed_at is None:
+        return False
+    paths = queue.paths
+    n = len(data["attempts"]) + 1
+    values = {
+        **task.vars,
+        "workspace": str(paths.task_dir(task.id)),
+        "run_dir": str(paths.root),
+        "task_id": task.id,
+        "name": task.name,
+        "attempt": str(n),
+    }
+    rel = render(task.done_when, values)
+    if "{" in rel:
+        return False  # it names the slot or GPU, which the journal would have to tell
+    workspace = paths.task_dir(task.id)
+    try:
+        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
+        written = target.stat().st_mtime
+        result = flatten(read_completion(workspace, rel))
+    except (OSError, ResultFileError):
+        return False
+    if written < claimed_at - STALE_SLACK_SECONDS:
+        return False  # older than the claim: not this attempt's
+    lease = lease_of(claimed.path.name)
+    stamp = time.strftime("%H:%M:%S", time.localtime(written))
+    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
+    data["attempts"].append(
+        {
+            "n": n,
+            "slot": slot_label(queue.paths, *lease) if lease and lease[1] >= 0 else "",
+            "started": round(claimed_at, 4),
+            "ended": round(written, 4),
+            "duration": round(max(0.0, written - claimed_at), 4),
+            "kind": "orphan",
+            "returncode": None,
+            "signal": None,
+            "reason": reason,
+            "oom": False,
+            "killed": 0,
+        }
+    )
+    data["result"] = result
+    data["reason"] = None
+    queue.move(
+        claimed,
+        State.DONE,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="done",
+            reason=reason,
+            seconds=round(max(0.0, written - claimed_at), 3),
+            retry=False,
+            judged=True,
+        ),
+    )
+    return True
+
+
+def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
+    """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
+    it (again: the journal must never lag behind the folders) and finish the rename."""
+    data = queue.read(State.FAILED, name)
+    if data is None or data.get("state") != State.PENDING.value:
+        return False
+    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
+    os.rename(queue.paths.state_dir("failed") / name, queue.paths.state_dir("pending") / name)
+    queue.push(name)
+    return True
+
+
+def reclaim_dead(
+    queue: DirQueue, ledger: Ledger, me: str, *, lease_ttl: float, grace: float = 10.0
+) -> int:
+    """Take back the tasks of supervisors that are gone; any live supervisor may call this.
+
+    Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
+    ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
+    supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
+    """
+    verdicts: dict[str, bool] = {}
+    still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
+    count = 0
+    for name in queue.names(State.RUNNING):
+        lease = lease_of(name)
+        if lease is None or lease[0] == me:
+            continue
+        owner = lease[0]
+        if owner not in verdicts:
+            verdicts[owner] = owner_alive(queue.paths, owner, lease_ttl)
+            if not verdicts[owner] and on_this_host(owner):
+                leftovers = find_by_env(OWNER_VAR, owner)
+                if leftovers:
+                    still_running |= task_ids_of(leftovers)
+                    kill_tree(leftovers, grace)
+                    ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
+        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
+            count += 1
+    _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
+    return count
+
+
+def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
+    """Temp files of descriptor writes a dead owner's crash cut short: their names carry the
+    claimed file's name, so the owner (host:pid:start) is in them; nobody else writes them."""
+    if not dead:
+        return
+    marks = tuple(f"{LEASE_SEP}{owner}{LEASE_SEP}" for owner in dead)
+    running = paths.state_dir("running")
+    for name in os.listdir(running):
+        if name.startswith(".tmp-") and any(m in name for m in marks):
+            (running / name).unlink(missing_ok=True)
+
+
+def _reclaim_one(
+    queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
+) -> bool:
+    running = queue.paths.state_dir("running")
+    mine = running / reclaim_name(name, me)
+    try:
+        os.rename(running / name, mine)
+    except FileNotFoundError:
+        return False  # another supervisor reclaimed it first
+    try:
+        claimed = queue.adopt_running(mine.name)
+    except QueueError:
+        set_aside(queue, ledger, mine, "unreadable running")
+        return False
+    data = claimed.data
+    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
+        return True
+    judge = on_this_host(owner) and claimed.task_id not in still_running
+    if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
+        return True
+    data["attempts"].append(
+        {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}
+    )
+    max_attempts = int(data.get("task", {}).get("max_attempts", 1))
+    if attempts_used(data) < max_attempts:
+        why = f"reclaimed from {owner}"
+        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
+        return True
+    data["reason"] = f"abandoned: its supervisor {owner} died and attempts are used up"
+    queue.move(
+        claimed,
+        State.FAILED,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=len(data["attempts"]),
+            slot="",
+            state="failed",
+            reason=data["reason"],
+            seconds=0,
+            retry=False,
+        ),
+    )
+    return True

@@ -1,0 +1,229 @@
+"""Checks before any task is claimed: the ``preflight:`` commands of each slot, and whether the
+programs the tasks run can be found at all.
+
+``preflight:`` commands run once per slot (with that slot's environment, HOME and GPUs, in the
+run's base folder, through ``/bin/sh -c``), slots in parallel, before the slot claims anything. The
+first failure stops the run before any task is touched: :class:`PreflightError` (exit 2) with the
+command's output; every task stays pending. Each slot's output is kept in
+``<run>/preflight/<slot>.log``.
+
+:func:`missing_programs` resolves the program of every task (the first word of its command; for
+a shell command the first word of its first simple command) on the task's PATH, so a run whose
+every task runs a program that is not installed ends at once with one line naming it, instead of
+failing every task (and blaming the GPUs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.errors import PreflightError
+from gpuswarm.core.logs import log_tail
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.exec.sandbox import Provision, prepare_home, redact_text
+from gpuswarm.placement.gpus import Slot, isolation_env
+
+PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
+SHELL = "/bin/sh"
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+")
+
+
+@dataclass(frozen=True)
+class Failure:
+    slot: str
+    command: str
+    how: str  # "exit 1", "timed out after 600s", "could not start: ..."
+    output: str
+    log: Path
+
+
+def slot_env(paths: RunPaths, slot: Slot, home_env: dict[str, str]) -> dict[str, str]:
+    """What a preflight command of ``slot`` sees: the slot's HOME and GPUs, like its tasks."""
+    env = {**os.environ, **home_env, **isolation_env(slot)}
+    env["GPUSWARM_RUN_DIR"] = str(paths.root)
+    env["GPUSWARM_PREFLIGHT"] = "1"
+    return env
+
+
+def run_preflight(
+    paths: RunPaths,
+    slots: Sequence[Slot],
+    commands: Sequence[str],
+    *,
+    cwd: Path,
+    isolate: bool,
+    provisions: Sequence[Provision],
+    timeout: float = PREFLIGHT_TIMEOUT,
+) -> list[str]:
+    """Run ``commands`` once per slot (slots in parallel); raise PreflightError on the first
+    failure (naming the slot, the command and its output). Returns the slot labels checked."""
+    if not commands:
+        return []
+    folder = paths.root / "preflight"
+    folder.mkdir(exist_ok=True)
+    failures: list[Failure] = []
+    lock = threading.Lock()
+
+    def one(slot: Slot) -> None:
+        home = prepare_home(paths.slot_home(slot.label), provisions) if isolate else {}
+        env = slot_env(paths, slot, home)
+        log = folder / f"{_safe(slot.label)}.log"
+        failure = _run_slot(slot.label, commands, env, cwd, log, timeout)
+        if failure is not None:
+            with lock:
+                failures.append(failure)
+
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        f = min(failures, key=lambda x: x.slot)
+        more = f" (and on {len(failures) - 1} other slots)" if len(failures) > 1 else ""
+        shown = f"; its output:\n{f.output}" if f.output.strip() else " (no output)"
+        raise PreflightError(
+            f"preflight failed on {f.slot}{more}: `{f.command}` {f.how}{shown}\n"
+            f"(log: {f.log}). No task was started; fix it, then: gpuswarm resume {paths.root}"
+        )
+    return [s.label for s in slots]
+
+
+def _safe(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in label) or "slot"
+
+
+def _run_slot(
+    label: str, commands: Sequence[str], env: dict[str, str], cwd: Path, log: Path, timeout: float
+) -> Failure | None:
+    with log.open("wb") as out:
+        for command in commands:
+            out.write(f"$ {command}\n".encode())
+            out.flush()
+            how = _run_one(command, env, cwd, out, timeout)
+            if how is not None:
+                out.flush()
+                text = redact_text(log_tail(log, max_lines=20), env)
+                return Failure(label, command, how, text, log)
+    return None
+
+
+def start_shell(
+    command: str, env: dict[str, str], cwd: Path | None, out: Any
+) -> subprocess.Popen[bytes]:
+    """A user's shell command (preflight, after_all) in its own session, output into ``out``."""
+    return subprocess.Popen(
+        [SHELL, "-c", command],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _run_one(command: str, env: dict[str, str], cwd: Path, out: Any, timeout: float) -> str | None:
+    try:
+        proc = start_shell(command, env, cwd, out)
+    except OSError as exc:
+        return f"could not start: {exc.strerror or exc}"
+    try:
+        code = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"timed out after {timeout:g}s"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of a preflight outlives it
+    if code == 0:
+        return None
+    return f"killed by signal {-code}" if code < 0 else f"exit {code}"
+
+
+# -- programs that cannot be found -----------------------------------------------------------------
+def program_of(task: dict[str, Any]) -> str | None:
+    """The program a task dump runs, when it can be told without running anything: the first
+    word of its command (of its first simple command, for a shell command); None when it
+    depends on a placeholder, a variable or shell syntax."""
+    command = task.get("command")
+    word: str | None
+    if isinstance(command, list):
+        word = str(command[0]) if command else None
+    elif isinstance(command, str):
+        try:
+            words = shlex.split(command, comments=True)
+        except ValueError:
+            return None
+        word = words[0] if words else None
+        if task.get("shell") and word is not None and "=" in word:
+            return None  # an assignment first: VAR=x prog ...
+    else:
+        return None
+    if not word or not set(word) <= _PLAIN:
+        return None  # a placeholder, a variable, a glob, quoting: only a launch can tell
+    return word
+
+
+def _found(word: str, cwd: Path, path_var: str | None, shell: bool) -> bool:
+    if shell:  # the shell itself says: its builtins and keywords count, as PATH and ./x do
+        env = dict(os.environ)
+        if path_var is not None:
+            env["PATH"] = path_var
+        try:
+            probe = subprocess.run(
+                [SHELL, "-c", 'command -v -- "$1" >/dev/null 2>&1', "sh", word],
+                env=env,
+                cwd=cwd if cwd.is_dir() else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return True  # cannot tell: let the launch say
+        return probe.returncode == 0
+    if "/" in word:
+        target = Path(word) if word.startswith("/") else cwd / word
+        return os.access(target, os.X_OK) and target.is_file()
+    return shutil.which(word, path=path_var) is not None
+
+
+def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[dict[str, int], int]:
+    """``({program: tasks that run it}, tasks checked)`` for programs not found on PATH (or, for
+    a path, not an executable file relative to the task's folder)."""
+    cache: dict[tuple[str, str, str | None, bool], bool] = {}
+    missing: dict[str, int] = {}
+    checked = 0
+    default_path = os.environ.get("PATH")
+    for task in tasks:
+        word = program_of(task)
+        cwd_text = task.get("cwd")
+        if word is None or (isinstance(cwd_text, str) and "{" in cwd_text):
+            continue
+        path_var = (task.get("env") or {}).get("PATH", default_path)
+        if path_var is not None and "$" in path_var:
+            continue
+        cwd = Path(cwd_text) if isinstance(cwd_text, str) else base_dir
+        cwd = cwd if cwd.is_absolute() else base_dir / cwd
+        shell = bool(task.get("shell"))
+        key = (word, str(cwd), path_var, shell)
+        if key not in cache:
+            cache[key] = _found(word, cwd, path_var, shell)
+        checked += 1
+        if not cache[key]:
+            missing[word] = missing.get(word, 0) + 1
+    return missing, checked

@@ -1,0 +1,317 @@
+"""The live terminal view: one row per GPU slot, queue counts, a progress bar with ETA, recent
+failures. Fed by ledger events (in process) or by tailing events.jsonl (``gpuswarm watch``);
+a frame reads only the last few KiB of each running attempt's log, never a folder.
+
+Where NVML works, each GPU row also shows utilisation and memory (sampled at most once a
+second); elsewhere those columns are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from gpuswarm.core.logs import log_tail
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.redact import inert, redact_shapes
+from gpuswarm.store.ledger import read_events
+
+REFRESH_PER_SECOND = 4
+RECENT_FAILURES = 5
+
+
+@dataclass
+class SlotRow:
+    task: str = ""
+    name: str = ""
+    attempt: int = 0
+    since: float = 0.0
+    timeout: float | None = None
+    done: int = 0
+
+
+@dataclass
+class ViewState:
+    """What the view shows, updated event by event (thread-safe through ``lock``)."""
+
+    counts: dict[str, int]
+    slots: dict[str, SlotRow] = field(default_factory=dict)
+    failures: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_FAILURES))
+    finished_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    started: float = field(default_factory=time.time)
+    note: str = ""
+    quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def _move(self, frm: str, to: str) -> None:
+        self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
+        self.counts[to] = self.counts.get(to, 0) + 1
+
+    def apply(self, e: dict[str, Any]) -> None:
+        with self.lock:
+            self._apply(e)
+
+    def _apply(self, e: dict[str, Any]) -> None:
+        ev = e.get("ev")
+        if ev == "supervisor_started":
+            for label in e.get("slots", []):
+                self.slots.setdefault(label, SlotRow())
+        elif ev == "started":
+            self._move("pending", "running")
+            row = self.slots.setdefault(e["slot"], SlotRow())
+            row.task, row.name, row.attempt = e["task"], e.get("name", ""), int(e["attempt"])
+            row.since, row.timeout = float(e.get("ts", time.time())), e.get("timeout")
+        elif ev == "finished":
+            self._finished(e)
+        elif ev == "requeued" and e.get("frm") == "running":
+            self._move("running", "pending")
+            self._clear_task(e.get("task", ""))
+        elif ev == "quarantined":
+            self.failures.append(f"slot {e.get('slot')} quarantined: {e.get('reason', '')}")
+            self.quarantined[str(e.get("slot"))] = str(e.get("reason", ""))
+        elif ev == "unquarantined":
+            if e.get("probe"):
+                self.quarantined[str(e.get("slot"))] = "probe"
+            else:
+                self.quarantined.pop(str(e.get("slot")), None)
+        elif ev == "shutdown":
+            self.note = "stopping: Ctrl-C again kills at once" if e.get("mode") == "warm" else ""
+
+    def _finished(self, e: dict[str, Any]) -> None:
+        state = e.get("state", "failed")
+        to = "pending" if state == "waiting" else state
+        self._move("running", to if to in self.counts else "failed")
+        row = self.slots.get(e.get("slot", ""))
+        if row is not None:
+            row.done += 1
+            if row.task == e.get("task"):  # the slot may have started its next task already
+                row.task = ""
+        if state == "done":
+            self.finished_times.append(float(e.get("ts", time.time())))
+        elif state == "failed" or e.get("retry"):
+            what = "retrying" if e.get("retry") else "failed"
+            self.failures.append(f"{e.get('task')} {what}: {e.get('reason', '')}")
+
+    def _clear_task(self, task: str) -> None:
+        for row in self.slots.values():
+            if row.task == task:
+                row.task = ""
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left at the recent completion rate (None until something completed)."""
+        left = self.counts.get("pending", 0) + self.counts.get("running", 0)
+        times = self.finished_times
+        if not times or left == 0:
+            return None
+        window_start = times[0] if len(times) > 1 else self.started
+        rate = len(times) / max(1e-6, now - window_start)
+        return left / rate
+
+
+def clock(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h07m``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    h, rest = divmod(s, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _natural(label: str) -> tuple[str, int]:
+    digits = "".join(ch for ch in label if ch.isdigit())
+    return (label.rstrip("0123456789"), int(digits) if digits else -1)
+
+
+class LiveView:
+    """Renders a :class:`ViewState` with rich; ``log_of(task, attempt)`` locates attempt logs."""
+
+    def __init__(
+        self,
+        state: ViewState,
+        log_of: Callable[[str, int], Path],
+        *,
+        title: str = "",
+        header: Callable[[], str] | None = None,
+        gpu_stats: Callable[[], dict[str, str]] | None = None,
+    ) -> None:
+        self.state = state
+        self.log_of = log_of
+        self.title = title
+        self.header = header
+        self.gpu_stats = gpu_stats
+
+    def __call__(self, event: dict[str, Any]) -> None:  # a ledger listener
+        self.state.apply(event)
+
+    def render(self) -> RenderableType:
+        now = time.time()
+        with self.state.lock:
+            rows = sorted(self.state.slots.items(), key=lambda kv: _natural(kv[0]))
+            counts = dict(self.state.counts)
+            failures = list(self.state.failures)
+            eta = self.state.eta(now)
+            note = self.state.note
+            quarantined = dict(self.state.quarantined)
+        total = max(1, sum(counts.values()))
+        finished = counts.get("done", 0) + counts.get("failed", 0)
+        head = Text.from_markup(
+            f"[bold]{escape(self.title)}[/]  done {counts.get('done', 0)}  failed "
+            f"{counts.get('failed', 0)}  running {counts.get('running', 0)}  pending "
+            f"{counts.get('pending', 0)}  ETA {clock(eta)}"
+        )
+        parts: list[RenderableType] = [head]
+        if self.header is not None:
+            parts.append(Text(self.header()))
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(
+            ProgressBar(total=total, completed=finished, width=50),
+            f"{finished}/{sum(counts.values())}",
+        )
+        parts.append(bar)
+        parts.append(self._table(rows, now, quarantined))
+        for line in failures:
+            parts.append(Text(inert(f"  ! {line}"), style="red"))
+        if note:
+            parts.append(Text(note, style="yellow"))
+        return Group(*parts)
+
+    def _table(
+        self, rows: Sequence[tuple[str, SlotRow]], now: float, quarantined: dict[str, str]
+    ) -> Table:
+        stats = self.gpu_stats() if self.gpu_stats else {}
+        table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
+        for col in ("slot", "task", "try", "elapsed", "last output"):
+            table.add_column(col, no_wrap=True, overflow="ellipsis")
+        if stats:
+            table.add_column("gpu", no_wrap=True)
+        for label, row in rows:
+            why = quarantined.get(label)
+            shown_label = label if why is None else f"{label} [red](QUARANTINED)[/]"
+            if why == "probe":
+                shown_label = f"{label} [yellow](probe)[/]"
+            if why is not None and why != "probe" and not row.task:
+                cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:80]]
+            elif row.task:
+                limit = f"/{clock(row.timeout)}" if row.timeout else ""
+                cells = [
+                    shown_label,
+                    escape(inert(f"{row.task} {row.name}".strip()[:48])),
+                    str(row.attempt),
+                    f"{clock(now - row.since)}{limit}",
+                    self._last_line(row)[:80],
+                ]
+            else:
+                cells = [shown_label, "[dim]idle[/]", "", "", f"[dim]{row.done} done[/]"]
+            if stats:
+                cells.append(stats.get(label, ""))
+            table.add_row(*cells)
+        return table
+
+    def _last_line(self, row: SlotRow) -> str:
+        tail = log_tail(self.log_of(row.task, row.attempt), max_lines=1, max_bytes=4096)
+        # task output: no escape sequence for the terminal, no token or URL password on screen
+        return escape(inert(redact_shapes(tail.strip())))
+
+
+@contextlib.contextmanager
+def shown(view: LiveView, console: Console | None = None) -> Iterator[None]:
+    """Show ``view`` live until the block ends (then print its last frame once)."""
+    with Live(
+        get_renderable=view.render,
+        console=console or Console(stderr=True),
+        refresh_per_second=REFRESH_PER_SECOND,
+        transient=False,
+        redirect_stdout=False,
+        redirect_stderr=False,
+    ):
+        yield
+
+
+def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
+    """Per-slot ``util% mem`` from NVML (sampled at most once a second), or None without it.
+
+    Simulated GPUs never use it: their ids are not the machine's."""
+    if not slots or any(getattr(s, "vendor", None) is None for s in slots):
+        return None
+    if str(getattr(slots[0].vendor, "value", "")) != "nvidia":
+        return None
+    try:
+        pynvml: Any = importlib.import_module("pynvml")
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver, no GPU: the columns are optional
+        return None
+    cache: dict[str, Any] = {"at": 0.0, "data": {}}
+
+    def sample() -> dict[str, str]:
+        now = time.monotonic()
+        if now - cache["at"] < 1.0:
+            return dict(cache["data"])
+        data = {}
+        for slot in slots:
+            parts = []
+            for gid in slot.gpu_ids:
+                with contextlib.suppress(Exception):
+                    h = pynvml.nvmlDeviceGetHandleByIndex(gid)
+                    util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+                    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                    parts.append(f"{util}% {int(mem.used) >> 30}/{int(mem.total) >> 30}G")
+            data[slot.label] = " ".join(parts)
+        cache.update(at=now, data=data)
+        return data
+
+    return sample
+
+
+# -- following a run from another process (``gpuswarm watch``) --------------------------------
+def initial_state(paths: RunPaths) -> ViewState:
+    """Counts and running slots from one look at the queue (only when a watch starts)."""
+    from gpuswarm.store.leases import slot_label
+    from gpuswarm.store.queue import DirQueue, State, lease_of, task_id_of
+    from gpuswarm.ui.live import attempt_number
+
+    queue = DirQueue(paths)
+    counts = {s.value: n for s, n in queue.counts().items()}
+    state = ViewState(counts)
+    for e in read_events(paths.events) if paths.events.stat().st_size < (8 << 20) else []:
+        if e.get("ev") == "supervisor_started":
+            for label in e.get("slots", []):
+                state.slots.setdefault(label, SlotRow())
+    for name in queue.names(State.RUNNING):
+        data = queue.read(State.RUNNING, name) or {}
+        lease = lease_of(name)
+        label = slot_label(paths, lease[0], lease[1]) if lease else "?"
+        with contextlib.suppress(OSError):
+            since = (paths.state_dir("running") / name).stat().st_mtime
+            task = data.get("task", {})
+            state.slots[label] = SlotRow(
+                task=task_id_of(name),
+                name=task.get("name", ""),
+                attempt=attempt_number(data),
+                since=since,
+                timeout=task.get("timeout"),
+            )
+    from gpuswarm.store.leases import is_live
+    from gpuswarm.supervise.breaker import read_quarantines
+
+    for q in read_quarantines(paths) if is_live(paths) else []:
+        state.quarantined[str(q.get("slot"))] = str(q.get("reason", ""))
+    return state

@@ -1,0 +1,165 @@
+"""Human-readable output of the CLI (rich). ``--json`` bypasses this module entirely."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gpuswarm.core.redact import inert
+from gpuswarm.ui.liveview import clock
+
+if TYPE_CHECKING:
+    from gpuswarm.engine import RunReport
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    order = ("done", "failed", "running", "pending")
+    text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
+    if counts.get("skipped"):
+        text += f"  skipped {counts['skipped']}"
+    return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
+
+
+def print_status(data: dict[str, Any]) -> None:
+    con = _console()
+    state = data.get("state") or ("live" if data["live"] else "not running")
+    color = {"live": "green", "complete": "green", "crashed": "red"}.get(state, "yellow")
+    name, run = escape(inert(data["name"])), escape(inert(data["run"]))
+    con.print(f"[bold]{name}[/]  {run}  ([{color}]{state}[/])")
+    con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
+    if data.get("hint"):
+        con.print(f"[{color}]{escape(data['hint'])}[/]")
+    eta = data.get("eta") or {}
+    if eta.get("eta_seconds") is not None:
+        con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
+    if data["running"]:
+        table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
+        for r in data["running"]:
+            table.add_row(
+                str(r["slot"]),
+                str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
+                inert(r["task"]),
+                str(r["attempt"]),
+                clock(r["elapsed"]),
+                clock(r["timeout"]),
+            )
+        con.print(table)
+    shown, failed = len(data["failures"]), data["counts"].get("failed", 0)
+    if failed > shown:
+        con.print(f"latest {shown} of {failed} failures:")
+    for f in data["failures"]:
+        con.print(
+            f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
+            f"({f['attempts']} attempts)"
+        )
+        if f["log_tail"]:
+            for line in f["log_tail"].splitlines()[-5:]:
+                con.print("    " + inert(line), style="dim", markup=False)  # task output
+    if data["corrupt"]:
+        con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+    for q in data.get("quarantined", []):
+        slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
+        con.print(f"[red]QUARANTINED[/] {slot}: {why}")
+        if data["live"]:
+            probe = q.get("probe_at")
+            when = time.strftime("%H:%M:%S", time.localtime(probe)) if probe else "-"
+            con.print(
+                f"    probed again at {when}; lift now: gpuswarm unquarantine "
+                f"{escape(data['run'])} {escape(str(q.get('slot')))}",
+                markup=False,
+            )
+
+
+def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
+    """One line per run; the path comes last and is never shortened."""
+    if not rows:
+        print(f"no runs under {workspace}")
+        return
+    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
+    for r in rows:
+        c = r["counts"]
+        state = r.get("state") or ("live" if r["live"] else "unfinished")
+        left = c["pending"] + c["running"]
+        print(f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
+
+
+def print_report(report: RunReport) -> None:
+    con = Console(stderr=True, highlight=False, soft_wrap=True)
+    s = report.summary
+    counts = s["counts"]
+    con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
+    for line in field_lines(s.get("fields", {})):
+        con.print("  " + line, markup=False)
+    for reason, n in s.get("failure_reasons", [])[:5]:
+        con.print(inert(f"  {n} failed: {reason}"), markup=False)
+    for f in s["failures"][:10]:
+        con.print(inert(f"  {f['state']} {f['task']}: {f['reason']}"), markup=False)
+    not_done = int(s.get("not_done", len(s["failures"])))  # the true count, not the list's
+    if not_done > 10:
+        con.print(f"  ... and {not_done - 10} more (see results.tsv)")
+    for q in s.get("quarantined", []):
+        con.print(inert(f"  quarantined {q['slot']}: {q['reason']}"), markup=False)
+    after = s.get("after_all")
+    if isinstance(after, dict):
+        log = report.paths.root / str(after.get("log", "after_all.log"))
+        how = "ok" if after.get("ok") else f"FAILED ({after.get('reason', '?')})"
+        con.print(inert(f"after_all {how}: {log}"), markup=False)
+    con.print(f"results: {report.paths.results_tsv}")
+    html = report.paths.root / "report.html"
+    if html.is_file():
+        con.print(f"report:  {html}")
+    if report.interrupted:
+        con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
+    elif not s["complete"]:
+        con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
+
+
+def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
+    """One line per result field: pass rates over done and over all tasks, or mean/median."""
+    lines = []
+    for key, st in list(fields.items())[:limit]:
+        if st["kind"] == "bool":
+            done = f"{st['true']}/{st['of_done']} done"
+            lines.append(f"{key}: {done}, {st['true']}/{st['of_total']} of all tasks")
+        else:
+            lines.append(
+                f"{key}: mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}"
+                f"  (n={st['n']})"
+            )
+    return lines
+
+
+def print_check(report: dict[str, Any]) -> None:
+    verdict = "consistent" if report["consistent"] else "INCONSISTENT"
+    live = " (live)" if report["live"] else ""
+    print(f"{report['run']}{live}: {report['tasks']} tasks, {verdict}")
+    for f in report["findings"]:
+        mark = "repaired" if f["repaired"] else "problem"
+        task = f" {f['task']}:" if f["task"] else ""
+        print(f"  {mark:<9}{f['kind']}{task} {f['detail']}")
+
+
+def print_demo(d: dict[str, Any]) -> None:
+    con = _console()
+    best, base = d.get("best"), d.get("baseline")
+    if best is not None and base is not None:
+        gain = (base - best) / base * 100 if base else 0.0
+        con.print(
+            f"[bold]best val_bpb {best:.6f}[/] (baseline {base:.6f}, {gain:.1f}% lower) after "
+            f"{d['experiments']} experiments, {d['kept']} kept"
+        )
+    else:
+        con.print(f"{d['experiments']} experiments, {d['kept']} kept (no baseline metric)")
+    con.print(f"repository: {d['repo']}  (branch {d['branch']} holds every kept change)")
+    con.print(f"results:    {d['results']}")
+    con.print(f"progress:   {d['plot']}")
+    con.print(f"report:     {d['report']}")
