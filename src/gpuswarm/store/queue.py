@@ -30,60 +30,21 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError, QueueError
 from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
+from gpuswarm.core.models import DESCRIPTOR_VERSION, LEASE_SEP, Descriptor, State, base_name
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.core.records import descriptor_problem
-
-DESCRIPTOR_VERSION = 1
-PRIORITY_LIMIT = 4999
-LEASE_SEP = "@"
-
-
-class State(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
-
-
-def descriptor_name(priority: int, seq: int, task_id: str) -> str:
-    """``<rank><seq>_<task-id>.json``: lexicographic order = higher priority, then earlier seq."""
-    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-        raise ValueError(f"priority {priority} outside -{PRIORITY_LIMIT}..{PRIORITY_LIMIT}")
-    return f"{5000 - priority:04d}{seq:09d}_{task_id}.json"
-
-
-def base_name(file_name: str) -> str:
-    """The descriptor name without a lease suffix."""
-    return file_name.split(LEASE_SEP, 1)[0]
-
-
-def lease_of(file_name: str) -> tuple[str, int] | None:
-    """``(owner, slot)`` encoded in a running descriptor's name (``@owner@slot.claim``)."""
-    parts = file_name.split(LEASE_SEP)
-    if len(parts) != 3:
-        return None
-    try:
-        return parts[1], int(parts[2].split(".", 1)[0])
-    except ValueError:
-        return None
-
-
-def task_id_of(file_name: str) -> str:
-    stem = base_name(file_name)
-    return stem[14:-5] if stem.endswith(".json") else stem[14:]
-
-
-def corrupt_task_id(name: str) -> str | None:
-    """The task id of a file in corrupt/ (``<descriptor name>[@lease].<reason>``)."""
-    end = name.find(".json")
-    return name[14:end] if end > 14 else None
+from gpuswarm.store.names import (
+    claim_name,
+    corrupt_task_id,
+    descriptor_name,
+    lease_of,
+    task_id_of,
+)
 
 
 def _visible(name: str) -> bool:
@@ -96,7 +57,12 @@ class Claimed:
 
     name: str  # base name, no lease
     path: Path  # current path in running/
-    data: dict[str, Any]
+    data: dict[str, Any]  # the descriptor's JSON form: read it through ``desc``
+
+    @property
+    def desc(self) -> Descriptor:
+        """The typed descriptor (a view over ``data``: what it changes is what is saved)."""
+        return Descriptor(self.data)
 
     @property
     def task_id(self) -> str:
@@ -104,25 +70,12 @@ class Claimed:
 
 
 def new_descriptor(task: dict[str, Any], seq: int) -> dict[str, Any]:
-    return {
-        "v": DESCRIPTOR_VERSION,
-        "id": task["id"],
-        "seq": seq,
-        "task": task,
-        "attempts": [],
-        "budget_from": 0,
-        "interruptions": 0,
-        "reason": None,
-        "state": State.PENDING.value,
-    }
+    return Descriptor.new(task, seq).raw
 
 
 def attempts_used(data: dict[str, Any]) -> int:
     """Attempts that count against ``max_attempts`` (interrupted ones and earlier budgets don't)."""
-    counted = [
-        a for a in data["attempts"][data.get("budget_from", 0) :] if not a.get("interrupted")
-    ]
-    return len(counted)
+    return Descriptor(data).attempts_used
 
 
 class DirQueue:
@@ -236,8 +189,7 @@ class DirQueue:
         src = self.paths.state_dir("pending") / name
         # the claim number makes each claim's name unique, so recovery can tell a move this
         # claim began (``moved_from`` == its name) from one an earlier claim finished
-        lease = f"{LEASE_SEP}{owner}{LEASE_SEP}{slot}.{next(self._claims)}"
-        dst = self.paths.state_dir("running") / f"{name}{lease}"
+        dst = self.paths.state_dir("running") / claim_name(name, owner, slot, next(self._claims))
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -408,13 +360,16 @@ def sync_tree(path: Path) -> None:
     os.sync()
 
 
-__all__ = [
+__all__ = [  # names, State and the descriptor helpers: re-exported for the callers of before
+    "DESCRIPTOR_VERSION",
+    "LEASE_SEP",
     "STATES",
     "Claimed",
     "DirQueue",
     "State",
     "attempts_used",
     "base_name",
+    "corrupt_task_id",
     "descriptor_name",
     "lease_of",
     "new_descriptor",
