@@ -72,6 +72,11 @@ class RunPaths:
     def corrupt(self) -> Path:
         return self.parallel / "corrupt"
 
+    @property
+    def added_marker(self) -> Path:
+        """Touched whenever tasks are added to a run (live supervisors' claims rescan)."""
+        return self.parallel / "added"
+
     def state_dir(self, state: str) -> Path:
         if state not in STATES:
             raise ValueError(f"unknown queue state {state!r}")
