@@ -315,6 +315,19 @@ class Descriptor:
         return str(self.raw["id"])
 
     @property
+    def has_id(self) -> bool:
+        return "id" in self.raw
+
+    def default_id(self, task_id: str) -> None:
+        """Name a descriptor that lacks its id (hand-edited) by its file's task id."""
+        self.raw.setdefault("id", task_id)
+
+    @property
+    def name(self) -> str:
+        """The task's display name ("" when the spec has none)."""
+        return str(self.task.get("name", ""))
+
+    @property
     def seq(self) -> int:
         return int(self.raw.get("seq", 0))
 
@@ -420,6 +433,11 @@ class Descriptor:
     def counted_attempts(self) -> list[AttemptRecord]:
         """The attempts that were not interrupted, of every budget."""
         return [a for a in self.attempts if a.counted]
+
+    @property
+    def counted_count(self) -> int:
+        """How many attempts were not interrupted, of every budget (no records built)."""
+        return sum(1 for a in self.raw.get("attempts", []) if not a.get("interrupted"))
 
     @property
     def last_counted(self) -> AttemptRecord | None:

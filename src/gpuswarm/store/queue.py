@@ -309,7 +309,7 @@ class DirQueue:
         max_seq = -1
         for state in State:
             for name, desc in self.iter_descs(state):
-                if "id" in desc.raw:
+                if desc.has_id:
                     known[desc.id] = (state, name)
                     max_seq = max(max_seq, desc.seq)
         return known, max_seq
