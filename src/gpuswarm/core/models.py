@@ -105,7 +105,7 @@ def base_name(file_name: str) -> str:
 _LAUNCHED_KEYS = ("returncode", "signal", "reason")  # written (null too) once it was launched
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built per attempt on the hot path: a frozen init costs 8x more
 class AttemptRecord:
     """One entry of a descriptor's ``attempts`` list.
 
@@ -155,7 +155,7 @@ class AttemptRecord:
             started=round(started, 4),
             ended=round(ended, 4),
             duration=round(duration, 4),
-            kind=EndKind(kind).value,
+            kind=kind.value if isinstance(kind, EndKind) else EndKind(kind).value,
             returncode=returncode,
             signal=signal,
             reason=reason,
@@ -223,16 +223,29 @@ class AttemptRecord:
 
     @classmethod
     def _of(cls, obj: dict[str, Any]) -> AttemptRecord:
-        """From an already checked JSON object."""
-        known = {k: obj[k] for k in _ATTEMPT_FIELDS if k in obj}
-        gpus = known.get("gpus")
-        if gpus is not None:
-            known["gpus"] = tuple(gpus)
-        if known.get("interrupted") is None:
-            known.pop("interrupted", None)
-        n = known.pop("n", 0)
-        extra = {k: v for k, v in obj.items() if k not in _ATTEMPT_FIELDS}
-        return cls(n=n, **known, extra=extra)
+        """From an already checked JSON object (positional: read per row of 100k-task runs)."""
+        get = obj.get
+        gpus = get("gpus")
+        extra = (
+            {} if _FIELD_SET.issuperset(obj) else {k: obj[k] for k in obj if k not in _FIELD_SET}
+        )
+        return cls(
+            get("n", 0),
+            get("slot"),
+            tuple(gpus) if gpus is not None else None,
+            get("started"),
+            get("ended"),
+            get("duration"),
+            get("kind"),
+            get("returncode"),
+            get("signal"),
+            get("reason"),
+            get("oom"),
+            get("killed"),
+            get("metrics"),
+            bool(get("interrupted")),
+            extra,
+        )
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"n": self.n}
@@ -249,6 +262,7 @@ class AttemptRecord:
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")
+_FIELD_SET = frozenset(_ATTEMPT_FIELDS)
 
 
 # -- the descriptor ---------------------------------------------------------------------------
