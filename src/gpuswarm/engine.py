@@ -6,6 +6,7 @@ The CLI calls these functions; they hold no terminal logic beyond choosing a rep
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import sys
 import time
@@ -29,6 +30,7 @@ from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_tree
 from gpuswarm.core.signals import on_stop_signals
+from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import write_outputs
@@ -141,12 +143,20 @@ class Setup:
     settings: dict[str, Any]
     preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
     after_all: str | None = None  # run once after every slot finished
+    backend: str = "local"  # what runs the attempts (exec.base.create_backend)
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
         extra = {k: v for k, v in self.settings.items() if k in known}
         return SupervisorConfig(
-            self.slots, self.base_dir, owner, self.isolate, self.provisions, **extra
+            self.slots,
+            self.base_dir,
+            owner,
+            self.isolate,
+            self.provisions,
+            **extra,
+            backend=self.backend,
+            base_env=dict(os.environ),  # read once, here: the attempts start from it
         )
 
 
@@ -169,6 +179,7 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         info.get("settings", {}),
         tuple(config.get("preflight") or ()),
         config.get("after_all"),
+        str(config.get("backend") or "local"),
     )
 
 
@@ -187,6 +198,7 @@ def start_run(
     share_gpus: bool = False,
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
+    _check_backend(loaded)
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
@@ -196,6 +208,15 @@ def start_run(
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
     finally:
         hold.release()
+
+
+def _check_backend(loaded: LoadedConfig) -> None:
+    name = loaded.config.backend
+    if name not in backend_names():
+        known = ", ".join(backend_names())
+        raise ConfigError(
+            f"{loaded.path or '<config>'}: backend: unknown backend {name!r}; known: {known}"
+        )
 
 
 def _keys(slots: list[Slot]) -> list[str]:
@@ -233,6 +254,7 @@ def _start(
         new.info["settings"],
         tuple(cfg.preflight),
         cfg.after_all,
+        cfg.backend,
     )
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
@@ -385,13 +407,15 @@ def _supervise(
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
     recovered = None
+    options = BackendOptions(max_log_bytes=cfg.max_log_bytes, scope=f"{paths.root.name}/")
+    backend = create_backend(cfg.backend, options)
     with attach(paths, exclusive_start=mode == "resume") as hold:
         ledger = Ledger(paths.events)
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":
-                recovered = recover(queue, ledger, retry_failed=retry_failed)
-            reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
+                recovered = recover(queue, ledger, retry_failed=retry_failed, backend=backend)
+            reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
@@ -409,7 +433,7 @@ def _supervise(
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
             shown = _reporter(paths, queue, ledger, setup, output)
-            sup = Supervisor(paths, queue, ledger, cfg)
+            sup = Supervisor(paths, queue, ledger, cfg, backend)
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop()), shown:
                 try:

@@ -1,12 +1,13 @@
 """What one attempt of a task is: its placeholder values, its launch spec, its record, its verdict.
 
-Pure bookkeeping around :class:`gpuswarm.exec.local.process.Attempt`, shared by the supervisor's
+Pure bookkeeping around an attempt (:mod:`gpuswarm.exec.base`), shared by the supervisor's
 loop and its waiter threads; nothing here blocks or touches the queue.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -15,7 +16,7 @@ from gpuswarm.config.load import TaskSpec, render, render_command, render_cwd, r
 from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.taskfiles import inside
-from gpuswarm.exec.local.process import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
 from gpuswarm.placement.gpus import Slot, isolation_env
 from gpuswarm.store.queue import State
 
@@ -85,9 +86,9 @@ def launch_spec_for(
     )
 
 
-def slot_base_env(home_env: dict[str, str]) -> dict[str, str]:
-    """The supervisor's environment with the slot's private home over it."""
-    return {**os.environ, **home_env}
+def slot_base_env(base: Mapping[str, str], home_env: dict[str, str]) -> dict[str, str]:
+    """The supervisor's environment (``base``, passed in) with the slot's private home over it."""
+    return {**base, **home_env}
 
 
 def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> dict[str, Any]:
