@@ -7,8 +7,8 @@ the supervisor never sees a process, a container or an actor. Today there are tw
 that path tested). Backends are found by name through :func:`create_backend`, which imports
 only the one asked for: docker or ray can be added without the supervisor importing them.
 
-The records of the seam (:class:`LaunchSpec`, :class:`AttemptEnd`, :class:`EndKind`) are
-backend-neutral: each backend classifies its attempts' ends into them.
+The records of the seam (:class:`LaunchSpec`, :class:`AttemptEnd`) are backend-neutral: each
+backend classifies its attempts' ends into them (:class:`gpuswarm.core.models.EndKind`).
 """
 
 from __future__ import annotations
@@ -16,22 +16,25 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from gpuswarm.core.models import EndKind
 
 if TYPE_CHECKING:
     from gpuswarm.exec.sandbox import Provision
 
-
-class EndKind(str, Enum):
-    EXITED = "exited"
-    SIGNALED = "signaled"
-    TIMEOUT = "timeout"
-    NOT_FOUND = "not-found"
-    NOT_EXECUTABLE = "not-executable"
-    CANCELLED = "cancelled"
-    SPAWN_ERROR = "spawn-error"
+__all__ = [
+    "AttemptEnd",
+    "Backend",
+    "BackendOptions",
+    "EndKind",
+    "Handle",
+    "LaunchSpec",
+    "Leftovers",
+    "backend_names",
+    "create_backend",
+]
 
 
 @dataclass(frozen=True)

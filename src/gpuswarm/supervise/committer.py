@@ -12,11 +12,11 @@ import heapq
 import queue as threadq
 import time
 from collections.abc import Callable
-from typing import Any
 
 from gpuswarm.config.load import TaskSpec
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.logs import cap_log
+from gpuswarm.core.models import AttemptRecord
 from gpuswarm.exec.base import AttemptEnd, EndKind
 from gpuswarm.exec.plan import Outcome, judge, record_of
 from gpuswarm.store.ledger import Ev
@@ -108,8 +108,8 @@ class Committer:
                 return
             outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
             if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
-                record["kind"] = EndKind.CANCELLED.value
-                record["reason"] = f"cancelled ({end.reason}; not done: {outcome.reason})"
+                why = f"cancelled ({end.reason}; not done: {outcome.reason})"
+                record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
                 self.hand_back(live.claimed, live.task, record)
                 return
             self._finish(live.claimed, live.task, outcome)
@@ -119,7 +119,7 @@ class Committer:
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         run = self.run
         data = claimed.data
-        data["attempts"].append(outcome.record)
+        claimed.desc.add_attempt(outcome.record)
         state = outcome.state
         retry = state is State.FAILED and attempts_used(data) < task.max_attempts
         delay = self.backoff(attempts_used(data)) if retry and not run.stopping.is_set() else 0
@@ -137,11 +137,11 @@ class Committer:
             run.ledger.emit(
                 Ev.FINISHED,
                 task=task.id,
-                attempt=rec["n"],
-                slot=rec["slot"],
+                attempt=rec.n,
+                slot=rec.slot,
                 state="waiting" if delay > 0 else ("pending" if retry else state.value),
                 reason=outcome.reason,
-                seconds=rec["duration"],
+                seconds=rec.duration,
                 retry=retry,
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
@@ -159,11 +159,10 @@ class Committer:
         base = self.run.cfg.retry_backoff
         return 0.0 if base <= 0 else min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, used - 1))
 
-    def hand_back(self, claimed: Claimed, task: TaskSpec, record: dict[str, Any] | None) -> None:
+    def hand_back(self, claimed: Claimed, task: TaskSpec, record: AttemptRecord | None) -> None:
         """A stop interrupted this task: back to pending/, not counted as a failed attempt."""
         if record is not None:
-            record["interrupted"] = True
-            claimed.data["attempts"].append(record)
+            claimed.desc.add_attempt(record.but(interrupted=True))
         claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
         self.run.queue.move(
             claimed, State.PENDING, self._requeued(claimed, "interrupted", "running")
