@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import (
     AttemptEnd,
+    Backend,
     BackendOptions,
     Handle,
     LaunchSpec,
@@ -110,6 +111,22 @@ def mixed_tasks(tmp_path: Path) -> list[dict[str, Any]]:
         task("bad", "import sys; sys.exit(3)"),
         task("slow", "import time; time.sleep(30)", timeout=0.5),
     ]
+
+
+def test_both_backends_and_their_handles_satisfy_the_protocols(tmp_path: Path) -> None:
+    """Checked by mypy (the assignments) and at run time (the attributes the loop reads)."""
+    backends: list[Backend] = [LocalBackend(BackendOptions()), WrappedBackend(BackendOptions())]
+    for backend in backends:
+        backend.open()
+        try:
+            spec = LaunchSpec([PY, "-c", "pass"], {}, tmp_path, tmp_path / backend.name / "log")
+            handle: Handle = backend.launch(spec)
+            assert handle.wait().ok and handle.end_if_clean() is not None
+            assert backend.caps_logs
+        finally:
+            backend.close()
+    spy: Backend = SpyBackend()
+    assert spy.name == "spy"
 
 
 def test_registry_names_and_lazy_creation() -> None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.load import LoadedConfig, spec_hash, task_dumps
+from gpuswarm.config.commands import task_dumps
+from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm import __version__
-from gpuswarm.config.load import LoadedConfig, RunConfig, spec_hash
+from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.redact import redact_tree
 from gpuswarm.exec.base import backend_names

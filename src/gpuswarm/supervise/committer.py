@@ -13,7 +13,7 @@ import queue as threadq
 import time
 from collections.abc import Callable
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import AttemptRecord

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.exec.base import LaunchSpec
 from gpuswarm.exec.plan import launch_spec_for, set_aside_stale, values_for
 from gpuswarm.placement.gpus import Slot
