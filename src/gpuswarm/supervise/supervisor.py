@@ -67,17 +67,17 @@ class Supervisor:
         self.cfg = cfg
         options = BackendOptions(max_log_bytes=cfg.max_log_bytes, scope=f"{paths.root.name}/")
         self.backend = backend or create_backend(cfg.backend, options)
-        self.run_ = Shared(paths, queue, ledger, cfg, self._wakeup, self._more_work, self._stop)
-        self.stopping = self.run_.stopping
-        self.live = self.run_.live
-        self.errors = self.run_.errors
+        self.shared = Shared(paths, queue, ledger, cfg, self._wakeup, self._more_work, self._stop)
+        self.stopping = self.shared.stopping
+        self.live = self.shared.live
+        self.errors = self.shared.errors
         self.cold = False
-        self._lock = self.run_.lock
+        self._lock = self.shared.lock
         self._generation = 0  # bumped when tasks may have come back to pending/
-        self.committer = Committer(self.run_)
-        self.slots = Quarantine(self.run_)
-        self.keeper = Keeper(self.run_, self.backend, self.committer, self.slots.cooling)
-        self.quarantined: list[dict[str, Any]] = self.slots.quarantined
+        self.committer = Committer(self.shared)
+        self.quarantine = Quarantine(self.shared)
+        self.keeper = Keeper(self.shared, self.backend, self.committer, self.quarantine.cooling)
+        self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -118,7 +118,7 @@ class Supervisor:
         self.ledger.sync()
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
-        self.slots.remove_files()
+        self.quarantine.remove_files()
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:  # a stop request from now on must not write into a reused fd number
             os.close(fd)
@@ -172,7 +172,7 @@ class Supervisor:
         seen = -1
         while True:
             self._collect_returns(free)
-            self.slots.back_in_rotation(free)
+            self.quarantine.back_in_rotation(free)
             if self.stopping.is_set():
                 self._hand_all_to_waiters()
                 if self._slow == 0 and not self.committer.busy():
@@ -300,9 +300,9 @@ class Supervisor:
             self._slow -= slow
             self._busy_at = time.monotonic()
             if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
-                self.run_.fail(exc)
+                self.shared.fail(exc)
                 continue
-            if end is not None and not self.slots.lets(slot, task_id, end, neutral, free):
+            if end is not None and not self.quarantine.lets(slot, task_id, end, neutral, free):
                 continue
             free.append(slot)
             with self._lock:
@@ -318,7 +318,7 @@ class Supervisor:
     # -- one attempt -----------------------------------------------------------------------------
     def _start(self, slot: Slot, claimed: Claimed, free: deque[Slot]) -> None:
         """Launch the claimed task on ``slot`` and watch it (or settle it at once)."""
-        task = task_of(self.run_, claimed)
+        task = task_of(self.shared, claimed)
         if task is None:
             free.appendleft(slot)
             return
@@ -327,7 +327,7 @@ class Supervisor:
                 self.committer.hand_back(claimed, task, None)
             free.appendleft(slot)
             return
-        plan = plan_attempt(self.run_, task, slot, claimed, self._homes[slot.index])
+        plan = plan_attempt(self.shared, task, slot, claimed, self._homes[slot.index])
         handle = self.backend.launch(plan.spec)
         live = LiveAttempt(
             slot,
