@@ -14,12 +14,11 @@ from typing import Any
 
 from gpuswarm.config.load import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
-from gpuswarm.core.models import AttemptRecord
+from gpuswarm.core.models import AttemptRecord, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
 from gpuswarm.placement.gpus import Slot, isolation_env
-from gpuswarm.store.queue import State
 
 
 @dataclass
