@@ -32,7 +32,7 @@ from gpuswarm.core.fsutil import temp_writer_alive
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.engine import Output, setup_from_info, supervise
-from gpuswarm.exec.local.tree import find_by_env, kill_tree
+from gpuswarm.exec.local.process import find_by_env, kill_tree
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import (

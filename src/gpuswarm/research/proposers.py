@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.placeholders import render
-from gpuswarm.exec.local.tree import kill_tree
+from gpuswarm.exec.local.process import kill_tree
 from gpuswarm.research import gitops, mutate
 from gpuswarm.research.executor import remove_tree
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append

@@ -31,6 +31,7 @@ from gpuswarm.exec.local.spawn import (
     spawn_failure,
     verdict,
 )
+
 from gpuswarm.exec.local.tree import (
     _REG,
     _SETTLE,
@@ -43,8 +44,14 @@ from gpuswarm.exec.local.tree import (
     _Stat,
     _token_of,
     _wait_until,
+    find_by_env,
+    kill_tree,
 )
 from gpuswarm.exec.local.waiter import AttemptState
+
+# find_by_env, kill_tree: research (its runner and proposers, through gpuswarm.api) ends its
+# own processes with them
+__all__ = ["Attempt", "find_by_env", "kill_tree"]
 
 _ROUNDS = 10  # bounded passes over leftovers (a killed parent re-parents its children to us)
 _USE_PIDFD = hasattr(os, "pidfd_open")
