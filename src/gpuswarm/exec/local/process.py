@@ -31,7 +31,6 @@ from gpuswarm.exec.local.spawn import (
     spawn_failure,
     verdict,
 )
-
 from gpuswarm.exec.local.tree import (
     _REG,
     _SETTLE,
