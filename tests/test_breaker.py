@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from gpuswarm.exec.local.process import AttemptEnd, EndKind
+from gpuswarm.exec.base import AttemptEnd, EndKind
 from gpuswarm.supervise.breaker import Breaker
 
 _clock = itertools.count()

@@ -19,16 +19,10 @@ import psutil
 import pytest
 
 from gpuswarm.core.logs import detect_oom, log_tail
-from gpuswarm.exec.local import process
-from gpuswarm.exec.local.process import (
-    Attempt,
-    AttemptEnd,
-    EndKind,
-    LaunchSpec,
-    become_subreaper,
-    kill_tree,
-    sweep_orphans,
-)
+from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.exec.local import process, tree
+from gpuswarm.exec.local.process import Attempt
+from gpuswarm.exec.local.tree import become_subreaper, kill_tree, sweep_orphans
 
 PY = sys.executable
 ESCAPE = str(Path(__file__).parent / "helpers" / "proc_escape.py")
@@ -50,7 +44,7 @@ def no_leftovers() -> Iterator[None]:
     for child in new:  # clean up before failing, so one failure does not cascade
         kill_tree([child.pid], 0)
     assert not new, f"left behind: {new}"
-    assert not process._REG.live
+    assert not tree._REG.live
 
 
 def make_spec(
@@ -395,7 +389,7 @@ def test_kill_tree(tmp_path: Path) -> None:
 @linux_only
 def test_sweep_orphans_by_token_prefix(tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
-    env = {**os.environ, process.TOKEN_VAR: "sweep-123"}
+    env = {**os.environ, tree.TOKEN_VAR: "sweep-123"}
     argv = [PY, ESCAPE, str(pidfile), "daemon", "exit"]
     subprocess.run(argv, env=env, check=True, start_new_session=True, capture_output=True)
     pid = read_pid(pidfile)

@@ -179,5 +179,5 @@ def test_retry_backoff_doubles(tmp_path: Path) -> None:
     slots = plan_slots(parse_gpu_spec("sim:1"))
     cfg = SupervisorConfig(slots, tmp_path, owner_id(), retry_backoff=2.0)
     sup = Supervisor(paths, DirQueue(paths), Ledger(paths.events), cfg)
-    assert [sup._backoff(n) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
-    assert sup._backoff(30) == 600.0
+    assert [sup.committer.backoff(n) for n in (1, 2, 3)] == [2.0, 4.0, 8.0]
+    assert sup.committer.backoff(30) == 600.0

@@ -6,43 +6,64 @@ The CLI calls these functions; they hold no terminal logic beyond choosing a rep
 from __future__ import annotations
 
 import errno
-import socket
-import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from gpuswarm import __version__
-from gpuswarm.config.load import LoadedConfig, RunConfig, spec_hash, task_dumps
+from gpuswarm.config.commands import task_dumps
+from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNFINISHED,
     ConfigError,
-    DiskFullError,
     PreflightError,
     disk_full,
 )
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import redact_tree
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.exec.sandbox import Provision, check_provision_dest
+from gpuswarm.exec.base import BackendOptions, create_backend
+from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import write_outputs
 from gpuswarm.outputs.status import run_state
-from gpuswarm.placement.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
-from gpuswarm.placement.hostlock import GpuHold, gpu_keys
+from gpuswarm.placement.gpus import GpuSet, Slot
+from gpuswarm.placement.hostlock import GpuHold
+from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
+from gpuswarm.runsetup import (
+    Setup,
+    check_backend,
+    gpu_keys_of,
+    plan,
+    redact_config,
+    resolve_provisions,
+    run_info,
+    setup_from_info,
+)
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.queue import DirQueue, State, task_id_of
 from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
-from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
-from gpuswarm.ui.live import PlainReporter, is_terminal
+from gpuswarm.supervise.supervisor import Supervisor
+
+# callers of these (cli, research.executor, bench) import them from here
+__all__ = [
+    "Output",
+    "RunReport",
+    "Setup",
+    "plan",
+    "resume_run",
+    "run_info",
+    "setup_from_info",
+    "start_run",
+    "supervise",
+    "work_run",
+    "write_run_report",
+]
 
 
 @dataclass
@@ -62,122 +83,6 @@ class RunReport:
         return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
 
 
-@dataclass(frozen=True)
-class Output:
-    """Where and how much the supervisor prints."""
-
-    stream: TextIO | None = None
-    quiet: bool = False
-    live: bool = False  # a live table when the stream is a terminal (else one line per event)
-    report: bool = True  # write report.html + timeline.png at the end
-
-
-# -- building a run ----------------------------------------------------------------------------
-def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
-    """Check every provisioned file now, so a missing credential fails before anything runs."""
-    home = loaded.config.home
-    out = []
-    for i, item in enumerate(home.provision if home else []):
-        src = Path(item.src).expanduser()
-        src = src if src.is_absolute() else loaded.base_dir / src
-        where = f"{loaded.path or '<config>'}: home.provision[{i}].src"
-        if not src.exists():
-            raise ConfigError(f"{where}: {src} does not exist; fix the path or remove the entry")
-        out.append(Provision(src=src, dest=check_provision_dest(item.dest)))
-    return tuple(out)
-
-
-def _redact_tree(value: Any) -> Any:
-    return redact_tree(value)  # env by name and shape, commands and every string by shape
-
-
-def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
-    cfg = loaded.config
-    home = cfg.home
-    return {
-        "gpuswarm": __version__,
-        "name": loaded.name,
-        "workspace": str(loaded.workspace),
-        "source": str(loaded.path) if loaded.path else "<stdin>",
-        "base_dir": str(loaded.base_dir),
-        "fingerprint": spec_hash(loaded),
-        "gpus": gpus.spec,
-        "vendor": gpus.vendor.value,
-        "gpu_ids": list(gpus.ids),
-        "gpus_per_task": cfg.gpus_per_task,
-        "tasks_per_gpu": cfg.tasks_per_gpu,
-        "slot_count": len(slots),
-        "home": {
-            "isolate": bool(home and home.isolate),
-            "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
-        },
-        "settings": _settings(cfg),
-        "config": _redact_tree(cfg.model_dump(mode="json")),
-        "task_count": len(loaded.tasks),
-        "hosts": [socket.gethostname()],
-    }
-
-
-def _settings(cfg: RunConfig) -> dict[str, Any]:
-    rel = cfg.reliability
-    return {
-        "lease_ttl": rel.lease_ttl,
-        "retry_backoff": rel.retry_backoff or 0.0,
-        "breaker_failures": rel.breaker.failures,
-        "breaker_window": rel.breaker.window,
-        "breaker_cooldown": rel.breaker.cooldown,
-        "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
-    }
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What a supervisor needs besides the queue: slots, task defaults, reliability settings."""
-
-    slots: list[Slot]
-    base_dir: Path
-    isolate: bool
-    provisions: tuple[Provision, ...]
-    settings: dict[str, Any]
-    preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
-    after_all: str | None = None  # run once after every slot finished
-
-    def supervisor_config(self, owner: str) -> SupervisorConfig:
-        known = set(SupervisorConfig.__dataclass_fields__)
-        extra = {k: v for k, v in self.settings.items() if k in known}
-        return SupervisorConfig(
-            self.slots, self.base_dir, owner, self.isolate, self.provisions, **extra
-        )
-
-
-def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
-    """The setup of an existing run (its run.json), on the GPUs given now or its own."""
-    gpus = parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto"))
-    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
-    home = info.get("home", {})
-    provisions = tuple(
-        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
-        for p in home.get("provision", [])
-    )
-    base_dir = Path(info.get("base_dir", "."))
-    config = info.get("config") or {}
-    return Setup(
-        slots,
-        base_dir,
-        bool(home.get("isolate")),
-        provisions,
-        info.get("settings", {}),
-        tuple(config.get("preflight") or ()),
-        config.get("after_all"),
-    )
-
-
-def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
-    gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
-    slots = plan_slots(gpus, loaded.config.gpus_per_task, loaded.config.tasks_per_gpu)
-    return gpus, slots
-
-
 def start_run(
     loaded: LoadedConfig,
     gpus_spec: str | None,
@@ -187,19 +92,16 @@ def start_run(
     share_gpus: bool = False,
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
+    check_backend(loaded)
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
     _check_programs(loaded, count, output)
-    hold = GpuHold.acquire(_keys(slots), run="", share=share_gpus)  # before anything is made
+    hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
     finally:
         hold.release()
-
-
-def _keys(slots: list[Slot]) -> list[str]:
-    return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
 
 
 def _start(
@@ -222,7 +124,7 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    _say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
+    say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
     isolate = bool(loaded.config.home and loaded.config.home.isolate)
     cfg = loaded.config
     setup = Setup(
@@ -233,6 +135,7 @@ def _start(
         new.info["settings"],
         tuple(cfg.preflight),
         cfg.after_all,
+        cfg.backend,
     )
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
@@ -249,7 +152,7 @@ def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
             f"command not found: {named}; every task runs it and none can start. Install it "
             "or fix PATH (or the task's env: PATH); nothing was started"
         )
-    _say(output, f"gpuswarm: warning: command not found: {named}; those tasks will fail")
+    say(output, f"gpuswarm: warning: command not found: {named}; those tasks will fail")
 
 
 def _create(new: NewRun, suffix: str | None) -> RunPaths:
@@ -328,7 +231,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
             queue.update_pending(known[task_id][1], dump)
     _, info = open_run(paths.root)
     info["fingerprint"] = spec_hash(loaded)
-    info["config"] = _redact_tree(loaded.config.model_dump(mode="json"))
+    info["config"] = redact_config(loaded.config.model_dump(mode="json"))
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
     return added
@@ -353,7 +256,7 @@ def supervise(
     """
     own_hold = hold is None  # resume / work: hold this run's GPUs now (same run never blocks)
     if hold is None:
-        hold = GpuHold.acquire(_keys(setup.slots), run=str(paths.root), share=share_gpus)
+        hold = GpuHold.acquire(gpu_keys_of(setup.slots), run=str(paths.root), share=share_gpus)
     try:
         return _supervise(paths, setup, mode, output, retry_failed, new_config)
     finally:
@@ -372,13 +275,15 @@ def _supervise(
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
     recovered = None
+    options = BackendOptions(max_log_bytes=cfg.max_log_bytes, scope=f"{paths.root.name}/")
+    backend = create_backend(cfg.backend, options)
     with attach(paths, exclusive_start=mode == "resume") as hold:
         ledger = Ledger(paths.events)
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":
-                recovered = recover(queue, ledger, retry_failed=retry_failed)
-            reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl)
+                recovered = recover(queue, ledger, retry_failed=retry_failed, backend=backend)
+            reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
@@ -395,34 +300,21 @@ def _supervise(
                 ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
-            shown = _reporter(paths, queue, ledger, setup, output)
-            sup = Supervisor(paths, queue, ledger, cfg)
+            shown = reporter(paths, queue, ledger, setup.slots, output)
+            sup = Supervisor(paths, queue, ledger, cfg, backend)
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop()), shown:
                 try:
                     sup.run()
-                    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
-                    extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
-                    summary = write_outputs(paths, queue, info, (started, time.time()), extra)
-                    ledger.emit(
-                        Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"]
-                    )
+                    summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
-                        _say(output, f"after_all: {setup.after_all}")
-                        after = run_once(
-                            paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping
-                        )
-                        if after is not None:
-                            fields = {k: v for k, v in after.items() if k != "command"}
-                            ledger.emit(Ev.AFTER_ALL, **fields)
-                            summary["after_all"] = after
-                            atomic_write_json(paths.summary_json, summary)
+                        _after_all(paths, ledger, setup, output, sup, summary)
                 except OSError as exc:
                     if not disk_full(exc):
                         raise
-                    raise _after_disk_full(paths, queue, exc) from None
+                    raise after_disk_full(paths, queue, exc) from None
                 if output.report:
-                    _write_report(paths, queue, summary, info, output)
+                    write_report_safely(paths, queue, summary, info, output)
         finally:
             try:
                 ledger.close()
@@ -432,32 +324,39 @@ def _supervise(
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
 
 
+def _aggregate(
+    paths: RunPaths, queue: DirQueue, ledger: Ledger, sup: Supervisor, started: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """summary.json and results.tsv of the run as the supervisor left it, and its run.json."""
+    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
+    extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
+    summary = write_outputs(paths, queue, info, (started, time.time()), extra)
+    ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+    return summary, info
+
+
+def _after_all(
+    paths: RunPaths,
+    ledger: Ledger,
+    setup: Setup,
+    output: Output,
+    sup: Supervisor,
+    summary: dict[str, Any],
+) -> None:
+    """The after_all step, once every task ended; its result goes into summary.json."""
+    assert setup.after_all is not None
+    say(output, f"after_all: {setup.after_all}")
+    after = run_once(paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping)
+    if after is not None:
+        fields = {k: v for k, v in after.items() if k != "command"}
+        ledger.emit(Ev.AFTER_ALL, **fields)
+        summary["after_all"] = after
+        atomic_write_json(paths.summary_json, summary)
+
+
 def _all_ended(queue: DirQueue) -> bool:
     counts = queue.counts()
     return counts[State.PENDING] == 0 and counts[State.RUNNING] == 0
-
-
-def _reporter(
-    paths: RunPaths, queue: DirQueue, ledger: Ledger, setup: Setup, output: Output
-) -> AbstractContextManager[None]:
-    """Subscribe the terminal output to the journal: a live table, lines, or nothing."""
-    if output.quiet:
-        return nullcontext()
-    stream = output.stream or sys.stderr
-    counts = queue.counts()
-    if not (output.live and is_terminal(stream)):
-        ledger.subscribe(PlainReporter(counts, stream))
-        return nullcontext()
-    from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
-
-    state = ViewState({s.value: n for s, n in counts.items()})
-    for slot in setup.slots:
-        state.slots[slot.label] = SlotRow()
-    view = LiveView(
-        state, paths.attempt_log, title=paths.root.name, gpu_stats=gpu_sampler(setup.slots)
-    )
-    ledger.subscribe(view)
-    return shown(view)
 
 
 def write_run_report(run_dir: Path) -> Path:
@@ -473,37 +372,5 @@ def write_run_report(run_dir: Path) -> Path:
     return write_report(paths, queue, summary, info)
 
 
-def _write_report(
-    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any], out: Output
-) -> None:
-    """report.html + timeline.png; a failure here is reported, never the run's failure."""
-    try:
-        write_report(paths, queue, summary, info)
-    except Exception as exc:  # the results are written already; the report is a view of them
-        _say(out, f"gpuswarm: could not write the report ({type(exc).__name__}: {exc})")
-
-
-def _after_disk_full(paths: RunPaths, queue: DirQueue, exc: OSError) -> DiskFullError:
-    """The run stopped on a full disk: write the outputs if they still fit, say what to do."""
-    where = f" ({exc.filename})" if exc.filename else ""
-    try:
-        _, info = open_run(paths.root)
-        write_outputs(paths, queue, info, None)
-        wrote = "summary.json and results.tsv are written"
-    except OSError:
-        wrote = "summary.json and results.tsv could not be written"
-    return DiskFullError(
-        f"the disk is full: {exc.strerror}{where}; the run stopped, {wrote}, and the queue "
-        f"is intact: free some space, then run: gpuswarm resume {paths.root}"
-    )
-
-
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:
     ledger.emit(Ev.CORRUPT, task=task_id_of(name), file=name, reason=reason)
-
-
-def _say(output: Output, text: str) -> None:
-    if not output.quiet:
-        stream = output.stream or sys.stderr
-        stream.write(text + "\n")
-        stream.flush()

@@ -374,6 +374,7 @@ class RunConfig(BaseModel):
     # issue 11: run once per slot before it claims anything; once after every slot finished
     preflight: list[NonEmpty] = Field(default_factory=list)
     after_all: NonEmpty | None = None
+    backend: NonEmpty = "local"  # what runs the attempts: local, or wrapped (tests); see exec.base
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:

@@ -1,23 +1,24 @@
 """What one attempt of a task is: its placeholder values, its launch spec, its record, its verdict.
 
-Pure bookkeeping around :class:`gpuswarm.exec.local.process.Attempt`, shared by the supervisor's
+Pure bookkeeping around an attempt (:mod:`gpuswarm.exec.base`), shared by the supervisor's
 loop and its waiter threads; nothing here blocks or touches the queue.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuswarm.config.load import TaskSpec, render, render_command, render_cwd, render_env
 from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
+from gpuswarm.core.models import AttemptRecord, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.taskfiles import inside
-from gpuswarm.exec.local.process import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
 from gpuswarm.placement.gpus import Slot, isolation_env
-from gpuswarm.store.queue import State
 
 
 @dataclass
@@ -26,7 +27,7 @@ class Outcome:
 
     state: State
     reason: str
-    record: dict[str, Any] = field(default_factory=dict)
+    record: AttemptRecord
 
 
 def values_for(
@@ -85,27 +86,27 @@ def launch_spec_for(
     )
 
 
-def slot_base_env(home_env: dict[str, str]) -> dict[str, str]:
-    """The supervisor's environment with the slot's private home over it."""
-    return {**os.environ, **home_env}
+def slot_base_env(base: Mapping[str, str], home_env: dict[str, str]) -> dict[str, str]:
+    """The supervisor's environment (``base``, passed in) with the slot's private home over it."""
+    return {**base, **home_env}
 
 
-def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> dict[str, Any]:
+def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> AttemptRecord:
     """The attempt's entry in its descriptor's ``attempts`` list."""
-    return {
-        "n": n,
-        "slot": slot.label,
-        "gpus": list(gpu_ids),
-        "started": round(end.started, 4),
-        "ended": round(end.ended, 4),
-        "duration": round(end.duration, 4),
-        "kind": end.kind.value,
-        "returncode": end.returncode,
-        "signal": end.signal,
-        "reason": end.reason,
-        "oom": end.oom,
-        "killed": end.killed,
-    }
+    return AttemptRecord.launched(
+        n=n,
+        slot=slot.label,
+        gpus=gpu_ids,
+        started=end.started,
+        ended=end.ended,
+        duration=end.duration,
+        kind=end.kind,
+        returncode=end.returncode,
+        signal=end.signal,
+        reason=end.reason,
+        oom=end.oom,
+        killed=end.killed,
+    )
 
 
 STALE_SLACK_SECONDS = 1.0  # filesystem clocks may lag time.time() a little
@@ -152,15 +153,14 @@ def judge(
     task: TaskSpec,
     end: AttemptEnd,
     values: dict[str, str],
-    record: dict[str, Any],
+    record: AttemptRecord,
     data: dict[str, Any],
 ) -> Outcome:
     """Done = exit 0 and the completion file (if any) parses; its result lands in ``data``."""
-    record["metrics"] = parse_metrics(paths.attempt_log(task.id, record["n"]), task.metrics)
+    record = record.but(metrics=parse_metrics(paths.attempt_log(task.id, record.n), task.metrics))
     if skipped(task, end):
         reason = f"skipped (exit {end.returncode} = skip_exit_code)"
-        record["reason"] = reason
-        return Outcome(State.SKIPPED, reason, record)
+        return Outcome(State.SKIPPED, reason, record.but(reason=reason))
     if not end.ok:
         return Outcome(State.FAILED, end.reason, record)
     if task.done_when:
@@ -171,8 +171,7 @@ def judge(
             _written_since(inside(workspace, rel), end.started)
         except ResultFileError as exc:
             reason = f"exit 0 but {exc}"
-            record["reason"] = reason
-            return Outcome(State.FAILED, reason, record)
+            return Outcome(State.FAILED, reason, record.but(reason=reason))
         data["result"] = result
     return Outcome(State.DONE, end.reason, record)
 

@@ -6,7 +6,6 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
@@ -15,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from pydantic import ValidationError
@@ -34,13 +33,29 @@ from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.core.taskfiles import inside
-from gpuswarm.exec.local.process import find_by_env, kill_tree
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
-from gpuswarm.store.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
+from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.names import leased_by, reclaimed_from, task_id_of
 from gpuswarm.store.queue import Claimed, DirQueue, State
 from gpuswarm.store.staging import create_layout, write_pending
+
+
+class EndsLeftovers(Protocol):
+    """What recovery and reclaim need of a backend (``exec.base.Backend.end_leftovers``): end
+    what still runs of a dead supervisor's attempts, and say (ids found, task ids whose attempt
+    was still alive, how many were signalled)."""
+
+    def end_leftovers(
+        self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
+    ) -> tuple[list[int], frozenset[str], int]: ...
+
+
+def _local_backend() -> EndsLeftovers:
+    """For callers that pass no backend (``check --repair``): the local one, imported late."""
+    from gpuswarm.exec.base import create_backend  # late: store knows no backend
+
+    return create_backend("local")
 
 
 @dataclass(frozen=True)
@@ -171,7 +186,12 @@ def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
 
 
 def recover(
-    queue: DirQueue, ledger: Ledger, *, retry_failed: bool, grace: float = 10.0
+    queue: DirQueue,
+    ledger: Ledger,
+    *,
+    retry_failed: bool,
+    grace: float = 10.0,
+    backend: EndsLeftovers | None = None,
 ) -> dict[str, int]:
     """Repair a run no supervisor holds: after a crash, a stop, or to retry failures.
 
@@ -185,10 +205,11 @@ def recover(
     moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
     moved["corrupt"] = 0
     moved["temp_files"] = _remove_temp_files(queue.paths)
-    leftovers = find_by_env("GPUSWARM_RUN_DIR", str(queue.paths.root))
-    still_running = task_ids_of(leftovers)
+    killer = backend or _local_backend()
+    leftovers, alive, killed = killer.end_leftovers(run_dir=str(queue.paths.root), grace=grace)
+    still_running = set(alive)
     if leftovers:
-        moved["killed"] = kill_tree(leftovers, grace)
+        moved["killed"] = killed
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
     moved["judged_done"] = 0
     for name in queue.names(State.RUNNING):
@@ -300,17 +321,6 @@ def _retry_journaled(ledger: Ledger) -> Callable[[Descriptor], object]:
     )
 
 
-def task_ids_of(pids: Iterable[int]) -> set[str]:
-    """The ``GPUSWARM_TASK_ID`` of each of ``pids`` that is still alive (its attempt runs on)."""
-    out: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error, OSError):
-            task = psutil.Process(pid).environ().get("GPUSWARM_TASK_ID")
-            if task:
-                out.add(task)
-    return out
-
-
 def _lease_time(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -388,7 +398,13 @@ def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
 
 
 def reclaim_dead(
-    queue: DirQueue, ledger: Ledger, me: str, *, lease_ttl: float, grace: float = 10.0
+    queue: DirQueue,
+    ledger: Ledger,
+    me: str,
+    *,
+    lease_ttl: float,
+    grace: float = 10.0,
+    backend: EndsLeftovers | None = None,
 ) -> int:
     """Take back the tasks of supervisors that are gone; any live supervisor may call this.
 
@@ -399,6 +415,7 @@ def reclaim_dead(
     verdicts: dict[str, bool] = {}
     still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
     count = 0
+    killer = backend or _local_backend()
     for name in queue.names(State.RUNNING):
         lease = Lease.parse(name)
         if lease is None or lease.owner == me:
@@ -407,10 +424,9 @@ def reclaim_dead(
         if owner not in verdicts:
             verdicts[owner] = owner_alive(queue.paths, owner, lease_ttl)
             if not verdicts[owner] and on_this_host(owner):
-                leftovers = find_by_env(OWNER_VAR, owner)
+                leftovers, alive, _ = killer.end_leftovers(owner=owner, grace=grace)
                 if leftovers:
-                    still_running |= task_ids_of(leftovers)
-                    kill_tree(leftovers, grace)
+                    still_running |= alive
                     ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
         if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
             count += 1

@@ -30,7 +30,7 @@ from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.exec.local.process import AttemptEnd, EndKind
+from gpuswarm.exec.base import AttemptEnd, EndKind
 
 #: Ends that are the task's (or the setup's) own doing, never a device's.
 NOT_THE_DEVICE = frozenset(

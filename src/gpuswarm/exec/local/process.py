@@ -1,449 +1,63 @@
-"""Run one attempt of a task as a subprocess and leave nothing of it behind.
+"""One attempt of a task as a subprocess (the local backend's Handle); nothing of it is left.
 
 Each attempt runs in its own session with a unique ``GPUSWARM_ATTEMPT_TOKEN`` in its environment.
 While it runs, the supervisor's loop polls its pidfd (``exit_fd``, then ``end_if_clean``), or a
 thread sleeps in ``poll()`` on the pidfd and a wake-up pipe (``wait``): no polling loop.
 When it ends, for any reason, its process group gets SIGTERM, a grace period, then SIGKILL. Escapees
-(``setsid``, double fork) are re-parented to the supervisor, a child subreaper, so they show up as
-its direct children; they are attributed by token, process group/session or an earlier snapshot of
-the tree. A process without a token is claimed only when no other attempt is live or launching.
-Only specific pids are passed to ``waitpid``, never the main pid of another live attempt.
+are claimed through :mod:`gpuswarm.exec.local.tree` (token, process group/session, an earlier
+snapshot of the tree); a process without a token is claimed only when no other attempt is live
+or launching.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import math
 import os
-import select
-import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import NamedTuple
 
 import psutil
 
-from gpuswarm.core.logs import LogPump, LogSink, detect_oom, log_tail
-from gpuswarm.core.models import EndKind as EndKind  # moved to core.models; its old callers
+from gpuswarm.core.logs import LogPump
+from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.exec.local.spawn import (
+    LOG_FLAGS,
+    PUMPED_LOG_FLAGS,
+    fresh_log_dir,
+    make_log_dir,
+    precheck,
+    spawn_failure,
+    verdict,
+)
+from gpuswarm.exec.local.tree import (
+    _REG,
+    _SETTLE,
+    TOKEN_VAR,
+    _candidates,
+    _descendants,
+    _none_alive,
+    _procs,
+    _send,
+    _Stat,
+    _token_of,
+    _wait_until,
+    find_by_env,
+    kill_tree,
+)
+from gpuswarm.exec.local.waiter import AttemptState
 
-TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
-_PR_SET_CHILD_SUBREAPER = 36
+# find_by_env, kill_tree: research (its runner and proposers, through gpuswarm.api) ends its
+# own processes with them
+__all__ = ["Attempt", "find_by_env", "kill_tree"]
+
 _ROUNDS = 10  # bounded passes over leftovers (a killed parent re-parents its children to us)
-_SETTLE = 2.0  # seconds to wait for SIGKILLed processes to vanish
-_SLICE = 0.05  # poll slice where no pidfd is available
-_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
-_HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
 _USE_PIDFD = hasattr(os, "pidfd_open")
-_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-# a log written by the LogPump: created fresh (never an existing file or a planted symlink)
-_PUMPED_LOG_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What to run, where, and how long. ``env`` is the full environment."""
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: Path
-    log_path: Path
-    timeout: float | None = None
-    grace: float = 10.0
-    token: str = ""  # a fresh uuid is used when empty
-
-
-@dataclass(frozen=True)
-class AttemptEnd:
-    """How an attempt ended, classified once, with one human line in ``reason``."""
-
-    kind: EndKind
-    returncode: int | None
-    signal: str | None
-    reason: str
-    oom: bool
-    started: float
-    ended: float
-    pid: int | None
-    killed: int
-
-    @property
-    def ok(self) -> bool:
-        return self.kind is EndKind.EXITED and self.returncode == 0
-
-    @property
-    def duration(self) -> float:
-        return self.ended - self.started
-
-
-class _Stat(NamedTuple):
-    zombie: bool
-    pgid: int
-    sid: int
-
-
-class _Scan(NamedTuple):
-    alive: list[tuple[int, _Stat]]  # our live children in another session, not live mains
-    live: frozenset[int]  # main pids of the other live attempts
-    quiet: bool  # no launch was in flight
-
-    @property
-    def lonely(self) -> bool:
-        return self.quiet and not self.live
-
-
-class _Registry:
-    """Live attempts by main pid, and how many launches are between fork and registration."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.live: dict[int, Attempt] = {}
-        self.launching = 0
-        self.subreaper = False
-
-
-_REG = _Registry()
-
-
-def become_subreaper() -> bool:
-    """Make this process adopt orphaned descendants (Linux only). Idempotent."""
-    if _REG.subreaper:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-        prctl.restype = ctypes.c_int
-        ulong = ctypes.c_ulong
-        prctl.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
-        if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    _REG.subreaper = True
-    return True
-
-
-# -- reading the process table ---------------------------------------------------------------------
-def _my_children(*, everywhere: bool = True) -> list[int]:
-    """Our direct children: cheap on Linux (one small file per thread), a full scan elsewhere.
-
-    ``everywhere=False`` reads only the main thread's file: where an orphan is re-parented to
-    us (a child subreaper), Linux gives it to the first live thread of the group, the main
-    thread; so while that thread lives, every possible leftover of an attempt is listed there
-    (the other threads' files hold only the main processes they launched)."""
-    if not _HAVE_CHILDREN_FILE:
-        with contextlib.suppress(psutil.Error):
-            return [c.pid for c in psutil.Process().children()]
-        return []
-    if not everywhere and threading.main_thread().is_alive():
-        leader = f"/proc/self/task/{os.getpid()}/children"
-        with contextlib.suppress(OSError), open(leader, "rb") as fh:
-            return [int(x) for x in fh.read().split()]
-    pids: list[int] = []
-    with os.scandir("/proc/self/task") as tasks:
-        for task in tasks:
-            with contextlib.suppress(OSError), open(f"{task.path}/children", "rb") as fh:
-                pids.extend(int(x) for x in fh.read().split())
-    return pids
-
-
-def _stat(pid: int) -> _Stat | None:
-    try:
-        zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        return _Stat(zombie, os.getpgid(pid), os.getsid(pid))
-    except (psutil.Error, OSError):
-        return None
-
-
-def _token_of(pid: int) -> str | None:
-    """The attempt token in a process's environment; None when absent or unreadable."""
-    try:
-        return psutil.Process(pid).environ().get(TOKEN_VAR)
-    except psutil.Error:
-        return None
-
-
-def _descendants(roots: Iterable[int]) -> set[int]:
-    """``roots`` and every process below them, from one pass over the process table."""
-    kids: dict[int, list[int]] = {}
-    for proc in psutil.process_iter(["ppid"]):
-        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
-    out: set[int] = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        if pid not in out:
-            out.add(pid)
-            stack.extend(kids.get(pid, ()))
-    out.discard(os.getpid())
-    return out
-
-
-def _procs(pids: Iterable[int]) -> dict[int, psutil.Process]:
-    out: dict[int, psutil.Process] = {}
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            out[pid] = psutil.Process(pid)
-    return out
-
-
-def _reap(pid: int) -> None:
-    """Collect a dead child's status, unless it is the main process of a live attempt."""
-    if pid not in _REG.live:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(proc: psutil.Process) -> bool:
-    """Running and not a zombie; a zombie child of ours is reaped on the way."""
-    try:
-        if not proc.is_running():
-            return False
-        if proc.status() != psutil.STATUS_ZOMBIE:
-            return True
-    except psutil.Error:
-        return False
-    _reap(proc.pid)
-    return False
-
-
-def _none_alive(procs: dict[int, psutil.Process]) -> bool:
-    if any([_alive(p) for p in procs.values()]):  # a list: check (and reap) every one
-        return False
-    for proc in procs.values():  # reap zombies re-parented to us while we looked
-        _alive(proc)
-    return True
-
-
-def _send(procs: dict[int, psutil.Process], sig: int) -> set[int]:
-    sent: set[int] = set()
-    for pid, proc in procs.items():
-        if _alive(proc):
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
-                sent.add(pid)
-    return sent
-
-
-def _candidates(owner: Attempt | None) -> _Scan:
-    """Our children that may be leftovers; reaps zombies that are safe to reap on the way.
-
-    An attempt's own checks read where its leftovers land (the main thread's children); the
-    sweep at the end (``owner`` None) reads every thread's."""
-    kids = _my_children(everywhere=owner is None)
-    with _REG.lock:
-        live = frozenset(pid for pid, att in _REG.live.items() if att is not owner)
-        quiet = _REG.launching == 0
-    my_sid = os.getsid(0)
-    alive: list[tuple[int, _Stat]] = []
-    for pid in kids:
-        if pid in live or (owner is not None and pid == owner.pid and not owner._reaped):
-            continue
-        st = _stat(pid)
-        if st is None or st.sid == my_sid:  # gone, or one of the supervisor's own helpers
-            continue
-        if not st.zombie:
-            alive.append((pid, st))
-        elif quiet or (owner is not None and owner._owns(pid, st, live)):
-            _reap(pid)
-    return _Scan(alive, live, quiet)
-
-
-def _wait_until(cond: Callable[[], bool], deadline: float, nap: Callable[[float], bool]) -> bool:
-    """Re-check ``cond`` with growing naps: True once it holds, False at the deadline or on stop."""
-    delay = 0.002
-    while not cond():
-        left = deadline - time.monotonic()
-        if left <= 0 or nap(min(delay, left)):
-            return False
-        delay = min(delay * 2, _SLICE)
-    return True
-
-
-def _sleep(seconds: float) -> bool:
-    time.sleep(seconds)
-    return False
-
-
-def kill_tree(pids: Iterable[int], grace: float) -> int:
-    """SIGTERM ``pids`` and their descendants, wait up to ``grace``, SIGKILL the rest.
-
-    Dead children of ours among them are reaped. Returns how many processes were signalled.
-    """
-    procs = _procs(_descendants(pids))
-
-    sent = _send(procs, signal.SIGTERM if grace > 0 else signal.SIGKILL)
-    if grace <= 0 or not _wait_until(lambda: _none_alive(procs), time.monotonic() + grace, _sleep):
-        procs.update(_procs(_descendants(procs)))
-        sent |= _send(procs, signal.SIGKILL)
-        _wait_until(lambda: _none_alive(procs), time.monotonic() + _SETTLE, _sleep)
-    return len(sent)
-
-
-def find_by_env(name: str, value: str) -> list[int]:
-    """Pids of every process (but this one) whose environment has ``name=value``.
-
-    Used after a crash: a dead supervisor's attempts run on in their own sessions, re-parented
-    away from us, and their environment is what still ties them to their run.
-    """
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            if proc.environ().get(name) == value:
-                found.append(proc.pid)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def sweep_orphans(token_prefix: str | None = None, *, grace: float = 1.0) -> int:
-    """Kill and reap re-parented children of ours that are not main processes of live attempts.
-
-    With ``token_prefix``, only those whose attempt token starts with it. For supervisor exit.
-    """
-    scan = _candidates(None)
-    pids = []
-    for pid, _ in scan.alive:
-        token = _token_of(pid)
-        if token_prefix is None:
-            take = token is not None or scan.quiet
-        else:
-            take = token is not None and token.startswith(token_prefix)
-        if take:
-            pids.append(pid)
-    return kill_tree(pids, grace) if pids else 0
-
-
-# -- classification --------------------------------------------------------------------------------
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _is_shell_c(argv: list[str]) -> bool:
-    return len(argv) >= 2 and Path(argv[0]).name in _SHELLS and argv[1].startswith("-")
-
-
-def _shell_subject(log: Path, needle: str) -> str | None:
-    """The name a shell complained about: ``sh: 1: foo: not found`` -> ``foo``."""
-    for line in reversed(log_tail(log, max_lines=10).splitlines()):
-        parts = [p.strip() for p in line.split(": ")]
-        for i, part in enumerate(parts):
-            if needle in part.lower():
-                if part.lower() == "command not found" and i + 1 < len(parts):
-                    return parts[i + 1]
-                return parts[i - 1] if i > 0 else None
-    return None
-
-
-def _exit_kind(spec: LaunchSpec, code: int) -> tuple[EndKind, str]:
-    if not _is_shell_c(spec.argv) or code not in (126, 127):
-        return EndKind.EXITED, f"exit {code}"
-    if code == 127:
-        name = _shell_subject(spec.log_path, "not found")
-        return EndKind.NOT_FOUND, f"command not found: {name}" if name else "command not found"
-    name = _shell_subject(spec.log_path, "permission denied")
-    what = f"command not executable: {name}" if name else "command not executable"
-    return EndKind.NOT_EXECUTABLE, f"{what} (exit 126)"
-
-
-def _spawn_failure(exc: Exception, spec: LaunchSpec) -> tuple[EndKind, str]:
-    name = spec.argv[0]
-    if isinstance(exc, OSError):
-        detail = exc.strerror or str(exc)
-        if exc.filename is not None and str(exc.filename) == str(spec.cwd):
-            return EndKind.SPAWN_ERROR, f"cannot enter working directory {spec.cwd}: {detail}"
-        if isinstance(exc, FileNotFoundError):
-            return EndKind.NOT_FOUND, f"command not found: {name}"
-        if isinstance(exc, PermissionError) or exc.errno == errno.ENOEXEC:
-            return EndKind.NOT_EXECUTABLE, f"command not executable: {name} ({detail.lower()})"
-        return EndKind.SPAWN_ERROR, f"cannot start {name}: {detail}"
-    return EndKind.SPAWN_ERROR, f"cannot start {name!r}: {exc}"
-
-
-def _make_log_dir(folder: Path) -> None:
-    """``<task dir>/attempt-<n>``: one mkdir per level, no lookups first (hot path)."""
-    for level in (folder.parent, folder):
-        try:
-            os.mkdir(level)  # noqa: PTH102
-        except FileExistsError:
-            pass
-        except FileNotFoundError:
-            os.makedirs(level, exist_ok=True)  # noqa: PTH103 - a deeper parent is missing
-
-
-def _fresh_log_dir(folder: Path) -> None:
-    """``<task dir>/attempt-<n>``, made new: an earlier attempt may have planted it (a folder
-    whose ``output.log`` is a symlink to a file outside the run); that is removed first (never
-    followed). The task dir must be a real folder, not a symlink. One mkdir per level when
-    nothing is in the way (hot path)."""
-    try:
-        os.mkdir(folder.parent)  # noqa: PTH102
-    except FileNotFoundError:
-        os.makedirs(folder.parent, exist_ok=True)  # noqa: PTH103 - a deeper parent is missing
-    except FileExistsError:
-        if folder.parent.is_symlink():
-            why = "the task workspace is a symlink"
-            raise OSError(errno.ELOOP, why, str(folder.parent)) from None
-    try:
-        os.mkdir(folder)  # noqa: PTH102
-    except FileExistsError:
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)  # symlinks inside are removed, never followed
-        else:
-            folder.unlink()
-        os.mkdir(folder)  # noqa: PTH102
-
-
-def _precheck(spec: LaunchSpec) -> str | None:
-    if not spec.argv:
-        return "empty command"
-    if not spec.cwd.is_dir():
-        return f"working directory does not exist: {spec.cwd}"
-    return None
-
-
-# -- the attempt -----------------------------------------------------------------------------------
-class Attempt:
+class Attempt(AttemptState):
     """One launched attempt. :meth:`wait` from one thread; :meth:`cancel` from any."""
-
-    def __init__(self, spec: LaunchSpec, token: str, started: float) -> None:
-        self.spec = spec
-        self.token = token
-        self.started = started
-        self.pid: int | None = None
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._end: AttemptEnd | None = None
-        self._t0 = time.monotonic()
-        self._rc = 0
-        self._reaped = True
-        self._group_gone = False
-        self._cancelled = False
-        self._hard = False
-        self._main_killed = False
-        self._seen: dict[int, psutil.Process] = {}
-        self._killed: set[int] = set()
-        self._pidfd: int | None = None
-        self._pump: LogPump | None = None
-        self._sink: LogSink | None = None
-        self._wake: tuple[int, int] | None = None
-        self._wait_lock = threading.Lock()
-        self._pid_lock = threading.Lock()
-        self._fd_lock = threading.RLock()  # re-entrant: cancel() may run in a signal handler
 
     @classmethod
     def launch(
@@ -457,12 +71,12 @@ class Attempt:
         if pump is not None:
             return attempt._launch_pumped(pump, max_log_bytes)
         try:
-            _make_log_dir(spec.log_path.parent)
-            log = os.open(spec.log_path, _LOG_FLAGS, 0o600)  # private; the child gets a copy
+            make_log_dir(spec.log_path.parent)
+            log = os.open(spec.log_path, LOG_FLAGS, 0o600)  # private; the child gets a copy
         except OSError as exc:
             return attempt._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
         try:
-            pre = _precheck(spec)
+            pre = precheck(spec)
             failure = (EndKind.SPAWN_ERROR, pre) if pre else attempt._spawn(log)
             if failure is not None:
                 with contextlib.suppress(OSError):
@@ -475,8 +89,8 @@ class Attempt:
     def _launch_pumped(self, pump: LogPump, limit: int) -> Attempt:
         spec = self.spec
         try:
-            _fresh_log_dir(spec.log_path.parent)
-            log = os.open(spec.log_path, _PUMPED_LOG_FLAGS, 0o600)  # private, like the unpumped log
+            fresh_log_dir(spec.log_path.parent)
+            log = os.open(spec.log_path, PUMPED_LOG_FLAGS, 0o600)  # private, like the unpumped log
         except OSError as exc:
             return self._failed(EndKind.SPAWN_ERROR, f"cannot open log {spec.log_path}: {exc}")
         try:
@@ -485,7 +99,7 @@ class Attempt:
             os.close(log)
             return self._failed(EndKind.SPAWN_ERROR, f"cannot open a pipe for the log: {exc}")
         self._pump, self._sink = pump, sink
-        pre = _precheck(spec)
+        pre = precheck(spec)
         # the child keeps a copy of the read end too: if this supervisor dies (SIGKILL), the
         # task's next write must not end it with EPIPE/SIGPIPE (an attempt that finishes before
         # the resume is judged done); the pipe's buffer (1 MiB where allowed) takes what it
@@ -525,7 +139,7 @@ class Attempt:
             )
         except (OSError, ValueError, TypeError) as exc:
             self._close()
-            return _spawn_failure(exc, self.spec)
+            return spawn_failure(exc, self.spec)
         finally:
             with _REG.lock:  # registered before `launching` drops: never mistaken for a stray
                 _REG.launching -= 1
@@ -633,65 +247,6 @@ class Attempt:
                 return "timeout"
             self._block(left, main=True)
 
-    # -- waiting -----------------------------------------------------------------------------------
-    def _block(self, timeout: float | None, *, main: bool) -> None:
-        """Sleep until ``timeout``, a cancel() wake-up, or (``main``) the main process exits."""
-        poller = select.poll()
-        if main and self._pidfd is not None:
-            poller.register(self._pidfd, select.POLLIN)
-        elif main and (timeout is None or timeout > _SLICE):
-            timeout = _SLICE  # no pidfd: poll the main process in slices
-        if self._wake is not None:
-            poller.register(self._wake[0], select.POLLIN)
-        ms = None if timeout is None else min(_MAX_POLL_MS, math.ceil(max(timeout, 0) * 1000))
-        ready = poller.poll(ms)
-        if self._wake is not None and any(fd == self._wake[0] for fd, _ in ready):
-            with contextlib.suppress(OSError):
-                os.read(self._wake[0], 4096)
-
-    def _nap(self, seconds: float) -> bool:
-        """Nap that gives up (True) on a hard cancel."""
-        self._block(seconds, main=not self._reaped)
-        return self._hard
-
-    def _poll_main(self) -> bool:
-        """Whether the main process has exited; reaps it (and unregisters it) when it has."""
-        if self._reaped or self._popen is None:
-            return True
-        if self._pidfd is not None:
-            poller = select.poll()
-            poller.register(self._pidfd, select.POLLIN)
-            if not poller.poll(0):
-                return False
-        elif self._popen.poll() is None:
-            return False
-        with self._pid_lock:
-            self._rc = self._popen.wait()
-            self._reaped = True
-        with _REG.lock:
-            if self.pid is not None and _REG.live.get(self.pid) is self:
-                del _REG.live[self.pid]
-        return True
-
-    def _open_wake(self) -> None:
-        """The pipe cancel() writes to, to wake a thread blocked in wait(): made only for a wait
-        (the loop's attempts never block). Made before wait() looks at the cancel flags, which
-        cancel() sets before it looks for the pipe: one of them sees the other."""
-        with self._fd_lock:
-            if self._wake is None and self._end is None:
-                self._wake = os.pipe()
-                for fd in self._wake:
-                    os.set_blocking(fd, False)
-
-    def _close(self) -> None:
-        with self._fd_lock:
-            fds = [*(self._wake or ()), self._pidfd]
-            self._wake = self._pidfd = None
-        for fd in fds:
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
     # -- leftovers ---------------------------------------------------------------------------------
     def _owns(self, pid: int, st: _Stat, live: frozenset[int]) -> bool:
         """Ours by an earlier tree snapshot, or by our process group or session."""
@@ -785,33 +340,13 @@ class Attempt:
 
     def _classify(self, how: str) -> AttemptEnd:
         self._finish_log()
-        rc = self._rc
-        sig = _signame(-rc) if rc < 0 else None
-        if how == "timeout":
-            kind, reason = EndKind.TIMEOUT, f"timeout after {self.spec.timeout:g}s"
-            reason += f" ({self._stop_detail()})"
-        elif how == "cancelled" and self._reaped and rc == 0:
-            # it exited 0 in the stop's grace period: judged like any end (the supervisor hands
-            # it back unless that makes it done; see ``cancelled``)
-            kind, reason = EndKind.EXITED, "exit 0 during the stop's grace period"
-        elif how == "cancelled":
-            kind, reason = EndKind.CANCELLED, f"cancelled ({self._stop_detail()})"
-        elif sig is not None:
-            kind, reason = EndKind.SIGNALED, f"killed by {sig}"
-        else:
-            kind, reason = _exit_kind(self.spec, rc)
-        failed = kind in (EndKind.SIGNALED, EndKind.TIMEOUT) or (kind is EndKind.EXITED and rc != 0)
-        oom = failed and detect_oom(self.spec.log_path)  # only a failure can be an OOM
-        if oom:
-            reason = f"CUDA out of memory ({reason})"
-        return AttemptEnd(
-            kind=kind,
-            returncode=rc if rc >= 0 else None,
-            signal=sig,
-            reason=reason,
-            oom=oom,
+        return verdict(
+            self.spec,
+            how,
+            self._rc,
+            reaped=self._reaped,
+            stop=self._stop_detail(),
             started=self.started,
-            ended=time.time(),
             pid=self.pid,
             killed=len(self._killed),
         )

@@ -1,0 +1,79 @@
+"""The ``local`` backend: each attempt a process session on this host (see :mod:`.process`).
+
+It owns what is process-wide: the child subreaper (so escapees come back to us), the log pump
+(every attempt writes into a pipe it drains, holding the log's cap) and the sweep of this run's
+strays at the end; and it finds a dead supervisor's attempts by their environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from gpuswarm.core.logs import LogPump
+from gpuswarm.exec.base import BackendOptions, LaunchSpec, Leftovers
+from gpuswarm.exec.local.process import Attempt
+from gpuswarm.exec.local.tree import become_subreaper, find_by_env, kill_tree, sweep_orphans
+from gpuswarm.exec.sandbox import Provision, prepare_home
+
+RUN_VAR = "GPUSWARM_RUN_DIR"  # set in every attempt's environment (exec.plan.launch_spec_for)
+OWNER_VAR = "GPUSWARM_OWNER"
+TASK_VAR = "GPUSWARM_TASK_ID"
+
+
+class LocalBackend:
+    """Processes in their own sessions, watched through pidfds (see :class:`Attempt`)."""
+
+    name = "local"
+    caps_logs = True  # the log pump holds every log's cap while the task writes
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self._pump: LogPump | None = None
+
+    def open(self) -> None:
+        become_subreaper()
+        if self._pump is None:
+            self._pump = LogPump()
+            self._pump.start()
+
+    def prepare_slot(self, home: Path | None, provisions: Sequence[Provision]) -> dict[str, str]:
+        return {} if home is None else prepare_home(home, provisions)
+
+    def launch(self, spec: LaunchSpec) -> Attempt:
+        return Attempt.launch(spec, pump=self._pump, max_log_bytes=self.options.max_log_bytes)
+
+    def end_leftovers(
+        self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
+    ) -> Leftovers:
+        """Attempts of a crashed supervisor run on in their own sessions, re-parented away
+        from us: their environment is what still ties them to their run and owner."""
+        var, value = (RUN_VAR, run_dir) if run_dir is not None else (OWNER_VAR, owner)
+        if value is None:
+            raise ValueError("end_leftovers: give run_dir or owner")
+        pids = find_by_env(var, value)
+        if not pids:
+            return Leftovers([], frozenset(), 0)
+        tasks = task_ids_of(pids)  # before the kill: which attempts were still running
+        return Leftovers(pids, tasks, kill_tree(pids, grace))
+
+    def close(self) -> None:
+        if self.options.scope:
+            sweep_orphans(self.options.scope)
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.stop()
+
+
+def task_ids_of(pids: Sequence[int]) -> frozenset[str]:
+    """The task id of each of ``pids`` that is still alive (its attempt runs on)."""
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            task = psutil.Process(pid).environ().get(TASK_VAR)
+            if task:
+                out.add(task)
+    return frozenset(out)

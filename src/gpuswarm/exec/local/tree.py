@@ -1,0 +1,272 @@
+"""The process table side of the local backend: the child subreaper, tree kills, the sweep.
+
+Escapees of an attempt (``setsid``, double fork) are re-parented to the supervisor, a child
+subreaper, so they show up as its direct children; :func:`_candidates` lists them for an
+attempt to claim (by token, process group/session or an earlier snapshot of its tree). Only
+specific pids are passed to ``waitpid``, never the main pid of another live attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import psutil
+
+if TYPE_CHECKING:
+    from gpuswarm.exec.local.process import Attempt
+
+TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
+_PR_SET_CHILD_SUBREAPER = 36
+_SETTLE = 2.0  # seconds to wait for SIGKILLed processes to vanish
+_SLICE = 0.05  # poll slice where no pidfd is available
+_HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
+
+
+class _Stat(NamedTuple):
+    zombie: bool
+    pgid: int
+    sid: int
+
+
+class _Scan(NamedTuple):
+    alive: list[tuple[int, _Stat]]  # our live children in another session, not live mains
+    live: frozenset[int]  # main pids of the other live attempts
+    quiet: bool  # no launch was in flight
+
+    @property
+    def lonely(self) -> bool:
+        return self.quiet and not self.live
+
+
+class _Registry:
+    """Live attempts by main pid, and how many launches are between fork and registration."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.live: dict[int, Attempt] = {}
+        self.launching = 0
+        self.subreaper = False
+
+
+_REG = _Registry()
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (Linux only). Idempotent."""
+    if _REG.subreaper:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl.restype = ctypes.c_int
+        ulong = ctypes.c_ulong
+        prctl.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+        if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    _REG.subreaper = True
+    return True
+
+
+# -- reading the process table ---------------------------------------------------------------------
+def _my_children(*, everywhere: bool = True) -> list[int]:
+    """Our direct children: cheap on Linux (one small file per thread), a full scan elsewhere.
+
+    ``everywhere=False`` reads only the main thread's file: where an orphan is re-parented to
+    us (a child subreaper), Linux gives it to the first live thread of the group, the main
+    thread; so while that thread lives, every possible leftover of an attempt is listed there
+    (the other threads' files hold only the main processes they launched)."""
+    if not _HAVE_CHILDREN_FILE:
+        with contextlib.suppress(psutil.Error):
+            return [c.pid for c in psutil.Process().children()]
+        return []
+    if not everywhere and threading.main_thread().is_alive():
+        leader = f"/proc/self/task/{os.getpid()}/children"
+        with contextlib.suppress(OSError), open(leader, "rb") as fh:
+            return [int(x) for x in fh.read().split()]
+    pids: list[int] = []
+    with os.scandir("/proc/self/task") as tasks:
+        for task in tasks:
+            with contextlib.suppress(OSError), open(f"{task.path}/children", "rb") as fh:
+                pids.extend(int(x) for x in fh.read().split())
+    return pids
+
+
+def _stat(pid: int) -> _Stat | None:
+    try:
+        zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return _Stat(zombie, os.getpgid(pid), os.getsid(pid))
+    except (psutil.Error, OSError):
+        return None
+
+
+def _token_of(pid: int) -> str | None:
+    """The attempt token in a process's environment; None when absent or unreadable."""
+    try:
+        return psutil.Process(pid).environ().get(TOKEN_VAR)
+    except psutil.Error:
+        return None
+
+
+def _descendants(roots: Iterable[int]) -> set[int]:
+    """``roots`` and every process below them, from one pass over the process table."""
+    kids: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
+    out: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid not in out:
+            out.add(pid)
+            stack.extend(kids.get(pid, ()))
+    out.discard(os.getpid())
+    return out
+
+
+def _procs(pids: Iterable[int]) -> dict[int, psutil.Process]:
+    out: dict[int, psutil.Process] = {}
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out[pid] = psutil.Process(pid)
+    return out
+
+
+def _reap(pid: int) -> None:
+    """Collect a dead child's status, unless it is the main process of a live attempt."""
+    if pid not in _REG.live:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie; a zombie child of ours is reaped on the way."""
+    try:
+        if not proc.is_running():
+            return False
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.Error:
+        return False
+    _reap(proc.pid)
+    return False
+
+
+def _none_alive(procs: dict[int, psutil.Process]) -> bool:
+    if any([_alive(p) for p in procs.values()]):  # a list: check (and reap) every one
+        return False
+    for proc in procs.values():  # reap zombies re-parented to us while we looked
+        _alive(proc)
+    return True
+
+
+def _send(procs: dict[int, psutil.Process], sig: int) -> set[int]:
+    sent: set[int] = set()
+    for pid, proc in procs.items():
+        if _alive(proc):
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+                sent.add(pid)
+    return sent
+
+
+def _candidates(owner: Attempt | None) -> _Scan:
+    """Our children that may be leftovers; reaps zombies that are safe to reap on the way.
+
+    An attempt's own checks read where its leftovers land (the main thread's children); the
+    sweep at the end (``owner`` None) reads every thread's."""
+    kids = _my_children(everywhere=owner is None)
+    with _REG.lock:
+        live = frozenset(pid for pid, att in _REG.live.items() if att is not owner)
+        quiet = _REG.launching == 0
+    my_sid = os.getsid(0)
+    alive: list[tuple[int, _Stat]] = []
+    for pid in kids:
+        if pid in live or (owner is not None and pid == owner.pid and not owner._reaped):
+            continue
+        st = _stat(pid)
+        if st is None or st.sid == my_sid:  # gone, or one of the supervisor's own helpers
+            continue
+        if not st.zombie:
+            alive.append((pid, st))
+        elif quiet or (owner is not None and owner._owns(pid, st, live)):
+            _reap(pid)
+    return _Scan(alive, live, quiet)
+
+
+def _wait_until(cond: Callable[[], bool], deadline: float, nap: Callable[[float], bool]) -> bool:
+    """Re-check ``cond`` with growing naps: True once it holds, False at the deadline or on stop."""
+    delay = 0.002
+    while not cond():
+        left = deadline - time.monotonic()
+        if left <= 0 or nap(min(delay, left)):
+            return False
+        delay = min(delay * 2, _SLICE)
+    return True
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
+
+
+def kill_tree(pids: Iterable[int], grace: float) -> int:
+    """SIGTERM ``pids`` and their descendants, wait up to ``grace``, SIGKILL the rest.
+
+    Dead children of ours among them are reaped. Returns how many processes were signalled.
+    """
+    procs = _procs(_descendants(pids))
+
+    sent = _send(procs, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+    if grace <= 0 or not _wait_until(lambda: _none_alive(procs), time.monotonic() + grace, _sleep):
+        procs.update(_procs(_descendants(procs)))
+        sent |= _send(procs, signal.SIGKILL)
+        _wait_until(lambda: _none_alive(procs), time.monotonic() + _SETTLE, _sleep)
+    return len(sent)
+
+
+def find_by_env(name: str, value: str) -> list[int]:
+    """Pids of every process (but this one) whose environment has ``name=value``.
+
+    Used after a crash: a dead supervisor's attempts run on in their own sessions, re-parented
+    away from us, and their environment is what still ties them to their run.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(name) == value:
+                found.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def sweep_orphans(token_prefix: str | None = None, *, grace: float = 1.0) -> int:
+    """Kill and reap re-parented children of ours that are not main processes of live attempts.
+
+    With ``token_prefix``, only those whose attempt token starts with it. For supervisor exit.
+    """
+    scan = _candidates(None)
+    pids = []
+    for pid, _ in scan.alive:
+        token = _token_of(pid)
+        if token_prefix is None:
+            take = token is not None or scan.quiet
+        else:
+            take = token is not None and token.startswith(token_prefix)
+        if take:
+            pids.append(pid)
+    return kill_tree(pids, grace) if pids else 0

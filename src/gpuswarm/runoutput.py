@@ -1,0 +1,84 @@
+"""What a supervised run shows and writes around the supervisor: the terminal reporter (a live
+table, lines, or nothing), report.html + timeline.png, and the message of a run a full disk
+stopped. Every function here is a view: none changes the queue.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from gpuswarm.core.errors import DiskFullError
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.outputs.report import write_report
+from gpuswarm.outputs.results import write_outputs
+from gpuswarm.placement.gpus import Slot
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runs import open_run
+from gpuswarm.ui.live import PlainReporter, is_terminal
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where and how much the supervisor prints."""
+
+    stream: TextIO | None = None
+    quiet: bool = False
+    live: bool = False  # a live table when the stream is a terminal (else one line per event)
+    report: bool = True  # write report.html + timeline.png at the end
+
+
+def reporter(
+    paths: RunPaths, queue: DirQueue, ledger: Ledger, slots: list[Slot], output: Output
+) -> AbstractContextManager[None]:
+    """Subscribe the terminal output to the journal: a live table, lines, or nothing."""
+    if output.quiet:
+        return nullcontext()
+    stream = output.stream or sys.stderr
+    counts = queue.counts()
+    if not (output.live and is_terminal(stream)):
+        ledger.subscribe(PlainReporter(counts, stream))
+        return nullcontext()
+    from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
+
+    state = ViewState({s.value: n for s, n in counts.items()})
+    for slot in slots:
+        state.slots[slot.label] = SlotRow()
+    view = LiveView(state, paths.attempt_log, title=paths.root.name, gpu_stats=gpu_sampler(slots))
+    ledger.subscribe(view)
+    return shown(view)
+
+
+def write_report_safely(
+    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any], out: Output
+) -> None:
+    """report.html + timeline.png; a failure here is reported, never the run's failure."""
+    try:
+        write_report(paths, queue, summary, info)
+    except Exception as exc:  # the results are written already; the report is a view of them
+        say(out, f"gpuswarm: could not write the report ({type(exc).__name__}: {exc})")
+
+
+def after_disk_full(paths: RunPaths, queue: DirQueue, exc: OSError) -> DiskFullError:
+    """The run stopped on a full disk: write the outputs if they still fit, say what to do."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    try:
+        _, info = open_run(paths.root)
+        write_outputs(paths, queue, info, None)
+        wrote = "summary.json and results.tsv are written"
+    except OSError:
+        wrote = "summary.json and results.tsv could not be written"
+    return DiskFullError(
+        f"the disk is full: {exc.strerror}{where}; the run stopped, {wrote}, and the queue "
+        f"is intact: free some space, then run: gpuswarm resume {paths.root}"
+    )
+
+
+def say(output: Output, text: str) -> None:
+    if not output.quiet:
+        stream = output.stream or sys.stderr
+        stream.write(text + "\n")
+        stream.flush()

@@ -1,0 +1,151 @@
+"""What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume).
+
+Composition only: the slots (placement), the provisions (checked now, before anything runs),
+the reliability settings and the backend's name, and the run.json snapshot of them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm import __version__
+from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.config.models import RunConfig
+from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.redact import redact_tree
+from gpuswarm.exec.base import backend_names
+from gpuswarm.exec.sandbox import Provision, check_provision_dest
+from gpuswarm.placement.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.supervise.supervisor import SupervisorConfig
+
+
+def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
+    """Check every provisioned file now, so a missing credential fails before anything runs."""
+    home = loaded.config.home
+    out = []
+    for i, item in enumerate(home.provision if home else []):
+        src = Path(item.src).expanduser()
+        src = src if src.is_absolute() else loaded.base_dir / src
+        where = f"{loaded.path or '<config>'}: home.provision[{i}].src"
+        if not src.exists():
+            raise ConfigError(f"{where}: {src} does not exist; fix the path or remove the entry")
+        out.append(Provision(src=src, dest=check_provision_dest(item.dest)))
+    return tuple(out)
+
+
+def redact_config(value: Any) -> Any:
+    return redact_tree(value)  # env by name and shape, commands and every string by shape
+
+
+def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
+    cfg = loaded.config
+    home = cfg.home
+    return {
+        "gpuswarm": __version__,
+        "name": loaded.name,
+        "workspace": str(loaded.workspace),
+        "source": str(loaded.path) if loaded.path else "<stdin>",
+        "base_dir": str(loaded.base_dir),
+        "fingerprint": spec_hash(loaded),
+        "gpus": gpus.spec,
+        "vendor": gpus.vendor.value,
+        "gpu_ids": list(gpus.ids),
+        "gpus_per_task": cfg.gpus_per_task,
+        "tasks_per_gpu": cfg.tasks_per_gpu,
+        "slot_count": len(slots),
+        "home": {
+            "isolate": bool(home and home.isolate),
+            "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
+        },
+        "settings": _settings(cfg),
+        "config": redact_config(cfg.model_dump(mode="json")),
+        "task_count": len(loaded.tasks),
+        "hosts": [socket.gethostname()],
+    }
+
+
+def _settings(cfg: RunConfig) -> dict[str, Any]:
+    rel = cfg.reliability
+    return {
+        "lease_ttl": rel.lease_ttl,
+        "retry_backoff": rel.retry_backoff or 0.0,
+        "breaker_failures": rel.breaker.failures,
+        "breaker_window": rel.breaker.window,
+        "breaker_cooldown": rel.breaker.cooldown,
+        "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
+    }
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a supervisor needs besides the queue: slots, task defaults, reliability settings."""
+
+    slots: list[Slot]
+    base_dir: Path
+    isolate: bool
+    provisions: tuple[Provision, ...]
+    settings: dict[str, Any]
+    preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
+    after_all: str | None = None  # run once after every slot finished
+    backend: str = "local"  # what runs the attempts (exec.base.create_backend)
+
+    def supervisor_config(self, owner: str) -> SupervisorConfig:
+        known = set(SupervisorConfig.__dataclass_fields__)
+        extra = {k: v for k, v in self.settings.items() if k in known}
+        return SupervisorConfig(
+            self.slots,
+            self.base_dir,
+            owner,
+            self.isolate,
+            self.provisions,
+            **extra,
+            backend=self.backend,
+            base_env=dict(os.environ),  # read once, here: the attempts start from it
+        )
+
+
+def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
+    """The setup of an existing run (its run.json), on the GPUs given now or its own."""
+    gpus = parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto"))
+    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
+    home = info.get("home", {})
+    provisions = tuple(
+        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
+        for p in home.get("provision", [])
+    )
+    base_dir = Path(info.get("base_dir", "."))
+    config = info.get("config") or {}
+    return Setup(
+        slots,
+        base_dir,
+        bool(home.get("isolate")),
+        provisions,
+        info.get("settings", {}),
+        tuple(config.get("preflight") or ()),
+        config.get("after_all"),
+        str(config.get("backend") or "local"),
+    )
+
+
+def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
+    gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
+    slots = plan_slots(gpus, loaded.config.gpus_per_task, loaded.config.tasks_per_gpu)
+    return gpus, slots
+
+
+def check_backend(loaded: LoadedConfig) -> None:
+    name = loaded.config.backend
+    if name not in backend_names():
+        known = ", ".join(backend_names())
+        raise ConfigError(
+            f"{loaded.path or '<config>'}: backend: unknown backend {name!r}; known: {known}"
+        )
+
+
+def gpu_keys_of(slots: list[Slot]) -> list[str]:
+    return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []

@@ -1,0 +1,200 @@
+"""Committing outcomes: judge each ended attempt, move its task on durably, retry or hand back.
+
+The loop never waits for a disk: it hands its outcomes over once per pass, and a committer thread
+commits them in batches (one folder fsync per batch). A waiter thread commits its own attempt's
+outcome itself. A failed attempt with attempts left waits out its backoff in running/, under
+our lease; the keeper calls :meth:`Committer.release_delayed` when it is due.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue as threadq
+import time
+from collections.abc import Callable
+
+from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.errors import LeaseLostError
+from gpuswarm.core.logs import cap_log
+from gpuswarm.core.models import AttemptRecord
+from gpuswarm.exec.base import AttemptEnd, EndKind
+from gpuswarm.exec.plan import Outcome, judge, record_of
+from gpuswarm.store.ledger import Ev
+from gpuswarm.store.queue import Claimed, State, attempts_used
+from gpuswarm.supervise.context import LiveAttempt, Shared
+
+MAX_BACKOFF_SECONDS = 600.0
+COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
+COMMIT_BATCH = 64  # outcomes committed together (one fsync per destination folder)
+
+Committable = tuple[LiveAttempt, AttemptEnd]
+
+
+class Committer:
+    def __init__(self, run: Shared) -> None:
+        self.run = run
+        self._queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
+        self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
+        self._commits = 0  # outcomes queued or being committed
+        self._delayed: list[tuple[float, int, Claimed]] = []  # retries waiting for their backoff
+        self._delay_seq = 0
+
+    # -- the loop's side ---------------------------------------------------------------------------
+    def add(self, live: LiveAttempt, end: AttemptEnd) -> None:
+        """Queue an outcome (loop thread); it is handed over at :meth:`hand_over`."""
+        with self.run.lock:
+            self._commits += 1
+        self._to_commit.append((live, end))
+
+    def hand_over(self) -> None:
+        """Give the committer what the loop settled since it last slept: one hand-over (one
+        thread wake-up) per loop pass, not one per outcome."""
+        if self._to_commit:
+            batch, self._to_commit = self._to_commit, []
+            self._queue.put(batch)
+
+    def busy(self) -> bool:
+        with self.run.lock:
+            return self._commits > 0
+
+    def waiting(self) -> bool:
+        """Whether a retry waits out its backoff (the loop does not end meanwhile)."""
+        with self.run.lock:
+            return bool(self._delayed)
+
+    def end_threads(self, count: int) -> None:
+        for _ in range(count):
+            self._queue.put(None)
+
+    # -- the committer thread ----------------------------------------------------------------------
+    def serve(self) -> None:
+        """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""
+        done = False
+        while not done:
+            item = self._queue.get()
+            batch: list[Committable] = []
+            while item is not None:
+                batch.extend(item)
+                if len(batch) >= COMMIT_BATCH:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except threadq.Empty:
+                    break
+            done = item is None
+            try:
+                with self.run.queue.batched_dir_syncs():
+                    for live, end in batch:
+                        self.commit(live, end)
+            except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
+                self.run.fail(exc)  # (what was not committed is re-run after a resume)
+            with self.run.lock:
+                self._commits -= len(batch)
+                last = self._commits == 0
+            if last:
+                self.run.wakeup()  # the loop may be waiting for the last commit to end the run
+
+    # -- one outcome -------------------------------------------------------------------------------
+    def commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
+        """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
+        run = self.run
+        record = record_of(end, live.slot, live.gpu_ids, live.attempt)
+        cap_log(run.paths.attempt_log(live.task_id, live.attempt), run.cfg.max_log_bytes)
+        if live.fenced:
+            return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        try:
+            if end.kind is EndKind.CANCELLED:
+                self.hand_back(live.claimed, live.task, record)
+                return
+            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
+                why = f"cancelled ({end.reason}; not done: {outcome.reason})"
+                record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
+                self.hand_back(live.claimed, live.task, record)
+                return
+            self._finish(live.claimed, live.task, outcome)
+        except LeaseLostError:
+            run.lease_lost(live.task_id, live.attempt, "its outcome is not committed")
+
+    def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
+        run = self.run
+        data = claimed.data
+        claimed.desc.add_attempt(outcome.record)
+        state = outcome.state
+        retry = state is State.FAILED and attempts_used(data) < task.max_attempts
+        delay = self.backoff(attempts_used(data)) if retry and not run.stopping.is_set() else 0
+        ended = state is State.SKIPPED or (state is State.FAILED and not retry)
+        data["reason"] = outcome.reason if ended else None
+        if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
+            data["retry_at"] = round(time.time() + delay, 3)
+            run.queue.save(claimed)
+            with run.lock:  # the loop does not end while a retry waits
+                self._delay_seq += 1
+                heapq.heappush(self._delayed, (data["retry_at"], self._delay_seq, claimed))
+        rec = outcome.record
+
+        def announce() -> None:
+            run.ledger.emit(
+                Ev.FINISHED,
+                task=task.id,
+                attempt=rec.n,
+                slot=rec.slot,
+                state="waiting" if delay > 0 else ("pending" if retry else state.value),
+                reason=outcome.reason,
+                seconds=rec.duration,
+                retry=retry,
+                retry_in=round(delay, 3),
+                max_attempts=task.max_attempts,
+                used=attempts_used(data),  # attempts of the current budget: "used/max_attempts"
+            )
+
+        if delay > 0:
+            announce()
+        else:
+            run.queue.move(claimed, State.PENDING if retry else state, announce)
+        if retry and delay <= 0:
+            run.more_work()
+
+    def backoff(self, used: int) -> float:
+        base = self.run.cfg.retry_backoff
+        return 0.0 if base <= 0 else min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, used - 1))
+
+    def hand_back(self, claimed: Claimed, task: TaskSpec, record: AttemptRecord | None) -> None:
+        """A stop interrupted this task: back to pending/, not counted as a failed attempt."""
+        if record is not None:
+            claimed.desc.add_attempt(record.but(interrupted=True))
+        claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
+        self.run.queue.move(
+            claimed, State.PENDING, self._requeued(claimed, "interrupted", "running")
+        )
+
+    # -- retries waiting out their backoff ---------------------------------------------------------
+    def release_delayed(self, *, everything: bool) -> None:
+        """Move retries whose backoff is over (or all of them, on stop) back to pending/."""
+        run = self.run
+        now = time.time()
+        while True:
+            with run.lock:
+                if not self._delayed or (not everything and self._delayed[0][0] > now):
+                    return
+                _, _, claimed = heapq.heappop(self._delayed)
+            claimed.data.pop("retry_at", None)
+            try:
+                run.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+            except LeaseLostError:
+                run.lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
+                continue
+            run.more_work()
+
+    def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
+        ledger = self.run.ledger
+        return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
+
+
+def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:
+    """An attempt a stop cancelled counts only when it is done for sure: it exited 0 before it
+    was signalled, or its completion file (written by this attempt) parses. Exit 0 after the
+    stop's SIGTERM alone proves nothing (a graceful-shutdown handler exits 0 too)."""
+    if outcome.state is not State.DONE:
+        return False
+    return task.done_when is not None or end.reason != "exit 0 during the stop's grace period"

@@ -1,0 +1,100 @@
+"""What the supervisor's roles share: its settings, the attempts in flight, and the run's handles.
+
+The slot loop (:mod:`.supervisor`), the committer (:mod:`.committer`), the keeper
+(:mod:`.keeper`) and the quarantine (:mod:`.quarantine`) each own their own state; what they
+all read or signal is here, in one object, so none of them needs the others' internals.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.exec.base import Handle
+from gpuswarm.exec.sandbox import Provision
+from gpuswarm.placement.gpus import Slot
+from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.queue import Claimed, DirQueue
+
+HEARTBEAT_SECONDS = 5.0
+
+
+def _environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    slots: list[Slot]
+    base_dir: Path  # default cwd of tasks
+    owner: str
+    isolate_home: bool = False
+    provisions: tuple[Provision, ...] = ()
+    heartbeat: float = HEARTBEAT_SECONDS
+    lease_ttl: float = 30.0  # a lease whose owner shows no heartbeat for this long is reclaimed
+    retry_backoff: float = 1.0  # wait before attempt n+1: backoff * 2**(n-1), 0 = none
+    breaker_failures: int = 5  # quarantine a slot whose last N attempts all failed ...
+    breaker_window: float = 60.0  # ... within this many seconds; 0 failures = never
+    breaker_cooldown: float = 300.0  # a quarantined slot is probed again after this long
+    max_log_bytes: int = 256 << 20  # each attempt's output.log is kept under this size
+    linger: float = 0.0  # an idle supervisor waits this long for new tasks before it ends
+    backend: str = "local"  # exec.base.create_backend's name, when no backend is passed in
+    # the environment attempts start from (a slot's home over it); the engine passes the
+    # supervisor's own, read once at the top (in-process callers get it by default)
+    base_env: Mapping[str, str] = field(default_factory=_environ)
+
+
+@dataclass
+class LiveAttempt:
+    """An attempt between its launch and its outcome (what the keeper and views look at)."""
+
+    slot: Slot
+    task_id: str
+    name: str
+    attempt: int
+    started: float
+    handle: Handle
+    claimed: Claimed
+    task: TaskSpec
+    gpu_ids: tuple[int, ...]
+    values: dict[str, str]
+    fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
+    fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
+
+
+@dataclass
+class Shared:
+    """The run as every role sees it, and the three signals they send the loop."""
+
+    paths: RunPaths
+    queue: DirQueue
+    ledger: Ledger
+    cfg: SupervisorConfig
+    wakeup: Callable[[], None]  # make the loop look again (safe from any thread)
+    more_work: Callable[[], None]  # tasks may be back in pending/: claim again
+    request_stop: Callable[[], None]  # a warm stop (an error's)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    live: dict[int, LiveAttempt] = field(default_factory=dict)  # slot index -> its attempt
+    errors: list[BaseException] = field(default_factory=list)
+
+    def fail(self, exc: BaseException) -> None:
+        """A bug or a broken disk: remember it, stop the run warm, keep the queue. More errors
+        (a full disk fails every commit) never turn the stop into a cold one."""
+        self.errors.append(exc)
+        if not self.stopping.is_set():
+            self.request_stop()
+
+    def lease_lost(self, task_id: str, attempt: int | None, what: str) -> None:
+        self.ledger.emit(
+            Ev.LEASE_LOST,
+            task=task_id,
+            attempt=attempt,
+            owner=self.cfg.owner,
+            reason=f"lease lost (another supervisor reclaimed the task): {what}",
+        )
