@@ -28,6 +28,7 @@ from gpuswarm.core.errors import (
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_tree
+from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.outputs.report import write_report
@@ -42,7 +43,7 @@ from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, reco
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
-from gpuswarm.ui.live import PlainReporter, is_terminal
+from gpuswarm.ui.terminal import PlainReporter, is_terminal
 
 
 @dataclass
@@ -461,9 +462,9 @@ def _reporter(
     if not (output.live and is_terminal(stream)):
         ledger.subscribe(PlainReporter(counts, stream))
         return nullcontext()
-    from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
+    from gpuswarm.ui.table import LiveView, gpu_sampler, shown  # rich: here
 
-    state = ViewState({s.value: n for s, n in counts.items()})
+    state = RunView({s.value: n for s, n in counts.items()})
     for slot in setup.slots:
         state.slots[slot.label] = SlotRow()
     view = LiveView(

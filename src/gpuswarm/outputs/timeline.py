@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes
 from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.reader import RunReader
 
 COLORS = {
     "done": "#2ca02c",
@@ -75,9 +76,8 @@ def bars_from_descriptor(data: dict[str, Any], state: str) -> list[Bar]:
 def bars_from_queue(queue: DirQueue) -> list[Bar]:
     """Every attempt with a start and an end, from all state folders, in start order."""
     bars: list[Bar] = []
-    for state in State:
-        for _, data in queue.iter_state(state):
-            bars += bars_from_descriptor(data, state.value)
+    for state, _, data in RunReader(queue.paths, queue).everything():
+        bars += bars_from_descriptor(data, state.value)
     bars.sort(key=lambda b: (b.start, lane_key(b.lane)))
     return bars
 

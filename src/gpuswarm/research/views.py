@@ -13,7 +13,8 @@ from gpuswarm.research.experiment import State
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.store.ledger import EventTail
-from gpuswarm.ui.liveview import LiveView, clock, initial_state, shown
+from gpuswarm.store.reader import RunReader
+from gpuswarm.ui.table import LiveView, clock, shown
 
 
 def _metric(value: Any) -> str:
@@ -126,7 +127,7 @@ def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) ->
     """``research loop`` with the live table: the runner's slots (followed through the core
     run's journal) under a header with BASE, the best metric and the experiment count."""
     run = executor.run_paths(exp.paths, exp.cfg)
-    state = initial_state(run)
+    state = RunReader(run).view()
     tail = EventTail(run.events, from_end=True)
     header = {"text": ""}
 
