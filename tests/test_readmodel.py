@@ -43,7 +43,8 @@ def spec(tid: str, max_attempts: int = 1) -> dict[str, Any]:
 def test_each_kind_decodes_to_its_payload_and_back_to_the_same_line() -> None:
     line = {"ts": 5.0, "ev": "started", "task": "a", "attempt": 2, "slot": "gpu0", "pid": 7}
     event = decode(line)
-    assert isinstance(event, Started) and (event.task, event.attempt, event.slot) == ("a", 2, "gpu0")
+    assert isinstance(event, Started)
+    assert (event.task, event.attempt, event.slot) == ("a", 2, "gpu0")
     assert event.extra == {"pid": 7}  # a field without a name here is kept
     assert event.to_json() == {**line, "name": ""}
     fin = decode({"ev": "finished", "task": "a", "slot": "gpu0", "state": "waiting", "retry": True})
