@@ -17,12 +17,11 @@ from typing import Any
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.exec.sandbox import redact_text
+from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
 from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
 from gpuswarm.placement.gpus import Gpu, GpuSet, Vendor, plan_slots
-from gpuswarm.store.leases import registered_slot_ids
 from gpuswarm.store.queue import DirQueue, State
 from gpuswarm.store.reader import RunReader, last_attempt
 
@@ -271,7 +270,7 @@ def write_report(
 ) -> Path:
     """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
     scan = _Scan(RunReader(paths, queue), summary)
-    lanes = registered_slot_ids(paths) or _lanes(info)  # every slot id the run has had
+    lanes = scan.reader.slot_ids() or _lanes(info)  # every slot id the run has had
     stats = idle_stats(scan.bars, lanes)
     name = str(info.get("name") or summary.get("name") or "")
     try:

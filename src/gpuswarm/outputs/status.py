@@ -16,7 +16,7 @@ from gpuswarm.core.events import Finished, SupervisorStarted
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths, find_runs
-from gpuswarm.exec.sandbox import redact_text
+from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.store.queue import State
 from gpuswarm.store.reader import RunReader

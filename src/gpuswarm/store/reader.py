@@ -25,7 +25,7 @@ from typing import Any
 from gpuswarm.core.events import Event, SupervisorStarted, decode
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
-from gpuswarm.store.leases import is_live, slot_label
+from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
 from gpuswarm.store.ledger import read_events, tail_events
 from gpuswarm.store.queue import DirQueue, State, base_name, lease_of, task_id_of
 
@@ -198,6 +198,10 @@ class RunReader:
             log=log,
             retry_at=retry_at,
         )
+
+    def slot_ids(self) -> list[str]:
+        """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
+        return registered_slot_ids(self.paths)
 
     def quarantines(self) -> list[dict[str, Any]]:
         return read_quarantines(self.paths)
