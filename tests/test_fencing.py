@@ -12,6 +12,7 @@ from gpuswarm.core import fsutil
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.queue import Claimed, DirQueue, State, new_descriptor
+from gpuswarm.store.staging import create_layout, write_pending
 
 
 @pytest.fixture(params=["exchange", "fallback"])
@@ -52,8 +53,8 @@ def test_a_stale_temp_of_this_thread_does_not_block_a_fenced_write(tmp_path: Pat
 
 def _claimed(tmp_path: Path) -> tuple[DirQueue, Claimed]:
     paths = RunPaths(tmp_path)
-    DirQueue.create_layout(paths)
-    DirQueue.write_pending(paths, [new_descriptor({"id": "t", "priority": 0}, 0)])
+    create_layout(paths)
+    write_pending(paths, [new_descriptor({"id": "t", "priority": 0}, 0)])
     queue = DirQueue(paths, durable=False)
     claimed = queue.claim("host:1:2", 0)
     assert claimed is not None

@@ -22,13 +22,14 @@ from gpuswarm.store.queue import (
     new_descriptor,
     task_id_of,
 )
+from gpuswarm.store.staging import create_layout, write_pending
 
 
 def make_queue(root: Path, n: int, priorities: list[int] | None = None) -> DirQueue:
     paths = RunPaths(root)
-    DirQueue.create_layout(paths)
+    create_layout(paths)
     tasks = [{"id": f"t{i:05d}", "priority": priorities[i] if priorities else 0} for i in range(n)]
-    DirQueue.write_pending(paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
+    write_pending(paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
     return DirQueue(paths, durable=False)
 
 

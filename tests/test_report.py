@@ -36,6 +36,7 @@ from gpuswarm.outputs.timeline import (
 )
 from gpuswarm.store.leases import host_slug
 from gpuswarm.store.queue import DirQueue, descriptor_name
+from gpuswarm.store.staging import create_layout
 
 PY = sys.executable
 SECRET = "hunter2-very-secret-value"
@@ -263,7 +264,7 @@ def test_select_rows_caps_failures_first() -> None:
 
 def test_report_caps_the_table(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path / "run_x")
-    DirQueue.create_layout(paths)
+    create_layout(paths)
     for i in range(2100):
         state = "failed" if i < 3 else "done"
         start = T0 + i // 3 * 2.0

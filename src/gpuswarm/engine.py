@@ -38,7 +38,7 @@ from gpuswarm.placement.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import GpuHold, gpu_keys
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.queue import DirQueue, State, descriptor_name, new_descriptor, task_id_of
+from gpuswarm.store.queue import DirQueue, State, task_id_of
 from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, recover
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
@@ -317,29 +317,16 @@ def _check_config_change(
 
 def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: LoadedConfig) -> int:
     """Under the run lock: update pending tasks' specs and enqueue tasks the run lacks."""
-    known: dict[str, tuple[State, str]] = {}
-    max_seq = -1
-    for state in State:
-        for name in queue.names(state):
-            data = queue.read(state, name) or {}
-            if "id" in data:
-                known[data["id"]] = (state, name)
-                max_seq = max(max_seq, int(data.get("seq", 0)))
+    known, max_seq = queue.index()
     added = 0
     for dump in task_dumps(loaded.tasks):
         task_id = str(dump["id"])
         if task_id not in known:
             max_seq += 1
-            desc = new_descriptor(dump, max_seq)
-            name = descriptor_name(int(dump.get("priority", 0)), max_seq, task_id)
-            atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
-            queue.push(name)
+            queue.submit(dump, max_seq)
             added += 1
         elif known[task_id][0] is State.PENDING:
-            name = known[task_id][1]
-            desc = queue.read(State.PENDING, name) or {}
-            desc["task"] = dump
-            atomic_write_json(paths.state_dir("pending") / name, desc, durable=queue.durable)
+            queue.update_pending(known[task_id][1], dump)
     _, info = open_run(paths.root)
     info["fingerprint"] = spec_hash(loaded)
     info["config"] = _redact_tree(loaded.config.model_dump(mode="json"))

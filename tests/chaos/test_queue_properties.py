@@ -34,6 +34,7 @@ from gpuswarm.core.fsutil import atomic_write_bytes, dumps
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import reclaim_name
 from gpuswarm.store.queue import (
     Claimed,
     DirQueue,
@@ -42,7 +43,8 @@ from gpuswarm.store.queue import (
     lease_of,
     new_descriptor,
 )
-from gpuswarm.store.runs import reclaim_dead, reclaim_name, recover
+from gpuswarm.store.runs import reclaim_dead, recover
+from gpuswarm.store.staging import create_layout, write_pending
 
 HOST = "chaos-fake-host"  # never this host: liveness by heartbeat only
 TTL = 60.0
@@ -65,14 +67,14 @@ class QueueMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="gpuswarm-queue-sm-"))
         self.paths = RunPaths(self.tmp / "run")
         self.paths.root.mkdir()
-        DirQueue.create_layout(self.paths)
+        create_layout(self.paths)
         self.paths.tasks.mkdir()
         self.max_attempts = {f"t{i}": 1 + i % 3 for i in range(N_TASKS)}
         tasks = [
             {"id": tid, "name": tid, "priority": 0, "max_attempts": m}
             for tid, m in self.max_attempts.items()
         ]
-        DirQueue.write_pending(self.paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
+        write_pending(self.paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
         self.ledger = Ledger(self.paths.events, durable=False)
         # the model: each task's folder and number of recorded attempts
         self.model: dict[str, str] = dict.fromkeys(self.max_attempts, "pending")
@@ -365,9 +367,9 @@ def _crash(*_: object, **__: object) -> None:
 def _one_task_run(tmp_path: Path, max_attempts: int) -> tuple[RunPaths, Ledger]:
     paths = RunPaths(tmp_path / "run")
     paths.root.mkdir()
-    DirQueue.create_layout(paths)
+    create_layout(paths)
     task = {"id": "t0", "name": "t0", "priority": 0, "max_attempts": max_attempts}
-    DirQueue.write_pending(paths, [new_descriptor(task, 0)])
+    write_pending(paths, [new_descriptor(task, 0)])
     return paths, Ledger(paths.events, durable=False)
 
 

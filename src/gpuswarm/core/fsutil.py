@@ -182,3 +182,19 @@ def atomic_write_text(path: Path, text: str, *, durable: bool = True) -> None:
 def read_json(path: Path) -> Any:
     with path.open("rb") as fh:
         return json.loads(fh.read())
+
+
+def sync_tree(path: Path) -> None:
+    """Flush every file written under ``path`` to disk: syncfs(2) where available, else sync(2)."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        syncfs = getattr(libc, "syncfs", None)
+        if syncfs is not None:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if syncfs(fd) == 0:
+                    return
+            finally:
+                os.close(fd)
+    os.sync()

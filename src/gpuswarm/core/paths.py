@@ -90,6 +90,35 @@ class RunPaths:
         """``.parallel/quarantine/``: one file per slot a live supervisor took out of rotation."""
         return self.parallel / "quarantine"
 
+    @property
+    def live_lock(self) -> Path:
+        """Shared by every live supervisor; ``resume`` needs it exclusively."""
+        return self.parallel / "live"
+
+    @property
+    def owners(self) -> Path:
+        return self.parallel / "owners"
+
+    def owner_file(self, owner: str) -> Path:
+        """``owners/<owner>``: a supervisor's heartbeat (its mtime) and its slots."""
+        return self.owners / owner.replace(":", "_")
+
+    @property
+    def slots(self) -> Path:
+        """``slots/<slot-id>``: every slot id the run has had, each naming its holder."""
+        return self.parallel / "slots"
+
+    def slot_file(self, slot_id: str) -> Path:
+        """``slots/<slot-id>``: the registration of one slot id."""
+        if not _SLOT_ID_RE.match(slot_id):
+            raise ValueError(f"slot id {slot_id!r} is not a safe file name")
+        return self.slots / slot_id
+
+    @property
+    def added_marker(self) -> Path:
+        """Touched whenever tasks are added to a run (live supervisors' claims rescan)."""
+        return self.parallel / "added"
+
     def state_dir(self, state: str) -> Path:
         if state not in STATES:
             raise ValueError(f"unknown queue state {state!r}")
@@ -140,7 +169,7 @@ def run_dir_name(now: datetime, suffix: str | None = None) -> str:
     return f"{name}_{slugify(suffix)}" if suffix else name
 
 
-def list_runs(parent: Path) -> list[Path]:
+def runs_in(parent: Path) -> list[Path]:
     """Run directories directly under ``parent`` (``<workspace>/<name>``), oldest first."""
     if not parent.is_dir():
         return []
@@ -180,6 +209,6 @@ def find_runs(workspace: Path) -> list[Path]:
     found: list[Path] = []
     for name_dir in workspace.iterdir():
         if name_dir.is_dir():
-            found.extend(list_runs(name_dir))
-    found.extend(list_runs(workspace))
+            found.extend(runs_in(name_dir))
+    found.extend(runs_in(workspace))
     return sorted(found, key=lambda p: (p.name, str(p)))

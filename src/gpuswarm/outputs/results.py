@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
+from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
-from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, task_id_of
+from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
+from gpuswarm.store.queue import DirQueue
 
 FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
@@ -30,30 +32,33 @@ class Row:
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
 
 
-def _exit_text(attempt: dict[str, Any]) -> str:
-    if attempt.get("signal"):
-        return str(attempt["signal"])
-    code = attempt.get("returncode")
-    return "" if code is None else str(code)
+def _exit_text(attempt: AttemptRecord | None) -> str:
+    if attempt is None:
+        return ""
+    if attempt.signal:
+        return attempt.signal
+    return "" if attempt.returncode is None else str(attempt.returncode)
 
 
-def row_for(state: State, data: dict[str, Any]) -> Row:
-    attempts = data.get("attempts", [])
-    last = attempts[-1] if attempts else {}
+def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
+    """The row of one descriptor (a JSON dict from callers not yet typed)."""
+    if not isinstance(desc, Descriptor):
+        desc = Descriptor(desc)
+    last = desc.last_attempt
     row = Row()
     row.values = {
-        "task": data.get("id", ""),
-        "name": data.get("task", {}).get("name", ""),
+        "task": desc.id if desc.has_id else "",
+        "name": desc.name,
         "state": state.value,
-        "attempts": len([a for a in attempts if not a.get("interrupted")]),
-        "gpus": ",".join(str(g) for g in last.get("gpus", [])),
-        "seconds": round(float(last["duration"]), 3) if "duration" in last else "",
+        "attempts": desc.counted_count,
+        "gpus": ",".join(str(g) for g in last.gpus or ()) if last else "",
+        "seconds": round(float(last.duration), 3) if last and last.duration is not None else "",
         "exit": _exit_text(last),
-        "reason": data.get("reason") or last.get("reason") or "",
+        "reason": desc.reason or (last.reason if last else None) or "",
     }
-    row.busy = sum(float(a.get("duration") or 0) for a in attempts)
-    row.metrics = last.get("metrics") or _EMPTY  # the descriptor's own dicts: no copies
-    row.result = data.get("result") or _EMPTY
+    row.busy = desc.busy_seconds
+    row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
+    row.result = desc.result or _EMPTY
     return row
 
 
@@ -61,13 +66,12 @@ def collect(queue: DirQueue) -> list[Row]:
     rows: list[Row] = []
     for state in State:
         for name in queue.names(state):
-            data = queue.read(state, name)
-            if data is None:  # empty, garbage or mistyped: counted corrupt, never vanished
+            desc = queue.read_desc(state, name)
+            if desc is None:  # empty, garbage or mistyped: counted corrupt, never vanished
                 rows += _unusable_row(queue, state, name)
                 continue
-            if "id" not in data:
-                data["id"] = task_id_of(name)
-            rows.append(row_for(state, data))
+            desc.default_id(task_id_of(name))
+            rows.append(row_for(state, desc))
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=lambda r: str(r.values["task"]))
     return rows
@@ -99,7 +103,7 @@ def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
         if task is None or task in known:
             continue  # e.g. a duplicate set aside by `check --repair`
         known.add(task)
-        reason = name.split(".json", 1)[1].lstrip(".").split("@")[-1]
+        reason = corrupt_reason(name)
         row = Row()
         row.values = dict.fromkeys(FIXED_COLUMNS, "")
         row.values.update(task=task, state="corrupt", attempts=0, reason=f"descriptor {reason}")

@@ -169,19 +169,7 @@ def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:
 def withdraw(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str) -> bool:
     """Take a variant's task out of pending/ before a runner claims it; False when it is not
     there (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
-    run = run_paths(paths, cfg)
-    pending = run.state_dir("pending")
-    for name in os.listdir(pending):
-        if name.startswith(".") or task_id_of(base_name(name)) != variant_id:
-            continue
-        aside = pending / f".withdrawn-{name}"
-        try:
-            os.rename(pending / name, aside)
-        except FileNotFoundError:
-            return False  # a runner claimed it this instant
-        aside.unlink()
-        return True
-    return False
+    return DirQueue(run_paths(paths, cfg)).withdraw(variant_id)
 
 
 def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:

@@ -49,7 +49,7 @@ def owner_id() -> str:
 
 
 def owner_file(paths: RunPaths, owner: str) -> Path:
-    return paths.parallel / "owners" / owner.replace(":", "_")
+    return paths.owner_file(owner)
 
 
 def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Path:
@@ -86,13 +86,9 @@ def slot_label(paths: RunPaths, owner: str, index: int) -> str:
         return f"slot {index}"
 
 
-def slots_dir(paths: RunPaths) -> Path:
-    return paths.parallel / "slots"
-
-
 def _take_slot_id(paths: RunPaths, ident: str, owner: str, lease_ttl: float) -> bool:
     """Register ``ident`` for ``owner`` (O_EXCL), or take over a registration of a dead owner."""
-    path = slots_dir(paths) / ident
+    path = paths.slot_file(ident)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except FileExistsError:
@@ -120,7 +116,7 @@ def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: fl
     holder is gone (a crash, an earlier supervisor) is taken over, so a resume keeps its lanes
     and homes. Registrations are never removed: the folder lists every slot the run has had.
     """
-    slots_dir(paths).mkdir(exist_ok=True)
+    paths.slots.mkdir(exist_ok=True)
     host = host_slug()
     taken: set[str] = set()
     out = []
@@ -139,7 +135,7 @@ def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: fl
 def registered_slot_ids(paths: RunPaths) -> list[str]:
     """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
     try:
-        return sorted(n for n in os.listdir(slots_dir(paths)) if not n.startswith("."))
+        return sorted(n for n in os.listdir(paths.slots) if not n.startswith("."))
     except FileNotFoundError:
         return []
 
@@ -182,9 +178,9 @@ class FileLock:
 
 def is_live(paths: RunPaths) -> bool:
     """Whether any supervisor holds the run's ``live`` lock."""
-    if not (paths.parallel / "live").exists():
+    if not paths.live_lock.exists():
         return False
-    probe = FileLock(paths.parallel / "live")
+    probe = FileLock(paths.live_lock)
     if probe.acquire(exclusive=True):
         probe.release()
         return False
@@ -192,7 +188,7 @@ def is_live(paths: RunPaths) -> bool:
 
 
 def _live_owners(paths: RunPaths) -> str:
-    owners = paths.parallel / "owners"
+    owners = paths.owners
     names = sorted(p.name.replace("_", ":") for p in owners.iterdir()) if owners.is_dir() else []
     return ", ".join(names[-3:]) or "another process"
 
@@ -202,8 +198,8 @@ class Attachment:
 
     def __init__(self, paths: RunPaths) -> None:
         self.paths = paths
-        self.init = FileLock(paths.parallel / "lock")
-        self.live = FileLock(paths.parallel / "live")
+        self.init = FileLock(paths.lock)
+        self.live = FileLock(paths.live_lock)
 
     def end_init(self) -> None:
         """Let other supervisors initialise (called once recovery/reclaiming is done)."""

@@ -1,4 +1,7 @@
-"""The durable directory queue: enqueue, claim, update, requeue, finish, recover.
+"""The durable directory queue: every transition of a descriptor (submit, claim, save, move,
+requeue, retry, withdraw, reclaim, set aside), each save -> journal (the caller's ``announce``)
+-> rename. File names are :mod:`gpuswarm.store.names`; the descriptor is
+:class:`gpuswarm.core.models.Descriptor`; a staged run's folders are :mod:`gpuswarm.store.staging`.
 
 Layout (under ``RunPaths.parallel``)::
 
@@ -20,70 +23,30 @@ moves on.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import heapq
 import itertools
-import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError, QueueError
 from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
-from gpuswarm.core.paths import STATES, RunPaths
-from gpuswarm.core.records import descriptor_problem
+from gpuswarm.core.models import Descriptor, State, base_name
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.names import (
+    claim_name,
+    corrupt_task_id,
+    descriptor_name,
+    lease_of,
+    reclaim_name,
+    task_id_of,
+)
 
-DESCRIPTOR_VERSION = 1
-PRIORITY_LIMIT = 4999
-LEASE_SEP = "@"
-
-
-class State(str, Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
-
-
-def descriptor_name(priority: int, seq: int, task_id: str) -> str:
-    """``<rank><seq>_<task-id>.json``: lexicographic order = higher priority, then earlier seq."""
-    if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-        raise ValueError(f"priority {priority} outside -{PRIORITY_LIMIT}..{PRIORITY_LIMIT}")
-    return f"{5000 - priority:04d}{seq:09d}_{task_id}.json"
-
-
-def base_name(file_name: str) -> str:
-    """The descriptor name without a lease suffix."""
-    return file_name.split(LEASE_SEP, 1)[0]
-
-
-def lease_of(file_name: str) -> tuple[str, int] | None:
-    """``(owner, slot)`` encoded in a running descriptor's name (``@owner@slot.claim``)."""
-    parts = file_name.split(LEASE_SEP)
-    if len(parts) != 3:
-        return None
-    try:
-        return parts[1], int(parts[2].split(".", 1)[0])
-    except ValueError:
-        return None
-
-
-def task_id_of(file_name: str) -> str:
-    stem = base_name(file_name)
-    return stem[14:-5] if stem.endswith(".json") else stem[14:]
-
-
-def corrupt_task_id(name: str) -> str | None:
-    """The task id of a file in corrupt/ (``<descriptor name>[@lease].<reason>``)."""
-    end = name.find(".json")
-    return name[14:end] if end > 14 else None
+Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
 
 
 def _visible(name: str) -> bool:
@@ -96,7 +59,12 @@ class Claimed:
 
     name: str  # base name, no lease
     path: Path  # current path in running/
-    data: dict[str, Any]
+    data: dict[str, Any]  # the descriptor's JSON form: read it through ``desc``
+
+    @property
+    def desc(self) -> Descriptor:
+        """The typed descriptor (a view over ``data``: what it changes is what is saved)."""
+        return Descriptor(self.data)
 
     @property
     def task_id(self) -> str:
@@ -104,25 +72,12 @@ class Claimed:
 
 
 def new_descriptor(task: dict[str, Any], seq: int) -> dict[str, Any]:
-    return {
-        "v": DESCRIPTOR_VERSION,
-        "id": task["id"],
-        "seq": seq,
-        "task": task,
-        "attempts": [],
-        "budget_from": 0,
-        "interruptions": 0,
-        "reason": None,
-        "state": State.PENDING.value,
-    }
+    return Descriptor.new(task, seq).raw
 
 
 def attempts_used(data: dict[str, Any]) -> int:
     """Attempts that count against ``max_attempts`` (interrupted ones and earlier budgets don't)."""
-    counted = [
-        a for a in data["attempts"][data.get("budget_from", 0) :] if not a.get("interrupted")
-    ]
-    return len(counted)
+    return Descriptor(data).attempts_used
 
 
 class DirQueue:
@@ -146,42 +101,7 @@ class DirQueue:
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers
 
-    # -- creation ------------------------------------------------------------------------------
-    @staticmethod
-    def create_layout(paths: RunPaths) -> None:
-        paths.parallel.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for state in STATES:
-            paths.state_dir(state).mkdir(exist_ok=True)
-        paths.corrupt.mkdir(exist_ok=True)
-
-    @staticmethod
-    def write_pending(paths: RunPaths, descriptors: Iterable[dict[str, Any]]) -> int:
-        """Write descriptors into ``pending/`` of a run being staged (not yet visible).
-
-        No per-file fsync: the caller syncs the filesystem once (:func:`sync_tree`) before it
-        makes the staged run visible with a rename, so 100k tasks cost one sync, not 100k.
-        """
-        count = 0
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
-        skipped = paths.state_dir(State.SKIPPED.value)
-        try:
-            for desc in descriptors:
-                name = descriptor_name(desc["task"].get("priority", 0), desc["seq"], desc["id"])
-                if desc.get("state") == State.SKIPPED.value:  # excluded: never pending
-                    atomic_write_bytes(skipped / name, dumps_compact(desc), durable=False)
-                    count += 1
-                    continue
-                fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
-                try:
-                    os.write(fd, dumps_compact(desc))  # a few hundred bytes: one write
-                finally:
-                    os.close(fd)
-                count += 1
-        finally:
-            os.close(folder)
-        return count
-
+    # -- submitting ----------------------------------------------------------------------------
     @staticmethod
     def add_pending(
         paths: RunPaths, task: dict[str, Any], seq: int, *, durable: bool = True
@@ -189,16 +109,24 @@ class DirQueue:
         """Add one task to a run that may be live (temp + fsync + rename into pending/), then
         touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
         added later with a higher priority is claimed before those already in their heaps."""
-        desc = new_descriptor(task, seq)
-        name = descriptor_name(int(task.get("priority", 0)), seq, str(task["id"]))
-        atomic_write_bytes(paths.state_dir("pending") / name, dumps_compact(desc), durable=durable)
+        desc = Descriptor.new(task, seq)
+        name = descriptor_name(desc.priority, seq, desc.id)
+        atomic_write_bytes(
+            paths.state_dir("pending") / name, dumps_compact(desc.raw), durable=durable
+        )
         note_added(paths)
+        return name
+
+    def submit(self, task: dict[str, Any], seq: int) -> str:
+        """:meth:`add_pending` by this queue, which may claim it at once."""
+        name = self.add_pending(self.paths, task, seq, durable=self.durable)
+        self.push(name)
         return name
 
     # -- claiming ------------------------------------------------------------------------------
     def _added_mark(self) -> int | None:
         try:
-            return (self.paths.parallel / ADDED_MARKER).stat().st_mtime_ns
+            return self.paths.added_marker.stat().st_mtime_ns
         except FileNotFoundError:
             return None
 
@@ -236,24 +164,20 @@ class DirQueue:
         src = self.paths.state_dir("pending") / name
         # the claim number makes each claim's name unique, so recovery can tell a move this
         # claim began (``moved_from`` == its name) from one an earlier claim finished
-        lease = f"{LEASE_SEP}{owner}{LEASE_SEP}{slot}.{next(self._claims)}"
-        dst = self.paths.state_dir("running") / f"{name}{lease}"
+        dst = self.paths.state_dir("running") / claim_name(name, owner, slot, next(self._claims))
         try:
             os.rename(src, dst)
         except FileNotFoundError:
             return None  # another claimer won
         os.utime(dst)  # mtime = claim time, for status
         try:
-            data = json.loads(dst.read_bytes())
-            problem = descriptor_problem(data, task_fields=False)  # the task: see _start
-            if problem is not None:
-                raise ValueError(problem)
+            desc = Descriptor.loads(dst.read_bytes(), task_fields=False)  # the task: see _start
         except (OSError, ValueError) as exc:
             self.quarantine(dst, f"unreadable: {exc}")
             if self.on_corrupt is not None:
                 self.on_corrupt(name, f"unreadable: {exc}")
             return None
-        return Claimed(name=name, path=dst, data=data)
+        return Claimed(name=name, path=dst, data=desc.raw)
 
     # -- transitions of a claimed descriptor ---------------------------------------------------
     def save(self, claimed: Claimed) -> None:
@@ -287,8 +211,9 @@ class DirQueue:
         descriptor that says where it was going; recovery finishes a move to done/failed and
         journals it again, so the journal never lags behind the folders.
         """
-        claimed.data["state"] = state.value
-        claimed.data["moved_from"] = claimed.path.name
+        desc = claimed.desc
+        desc.state = state
+        desc.moved_from = claimed.path.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
         if announce is not None:
             announce()
@@ -357,33 +282,118 @@ class DirQueue:
     def read(self, state: State, name: str) -> dict[str, Any] | None:
         """The descriptor, or None when it is unreadable, not JSON or mistyped (a record with
         ``"attempts": "x"`` is as unusable as an empty file: every reader reports it)."""
+        desc = self.read_desc(state, name)
+        return desc.raw if desc is not None else None
+
+    def read_desc(self, state: State, name: str) -> Descriptor | None:
+        """:meth:`read`, typed."""
         try:
-            data = json.loads((self.paths.state_dir(state.value) / name).read_bytes())
+            return Descriptor.loads((self.paths.state_dir(state.value) / name).read_bytes())
         except (OSError, ValueError, RecursionError):
             return None
-        return data if descriptor_problem(data) is None else None
 
     def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
+        for name, desc in self.iter_descs(state):
+            yield name, desc.raw
+
+    def iter_descs(self, state: State) -> Iterator[tuple[str, Descriptor]]:
+        """Every readable descriptor of ``state``, with its file name (unreadable ones skipped)."""
         for name in self.names(state):
-            data = self.read(state, name)
-            if data is not None:
-                yield name, data
+            desc = self.read_desc(state, name)
+            if desc is not None:
+                yield name, desc
+
+    def index(self) -> tuple[dict[str, tuple[State, str]], int]:
+        """Task id -> (state, file name) of every readable descriptor, and the highest seq."""
+        known: dict[str, tuple[State, str]] = {}
+        max_seq = -1
+        for state in State:
+            for name, desc in self.iter_descs(state):
+                if desc.has_id:
+                    known[desc.id] = (state, name)
+                    max_seq = max(max_seq, desc.seq)
+        return known, max_seq
 
     def adopt_running(self, name: str) -> Claimed:
         """Take over a running descriptor (recovery); raises QueueError if it cannot be read."""
         path = self.paths.state_dir("running") / name
-        data = self.read(State.RUNNING, name)
-        if data is None:
+        desc = self.read_desc(State.RUNNING, name)
+        if desc is None:
             raise QueueError(f"{path}: unreadable running descriptor")
-        return Claimed(name=base_name(name), path=path, data=data)
+        return Claimed(name=base_name(name), path=path, data=desc.raw)
 
+    def take_lease(self, name: str, me: str) -> str | None:
+        """Rename a dead owner's running ``name`` to a reclaimer's lease of ``me``, which
+        :func:`reclaim_name` makes encode the claim; the rename arbitrates between reclaimers
+        (None: another won). Returns the new name (then :meth:`adopt_running` it)."""
+        mine = reclaim_name(name, me)
+        try:
+            os.rename(self.running_path(name), self.running_path(mine))
+        except FileNotFoundError:
+            return None  # another supervisor reclaimed it first
+        return mine
 
-ADDED_MARKER = "added"  # .parallel/added: touched whenever tasks are added to a run
+    def running_path(self, name: str) -> Path:
+        return self.paths.state_dir("running") / name
+
+    # -- transitions of descriptors no process holds -------------------------------------------
+    def update_pending(self, name: str, task: dict[str, Any]) -> None:
+        """Give a pending task a new spec (a config change, under the run lock)."""
+        desc = self.read_desc(State.PENDING, name) or Descriptor({})
+        desc.task = task
+        path = self.paths.state_dir("pending") / name
+        atomic_write_bytes(path, dumps_compact(desc.raw), durable=self.durable)
+
+    def withdraw(self, task_id: str) -> bool:
+        """Take a task out of pending/ before anyone claims it; False when it is not there
+        (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
+        pending = self.paths.state_dir("pending")
+        for name in os.listdir(pending):
+            if not _visible(name) or task_id_of(name) != task_id:
+                continue
+            aside = pending / f".withdrawn-{name}"
+            try:
+                os.rename(pending / name, aside)
+            except FileNotFoundError:
+                return False  # claimed this instant
+            aside.unlink()
+            return True
+        return False
+
+    def retry_failed(
+        self, name: str, announce: Callable[[Descriptor], object]
+    ) -> Descriptor | None:
+        """A failed task back to pending/ with a fresh attempt budget: save (in failed/, marked
+        as a begun retry), ``announce`` (journal), rename. None when it is unreadable."""
+        src = self.paths.state_dir("failed") / name
+        desc = self.read_desc(State.FAILED, name)
+        if desc is None:
+            return None
+        desc.fresh_budget()
+        staged = src.parent / f".retry-{base_name(name)}"
+        atomic_write_bytes(staged, dumps_compact(desc.raw), durable=self.durable)
+        os.replace(staged, src)
+        self._finish_retry(name, desc, announce)
+        return desc
+
+    def finish_begun_retry(self, name: str, announce: Announce) -> bool:
+        """A failed task saved as ``pending`` (a retry a crash cut short after its save):
+        announce it again (the journal never lags behind the folders) and finish the rename."""
+        desc = self.read_desc(State.FAILED, name)
+        if desc is None or desc.state != State.PENDING.value:
+            return False
+        self._finish_retry(name, desc, announce)
+        return True
+
+    def _finish_retry(self, name: str, desc: Descriptor, announce: Announce) -> None:
+        announce(desc)
+        os.rename(self.paths.state_dir("failed") / name, self.paths.state_dir("pending") / name)
+        self.push(name)
 
 
 def note_added(paths: RunPaths) -> None:
     """Tell live supervisors that pending/ has new tasks (their next claim rescans it)."""
-    marker = paths.parallel / ADDED_MARKER
+    marker = paths.added_marker
     now = time.time_ns()
     try:
         os.utime(marker, ns=(now, now))
@@ -392,33 +402,18 @@ def note_added(paths: RunPaths) -> None:
         os.utime(marker, ns=(now, now))
 
 
-def sync_tree(path: Path) -> None:
-    """Flush every file written under ``path`` to disk: syncfs(2) where available, else sync(2)."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        syncfs = getattr(libc, "syncfs", None)
-        if syncfs is not None:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                if syncfs(fd) == 0:
-                    return
-            finally:
-                os.close(fd)
-    os.sync()
-
-
+# the names and helpers below moved (store.names, core.models); re-exported for their callers in
+# supervise, outputs, ui and research until those import them from there
 __all__ = [
-    "STATES",
     "Claimed",
     "DirQueue",
     "State",
     "attempts_used",
     "base_name",
+    "corrupt_task_id",
     "descriptor_name",
     "lease_of",
     "new_descriptor",
     "note_added",
-    "sync_tree",
     "task_id_of",
 ]

@@ -11,7 +11,6 @@ import errno
 import os
 import shutil
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,26 +23,24 @@ from pydantic import ValidationError
 from gpuswarm import __version__
 from gpuswarm.config.load import TaskSpec, render
 from gpuswarm.core.errors import QueueError, RunDirError
-from gpuswarm.core.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
+from gpuswarm.core.fsutil import (
+    atomic_write_json,
+    fsync_dir,
+    read_json,
+    sync_tree,
+    temp_writer_alive,
+)
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
+from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.local.process import find_by_env, kill_tree
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.leases import OWNER_VAR, on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.queue import (
-    LEASE_SEP,
-    Claimed,
-    DirQueue,
-    State,
-    attempts_used,
-    base_name,
-    lease_of,
-    new_descriptor,
-    sync_tree,
-    task_id_of,
-)
+from gpuswarm.store.names import leased_by, reclaimed_from, task_id_of
+from gpuswarm.store.queue import Claimed, DirQueue, State
+from gpuswarm.store.staging import create_layout, write_pending
 
 
 @dataclass(frozen=True)
@@ -64,12 +61,12 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     staging = RunPaths(parent / f".staging-{final.name}-{os.getpid()}")
     try:  # the mkdir inside: a stop signal right after it must not leave the folder behind
         staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
-        DirQueue.create_layout(staging)
+        create_layout(staging)
         staging.tasks.mkdir()
         descriptors = (
-            _skipped_if_excluded(new_descriptor(t, seq)) for seq, t in enumerate(new.tasks)
+            _skipped_if_excluded(Descriptor.new(t, seq)) for seq, t in enumerate(new.tasks)
         )
-        count = DirQueue.write_pending(staging, descriptors)
+        count = write_pending(staging, descriptors)
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
@@ -97,12 +94,11 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
     return paths
 
 
-def _skipped_if_excluded(desc: dict[str, Any]) -> dict[str, Any]:
+def _skipped_if_excluded(desc: Descriptor) -> Descriptor:
     """A task an ``exclude:`` glob matched is created skipped: listed, never run."""
-    why = desc["task"].get("skip_reason")
+    why = desc.skip_reason
     if why:
-        desc["state"] = State.SKIPPED.value
-        desc["reason"] = why
+        desc.mark_skipped(why)
     return desc
 
 
@@ -233,26 +229,24 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: 
     except QueueError:
         set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
         return "corrupt"
-    data = claimed.data
+    desc = claimed.desc
     if _requeue_waiting(queue, ledger, claimed):
         return "requeued"
     if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
-    lease = lease_of(name)
+    lease = Lease.parse(name)
     if claimed.task_id not in still_running and judge_orphan(
-        queue, ledger, claimed, f"its supervisor died ({lease[0] if lease else '?'})"
+        queue, ledger, claimed, f"its supervisor died ({lease.owner if lease else '?'})"
     ):
         return "judged_done"
-    data["attempts"].append(
-        {
-            "n": len(data["attempts"]) + 1,
-            "slot": slot_label(queue.paths, *lease) if lease else "",
-            "interrupted": True,
-            "kind": "lost",
-            "reason": "its supervisor died" + (f" ({lease[0]})" if lease else ""),
-        }
+    record = AttemptRecord.lost(
+        n=desc.next_attempt,
+        slot=slot_label(queue.paths, lease.owner, lease.slot) if lease else "",
+        interrupted=True,
+        reason="its supervisor died" + (f" ({lease.owner})" if lease else ""),
     )
-    data["interruptions"] = data.get("interruptions", 0) + 1
+    desc.add_attempt(record)
+    desc.note_interrupted()
     queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
     return "interrupted"
 
@@ -263,21 +257,10 @@ def _requeued(ledger: Ledger, claimed: Claimed, reason: str, frm: str) -> Callab
 
 def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
     """A task that was only waiting out its retry backoff goes back to pending/ as it is."""
-    if claimed.data.pop("retry_at", None) is None:
+    if claimed.desc.take_retry_at() is None:
         return False
     queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "retry", "waiting"))
     return True
-
-
-def reclaim_name(name: str, me: str) -> str:
-    """The name a reclaimer gives a dead owner's running file: it encodes the claim's name.
-
-    The suffix is a checksum of the name the task was claimed under; a reclaim of a reclaim
-    keeps it, so recovery can always tell the move that claim began.
-    """
-    slot_part = name.rsplit(LEASE_SEP, 1)[-1]
-    suffix = slot_part[3:] if slot_part.startswith("-1.") else f"{zlib.crc32(name.encode()):08x}"
-    return f"{base_name(name)}{LEASE_SEP}{me}{LEASE_SEP}-1.{suffix}"
 
 
 def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
@@ -287,13 +270,11 @@ def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> boo
     reclaimer renamed it, the name :func:`reclaim_name` encodes. A later claim of the same task
     has another name, so an old marker is never mistaken for a begun move.
     """
-    data = claimed.data
-    target, begun, now = data.get("state"), data.get("moved_from"), claimed.path.name
-    lease = lease_of(now)
-    if not isinstance(begun, str) or target not in STATE_VALUES or lease is None:
+    desc = claimed.desc
+    target, begun, now = desc.state, desc.moved_from, claimed.path.name
+    if begun is None or target not in STATE_VALUES or Lease.parse(now) is None:
         return False
-    reclaimed_from_begun = lease[1] == -1 and now.endswith(f".{zlib.crc32(begun.encode()):08x}")
-    if begun != now and not reclaimed_from_begun:
+    if begun != now and not reclaimed_from(now, begun):
         return False
     if target == State.PENDING.value:
         announce = _requeued(ledger, claimed, "retry", "running")
@@ -307,21 +288,16 @@ STATE_VALUES = (State.PENDING.value, State.DONE.value, State.FAILED.value)
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
-    src = queue.paths.state_dir("failed") / name
-    data = queue.read(State.FAILED, name)
-    if data is None:
-        set_aside(queue, ledger, src, "unreadable failed")
+    if queue.retry_failed(name, _retry_journaled(ledger)) is None:
+        set_aside(queue, ledger, queue.paths.state_dir("failed") / name, "unreadable failed")
         return 0
-    data["budget_from"] = len(data.get("attempts", []))
-    data["reason"] = None
-    data["state"] = State.PENDING.value  # in failed/: marks a begun retry (recovery ends it)
-    staged = queue.paths.state_dir("failed") / f".retry-{base_name(name)}"
-    atomic_write_json(staged, data, durable=queue.durable)
-    os.replace(staged, src)  # save
-    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")  # journal
-    os.rename(src, queue.paths.state_dir("pending") / name)  # rename: like every arrow
-    queue.push(name)
     return 1
+
+
+def _retry_journaled(ledger: Ledger) -> Callable[[Descriptor], object]:
+    return lambda desc: ledger.emit(
+        Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm="failed"
+    )
 
 
 def task_ids_of(pids: Iterable[int]) -> set[str]:
@@ -348,16 +324,16 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
     written after the claim (the running file's time), parses: then it is done, not re-run.
     The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
     """
-    data = claimed.data
+    desc = claimed.desc
     try:
-        task = TaskSpec.model_validate(data.get("task"))
+        task = TaskSpec.model_validate(desc.task)
     except ValidationError:
         return False
     claimed_at = _lease_time(claimed.path)
     if task.done_when is None or claimed_at is None:
         return False
     paths = queue.paths
-    n = len(data["attempts"]) + 1
+    n = desc.next_attempt
     values = {
         **task.vars,
         "workspace": str(paths.task_dir(task.id)),
@@ -378,26 +354,15 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
         return False
     if written < claimed_at - STALE_SLACK_SECONDS:
         return False  # older than the claim: not this attempt's
-    lease = lease_of(claimed.path.name)
+    lease = Lease.parse(claimed.path.name)
     stamp = time.strftime("%H:%M:%S", time.localtime(written))
     reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
-    data["attempts"].append(
-        {
-            "n": n,
-            "slot": slot_label(queue.paths, *lease) if lease and lease[1] >= 0 else "",
-            "started": round(claimed_at, 4),
-            "ended": round(written, 4),
-            "duration": round(max(0.0, written - claimed_at), 4),
-            "kind": "orphan",
-            "returncode": None,
-            "signal": None,
-            "reason": reason,
-            "oom": False,
-            "killed": 0,
-        }
+    slot = slot_label(queue.paths, lease.owner, lease.slot) if lease and not lease.reclaimer else ""
+    desc.add_attempt(
+        AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
     )
-    data["result"] = result
-    data["reason"] = None
+    desc.result = result
+    desc.reason = None
     queue.move(
         claimed,
         State.DONE,
@@ -419,13 +384,7 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
 def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
     """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
     it (again: the journal must never lag behind the folders) and finish the rename."""
-    data = queue.read(State.FAILED, name)
-    if data is None or data.get("state") != State.PENDING.value:
-        return False
-    ledger.emit(Ev.REQUEUED, task=data.get("id"), reason="resume-retry", frm="failed")
-    os.rename(queue.paths.state_dir("failed") / name, queue.paths.state_dir("pending") / name)
-    queue.push(name)
-    return True
+    return queue.finish_begun_retry(name, _retry_journaled(ledger))
 
 
 def reclaim_dead(
@@ -441,10 +400,10 @@ def reclaim_dead(
     still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
     count = 0
     for name in queue.names(State.RUNNING):
-        lease = lease_of(name)
-        if lease is None or lease[0] == me:
+        lease = Lease.parse(name)
+        if lease is None or lease.owner == me:
             continue
-        owner = lease[0]
+        owner = lease.owner
         if owner not in verdicts:
             verdicts[owner] = owner_alive(queue.paths, owner, lease_ttl)
             if not verdicts[owner] and on_this_host(owner):
@@ -464,52 +423,45 @@ def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
     claimed file's name, so the owner (host:pid:start) is in them; nobody else writes them."""
     if not dead:
         return
-    marks = tuple(f"{LEASE_SEP}{owner}{LEASE_SEP}" for owner in dead)
     running = paths.state_dir("running")
     for name in os.listdir(running):
-        if name.startswith(".tmp-") and any(m in name for m in marks):
+        if name.startswith(".tmp-") and leased_by(name, dead):
             (running / name).unlink(missing_ok=True)
 
 
 def _reclaim_one(
     queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
 ) -> bool:
-    running = queue.paths.state_dir("running")
-    mine = running / reclaim_name(name, me)
-    try:
-        os.rename(running / name, mine)
-    except FileNotFoundError:
+    mine = queue.take_lease(name, me)
+    if mine is None:
         return False  # another supervisor reclaimed it first
     try:
-        claimed = queue.adopt_running(mine.name)
+        claimed = queue.adopt_running(mine)
     except QueueError:
-        set_aside(queue, ledger, mine, "unreadable running")
+        set_aside(queue, ledger, queue.running_path(mine), "unreadable running")
         return False
-    data = claimed.data
+    desc = claimed.desc
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True
     judge = on_this_host(owner) and claimed.task_id not in still_running
     if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
-    data["attempts"].append(
-        {"n": len(data["attempts"]) + 1, "kind": "lost", "reason": f"its supervisor {owner} died"}
-    )
-    max_attempts = int(data.get("task", {}).get("max_attempts", 1))
-    if attempts_used(data) < max_attempts:
+    desc.add_attempt(AttemptRecord.lost(n=desc.next_attempt, reason=f"its supervisor {owner} died"))
+    if desc.attempts_used < desc.max_attempts:
         why = f"reclaimed from {owner}"
         queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
         return True
-    data["reason"] = f"abandoned: its supervisor {owner} died and attempts are used up"
+    desc.reason = reason = f"abandoned: its supervisor {owner} died and attempts are used up"
     queue.move(
         claimed,
         State.FAILED,
         lambda: ledger.emit(
             Ev.FINISHED,
             task=claimed.task_id,
-            attempt=len(data["attempts"]),
+            attempt=desc.attempt_count,
             slot="",
             state="failed",
-            reason=data["reason"],
+            reason=reason,
             seconds=0,
             retry=False,
         ),

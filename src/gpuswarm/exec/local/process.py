@@ -27,13 +27,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import NamedTuple
 
 import psutil
 
 from gpuswarm.core.logs import LogPump, LogSink, detect_oom, log_tail
+from gpuswarm.core.models import EndKind as EndKind  # moved to core.models; its old callers
 
 TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -47,16 +47,6 @@ _LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 # a log written by the LogPump: created fresh (never an existing file or a planted symlink)
 _PUMPED_LOG_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
-
-
-class EndKind(str, Enum):
-    EXITED = "exited"
-    SIGNALED = "signaled"
-    TIMEOUT = "timeout"
-    NOT_FOUND = "not-found"
-    NOT_EXECUTABLE = "not-executable"
-    CANCELLED = "cancelled"
-    SPAWN_ERROR = "spawn-error"
 
 
 @dataclass(frozen=True)
