@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import RunLockedError
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.runview import RunView, TaskView
@@ -77,16 +78,16 @@ def _duplicate_completions(journal: RunView) -> list[Finding]:
     ]
 
 
-def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
+def attempt_bounds(desc: Descriptor, *, running: bool) -> tuple[int, int]:
     """How many ``started`` events a descriptor's attempts account for.
 
     Each recorded attempt had one, except that an attempt recorded as ``lost`` (its supervisor
     died) may have died between the claim and its ``started`` line; a claimed, running task has
     one more (unless it only waits out a retry backoff).
     """
-    attempts = data.get("attempts", [])
-    lost = sum(1 for a in attempts if a.get("kind") == "lost")
-    extra = 1 if running and not data.get("retry_at") else 0
+    attempts = desc.attempts
+    lost = sum(1 for a in attempts if a.kind == "lost")
+    extra = 1 if running and not desc.retry_at else 0
     return len(attempts) - lost + extra, len(attempts) + extra
 
 
@@ -116,7 +117,7 @@ def _duplicates(
 
 
 def _task_findings(
-    queue: DirQueue, where: Where, journal: RunView, live: bool, ttl: float
+    reader: RunReader, where: Where, journal: RunView, live: bool, ttl: float
 ) -> list[Finding]:
     tasks = _tasks(journal)
     out = []
@@ -124,13 +125,13 @@ def _task_findings(
         if len(places) > 1:
             continue  # reported as a duplicate
         state, name = places[0]
-        data = queue.read(state, name)
+        data = reader.read(state, name)
         if data is None:
-            why = why_unreadable(queue.paths.state_dir(state.value) / name) or "gone"
+            why = why_unreadable(reader.paths.state_dir(state.value) / name) or "gone"
             out.append(Finding("unreadable", f"{state.value}/{name}: {why}", task))
             continue
         lease = lease_of(name)
-        if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
+        if state is State.RUNNING and lease and not owner_alive(reader.paths, lease[0], ttl):
             if not live:
                 out.append(Finding("stale-lease", f"its supervisor {lease[0]} is gone", task))
             continue
@@ -140,7 +141,7 @@ def _task_findings(
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
         said = tasks[task].state if task in tasks else "pending"
-        begun_retry = state is State.FAILED and data.get("state") == State.PENDING.value
+        begun_retry = state is State.FAILED and data.state == State.PENDING.value
         if said != state.value and not (begun_retry and said == State.PENDING.value):
             # (a retry saved and journaled, not yet renamed: resume finishes it)
             out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
@@ -205,7 +206,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     if not repair:
         findings += _duplicates(queue, where, repair=False)
     journal = _journal(paths)
-    findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _task_findings(reader, where, journal, live, ttl)
     findings += _duplicate_completions(journal)
     findings += _lost(paths, info, where, journal)
     findings += _bad_events(paths)

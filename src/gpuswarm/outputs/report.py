@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
@@ -47,7 +48,7 @@ class _Scan:
         self.reader = reader
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
-        self.unfinished: list[tuple[str, dict[str, Any]]] = []
+        self.unfinished: list[tuple[str, Descriptor]] = []
         self.skipped: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
@@ -55,7 +56,7 @@ class _Scan:
             row = row_for(state, data)
             self.rows.append(row)
             self.bars += bars_from_descriptor(data, state.value)
-            task_env = data.get("task", {}).get("env") or {}
+            task_env = data.task.get("env") or {}
             if task_env:
                 self.env[str(row.values["task"])] = dict(task_env)
             if state is State.SKIPPED:
@@ -209,24 +210,26 @@ def _tasks(scan: _Scan, results_name: str) -> str:
 
 def _failures(scan: _Scan) -> str:
     items = sorted(
-        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].get("id")))
+        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].raw.get("id")))
     )
     corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
     if not items and not corrupt:
         return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"
     out = [f"<h2>Failures and unfinished tasks ({len(items) + len(corrupt)})</h2>"]
     for state, data in items[:MAX_FAILURES]:
-        task = str(data.get("id", ""))
-        attempts = data.get("attempts") or []
-        last = attempts[-1] if attempts else {}
+        task = data.id if data.has_id else ""
+        last = data.last_attempt
         reason = (
-            data.get("reason") or last.get("reason") or ("never started" if not attempts else "")
+            data.reason
+            or (last.reason if last is not None else None)
+            or ("never started" if last is None else "")
         )
-        name = data.get("task", {}).get("name", "")
+        name = data.name
         out.append(
             f'<div class="fail"><h3>{esc(task)} {_badge(state, state)} '
             f"{esc(scan.redact(task, name))}</h3>\n"
-            f"<p>reason: <b>{esc(scan.redact(task, reason))}</b> · attempts: {len(attempts)}</p>"
+            f"<p>reason: <b>{esc(scan.redact(task, reason))}</b> · "
+            f"attempts: {data.attempt_count}</p>"
         )
         n = last_attempt(data, started=True)  # the newest attempt that ran: it has a log
         if n is not None:

@@ -15,6 +15,7 @@ from typing import Any
 from gpuswarm.core.events import Finished, SupervisorStarted
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
@@ -46,27 +47,28 @@ def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
 
 def _failures(reader: RunReader, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
     out = []
-    for name, data in reader.latest(State.FAILED, limit):
-        task_id = reader.task_id(name, data)
-        log = reader.last_log(task_id, data)
+    for name, found in reader.latest(State.FAILED, limit):
+        desc = found if found is not None else Descriptor({"task": {}})
+        task_id = reader.task_id(name, found)
+        log = reader.last_log(task_id, desc)
         out.append(
             {
                 "task": task_id,
-                "name": data.get("task", {}).get("name", ""),
-                "attempts": len(data.get("attempts", [])),
-                "reason": data.get("reason") or "",
+                "name": desc.name,
+                "attempts": desc.attempt_count,
+                "reason": desc.reason or "",
                 "log": str(log) if log else None,
-                "log_tail": _redacted_tail(log, data),
+                "log_tail": _redacted_tail(log, desc),
             }
         )
     return out
 
 
-def _redacted_tail(log: Path | None, data: dict[str, Any]) -> str:
+def _redacted_tail(log: Path | None, desc: Descriptor) -> str:
     """A log tail with the values of secret-looking variables (task's and ours) blanked."""
     if log is None or not log.exists():
         return ""
-    env = {**os.environ, **data.get("task", {}).get("env", {})}
+    env = {**os.environ, **desc.task.get("env", {})}
     return redact_text(log_tail(log, max_lines=8), env)
 
 

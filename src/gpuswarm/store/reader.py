@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.events import Event, SupervisorStarted, decode
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
@@ -33,20 +34,19 @@ from gpuswarm.store.queue import DirQueue, State, base_name, lease_of, task_id_o
 SLOTS_SCAN_BYTES = 8 << 20
 
 
-def attempt_number(data: dict[str, Any]) -> int:
+def attempt_number(desc: Descriptor) -> int:
     """The number of the attempt a running descriptor is on (the one rule, shared by status and
     watch): every attempt recorded so far, interrupted ones included, plus one, as the
     supervisor numbers them. Its log is ``attempt-<n>/output.log``."""
-    return len(data.get("attempts", [])) + 1
+    return desc.next_attempt
 
 
-def last_attempt(data: dict[str, Any], *, started: bool = False) -> int | None:
+def last_attempt(desc: Descriptor, *, started: bool = False) -> int | None:
     """The number of the newest recorded attempt (``started``: the newest that ran, i.e. has a
     start time and so a log); None when there is none."""
-    for att in reversed(data.get("attempts") or []):
-        ok = isinstance(att, dict) and isinstance(att.get("n"), int)
-        if ok and (not started or "started" in att):
-            return int(att["n"])
+    for att in reversed(desc.attempts):
+        if not started or att.started is not None:
+            return att.n
     return None
 
 
@@ -56,7 +56,7 @@ class Running:
 
     file: str  # its name in running/ (with the lease)
     task: str
-    data: dict[str, Any] = field(repr=False)  # {} when unreadable
+    desc: Descriptor | None = field(repr=False)  # None when unreadable
     owner: str | None
     slot: str | None  # the slot label, unique in the run; None without a lease
     attempt: int
@@ -70,11 +70,11 @@ class Running:
 
     @property
     def name(self) -> str:
-        return str(self.data.get("task", {}).get("name", ""))
+        return self.desc.name if self.desc is not None else ""
 
     @property
     def timeout(self) -> float | None:
-        value = self.data.get("task", {}).get("timeout")
+        value = self.desc.task.get("timeout") if self.desc is not None else None
         return value if isinstance(value, (int, float)) else None
 
     @property
@@ -114,28 +114,28 @@ class RunReader:
     def names(self, state: State) -> list[str]:
         return self.queue.names(state)
 
-    def read(self, state: State, name: str) -> dict[str, Any] | None:
+    def read(self, state: State, name: str) -> Descriptor | None:
         """A descriptor; None when unreadable (``records.why_unreadable`` says why)."""
-        return self.queue.read(state, name)
+        return self.queue.read_desc(state, name)
 
-    def descriptors(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
+    def descriptors(self, state: State) -> Iterator[tuple[str, Descriptor]]:
         """``(file name, descriptor)`` of each readable descriptor in ``state``, in name order."""
-        return self.queue.iter_state(state)
+        return self.queue.iter_descs(state)
 
-    def everything(self) -> Iterator[tuple[State, str, dict[str, Any]]]:
+    def everything(self) -> Iterator[tuple[State, str, Descriptor]]:
         """Every readable descriptor of every state folder."""
         for state in State:
             for name, data in self.descriptors(state):
                 yield state, name, data
 
-    def latest(self, state: State, limit: int) -> list[tuple[str, dict[str, Any]]]:
+    def latest(self, state: State, limit: int) -> list[tuple[str, Descriptor | None]]:
         """The ``limit`` descriptors of ``state`` moved there last (newest first); an unreadable
-        one comes back as ``{}``."""
+        one comes back as None."""
         folder = self.paths.state_dir(state.value)
         with os.scandir(folder) as it:
             entries = [e for e in it if not e.name.startswith(".")]
         entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
-        return [(e.name, self.read(state, e.name) or {}) for e in entries[:limit]]
+        return [(e.name, self.read(state, e.name)) for e in entries[:limit]]
 
     def empty_descriptors(self, states: tuple[State, ...]) -> dict[str, int]:
         """Descriptors truncated to 0 bytes, per state folder (one stat each: cheap for ``ls``;
@@ -156,13 +156,16 @@ class RunReader:
             return []
         return sorted(n for n in names if not (visible and n.startswith(".")))
 
-    def task_id(self, name: str, data: dict[str, Any]) -> str:
-        return str(data.get("id", task_id_of(base_name(name))))
+    def task_id(self, name: str, desc: Descriptor | None) -> str:
+        """The task's id: its descriptor's, else the one its file name carries."""
+        if desc is not None and desc.has_id:
+            return desc.id
+        return task_id_of(base_name(name))
 
     # -- attempts ------------------------------------------------------------------------------
-    def last_log(self, task_id: str, data: dict[str, Any], *, started: bool = False) -> Path | None:
+    def last_log(self, task_id: str, desc: Descriptor, *, started: bool = False) -> Path | None:
         """The log of the newest recorded attempt (``started``: of the newest that ran)."""
-        n = last_attempt(data, started=started)
+        n = last_attempt(desc, started=started)
         return None if n is None else self.paths.attempt_log(task_id, n)
 
     # -- what runs where -----------------------------------------------------------------------
@@ -179,18 +182,17 @@ class RunReader:
         return sorted(out, key=lambda r: (r.slot is None, r.slot or ""))
 
     def _running(self, name: str, since: float) -> Running:
-        data = self.read(State.RUNNING, name) or {}
+        desc = self.read(State.RUNNING, name)
         lease = lease_of(name)
-        attempt = attempt_number(data)
-        raw = data.get("retry_at")
-        retry_at = float(raw) if isinstance(raw, (int, float)) else None
+        attempt = attempt_number(desc) if desc is not None else 1
+        retry_at = desc.retry_at if desc is not None else None
         log = None
-        if "id" in data and retry_at is None:
-            log = self.paths.attempt_log(str(data["id"]), attempt)
+        if desc is not None and desc.has_id and retry_at is None:
+            log = self.paths.attempt_log(desc.id, attempt)
         return Running(
             file=name,
-            task=str(data.get("id", task_id_of(name))),
-            data=data,
+            task=self.task_id(name, desc),
+            desc=desc,
             owner=lease[0] if lease else None,
             slot=slot_label(self.paths, *lease) if lease else None,
             attempt=attempt,
