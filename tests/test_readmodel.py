@@ -75,6 +75,12 @@ def test_a_line_of_the_wrong_shape_decodes_to_none_and_changes_nothing(
     assert view.counts == COUNTS and not view.slots
 
 
+def test_a_record_this_process_emitted_is_taken_as_it_is_but_needs_its_fields() -> None:
+    own = {"ts": 1.0, "ev": "started", "task": "a", "attempt": 1, "slot": "gpu0", "gpus": [0]}
+    assert decode(own, own=True) == decode(own)
+    assert decode({"ev": "started", "task": "a"}, own=True) is None
+
+
 def test_kinds_without_a_payload_of_their_own_and_new_kinds_still_open() -> None:
     for line in ({"ev": "run_created", "tasks": 3}, {"ev": "from_a_later_version", "x": 1}):
         event = decode(line)

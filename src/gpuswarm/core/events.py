@@ -14,7 +14,7 @@ module; producers still write through ``store.ledger.Ledger.emit(Ev.X, ...)``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
@@ -46,51 +46,51 @@ class Ev(str, Enum):
 WAITING = "waiting"
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_str_list(v: object) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-#: The checks for the annotations payload fields use (as written, ``from __future__`` strings).
-_CHECKS: dict[str, Callable[[object], bool]] = {
-    "str": lambda v: isinstance(v, str),
-    "int": _is_int,
-    "bool": lambda v: isinstance(v, bool),
-    "float | None": lambda v: v is None or _is_num(v),
-    "int | None": lambda v: v is None or _is_int(v),
-    "str | None": lambda v: v is None or isinstance(v, str),
-    "list[str]": _is_str_list,
+_NONE = type(None)
+#: Per annotation of a payload field (as written: ``from __future__`` strings): the types a
+#: value may have, and whether a bool passes (a bool is an int to ``isinstance``).
+_CHECKS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "str": ((str,), False),
+    "int": ((int,), False),
+    "bool": ((bool,), True),
+    "float | None": ((int, float, _NONE), False),
+    "int | None": ((int, _NONE), False),
+    "str | None": ((str, _NONE), False),
+    "list[str]": ((list,), False),
 }
 _BASE = frozenset({"ts", "ev", "extra"})
-_SPECS: dict[type, list[tuple[str, bool, Callable[[object], bool] | None]]] = {}
 
 
-def _spec(cls: type) -> list[tuple[str, bool, Callable[[object], bool] | None]]:
-    """(name, required, check) per field of a payload class (computed once: events are decoded
-    on the supervisor's hot path, by its terminal reporter)."""
+#: (name, required, allowed types or None for any, whether a bool passes) per payload field
+_Field = tuple[str, bool, "tuple[type, ...] | None", bool]
+_SPECS: dict[type, tuple[tuple[_Field, ...], frozenset[str]]] = {}
+_ABSENT = object()
+
+
+def _spec(cls: type) -> tuple[tuple[_Field, ...], frozenset[str]]:
+    """The fields of a payload class and their checks, and the names it knows (computed once:
+    events are decoded on the supervisor's hot path, by its terminal reporter)."""
     found = _SPECS.get(cls)
     if found is None:
-        found = [
-            (
-                f.name,
-                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-                _CHECKS.get(str(f.type)),
-            )
-            for f in dataclasses.fields(cls)
-            if f.name != "extra"
-        ]
+        specs: list[_Field] = []
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            types, bool_ok = _CHECKS.get(str(f.type), (None, True))
+            specs.append((f.name, required, types, bool_ok))
+        found = (tuple(specs), frozenset({"ev", *(f[0] for f in specs)}))
         _SPECS[cls] = found
     return found
 
 
-@dataclass(frozen=True, kw_only=True)
+def _fits(value: Any, types: tuple[type, ...], bool_ok: bool) -> bool:
+    if isinstance(value, list):  # list[str], the only list a payload has
+        return list in types and all(isinstance(x, str) for x in value)
+    return isinstance(value, types) and (bool_ok or value.__class__ is not bool)
+
+
+@dataclass(kw_only=True, slots=True)
 class _Event:
     """Fields common to every event: when (unix seconds; None when the line had none) and any
     fields this version has no name for (kept, so ``to_json`` loses nothing)."""
@@ -102,18 +102,38 @@ class _Event:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Any:
         """The event of a journal line of this kind; None when a field is missing or mistyped."""
+        specs, known = _spec(cls)
         values: dict[str, Any] = {}
-        for name, required, check in _spec(cls):
-            if name not in data:
+        for name, required, types, bool_ok in specs:
+            value = data.get(name, _ABSENT)
+            if value is _ABSENT:
                 if required:
                     return None  # a field readers need
                 continue
-            value = data[name]
-            if check is not None and not check(value):
+            if types is not None and not _fits(value, types, bool_ok):
                 return None
-            values[name] = float(value) if name == "ts" and value is not None else value
-        extra = {k: v for k, v in data.items() if k not in values and k != "ev"}
+            values[name] = value
+        if values.get("ts") is not None:
+            values["ts"] = float(values["ts"])
+        extra = {k: v for k, v in data.items() if k not in known}
         return cls(**values, extra=extra)
+
+    @classmethod
+    def from_own(cls, data: Mapping[str, Any]) -> Any:
+        """An event this process just emitted (``Ledger.emit``'s record, handed to listeners):
+        its fields are ours, so they are taken as they are; None if a needed one is missing."""
+        _, known = _spec(cls)
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for k, v in data.items():
+            if k not in known:
+                extra[k] = v
+            elif k != "ev":
+                values[k] = v
+        try:
+            return cls(**values, extra=extra)
+        except TypeError:
+            return None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ts": self.ts, "ev": self.ev}
@@ -130,7 +150,7 @@ class _Event:
         return self.kind.value
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class SupervisorStarted(_Event):
     kind: ClassVar[Ev] = Ev.SUPERVISOR_STARTED
     slots: list[str] = field(default_factory=list)
@@ -138,7 +158,7 @@ class SupervisorStarted(_Event):
     pid: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Started(_Event):
     """An attempt of ``task`` began on ``slot``: its log is ``attempt-<attempt>/output.log``."""
 
@@ -150,7 +170,7 @@ class Started(_Event):
     timeout: float | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Finished(_Event):
     """An attempt ended; ``state`` is where it led (done, failed, skipped, pending: retried at
     once, waiting: retried after a backoff)."""
@@ -168,7 +188,7 @@ class Finished(_Event):
     used: int | None = None  # attempts of the current budget
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Requeued(_Event):
     """Back to pending/ from ``frm`` (running, waiting, failed); a config change has no task
     and says how many tasks it ``added``."""
@@ -180,7 +200,7 @@ class Requeued(_Event):
     added: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Recovered(_Event):
     """A move to ``state`` that a crashed supervisor had begun, finished by a resume."""
 
@@ -189,14 +209,14 @@ class Recovered(_Event):
     state: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Quarantined(_Event):
     kind: ClassVar[Ev] = Ev.QUARANTINED
     slot: str
     reason: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Unquarantined(_Event):
     kind: ClassVar[Ev] = Ev.UNQUARANTINED
     slot: str
@@ -204,13 +224,13 @@ class Unquarantined(_Event):
     probe: bool = False  # a probe: the slot claims one task to show it works again
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Shutdown(_Event):
     kind: ClassVar[Ev] = Ev.SHUTDOWN
     mode: str | None = None  # warm or cold
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Corrupt(_Event):
     kind: ClassVar[Ev] = Ev.CORRUPT
     task: str | None = None
@@ -218,7 +238,7 @@ class Corrupt(_Event):
     reason: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class Other(_Event):
     """Any other kind (run_created, killed, aggregated, ...): only its name and fields."""
 
@@ -264,17 +284,19 @@ _TYPES: dict[str, type[_Event]] = {
 }
 
 
-def decode(data: Mapping[str, Any]) -> Event | None:
-    """The typed event of a parsed journal line; None for a line of the wrong shape."""
+def decode(data: Mapping[str, Any], *, own: bool = False) -> Event | None:
+    """The typed event of a parsed journal line; None for a line of the wrong shape. ``own``:
+    a record this process emitted (a ledger listener's): not checked field by field (the
+    terminal reporter decodes on the supervisor's hot path)."""
     kind = data.get("ev", "")  # (a line without a kind is an Other: nobody reads it)
     if not isinstance(kind, str):
         return None
     typ = _TYPES.get(kind)
     if typ is not None:
-        event: Event | None = typ.from_json(data)
+        event: Event | None = typ.from_own(data) if own else typ.from_json(data)
         return event
     ts = data.get("ts")
-    if ts is not None and not _is_num(ts):
+    if ts is not None and (not isinstance(ts, (int, float)) or isinstance(ts, bool)):
         return None
     extra = {k: v for k, v in data.items() if k not in ("ts", "ev")}
     return Other(ts=None if ts is None else float(ts), extra=extra, name=kind)

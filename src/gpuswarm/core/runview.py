@@ -93,10 +93,10 @@ class RunView:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def apply(self, raw: Mapping[str, Any]) -> Event | None:
+    def apply(self, raw: Mapping[str, Any], *, own: bool = False) -> Event | None:
         """Fold one journal line; its typed event, or None when it is of the wrong shape
-        (skipped: nothing changes)."""
-        event = decode(raw)
+        (skipped: nothing changes). ``own``: a record this process emitted (see decode)."""
+        event = decode(raw, own=own)
         if event is not None:
             self.apply_event(event)
         return event

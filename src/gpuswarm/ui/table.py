@@ -64,7 +64,7 @@ class LiveView:
         self.gpu_stats = gpu_stats
 
     def __call__(self, event: dict[str, Any]) -> None:  # a ledger listener
-        self.state.apply(event)
+        self.state.apply(event, own=True)  # records this process emitted
 
     def render(self) -> RenderableType:
         now = time.time()

@@ -60,7 +60,7 @@ class PlainReporter:
         self._lock = threading.Lock()
 
     def __call__(self, raw: dict[str, Any]) -> None:
-        event = decode(raw)
+        event = decode(raw, own=True)  # a ledger listener: records this process emitted
         if event is not None:  # a line of the wrong shape: every reader skips it
             self.view.apply_event(event)
             self.show(event)
