@@ -37,6 +37,7 @@ from gpuswarm.core.errors import LeaseLostError, QueueError
 from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.folders import QueueFolders, visible
 from gpuswarm.store.names import (
     claim_name,
     corrupt_task_id,
@@ -47,10 +48,6 @@ from gpuswarm.store.names import (
 )
 
 Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
-
-
-def _visible(name: str) -> bool:
-    return not name.startswith(".")
 
 
 @dataclass
@@ -80,7 +77,7 @@ def attempts_used(data: dict[str, Any]) -> int:
     return Descriptor(data).attempts_used
 
 
-class DirQueue:
+class DirQueue(QueueFolders):
     """One process's handle on a run's queue. Thread-safe; several processes may share a run."""
 
     def __init__(
@@ -90,7 +87,7 @@ class DirQueue:
         durable: bool = True,
         on_corrupt: Callable[[str, str], object] | None = None,
     ) -> None:
-        self.paths = paths
+        super().__init__(paths)
         self.durable = durable
         self.on_corrupt = on_corrupt  # (file name, reason): journals what a claim moved aside
         self._heap: list[str] = []
@@ -132,7 +129,7 @@ class DirQueue:
 
     def _refill(self) -> None:
         self._added_seen = self._added_mark()  # before the scan: an add during it rescans again
-        names = [e.name for e in os.scandir(self.paths.state_dir("pending")) if _visible(e.name)]
+        names = [e.name for e in os.scandir(self.paths.state_dir("pending")) if visible(e.name)]
         heapq.heapify(names)
         self._heap = names
         self._loaded = True
@@ -258,62 +255,6 @@ class DirQueue:
             os.rename(path, dst)
         return dst
 
-    # -- inspection ----------------------------------------------------------------------------
-    def names(self, state: State) -> list[str]:
-        try:
-            entries = os.scandir(self.paths.state_dir(state.value))
-        except FileNotFoundError:  # skipped/ of a run made before it existed
-            return []
-        with entries:
-            return sorted(e.name for e in entries if _visible(e.name))
-
-    def counts(self) -> dict[State, int]:
-        out: dict[State, int] = {}
-        for state in State:
-            try:
-                it = os.scandir(self.paths.state_dir(state.value))
-            except FileNotFoundError:  # skipped/ of a run made before it existed
-                out[state] = 0
-                continue
-            with it:
-                out[state] = sum(1 for e in it if _visible(e.name))
-        return out
-
-    def read(self, state: State, name: str) -> dict[str, Any] | None:
-        """The descriptor, or None when it is unreadable, not JSON or mistyped (a record with
-        ``"attempts": "x"`` is as unusable as an empty file: every reader reports it)."""
-        desc = self.read_desc(state, name)
-        return desc.raw if desc is not None else None
-
-    def read_desc(self, state: State, name: str) -> Descriptor | None:
-        """:meth:`read`, typed."""
-        try:
-            return Descriptor.loads((self.paths.state_dir(state.value) / name).read_bytes())
-        except (OSError, ValueError, RecursionError):
-            return None
-
-    def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
-        for name, desc in self.iter_descs(state):
-            yield name, desc.raw
-
-    def iter_descs(self, state: State) -> Iterator[tuple[str, Descriptor]]:
-        """Every readable descriptor of ``state``, with its file name (unreadable ones skipped)."""
-        for name in self.names(state):
-            desc = self.read_desc(state, name)
-            if desc is not None:
-                yield name, desc
-
-    def index(self) -> tuple[dict[str, tuple[State, str]], int]:
-        """Task id -> (state, file name) of every readable descriptor, and the highest seq."""
-        known: dict[str, tuple[State, str]] = {}
-        max_seq = -1
-        for state in State:
-            for name, desc in self.iter_descs(state):
-                if desc.has_id:
-                    known[desc.id] = (state, name)
-                    max_seq = max(max_seq, desc.seq)
-        return known, max_seq
-
     def adopt_running(self, name: str) -> Claimed:
         """Take over a running descriptor (recovery); raises QueueError if it cannot be read."""
         path = self.paths.state_dir("running") / name
@@ -333,9 +274,6 @@ class DirQueue:
             return None  # another supervisor reclaimed it first
         return mine
 
-    def running_path(self, name: str) -> Path:
-        return self.paths.state_dir("running") / name
-
     # -- transitions of descriptors no process holds -------------------------------------------
     def update_pending(self, name: str, task: dict[str, Any]) -> None:
         """Give a pending task a new spec (a config change, under the run lock)."""
@@ -349,7 +287,7 @@ class DirQueue:
         (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
         pending = self.paths.state_dir("pending")
         for name in os.listdir(pending):
-            if not _visible(name) or task_id_of(name) != task_id:
+            if not visible(name) or task_id_of(name) != task_id:
                 continue
             aside = pending / f".withdrawn-{name}"
             try:
@@ -360,9 +298,7 @@ class DirQueue:
             return True
         return False
 
-    def retry_failed(
-        self, name: str, announce: Callable[[Descriptor], object]
-    ) -> Descriptor | None:
+    def retry_failed(self, name: str, announce: Announce) -> Descriptor | None:
         """A failed task back to pending/ with a fresh attempt budget: save (in failed/, marked
         as a begun retry), ``announce`` (journal), rename. None when it is unreadable."""
         src = self.paths.state_dir("failed") / name

@@ -1,0 +1,82 @@
+"""Reading a run's queue folders: names, counts and descriptors per state, without changing
+anything (every change is :class:`gpuswarm.store.queue.DirQueue`'s)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.paths import RunPaths
+
+
+def visible(name: str) -> bool:
+    """Not a temp file or a name set aside (``.tmp-``, ``.retry-``, ``.withdrawn-``)."""
+    return not name.startswith(".")
+
+
+class QueueFolders:
+    """The state folders of one run, read."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.paths = paths
+
+    def names(self, state: State) -> list[str]:
+        try:
+            entries = os.scandir(self.paths.state_dir(state.value))
+        except FileNotFoundError:  # skipped/ of a run made before it existed
+            return []
+        with entries:
+            return sorted(e.name for e in entries if visible(e.name))
+
+    def counts(self) -> dict[State, int]:
+        out: dict[State, int] = {}
+        for state in State:
+            try:
+                it = os.scandir(self.paths.state_dir(state.value))
+            except FileNotFoundError:  # skipped/ of a run made before it existed
+                out[state] = 0
+                continue
+            with it:
+                out[state] = sum(1 for e in it if visible(e.name))
+        return out
+
+    def read(self, state: State, name: str) -> dict[str, Any] | None:
+        """The descriptor, or None when it is unreadable, not JSON or mistyped (a record with
+        ``"attempts": "x"`` is as unusable as an empty file: every reader reports it)."""
+        desc = self.read_desc(state, name)
+        return desc.raw if desc is not None else None
+
+    def read_desc(self, state: State, name: str) -> Descriptor | None:
+        """:meth:`read`, typed."""
+        try:
+            return Descriptor.loads((self.paths.state_dir(state.value) / name).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return None
+
+    def iter_state(self, state: State) -> Iterator[tuple[str, dict[str, Any]]]:
+        for name, desc in self.iter_descs(state):
+            yield name, desc.raw
+
+    def iter_descs(self, state: State) -> Iterator[tuple[str, Descriptor]]:
+        """Every readable descriptor of ``state``, with its file name (unreadable ones skipped)."""
+        for name in self.names(state):
+            desc = self.read_desc(state, name)
+            if desc is not None:
+                yield name, desc
+
+    def index(self) -> tuple[dict[str, tuple[State, str]], int]:
+        """Task id -> (state, file name) of every readable descriptor, and the highest seq."""
+        known: dict[str, tuple[State, str]] = {}
+        max_seq = -1
+        for state in State:
+            for name, desc in self.iter_descs(state):
+                if desc.has_id:
+                    known[desc.id] = (state, name)
+                    max_seq = max(max_seq, desc.seq)
+        return known, max_seq
+
+    def running_path(self, name: str) -> Path:
+        return self.paths.state_dir("running") / name
