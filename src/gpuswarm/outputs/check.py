@@ -187,8 +187,8 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     live = is_live(paths)
     if repair and live:
         raise RunLockedError(f"{paths.root} is live; check it without --repair, or stop it first")
-    reader = RunReader(paths)
-    queue = reader.queue  # --repair moves through the queue; everything else only reads
+    queue = DirQueue(paths)  # --repair moves through the queue; everything else only reads
+    reader = RunReader(paths, queue)
     findings: list[Finding] = []
     if repair:
         with attach(paths, exclusive_start=True):

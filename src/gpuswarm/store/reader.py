@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.events import Event, SupervisorStarted, decode
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
+from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
 from gpuswarm.store.ledger import read_events, tail_events
-from gpuswarm.store.queue import DirQueue, State, base_name, lease_of, task_id_of
+from gpuswarm.store.names import lease_of, task_id_of
 
 #: A watch reads the whole journal for the slot list only when it is smaller than this.
 SLOTS_SCAN_BYTES = 8 << 20
@@ -102,25 +103,25 @@ def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:
 class RunReader:
     """Reads one run's folders (never writes); cheap to make, nothing is cached."""
 
-    def __init__(self, paths: RunPaths, queue: DirQueue | None = None) -> None:
+    def __init__(self, paths: RunPaths, folders: QueueFolders | None = None) -> None:
         self.paths = paths
-        self.queue = queue if queue is not None else DirQueue(paths)
+        self.folders = folders if folders is not None else QueueFolders(paths)
 
     # -- descriptors ---------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
         """Descriptors per state folder (one listing each)."""
-        return {s.value: n for s, n in self.queue.counts().items()}
+        return {s.value: n for s, n in self.folders.counts().items()}
 
     def names(self, state: State) -> list[str]:
-        return self.queue.names(state)
+        return self.folders.names(state)
 
     def read(self, state: State, name: str) -> Descriptor | None:
         """A descriptor; None when unreadable (``records.why_unreadable`` says why)."""
-        return self.queue.read_desc(state, name)
+        return self.folders.read_desc(state, name)
 
     def descriptors(self, state: State) -> Iterator[tuple[str, Descriptor]]:
         """``(file name, descriptor)`` of each readable descriptor in ``state``, in name order."""
-        return self.queue.iter_descs(state)
+        return self.folders.iter_descs(state)
 
     def everything(self) -> Iterator[tuple[State, str, Descriptor]]:
         """Every readable descriptor of every state folder."""
