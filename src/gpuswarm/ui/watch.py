@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from gpuswarm.core.events import Event
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.runview import RunView
 from gpuswarm.store.ledger import EventTail
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -21,12 +24,31 @@ POLL_SECONDS = 0.25
 LIVE_CHECK_SECONDS = 1.0
 
 
+class Follower:
+    """A :class:`RunView` of a run another process supervises, kept up to date: one look at the
+    folders (``RunReader.view``), then only the journal's new lines (``watch``, ``research
+    loop``'s live table)."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.reader = RunReader(paths)
+        self.view: RunView = self.reader.view()
+        self._tail = EventTail(paths.events, from_end=True)
+
+    def poll(self) -> list[Event | dict[str, Any]]:
+        """Fold the lines appended since the last call; each one's typed event, or the raw
+        line when it is of the wrong shape (skipped)."""
+        out: list[Event | dict[str, Any]] = []
+        for raw in self._tail.poll():
+            event = self.view.apply(raw)
+            out.append(raw if event is None else event)
+        return out
+
+
 def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = False) -> int:
     """Follow the run until no supervisor is live; exit code 0 when every task is done."""
     paths, _ = open_run(run_dir)
-    reader = RunReader(paths)
-    state = reader.view()
-    tail = EventTail(paths.events, from_end=True)
+    follower = Follower(paths)
+    reader, state = follower.reader, follower.view
     listener = (
         LiveView(state, paths.attempt_log, title=paths.root.name)
         if is_terminal(stream) and not plain
@@ -37,10 +59,11 @@ def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = Fa
     def follow() -> None:
         next_check = time.monotonic() + (0 if once else LIVE_CHECK_SECONDS)
         while True:
-            for raw in tail.poll():
-                event = state.apply(raw)
-                if event is None:  # a line no gpuswarm wrote: go on
-                    stream.write(f"gpuswarm: skipped a malformed journal line: {str(raw)[:200]}\n")
+            for event in follower.poll():
+                if isinstance(event, dict):  # a line no gpuswarm wrote: go on
+                    stream.write(
+                        f"gpuswarm: skipped a malformed journal line: {str(event)[:200]}\n"
+                    )
                 elif listener is None:
                     reporter.show(event)
             if time.monotonic() >= next_check:
