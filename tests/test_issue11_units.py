@@ -13,10 +13,13 @@ import pytest
 from rich.console import Console
 
 from gpuswarm.config.load import TaskSpec
+from gpuswarm.core.runview import RunView as ViewState
+from gpuswarm.core.runview import SlotRow
 from gpuswarm.outputs.status import run_status
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
-from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, initial_state
+from gpuswarm.ui.table import LiveView
 
 
 def spec(tid: str) -> dict[str, Any]:
@@ -61,7 +64,7 @@ def test_watch_and_status_number_an_attempt_alike(tmp_path: Path) -> None:
     queue.save(claimed)
     (row,) = run_status(paths.root)["running"]
     assert row["attempt"] == 3 and row["log"].endswith("attempt-3/output.log")
-    state = initial_state(paths)
+    state = RunReader(paths).view()
     assert [r.attempt for r in state.slots.values() if r.task == "a"] == [3]
 
 

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from gpuswarm.core.runview import RunView as ViewState
+from gpuswarm.core.runview import SlotRow
 from gpuswarm.store.ledger import EventTail
-from gpuswarm.ui.live import is_terminal
-from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState
+from gpuswarm.ui.table import LiveView
+from gpuswarm.ui.terminal import is_terminal
 
 
 def _view(tmp_path: Path) -> tuple[ViewState, LiveView]:

@@ -23,7 +23,8 @@ from PIL import Image
 
 from gpuswarm.core.fsutil import dumps
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.outputs.report import MAX_ROWS, html_table, png_data_uri, select_rows, write_report
+from gpuswarm.outputs.html import html_table, png_data_uri
+from gpuswarm.outputs.report import MAX_ROWS, select_rows, write_report
 from gpuswarm.outputs.results import Row
 from gpuswarm.outputs.timeline import (
     Bar,

@@ -41,7 +41,7 @@ from gpuswarm.engine import (
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 from gpuswarm.store.runs import latest_run
-from gpuswarm.ui.live import is_terminal
+from gpuswarm.ui.terminal import is_terminal
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -278,7 +278,7 @@ def status(run_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=1))
     else:
-        from gpuswarm.ui.views import print_status  # rich, loaded only to print
+        from gpuswarm.ui.printers import print_status  # rich, loaded only to print
 
         print_status(data)
 
@@ -317,7 +317,7 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
-        from gpuswarm.ui.views import print_check  # rich, loaded only to print
+        from gpuswarm.ui.printers import print_check  # rich, loaded only to print
 
         print_check(report)
     sys.exit(0 if report["consistent"] else 1)
@@ -332,7 +332,7 @@ def ls_cmd(workspace: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
     else:
-        from gpuswarm.ui.views import print_ls  # rich, loaded only to print
+        from gpuswarm.ui.printers import print_ls  # rich, loaded only to print
 
         print_ls(rows, workspace)
 
@@ -342,7 +342,7 @@ def _finish(report: RunReport, as_json: bool) -> NoReturn:
         payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
         click.echo(json.dumps(payload, indent=1))
     else:
-        from gpuswarm.ui.views import print_report  # rich, loaded only to print
+        from gpuswarm.ui.printers import print_report  # rich, loaded only to print
 
         print_report(report)
     sys.exit(report.exit_code)
@@ -385,7 +385,7 @@ def demo(
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     else:
-        from gpuswarm.ui.views import print_demo  # rich, loaded only to print
+        from gpuswarm.ui.printers import print_demo  # rich, loaded only to print
 
         print_demo(data)
     sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)

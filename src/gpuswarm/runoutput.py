@@ -12,13 +12,14 @@ from typing import Any, TextIO
 
 from gpuswarm.core.errors import DiskFullError
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import write_outputs
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import open_run
-from gpuswarm.ui.live import PlainReporter, is_terminal
+from gpuswarm.ui.terminal import PlainReporter, is_terminal
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ def reporter(
     if not (output.live and is_terminal(stream)):
         ledger.subscribe(PlainReporter(counts, stream))
         return nullcontext()
-    from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState, gpu_sampler, shown  # rich: here
+    from gpuswarm.ui.table import LiveView, gpu_sampler, shown  # rich: here
 
-    state = ViewState({s.value: n for s, n in counts.items()})
+    state = RunView({s.value: n for s, n in counts.items()})
     for slot in slots:
         state.slots[slot.label] = SlotRow()
     view = LiveView(state, paths.attempt_log, title=paths.root.name, gpu_stats=gpu_sampler(slots))

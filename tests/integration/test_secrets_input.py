@@ -28,7 +28,9 @@ import pytest
 from cli_driver import CliResult, find_runs, read_events
 from rich.console import Console
 
-from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState
+from gpuswarm.core.runview import RunView as ViewState
+from gpuswarm.core.runview import SlotRow
+from gpuswarm.ui.table import LiveView
 
 Cli = Callable[..., CliResult]
 MARK = "S3cret"  # every planted secret contains it

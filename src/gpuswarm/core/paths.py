@@ -61,6 +61,19 @@ class RunPaths:
         return self.root / "results.tsv"
 
     @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def timeline_png(self) -> Path:
+        return self.root / "timeline.png"
+
+    @property
+    def after_all_log(self) -> Path:
+        """The after_all step's output (summary.json's ``after_all.log`` names it)."""
+        return self.root / "after_all.log"
+
+    @property
     def parallel(self) -> Path:
         return self.root / ".parallel"
 
@@ -71,6 +84,11 @@ class RunPaths:
     @property
     def corrupt(self) -> Path:
         return self.parallel / "corrupt"
+
+    @property
+    def quarantine(self) -> Path:
+        """``.parallel/quarantine/``: one file per slot a live supervisor took out of rotation."""
+        return self.parallel / "quarantine"
 
     @property
     def live_lock(self) -> Path:

@@ -12,22 +12,23 @@ task, moves unreadable descriptors aside and returns orphaned running tasks to p
 from __future__ import annotations
 
 import os
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import RunLockedError
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
+from gpuswarm.core.runview import RunView, TaskView
 from gpuswarm.store.leases import attach, is_live, owner_alive
 from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
 from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run, recover, set_aside, temp_files
 
 # keep the latest
 RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
-EVENT_STATE = {"started": "running", "requeued": "pending"}
 
 
 @dataclass
@@ -44,77 +45,49 @@ def _corrupt_task_ids(paths: RunPaths) -> set[str]:
     return {t for name in os.listdir(paths.corrupt) if (t := corrupt_task_id(name)) is not None}
 
 
-def _places(queue: DirQueue) -> dict[str, list[tuple[State, str]]]:
+def _places(reader: RunReader) -> dict[str, list[tuple[State, str]]]:
     where: dict[str, list[tuple[State, str]]] = {}
     for state in State:
-        for name in queue.names(state):
+        for name in reader.names(state):
             where.setdefault(task_id_of(name), []).append((state, name))
     return where
 
 
-@dataclass
-class Journal:
-    """What events.jsonl says: started events and last state per task, tasks added later."""
-
-    started: Counter[str]
-    last: dict[str, str]
-    added: int
-    completions: dict[str, list[Any]] = field(default_factory=dict)  # task -> attempts done
+def _journal(paths: RunPaths) -> RunView:
+    """What events.jsonl says, folded by the one reducer: per task its started events, the
+    state its last state-changing event names, its completions; tasks added later."""
+    return RunView.of_journal(read_events(paths.events))
 
 
-def _event_state(e: dict[str, Any]) -> str | None:
-    ev = str(e.get("ev"))
-    state = EVENT_STATE.get(ev) or (e.get("state") if ev in ("finished", "recovered") else None)
-    return None if state is None else ("running" if state == "waiting" else str(state))
+def _tasks(journal: RunView) -> dict[str, TaskView]:
+    return journal.tasks or {}
 
 
-def _journal(paths: RunPaths) -> Journal:
-    started: Counter[str] = Counter()
-    last: dict[str, str] = {}
-    added = 0
-    completions: dict[str, list[Any]] = {}
-    for e in read_events(paths.events):
-        task, ev = e.get("task"), e.get("ev")
-        if ev == "requeued" and e.get("reason") == "config-change":
-            n = e.get("added", 0)
-            added += n if isinstance(n, int) and not isinstance(n, bool) else 0
-        if not isinstance(task, str):
-            continue
-        if ev == "started":
-            started[task] += 1
-        if ev == "finished" and e.get("state") == "done":
-            completions.setdefault(task, []).append(e.get("attempt"))
-        state = _event_state(e)
-        if state is not None:
-            last[task] = state
-    return Journal(started, last, added, completions)
-
-
-def _duplicate_completions(journal: Journal) -> list[Finding]:
+def _duplicate_completions(journal: RunView) -> list[Finding]:
     """A task journaled ``finished ... done`` more than once ran to completion twice (e.g. a
     stalled supervisor committed a task another one had reclaimed and re-run)."""
     return [
         Finding(
             "duplicate-completion",
-            f"finished done {len(attempts)} times in the journal "
-            f"(attempts {', '.join(str(a) for a in attempts)})",
+            f"finished done {len(t.completions)} times in the journal "
+            f"(attempts {', '.join(str(a) for a in t.completions)})",
             task,
         )
-        for task, attempts in sorted(journal.completions.items())
-        if len(attempts) > 1
+        for task, t in sorted(_tasks(journal).items())
+        if len(t.completions) > 1
     ]
 
 
-def attempt_bounds(data: dict[str, Any], *, running: bool) -> tuple[int, int]:
+def attempt_bounds(desc: Descriptor, *, running: bool) -> tuple[int, int]:
     """How many ``started`` events a descriptor's attempts account for.
 
     Each recorded attempt had one, except that an attempt recorded as ``lost`` (its supervisor
     died) may have died between the claim and its ``started`` line; a claimed, running task has
     one more (unless it only waits out a retry backoff).
     """
-    attempts = data.get("attempts", [])
-    lost = sum(1 for a in attempts if a.get("kind") == "lost")
-    extra = 1 if running and not data.get("retry_at") else 0
+    attempts = desc.attempts
+    lost = sum(1 for a in attempts if a.kind == "lost")
+    extra = 1 if running and not desc.retry_at else 0
     return len(attempts) - lost + extra, len(attempts) + extra
 
 
@@ -144,39 +117,40 @@ def _duplicates(
 
 
 def _task_findings(
-    queue: DirQueue, where: Where, journal: Journal, live: bool, ttl: float
+    reader: RunReader, where: Where, journal: RunView, live: bool, ttl: float
 ) -> list[Finding]:
+    tasks = _tasks(journal)
     out = []
     for task, places in sorted(where.items()):
         if len(places) > 1:
             continue  # reported as a duplicate
         state, name = places[0]
-        data = queue.read(state, name)
+        data = reader.read(state, name)
         if data is None:
-            why = why_unreadable(queue.paths.state_dir(state.value) / name) or "gone"
+            why = why_unreadable(reader.paths.state_dir(state.value) / name) or "gone"
             out.append(Finding("unreadable", f"{state.value}/{name}: {why}", task))
             continue
         lease = lease_of(name)
-        if state is State.RUNNING and lease and not owner_alive(queue.paths, lease[0], ttl):
+        if state is State.RUNNING and lease and not owner_alive(reader.paths, lease[0], ttl):
             if not live:
                 out.append(Finding("stale-lease", f"its supervisor {lease[0]} is gone", task))
             continue
         low, high = attempt_bounds(data, running=state is State.RUNNING)
-        seen = journal.started[task]
+        seen = tasks[task].started if task in tasks else 0
         if not low <= seen <= high:
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
-        said = journal.last.get(task, "pending")
-        begun_retry = state is State.FAILED and data.get("state") == State.PENDING.value
+        said = tasks[task].state if task in tasks else "pending"
+        begun_retry = state is State.FAILED and data.state == State.PENDING.value
         if said != state.value and not (begun_retry and said == State.PENDING.value):
             # (a retry saved and journaled, not yet renamed: resume finishes it)
             out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
     return out
 
 
-def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: Journal) -> list[Finding]:
+def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: RunView) -> list[Finding]:
     known = set(where) | _corrupt_task_ids(paths)
-    missing = sorted(set(journal.last) - known)
+    missing = sorted(set(_tasks(journal)) - known)
     out = [Finding("lost", "in the journal, in no folder", t) for t in missing]
     expected = int(info.get("task_count", 0)) + journal.added
     if len(known) < expected:
@@ -213,11 +187,12 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     live = is_live(paths)
     if repair and live:
         raise RunLockedError(f"{paths.root} is live; check it without --repair, or stop it first")
-    queue = DirQueue(paths)
+    queue = DirQueue(paths)  # --repair moves through the queue; everything else only reads
+    reader = RunReader(paths, queue)
     findings: list[Finding] = []
     if repair:
         with attach(paths, exclusive_start=True):
-            findings += _duplicates(queue, _places(queue), repair=True)
+            findings += _duplicates(queue, _places(reader), repair=True)
             ledger = Ledger(paths.events)
             moved = recover(queue, ledger, retry_failed=False)
             findings += _set_aside_unusable(queue, ledger)
@@ -227,11 +202,11 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
                     findings.append(Finding("recovered", f"{moved[kind]} {kind}", repaired=True))
     else:
         findings += _temp_files(paths)
-    where = _places(queue)
+    where = _places(reader)
     if not repair:
         findings += _duplicates(queue, where, repair=False)
     journal = _journal(paths)
-    findings += _task_findings(queue, where, journal, live, ttl)
+    findings += _task_findings(reader, where, journal, live, ttl)
     findings += _duplicate_completions(journal)
     findings += _lost(paths, info, where, journal)
     findings += _bad_events(paths)
@@ -246,7 +221,7 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
         "run": str(paths.root),
         "live": live,
         "tasks": len(where),
-        "counts": {s.value: n for s, n in queue.counts().items() if n or s is not State.SKIPPED},
+        "counts": {s: n for s, n in reader.counts().items() if n or s != State.SKIPPED.value},
         "findings": [asdict(f) for f in findings],
         "consistent": not open_problems,
     }

@@ -1,15 +1,14 @@
 """``report.html``: one self-contained page per run (inline CSS and JS, the timeline as a data URI).
 
-It reads the queue once: rows for the task table, bars for the timeline, and the descriptors of
-unfinished tasks for the failures section. Every user-controlled text (names, reasons, logs) is
-redacted like ``gpuswarm status`` does and HTML-escaped. For 100k tasks the table shows at most
-``MAX_ROWS`` rows, failures first, and points to results.tsv for the rest.
+It reads the queue once (``store.reader.RunReader``): rows for the task table, bars for the
+timeline, and the descriptors of unfinished tasks for the failures section. Every user-controlled
+text (names, reasons, logs) is redacted like ``gpuswarm status`` does and HTML-escaped. For 100k
+tasks the table shows at most ``MAX_ROWS`` rows, failures first, and points to results.tsv for
+the rest. The page's pieces (escaping, tables, the sort script) are ``outputs/html.py``.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,109 +16,19 @@ from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.exec.sandbox import redact_text
+from gpuswarm.core.redact import redact_text
+from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
 from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
 from gpuswarm.placement.gpus import Gpu, GpuSet, Vendor, plan_slots
-from gpuswarm.store.leases import registered_slot_ids
 from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.reader import RunReader, last_attempt
 
 MAX_ROWS = 2000
 MAX_FAILURES = 200
 TAIL_LINES = 20
-
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#222}.note{color:#666;font-style:italic}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-.meta{color:#555}.meta b{color:#222}.fail h3{font-size:14px;margin:14px 0 4px}
-.badge{display:inline-block;padding:2px 10px;border-radius:10px;margin:2px 6px 2px 0;color:#fff}
-.b-done,.b-ok{background:#2ca02c}.b-failed,.b-no{background:#d62728}.b-running{background:#1f77b4}
-.b-pending{background:#888}.b-corrupt{background:#8c564b}img.timeline{max-width:100%}
-table{border-collapse:collapse;margin:6px 0;font-size:13px}
-th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3;position:sticky;top:0}table.sortable th{cursor:pointer;user-select:none}
-table.sortable th:after{content:" \\2195";color:#bbb}
-table.sortable th.asc:after{content:" \\25B2";color:#333}
-table.sortable th.desc:after{content:" \\25BC";color:#333}
-tr.failed td{background:#fdecea}tr.pending td,tr.running td{background:#fff8e1}
-tr.corrupt td{background:#efebe9}tr.keep td{background:#e8f5e9}
-pre{background:#f7f7f7;border:1px solid #e3e3e3;padding:8px;overflow-x:auto;font-size:12px}
-"""
-# nothing may be loaded from anywhere: the page works offline and leaks nothing when opened
-CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
-
-SORT_JS = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  var heads = table.tHead.rows[0].cells;
-  Array.prototype.forEach.call(heads, function (th, col) {
-    th.addEventListener("click", function () {
-      var asc = !th.classList.contains("asc");
-      Array.prototype.forEach.call(heads, function (h) { h.classList.remove("asc", "desc"); });
-      th.classList.add(asc ? "asc" : "desc");
-      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
-      var num = /^\\s*[-+]?(\\d+\\.?\\d*|\\.\\d+)(e[-+]?\\d+)?\\s*$/i;
-      rows.sort(function (a, b) {
-        var x = a.cells[col].textContent, y = b.cells[col].textContent;
-        if (x === "" || y === "") return x === y ? 0 : (x === "" ? 1 : -1);
-        var c = num.test(x) && num.test(y) ? parseFloat(x) - parseFloat(y)
-          : x.localeCompare(y, undefined, {numeric: true});
-        return asc ? c : -c;
-      });
-      var frag = document.createDocumentFragment();
-      rows.forEach(function (r) { frag.appendChild(r); });
-      body.appendChild(frag);
-    });
-  });
-});
-"""
-
-
-def esc(value: object) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def html_page(title: str, body: str) -> str:
-    """A complete, self-contained page: inline CSS and the table-sorting JS, nothing loaded."""
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
-        f"<title>{esc(title)}</title>\n<style>{CSS}</style></head>\n<body>\n{body}\n"
-        f"<script>{SORT_JS}</script>\n</body></html>\n"
-    )
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "" if value is None else str(value)
-
-
-def html_table(
-    columns: Sequence[str],
-    rows: Sequence[Sequence[object]],
-    *,
-    sortable: bool = True,
-    row_classes: Sequence[str] | None = None,
-) -> str:
-    """An HTML table of escaped cells; ``sortable`` tables sort by a click on a header."""
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
-    body = []
-    for i, row in enumerate(rows):
-        cls = f' class="{esc(row_classes[i])}"' if row_classes and row_classes[i] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(_cell(v))}</td>" for v in row) + "</tr>")
-    klass = ' class="sortable"' if sortable else ""
-    return (
-        f"<table{klass}><thead><tr>{head}</tr></thead><tbody>\n"
-        + "\n".join(body)
-        + "</tbody></table>"
-    )
-
-
-def png_data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
 def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], int]:
@@ -135,25 +44,25 @@ def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], 
 class _Scan:
     """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
 
-    def __init__(self, queue: DirQueue, summary: Mapping[str, Any]) -> None:
+    def __init__(self, reader: RunReader, summary: Mapping[str, Any]) -> None:
+        self.reader = reader
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
-        self.unfinished: list[tuple[str, dict[str, Any]]] = []
+        self.unfinished: list[tuple[str, Descriptor]] = []
         self.skipped: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
-        for state in State:
-            for _, data in queue.iter_state(state):
-                row = row_for(state, data)
-                self.rows.append(row)
-                self.bars += bars_from_descriptor(data, state.value)
-                task_env = data.get("task", {}).get("env") or {}
-                if task_env:
-                    self.env[str(row.values["task"])] = dict(task_env)
-                if state is State.SKIPPED:
-                    self.skipped.append(row)
-                elif state is not State.DONE:
-                    self.unfinished.append((state.value, data))
+        for state, _, data in reader.everything():
+            row = row_for(state, data)
+            self.rows.append(row)
+            self.bars += bars_from_descriptor(data, state.value)
+            task_env = data.task.get("env") or {}
+            if task_env:
+                self.env[str(row.values["task"])] = dict(task_env)
+            if state is State.SKIPPED:
+                self.skipped.append(row)
+            elif state is not State.DONE:
+                self.unfinished.append((state.value, data))
         known = {str(r.values["task"]) for r in self.rows}
         for fail in summary.get("failures", []):  # descriptors moved to corrupt/
             if fail.get("state") == "corrupt" and str(fail.get("task")) not in known:
@@ -165,7 +74,7 @@ class _Scan:
 
     def redact(self, task: object, text: object) -> str:
         own = self.env.get(str(task))
-        return redact_text(_cell(text), {**self.base_env, **own} if own else self.base_env)
+        return redact_text(cell_text(text), {**self.base_env, **own} if own else self.base_env)
 
 
 def _lanes(info: Mapping[str, Any]) -> list[str]:
@@ -299,32 +208,33 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     )
 
 
-def _failures(scan: _Scan, paths: RunPaths) -> str:
+def _failures(scan: _Scan) -> str:
     items = sorted(
-        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].get("id")))
+        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].raw.get("id")))
     )
     corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
     if not items and not corrupt:
         return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"
     out = [f"<h2>Failures and unfinished tasks ({len(items) + len(corrupt)})</h2>"]
     for state, data in items[:MAX_FAILURES]:
-        task = str(data.get("id", ""))
-        attempts = data.get("attempts") or []
-        last = attempts[-1] if attempts else {}
+        task = data.id if data.has_id else ""
+        last = data.last_attempt
         reason = (
-            data.get("reason") or last.get("reason") or ("never started" if not attempts else "")
+            data.reason
+            or (last.reason if last is not None else None)
+            or ("never started" if last is None else "")
         )
-        name = data.get("task", {}).get("name", "")
+        name = data.name
         out.append(
             f'<div class="fail"><h3>{esc(task)} {_badge(state, state)} '
             f"{esc(scan.redact(task, name))}</h3>\n"
-            f"<p>reason: <b>{esc(scan.redact(task, reason))}</b> · attempts: {len(attempts)}</p>"
+            f"<p>reason: <b>{esc(scan.redact(task, reason))}</b> · "
+            f"attempts: {data.attempt_count}</p>"
         )
-        logged = [a for a in attempts if isinstance(a.get("n"), int) and "started" in a]
-        if logged:
-            n = logged[-1]["n"]
+        n = last_attempt(data, started=True)  # the newest attempt that ran: it has a log
+        if n is not None:
             try:
-                log = paths.attempt_log(task, n)
+                log = scan.reader.paths.attempt_log(task, n)
                 tail = scan.redact(task, log_tail(log, TAIL_LINES)) if log.exists() else ""
             except Exception:  # a bad id must not stop the report
                 tail = ""
@@ -362,14 +272,14 @@ def write_report(
     paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
 ) -> Path:
     """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
-    scan = _Scan(queue, summary)
-    lanes = registered_slot_ids(paths) or _lanes(info)  # every slot id the run has had
+    scan = _Scan(RunReader(paths, queue), summary)
+    lanes = scan.reader.slot_ids() or _lanes(info)  # every slot id the run has had
     stats = idle_stats(scan.bars, lanes)
     name = str(info.get("name") or summary.get("name") or "")
     try:
         png = timeline_png(
             scan.bars,
-            paths.root / "timeline.png",
+            paths.timeline_png,
             title=name,
             lanes=lanes,
             marks=quarantined_lanes(summary),
@@ -384,10 +294,10 @@ def write_report(
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image
         + "\n"
-        + _failures(scan, paths)
+        + _failures(scan)
         + _skipped(scan)
         + _tasks(scan, paths.results_tsv.name)
     )
-    out = paths.root / "report.html"
+    out = paths.report_html
     atomic_write_text(out, html_page(f"gpuswarm report: {name} {paths.root.name}", body))
     return out

@@ -12,87 +12,71 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core.events import Finished, SupervisorStarted
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths, find_runs
-from gpuswarm.exec.sandbox import redact_text
+from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
-from gpuswarm.store.leases import is_live, slot_label
-from gpuswarm.store.ledger import tail_events
-from gpuswarm.store.queue import DirQueue, State, base_name, lease_of, task_id_of
+from gpuswarm.store.queue import State
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
-from gpuswarm.supervise.breaker import lift_by_hand, read_quarantines
-from gpuswarm.ui.live import attempt_number
+from gpuswarm.supervise.breaker import lift_by_hand
 
 MAX_FAILURES = 20
 
 
-def _running(queue: DirQueue, now: float) -> list[dict[str, Any]]:
-    out = []
-    for name in queue.names(State.RUNNING):
-        path = queue.paths.state_dir("running") / name
-        data = queue.read(State.RUNNING, name) or {}
-        lease = lease_of(name)
-        try:
-            since = path.stat().st_mtime
-        except FileNotFoundError:
-            continue
-        attempt = attempt_number(data)
-        out.append(
-            {
-                "task": data.get("id", task_id_of(name)),
-                "name": data.get("task", {}).get("name", ""),
-                "owner": lease[0] if lease else None,
-                "host": lease[0].split(":", 1)[0] if lease else None,
-                "slot": slot_label(queue.paths, *lease) if lease else None,  # unique in the run
-                "attempt": attempt,
-                "elapsed": round(now - since, 1),
-                "timeout": data.get("task", {}).get("timeout"),
-                "log": str(queue.paths.attempt_log(data["id"], attempt)) if "id" in data else None,
-            }
-        )
-    return sorted(out, key=lambda r: (r["slot"] is None, r["slot"] or ""))
+def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "task": r.task,
+            "name": r.name,
+            "owner": r.owner,
+            "host": r.host,
+            "slot": r.slot,  # unique in the run
+            "attempt": r.attempt,
+            "elapsed": round(now - r.since, 1),
+            "timeout": r.timeout,
+            "log": str(r.log) if r.log else None,  # None while a retry waits out its backoff
+            "retry_at": r.retry_at,
+        }
+        for r in reader.running()
+    ]
 
 
-def _failures(queue: DirQueue, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
-    failed_dir = queue.paths.state_dir("failed")
-    entries = sorted(
-        (e for e in os.scandir(failed_dir) if not e.name.startswith(".")),
-        key=lambda e: e.stat().st_mtime,
-        reverse=True,
-    )[:limit]
+def _failures(reader: RunReader, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
     out = []
-    for entry in entries:
-        data = queue.read(State.FAILED, entry.name) or {}
-        attempts = data.get("attempts", [])
-        task_id = data.get("id", task_id_of(base_name(entry.name)))
-        log = queue.paths.attempt_log(task_id, attempts[-1]["n"]) if attempts else None
+    for name, found in reader.latest(State.FAILED, limit):
+        desc = found if found is not None else Descriptor({"task": {}})
+        task_id = reader.task_id(name, found)
+        log = reader.last_log(task_id, desc)
         out.append(
             {
                 "task": task_id,
-                "name": data.get("task", {}).get("name", ""),
-                "attempts": len(attempts),
-                "reason": data.get("reason") or "",
+                "name": desc.name,
+                "attempts": desc.attempt_count,
+                "reason": desc.reason or "",
                 "log": str(log) if log else None,
-                "log_tail": _redacted_tail(log, data),
+                "log_tail": _redacted_tail(log, desc),
             }
         )
     return out
 
 
-def _redacted_tail(log: Path | None, data: dict[str, Any]) -> str:
+def _redacted_tail(log: Path | None, desc: Descriptor) -> str:
     """A log tail with the values of secret-looking variables (task's and ours) blanked."""
     if log is None or not log.exists():
         return ""
-    env = {**os.environ, **data.get("task", {}).get("env", {})}
+    env = {**os.environ, **desc.task.get("env", {})}
     return redact_text(log_tail(log, max_lines=8), env)
 
 
-def _eta(paths: RunPaths, pending: int, running: int, slots: int) -> dict[str, Any]:
+def _eta(reader: RunReader, pending: int, running: int, slots: int) -> dict[str, Any]:
     durations = [
-        float(e["seconds"])
-        for e in tail_events(paths.events)
-        if e.get("ev") == "finished" and e.get("state") == "done" and "seconds" in e
+        float(e.seconds)
+        for e in reader.tail()
+        if isinstance(e, Finished) and e.state == "done" and e.seconds is not None
     ]
     if not durations or slots <= 0:
         return {"mean_seconds": None, "eta_seconds": None}
@@ -103,11 +87,11 @@ def _eta(paths: RunPaths, pending: int, running: int, slots: int) -> dict[str, A
 
 def run_status(run_dir: Path) -> dict[str, Any]:
     paths, info = open_run(run_dir)
-    queue = DirQueue(paths)
+    reader = RunReader(paths)
     now = time.time()
-    counts = shown_counts({s.value: n for s, n in queue.counts().items()})
+    counts = shown_counts(reader.counts())
     slots = int(info.get("slot_count") or 1)
-    live = is_live(paths)
+    live = reader.live()
     return {
         "run": str(paths.root),
         "name": info.get("name", ""),
@@ -118,13 +102,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "gpus": info.get("gpus"),
         "counts": counts,
         "total": sum(counts.values()),
-        "running": _running(queue, now),
-        "failures": _failures(queue),
-        "eta": _eta(paths, counts["pending"], counts["running"], slots) if live else None,
-        "corrupt": sorted(p.name for p in paths.corrupt.iterdir())
-        if paths.corrupt.is_dir()
-        else [],
-        "quarantined": _quarantined(paths, live),
+        "running": _running(reader, now),
+        "failures": _failures(reader),
+        "eta": _eta(reader, counts["pending"], counts["running"], slots) if live else None,
+        "corrupt": reader.corrupt(),
+        "quarantined": _quarantined(reader, live),
     }
 
 
@@ -140,12 +122,12 @@ def _hint(paths: RunPaths, state: str) -> str:
     return ""
 
 
-def _quarantined(paths: RunPaths, live: bool) -> list[dict[str, Any]]:
+def _quarantined(reader: RunReader, live: bool) -> list[dict[str, Any]]:
     """Slots out of rotation: a live run's quarantine files, else what its summary recorded."""
     if live:
-        return [{k: v for k, v in q.items() if k != "file"} for q in read_quarantines(paths)]
+        return [{k: v for k, v in q.items() if k != "file"} for q in reader.quarantines()]
     try:
-        summary = read_json(paths.summary_json)
+        summary = read_json(reader.paths.summary_json)
     except (OSError, ValueError):
         return []
     found = summary.get("quarantined") if isinstance(summary, dict) else None
@@ -180,48 +162,29 @@ def run_state(paths: RunPaths, counts: dict[str, int], live: bool) -> str:
 
 
 def _ever_started(paths: RunPaths) -> bool:
-    return any(e.get("ev") == "supervisor_started" for e in tail_events(paths.events))
+    return any(isinstance(e, SupervisorStarted) for e in RunReader(paths).tail())
 
 
 def list_runs(workspace: Path) -> list[dict[str, Any]]:
     out = []
     for run in find_runs(workspace):
-        paths = RunPaths(run)
+        reader = RunReader(RunPaths(run))
         try:
-            counts = shown_counts({s.value: n for s, n in DirQueue(paths).counts().items()})
-            unusable = _empty_descriptors(paths)
+            counts = shown_counts(reader.counts())
+            unusable = reader.empty_descriptors((State.DONE, State.FAILED))
         except OSError:
             continue
         for state, n in unusable.items():  # a descriptor truncated to 0 bytes is no task done
             counts[state] -= n
-        counts["corrupt"] = sum(unusable.values()) + _corrupt_count(paths)
+        counts["corrupt"] = sum(unusable.values()) + len(reader.corrupt(visible=True))
         out.append(
             {
                 "run": str(run),
                 "name": run.parent.name,
-                "live": (live := is_live(paths)),
-                "state": run_state(paths, counts, live),
+                "live": (live := reader.live()),
+                "state": run_state(reader.paths, counts, live),
                 "counts": counts,
                 "total": sum(counts.values()),
             }
         )
     return out
-
-
-def _empty_descriptors(paths: RunPaths) -> dict[str, int]:
-    """Descriptors truncated to 0 bytes, per state folder (one stat each: cheap for ``ls``;
-    other damage is found by ``check``, ``report`` and the end-of-run summary)."""
-    out: dict[str, int] = {}
-    for state in (State.DONE, State.FAILED):
-        with os.scandir(paths.state_dir(state.value)) as it:
-            n = sum(1 for e in it if not e.name.startswith(".") and e.stat().st_size == 0)
-        if n:
-            out[state.value] = n
-    return out
-
-
-def _corrupt_count(paths: RunPaths) -> int:
-    try:
-        return sum(1 for name in os.listdir(paths.corrupt) if not name.startswith("."))
-    except OSError:
-        return 0

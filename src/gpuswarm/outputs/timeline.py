@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes
+from gpuswarm.core.models import AttemptRecord, Descriptor
 from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.reader import RunReader
 
 COLORS = {
     "done": "#2ca02c",
@@ -46,38 +48,39 @@ def lane_key(lane: str) -> tuple[Any, ...]:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", lane))
 
 
-def _outcome(attempt: dict[str, Any], last: bool, state: str) -> str:
-    if attempt.get("interrupted"):
+def _outcome(attempt: AttemptRecord, last: bool, state: str) -> str:
+    if attempt.interrupted:
         return "interrupted"
-    if attempt.get("kind") == "timeout":
+    if attempt.kind == "timeout":
         return "timeout"
     if not last or state in (State.PENDING.value, State.RUNNING.value):
         return "retried"  # only a failed attempt is followed by another one
     return "done" if state == State.DONE.value else "failed"
 
 
-def bars_from_descriptor(data: dict[str, Any], state: str) -> list[Bar]:
-    """One bar per attempt of a descriptor that has start and end times (lost ones have none)."""
-    attempts = data.get("attempts") or []
+def bars_from_descriptor(desc: Descriptor | dict[str, Any], state: str) -> list[Bar]:
+    """One bar per attempt of a descriptor that has start and end times (lost ones have none);
+    ``desc`` may be its JSON form."""
+    if not isinstance(desc, Descriptor):
+        desc = Descriptor(desc)
+    attempts = desc.attempts
+    task = desc.id if desc.has_id else ""
     bars = []
     for i, att in enumerate(attempts):
-        if not isinstance(att, dict) or att.get("started") is None or att.get("ended") is None:
+        if att.started is None or att.ended is None:
             continue
         last = i == len(attempts) - 1
-        lane = str(att.get("slot") or "?")
-        start, end = float(att["started"]), float(att["ended"])
-        bars.append(
-            Bar(lane, str(data.get("id", "")), start, max(start, end), _outcome(att, last, state))
-        )
+        start, end = float(att.started), float(att.ended)
+        outcome = _outcome(att, last, state)
+        bars.append(Bar(str(att.slot or "?"), task, start, max(start, end), outcome))
     return bars
 
 
 def bars_from_queue(queue: DirQueue) -> list[Bar]:
     """Every attempt with a start and an end, from all state folders, in start order."""
     bars: list[Bar] = []
-    for state in State:
-        for _, data in queue.iter_state(state):
-            bars += bars_from_descriptor(data, state.value)
+    for state, _, data in RunReader(queue.paths, queue).everything():
+        bars += bars_from_descriptor(data, state.value)
     bars.sort(key=lambda b: (b.start, lane_key(b.lane)))
     return bars
 

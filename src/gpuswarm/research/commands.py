@@ -23,7 +23,7 @@ from gpuswarm.research import api, executor, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
-from gpuswarm.ui.live import is_terminal
+from gpuswarm.ui.terminal import is_terminal
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -42,14 +42,13 @@ from gpuswarm.research.experiment import (
     file_sha256,
     flocked,
 )
-from gpuswarm.store.leases import slot_label
 from gpuswarm.store.queue import (
     DirQueue,
     State,
     base_name,
-    lease_of,
     task_id_of,
 )
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run, open_run
 
 EXPERIMENT_VAR = "GPUSWARM_EXPERIMENT"
@@ -210,17 +209,8 @@ def finished_ids(paths: ExpPaths, cfg: ExperimentConfig) -> set[str]:
 
 def running(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, dict[str, Any]]:
     """Variant id -> {slot, since} for the tasks in running/ (claim time = file mtime)."""
-    run = run_paths(paths, cfg)
-    out: dict[str, dict[str, Any]] = {}
-    for entry in os.scandir(run.state_dir("running")):
-        if entry.name.startswith("."):
-            continue
-        lease = lease_of(entry.name)
-        slot = slot_label(run, lease[0], lease[1]) if lease else "?"
-        parts = entry.name.split("@")
-        with contextlib.suppress(FileNotFoundError):
-            out[task_id_of(parts[0])] = {"slot": slot, "since": entry.stat().st_mtime}
-    return out
+    reader = RunReader(run_paths(paths, cfg))
+    return {r.task: {"slot": r.slot or "?", "since": r.since} for r in reader.running()}
 
 
 # -- results -----------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.outputs.report import esc, html_page, html_table, png_data_uri
+from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
 
 ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": ""}

@@ -12,8 +12,8 @@ from gpuswarm.research import api, executor
 from gpuswarm.research.experiment import State
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
-from gpuswarm.store.ledger import EventTail
-from gpuswarm.ui.liveview import LiveView, clock, initial_state, shown
+from gpuswarm.ui.table import LiveView, clock, shown
+from gpuswarm.ui.watch import Follower
 
 
 def _metric(value: Any) -> str:
@@ -126,13 +126,11 @@ def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) ->
     """``research loop`` with the live table: the runner's slots (followed through the core
     run's journal) under a header with BASE, the best metric and the experiment count."""
     run = executor.run_paths(exp.paths, exp.cfg)
-    state = initial_state(run)
-    tail = EventTail(run.events, from_end=True)
+    follower = Follower(run)
     header = {"text": ""}
 
     def tick(s: State) -> None:
-        for e in tail.poll():
-            state.apply(e)
+        follower.poll()
         best = "-" if s.best is None else f"{s.best:.6f}"
         kept = sum(1 for r in s.rows if r[3] == "keep")
         header["text"] = (
@@ -141,7 +139,10 @@ def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) ->
         )
 
     view = LiveView(
-        state, run.attempt_log, title=f"research {exp.cfg.tag}", header=lambda: header["text"]
+        follower.view,
+        run.attempt_log,
+        title=f"research {exp.cfg.tag}",
+        header=lambda: header["text"],
     )
     console = Console(stderr=True, highlight=False)
     with shown(view, console):

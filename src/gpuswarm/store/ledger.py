@@ -3,6 +3,7 @@
 Each line has ``ts`` (unix seconds), ``ev`` (the event kind) and event fields. Lines are appended
 with one ``write(2)`` on an ``O_APPEND`` descriptor, so concurrent writers (threads or several
 supervisors) never interleave inside a line. Readers tolerate a torn last line.
+(The kinds, ``Ev``, and their typed payloads live in ``core/events.py``.)
 """
 
 from __future__ import annotations
@@ -12,34 +13,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core.events import Ev as Ev  # re-exported: producers emit Ev.X through the ledger
 from gpuswarm.core.fsutil import dumps_compact
 from gpuswarm.core.records import event_problem, parse_event
-
-
-class Ev(str, Enum):
-    RUN_CREATED = "run_created"
-    SUPERVISOR_STARTED = "supervisor_started"
-    SUPERVISOR_STOPPED = "supervisor_stopped"
-    STARTED = "started"
-    FINISHED = "finished"  # an attempt ended (fields: state it led to, reason)
-    REQUEUED = "requeued"  # back to pending (retry, interrupted, resume)
-    RECOVERED = "recovered"  # a move a crashed supervisor had begun, completed on resume
-    KILLED = "killed"  # leftover processes of a crashed supervisor's attempts, killed on resume
-    CORRUPT = "corrupt"
-    QUARANTINED = "quarantined"  # a slot stopped claiming: its attempts kept failing fast
-    SHUTDOWN = "shutdown"  # warm or cold shutdown requested
-    LEASE_LOST = "lease_lost"  # a reclaimer took a task from a stalled supervisor: not committed
-    AGGREGATED = "aggregated"
-    STALE_RESULT = "stale_result"  # a completion file found before an attempt, moved aside
-    UNQUARANTINED = "unquarantined"  # a quarantined slot back in rotation (probe or by hand)
-    PREFLIGHT = "preflight"  # a slot's preflight commands: ok, or the failure that stopped it
-    AFTER_ALL = "after_all"  # the after_all step ran: exit code, output file
-    JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
-
 
 Listener = Callable[[dict[str, Any]], None]
 

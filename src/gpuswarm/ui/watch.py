@@ -1,51 +1,73 @@
 """``gpuswarm watch RUN_DIR``: follow a run another process supervises.
 
-One look at the queue when it starts (counts, what runs where), then only the new lines of
-events.jsonl: no folder scans while it follows. It ends when no supervisor holds the run.
+One look at the folders when it starts (``RunReader.view``: counts, what runs where), then only
+the new lines of events.jsonl, folded by the one reducer: no folder scans while it follows. It
+ends when no supervisor holds the run.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from gpuswarm.store.leases import is_live
+from gpuswarm.core.events import Event
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.runview import RunView
 from gpuswarm.store.ledger import EventTail
-from gpuswarm.store.queue import State
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
-from gpuswarm.ui.live import PlainReporter, is_terminal
-from gpuswarm.ui.liveview import LiveView, initial_state, shown
+from gpuswarm.ui.table import LiveView, shown
+from gpuswarm.ui.terminal import PlainReporter, is_terminal
 
 POLL_SECONDS = 0.25
 LIVE_CHECK_SECONDS = 1.0
 
 
+class Follower:
+    """A :class:`RunView` of a run another process supervises, kept up to date: one look at the
+    folders (``RunReader.view``), then only the journal's new lines (``watch``, ``research
+    loop``'s live table)."""
+
+    def __init__(self, paths: RunPaths) -> None:
+        self.reader = RunReader(paths)
+        self.view: RunView = self.reader.view()
+        self._tail = EventTail(paths.events, from_end=True)
+
+    def poll(self) -> list[Event | dict[str, Any]]:
+        """Fold the lines appended since the last call; each one's typed event, or the raw
+        line when it is of the wrong shape (skipped)."""
+        out: list[Event | dict[str, Any]] = []
+        for raw in self._tail.poll():
+            event = self.view.apply(raw)
+            out.append(raw if event is None else event)
+        return out
+
+
 def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = False) -> int:
     """Follow the run until no supervisor is live; exit code 0 when every task is done."""
     paths, _ = open_run(run_dir)
-    state = initial_state(paths)
-    tail = EventTail(paths.events, from_end=True)
-    counts = {State(k): v for k, v in state.counts.items()}
+    follower = Follower(paths)
+    reader, state = follower.reader, follower.view
     listener = (
         LiveView(state, paths.attempt_log, title=paths.root.name)
         if is_terminal(stream) and not plain
         else None
     )
-    reporter = PlainReporter(counts, stream)
+    reporter = PlainReporter(view=state, stream=stream)
 
     def follow() -> None:
         next_check = time.monotonic() + (0 if once else LIVE_CHECK_SECONDS)
         while True:
-            for e in tail.poll():
-                try:
-                    state.apply(e)
-                    if listener is None:
-                        reporter(e)
-                except (KeyError, TypeError, ValueError):  # a line no gpuswarm wrote: go on
-                    stream.write(f"gpuswarm: skipped a malformed journal line: {str(e)[:200]}\n")
+            for event in follower.poll():
+                if isinstance(event, dict):  # a line no gpuswarm wrote: go on
+                    stream.write(
+                        f"gpuswarm: skipped a malformed journal line: {str(event)[:200]}\n"
+                    )
+                elif listener is None:
+                    reporter.show(event)
             if time.monotonic() >= next_check:
-                if once or not is_live(paths):
+                if once or not reader.live():
                     return
                 next_check = time.monotonic() + LIVE_CHECK_SECONDS
             time.sleep(POLL_SECONDS)
@@ -58,9 +80,10 @@ def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = Fa
     with state.lock:
         left = state.counts.get("pending", 0) + state.counts.get("running", 0)
         failed = state.counts.get("failed", 0)
-    live = is_live(paths)
+        done = state.counts.get("done", 0)
+    live = reader.live()
     stream.write(
-        f"{paths.root.name}: done {state.counts.get('done', 0)}  failed {failed}  "
+        f"{paths.root.name}: done {done}  failed {failed}  "
         f"unfinished {left}  ({'live' if live else 'no supervisor running'})\n"
     )
     stream.flush()

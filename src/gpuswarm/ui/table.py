@@ -1,6 +1,7 @@
-"""The live terminal view: one row per GPU slot, queue counts, a progress bar with ETA, recent
-failures. Fed by ledger events (in process) or by tailing events.jsonl (``gpuswarm watch``);
-a frame reads only the last few KiB of each running attempt's log, never a folder.
+"""The live table: one row per GPU slot, queue counts, a progress bar with ETA, recent failures.
+It renders a :class:`~gpuswarm.core.runview.RunView` (the one reducer), fed by ledger events in
+process or by tailing events.jsonl (``gpuswarm watch``, from ``store.reader.RunReader.view``); a
+frame reads only the last few KiB of each running attempt's log, never a folder.
 
 Where NVML works, each GPU row also shows utilisation and memory (sampled at most once a
 second); elsewhere those columns are left out.
@@ -10,11 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,104 +24,10 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuswarm.core.logs import log_tail
-from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_shapes
-from gpuswarm.store.ledger import read_events
+from gpuswarm.core.runview import RunView, SlotRow
 
 REFRESH_PER_SECOND = 4
-RECENT_FAILURES = 5
-
-
-@dataclass
-class SlotRow:
-    task: str = ""
-    name: str = ""
-    attempt: int = 0
-    since: float = 0.0
-    timeout: float | None = None
-    done: int = 0
-
-
-@dataclass
-class ViewState:
-    """What the view shows, updated event by event (thread-safe through ``lock``)."""
-
-    counts: dict[str, int]
-    slots: dict[str, SlotRow] = field(default_factory=dict)
-    failures: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_FAILURES))
-    finished_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
-    started: float = field(default_factory=time.time)
-    note: str = ""
-    quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def _move(self, frm: str, to: str) -> None:
-        self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
-        self.counts[to] = self.counts.get(to, 0) + 1
-
-    def apply(self, e: dict[str, Any]) -> None:
-        with self.lock:
-            self._apply(e)
-
-    def _apply(self, e: dict[str, Any]) -> None:
-        ev = e.get("ev")
-        if ev == "supervisor_started":
-            for label in e.get("slots", []):
-                self.slots.setdefault(label, SlotRow())
-        elif ev == "started":
-            self._move("pending", "running")
-            row = self.slots.setdefault(e["slot"], SlotRow())
-            row.task, row.name, row.attempt = e["task"], e.get("name", ""), int(e["attempt"])
-            row.since, row.timeout = float(e.get("ts", time.time())), e.get("timeout")
-        elif ev == "finished":
-            self._finished(e)
-        elif ev == "requeued" and e.get("frm") == "running":
-            self._move("running", "pending")
-            self._clear_task(e.get("task", ""))
-        elif ev == "quarantined":
-            self.failures.append(f"slot {e.get('slot')} quarantined: {e.get('reason', '')}")
-            self.quarantined[str(e.get("slot"))] = str(e.get("reason", ""))
-        elif ev == "unquarantined":
-            if e.get("probe"):
-                self.quarantined[str(e.get("slot"))] = "probe"
-            else:
-                self.quarantined.pop(str(e.get("slot")), None)
-        elif ev == "shutdown":
-            self.note = "stopping: Ctrl-C again kills at once" if e.get("mode") == "warm" else ""
-
-    def _finished(self, e: dict[str, Any]) -> None:
-        state = e.get("state", "failed")
-        to = "pending" if state == "waiting" else state
-        self._move("running", to if to in self.counts else "failed")
-        row = self.slots.get(e.get("slot", ""))
-        if row is not None:
-            row.done += 1
-            if row.task == e.get("task"):  # the slot may have started its next task already
-                row.task = ""
-        if state == "done":
-            self.finished_times.append(float(e.get("ts", time.time())))
-        elif state == "failed" or e.get("retry"):
-            what = "retrying" if e.get("retry") else "failed"
-            self.failures.append(f"{e.get('task')} {what}: {e.get('reason', '')}")
-
-    def _clear_task(self, task: str) -> None:
-        for row in self.slots.values():
-            if row.task == task:
-                row.task = ""
-
-    def eta(self, now: float) -> float | None:
-        """Seconds left at the recent completion rate (None until something completed)."""
-        left = self.counts.get("pending", 0) + self.counts.get("running", 0)
-        times = self.finished_times
-        if not times or left == 0:
-            return None
-        window_start = times[0] if len(times) > 1 else self.started
-        rate = len(times) / max(1e-6, now - window_start)
-        return left / rate
 
 
 def clock(seconds: float | None) -> str:
@@ -142,11 +46,11 @@ def _natural(label: str) -> tuple[str, int]:
 
 
 class LiveView:
-    """Renders a :class:`ViewState` with rich; ``log_of(task, attempt)`` locates attempt logs."""
+    """Renders a :class:`RunView` with rich; ``log_of(task, attempt)`` locates attempt logs."""
 
     def __init__(
         self,
-        state: ViewState,
+        state: RunView,
         log_of: Callable[[str, int], Path],
         *,
         title: str = "",
@@ -160,7 +64,7 @@ class LiveView:
         self.gpu_stats = gpu_stats
 
     def __call__(self, event: dict[str, Any]) -> None:  # a ledger listener
-        self.state.apply(event)
+        self.state.apply(event, own=True)  # records this process emitted
 
     def render(self) -> RenderableType:
         now = time.time()
@@ -279,39 +183,3 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
         return data
 
     return sample
-
-
-# -- following a run from another process (``gpuswarm watch``) --------------------------------
-def initial_state(paths: RunPaths) -> ViewState:
-    """Counts and running slots from one look at the queue (only when a watch starts)."""
-    from gpuswarm.store.leases import slot_label
-    from gpuswarm.store.queue import DirQueue, State, lease_of, task_id_of
-    from gpuswarm.ui.live import attempt_number
-
-    queue = DirQueue(paths)
-    counts = {s.value: n for s, n in queue.counts().items()}
-    state = ViewState(counts)
-    for e in read_events(paths.events) if paths.events.stat().st_size < (8 << 20) else []:
-        if e.get("ev") == "supervisor_started":
-            for label in e.get("slots", []):
-                state.slots.setdefault(label, SlotRow())
-    for name in queue.names(State.RUNNING):
-        data = queue.read(State.RUNNING, name) or {}
-        lease = lease_of(name)
-        label = slot_label(paths, lease[0], lease[1]) if lease else "?"
-        with contextlib.suppress(OSError):
-            since = (paths.state_dir("running") / name).stat().st_mtime
-            task = data.get("task", {})
-            state.slots[label] = SlotRow(
-                task=task_id_of(name),
-                name=task.get("name", ""),
-                attempt=attempt_number(data),
-                since=since,
-                timeout=task.get("timeout"),
-            )
-    from gpuswarm.store.leases import is_live
-    from gpuswarm.supervise.breaker import read_quarantines
-
-    for q in read_quarantines(paths) if is_live(paths) else []:
-        state.quarantined[str(q.get("slot"))] = str(q.get("reason", ""))
-    return state

@@ -1,4 +1,5 @@
-"""Human-readable output of the CLI (rich). ``--json`` bypasses this module entirely."""
+"""The CLI's printed output (rich): status, ls, report, check, demo. ``--json`` bypasses this
+module entirely."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuswarm.core.redact import inert
-from gpuswarm.ui.liveview import clock
+from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
     from gpuswarm.engine import RunReport
@@ -110,11 +111,11 @@ def print_report(report: RunReport) -> None:
         con.print(inert(f"  quarantined {q['slot']}: {q['reason']}"), markup=False)
     after = s.get("after_all")
     if isinstance(after, dict):
-        log = report.paths.root / str(after.get("log", "after_all.log"))
+        log = report.paths.after_all_log
         how = "ok" if after.get("ok") else f"FAILED ({after.get('reason', '?')})"
         con.print(inert(f"after_all {how}: {log}"), markup=False)
     con.print(f"results: {report.paths.results_tsv}")
-    html = report.paths.root / "report.html"
+    html = report.paths.report_html
     if html.is_file():
         con.print(f"report:  {html}")
     if report.interrupted:

@@ -1,0 +1,190 @@
+"""RunView: the one reducer of a run's journal. What runs where (slot -> task, attempt, since),
+counts per state, slot health (quarantines), recent failures, and, when asked, the journal's
+word on each task (its last state, started events, completions).
+
+Every reader folds events through it: the supervisor's terminal lines and live table (fed by the
+ledger), ``gpuswarm watch`` and ``research loop`` (fed by tailing events.jsonl from a snapshot of
+the folders, ``store.reader.RunReader.view``) and ``gpuswarm check`` (the whole journal). Before,
+two reducers and three "what runs where" computations disagreed about a run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuswarm.core.events import (
+    WAITING,
+    Event,
+    Finished,
+    Quarantined,
+    Recovered,
+    Requeued,
+    Shutdown,
+    Started,
+    SupervisorStarted,
+    Unquarantined,
+    decode,
+)
+
+RECENT_FAILURES = 5
+CONFIG_CHANGE = "config-change"
+
+
+@dataclass
+class SlotRow:
+    """One slot: the task it runs (empty: idle), which attempt, since when, and how many
+    attempts it ended."""
+
+    task: str = ""
+    name: str = ""
+    attempt: int = 0
+    since: float = 0.0
+    timeout: float | None = None
+    done: int = 0
+
+
+@dataclass
+class TaskView:
+    """The journal's word on one task: the state folder its last state-changing event names, its
+    latest attempt and slot, how many ``started`` events it has, the attempts journaled done."""
+
+    state: str = "pending"
+    attempt: int = 0
+    slot: str = ""
+    started: int = 0
+    completions: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class RunView:
+    """What a run looks like, updated event by event (thread-safe through ``lock``).
+
+    ``counts`` are per queue state; a retry that waits out its backoff counts as pending (its
+    next attempt has not started). ``tasks`` is None unless tracking was asked for (a live run
+    of 100k tasks needs no per-task map)."""
+
+    counts: dict[str, int]
+    slots: dict[str, SlotRow] = field(default_factory=dict)
+    failures: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_FAILURES))
+    finished_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    started: float = field(default_factory=time.time)
+    note: str = ""
+    quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
+    tasks: dict[str, TaskView] | None = None
+    added: int = 0  # tasks a config change added (the journal's count)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def of_journal(
+        cls, events: Iterable[Mapping[str, Any]], counts: dict[str, int] | None = None
+    ) -> RunView:
+        """The journal folded from its start, tracking every task (``check``)."""
+        view = cls(dict(counts or {}), tasks={})
+        for raw in events:
+            view.apply(raw)
+        return view
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def apply(self, raw: Mapping[str, Any], *, own: bool = False) -> Event | None:
+        """Fold one journal line; its typed event, or None when it is of the wrong shape
+        (skipped: nothing changes). ``own``: a record this process emitted (see decode)."""
+        event = decode(raw, own=own)
+        if event is not None:
+            self.apply_event(event)
+        return event
+
+    def apply_event(self, event: Event) -> None:
+        with self.lock:
+            self._apply(event)
+
+    def _apply(self, e: Event) -> None:
+        if isinstance(e, SupervisorStarted):
+            for label in e.slots:
+                self.slots.setdefault(label, SlotRow())
+        elif isinstance(e, Started):
+            self._started(e)
+        elif isinstance(e, Finished):
+            self._finished(e)
+        elif isinstance(e, Requeued):
+            self._requeued(e)
+        elif isinstance(e, Recovered):
+            if e.task is not None and e.state is not None:
+                self._task(e.task).state = e.state
+        elif isinstance(e, Quarantined):
+            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
+            self.quarantined[e.slot] = e.reason or ""
+        elif isinstance(e, Unquarantined):
+            if e.probe:
+                self.quarantined[e.slot] = "probe"
+            else:
+                self.quarantined.pop(e.slot, None)
+        elif isinstance(e, Shutdown):
+            self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+
+    def _move(self, frm: str, to: str) -> None:
+        self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
+        self.counts[to] = self.counts.get(to, 0) + 1
+
+    def _task(self, task: str) -> TaskView:
+        if self.tasks is None:
+            return TaskView()  # not tracked: a throwaway
+        return self.tasks.setdefault(task, TaskView())
+
+    def _started(self, e: Started) -> None:
+        self._move("pending", "running")
+        row = self.slots.setdefault(e.slot, SlotRow())
+        row.task, row.name, row.attempt = e.task, e.name, e.attempt
+        row.since = e.ts if e.ts is not None else time.time()
+        row.timeout = e.timeout
+        t = self._task(e.task)
+        t.state, t.attempt, t.slot = "running", e.attempt, e.slot
+        t.started += 1
+
+    def _finished(self, e: Finished) -> None:
+        state = e.state or "failed"
+        to = "pending" if state == WAITING else state
+        self._move("running", to if to in self.counts else "failed")
+        row = self.slots.get(e.slot)
+        if row is not None:
+            row.done += 1
+            if row.task == e.task:  # the slot may have started its next task already
+                row.task = ""
+        if state == "done":
+            self.finished_times.append(e.ts if e.ts is not None else time.time())
+        elif state == "failed" or e.retry:
+            what = "retrying" if e.retry else "failed"
+            self.failures.append(f"{e.task} {what}: {e.reason or ''}")
+        if e.state is not None:
+            t = self._task(e.task)
+            t.state = "running" if e.state == WAITING else e.state  # waiting: still in running/
+            if e.state == "done":
+                t.completions.append(e.attempt)
+
+    def _requeued(self, e: Requeued) -> None:
+        if e.reason == CONFIG_CHANGE and e.added is not None:
+            self.added += e.added
+        if e.frm == "running":
+            self._move("running", "pending")
+            for row in self.slots.values():
+                if row.task == e.task:
+                    row.task = ""
+        if e.task is not None:
+            self._task(e.task).state = "pending"
+
+    def eta(self, now: float) -> float | None:
+        """Seconds left at the recent completion rate (None until something completed)."""
+        left = self.counts.get("pending", 0) + self.counts.get("running", 0)
+        times = self.finished_times
+        if not times or left == 0:
+            return None
+        window_start = times[0] if len(times) > 1 else self.started
+        rate = len(times) / max(1e-6, now - window_start)
+        return left / rate

@@ -1,0 +1,250 @@
+"""RunReader: the one reader of a run's folders, for every view of a run.
+
+``status``, ``watch``, the live view, the report and timeline, ``check`` and the research views
+read a run through it: descriptors by state, what runs where (the leases of running/), the
+attempt folders and logs, the quarantine files, and a snapshot :class:`RunView` that the journal
+then updates. It only reads (the queue module owns every transition).
+
+One rule per question, so two views never disagree: the attempt a running task is on is
+:func:`attempt_number`; a task in running/ that only waits out a retry backoff (``retry_at``) is
+*waiting*: no slot runs it and it counts as pending, as the journal's ``finished ... waiting``
+says (a watch started during a backoff used to count it as running and show the log of an
+attempt that had not started).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.events import Event, SupervisorStarted, decode
+from gpuswarm.core.models import Descriptor, State, base_name
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.runview import RunView, SlotRow
+from gpuswarm.store.folders import QueueFolders
+from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
+from gpuswarm.store.ledger import read_events, tail_events
+from gpuswarm.store.names import lease_of, task_id_of
+
+#: A watch reads the whole journal for the slot list only when it is smaller than this.
+SLOTS_SCAN_BYTES = 8 << 20
+
+
+def attempt_number(desc: Descriptor) -> int:
+    """The number of the attempt a running descriptor is on (the one rule, shared by status and
+    watch): every attempt recorded so far, interrupted ones included, plus one, as the
+    supervisor numbers them. Its log is ``attempt-<n>/output.log``."""
+    return desc.next_attempt
+
+
+def last_attempt(desc: Descriptor, *, started: bool = False) -> int | None:
+    """The number of the newest recorded attempt (``started``: the newest that ran, i.e. has a
+    start time and so a log); None when there is none."""
+    for att in reversed(desc.attempts):
+        if not started or att.started is not None:
+            return att.n
+    return None
+
+
+@dataclass(frozen=True)
+class Running:
+    """A task in running/: who holds it, on which slot, which attempt, since when."""
+
+    file: str  # its name in running/ (with the lease)
+    task: str
+    desc: Descriptor | None = field(repr=False)  # None when unreadable
+    owner: str | None
+    slot: str | None  # the slot label, unique in the run; None without a lease
+    attempt: int
+    since: float  # the claim time (the file's mtime)
+    log: Path | None  # the running attempt's log; None while waiting or without an id
+    retry_at: float | None  # set while a retry waits out its backoff
+
+    @property
+    def waiting(self) -> bool:
+        return self.retry_at is not None
+
+    @property
+    def name(self) -> str:
+        return self.desc.name if self.desc is not None else ""
+
+    @property
+    def timeout(self) -> float | None:
+        value = self.desc.task.get("timeout") if self.desc is not None else None
+        return value if isinstance(value, (int, float)) else None
+
+    @property
+    def host(self) -> str | None:
+        return self.owner.split(":", 1)[0] if self.owner else None
+
+
+def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:
+    """The quarantine files of a run (live supervisors keep one per quarantined slot), each
+    with its file name under ``file``."""
+    folder = paths.quarantine
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for name in sorted(os.listdir(folder)):
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads((folder / name).read_text())
+                if isinstance(data, dict):
+                    data["file"] = name
+                    out.append(data)
+    return out
+
+
+class RunReader:
+    """Reads one run's folders (never writes); cheap to make, nothing is cached."""
+
+    def __init__(self, paths: RunPaths, folders: QueueFolders | None = None) -> None:
+        self.paths = paths
+        self.folders = folders if folders is not None else QueueFolders(paths)
+
+    # -- descriptors ---------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        """Descriptors per state folder (one listing each)."""
+        return {s.value: n for s, n in self.folders.counts().items()}
+
+    def names(self, state: State) -> list[str]:
+        return self.folders.names(state)
+
+    def read(self, state: State, name: str) -> Descriptor | None:
+        """A descriptor; None when unreadable (``records.why_unreadable`` says why)."""
+        return self.folders.read_desc(state, name)
+
+    def descriptors(self, state: State) -> Iterator[tuple[str, Descriptor]]:
+        """``(file name, descriptor)`` of each readable descriptor in ``state``, in name order."""
+        return self.folders.iter_descs(state)
+
+    def everything(self) -> Iterator[tuple[State, str, Descriptor]]:
+        """Every readable descriptor of every state folder."""
+        for state in State:
+            for name, data in self.descriptors(state):
+                yield state, name, data
+
+    def latest(self, state: State, limit: int) -> list[tuple[str, Descriptor | None]]:
+        """The ``limit`` descriptors of ``state`` moved there last (newest first); an unreadable
+        one comes back as None."""
+        folder = self.paths.state_dir(state.value)
+        with os.scandir(folder) as it:
+            entries = [e for e in it if not e.name.startswith(".")]
+        entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
+        return [(e.name, self.read(state, e.name)) for e in entries[:limit]]
+
+    def empty_descriptors(self, states: tuple[State, ...]) -> dict[str, int]:
+        """Descriptors truncated to 0 bytes, per state folder (one stat each: cheap for ``ls``;
+        other damage is found by ``check``, ``report`` and the end-of-run summary)."""
+        out: dict[str, int] = {}
+        for state in states:
+            with os.scandir(self.paths.state_dir(state.value)) as it:
+                n = sum(1 for e in it if not e.name.startswith(".") and e.stat().st_size == 0)
+            if n:
+                out[state.value] = n
+        return out
+
+    def corrupt(self, *, visible: bool = False) -> list[str]:
+        """The files set aside in corrupt/, sorted (``visible``: without dot files)."""
+        try:
+            names = os.listdir(self.paths.corrupt)
+        except OSError:
+            return []
+        return sorted(n for n in names if not (visible and n.startswith(".")))
+
+    def task_id(self, name: str, desc: Descriptor | None) -> str:
+        """The task's id: its descriptor's, else the one its file name carries."""
+        if desc is not None and desc.has_id:
+            return desc.id
+        return task_id_of(base_name(name))
+
+    # -- attempts ------------------------------------------------------------------------------
+    def last_log(self, task_id: str, desc: Descriptor, *, started: bool = False) -> Path | None:
+        """The log of the newest recorded attempt (``started``: of the newest that ran)."""
+        n = last_attempt(desc, started=started)
+        return None if n is None else self.paths.attempt_log(task_id, n)
+
+    # -- what runs where -----------------------------------------------------------------------
+    def running(self) -> list[Running]:
+        """Every task in running/, by slot label (those without a lease last)."""
+        out = []
+        folder = self.paths.state_dir(State.RUNNING.value)
+        for name in self.names(State.RUNNING):
+            try:
+                since = (folder / name).stat().st_mtime
+            except FileNotFoundError:
+                continue  # moved on meanwhile
+            out.append(self._running(name, since))
+        return sorted(out, key=lambda r: (r.slot is None, r.slot or ""))
+
+    def _running(self, name: str, since: float) -> Running:
+        desc = self.read(State.RUNNING, name)
+        lease = lease_of(name)
+        attempt = attempt_number(desc) if desc is not None else 1
+        retry_at = desc.retry_at if desc is not None else None
+        log = None
+        if desc is not None and desc.has_id and retry_at is None:
+            log = self.paths.attempt_log(desc.id, attempt)
+        return Running(
+            file=name,
+            task=self.task_id(name, desc),
+            desc=desc,
+            owner=lease[0] if lease else None,
+            slot=slot_label(self.paths, *lease) if lease else None,
+            attempt=attempt,
+            since=since,
+            log=log,
+            retry_at=retry_at,
+        )
+
+    def slot_ids(self) -> list[str]:
+        """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
+        return registered_slot_ids(self.paths)
+
+    def quarantines(self) -> list[dict[str, Any]]:
+        return read_quarantines(self.paths)
+
+    def live(self) -> bool:
+        return is_live(self.paths)
+
+    # -- the journal ---------------------------------------------------------------------------
+    def tail(self) -> list[Event]:
+        """The typed events of the journal's last MiB (cheap on huge runs)."""
+        return [e for raw in tail_events(self.paths.events) if (e := decode(raw)) is not None]
+
+    def slot_labels(self) -> list[str]:
+        """The slots every supervisor of the run announced (when the journal is small)."""
+        try:
+            size = self.paths.events.stat().st_size
+        except FileNotFoundError:
+            return []
+        labels: list[str] = []
+        for raw in read_events(self.paths.events) if size < SLOTS_SCAN_BYTES else []:
+            event = decode(raw)
+            if isinstance(event, SupervisorStarted):
+                labels += [s for s in event.slots if s not in labels]
+        return labels
+
+    def view(self) -> RunView:
+        """A :class:`RunView` of the run as its folders stand now (one look, when a watch
+        starts); the journal's new lines then keep it up to date."""
+        counts = self.counts()
+        view = RunView(counts)
+        for label in self.slot_labels():
+            view.slots.setdefault(label, SlotRow())
+        for r in self.running():
+            if r.waiting:  # its next attempt has not started: pending, as the journal says
+                counts["running"] -= 1
+                counts["pending"] += 1
+                continue
+            view.slots[r.slot or "?"] = SlotRow(
+                task=r.task, name=r.name, attempt=r.attempt, since=r.since, timeout=r.timeout
+            )
+        for q in self.quarantines() if self.live() else []:
+            view.quarantined[str(q.get("slot"))] = str(q.get("reason", ""))
+        return view

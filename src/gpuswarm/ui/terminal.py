@@ -1,0 +1,118 @@
+"""Terminal lines of a run: one line per transition (``HH:MM:SS slot event task detail``).
+
+The supervisor's reporter listens to ledger events (no folder scans); ``gpuswarm watch --plain``
+prints the same lines for the journal it follows. The counts each line ends with come from the
+one reducer, :class:`~gpuswarm.core.runview.RunView`. (The rich live table, ``ui/table.py``,
+builds on the same events.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from gpuswarm.core.events import (
+    Corrupt,
+    Event,
+    Finished,
+    Quarantined,
+    Requeued,
+    Shutdown,
+    Started,
+    Unquarantined,
+    decode,
+)
+from gpuswarm.core.redact import inert
+from gpuswarm.core.runview import RunView
+from gpuswarm.store.queue import State
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal that can show the live table."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+
+
+WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
+
+
+class PlainReporter:
+    """Prints ``HH:MM:SS slot event task detail [done/total]`` lines.
+
+    As a ledger listener (``reporter(event)``) it folds each event into its own view first;
+    given the ``view`` a caller folds itself (``watch``), it only prints (:meth:`show`)."""
+
+    def __init__(
+        self,
+        counts: Mapping[State, int] | None = None,
+        stream: TextIO | None = None,
+        *,
+        view: RunView | None = None,
+    ) -> None:
+        counts = counts or {}
+        self.view = view or RunView({s.value: counts.get(s, 0) for s in State})
+        self.total = self.view.total
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, raw: dict[str, Any]) -> None:
+        event = decode(raw, own=True)  # a ledger listener: records this process emitted
+        if event is not None:  # a line of the wrong shape: every reader skips it
+            self.view.apply_event(event)
+            self.show(event)
+
+    def show(self, event: Event) -> None:
+        line = self._line(event)
+        if line is None:
+            return
+        line = inert(line)  # reasons quote task output: no escape sequence reaches the terminal
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def _progress(self) -> str:
+        c = self.view.counts
+        extra = f", {c.get('failed', 0)} failed" if c.get("failed") else ""
+        return f"[{c.get('done', 0)}/{self.total} done{extra}]"
+
+    def _line(self, e: Event) -> str | None:
+        stamp = time.strftime("%H:%M:%S", time.localtime(e.ts if e.ts is not None else time.time()))
+        if isinstance(e, Started):
+            detail = f"attempt {e.attempt}" if e.attempt > 1 else ""
+            return f"{stamp} {e.slot:<8} start  {e.task} {detail}".rstrip()
+        if isinstance(e, Finished):
+            return self._finished(stamp, e)
+        if isinstance(e, Quarantined):
+            return f"{stamp} {e.slot:<8} QUARANTINED: {e.reason or ''}"
+        if isinstance(e, Unquarantined):
+            what = "probe: claims one task" if e.probe else f"back: {e.reason or ''}"
+            return f"{stamp} {e.slot:<8} quarantine {what}"
+        if isinstance(e, Requeued) and e.frm == "running":
+            return f"{stamp} {'':<8} requeued {e.task} ({e.reason or ''})"
+        if isinstance(e, Shutdown):
+            what = "killing everything now" if e.mode == "cold" else WARM_STOP
+            return f"{stamp} {'':<8} {what}"
+        if isinstance(e, Corrupt):
+            return f"{stamp} {'':<8} corrupt descriptor moved aside: {e.file}"
+        return None
+
+    def _finished(self, stamp: str, e: Finished) -> str:
+        secs = f"{float(e.seconds or 0):.1f}s"
+        why = e.reason or ""
+        if e.state == "done":
+            return f"{stamp} {e.slot:<8} done   {e.task} {secs} {self._progress()}"
+        if e.state == "skipped":
+            return f"{stamp} {e.slot:<8} skip   {e.task} {why} {self._progress()}"
+        if e.retry:
+            wait = f", again in {e.retry_in:g}s" if e.retry_in else ""
+            used = e.used if e.used is not None else e.attempt  # a resume grants a fresh budget
+            return (
+                f"{stamp} {e.slot:<8} retry  {e.task} {why} (attempt {used}/"
+                f"{e.max_attempts if e.max_attempts is not None else '?'}{wait}) "
+                f"{self._progress()}"
+            )
+        return f"{stamp} {e.slot:<8} FAILED {e.task} {why} {secs} {self._progress()}"
