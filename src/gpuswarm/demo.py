@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import api, executor
+from gpuswarm.research import api, runner
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import MutateProposer
 
@@ -90,7 +90,7 @@ def run_demo(opts: DemoOptions, say: Any = print) -> dict[str, Any]:
         else:
             data = run_loop(exp, proposer, loop_opts, say)
     finally:
-        executor.stop_runner(exp.paths, grace=10.0)
+        runner.stop_runner(exp.paths, grace=10.0)
     state = exp.settle()
     baseline = next(
         (

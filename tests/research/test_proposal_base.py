@@ -9,7 +9,7 @@ import pytest
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import api as api
-from gpuswarm.research import executor as executor
+from gpuswarm.research import runner as runner
 
 TRAIN = "LR = 0.04\n# spacer\nDEPTH = 8\n# spacer\nWD = 0.1\nprint('val_bpb: 1.0')\n"
 
@@ -55,7 +55,7 @@ def test_a_stale_proposal_is_rebased_onto_the_new_base(exp: api.Experiment) -> N
         text = git(exp.paths.repo, "show", f"{data['commit']}:train.py")
         assert "LR = 0.05" in text and "DEPTH = 6" in text  # the kept change survives
     finally:
-        executor.stop_runner(exp.paths, grace=5)
+        runner.stop_runner(exp.paths, grace=5)
 
 
 def test_a_stale_proposal_that_conflicts_is_refused(exp: api.Experiment) -> None:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.placement.gpus import parse_gpu_spec
-from gpuswarm.research import executor, gitops, variants
+from gpuswarm.research import executor, exports, gitops, runner, variants
 from gpuswarm.research.experiment import (
     DEFAULT_MEMORY_PATTERN,
     ExperimentConfig,
@@ -93,7 +93,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     if head is None:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
-    parse_gpu_spec(opts.gpus)  # a bad --gpus fails before anything is written
+    api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
     # --link adds to the default .venv link (replacing it would break `uv run` in every run)
     links = [p for p in (".venv",) if (repo / p).is_dir()]
     links += [p for p in opts.link or [] if p not in links]
@@ -121,7 +121,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
         gitops.delete_ref(repo, ref)
     staging = root.with_name(f".{tag}.init")
-    executor.remove_tree(staging)
+    exports.remove_tree(staging)
     staging.mkdir(parents=True)
     paths = ExpPaths(repo, staging)
     cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
@@ -187,7 +187,7 @@ def _files(paths: ExpPaths) -> dict[str, str]:
 def _queue(exp: Experiment, state: State, vs: list[Variant]) -> None:
     for v in vs:
         executor.enqueue(exp.paths, exp.cfg, v)
-    executor.ensure_runner(exp.paths, exp.cfg)
+    runner.ensure_runner(exp.paths, exp.cfg)
 
 
 def _baseline_needed(state: State) -> bool:
@@ -406,7 +406,7 @@ def wait(
             raise ResearchError(f"no variant {vid} in experiment {exp.cfg.tag}")
     deadline = None if timeout is None else time.monotonic() + timeout
     looked = 0.0
-    watch = executor.RunnerWatch(exp.paths, exp.cfg)
+    watch = runner.RunnerWatch(exp.paths, exp.cfg)
     while True:
         done = [t for t in targets if state.variants[t].finished is not None]
         if (mode == "any" and done) or len(done) == len(targets):
@@ -481,7 +481,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
             for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
             if last > 0
         ],
-        "runner": bool(executor.runner_pids(exp.paths)),
+        "runner": bool(runner.runner_pids(exp.paths)),
         "timeout": exp.cfg.timeout,
         **_files(exp.paths),
     }
@@ -590,7 +590,7 @@ def _withdraw(exp: Experiment, state: State, v: Variant, reason: str) -> dict[st
     why = reason if reason != "discarded by hand" else "withdrawn by hand before it ran"
     append(exp.paths, "finished", id=v.id, ok=False, metric=None, reason=why, withdrawn=True)
     append(exp.paths, "decided", id=v.id, status="withdrawn", reason=why, row=None)
-    executor.remove_export(exp.paths, v.id)
+    exports.remove_export(exp.paths, v.id)
     return {"id": v.id, "status": "withdrawn", "base": state.base}
 
 

@@ -19,7 +19,7 @@ from gpuswarm.core.errors import (
     GpuswarmError,
     ResearchError,
 )
-from gpuswarm.research import api, executor, views
+from gpuswarm.research import api, runner, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
@@ -303,7 +303,7 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
 def stop(where: Path, tag: str | None, as_json: bool) -> None:
     """Stop the background runner; running variants go back to the queue (next command resumes)."""
     exp = api.Experiment.open(where, tag)
-    n = executor.stop_runner(exp.paths)
+    n = runner.stop_runner(exp.paths)
     _out(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
 
 
@@ -391,7 +391,7 @@ def serve(root: Path) -> None:
     root = root.resolve()
     paths = ExpPaths(root.parents[2], root)
     try:
-        sys.exit(executor.serve(paths, load_config(paths)))
+        sys.exit(runner.serve(paths, load_config(paths)))
     except GpuswarmError as exc:
         click.echo(f"gpuswarm research runner: error: {exc}", err=True)
         sys.exit(exc.exit_code if exc.exit_code != EXIT_BAD_INPUT else EXIT_UNFINISHED)

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.research import api, executor
+from gpuswarm.research import api, executor, runner
 from gpuswarm.research.experiment import State, append, flocked
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
@@ -118,7 +118,7 @@ class _Run:
         self.made = 0
         self.seen = _recorded(state)
         self.idle_until = 0.0
-        self.watch = executor.RunnerWatch(exp.paths, exp.cfg)
+        self.watch = runner.RunnerWatch(exp.paths, exp.cfg)
         self.pool = ThreadPoolExecutor(max(1, opts.proposers), thread_name_prefix="propose")
         self.proposing: set[Future[Proposal | None]] = set()
         self.round_left = 0  # rounds: proposals still to start for the open round
@@ -287,7 +287,7 @@ def _wait_for_news(
     exp: api.Experiment,
     state: State,
     stop: LoopStop,
-    watch: executor.RunnerWatch,
+    watch: runner.RunnerWatch,
     deadline: float,
     tick: Callable[[State], None],
     proposing: set[Future[Proposal | None]],

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.placeholders import render
-from gpuswarm.exec.local.process import kill_tree
 from gpuswarm.research import gitops, mutate
-from gpuswarm.research.executor import remove_tree
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append
+from gpuswarm.research.exports import remove_tree
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class AgentProposer:
             self._closed = True
             live = list(self._live)
         if live:
-            kill_tree([p.pid for p in live], 2.0)
+            api.kill_tree([p.pid for p in live], 2.0)
 
     def propose(self, state: State) -> Proposal | None:
         """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
@@ -274,7 +274,7 @@ class AgentProposer:
         try:
             out, _ = proc.communicate(timeout=self.opts.timeout)
         except subprocess.TimeoutExpired:
-            kill_tree([proc.pid], 5.0)
+            api.kill_tree([proc.pid], 5.0)
             proc.communicate()
             raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
         finally:
