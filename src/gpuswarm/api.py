@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -29,6 +29,7 @@ from gpuswarm.core.paths import RunPaths, resolve_run_dir
 from gpuswarm.engine import Output, RunReport, setup_from_info, supervise
 from gpuswarm.exec.local import process
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.store.ledger import read_events
 from gpuswarm.store.queue import DirQueue, base_name, task_id_of
 from gpuswarm.store.queue import State as TaskState
 from gpuswarm.store.runs import NewRun, latest_run, open_run
@@ -50,6 +51,7 @@ __all__ = [
     "latest_run",
     "plan_gpus",
     "processes_with_env",
+    "read_journal",
     "remove_cut_writes",
     "resolve_run",
     "serve",
@@ -242,6 +244,12 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         kind=last.get("kind"),
         reason=last.get("reason"),
     )
+
+
+def read_journal(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete event line of a journal in the run's format (``events.jsonl``, or a
+    client's own journal written the same way), in order; a torn last line is left out."""
+    return read_events(path)
 
 
 def has_pending(run: RunPaths) -> bool:

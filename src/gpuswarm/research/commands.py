@@ -19,7 +19,7 @@ from gpuswarm.core.errors import (
     GpuswarmError,
     ResearchError,
 )
-from gpuswarm.research import api, runner, views
+from gpuswarm.research import configure, readouts, runner, session, views
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
@@ -110,7 +110,7 @@ def research() -> None:
 @_errors
 def init(where: Path, as_json: bool, **kw: Any) -> None:
     """Create branch <prefix><tag>, the experiment's state and an empty results.tsv."""
-    opts = api.InitOptions(
+    opts = configure.InitOptions(
         tag=kw["tag"],
         edit=list(kw["edit"]),
         command=kw["command"],
@@ -131,7 +131,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
     )
-    _out(as_json, api.init(where, opts), views.show_init)
+    _out(as_json, configure.init(where, opts), views.show_init)
 
 
 @research.command()
@@ -140,8 +140,8 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
 @_errors
 def baseline(where: Path, tag: str | None, as_json: bool, repeat: int) -> None:
     """Run BASE unchanged (k times for a noise estimate)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.baseline(exp, repeat), views.show_queued)
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, session.baseline(exp, repeat), views.show_queued)
 
 
 @research.command("try")
@@ -159,8 +159,8 @@ def try_cmd(
     from_id: str | None,
 ) -> None:
     """Snapshot your edit as a variant of BASE, restore the files, queue it. Returns at once."""
-    exp = api.Experiment.open(where, tag)
-    data = api.try_variant(exp, message, patch=patch, from_id=from_id)
+    exp = session.Experiment.open(where, tag)
+    data = session.try_variant(exp, message, patch=patch, from_id=from_id)
     _out(as_json, data, views.show_try)
 
 
@@ -180,8 +180,10 @@ def wait(
     timeout: str | None,
 ) -> None:
     """Block until the variants in flight (or IDS) finish; print their results."""
-    exp = api.Experiment.open(where, tag)
-    data = api.wait(exp, mode=mode, timeout=_duration("--timeout", timeout), ids=list(ids) or None)
+    exp = session.Experiment.open(where, tag)
+    data = readouts.wait(
+        exp, mode=mode, timeout=_duration("--timeout", timeout), ids=list(ids) or None
+    )
     _out(as_json, data, views.show_wait)
     if data["timed_out"] and mode == "all":
         sys.exit(EXIT_UNFINISHED)
@@ -197,8 +199,8 @@ def wait(
 @_errors
 def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
     """BASE, best metric, variants in flight per GPU, the last results."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.status(exp, last), views.show_status)
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, readouts.status(exp, last), views.show_status)
 
 
 @research.command()
@@ -206,8 +208,8 @@ def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
 @_errors
 def log(where: Path, tag: str | None, as_json: bool) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
-    exp = api.Experiment.open(where, tag)
-    data = api.log(exp)
+    exp = session.Experiment.open(where, tag)
+    data = readouts.log(exp)
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     else:
@@ -221,8 +223,8 @@ def log(where: Path, tag: str | None, as_json: bool) -> None:
 @_errors
 def keep(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
     """Keep a finished variant by hand: it becomes BASE (fast-forward)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.keep(exp, variant_id, reason), views.show_decided)
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, session.keep(exp, variant_id, reason), views.show_decided)
 
 
 @research.command()
@@ -232,8 +234,8 @@ def keep(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: s
 @_errors
 def discard(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
     """Discard a finished, undecided variant by hand."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.discard(exp, variant_id, reason), views.show_decided)
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, session.discard(exp, variant_id, reason), views.show_decided)
 
 
 @research.command()
@@ -242,8 +244,8 @@ def discard(where: Path, tag: str | None, as_json: bool, variant_id: str, reason
 @_errors
 def plot(where: Path, tag: str | None, as_json: bool, output: Path | None) -> None:
     """progress.png: discards grey, keeps green, the running best as a step line."""
-    exp = api.Experiment.open(where, tag)
-    path = api.plot(exp, output)
+    exp = session.Experiment.open(where, tag)
+    path = readouts.plot(exp, output)
     _out(as_json, {"plot": str(path)}, lambda d: click.echo(d["plot"]))
 
 
@@ -252,8 +254,8 @@ def plot(where: Path, tag: str | None, as_json: bool, output: Path | None) -> No
 @_errors
 def report(where: Path, tag: str | None, as_json: bool) -> None:
     """Write progress.png and a self-contained report.html of every experiment."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.report(exp), lambda d: click.echo(d["report"]))
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, readouts.report(exp), lambda d: click.echo(d["report"]))
 
 
 @research.command()
@@ -261,8 +263,8 @@ def report(where: Path, tag: str | None, as_json: bool) -> None:
 @_errors
 def restore(where: Path, tag: str | None, as_json: bool) -> None:
     """Put the editable files back to BASE (drops your uncommitted edits of them)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
+    exp = session.Experiment.open(where, tag)
+    _out(as_json, session.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
 
 
 @research.command("config")
@@ -294,7 +296,7 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         changes["metric_pattern"] = kw["metric_regex"]
     if kw["memory_regex"] is not None:
         changes["memory_pattern"] = kw["memory_regex"]
-    _out(as_json, api.configure(where, tag, changes), views.show_config)
+    _out(as_json, configure.configure(where, tag, changes), views.show_config)
 
 
 @research.command()
@@ -302,7 +304,7 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
 @_errors
 def stop(where: Path, tag: str | None, as_json: bool) -> None:
     """Stop the background runner; running variants go back to the queue (next command resumes)."""
-    exp = api.Experiment.open(where, tag)
+    exp = session.Experiment.open(where, tag)
     n = runner.stop_runner(exp.paths)
     _out(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
 
@@ -340,7 +342,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @_errors
 def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
-    exp = api.Experiment.open(where, tag)
+    exp = session.Experiment.open(where, tag)
     proposer: Proposer
     if kw["proposer"] == "agent":
         if not kw["agent_command"]:

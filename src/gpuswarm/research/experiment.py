@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
-from gpuswarm.store.ledger import read_events
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -354,7 +354,7 @@ class State:
 
 def replay(paths: ExpPaths) -> State:
     state = State()
-    for e in read_events(paths.ledger):
+    for e in api.read_journal(paths.ledger):
         _apply(state, e)
     return state
 
