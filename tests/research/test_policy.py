@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpuswarm.research.experiment import ExperimentConfig, State, Variant, metric_pattern
+from gpuswarm.research.experiment import ExperimentConfig, metric_pattern
+from gpuswarm.research.journal import State, Variant
 from gpuswarm.research.policy import Decision, decide
 
 BASE = "b" * 40

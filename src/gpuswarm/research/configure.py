@@ -17,7 +17,6 @@ from gpuswarm.research.experiment import (
     DEFAULT_MEMORY_PATTERN,
     ExperimentConfig,
     ExpPaths,
-    append,
     check_command,
     check_pattern,
     check_tag,
@@ -27,9 +26,9 @@ from gpuswarm.research.experiment import (
     flocked,
     locate,
     metric_pattern,
-    replay,
     save_config,
 )
+from gpuswarm.research.journal import append, replay
 from gpuswarm.research.session import files_of
 from gpuswarm.research.settle import write_tsv
 

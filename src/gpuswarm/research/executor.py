@@ -16,9 +16,10 @@ from gpuswarm import api
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import export, remove_export
 from gpuswarm.research.exports import protected_changes as _protected_changes
+from gpuswarm.research.journal import Variant
 from gpuswarm.store.leases import slot_label  # running(): to be replaced by the read model
 from gpuswarm.store.queue import DirQueue, lease_of, task_id_of  # enqueue(), running()
 

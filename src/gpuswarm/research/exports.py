@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 
 from gpuswarm.research import gitops
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant, file_sha256
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, file_sha256
+from gpuswarm.research.journal import Variant
 
 
 def export(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> Path:

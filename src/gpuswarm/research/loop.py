@@ -23,7 +23,8 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
-from gpuswarm.research.experiment import State, append, flocked
+from gpuswarm.research.experiment import flocked
+from gpuswarm.research.journal import State, append
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
 

@@ -13,8 +13,9 @@ from typing import Any
 from gpuswarm import api
 from gpuswarm.core.logs import log_tail
 from gpuswarm.research.executor import run_paths
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, Variant
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import protected_changes, protected_data_changes
+from gpuswarm.research.journal import Variant
 
 SUMMARY_LINE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*):\s+([-+]?[0-9.]+(?:[eE][-+]?\d+)?)\s*$")
 

@@ -28,8 +28,9 @@ from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.placeholders import render
 from gpuswarm.research import gitops, mutate
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, append
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
+from gpuswarm.research.journal import State, append
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, runner, variants
-from gpuswarm.research.experiment import ExperimentConfig, State, append, flocked, replay
+from gpuswarm.research.experiment import ExperimentConfig, flocked
+from gpuswarm.research.journal import State, append, replay
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 

@@ -11,17 +11,8 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, exports, gitops, runner, variants
-from gpuswarm.research.experiment import (
-    ExperimentConfig,
-    ExpPaths,
-    State,
-    Variant,
-    append,
-    drop_row,
-    flocked,
-    load_config,
-    locate,
-)
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_config, locate
+from gpuswarm.research.journal import State, Variant, append, drop_row
 from gpuswarm.research.policy import Decision
 from gpuswarm.research.settle import apply, settle, settle_locked
 

@@ -15,15 +15,8 @@ from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.research import executor, exports, gitops, outcome, runner, variants
-from gpuswarm.research.experiment import (
-    ExperimentConfig,
-    ExpPaths,
-    State,
-    Variant,
-    append,
-    flocked,
-    replay,
-)
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
+from gpuswarm.research.journal import State, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
 
 HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from gpuswarm.research import executor, session
-from gpuswarm.research.experiment import State
+from gpuswarm.research.journal import State
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.store.ledger import EventTail
