@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.placeholders import render
-from gpuswarm.research import gitops, mutate
+from gpuswarm.research import gitops, mutate, numeric
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
 from gpuswarm.research.journal import State, append
@@ -94,7 +94,7 @@ class MutateProposer:
                     data = gitops.blob(self.paths.repo, base, rel)
                     if data is not None:
                         tracked[rel] = data.decode("utf-8", errors="surrogateescape")
-        names, configs = mutate.command_overrides(self.cfg.command, tracked)
+        names, configs = numeric.command_overrides(self.cfg.command, tracked)
         return mutate.Selection(
             include=self.include,
             exclude=self.exclude,
@@ -111,7 +111,7 @@ class MutateProposer:
         found = [c.name for c, _ in pool]
         for pattern in self.include:
             if not any(select.matches((pattern,), c) for c, _ in pool):
-                every = [c.name for p in sorted(files) for c in mutate.constants(p, files[p])]
+                every = [c.name for p in sorted(files) for c in numeric.constants(p, files[p])]
                 raise ResearchError(
                     f"--mutate {pattern}: no numeric setting of that name in "
                     f"{', '.join(self.cfg.edit)} (found: {', '.join(every[:30]) or 'none'})"
