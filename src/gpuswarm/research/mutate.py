@@ -1,14 +1,12 @@
 """Offline "mutate" proposer: perturb the numeric settings of editable files.
 
 Needs no LLM: each proposal nudges one or two hyperparameters (learning rates, widths, batch
-sizes, ...) by sensible factors and never repeats a variant already tried. Settings are found (by
-``numeric.py``) in
-the forms real training scripts use: module-level assignments of any case (``lr = 6e-4``,
-``N_LAYER = 4``), ``2**19``-style expressions, tuples of numbers (``betas = (0.9, 0.95)``, each
-element on its own), numeric defaults of ``@dataclass`` fields and of ``add_argument`` calls.
-What cannot matter is skipped where it can be told: a name used only inside ``print(...)``, an
-assignment a later one overrides, and (see :class:`Selection`) names a config file or a
-``--name=value`` argument of the command overrides (nanoGPT's configurator pattern).
+sizes, ...) by sensible factors and never repeats a variant already tried. The settings are
+found by ``numeric.py`` (module-level assignments of any case, ``2**19``-style expressions,
+tuples, ``@dataclass`` and ``add_argument`` defaults); what cannot matter is skipped where it
+can be told: a name used only inside ``print(...)``, an assignment a later one overrides, and
+(see :class:`Selection`) names a config file or a ``--name=value`` argument of the command
+overrides (nanoGPT's configurator pattern).
 """
 
 from __future__ import annotations
