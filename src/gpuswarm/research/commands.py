@@ -20,9 +20,10 @@ from gpuswarm.core.errors import (
     ResearchError,
 )
 from gpuswarm.research import configure, readouts, runner, session, views
+from gpuswarm.research.agent import AgentOptions, AgentProposer
 from gpuswarm.research.experiment import ExpPaths, load_config
 from gpuswarm.research.loop import LoopOptions, run_loop
-from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
+from gpuswarm.research.proposers import MutateProposer, Proposer
 from gpuswarm.ui.live import is_terminal
 
 F = TypeVar("F", bound=Callable[..., Any])
