@@ -448,9 +448,10 @@ def test_command_list_tasks_are_what_one_model_per_line_would_be(
     import hashlib
     import json
 
+    from gpuswarm.config.instances import Instance
     from gpuswarm.config.load import spec_hash, task_dumps
     from gpuswarm.config.models import to_plain
-    from gpuswarm.config.tasks import Instance, make_spec, split_command
+    from gpuswarm.config.tasks import make_spec, split_command
     from gpuswarm.config.yamlload import Locator
 
     text = COMMANDS + "python a.py --name 'x y'  # tail\n" + "echo \u00e9t\u00e9 {gpu}\n" * 3
