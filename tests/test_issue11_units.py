@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.outputs.status import run_status
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run

@@ -13,13 +13,8 @@ import click
 from gpuswarm import __version__
 from gpuswarm.cli_runs import check, ls_cmd, report_cmd, status, unquarantine, watch_cmd
 from gpuswarm.cli_support import stoppable
-from gpuswarm.config.load import (
-    LoadedConfig,
-    TaskOptions,
-    load_command_list,
-    load_config,
-    read_stdin,
-)
+from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
+from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,

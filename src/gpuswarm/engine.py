@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuswarm import __version__
-from gpuswarm.config.load import LoadedConfig, RunConfig, spec_hash, task_dumps
+from gpuswarm.config.commands import task_dumps
+from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,

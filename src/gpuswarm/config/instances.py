@@ -22,9 +22,8 @@ from gpuswarm.config.models import (
     TaskEntry,
     TaskOptions,
     default_name,
-    expand_user,
-    parse_duration,
 )
+from gpuswarm.config.values import expand_user, parse_duration
 from gpuswarm.config.yamlload import Locator, PathKey, load_yaml, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.placeholders import CONFIG_PREFIX, CONFIG_REF, find_placeholders, render

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuswarm.config.models import parse_duration
+from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import GpuswarmError, ResearchError
 
 F = TypeVar("F", bound=Callable[..., Any])

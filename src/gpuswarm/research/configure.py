@@ -26,7 +26,7 @@ from gpuswarm.research.experiment import (
     flocked,
     locate,
     metric_pattern,
-    save_config,
+    save_settings,
 )
 from gpuswarm.research.journal import append, replay
 from gpuswarm.research.session import files_of
@@ -104,7 +104,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     staging.mkdir(parents=True)
     paths = ExpPaths(repo, staging)
     cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
-    save_config(paths, cfg)
+    save_settings(paths, cfg)
     append(paths, "init", base=head, branch=branch, tag=tag)
     append(paths, "mode", mode=opts.mode)
     write_tsv(paths, cfg, replay(paths))
@@ -192,7 +192,7 @@ def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str
         diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
         cfg = _validated({**raw, **changes})
         if diff:
-            save_config(paths, cfg)
+            save_settings(paths, cfg)
             append(paths, "config", changes=diff)
     shown = {k: getattr(cfg, k) for k in ("tag", "branch", "edit", "protect", "metric", "goal")}
     shown.update({k: getattr(cfg, k) for k in CHANGEABLE})

@@ -229,7 +229,7 @@ def locate(repo: Path, tag: str | None) -> ExpPaths:
     return paths
 
 
-def load_config(paths: ExpPaths) -> ExperimentConfig:
+def load_settings(paths: ExpPaths) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(read_json(paths.config))
     except ValidationError as exc:
@@ -246,7 +246,7 @@ def load_config(paths: ExpPaths) -> ExperimentConfig:
         raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
 
 
-def save_config(paths: ExpPaths, cfg: ExperimentConfig) -> None:
+def save_settings(paths: ExpPaths, cfg: ExperimentConfig) -> None:
     atomic_write_json(paths.config, cfg.model_dump(mode="json"))
 
 

@@ -19,7 +19,7 @@ from gpuswarm.core.errors import (
 from gpuswarm.research import runner, session, views
 from gpuswarm.research.agent import AgentOptions, AgentProposer
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
-from gpuswarm.research.experiment import ExpPaths, load_config
+from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import MutateProposer, Proposer
 from gpuswarm.ui.live import is_terminal
@@ -119,7 +119,7 @@ def serve(root: Path) -> None:
     root = root.resolve()
     paths = ExpPaths(root.parents[2], root)
     try:
-        sys.exit(runner.serve(paths, load_config(paths)))
+        sys.exit(runner.serve(paths, load_settings(paths)))
     except GpuswarmError as exc:
         click.echo(f"gpuswarm research runner: error: {exc}", err=True)
         sys.exit(exc.exit_code if exc.exit_code != EXIT_BAD_INPUT else EXIT_UNFINISHED)

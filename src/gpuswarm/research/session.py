@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, exports, gitops, runner, variants
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_config, locate
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
 from gpuswarm.research.journal import State, Variant, append, drop_row
 from gpuswarm.research.policy import Decision
 from gpuswarm.research.settle import apply, settle, settle_locked
@@ -25,7 +25,7 @@ class Experiment:
     @classmethod
     def open(cls, where: Path, tag: str | None) -> Experiment:
         paths = locate(gitops.toplevel(where), tag)
-        return cls(paths, load_config(paths))
+        return cls(paths, load_settings(paths))
 
     def settle(self) -> State:
         return settle(self.paths, self.cfg)

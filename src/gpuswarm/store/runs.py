@@ -22,11 +22,12 @@ import psutil
 from pydantic import ValidationError
 
 from gpuswarm import __version__
-from gpuswarm.config.load import TaskSpec, render
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError, RunDirError
 from gpuswarm.core.fsutil import atomic_write_json, fsync_dir, read_json, temp_writer_alive
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
+from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.local.process import find_by_env, kill_tree
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.logs import LogPump, cap_log
 from gpuswarm.core.paths import RunPaths
