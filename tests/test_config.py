@@ -11,27 +11,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuswarm.config.load import (
-    PLACEHOLDERS_AT_LAUNCH,
     LoadedConfig,
-    RunConfig,
-    TaskOptions,
-    TaskSpec,
     config_fingerprint,
     expand_tasks,
     load_command_list,
     load_config,
-    parse_duration,
-    render,
-    render_command,
-    render_cwd,
-    render_env,
     spec_hash,
-    task_id_for,
 )
+from gpuswarm.config.models import RunConfig, TaskOptions, TaskSpec
+from gpuswarm.config.render import render_command, render_cwd, render_env
+from gpuswarm.config.tasks import task_id_for
+from gpuswarm.config.values import parse_duration
 from gpuswarm.config.yamlload import load_yaml
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.paths import check_task_id
-from gpuswarm.core.placeholders import escape_braces, find_placeholders
+from gpuswarm.core.placeholders import (
+    PLACEHOLDERS_AT_LAUNCH,
+    escape_braces,
+    find_placeholders,
+    render,
+)
 
 DATA = Path(__file__).parent / "data" / "config"
 
@@ -448,9 +447,11 @@ def test_command_list_tasks_are_what_one_model_per_line_would_be(
     import hashlib
     import json
 
-    from gpuswarm.config.load import spec_hash, task_dumps
+    from gpuswarm.config.commands import task_dumps
+    from gpuswarm.config.instances import Instance
+    from gpuswarm.config.load import spec_hash
     from gpuswarm.config.models import to_plain
-    from gpuswarm.config.tasks import Instance, make_spec, split_command
+    from gpuswarm.config.tasks import make_spec, split_command
     from gpuswarm.config.yamlload import Locator
 
     text = COMMANDS + "python a.py --name 'x y'  # tail\n" + "echo \u00e9t\u00e9 {gpu}\n" * 3

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import gpuswarm
-from gpuswarm.research import mutate
+from gpuswarm.research import mutate, numeric
 
 ASSETS = Path(gpuswarm.__file__).resolve().parent / "demo_assets"
 FILES = ("train.py", "prepare.py", "corpus.txt")
@@ -85,7 +85,7 @@ def summary(stdout: str) -> dict[str, float]:
 
 def set_constant(path: Path, name: str, factor: float) -> None:
     text = path.read_text()
-    (c,) = [c for c in mutate.constants(path.name, text) if c.name == name]
+    (c,) = [c for c in numeric.constants(path.name, text) if c.name == name]
     path.write_text(text[: c.start] + repr(c.value * factor) + text[c.end :])
 
 
@@ -113,7 +113,7 @@ def test_a_higher_learning_rate_variant_completes(demo: Path) -> None:
 def test_a_context_longer_than_the_harness_gives_crashes(demo: Path, prepare: ModuleType) -> None:
     path = demo / "train.py"
     text = path.read_text()
-    (c,) = [c for c in mutate.constants("train.py", text) if c.name == "CONTEXT"]
+    (c,) = [c for c in numeric.constants("train.py", text) if c.name == "CONTEXT"]
     path.write_text(text[: c.start] + str(prepare.SEQ_LEN + 1) + text[c.end :])
     proc = run_train(demo, budget=0.1)
     assert proc.returncode != 0
@@ -169,7 +169,7 @@ def test_train_constants_are_plain_mutable_lines(prepare: ModuleType) -> None:
         found[names[0]] = value
     assert set(found) == HYPERPARAMETERS
     assert 1 <= found["CONTEXT"] <= prepare.SEQ_LEN
-    constants = mutate.constants("train.py", text)
+    constants = numeric.constants("train.py", text)
     assert {c.name for c in constants} == HYPERPARAMETERS
     assert all(mutate.neighbours(c) for c in constants)
 

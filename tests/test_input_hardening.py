@@ -17,7 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.config.load import TaskSpec, load_command_list, load_config, render_command
+from gpuswarm.config.load import load_command_list, load_config
+from gpuswarm.config.models import TaskSpec
+from gpuswarm.config.render import render_command
 from gpuswarm.config.yamlload import MAX_DEPTH, load_yaml
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.placeholders import render_shell, shell_split

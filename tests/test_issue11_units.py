@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.runview import RunView as ViewState
 from gpuswarm.core.runview import SlotRow
 from gpuswarm.outputs.status import run_status

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import (
     Ev,
     Finished,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.outputs.check import check_run

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import Ledger, read_events

@@ -188,7 +188,7 @@ def test_journal_readers_skip_lines_that_are_no_events(tmp_path: Path) -> None:
 
 
 def test_durations_are_bounded_but_a_month_is_fine() -> None:
-    from gpuswarm.config.models import parse_duration
+    from gpuswarm.config.values import parse_duration
 
     assert parse_duration("30d") == 30 * 86400
     assert parse_duration("365d") == 365 * 86400

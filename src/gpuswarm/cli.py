@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import importlib
 import json
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
 import click
 
 from gpuswarm import __version__
-from gpuswarm.config.load import (
-    LoadedConfig,
-    TaskOptions,
-    load_command_list,
-    load_config,
-    read_stdin,
-)
+from gpuswarm.cli_runs import check, ls_cmd, report_cmd, status, unquarantine, watch_cmd
+from gpuswarm.cli_support import stoppable
+from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
+from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
-    DiskFullError,
-    GpuswarmError,
-    Interrupted,
-    disk_full,
 )
 from gpuswarm.core.paths import resolve_run_dir
 from gpuswarm.engine import (
@@ -36,51 +26,11 @@ from gpuswarm.engine import (
     resume_run,
     start_run,
     work_run,
-    write_run_report,
 )
-from gpuswarm.outputs.check import check_run
-from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal
 
 YAML_SUFFIXES = (".yaml", ".yml")
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
-@contextmanager
-def _stoppable(viewer: bool = False) -> Iterator[None]:
-    """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
-
-    Unwinding (not dying) lets a run being created remove its staging folder. Errors of ours
-    end the command with their message and exit code.
-    """
-    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    except GpuswarmError as exc:
-        _fail(exc)
-    except OSError as exc:
-        if not disk_full(exc):
-            raise
-        where = f" ({exc.filename})" if exc.filename else ""
-        _fail(DiskFullError(f"the disk is full: {exc.strerror}{where}; free some space"))
-    except Interrupted as exc:
-        if viewer:  # watch started nothing and stops nothing: only the viewing ends
-            click.echo(f"gpuswarm: stopped watching ({exc}); the run itself goes on", err=True)
-        else:
-            click.echo(f"gpuswarm: stopped by {exc} before any task started", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-def _fail(exc: GpuswarmError) -> NoReturn:
-    click.echo(f"gpuswarm: error: {exc}", err=True)
-    sys.exit(exc.exit_code)
 
 
 def _load_source(
@@ -159,7 +109,7 @@ def run(
     Exit code: 0 when every task is done, 1 when any is failed or unfinished, 2 for bad input,
     130 when stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
-    with _stoppable():
+    with stoppable():
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
@@ -215,7 +165,7 @@ def resume(
     if (run_dir is None) == (not latest):
         click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    with _stoppable():
+    with stoppable():
         if latest:
             target = latest_run(Path(workspace), name)
             if not quiet:  # --latest without --name takes the newest run of any name: say which
@@ -260,81 +210,10 @@ def work(
     The new supervisor claims from the same queue and takes over tasks of supervisors that died
     (their leases expire). It stops when nothing is left to claim.
     """
-    with _stoppable():
+    with stoppable():
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
     _finish(report, as_json)
-
-
-@cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(run_dir: Path, as_json: bool) -> None:
-    """Counts per state, what each GPU runs, failures with log tails, ETA."""
-    try:
-        data = run_status(run_dir)
-    except GpuswarmError as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps(data, indent=1))
-    else:
-        from gpuswarm.ui.printers import print_status  # rich, loaded only to print
-
-        print_status(data)
-
-
-@cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.argument("slot", required=False)
-def unquarantine(run_dir: Path, slot: str | None) -> None:
-    """Put a quarantined SLOT (e.g. gpu2; every slot when omitted) of a live run back in
-    rotation. Its supervisor notices within a second; a resume starts with no quarantine."""
-    try:
-        lifted = lift_quarantine(run_dir, slot)
-    except GpuswarmError as exc:
-        _fail(exc)
-    if not lifted:
-        what = f"slot {slot}" if slot else "no slot"
-        click.echo(f"gpuswarm: {what} is not quarantined in {run_dir}", err=True)
-        sys.exit(1)
-    for q in lifted:
-        click.echo(f"lifted the quarantine of {q['slot']} (owner {q.get('owner', '?')})")
-
-
-@cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--repair", is_flag=True, help="repair what resume would (not on a live run)")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def check(run_dir: Path, repair: bool, as_json: bool) -> None:
-    """Verify a run: each task in exactly one state, attempts match events, nothing lost.
-
-    Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
-    """
-    try:
-        report = check_run(run_dir, repair=repair)
-    except GpuswarmError as exc:
-        _fail(exc)
-    if as_json:
-        click.echo(json.dumps(report, indent=1))
-    else:
-        from gpuswarm.ui.printers import print_check  # rich, loaded only to print
-
-        print_check(report)
-    sys.exit(0 if report["consistent"] else 1)
-
-
-@cli.command(name="ls")
-@click.argument("workspace", default="runs", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def ls_cmd(workspace: Path, as_json: bool) -> None:
-    """List the runs under WORKSPACE (default ./runs)."""
-    rows = list_runs(workspace)
-    if as_json:
-        click.echo(json.dumps(rows, indent=1))
-    else:
-        from gpuswarm.ui.printers import print_ls  # rich, loaded only to print
-
-        print_ls(rows, workspace)
 
 
 def _finish(report: RunReport, as_json: bool) -> NoReturn:
@@ -375,7 +254,7 @@ def demo(
     A scratch git repo with a tiny numpy language model; the built-in mutate proposer tries
     variants of its hyper-parameters, one per GPU, and keeps those that lower val_bpb.
     """
-    with _stoppable():
+    with stoppable():
         live = not (plain or as_json) and is_terminal(sys.stderr)
         say = (lambda _: None) if as_json else (lambda text: click.echo(text, err=True))
         from gpuswarm.demo import DemoOptions, run_demo  # loaded only when asked for
@@ -391,27 +270,8 @@ def demo(
     sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
 
 
-@cli.command("report")
-@click.argument("run_dir", type=click.Path(path_type=Path))
-def report_cmd(run_dir: Path) -> None:
-    """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
-    with _stoppable():
-        path = write_run_report(run_dir)
-    click.echo(str(path))
-
-
-@cli.command("watch")
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-def watch_cmd(run_dir: Path, plain: bool) -> None:
-    """Follow a run that another gpuswarm process supervises (live table on a terminal).
-
-    Ctrl-C ends the watching (exit 130), never the run."""
-    with _stoppable(viewer=True):
-        from gpuswarm.ui.watch import watch
-
-        code = watch(run_dir, stream=sys.stderr, plain=plain)
-    sys.exit(code)
+for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd):
+    cli.add_command(_command)
 
 
 def main() -> None:

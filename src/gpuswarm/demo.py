@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import api, executor
+from gpuswarm.research import configure, runner, session
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import MutateProposer
 
@@ -67,7 +67,7 @@ def run_demo(opts: DemoOptions, say: Any = print) -> dict[str, Any]:
     repo = make_repo(opts.where)
     say(f"demo repository: {repo}")
     os.environ[BUDGET_VAR] = f"{opts.budget:g}"  # the runner and its runs inherit it
-    init = api.InitOptions(
+    init = configure.InitOptions(
         tag="demo",
         edit=["train.py"],
         protect=["prepare.py"],
@@ -78,8 +78,8 @@ def run_demo(opts: DemoOptions, say: Any = print) -> dict[str, Any]:
         gpus=opts.gpus,
         linger=5.0,
     )
-    api.init(repo, init)
-    exp = api.Experiment.open(repo, "demo")
+    configure.init(repo, init)
+    exp = session.Experiment.open(repo, "demo")
     loop_opts = LoopOptions(mode="async", max_experiments=opts.experiments)
     proposer = MutateProposer(exp.paths, exp.cfg, opts.seed)
     try:
@@ -90,7 +90,7 @@ def run_demo(opts: DemoOptions, say: Any = print) -> dict[str, Any]:
         else:
             data = run_loop(exp, proposer, loop_opts, say)
     finally:
-        executor.stop_runner(exp.paths, grace=10.0)
+        runner.stop_runner(exp.paths, grace=10.0)
     state = exp.settle()
     baseline = next(
         (

@@ -199,7 +199,7 @@ def test_mutate_never_proposes_a_twin_of_a_manual_variant(
     gpuswarm: Cli, research_repo: Path
 ) -> None:
     from gpuswarm.research import proposers
-    from gpuswarm.research.api import Experiment
+    from gpuswarm.research.session import Experiment
 
     repo = research_repo
     (repo / "train.py").write_text("LR = 0.04\n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cli_driver import find_runs, read_events, run_cli, start_cli, wait_for, wait_for_run
 
-from gpuswarm.config.load import TaskSpec
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.queue import DirQueue
 

@@ -8,16 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.research.mutate import (
-    Constant,
-    Selection,
-    candidates,
-    command_overrides,
-    constants,
-    digest,
-    neighbours,
-    propose,
-)
+from gpuswarm.research.mutate import Selection, candidates, digest, neighbours, propose
+from gpuswarm.research.numeric import Constant, command_overrides, constants
 
 TRAIN = '''"""A training script."""
 import math

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import api as api
-from gpuswarm.research import executor as executor
+from gpuswarm.research import configure as configure
+from gpuswarm.research import runner as runner
+from gpuswarm.research import session as session
 
 TRAIN = "LR = 0.04\n# spacer\nDEPTH = 8\n# spacer\nWD = 0.1\nprint('val_bpb: 1.0')\n"
 
@@ -21,7 +22,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def exp(tmp_path: Path) -> api.Experiment:
+def exp(tmp_path: Path) -> session.Experiment:
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q", "-b", "master")
@@ -30,14 +31,14 @@ def exp(tmp_path: Path) -> api.Experiment:
     (repo / "train.py").write_text(TRAIN)
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "init")
-    opts = api.InitOptions(
+    opts = configure.InitOptions(
         tag="t", edit=["train.py"], command="true", protect=[], gpus="sim:1", linger=0.5
     )
-    api.init(repo, opts)
-    return api.Experiment.open(repo, "t")
+    configure.init(repo, opts)
+    return session.Experiment.open(repo, "t")
 
 
-def _advance_base(exp: api.Experiment, text: str) -> str:
+def _advance_base(exp: session.Experiment, text: str) -> str:
     """Move the experiment's branch forward (as a keep would), outside the proposal's view."""
     repo = exp.paths.repo
     (repo / "train.py").write_text(text)
@@ -45,23 +46,23 @@ def _advance_base(exp: api.Experiment, text: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def test_a_stale_proposal_is_rebased_onto_the_new_base(exp: api.Experiment) -> None:
+def test_a_stale_proposal_is_rebased_onto_the_new_base(exp: session.Experiment) -> None:
     old = exp.settle().base
     new = _advance_base(exp, TRAIN.replace("DEPTH = 8", "DEPTH = 6"))
     proposal = TRAIN.replace("LR = 0.04", "LR = 0.05").encode()  # made from the old BASE
     try:
-        data = api.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
+        data = session.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
         assert data["parent"] == new
         text = git(exp.paths.repo, "show", f"{data['commit']}:train.py")
         assert "LR = 0.05" in text and "DEPTH = 6" in text  # the kept change survives
     finally:
-        executor.stop_runner(exp.paths, grace=5)
+        runner.stop_runner(exp.paths, grace=5)
 
 
-def test_a_stale_proposal_that_conflicts_is_refused(exp: api.Experiment) -> None:
+def test_a_stale_proposal_that_conflicts_is_refused(exp: session.Experiment) -> None:
     old = exp.settle().base
     _advance_base(exp, TRAIN.replace("LR = 0.04", "LR = 0.03"))
     proposal = TRAIN.replace("LR = 0.04", "LR = 0.05").encode()
     with pytest.raises(ResearchError, match="conflicts with what was kept"):
-        api.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
+        session.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
     assert all(v.kind == "baseline" for v in exp.settle().variants.values())

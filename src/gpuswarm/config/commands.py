@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from gpuswarm.config.instances import Instance
 from gpuswarm.config.models import TaskOptions, TaskSpec
-from gpuswarm.config.tasks import Instance, check_template, make_spec, split_command
+from gpuswarm.config.tasks import check_template, make_spec, split_command
 from gpuswarm.config.yamlload import Locator
 from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH
 from gpuswarm.core.redact import redact_shapes

@@ -89,65 +89,31 @@ be unique. Every error names the file, line and field, and says how to fix it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import shlex
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, task_dumps, tasks_digest
+from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
 from gpuswarm.config.errors import config_error
 from gpuswarm.config.models import (
-    DURATION_HELP,
-    HomeConfig,
-    ProvisionEntry,
     RunConfig,
     TaskEntry,
     TaskOptions,
     TaskSpec,
     check_run_name,
-    expand_user,
-    parse_duration,
     to_plain,
 )
 from gpuswarm.config.tasks import expand_entries, task_id_for
+from gpuswarm.config.values import expand_user
 from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, quote
 from gpuswarm.core.errors import ConfigError
-from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH, render, render_shell, shell_split
 from gpuswarm.core.redact import redact_shapes
 
-__all__ = [
-    "DURATION_HELP",
-    "PLACEHOLDERS_AT_LAUNCH",
-    "HomeConfig",
-    "LoadedConfig",
-    "ProvisionEntry",
-    "RunConfig",
-    "TaskEntry",
-    "TaskOptions",
-    "TaskSpec",
-    "config_fingerprint",
-    "expand_tasks",
-    "load_command_list",
-    "load_config",
-    "parse_duration",
-    "read_stdin",
-    "render",
-    "render_command",
-    "render_cwd",
-    "render_env",
-    "spec_hash",
-    "task_dumps",
-    "task_id_for",
-]
-
-SHELL = "/bin/sh"
 COMMANDS_IN_SNAPSHOT = 1000  # a longer command list is summarised in run.json's config
 
 
@@ -362,42 +328,6 @@ def load_command_list(
     config = _command_config(run_name, base_dir, opts, lines, label)
     workspace = _workspace(config.workspace, base_dir)
     return LoadedConfig(config, source, base_dir, tasks, run_name, workspace)
-
-
-# -- launch ----------------------------------------------------------------------------------------
-def _values(task: TaskSpec, values: Mapping[str, str]) -> dict[str, str]:
-    return {**task.vars, **values}
-
-
-def render_command(task: TaskSpec, values: Mapping[str, str]) -> list[str]:
-    """The argv to launch: ``[/bin/sh, -c, rendered]`` for shell tasks, else each arg rendered.
-
-    In a shell command each value is quoted for the shell (``{key!raw}`` splices it as is).
-
-    ``values`` (the launch placeholders) win over the task's own :attr:`TaskSpec.vars`.
-    """
-    merged = _values(task, values)
-    if task.shell:
-        text = task.command if isinstance(task.command, str) else shlex.join(task.command)
-        return [SHELL, "-c", render_shell(text, merged)]  # values quoted for the shell
-    argv = task.command if isinstance(task.command, list) else shell_split(task.command)
-    return [render(arg, merged) for arg in argv]
-
-
-def render_env(task: TaskSpec, values: Mapping[str, str]) -> dict[str, str]:
-    """The task's env with placeholders filled."""
-    merged = _values(task, values)
-    return {key: render(value, merged) for key, value in task.env.items()}
-
-
-def render_cwd(task: TaskSpec, values: Mapping[str, str], base_dir: Path) -> Path:
-    """The working folder of an attempt: rendered, relative results joined to ``base_dir``."""
-    if task.cwd is None:
-        return base_dir
-    path = Path(render(task.cwd, _values(task, values)))
-    with contextlib.suppress(RuntimeError):  # ~nosuchuser from a value: stays as it is
-        path = path.expanduser()
-    return path if path.is_absolute() else base_dir / path
 
 
 # -- fingerprints ----------------------------------------------------------------------------------

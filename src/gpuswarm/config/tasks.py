@@ -1,57 +1,41 @@
 """Expand the entries of ``tasks:`` (explicit, ``glob:``, ``matrix:``) into :class:`TaskSpec` s.
 
-Everything here raises :class:`ConfigError` located with a :class:`Locator` (file, line, field).
+An entry's instances (a matrix combination, a glob match) are ``instances.py``; this module
+checks each entry's fields and templates, makes the specs and refuses duplicate ids. Everything
+here raises :class:`ConfigError` located with a :class:`Locator` (file, line, field).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import itertools
-import math
-import os
-import re
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from gpuswarm.config.instances import (
+    MAX_TASKS,
+    Instance,
+    config_refs,
+    expanded_path,
+    instance_timeout,
+    instances,
+    tasks_root_of,
+)
 from gpuswarm.config.models import (
     RunConfig,
     TaskEntry,
     TaskOptions,
     TaskSpec,
-    default_name,
-    expand_user,
-    parse_duration,
 )
-from gpuswarm.config.yamlload import Locator, PathKey, format_path, load_yaml, quote
+from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.paths import check_task_id, slugify
 from gpuswarm.core.placeholders import (
     CONFIG_PREFIX,
-    CONFIG_REF,
     GLOB_VARS,
     PLACEHOLDERS_AT_LAUNCH,
-    find_placeholders,
-    render,
     shell_split,
     unknown_placeholders,
 )
 from gpuswarm.core.redact import redact_shapes
-
-MAX_TASKS = 1_000_000
-_WILDCARD = re.compile(r"[*?\[]")
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One task an entry produces, before it becomes a :class:`TaskSpec`."""
-
-    name: str
-    vars: dict[str, str]
-    label: str  # how error messages name it: "tasks[2] (lr=0.1, seed=1)"
-    unit: str = ""  # a glob task's folder (or file): overlapping globs give it one task
-    skip: str | None = None  # why it is skipped without running (an ``exclude:`` glob)
 
 
 def task_id_for(name: str) -> str:
@@ -205,260 +189,11 @@ def _check_templates(
             suffix = used_by if origin[0] == "defaults" else ""
             check_template(value, known, loc, origin, field + suffix)
             if field == "cwd" and not value.startswith("{"):
-                _expanded(value, loc, origin)
+                expanded_path(value, loc, origin)
     for key, value in opts.env.items():
         origin = _origin(entry, path, "env", key)
         suffix = used_by if origin[0] == "defaults" else ""
         check_template(value, known, loc, origin, f"the value of {key}{suffix}")
-
-
-# -- instances -------------------------------------------------------------------------------------
-def _name(template: str | None, values: dict[str, str], prefix: str, suffix: str) -> str:
-    """Render ``template`` if it uses these values; else ``<template or prefix>-<suffix>``."""
-    if template is not None and set(find_placeholders(template)) & set(values):
-        return render(template, values)
-    return f"{render(template, values) if template is not None else prefix}-{suffix}"
-
-
-def _matrix_instances(entry: TaskEntry, index: int, loc: Locator) -> list[Instance]:
-    matrix = entry.matrix or {}
-    count = math.prod(len(values) for values in matrix.values())
-    if count > MAX_TASKS:
-        raise loc.error(
-            ("tasks", index, "matrix"), f"gives {count} combinations, over {MAX_TASKS}; shrink it"
-        )
-    out: list[Instance] = []
-    for combo in itertools.product(*matrix.values()):
-        values = dict(zip(matrix, combo, strict=True))
-        suffix = "-".join(f"{k}={v}" for k, v in values.items())
-        name = _name(entry.name, values, f"matrix{index}", suffix)
-        label = f"tasks[{index}] ({', '.join(f'{k}={v}' for k, v in values.items())})"
-        out.append(Instance(name, values, label))
-    return out
-
-
-def _split_glob(pattern: str, base_dir: Path) -> tuple[Path, str]:
-    """``(folder to search, wildcard rest)``: the pattern's non-wildcard prefix and the rest."""
-    parts = Path(pattern).expanduser().parts
-    fixed = list(itertools.takewhile(lambda part: not _WILDCARD.search(part), parts))
-    root = base_dir.joinpath(*fixed) if fixed else base_dir
-    return root, "/".join(parts[len(fixed) :])
-
-
-def _glob_vars(
-    match: Path, per_file: bool, tasks_root: Path, loc: Locator, path: PathKey
-) -> dict[str, str]:
-    """``task_file``, ``task_dir`` and ``task_rel``: the task folder's path relative to the one
-    ``tasks_root`` (the config's folder unless ``tasks_root:`` says), whatever glob matched it,
-    so a folder gets the same id from ``tasks/**`` and from ``tasks/x/y/config.yaml``. A matched
-    file stands for its folder, unless the entry matched several files of that folder
-    (``per_file``: ``configs/*.yaml``): then each file is a task (``<folder>/<stem>``)."""
-    task_dir = Path(os.path.normpath(match if match.is_dir() else match.parent))
-    root = Path(os.path.normpath(tasks_root))
-    try:
-        rel = task_dir.relative_to(root).as_posix()
-    except ValueError:
-        raise loc.error(
-            path,
-            f"the matched task folder {task_dir} is outside {root}, the folder task ids are "
-            f"relative to; set tasks_root: to a folder that holds every task folder",
-        ) from None
-    if per_file:
-        rel = match.stem if rel == "." else f"{rel}/{match.stem}"
-    elif rel == ".":  # the root itself is the task folder
-        rel = task_dir.name or "task"
-    return {
-        "task_file": os.path.normpath(match),
-        "task_dir": str(task_dir),
-        "task_rel": rel,
-    }
-
-
-def _check_readable(match: Path, loc: Locator, path: PathKey) -> None:
-    task_dir = match if match.is_dir() else match.parent
-    if not os.access(task_dir, os.R_OK | os.X_OK) or not os.access(match, os.R_OK):
-        raise loc.error(
-            path,
-            f"the matched task {match} is not readable (permission denied on {task_dir}); "
-            "fix its permissions (chmod -R u+rX) or narrow the glob",
-        )
-
-
-def _expanded(text: str, loc: Locator, path: PathKey) -> Path:
-    try:
-        return expand_user(text)
-    except ValueError as exc:
-        raise loc.error(path, str(exc)) from None
-
-
-def _glob_matches(
-    pattern: str, base_dir: Path, loc: Locator, path: PathKey
-) -> tuple[Path, list[Path]]:
-    _expanded(pattern, loc, path)
-    root, rest = _split_glob(pattern, base_dir)
-    try:
-        found = set(root.glob(rest)) if rest and root.is_dir() else set()
-    except OSError as exc:
-        raise loc.error(
-            path, f"cannot search {root}: {exc.strerror}; fix its permissions"
-        ) from None
-    if not rest and root.exists():
-        found = {root}
-    if not found:
-        missing = "" if root.is_dir() else f" ({root} does not exist)"
-        raise loc.error(
-            path,
-            f"{quote(pattern)} matches nothing under {root}{missing}; check the pattern: relative "
-            f"patterns start at the config file's folder {base_dir}, and ** searches subfolders",
-        )
-    return root, sorted(found)
-
-
-def tasks_root_of(config: RunConfig, base_dir: Path) -> Path:
-    """The folder glob task ids are relative to: ``tasks_root`` (relative to the config's
-    folder) or the config's folder itself."""
-    if config.tasks_root is None:
-        return base_dir
-    root = Path(config.tasks_root).expanduser()
-    return root if root.is_absolute() else base_dir / root
-
-
-def _glob_instances(
-    entry: TaskEntry,
-    index: int,
-    base_dir: Path,
-    loc: Locator,
-    tasks_root: Path,
-    fields: list[str],
-) -> list[Instance]:
-    path: PathKey = ("tasks", index, "glob")
-    _, matches = _glob_matches(entry.glob or "", base_dir, loc, path)
-    if len(matches) > MAX_TASKS:
-        raise loc.error(path, f"matches {len(matches)} paths, over {MAX_TASKS}; narrow it")
-    template = entry.name if entry.name is not None else "{task_rel}"
-    out: list[Instance] = []
-    units: set[str] = set()
-    is_dir = {m: m.is_dir() for m in matches}
-    files_in = Counter(m.parent for m in matches if not is_dir[m])
-    for match in matches:
-        _check_readable(match, loc, path)
-        per_file = not is_dir[match] and files_in[match.parent] > 1
-        values = _glob_vars(match, per_file, tasks_root, loc, path)
-        unit = values["task_file"] if per_file else values["task_dir"]
-        if unit in units:
-            continue  # one task per selected folder (a folder and a file in it both matched)
-        units.add(unit)
-        values.update(_config_fields(Path(values["task_file"]), fields, index))
-        name = _name(template, values, "", values["task_rel"])
-        label = f"tasks[{index}] (match {values['task_file']})"
-        skip = excluded_by(match, entry.exclude, base_dir)
-        out.append(Instance(name, values, label, unit, skip))
-    return out
-
-
-def excluded_by(match: Path, patterns: list[str], base_dir: Path) -> str | None:
-    """``"excluded by <pattern>"`` when a glob of ``exclude:`` (relative to the config's folder,
-    like ``glob:``) matches the task's file or its folder; None otherwise."""
-    if not patterns:
-        return None
-    task_dir = match if match.is_dir() else match.parent
-    for pattern in patterns:
-        full = Path(pattern).expanduser()
-        full = full if full.is_absolute() else base_dir / full
-        for candidate in (match, task_dir):
-            if candidate.match(str(full)) or fnmatch.fnmatch(str(candidate), str(full)):
-                return f"excluded by {pattern}"
-    return None
-
-
-# -- fields of the matched config.yaml ({config.<field>}) ------------------------------------------
-def _config_refs(entry: TaskEntry, opts: TaskOptions) -> list[str]:
-    """The ``config.<field>`` placeholders an entry uses (command, name, env, cwd, done_when,
-    timeout), in order of first use."""
-    texts = [entry.command] if isinstance(entry.command, str) else list(entry.command)
-    texts += [t for t in (entry.name, opts.cwd, opts.done_when) if t is not None]
-    texts += list(opts.env.values())
-    if isinstance(opts.timeout, str):
-        texts.append(opts.timeout)
-    found: list[str] = []
-    for text in texts:
-        for ref in CONFIG_REF.findall(text):
-            if ref not in found:
-                found.append(ref)
-    return found
-
-
-def _matched_config(task_file: Path) -> Path:
-    """The YAML file a glob task reads ``{config.*}`` from: the matched file when it is YAML,
-    else ``config.yaml`` in the matched folder."""
-    if task_file.is_file() and task_file.suffix in (".yaml", ".yml"):
-        return task_file
-    return (task_file if task_file.is_dir() else task_file.parent) / "config.yaml"
-
-
-def _config_fields(task_file: Path, refs: list[str], index: int) -> dict[str, str]:
-    """``{"config.<field>": value}`` for each reference, read from the matched config."""
-    if not refs:
-        return {}
-    source = _matched_config(task_file)
-    used = f"used by tasks[{index}] as {{{refs[0]}}}"
-    try:
-        text = source.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read it ({exc.strerror}), {used}") from None
-    data, _ = load_yaml(text, str(source))
-    out: dict[str, str] = {}
-    for ref in refs:
-        value: object = data
-        for key in ref[len(CONFIG_PREFIX) :].split("."):
-            value = value.get(key) if isinstance(value, dict) else None
-        shown = "{" + ref + "}"
-        if value is None:
-            raise ConfigError(
-                f"{source}: has no field {ref[len(CONFIG_PREFIX) :]!r} (used by tasks[{index}] "
-                f"as {shown}); add it to that file, or narrow the glob"
-            )
-        if isinstance(value, bool):
-            out[ref] = "true" if value else "false"
-        elif isinstance(value, int | float | str):
-            out[ref] = str(value)
-        else:
-            raise ConfigError(
-                f"{source}: field {ref[len(CONFIG_PREFIX) :]!r} is a {type(value).__name__}, "
-                f"not a string or number (used by tasks[{index}] as {shown}); point at a "
-                "scalar field"
-            )
-    return out
-
-
-def _instance_timeout(inst: Instance, timeout: str, index: int) -> float:
-    """A ``timeout: "{config.<field>}"`` of one matched task, as seconds."""
-    value = render(timeout, inst.vars)
-    source = _matched_config(Path(inst.vars["task_file"]))
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{source}: field {timeout.strip('{}')[len(CONFIG_PREFIX) :]!r} is used as the "
-            f"timeout of tasks[{index}]: {exc}"
-        ) from None
-
-
-def _instances(
-    entry: TaskEntry,
-    index: int,
-    base_dir: Path,
-    loc: Locator,
-    tasks_root: Path | None = None,
-    fields: list[str] | None = None,
-) -> list[Instance]:
-    if entry.matrix is not None:
-        return _matrix_instances(entry, index, loc)
-    if entry.glob is not None:
-        root = base_dir if tasks_root is None else tasks_root
-        return _glob_instances(entry, index, base_dir, loc, root, fields or [])
-    name = render(entry.name, {}) if entry.name is not None else default_name(entry.command)
-    return [Instance(name, {}, f"tasks[{index}]")]
 
 
 # -- the whole list --------------------------------------------------------------------------------
@@ -501,7 +236,7 @@ def _expand_entry(
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
-    fields = _config_refs(entry, opts)
+    fields = config_refs(entry, opts)
     if fields and entry.glob is None:
         raise loc.error(
             _origin(entry, path, "timeout") if isinstance(opts.timeout, str) else path,
@@ -509,12 +244,11 @@ def _expand_entry(
             "use it",
         )
     root = tasks_root_of(config, base_dir)
-    instances = _instances(entry, index, base_dir, loc, root, fields)
     out = []
-    for inst in instances:
+    for inst in instances(entry, index, base_dir, loc, root, fields):
         own = opts
         if isinstance(opts.timeout, str):
-            timeout = _instance_timeout(inst, opts.timeout, index)
+            timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
         out.append((make_spec(inst, command, own, grace=config.grace, base_dir=base_dir), inst))
     return out

@@ -1,73 +1,22 @@
-"""``gpuswarm research ...``: parse, call research.api, print (compact text, or --json)."""
+"""``gpuswarm research ...``: parse, call the research modules, print (compact text, or --json).
+The loop, stop and the hidden runner command are ``loop_commands.py``; shared options and error
+handling ``clikit.py``."""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from gpuswarm.config.models import parse_duration
 from gpuswarm.core.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_INTERRUPTED,
     EXIT_UNFINISHED,
-    GpuswarmError,
-    ResearchError,
 )
-from gpuswarm.research import api, executor, views
-from gpuswarm.research.experiment import ExpPaths, load_config
-from gpuswarm.research.loop import LoopOptions, run_loop
-from gpuswarm.research.proposers import AgentOptions, AgentProposer, MutateProposer, Proposer
-from gpuswarm.ui.terminal import is_terminal
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except GpuswarmError as exc:
-            click.echo(f"gpuswarm: error: {exc}", err=True)
-            if kwargs.get("as_json"):  # a script reading stdout gets the error as JSON too
-                click.echo(json.dumps({"error": str(exc), "exit_code": exc.exit_code}))
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _duration(flag: str, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ResearchError(f"{flag} {value!r}: {exc} (e.g. 300, 90s, 10m, 8h)") from None
-
-
-def _where(fn: F) -> F:
-    fn = click.option("--tag", help="the experiment (default: the last one `init` made here)")(fn)
-    fn = click.option(
-        "-C",
-        "where",
-        default=".",
-        type=click.Path(file_okay=False, path_type=Path),
-        help="the git repository (default: the current folder)",
-    )(fn)
-    return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
-
-
-def _out(as_json: bool, data: dict[str, Any], show: Callable[[dict[str, Any]], None]) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=1, default=str))
-    else:
-        show(data)
+from gpuswarm.research import configure, readouts, session, views
+from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
+from gpuswarm.research.loop_commands import loop, serve, stop
 
 
 @click.group()
@@ -107,17 +56,17 @@ def research() -> None:
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
-@_errors
+@handle_errors
 def init(where: Path, as_json: bool, **kw: Any) -> None:
     """Create branch <prefix><tag>, the experiment's state and an empty results.tsv."""
-    opts = api.InitOptions(
+    opts = configure.InitOptions(
         tag=kw["tag"],
         edit=list(kw["edit"]),
         command=kw["command"],
         protect=list(kw["protect"]),
         metric=kw["metric"],
         goal=kw["goal"],
-        timeout=_duration("--timeout", kw["timeout"]) or 600.0,
+        timeout=flag_duration("--timeout", kw["timeout"]) or 600.0,
         gpus=kw["gpus"],
         policy=kw["policy"],
         noise_k=kw["noise_k"],
@@ -127,29 +76,29 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         link=list(kw["link"]) or None,
         metric_regex=kw["metric_regex"],
         memory_regex=kw["memory_regex"],
-        linger=_duration("--linger", kw["linger"]) or 0.0,
+        linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
     )
-    _out(as_json, api.init(where, opts), views.show_init)
+    emit(as_json, configure.init(where, opts), views.show_init)
 
 
 @research.command()
 @click.option("--repeat", default=1, show_default=True, help="k runs on different GPUs -> noise")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def baseline(where: Path, tag: str | None, as_json: bool, repeat: int) -> None:
     """Run BASE unchanged (k times for a noise estimate)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.baseline(exp, repeat), views.show_queued)
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, session.baseline(exp, repeat), views.show_queued)
 
 
 @research.command("try")
 @click.option("-m", "message", required=True, help="what the variant tries, in a few words")
 @click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="a unified diff")
 @click.option("--from", "from_id", help="re-try variant ID's change on the current BASE")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def try_cmd(
     where: Path,
     tag: str | None,
@@ -159,9 +108,9 @@ def try_cmd(
     from_id: str | None,
 ) -> None:
     """Snapshot your edit as a variant of BASE, restore the files, queue it. Returns at once."""
-    exp = api.Experiment.open(where, tag)
-    data = api.try_variant(exp, message, patch=patch, from_id=from_id)
-    _out(as_json, data, views.show_try)
+    exp = session.Experiment.open(where, tag)
+    data = session.try_variant(exp, message, patch=patch, from_id=from_id)
+    emit(as_json, data, views.show_try)
 
 
 @research.command()
@@ -169,8 +118,8 @@ def try_cmd(
 @click.option("--any", "mode", flag_value="any", help="return when one has finished")
 @click.option("--all", "mode", flag_value="all", default=True, help="wait for all (default)")
 @click.option("--timeout", help="give up after this long (exit 1), e.g. 15m")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def wait(
     where: Path,
     tag: str | None,
@@ -180,9 +129,11 @@ def wait(
     timeout: str | None,
 ) -> None:
     """Block until the variants in flight (or IDS) finish; print their results."""
-    exp = api.Experiment.open(where, tag)
-    data = api.wait(exp, mode=mode, timeout=_duration("--timeout", timeout), ids=list(ids) or None)
-    _out(as_json, data, views.show_wait)
+    exp = session.Experiment.open(where, tag)
+    data = readouts.wait(
+        exp, mode=mode, timeout=flag_duration("--timeout", timeout), ids=list(ids) or None
+    )
+    emit(as_json, data, views.show_wait)
     if data["timed_out"] and mode == "all":
         sys.exit(EXIT_UNFINISHED)
     waited = data["finished"]
@@ -193,21 +144,21 @@ def wait(
 
 @research.command()
 @click.option("--last", default=10, show_default=True, help="how many recent results to show")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
     """BASE, best metric, variants in flight per GPU, the last results."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.status(exp, last), views.show_status)
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, readouts.status(exp, last), views.show_status)
 
 
 @research.command()
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def log(where: Path, tag: str | None, as_json: bool) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
-    exp = api.Experiment.open(where, tag)
-    data = api.log(exp)
+    exp = session.Experiment.open(where, tag)
+    data = readouts.log(exp)
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     else:
@@ -217,52 +168,52 @@ def log(where: Path, tag: str | None, as_json: bool) -> None:
 @research.command()
 @click.argument("variant_id")
 @click.option("-m", "reason", default="kept by hand", help="why (goes to the ledger)")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def keep(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
     """Keep a finished variant by hand: it becomes BASE (fast-forward)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.keep(exp, variant_id, reason), views.show_decided)
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, session.keep(exp, variant_id, reason), views.show_decided)
 
 
 @research.command()
 @click.argument("variant_id")
 @click.option("-m", "reason", default="discarded by hand", help="why (goes to the ledger)")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def discard(where: Path, tag: str | None, as_json: bool, variant_id: str, reason: str) -> None:
     """Discard a finished, undecided variant by hand."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.discard(exp, variant_id, reason), views.show_decided)
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, session.discard(exp, variant_id, reason), views.show_decided)
 
 
 @research.command()
 @click.option("-o", "output", type=click.Path(dir_okay=False, path_type=Path), help="PNG path")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def plot(where: Path, tag: str | None, as_json: bool, output: Path | None) -> None:
     """progress.png: discards grey, keeps green, the running best as a step line."""
-    exp = api.Experiment.open(where, tag)
-    path = api.plot(exp, output)
-    _out(as_json, {"plot": str(path)}, lambda d: click.echo(d["plot"]))
+    exp = session.Experiment.open(where, tag)
+    path = readouts.plot(exp, output)
+    emit(as_json, {"plot": str(path)}, lambda d: click.echo(d["plot"]))
 
 
 @research.command()
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def report(where: Path, tag: str | None, as_json: bool) -> None:
     """Write progress.png and a self-contained report.html of every experiment."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.report(exp), lambda d: click.echo(d["report"]))
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, readouts.report(exp), lambda d: click.echo(d["report"]))
 
 
 @research.command()
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def restore(where: Path, tag: str | None, as_json: bool) -> None:
     """Put the editable files back to BASE (drops your uncommitted edits of them)."""
-    exp = api.Experiment.open(where, tag)
-    _out(as_json, api.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
+    exp = session.Experiment.open(where, tag)
+    emit(as_json, session.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
 
 
 @research.command("config")
@@ -276,8 +227,8 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--linger", help="idle runner waits this long (its next start)")
 @click.option("--metric-regex", help="regex whose group 1 is the metric")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
-@_where
-@_errors
+@experiment_options
+@handle_errors
 def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Show the experiment's settings, or change them (journaled; for new variants)."""
     changes: dict[str, Any] = {}
@@ -285,113 +236,17 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         if kw[key] is not None:
             changes[key] = kw[key]
     if kw["timeout"] is not None:
-        changes["timeout"] = _duration("--timeout", kw["timeout"])
+        changes["timeout"] = flag_duration("--timeout", kw["timeout"])
     if kw["linger"] is not None:
-        changes["linger"] = _duration("--linger", kw["linger"])
+        changes["linger"] = flag_duration("--linger", kw["linger"])
     if kw["link"]:
         changes["link"] = list(dict.fromkeys(kw["link"]))
     if kw["metric_regex"] is not None:
         changes["metric_pattern"] = kw["metric_regex"]
     if kw["memory_regex"] is not None:
         changes["memory_pattern"] = kw["memory_regex"]
-    _out(as_json, api.configure(where, tag, changes), views.show_config)
+    emit(as_json, configure.configure(where, tag, changes), views.show_config)
 
 
-@research.command()
-@_where
-@_errors
-def stop(where: Path, tag: str | None, as_json: bool) -> None:
-    """Stop the background runner; running variants go back to the queue (next command resumes)."""
-    exp = api.Experiment.open(where, tag)
-    n = executor.stop_runner(exp.paths)
-    _out(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
-
-
-@research.command()
-@click.option(
-    "--proposer", type=click.Choice(["mutate", "agent"]), default="mutate", show_default=True
-)
-@click.option("--mode", type=click.Choice(["async", "rounds"]), default="async", show_default=True)
-@click.option("--max-experiments", type=int, help="stop after starting this many variants")
-@click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
-@click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
-@click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
-@click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
-@click.option(
-    "--mutate",
-    "mutate",
-    multiple=True,
-    metavar="NAME",
-    help="mutate: only these settings (repeat; globs: 'lr*', 'betas', 'GPTConfig.n_layer')",
-)
-@click.option(
-    "--mutate-exclude",
-    multiple=True,
-    metavar="NAME",
-    help="mutate: never these settings (repeat; globs: 'seed', '*_interval')",
-)
-@click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
-@click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
-@click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
-@click.option("--agent-timeout", default="15m", show_default=True)
-@click.option("--agent-max-failures", default=5, show_default=True)
-@click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
-@_where
-@_errors
-def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
-    """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
-    exp = api.Experiment.open(where, tag)
-    proposer: Proposer
-    if kw["proposer"] == "agent":
-        if not kw["agent_command"]:
-            raise ResearchError("--proposer agent needs --agent-command (e.g. an LLM agent's CLI)")
-        opts = AgentOptions(
-            command=kw["agent_command"],
-            program=kw["program"],
-            timeout=_duration("--agent-timeout", kw["agent_timeout"]) or 900.0,
-            max_failures=kw["agent_max_failures"],
-            shell=kw["agent_shell"],
-        )
-        proposer = AgentProposer(exp.paths, exp.cfg, opts)
-    else:
-        proposer = MutateProposer(
-            exp.paths,
-            exp.cfg,
-            kw["seed"],
-            include=tuple(kw["mutate"]),
-            exclude=tuple(kw["mutate_exclude"]),
-        )
-        proposer.check(exp.settle())  # nothing to propose: exit 2 saying why, before anything
-    loop_opts = LoopOptions(
-        mode=kw["mode"],
-        max_experiments=kw["max_experiments"],
-        duration=_duration("--for", kw["duration"]),
-        lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
-        proposers=max(1, kw["proposers"]),
-    )
-    if as_json:
-        data = run_loop(exp, proposer, loop_opts, lambda _: None)
-    elif kw["plain"] or not is_terminal(sys.stderr):
-        data = run_loop(
-            exp, proposer, loop_opts, lambda text: click.echo(f"{views.stamp()} {text}")
-        )
-    else:
-        data = views.run_loop_live(exp, proposer, loop_opts)
-    _out(as_json, data, views.show_loop)
-    if data["made"] == 0 and data.get("exhausted"):
-        raise ResearchError(f"the loop started nothing: {data['exhausted']}")
-    if data["left_running"]:
-        sys.exit(EXIT_INTERRUPTED)
-
-
-@research.command("_serve", hidden=True)
-@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
-def serve(root: Path) -> None:
-    """The background runner of an experiment (started by the other commands)."""
-    root = root.resolve()
-    paths = ExpPaths(root.parents[2], root)
-    try:
-        sys.exit(executor.serve(paths, load_config(paths)))
-    except GpuswarmError as exc:
-        click.echo(f"gpuswarm research runner: error: {exc}", err=True)
-        sys.exit(exc.exit_code if exc.exit_code != EXIT_BAD_INPUT else EXIT_UNFINISHED)
+for _command in (loop, stop, serve):
+    research.add_command(_command)

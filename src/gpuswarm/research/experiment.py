@@ -1,4 +1,5 @@
-"""One experiment: its folder, its settings, and its journal (ledger.jsonl) replayed into a state.
+"""One experiment: its folder, its settings and their checks, its locks (the journal and its
+replay into a State are ``journal.py``).
 
 An experiment lives in ``<repo>/.gpuswarm/research/<tag>/`` (git ignores it through
 ``.git/info/exclude``)::
@@ -21,20 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
-from gpuswarm.store.ledger import read_events
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -231,7 +229,7 @@ def locate(repo: Path, tag: str | None) -> ExpPaths:
     return paths
 
 
-def load_config(paths: ExpPaths) -> ExperimentConfig:
+def load_settings(paths: ExpPaths) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(read_json(paths.config))
     except ValidationError as exc:
@@ -248,7 +246,7 @@ def load_config(paths: ExpPaths) -> ExperimentConfig:
         raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
 
 
-def save_config(paths: ExpPaths, cfg: ExperimentConfig) -> None:
+def save_settings(paths: ExpPaths, cfg: ExperimentConfig) -> None:
     atomic_write_json(paths.config, cfg.model_dump(mode="json"))
 
 
@@ -266,192 +264,3 @@ def flocked(path: Path, *, blocking: bool = True) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
-
-
-# -- the journal -------------------------------------------------------------------------------
-def append(paths: ExpPaths, ev: str, **fields: Any) -> dict[str, Any]:
-    """Append one event line and fsync it (decisions must survive a crash right after)."""
-    record: dict[str, Any] = {"ts": round(time.time(), 3), "ev": ev, **fields}
-    line = json.dumps(record, default=str, separators=(",", ":")).encode() + b"\n"
-    fd = os.open(paths.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return record
-
-
-@dataclass
-class Variant:
-    id: str
-    kind: str  # variant | baseline | combo | confirm
-    commit: str
-    parent: str
-    description: str
-    round: int
-    source: str
-    created: float
-    origin: str | None = None  # the variant a combo re-bases
-    finished: dict[str, Any] | None = None
-    decision: dict[str, Any] | None = None
-    seen: bool = False  # its result was shown by `research wait`
-    meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
-
-    @property
-    def status(self) -> str:
-        if self.decision is not None:
-            return str(self.decision["status"])
-        return "finished" if self.finished is not None else "queued"
-
-    def view(self) -> dict[str, Any]:
-        fin = self.finished or {}
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "commit": self.commit,
-            "parent": self.parent,
-            "description": self.description,
-            "round": self.round,
-            "status": self.status,
-            "metric": fin.get("metric"),
-            "memory_gb": fin.get("memory_gb"),
-            "gpu": fin.get("gpu"),
-            "seconds": fin.get("seconds"),
-            "reason": (self.decision or {}).get("reason") or fin.get("reason"),
-            "log": fin.get("log"),
-            "log_path": fin.get("log_path"),
-        }
-
-
-@dataclass
-class State:
-    base: str = ""
-    variants: dict[str, Variant] = field(default_factory=dict)
-    base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
-    baselines: dict[str, list[float]] = field(default_factory=dict)  # commit -> repeats
-    rows: list[list[str]] = field(default_factory=list)
-    row_ids: list[str] = field(default_factory=list)  # the variant of each row
-    round: int = 1  # the open round: new variants join it until it is sealed
-    sealed: set[int] = field(default_factory=set)
-    mode: str = "rounds"
-    worktree_base: str = ""
-    pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
-
-    @property
-    def best(self) -> float | None:
-        return self.base_metric.get(self.base)
-
-    def next_id(self) -> str:
-        return f"v{len(self.variants) + 1:04d}"
-
-    def in_flight(self) -> list[Variant]:
-        return [v for v in self.variants.values() if v.finished is None]
-
-    def undecided(self) -> list[Variant]:
-        return [v for v in self.variants.values() if v.decision is None]
-
-
-def replay(paths: ExpPaths) -> State:
-    state = State()
-    for e in read_events(paths.ledger):
-        _apply(state, e)
-    return state
-
-
-def _apply(state: State, e: dict[str, Any]) -> None:
-    handler = _HANDLERS.get(str(e.get("ev")))
-    if handler is not None:
-        handler(state, e)
-
-
-def _on_init(state: State, e: dict[str, Any]) -> None:
-    state.base = state.worktree_base = e["base"]
-
-
-def _on_variant(state: State, e: dict[str, Any]) -> None:
-    state.variants[e["id"]] = Variant(
-        id=e["id"],
-        kind=e["kind"],
-        commit=e["commit"],
-        parent=e["parent"],
-        description=e["description"],
-        round=int(e.get("round", 0)),
-        source=e.get("source", "manual"),
-        created=float(e["ts"]),
-        origin=e.get("origin"),
-        meta=e.get("meta") or {},
-    )
-
-
-def _on_finished(state: State, e: dict[str, Any]) -> None:
-    if e["id"] in state.variants:
-        state.variants[e["id"]].finished = e
-
-
-def drop_row(state: State, v: Variant) -> None:
-    """Forget ``v``'s decision and its results.tsv row (a manual keep overrides a discard: one
-    variant, one row)."""
-    if v.decision is not None:
-        row = list(v.decision.get("row") or [])
-        for i in range(len(state.rows) - 1, -1, -1):
-            if state.rows[i] == row:
-                del state.rows[i]
-                if i < len(state.row_ids):
-                    del state.row_ids[i]
-                break
-    v.decision = None
-
-
-def _on_decided(state: State, e: dict[str, Any]) -> None:
-    v = state.variants.get(e["id"])
-    if v is None:
-        return
-    drop_row(state, v)  # decided again (a keep by hand of a discard): the new row replaces it
-    v.decision = e
-    if e.get("row"):  # a withdrawn variant measured nothing: no row
-        state.rows.append(list(e["row"]))
-        state.row_ids.append(v.id)
-    if e.get("base_metric") is not None:
-        state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
-    if v.kind == "baseline" and e["status"] == "keep" and v.finished:
-        state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))
-    if e["status"] == "keep" and v.kind in ("variant", "combo"):
-        state.pending_base = {"from": state.base, "to": v.commit, "id": v.id}
-
-
-def _on_base(state: State, e: dict[str, Any]) -> None:
-    state.base = e["to"]
-    state.pending_base = None
-
-
-def _on_worktree(state: State, e: dict[str, Any]) -> None:
-    state.worktree_base = e["base"]
-
-
-def _on_seen(state: State, e: dict[str, Any]) -> None:
-    for vid in e["ids"]:
-        if vid in state.variants:
-            state.variants[vid].seen = True
-
-
-def _on_sealed(state: State, e: dict[str, Any]) -> None:
-    state.sealed.add(int(e["n"]))
-    state.round = max(state.round, int(e["n"]) + 1)
-
-
-def _on_mode(state: State, e: dict[str, Any]) -> None:
-    state.mode = e["mode"]
-
-
-_HANDLERS: dict[str, Callable[[State, dict[str, Any]], None]] = {
-    "init": _on_init,
-    "variant": _on_variant,
-    "finished": _on_finished,
-    "decided": _on_decided,
-    "base": _on_base,
-    "worktree": _on_worktree,
-    "seen": _on_seen,
-    "sealed": _on_sealed,
-    "mode": _on_mode,
-}

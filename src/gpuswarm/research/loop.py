@@ -22,8 +22,9 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.research import api, executor
-from gpuswarm.research.experiment import State, append, flocked
+from gpuswarm.research import executor, readouts, runner, session
+from gpuswarm.research.experiment import flocked
+from gpuswarm.research.journal import State, append
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -50,7 +51,7 @@ class LoopStop:
 
 
 def run_loop(
-    exp: api.Experiment,
+    exp: session.Experiment,
     proposer: Proposer,
     opts: LoopOptions,
     say: Callable[[str], None],
@@ -80,9 +81,9 @@ def run_loop(
     made, seen = run.made, run.seen
     state = exp.settle()
     _report(exp, state, seen, say)
-    files = api.report(exp)
+    files = readouts.report(exp)
     return {
-        **api.status(exp, last=0),
+        **readouts.status(exp, last=0),
         "made": made,
         "plot": files["plot"],
         "report": files["report"],
@@ -102,7 +103,7 @@ class _Run:
 
     def __init__(
         self,
-        exp: api.Experiment,
+        exp: session.Experiment,
         proposer: Proposer,
         opts: LoopOptions,
         say: Callable[[str], None],
@@ -118,7 +119,7 @@ class _Run:
         self.made = 0
         self.seen = _recorded(state)
         self.idle_until = 0.0
-        self.watch = executor.RunnerWatch(exp.paths, exp.cfg)
+        self.watch = runner.RunnerWatch(exp.paths, exp.cfg)
         self.pool = ThreadPoolExecutor(max(1, opts.proposers), thread_name_prefix="propose")
         self.proposing: set[Future[Proposal | None]] = set()
         self.round_left = 0  # rounds: proposals still to start for the open round
@@ -176,7 +177,7 @@ class _Run:
         self.pool.shutdown(wait=not self.stop.hard.is_set(), cancel_futures=True)
 
 
-def _check_baseline(exp: api.Experiment, state: State) -> None:
+def _check_baseline(exp: session.Experiment, state: State) -> None:
     """Without a metric for BASE nothing can be judged: a crashed baseline ends the loop."""
     if state.best is not None:
         return
@@ -210,7 +211,7 @@ def _cap(budget: int | None) -> int:
 
 
 def _harvest(
-    exp: api.Experiment,
+    exp: session.Experiment,
     proposer: Proposer,
     proposing: set[Future[Proposal | None]],
     say: Callable[[str], None],
@@ -230,10 +231,10 @@ def _harvest(
 
 
 def _queue_proposal(
-    exp: api.Experiment, proposer: Proposer, proposal: Proposal, say: Callable[[str], None]
+    exp: session.Experiment, proposer: Proposer, proposal: Proposal, say: Callable[[str], None]
 ) -> None:
     try:
-        data = api.try_variant(
+        data = session.try_variant(
             exp,
             proposal.description,
             files=proposal.files,
@@ -267,7 +268,7 @@ def _recorded(state: State) -> set[str]:
 
 
 def _report(
-    exp: api.Experiment, state: State, seen: set[str], say: Callable[[str], None]
+    exp: session.Experiment, state: State, seen: set[str], say: Callable[[str], None]
 ) -> set[str]:
     shown: list[str] = []
     for v in state.variants.values():
@@ -284,10 +285,10 @@ def _report(
 
 
 def _wait_for_news(
-    exp: api.Experiment,
+    exp: session.Experiment,
     state: State,
     stop: LoopStop,
-    watch: executor.RunnerWatch,
+    watch: runner.RunnerWatch,
     deadline: float,
     tick: Callable[[State], None],
     proposing: set[Future[Proposal | None]],
@@ -303,7 +304,7 @@ def _wait_for_news(
         if executor.finished_ids(exp.paths, exp.cfg) & flying:
             watch.progressed()
             return
-        if time.monotonic() - looked > api.RUNNER_CHECK_SECONDS:
+        if time.monotonic() - looked > readouts.RUNNER_CHECK_SECONDS:
             watch.check()
             looked = time.monotonic()
         tick(state)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from gpuswarm.research.experiment import ExperimentConfig, State, Variant
+from gpuswarm.research.experiment import ExperimentConfig
+from gpuswarm.research.journal import State, Variant
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.journal import State
 
 ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": ""}
 

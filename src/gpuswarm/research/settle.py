@@ -11,20 +11,13 @@ from __future__ import annotations
 
 import statistics
 
+from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import executor, gitops, variants
-from gpuswarm.research.experiment import (
-    ExperimentConfig,
-    ExpPaths,
-    State,
-    Variant,
-    append,
-    flocked,
-    replay,
-)
+from gpuswarm.research import executor, exports, gitops, outcome, runner, variants
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
+from gpuswarm.research.journal import State, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
-from gpuswarm.store.queue import State as QueueState
 
 HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
@@ -40,16 +33,16 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     _follow_branch(paths, cfg, state)
     variants.adopt_worktree(paths, cfg, state)
     queued = executor.tasks(paths, cfg) if state.in_flight() else {}
-    if any(st is QueueState.RUNNING for st, _ in queued.values()):
+    if any(st is api.TaskState.RUNNING for st, _ in queued.values()):
         # claimed, so some runner ran them: if it is dead, whoever notices owns its leftovers
         # at once (a new runner's recovery kills the orphaned training processes, re-queues)
-        executor.ensure_runner(paths, cfg)
+        runner.ensure_runner(paths, cfg)
     for v in state.in_flight():
         found = queued.get(v.id)
         if found is None:
             executor.enqueue(paths, cfg, v)  # journaled, but a crash came before it was queued
             continue
-        out = executor.outcome(paths, cfg, v, found)
+        out = outcome.outcome(paths, cfg, v, found)
         if out is None:
             continue
         if v.kind != "baseline":
@@ -231,7 +224,7 @@ def _remove_exports(paths: ExpPaths, state: State) -> None:
     for entry in paths.variants.iterdir():
         v = state.variants.get(entry.name)
         if v is None or v.finished is not None:
-            executor.remove_tree(entry)
+            exports.remove_tree(entry)
 
 
 # -- results.tsv -------------------------------------------------------------------------------

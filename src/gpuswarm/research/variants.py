@@ -19,7 +19,8 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, State, Variant, append
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.journal import State, Variant, append
 
 
 def variant_ref(cfg: ExperimentConfig, variant_id: str) -> str:

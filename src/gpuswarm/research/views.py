@@ -8,8 +8,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.research import api, executor
-from gpuswarm.research.experiment import State
+from gpuswarm.research import executor, session
+from gpuswarm.research.journal import State
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.ui.table import LiveView, clock, shown
@@ -122,7 +122,7 @@ def show_decided(d: dict[str, Any]) -> None:
     _files_line(d, always="files" in d)
 
 
-def run_loop_live(exp: api.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
+def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
     """``research loop`` with the live table: the runner's slots (followed through the core
     run's journal) under a header with BASE, the best metric and the experiment count."""
     run = executor.run_paths(exp.paths, exp.cfg)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError, QueueError
-from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
+from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact, temp_writer_alive
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders, visible
@@ -281,6 +281,15 @@ class DirQueue(QueueFolders):
         desc.task = task
         path = self.paths.state_dir("pending") / name
         atomic_write_bytes(path, dumps_compact(desc.raw), durable=self.durable)
+
+    def remove_cut_writes(self) -> int:
+        """Temp files in pending/ whose writer is dead (writes a crash cut short; a live
+        supervisor may be re-queueing an attempt right now). Returns how many went."""
+        pending = self.paths.state_dir("pending")
+        cut = [n for n in os.listdir(pending) if n.startswith(".tmp-") and not temp_writer_alive(n)]
+        for name in cut:
+            (pending / name).unlink(missing_ok=True)
+        return len(cut)
 
     def withdraw(self, task_id: str) -> bool:
         """Take a task out of pending/ before anyone claims it; False when it is not there

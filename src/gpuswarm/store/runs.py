@@ -20,7 +20,7 @@ import psutil
 from pydantic import ValidationError
 
 from gpuswarm import __version__
-from gpuswarm.config.load import TaskSpec, render
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError, RunDirError
 from gpuswarm.core.fsutil import (
     atomic_write_json,
@@ -32,6 +32,7 @@ from gpuswarm.core.fsutil import (
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
+from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label

@@ -1,0 +1,294 @@
+"""The small public facade over the core: create or open a run, submit and withdraw tasks, serve
+a run (the supervisor), read what happened (task states, attempts, what runs where), resolve run
+names.
+
+Why a facade: research (and next the dashboard) are clients of the core. They must not know the
+queue's file layout (descriptor names, lease suffixes, state folders), the run.json keys, the
+engine's composition or the process backend: each of those may change behind this module
+without touching a client. Every function here is a thin call into ``store``, ``engine`` and
+``exec``; the names and the plain types they return (:class:`RunPaths`, :class:`TaskSpec`,
+small frozen dataclasses) are the contract.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, TextIO
+
+import psutil
+
+from gpuswarm import __version__
+from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.paths import RunPaths, resolve_run_dir
+from gpuswarm.engine import Output, RunReport, setup_from_info, supervise
+from gpuswarm.exec.local import process
+from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.store.ledger import read_events
+from gpuswarm.store.queue import DirQueue, base_name, task_id_of
+from gpuswarm.store.queue import State as TaskState
+from gpuswarm.store.reader import RunReader
+from gpuswarm.store.runs import NewRun, latest_run, open_run
+from gpuswarm.store.runs import create_run as _create_run
+
+__all__ = [
+    "Attempt",
+    "GpuPlan",
+    "RunPaths",
+    "RunReport",
+    "TaskRef",
+    "TaskSpec",
+    "TaskState",
+    "create_run",
+    "finished_ids",
+    "has_pending",
+    "kill_tree",
+    "last_attempt",
+    "latest_run",
+    "plan_gpus",
+    "processes_with_env",
+    "read_journal",
+    "remove_cut_writes",
+    "resolve_run",
+    "serve",
+    "slot_count",
+    "stop_processes",
+    "submit",
+    "task_states",
+    "withdraw",
+]
+
+_ENDED = (TaskState.DONE, TaskState.FAILED)
+
+
+# -- creating and opening runs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuPlan:
+    """The GPUs a ``--gpus`` spec names now and how many slots they give."""
+
+    spec: str
+    vendor: str
+    ids: tuple[int, ...]
+    slot_count: int
+
+
+def plan_gpus(spec: str, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> GpuPlan:
+    """Discover the GPUs of ``spec`` (``auto``, ``0,1``, ``sim:4``); a bad spec raises the
+    core's BadInputError before anything is written."""
+    gpus = parse_gpu_spec(spec)
+    slots = plan_slots(gpus, gpus_per_task, tasks_per_gpu)
+    return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots))
+
+
+@dataclass(frozen=True)
+class NewRunSpec:
+    """A run with no tasks yet, made to be fed with :func:`submit` and run by :func:`serve`."""
+
+    workspace: Path  # the run folder is made under it
+    folder: str  # the run folder's name
+    name: str  # the run's name in run.json
+    base_dir: Path  # relative task paths start here
+    gpus: GpuPlan
+    source: str  # who made the run (shown by status)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # lease_ttl, retry_backoff, ...
+    config: Mapping[str, Any] = field(default_factory=dict)  # recorded as the run's config
+
+
+def create_run(spec: NewRunSpec) -> RunPaths:
+    """Create the run (staged, then one rename); its run.json is built here, never by clients."""
+    g = spec.gpus
+    info: dict[str, Any] = {
+        "gpuswarm": __version__,
+        "name": spec.name,
+        "workspace": str(spec.workspace),
+        "source": spec.source,
+        "base_dir": str(spec.base_dir),
+        "fingerprint": "",
+        "gpus": g.spec,
+        "vendor": g.vendor,
+        "gpu_ids": list(g.ids),
+        "gpus_per_task": 1,
+        "tasks_per_gpu": 1,
+        "slot_count": g.slot_count,
+        "home": {"isolate": False, "provision": []},
+        "settings": dict(spec.settings),
+        "config": dict(spec.config),
+        "task_count": 0,
+        "hosts": [socket.gethostname()],
+    }
+    return _create_run(NewRun(name=spec.folder, workspace=spec.workspace, info=info, tasks=[]))
+
+
+def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
+    """The run folder meant by a run folder, a path inside one, or a bare run name (looked up
+    under ``workspace``)."""
+    return resolve_run_dir(where, workspace)
+
+
+def slot_count(run: RunPaths) -> int:
+    """How many slots the run was planned with (one task each at a time)."""
+    _, info = open_run(run.root)
+    return int(info.get("slot_count", 1))
+
+
+# -- submitting and withdrawing ----------------------------------------------------------------
+def submit(run: RunPaths, task: TaskSpec, seq: int) -> str:
+    """Queue one task in a run that may be live (durably); live supervisors see it at their
+    next claim. Returns the task's queue entry name."""
+    return DirQueue.add_pending(run, task.model_dump(), seq)
+
+
+def withdraw(run: RunPaths, task_id: str) -> bool:
+    """Take a queued task out before a supervisor claims it; False when it is not queued
+    (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
+    return DirQueue(run).withdraw(task_id)
+
+
+def remove_cut_writes(run: RunPaths) -> int:
+    """Temp files among the queued tasks whose writer is dead (writes a crash cut short; a
+    supervisor may be re-queueing an attempt right now). Returns how many went."""
+    return DirQueue(run).remove_cut_writes()
+
+
+def running(run: RunPaths) -> dict[str, dict[str, Any]]:
+    """Task id -> {slot, since} for the tasks in running/ (the read model's one rule: a task
+    waiting out a retry backoff runs nowhere)."""
+    return {r.task: {"slot": r.slot or "?", "since": r.since} for r in RunReader(run).running()}
+
+
+# -- reading outcomes --------------------------------------------------------------------------
+class TaskRef(NamedTuple):
+    """Where a task is now: its state and its queue entry (for :func:`last_attempt`)."""
+
+    state: TaskState
+    name: str
+
+
+def task_states(run: RunPaths) -> dict[str, TaskRef]:
+    """Task id -> its state and entry, for every task but the skipped (one look per state)."""
+    out: dict[str, TaskRef] = {}
+    for state in (TaskState.PENDING, TaskState.RUNNING, *_ENDED):
+        for name in os.listdir(run.state_dir(state.value)):
+            if not name.startswith("."):
+                out[task_id_of(base_name(name))] = TaskRef(state, name)
+    return out
+
+
+def finished_ids(run: RunPaths) -> set[str]:
+    """The ids of the tasks that ended (done or failed)."""
+    out: set[str] = set()
+    for state in _ENDED:
+        out.update(
+            task_id_of(n) for n in os.listdir(run.state_dir(state.value)) if not n.startswith(".")
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """The last attempt of an ended task that was not interrupted (a supervisor stopped or
+    crashing): what a client judges the task by. Fields are None when it never started."""
+
+    state: TaskState
+    n: int = 0
+    log: Path | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    gpus: tuple[Any, ...] = ()
+    slot: Any = None
+    started: Any = None
+    ended: Any = None
+    duration: Any = None
+    returncode: Any = None
+    oom: bool = False
+    kind: str | None = None  # how it ended: exit, signal, timeout, not-found, ...
+    reason: str | None = None
+
+
+def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
+    """The attempt an ended task is judged by; None while the task has not ended."""
+    if ref.state not in _ENDED:
+        return None
+    data = DirQueue(run).read(ref.state, ref.name) or {"attempts": []}
+    attempts = [a for a in data.get("attempts", []) if not a.get("interrupted")]
+    last: dict[str, Any] = attempts[-1] if attempts else {}
+    n = int(last.get("n", 0))
+    return Attempt(
+        state=ref.state,
+        n=n,
+        log=run.attempt_log(task_id_of(base_name(ref.name)), n) if n else None,
+        metrics=last.get("metrics") or {},
+        gpus=tuple(last.get("gpus") or ()),
+        slot=last.get("slot"),
+        started=last.get("started"),
+        ended=last.get("ended"),
+        duration=last.get("duration"),
+        returncode=last.get("returncode"),
+        oom=bool(last.get("oom")),
+        kind=last.get("kind"),
+        reason=last.get("reason"),
+    )
+
+
+def read_journal(path: Path) -> Iterator[dict[str, Any]]:
+    """Every complete event line of a journal in the run's format (``events.jsonl``, or a
+    client's own journal written the same way), in order; a torn last line is left out."""
+    return read_events(path)
+
+
+def has_pending(run: RunPaths) -> bool:
+    """Whether any task is queued and not yet claimed."""
+    return bool(DirQueue(run).names(TaskState.PENDING))
+
+
+# -- serving -----------------------------------------------------------------------------------
+def serve(run: RunPaths, *, stream: TextIO | None) -> RunReport:
+    """Supervise an existing run on its own GPUs until every queued task has ended (or the run
+    lingers idle as its settings say): recovers a crashed supervisor's leftovers first, never
+    retries what failed, writes no report.html (the client writes its own)."""
+    _, info = open_run(run.root)
+    return supervise(
+        run,
+        setup_from_info(info, None),
+        mode="resume",
+        output=Output(stream=stream, report=False),
+        retry_failed=False,
+    )
+
+
+# -- helper processes (a client's own daemons and tools; not tasks of a run) -------------------
+def processes_with_env(name: str, value: str, *, argv_has: str | None = None) -> list[int]:
+    """Pids of the processes (but this one) whose environment has ``name=value`` and, when
+    given, whose argv holds ``argv_has``."""
+    pids = process.find_by_env(name, value)
+    if argv_has is None:
+        return pids
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if argv_has in psutil.Process(pid).cmdline():
+                out.append(pid)
+    return out
+
+
+def stop_processes(pids: Iterable[int], grace: float) -> int:
+    """SIGTERM each process (its own warm stop), then after ``grace`` kill the trees of those
+    still alive. Returns how many were asked to stop."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.terminate()
+            procs.append(proc)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    if alive:
+        process.kill_tree([p.pid for p in alive], 0)
+    return len(procs)
+
+
+def kill_tree(pids: Iterable[int], grace: float) -> int:
+    """SIGTERM ``pids`` and their descendants, SIGKILL what is left after ``grace``."""
+    return process.kill_tree(pids, grace)

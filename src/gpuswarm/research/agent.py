@@ -1,0 +1,295 @@
+"""The ``agent`` proposer: runs a configured command (an LLM coding agent's CLI) in a scratch
+export of BASE with a prompt file (the user's program.md, the current best, recent results and
+crashes); its edits of the editable files and its message (``$GPUSWARM_MESSAGE_FILE``, else the
+last line it printed) become the variant. A timeout per proposal; a cap on consecutive
+failures; an agent dies with the loop that started it (PR_SET_PDEATHSIG), so a killed loop
+leaves none spending tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm import api
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.placeholders import render
+from gpuswarm.research import gitops
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.exports import remove_tree
+from gpuswarm.research.journal import State, append
+from gpuswarm.research.proposers import Proposal
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    command: str  # e.g. "claude -p \"$(cat {prompt})\"" with --shell, or an argv string
+    program: Path | None = None  # the user's program.md
+    timeout: float = 900.0
+    max_failures: int = 5
+    shell: bool = False
+
+
+class AgentProposer:
+    name = "agent"
+
+    def __init__(self, paths: ExpPaths, cfg: ExperimentConfig, opts: AgentOptions) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.opts = opts
+        self.failures = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
+        self._live: set[subprocess.Popen[bytes]] = set()
+        self._closed = False
+        remove_stale_scratch(paths)
+
+    def close(self) -> None:
+        """Stop agents still running (the loop ends)."""
+        with self._lock:
+            self._closed = True
+            live = list(self._live)
+        if live:
+            api.kill_tree([p.pid for p in live], 2.0)
+
+    def propose(self, state: State) -> Proposal | None:
+        """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
+        while True:
+            try:
+                proposal = self._run(state)
+            except _AgentFailed as exc:
+                with self._lock:
+                    if self._closed:
+                        return None
+                    self.failures += 1
+                    self.last_error = str(exc)
+                    failures = self.failures
+                append(
+                    self.paths, "proposal", proposer=self.name, outcome="failed", reason=str(exc)
+                )
+                if failures >= self.opts.max_failures:
+                    raise ResearchError(
+                        f"the agent failed {self.failures} times in a row (last: "
+                        f"{self.last_error}); fix --agent-command, then run `research loop` again"
+                    ) from None
+                continue
+            self.failures = 0
+            append(
+                self.paths,
+                "proposal",
+                proposer=self.name,
+                outcome="made",
+                prompt=proposal.meta.get("prompt"),
+                description=proposal.description,
+            )
+            return proposal
+
+    def _run(self, state: State) -> Proposal:
+        self.paths.prompts.mkdir(exist_ok=True)
+        with self._lock:
+            n = next(self._numbers)
+        prompt = self.paths.prompts / f"prompt-{n:04d}.md"
+        prompt.write_text(self.prompt_text(state))
+        with scratch_dir(self.paths, n) as tmp:
+            work = tmp / "work"
+            gitops.export(self.paths.repo, state.base, work)
+            link_into(self.paths, self.cfg, work)  # .venv, data: the agent can smoke-test
+            message_file = tmp / "message.txt"
+            out = self._call(work, prompt, message_file)
+            files = {}
+            for rel in self.cfg.edit:
+                try:
+                    data: bytes | None = (work / rel).read_bytes()
+                except FileNotFoundError:
+                    data = None
+                if data != gitops.blob(self.paths.repo, state.base, rel):
+                    files[rel] = data
+            if not files:
+                raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
+            message = message_file.read_text().strip() if message_file.exists() else ""
+        # a message file is a commit message: its first line is the description; without one,
+        # the last line the agent printed (its chatter comes before)
+        lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
+        pick = lines[0] if message and lines else lines[-1] if lines else "agent edit"
+        message = pick[:200]
+        return Proposal(files, message, state.base, {"prompt": n})
+
+    def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
+        values = {"prompt": str(prompt), "workdir": str(work)}
+        if self.opts.shell:
+            values = {k: shlex.quote(v) for k, v in values.items()}
+        text = render(self.opts.command, values)
+        argv: list[str] | str = text if self.opts.shell else shlex.split(text)
+        env = {
+            **_clean_env(),
+            "GPUSWARM_PROMPT_FILE": str(prompt),
+            "GPUSWARM_MESSAGE_FILE": str(message_file),
+            "GPUSWARM_EDIT": " ".join(self.cfg.edit),
+        }
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=work,
+                env=env,
+                shell=self.opts.shell,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # a killed loop leaves no agent spending tokens
+            )
+        except OSError as exc:
+            raise _AgentFailed(f"cannot start the agent: {exc}") from None
+        with self._lock:
+            self._live.add(proc)
+        try:
+            out, _ = proc.communicate(timeout=self.opts.timeout)
+        except subprocess.TimeoutExpired:
+            api.kill_tree([proc.pid], 5.0)
+            proc.communicate()
+            raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
+        finally:
+            with self._lock:
+                self._live.discard(proc)
+        text_out = out.decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            tail = text_out.strip().splitlines()[-1:] or [""]
+            raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")
+        return text_out
+
+    def prompt_text(self, state: State, recent: int = 30) -> str:
+        cfg = self.cfg
+        program = ""
+        if self.opts.program is not None:
+            program = self.opts.program.read_text()
+        best = "-" if state.best is None else f"{state.best:.6f}"
+        rows = "\n".join("\t".join(r) for r in state.rows[-recent:])
+        crashes = [
+            f"- {v.id} {v.description}: {v.finished.get('reason')}\n{v.finished.get('tail', '')}"
+            for v in list(state.variants.values())[-recent:]
+            if v.finished is not None and not v.finished.get("ok")
+        ]
+        goal = "lowest" if cfg.goal == "min" else "highest"
+        return "\n".join(
+            [
+                program,
+                "",
+                "## Your task now",
+                f"Make ONE change to {', '.join(cfg.edit)} in the current folder that you expect "
+                f"to give the {goal} {cfg.metric}. Change no other file"
+                + (f" (never {', '.join(cfg.protect)})" if cfg.protect else "")
+                + ". Do not run the training; gpuswarm runs it on a GPU.",
+                "Write a one-line description of the change to the file named by "
+                "$GPUSWARM_MESSAGE_FILE.",
+                "",
+                f"Current BASE: {gitops.short(state.base)}; best {cfg.metric}: {best}",
+                "",
+                "## Recent results (results.tsv)",
+                rows or "(none yet)",
+                "",
+                "## Recent crashes",
+                "\n".join(crashes) or "(none)",
+                "",
+            ]
+        )
+
+
+class _AgentFailed(Exception):
+    pass
+
+
+SCRATCH = "scratch"
+
+
+@contextlib.contextmanager
+def scratch_dir(paths: ExpPaths, n: int) -> Iterator[Path]:
+    """``<experiment>/scratch/agent-<pid>-<n>/``: removed after the proposal, and by the next
+    loop when the process that made it was killed."""
+    root = paths.root / SCRATCH
+    root.mkdir(exist_ok=True)
+    tmp = root / f"agent-{os.getpid()}-{n:04d}"
+    remove_tree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        remove_tree(tmp)
+
+
+def remove_stale_scratch(paths: ExpPaths) -> None:
+    """Scratch folders of proposers whose process is gone (a loop killed with SIGKILL)."""
+    root = paths.root / SCRATCH
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        parts = entry.name.split("-")
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else 0
+        if pid != os.getpid() and not _alive(pid):
+            remove_tree(entry)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def link_into(paths: ExpPaths, cfg: ExperimentConfig, work: Path) -> None:
+    """The experiment's --link paths (``.venv``, data) as symlinks in a scratch copy."""
+    for rel in cfg.link:
+        src = paths.repo / rel
+        if src.exists() and not (work / rel).exists():
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).symlink_to(src)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """PR_SET_PDEATHSIG: the agent gets SIGKILL when the loop (the thread that started it)
+    dies, even by SIGKILL."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _prctl() -> Any:
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return lambda *args: 0
+    ulong = ctypes.c_ulong
+    fn.argtypes = [ctypes.c_int, ulong, ulong, ulong, ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL = _prctl()  # looked up before any fork: the child only calls it
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("GPUSWARM_RUN_DIR", "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(name, None)
+    return env
+
+
+def which(command: str) -> bool:
+    words = shlex.split(command)
+    return bool(words) and shutil.which(words[0]) is not None

@@ -1,0 +1,214 @@
+"""Making an experiment (``research init``: checks, the branch, the core run, the journal; one
+rename so it exists whole or not at all) and showing or changing its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpuswarm import api
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.fsutil import atomic_write_text, read_json
+from gpuswarm.research import executor, exports, gitops
+from gpuswarm.research.experiment import (
+    DEFAULT_MEMORY_PATTERN,
+    ExperimentConfig,
+    ExpPaths,
+    check_command,
+    check_pattern,
+    check_tag,
+    check_timeout,
+    experiments_dir,
+    file_sha256,
+    flocked,
+    locate,
+    metric_pattern,
+    save_settings,
+)
+from gpuswarm.research.journal import append, replay
+from gpuswarm.research.session import files_of
+from gpuswarm.research.settle import write_tsv
+
+
+# -- init --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InitOptions:
+    tag: str
+    edit: list[str]
+    command: str
+    protect: list[str]
+    metric: str = "val_bpb"
+    goal: str = "min"
+    timeout: float = 600.0
+    gpus: str = "auto"
+    policy: str = "greedy"
+    noise_k: float = 2.0
+    confirm: int = 0
+    branch_prefix: str = "autoresearch/"
+    shell: bool = False
+    link: list[str] | None = None
+    metric_regex: str | None = None
+    memory_regex: str | None = None
+    linger: float = 120.0
+    checkout: bool = True
+    mode: str = "rounds"
+
+
+def init(where: Path, opts: InitOptions) -> dict[str, Any]:
+    repo = gitops.toplevel(where)
+    tag = check_tag(opts.tag)
+    branch = f"{opts.branch_prefix}{tag}"
+    root = experiments_dir(repo) / tag
+    if gitops.branch_exists(repo, branch):
+        raise ResearchError(
+            f"branch {branch} already exists: an experiment is a fresh run; pick another --tag"
+        )
+    if root.exists():
+        raise ResearchError(f"{root} already exists; pick another --tag (or remove that folder)")
+    head = gitops.rev_parse(repo, "HEAD")
+    if head is None:
+        raise ResearchError(f"{repo} has no commit yet; commit the files first")
+    _check_files(repo, head, opts)
+    api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
+    # --link adds to the default .venv link (replacing it would break `uv run` in every run)
+    links = [p for p in (".venv",) if (repo / p).is_dir()]
+    links += [p for p in opts.link or [] if p not in links]
+    cfg = ExperimentConfig(
+        tag=tag,
+        branch=branch,
+        edit=opts.edit,
+        protect=opts.protect,
+        command=opts.command,
+        shell=opts.shell,
+        metric=opts.metric,
+        goal=opts.goal,  # type: ignore[arg-type]
+        metric_pattern=opts.metric_regex or metric_pattern(opts.metric),
+        timeout=opts.timeout,
+        gpus=opts.gpus,
+        policy=opts.policy,  # type: ignore[arg-type]
+        noise_k=opts.noise_k,
+        link=links,
+        linger=opts.linger,
+        memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
+        confirm=opts.confirm,
+        protect_sums=_protect_sums(repo, head, opts.protect),
+    )
+    gitops.exclude(repo, "/.gpuswarm/")
+    for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
+        gitops.delete_ref(repo, ref)
+    staging = root.with_name(f".{tag}.init")
+    exports.remove_tree(staging)
+    staging.mkdir(parents=True)
+    paths = ExpPaths(repo, staging)
+    cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
+    save_settings(paths, cfg)
+    append(paths, "init", base=head, branch=branch, tag=tag)
+    append(paths, "mode", mode=opts.mode)
+    write_tsv(paths, cfg, replay(paths))
+    staging.rename(root)  # one rename: an experiment exists whole or not at all
+    gitops.create_branch(repo, branch, head)
+    if opts.checkout:  # the seed's `git checkout -b`: same commit, so index and files stay
+        gitops.git(repo, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
+    atomic_write_text(experiments_dir(repo) / "current", tag + "\n")
+    paths = ExpPaths(repo, root)
+    return {"tag": tag, "branch": branch, "base": head, "dir": str(root), **files_of(paths)}
+
+
+def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
+    if not opts.edit:
+        raise ResearchError("--edit: name at least one file a variant may change, e.g. train.py")
+    for flag, files in (("--edit", opts.edit), ("--protect", opts.protect)):
+        for rel in files:
+            if flag == "--protect" and _untracked_file(repo, head, rel):
+                continue  # a linked data file: protected by its checksum
+            if gitops.blob(repo, head, rel) is None:
+                raise ResearchError(
+                    f"{flag} {rel}: not a file committed at HEAD {gitops.short(head)}; commit "
+                    "it first (paths are relative to the repository root)"
+                )
+    both = set(opts.edit) & set(opts.protect)
+    if both:
+        raise ResearchError(f"{', '.join(sorted(both))}: a file cannot be editable and protected")
+    if opts.confirm < 0:
+        raise ResearchError(f"--confirm {opts.confirm}: the number of re-runs, 0 or more")
+    try:  # what the runner needs must be usable: refused here, never at its every start
+        check_command(opts.command, opts.shell)
+        check_timeout(opts.timeout)
+        for flag, pattern in (
+            ("--metric-regex", opts.metric_regex),
+            ("--memory-regex", opts.memory_regex),
+        ):
+            if pattern is not None:
+                check_pattern(flag, pattern)
+    except ValueError as exc:
+        raise ResearchError(str(exc)) from None
+
+
+def _untracked_file(repo: Path, head: str, rel: str) -> bool:
+    gitops._check_path(rel)
+    return gitops.blob(repo, head, rel) is None and (repo / rel).is_file()
+
+
+def _protect_sums(repo: Path, head: str, protect: list[str]) -> dict[str, str]:
+    """sha256 of each protected file that is not committed (a linked val.bin): a run that
+    writes into it is caught by the checksum after it ends."""
+    return {rel: file_sha256(repo / rel) for rel in protect if _untracked_file(repo, head, rel)}
+
+
+# -- settings ----------------------------------------------------------------------------------
+CHANGEABLE = (
+    "command",
+    "shell",
+    "timeout",
+    "link",
+    "policy",
+    "noise_k",
+    "confirm",
+    "linger",
+    "metric_pattern",
+    "memory_pattern",
+)
+
+
+def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+    """Show the experiment's settings, or change some (journaled as one ``config`` event; they
+    apply to variants queued and decisions made from now on). Works on stored settings a runner
+    could not use, so they can be fixed."""
+    paths = locate(gitops.toplevel(where), tag)
+    with flocked(paths.lock):
+        try:
+            raw: dict[str, Any] = dict(read_json(paths.config))
+        except (OSError, ValueError) as exc:
+            raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
+        unknown = set(changes) - set(CHANGEABLE)
+        if unknown:  # pragma: no cover - the CLI offers only these
+            raise ResearchError(f"cannot change {', '.join(sorted(unknown))}")
+        if "link" in changes:
+            for rel in changes["link"]:
+                gitops._check_path(rel)
+        diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
+        cfg = _validated({**raw, **changes})
+        if diff:
+            save_settings(paths, cfg)
+            append(paths, "config", changes=diff)
+    shown = {k: getattr(cfg, k) for k in ("tag", "branch", "edit", "protect", "metric", "goal")}
+    shown.update({k: getattr(cfg, k) for k in CHANGEABLE})
+    return {"settings": shown, "changed": diff, "file": str(paths.config)}
+
+
+def _validated(merged: dict[str, Any]) -> ExperimentConfig:
+    """The settings as the experiment would store them, or a ResearchError naming the field."""
+    if int(merged.get("confirm", 0)) < 0:
+        raise ResearchError(f"--confirm {merged['confirm']}: the number of re-runs, 0 or more")
+    try:
+        return ExperimentConfig.model_validate(merged)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{str(e['msg']).removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ResearchError(problems) from None

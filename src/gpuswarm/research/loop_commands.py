@@ -1,0 +1,125 @@
+"""``gpuswarm research loop | stop | _serve``: the autonomous loop, stopping the background
+runner, and the runner itself (hidden: started by the other commands)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuswarm.core.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_UNFINISHED,
+    GpuswarmError,
+    ResearchError,
+)
+from gpuswarm.research import runner, session, views
+from gpuswarm.research.agent import AgentOptions, AgentProposer
+from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
+from gpuswarm.research.experiment import ExpPaths, load_settings
+from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.proposers import MutateProposer, Proposer
+from gpuswarm.ui.terminal import is_terminal
+
+
+@click.command()
+@experiment_options
+@handle_errors
+def stop(where: Path, tag: str | None, as_json: bool) -> None:
+    """Stop the background runner; running variants go back to the queue (next command resumes)."""
+    exp = session.Experiment.open(where, tag)
+    n = runner.stop_runner(exp.paths)
+    emit(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
+
+
+@click.command()
+@click.option(
+    "--proposer", type=click.Choice(["mutate", "agent"]), default="mutate", show_default=True
+)
+@click.option("--mode", type=click.Choice(["async", "rounds"]), default="async", show_default=True)
+@click.option("--max-experiments", type=int, help="stop after starting this many variants")
+@click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
+@click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
+@click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
+@click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
+@click.option(
+    "--mutate",
+    "mutate",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: only these settings (repeat; globs: 'lr*', 'betas', 'GPTConfig.n_layer')",
+)
+@click.option(
+    "--mutate-exclude",
+    multiple=True,
+    metavar="NAME",
+    help="mutate: never these settings (repeat; globs: 'seed', '*_interval')",
+)
+@click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
+@click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
+@click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
+@click.option("--agent-timeout", default="15m", show_default=True)
+@click.option("--agent-max-failures", default=5, show_default=True)
+@click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
+@experiment_options
+@handle_errors
+def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
+    """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
+    exp = session.Experiment.open(where, tag)
+    proposer: Proposer
+    if kw["proposer"] == "agent":
+        if not kw["agent_command"]:
+            raise ResearchError("--proposer agent needs --agent-command (e.g. an LLM agent's CLI)")
+        opts = AgentOptions(
+            command=kw["agent_command"],
+            program=kw["program"],
+            timeout=flag_duration("--agent-timeout", kw["agent_timeout"]) or 900.0,
+            max_failures=kw["agent_max_failures"],
+            shell=kw["agent_shell"],
+        )
+        proposer = AgentProposer(exp.paths, exp.cfg, opts)
+    else:
+        proposer = MutateProposer(
+            exp.paths,
+            exp.cfg,
+            kw["seed"],
+            include=tuple(kw["mutate"]),
+            exclude=tuple(kw["mutate_exclude"]),
+        )
+        proposer.check(exp.settle())  # nothing to propose: exit 2 saying why, before anything
+    loop_opts = LoopOptions(
+        mode=kw["mode"],
+        max_experiments=kw["max_experiments"],
+        duration=flag_duration("--for", kw["duration"]),
+        lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
+        proposers=max(1, kw["proposers"]),
+    )
+    if as_json:
+        data = run_loop(exp, proposer, loop_opts, lambda _: None)
+    elif kw["plain"] or not is_terminal(sys.stderr):
+        data = run_loop(
+            exp, proposer, loop_opts, lambda text: click.echo(f"{views.stamp()} {text}")
+        )
+    else:
+        data = views.run_loop_live(exp, proposer, loop_opts)
+    emit(as_json, data, views.show_loop)
+    if data["made"] == 0 and data.get("exhausted"):
+        raise ResearchError(f"the loop started nothing: {data['exhausted']}")
+    if data["left_running"]:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@click.command("_serve", hidden=True)
+@click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+def serve(root: Path) -> None:
+    """The background runner of an experiment (started by the other commands)."""
+    root = root.resolve()
+    paths = ExpPaths(root.parents[2], root)
+    try:
+        sys.exit(runner.serve(paths, load_settings(paths)))
+    except GpuswarmError as exc:
+        click.echo(f"gpuswarm research runner: error: {exc}", err=True)
+        sys.exit(exc.exit_code if exc.exit_code != EXIT_BAD_INPUT else EXIT_UNFINISHED)

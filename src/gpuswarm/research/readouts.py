@@ -1,0 +1,197 @@
+"""Waiting for variants and looking at an experiment: wait (any / all, reporting each finished
+variant once), status, the full log, progress.png and report.html. Plain data back, as the
+other research commands."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.research import executor, runner, variants
+from gpuswarm.research.experiment import ExperimentConfig, flocked
+from gpuswarm.research.journal import State, append, replay
+from gpuswarm.research.session import Experiment, files_of
+from gpuswarm.research.settle import seal_round, settle_locked
+
+WAIT_POLL_SECONDS = 0.2
+RUNNER_CHECK_SECONDS = 2.0
+
+
+def wait(
+    exp: Experiment,
+    *,
+    mode: str = "all",
+    timeout: float | None = None,
+    ids: list[str] | None = None,
+) -> dict[str, Any]:
+    """Block until any / all of the variants in flight (or ``ids``) are recorded; report them,
+    and those recorded since the last wait, once."""
+    with flocked(exp.paths.lock):
+        state = settle_locked(exp.paths, exp.cfg)
+        seal_round(exp.paths, state)  # the agent's round ends with its wait
+    fresh = [v.id for v in state.variants.values() if v.finished is None or not v.seen]
+    targets = ids or fresh
+    for vid in targets:
+        if vid not in state.variants:
+            raise ResearchError(f"no variant {vid} in experiment {exp.cfg.tag}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    looked = 0.0
+    watch = runner.RunnerWatch(exp.paths, exp.cfg)
+    while True:
+        done = [t for t in targets if state.variants[t].finished is not None]
+        if (mode == "any" and done) or len(done) == len(targets):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        if time.monotonic() - looked > RUNNER_CHECK_SECONDS:
+            watch.check()  # e.g. after `research stop` or a crash
+            looked = time.monotonic()
+        time.sleep(WAIT_POLL_SECONDS)
+        if executor.finished_ids(exp.paths, exp.cfg) & (set(targets) - set(done)):
+            state = exp.settle()
+            watch.progressed()
+    state = exp.settle()
+    finished = [state.variants[t].view() for t in targets if state.variants[t].finished]
+    if finished:
+        append(exp.paths, "seen", ids=[v["id"] for v in finished])
+    return {
+        **_headline(exp, state),
+        "finished": finished,
+        "waiting": [t for t in targets if state.variants[t].finished is None],
+        "timed_out": any(state.variants[t].finished is None for t in targets),
+    }
+
+
+def _headline(exp: Experiment, state: State) -> dict[str, Any]:
+    return {
+        "tag": exp.cfg.tag,
+        "branch": exp.cfg.branch,
+        "base": state.base,
+        "best": state.best,
+        "metric": exp.cfg.metric,
+        "goal": exp.cfg.goal,
+        "mode": state.mode,
+        "round": state.round,
+        "files": variants.files_case(exp.paths, exp.cfg, state),
+    }
+
+
+def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
+    state = exp.settle()
+    now = time.time()
+    live = executor.running(exp.paths, exp.cfg)
+    in_flight = []
+    for v in state.in_flight():
+        run = live.get(v.id)
+        in_flight.append(
+            {
+                **v.view(),
+                "status": "running" if run else "queued",  # one state field, never two
+                "slot": run["slot"] if run else None,
+                "elapsed": round(now - run["since"], 1) if run else None,
+            }
+        )
+    undecided = [v.view() for v in state.undecided() if v.finished is not None]
+    return {
+        **_headline(exp, state),
+        "best_recorded": best_recorded(exp.cfg, state),
+        "experiments": len(state.rows),
+        "kept": sum(1 for r in state.rows if r[3] == "keep"),
+        "in_flight": in_flight,
+        "undecided": undecided,
+        "last": [
+            {
+                "id": vid,
+                "commit": r[0],
+                "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
+                "memory_gb": float(r[2]),
+                "status": r[3],
+                "description": r[4],
+            }
+            for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
+            if last > 0
+        ],
+        "runner": bool(runner.runner_pids(exp.paths)),
+        "timeout": exp.cfg.timeout,
+        **files_of(exp.paths),
+    }
+
+
+def best_recorded(cfg: ExperimentConfig, state: State) -> dict[str, Any] | None:
+    """The best metric any run measured (kept or not): BASE's metric is what the policy kept,
+    this is what was seen (a lucky re-run, a discarded winner under noise-aware)."""
+    runs = [v for v in state.variants.values() if v.finished and v.finished.get("ok")]
+    runs = [v for v in runs if v.finished and v.finished.get("metric") is not None]
+    if not runs:
+        return None
+    sign = 1.0 if cfg.goal == "min" else -1.0
+    top = min(runs, key=lambda v: sign * float((v.finished or {})["metric"]))
+    return {
+        "id": top.id,
+        "metric": float((top.finished or {})["metric"]),
+        "status": top.status,
+        "commit": top.commit,
+    }
+
+
+def log(exp: Experiment) -> dict[str, Any]:
+    """Every variant with every field the ledger has: host, times, the summary block, diff
+    stats, the log tail and path, the decision and its reason, the proposer's notes."""
+    state = exp.settle()
+    out = []
+    for v in state.variants.values():
+        fin = v.finished or {}
+        out.append(
+            {
+                **v.view(),
+                "source": v.source,
+                "origin": v.origin,
+                "meta": v.meta,
+                "host": fin.get("host"),
+                "started": fin.get("started"),
+                "ended": fin.get("ended"),
+                "exit": fin.get("exit"),
+                "summary": fin.get("summary") or {},
+                "diff": fin.get("diff"),
+                "tail": fin.get("tail") or "",
+                "decision": None
+                if v.decision is None
+                else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
+            }
+        )
+    return {**_headline(exp, state), "variants": out}
+
+
+def plot(exp: Experiment, output: Path | None = None) -> Path:
+    from gpuswarm.research.plot import PlotRow, progress_png
+
+    state = exp.settle()
+    rows = [
+        PlotRow(
+            metric=None if r[3] == "crash" else float(r[1]),
+            status=r[3],
+            description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
+        )
+        for r in state.rows
+    ]
+    return progress_png(
+        rows,
+        output or exp.paths.progress_png,
+        metric=exp.cfg.metric,
+        goal=exp.cfg.goal,
+        title=f"autoresearch/{exp.cfg.tag}",
+        best=state.best,  # as the report and status say it (the mean of repeated baselines)
+    )
+
+
+def report(exp: Experiment) -> dict[str, str]:
+    """progress.png and report.html of the experiment as it stands."""
+    from gpuswarm.research.report import write_research_report
+
+    png = plot(exp)
+    state = replay(exp.paths)
+    html = write_research_report(exp.paths, exp.cfg, state, png)
+    return {"plot": str(png), "report": str(html), "results": str(exp.paths.results_tsv)}
