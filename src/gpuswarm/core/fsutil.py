@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 
+from gpuswarm.core import faults
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside ``path`` durable."""
@@ -94,6 +96,7 @@ def atomic_write_bytes(
             tmp.unlink()
         raise
     os.close(fd)
+    faults.point("fsutil.temp_written", path=path, data=data)
     if fenced:
         replace_existing(tmp, path)
     else:

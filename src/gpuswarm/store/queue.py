@@ -34,6 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError, QueueError
 from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact
 from gpuswarm.core.paths import STATES, RunPaths
@@ -230,6 +231,7 @@ class DirQueue:
                 name = heapq.heappop(self._heap)
             claimed = self._try_claim(name, owner, slot)
             if claimed is not None:
+                faults.point("queue.claimed")
                 return claimed
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
@@ -290,6 +292,7 @@ class DirQueue:
         claimed.data["state"] = state.value
         claimed.data["moved_from"] = claimed.path.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
+        faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
         dst = self.paths.state_dir(state.value) / claimed.name
