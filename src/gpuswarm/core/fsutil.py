@@ -79,11 +79,12 @@ def atomic_write_bytes(
     ``path`` is gone. Then FileNotFoundError is raised and nothing was written.
     """
     tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
-    if fenced:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()  # a write of this thread that a crash cut short; O_EXCL below
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if fenced else os.O_TRUNC)
-    fd = os.open(tmp, flags, mode)
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:  # fenced: a write of this thread that a crash cut short
+        tmp.unlink()
+        fd = os.open(tmp, flags, mode)
     try:
         view = memoryview(data)
         while view:
