@@ -30,6 +30,8 @@ from rich.console import Console
 
 from gpuswarm.ui.liveview import LiveView, SlotRow, ViewState
 
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
+
 Cli = Callable[..., CliResult]
 MARK = "S3cret"  # every planted secret contains it
 
