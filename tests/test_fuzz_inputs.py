@@ -379,6 +379,7 @@ def _run_cli(base: Path, *args: str, stdin: bytes | None = None) -> None:
     assert not list(base.rglob("PWNED")), "a placeholder value ran as shell code"
 
 
+@pytest.mark.slow  # runs the CLI per example
 @pytest.mark.timeout(60 + 30 * CLI_EXAMPLES)
 @CLI_FUZZ
 @given(data=_configs(SAFE_COMMANDS, safe=True))
@@ -389,6 +390,7 @@ def test_cli_run_exits_0_1_or_2(data: Any) -> None:
         _run_cli(base, "run", "fuzz.yaml", "--gpus", "sim:1", "-q", "--no-report")
 
 
+@pytest.mark.slow  # runs the CLI per example
 @pytest.mark.timeout(60 + 30 * CLI_EXAMPLES)
 @CLI_FUZZ
 @given(

@@ -1,5 +1,5 @@
-"""Tests for gpuswarm.placement.gpus: discovery with fake NVML / tool outputs, --gpus, slots,
-isolation."""
+"""Tests for gpuswarm.placement (gpus, probes, devices): discovery with fake NVML / tool outputs,
+--gpus, slots, isolation."""
 
 from __future__ import annotations
 
@@ -11,20 +11,16 @@ from typing import Any
 import pytest
 
 from gpuswarm.core.errors import EXIT_BAD_INPUT, GpuSpecError
-from gpuswarm.placement import gpus
+from gpuswarm.placement import probes
+from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, format_ids
 from gpuswarm.placement.gpus import (
-    Gpu,
-    GpuSet,
     Slot,
-    Vendor,
     discover,
-    format_ids,
     isolation_env,
-    nvml_gpus,
     parse_gpu_spec,
     plan_slots,
-    run_tool,
 )
+from gpuswarm.placement.probes import nvml_gpus, run_tool
 
 GIB = 1024**3
 H100 = "NVIDIA H100 80GB HBM3"
@@ -172,7 +168,7 @@ class FakeRun:
         return self.outputs.get(tuple(argv))
 
 
-NVIDIA_SMI = tuple(gpus.NVIDIA_SMI_ARGV)
+NVIDIA_SMI = tuple(probes.NVIDIA_SMI_ARGV)
 AMD_SMI_JSON = ("amd-smi", "list", "--json")
 AMD_SMI_TEXT = ("amd-smi", "list")
 ROCM_SMI = ("rocm-smi", "--showid")
@@ -350,7 +346,7 @@ def test_run_tool_returns_stdout() -> None:
 def test_run_tool_missing_failing_and_hanging_tools(monkeypatch: pytest.MonkeyPatch) -> None:
     assert run_tool(["gpuswarm-no-such-tool-3f9a"]) is None
     assert run_tool(["false"]) is None
-    monkeypatch.setattr(gpus, "RUN_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(probes, "RUN_TIMEOUT_S", 0.2)
     assert run_tool(["sleep", "5"]) is None
 
 

@@ -222,6 +222,7 @@ def _cli(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.slow  # runs the CLI
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_bad_config_through_the_cli(tmp_path: Path, case: str) -> None:
     path = _config(tmp_path, BAD_CONFIGS[case], f"{case}.yaml")

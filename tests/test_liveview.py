@@ -131,6 +131,7 @@ def test_pipes_are_not_terminals() -> None:
     assert not is_terminal(io.StringIO())
 
 
+@pytest.mark.slow  # runs the CLI
 @pytest.mark.timeout(60)
 def test_watch_follows_a_run_in_another_process(tmp_path: Path) -> None:
     cmds = tmp_path / "cmds.txt"

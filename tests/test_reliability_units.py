@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.paths import RunPaths
@@ -113,6 +115,7 @@ def test_check_finds_and_repairs(tmp_path: Path) -> None:
     assert "lost" in {f["kind"] for f in lost["findings"]}
 
 
+@pytest.mark.slow  # runs the CLI
 def test_check_cli_exit_codes(tmp_path: Path) -> None:
     paths = new_run(tmp_path, [spec("a")])
     ok = subprocess.run(

@@ -16,115 +16,52 @@ time it reaches POINT:
   over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``).
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
+Each point arms a named fault point of ``gpuswarm.core.faults`` (the code calls
+``faults.point(NAME)`` at that moment): a point that was moved keeps its name, and a name the code
+no longer declares fails loudly instead of never firing.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
-import threading
-from pathlib import Path
 from typing import Any
 
-POINT = ""
+from gpuswarm.core import faults
 
 
-def _die() -> None:
-    sys.stderr.write(f"crashpoint: SIGKILL at {POINT}\n")
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+def _in_running_with_state(state: str) -> faults.Predicate:
+    def when(ctx: dict[str, Any]) -> bool:
+        path, data = ctx["path"], ctx["data"]
+        return bool(path.parent.name == "running" and json.loads(data).get("state") == state)
 
-
-class Trigger:
-    def __init__(self, nth: int) -> None:
-        self.nth = nth
-        self.count = 0
-        self.lock = threading.Lock()
-
-    def hit(self) -> None:
-        with self.lock:
-            self.count += 1
-            if self.count == self.nth:
-                _die()
-
-
-def _at_emit(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm.store import ledger
-
-    ev, _, match = rest.partition(":")
-    key, _, value = match.partition("=")
-    emit = ledger.Ledger.emit
-
-    def patched_emit(self: ledger.Ledger, e: ledger.Ev, **fields: Any) -> dict[str, Any]:
-        hit = e.value == ev and (not key or str(fields.get(key)) == value)
-        if hit and kind == "emit":
-            trigger.hit()
-        record = emit(self, e, **fields)
-        if hit and kind == "emitted":
-            trigger.hit()
-        return record
-
-    ledger.Ledger.emit = patched_emit  # type: ignore[method-assign,assignment]
-
-
-def _at_claim(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm.store import queue
-
-    try_claim = queue.DirQueue._try_claim
-
-    def patched_claim(self: queue.DirQueue, name: str, owner: str, slot: int) -> Any:
-        got = try_claim(self, name, owner, slot)
-        if got is not None:
-            trigger.hit()
-        return got
-
-    queue.DirQueue._try_claim = patched_claim  # type: ignore[method-assign]
-
-
-def _at_write(kind: str, rest: str, trigger: Trigger) -> None:
-    from gpuswarm.store import queue
-
-    write = queue.atomic_write_bytes  # type: ignore[attr-defined]  # queue's own import
-
-    def patched_write(path: Path, data: bytes, **kw: Any) -> None:
-        hit = path.parent.name == "running" and json.loads(data).get("state") == rest
-        if hit and kind == "temp-left":
-            # what fsutil.atomic_write_bytes has done when it is killed before its os.replace
-            tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
-            tmp.write_bytes(data)
-            trigger.hit()
-        write(path, data, **kw)
-        if hit and kind == "state-written":
-            trigger.hit()
-
-    queue.atomic_write_bytes = patched_write  # type: ignore[attr-defined]
-
-
-INSTALLERS = {
-    "emit": _at_emit,
-    "emitted": _at_emit,
-    "claimed": _at_claim,
-    "temp-left": _at_write,
-    "state-written": _at_write,
-}
+    return when
 
 
 def install(point: str) -> None:
-    point, _, nth = point.partition("#")
-    kind, _, rest = point.partition(":")
-    if kind not in INSTALLERS:
+    """Arm the fault point that ``point`` (the grammar of the module docstring) names."""
+    spec, _, nth = point.partition("#")
+    kind, _, rest = spec.partition(":")
+    count = f"#{nth}" if nth else ""
+    if kind in ("emit", "emitted"):
+        ev, _, match = rest.partition(":")
+        query = "&".join(filter(None, [f"ev={ev}", match]))
+        where = "before" if kind == "emit" else "after"
+        faults.arm(f"ledger.emit.{where}?{query}:kill{count}")
+    elif kind == "claimed" and not rest:
+        faults.arm(f"queue.claimed:kill{count}")
+    elif kind == "state-written":
+        faults.arm(f"queue.move.saved?state={rest}:kill{count}")
+    elif kind == "temp-left":
+        faults.arm(f"fsutil.temp_written:kill{count}", when=_in_running_with_state(rest))
+    else:
         raise SystemExit(f"crashpoint: unknown point {point!r}")
-    INSTALLERS[kind](kind, rest, Trigger(int(nth or 1)))
 
 
 def main() -> None:
     if len(sys.argv) < 3 or sys.argv[2] != "--":
         raise SystemExit(__doc__)
-    global POINT
-    POINT = sys.argv[1]
-    install(POINT)
+    install(sys.argv[1])
     from gpuswarm.cli import main as cli_main
 
     sys.argv = ["gpuswarm", *sys.argv[3:]]

@@ -47,9 +47,15 @@ def scale(default: int, var: str) -> int:
 
 
 def base_seed() -> int:
-    """``GPUSWARM_CHAOS_SEED`` or a fresh random one (logged in the report header)."""
+    """``GPUSWARM_CHAOS_SEED`` or a fresh random one (logged in the report header), the same in
+    every xdist worker of a session."""
     raw = os.environ.get("GPUSWARM_CHAOS_SEED", "").strip()
-    return int(raw) if raw else random.SystemRandom().randrange(1, 10**6)
+    if raw:
+        return int(raw)
+    run_uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one per session, the same in every
+    if run_uid:  # xdist worker: they must collect the same seeded test ids
+        return random.Random(run_uid).randrange(1, 10**6)
+    return random.SystemRandom().randrange(1, 10**6)
 
 
 BASE_SEED = base_seed()  # one per session: conftest logs it, every scenario derives from it

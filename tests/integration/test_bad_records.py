@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from cli_driver import CliResult, cli_argv, cli_env, find_runs, wait_for_run
 
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
+
 Cli = Callable[..., CliResult]
 
 

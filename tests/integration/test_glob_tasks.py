@@ -16,8 +16,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_driver import CliResult, find_runs, run_cli
 from integration_support import queue_files
+
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
 
 KERNELS: dict[str, dict[str, Any]] = {
     "hip2hip/gpumode/GELU": {"performance_timeout": 1, "kernel": "gelu"},

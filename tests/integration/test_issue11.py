@@ -6,6 +6,7 @@ Every test drives the real CLI on simulated GPUs and judges by what is on disk a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 from cli_driver import CliProcess, CliResult, read_events, wait_for, wait_for_run
@@ -626,6 +628,20 @@ def test_a_resume_with_a_fresh_budget_counts_attempts_from_1(tmp_path: Path, gpu
     assert "(attempt 1/2)" in again.stderr and "3/2" not in again.stderr, again
 
 
+def _wait_until_idle(pid: int, timeout: float = 30.0) -> None:
+    """Until the process's CPU time stops growing (it sleeps in its loop, imports done)."""
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    last = -1.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            used = sum(proc.cpu_times()[:2])
+            if used - last < 0.02:
+                return
+            last = used
+        time.sleep(0.3)
+
+
 def test_watch_interrupted_says_it_stopped_watching(
     tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
 ) -> None:
@@ -648,6 +664,7 @@ def test_watch_interrupted_says_it_stopped_watching(
     run = wait_for_run(tmp_path / "runs")
     watcher = gpuswarm_popen("watch", run, "--plain")
     time.sleep(1.5)
+    _wait_until_idle(watcher.pid)  # past its imports (a loaded machine: xdist workers)
     watcher.send(signal.SIGINT)
     res = watcher.wait(30)
     assert res.returncode == 130, res

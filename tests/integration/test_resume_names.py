@@ -13,11 +13,14 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from cli_driver import find_runs, read_events, run_cli, start_cli, wait_for, wait_for_run
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.queue import DirQueue
+
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
 
 
 def _config(folder: Path, name: str, command: str = "true") -> Path:

@@ -32,6 +32,8 @@ from gpuswarm.core.runview import RunView as ViewState
 from gpuswarm.core.runview import SlotRow
 from gpuswarm.ui.table import LiveView
 
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
+
 Cli = Callable[..., CliResult]
 MARK = "S3cret"  # every planted secret contains it
 

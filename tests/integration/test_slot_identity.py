@@ -15,11 +15,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cli_driver import read_events, run_cli, start_cli, wait_for, wait_for_run
 from integration_support import queue_files
 
 from gpuswarm.core.paths import slugify
 from gpuswarm.store.leases import host_slug
+
+pytestmark = pytest.mark.slow  # CLI processes: part of CI, not of the fast suite
 
 TASKS = 18
 

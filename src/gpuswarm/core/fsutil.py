@@ -14,6 +14,8 @@ from typing import Any
 
 import psutil
 
+from gpuswarm.core import faults
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside ``path`` durable."""
@@ -77,11 +79,12 @@ def atomic_write_bytes(
     ``path`` is gone. Then FileNotFoundError is raised and nothing was written.
     """
     tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
-    if fenced:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()  # a write of this thread that a crash cut short; O_EXCL below
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if fenced else os.O_TRUNC)
-    fd = os.open(tmp, flags, mode)
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:  # fenced: a write of this thread that a crash cut short
+        tmp.unlink()
+        fd = os.open(tmp, flags, mode)
     try:
         view = memoryview(data)
         while view:
@@ -94,6 +97,7 @@ def atomic_write_bytes(
             tmp.unlink()
         raise
     os.close(fd)
+    faults.point("fsutil.temp_written", path=path, data=data)
     if fenced:
         replace_existing(tmp, path)
     else:

@@ -15,6 +15,7 @@ import select
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuswarm.core.taskfiles import RDWR_FLAGS, open_regular, read_tail
 
@@ -107,6 +108,8 @@ _SPLICE = getattr(os, "splice", None)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _PIPE_SIZE = 1 << 20  # the default /proc/sys/fs/pipe-max-size: no privilege needed
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+_EPOLL = hasattr(select, "epoll")
+_READABLE = select.EPOLLIN if _EPOLL else select.POLLIN
 
 
 class LogSink:
@@ -114,7 +117,7 @@ class LogSink:
 
     def __init__(self, read_fd: int, write_fd: int, log_fd: int, limit: int) -> None:
         self.read_fd = read_fd
-        self.write_fd = write_fd  # the child's stdout and stderr; closed once it is started
+        self.write_fd = write_fd  # the child's stdout and stderr; held until finish()
         self.log_fd = log_fd
         self.limit = max(1, limit)
         self.size = os.fstat(log_fd).st_size
@@ -196,15 +199,18 @@ class LogPump:
     ``output.log`` by a FIFO or a symlink changes nothing of what is written where. When an
     attempt ends, :meth:`finish` drains what is left in its pipe (in the caller's thread), so
     the log is complete before it is read for metrics, the OOM check and the tail.
+
+    The thread wakes only when a task prints: pipes are watched with epoll, which sees a pipe
+    registered or removed by another thread at once (no wake-up per attempt), and the sink
+    holds the write end until :meth:`finish`, so a task's exit is no hang-up event either.
     """
 
     def __init__(self) -> None:
-        self._poller = select.poll()
+        self._poller: Any = select.epoll() if _EPOLL else select.poll()
         self._sinks: dict[int, LogSink] = {}
-        self._closing: list[LogSink] = []
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poller.register(self._wake_r, select.POLLIN)
+        self._poller.register(self._wake_r, _READABLE)
         self._stopping = False
         self._thread: threading.Thread | None = None
 
@@ -215,19 +221,22 @@ class LogPump:
     def add(self, log_fd: int, limit: int) -> LogSink:
         """A pipe whose write end becomes an attempt's stdout/stderr; takes ``log_fd``."""
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(read_fd, False)
+        os.set_blocking(read_fd, False)  # the read end only: the task's writes block
         with contextlib.suppress(OSError):  # room for what a task prints while nobody reads
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
         sink = LogSink(read_fd, write_fd, log_fd, limit)
         with self._lock:
             self._sinks[read_fd] = sink
-            self._poller.register(read_fd, select.POLLIN)
-        self._wake()
+            self._poller.register(read_fd, _READABLE)
+        if not _EPOLL:
+            self._wake()  # poll() watches the new pipe from its next call only
         return sink
 
     def finish(self, sink: LogSink) -> None:
-        """The attempt has ended: drain its pipe into the log now, then let the pump close it
-        (a writer left outside our process tree is not read from then on)."""
+        """The attempt has ended: drain its pipe into the log now, then close it (a writer
+        left outside our process tree is not read from then on). The pump thread stops
+        watching it first, so closing the write end wakes nobody."""
+        self._unwatch(sink)
         sink.close_write_end()
         with sink.lock:
             if sink.closed:
@@ -240,13 +249,9 @@ class LogPump:
                 if not more:
                     break
             sink.closed = True
-        with self._lock:
-            self._closing.append(sink)
-            running = self._thread is not None and self._thread.is_alive()
-        if running:
-            self._wake()
-        else:
-            self._close_finished()
+        for fd in (sink.read_fd, sink.log_fd):  # unwatched: a poll() in flight that still
+            with contextlib.suppress(OSError):  # reports the number finds no sink, or the
+                os.close(fd)  # new one that reuses it, by a lookup under the lock
 
     def stop(self) -> None:
         """End the pump thread; sinks never finished are drained and closed."""
@@ -258,7 +263,6 @@ class LogPump:
         self._wake()
         if self._thread is not None:
             self._thread.join()
-        self._close_finished()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -267,17 +271,12 @@ class LogPump:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
-    def _close_finished(self) -> None:
+    def _unwatch(self, sink: LogSink) -> None:
         with self._lock:
-            closing, self._closing = self._closing, []
-            for sink in closing:
-                if self._sinks.pop(sink.read_fd, None) is not None:
-                    with contextlib.suppress(KeyError, ValueError):
-                        self._poller.unregister(sink.read_fd)
-        for sink in closing:  # only here, after unregistering: the numbers may be reused
-            for fd in (sink.read_fd, sink.log_fd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            if self._sinks.get(sink.read_fd) is sink:
+                del self._sinks[sink.read_fd]
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._poller.unregister(sink.read_fd)
 
     def _run(self) -> None:
         while not self._stopping:
@@ -287,7 +286,7 @@ class LogPump:
                 time.sleep(0.01)
 
     def _pass(self) -> None:
-        """One poll: move what is ready, close what finish() handed over."""
+        """One poll: move what is ready."""
         for fd, _ in self._poller.poll():
             if fd == self._wake_r:
                 with contextlib.suppress(OSError):
@@ -303,8 +302,8 @@ class LogPump:
                         sink.pump()
                     except OSError:  # the pipe itself broke: nothing more comes from it
                         sink.eof = True
-                quiet = sink.eof
+                quiet = sink.eof and not sink.closed
             if quiet:  # EOF polls readable for ever: stop watching it until finish()
-                with self._lock, contextlib.suppress(KeyError, ValueError):
-                    self._poller.unregister(fd)
-        self._close_finished()
+                with self._lock, contextlib.suppress(KeyError, ValueError, OSError):
+                    if self._sinks.get(fd) is sink:
+                        self._poller.unregister(fd)

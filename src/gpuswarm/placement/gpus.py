@@ -2,7 +2,8 @@
 
 GPU ids are *host* ids, as ``nvidia-smi`` / ``rocm-smi`` print them. ``--gpus auto`` asks NVML
 (``pynvml``), ``nvidia-smi``, ``amd-smi list`` (JSON, then text) and ``rocm-smi --showid``, in
-that order; the first that finds a GPU wins. If gpuswarm itself runs with
+that order (the backends and their parsers: :mod:`gpuswarm.placement.probes`; the records:
+:mod:`gpuswarm.placement.devices`); the first that finds a GPU wins. If gpuswarm itself runs with
 ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or ``ROCR_VISIBLE_DEVICES`` (AMD) set, e.g. in a Slurm job,
 ``auto`` keeps only the GPUs listed there, read as host ids or GPU UUID (prefixes), and explicit
 ids are checked against that set. An empty value counts as unset; one that cannot be mapped
@@ -23,30 +24,21 @@ Environment of one attempt (:func:`isolation_env`), replacing the supervisor's v
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import json
 import os
 import re
-import shutil
-import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, TypeAlias
+from typing import Any
 
 from gpuswarm.core.errors import GpuSpecError
-
-Runner: TypeAlias = Callable[[list[str]], "str | None"]
+from gpuswarm.placement.devices import Gpu as Gpu  # re-exported: callers import them from here
+from gpuswarm.placement.devices import GpuSet as GpuSet
+from gpuswarm.placement.devices import Vendor as Vendor
+from gpuswarm.placement.devices import as_int
+from gpuswarm.placement.probes import Runner, find_gpus, run_tool
 
 SIM_MAX = 1024
-RUN_TIMEOUT_S = 20.0
-NVIDIA_SMI_ARGV = [
-    "nvidia-smi",
-    "--query-gpu=index,name,uuid,memory.total",
-    "--format=csv,noheader,nounits",
-]
 SPEC_FORMS = (
     "use 'auto', GPU ids such as '0,1,2', ranges such as '0-3' or '0,2-3', "
     "or 'sim:N' to simulate N GPUs"
@@ -55,45 +47,8 @@ NO_GPU_MESSAGE = (
     "no GPU was found by NVML, nvidia-smi, amd-smi or rocm-smi; "
     "pass --gpus sim:N to simulate N GPUs, or --gpus 0,1 to name the GPUs to use"
 )
-_INT_RE = re.compile(r"[0-9]+")
 _RANGE_RE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
 _SIM_RE = re.compile(r"sim:\s*(\S*)", re.IGNORECASE)
-_ROCM_LINE_RE = re.compile(r"^GPU\[([0-9]+)\]\s*:\s*([^:]+?)\s*:\s*(.*?)\s*$", re.MULTILINE)
-_AMD_TEXT_GPU_RE = re.compile(r"^GPU:\s*([0-9]+)\s*$")
-_AMD_TEXT_UUID_RE = re.compile(r"^\s+UUID:\s*(\S+)\s*$")
-
-
-class Vendor(str, Enum):
-    NVIDIA = "nvidia"
-    AMD = "amd"
-    SIM = "sim"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int  # host GPU id as nvidia-smi / rocm-smi print it
-    name: str
-    vendor: Vendor
-    uuid: str | None = None
-    memory_mb: int | None = None
-
-
-@dataclass(frozen=True)
-class GpuSet:
-    vendor: Vendor
-    gpus: tuple[Gpu, ...]
-    spec: str  # the spec string it came from, e.g. "auto", "0,1", "sim:4"
-
-    @property
-    def ids(self) -> tuple[int, ...]:
-        return tuple(g.index for g in self.gpus)
-
-    def describe(self) -> str:
-        """``"GPUs 0-3 (NVIDIA H100 80GB HBM3)"``, ``"GPUs 0-2 (2x A, 1x B)"``: for messages."""
-        counts = Counter(g.name for g in self.gpus)
-        names = ", ".join(f"{n}x {name}" if len(counts) > 1 else name for name, n in counts.items())
-        noun = "GPU" if len(self.gpus) == 1 else "GPUs"
-        return f"{noun} {format_ids(sorted(self.ids))} ({names})"
 
 
 @dataclass(frozen=True)
@@ -121,167 +76,11 @@ def slot_id(host: str, gpu_ids: Sequence[int], share: int) -> str:
     return f"{base}.{share}" if share else base
 
 
-def format_ids(ids: Iterable[int]) -> str:
-    """Ids in the order given, consecutive runs folded: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    runs: list[list[int]] = []
-    for i in ids:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-# -- running tools
-def run_tool(argv: list[str]) -> str | None:
-    """stdout of ``argv``, or None when the tool is missing, fails or times out. No shell."""
-    exe = shutil.which(argv[0])
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run(
-            [exe, *argv[1:]],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def _as_int(text: str) -> int | None:
-    text = text.strip()
-    return int(text) if _INT_RE.fullmatch(text) else None
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").strip()
-    return str(value).strip()
-
-
-# -- NVML
-def _nvml_gpu(nvml: Any, index: int, errors: tuple[type[BaseException], ...]) -> Gpu:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    name = _text(nvml.nvmlDeviceGetName(handle))
-    uuid: str | None = None
-    memory_mb: int | None = None
-    with contextlib.suppress(*errors):
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle)) or None
-    with contextlib.suppress(*errors):
-        memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
-    return Gpu(index, name or "NVIDIA GPU", Vendor.NVIDIA, uuid, memory_mb)
-
-
-def nvml_gpus(nvml: Any = None) -> list[Gpu]:
-    """GPUs NVML reports; [] when pynvml is missing or NVML fails (no driver, no GPU)."""
-    if nvml is None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError:
-            return []
-    errors: tuple[type[BaseException], ...] = (getattr(nvml, "NVMLError", OSError), OSError)
-    try:
-        nvml.nvmlInit()
-    except errors:
-        return []
-    try:
-        return [_nvml_gpu(nvml, i, errors) for i in range(int(nvml.nvmlDeviceGetCount()))]
-    except errors:
-        return []
-    finally:
-        with contextlib.suppress(*errors):
-            nvml.nvmlShutdown()
-
-
-# -- tool output parsers
-def parse_nvidia_smi(out: str) -> list[Gpu]:
-    """``index, name, uuid, memory.total`` CSV lines (noheader, nounits)."""
-    gpus: list[Gpu] = []
-    for line in out.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        index = _as_int(parts[0])
-        if len(parts) < 4 or index is None:
-            continue
-        uuid = parts[-2] if parts[-2] and not parts[-2].startswith("[") else None
-        name = ", ".join(parts[1:-2]) or "NVIDIA GPU"
-        gpus.append(Gpu(index, name, Vendor.NVIDIA, uuid, _as_int(parts[-1])))
-    return gpus
-
-
-def parse_amd_smi_json(out: str) -> list[Gpu]:
-    """``amd-smi list --json``: a list of ``{"gpu": 0, "bdf": ..., "uuid": ...}`` objects."""
-    starts = [i for i in (out.find("["), out.find("{")) if i >= 0]
-    if not starts:
-        return []
-    try:
-        data, _ = json.JSONDecoder().raw_decode(out, min(starts))
-    except ValueError:
-        return []
-    if isinstance(data, dict):
-        data = data.get("gpu_data", [data])
-    gpus: list[Gpu] = []
-    for item in data if isinstance(data, list) else []:
-        index = item.get("gpu") if isinstance(item, dict) else None
-        if isinstance(index, int) and not isinstance(index, bool):
-            uuid = item.get("uuid")
-            gpus.append(Gpu(index, "AMD GPU", Vendor.AMD, uuid if isinstance(uuid, str) else None))
-    return gpus
-
-
-def parse_amd_smi_text(out: str) -> list[Gpu]:
-    """Plain ``amd-smi list``: ``GPU: 0`` blocks with indented ``UUID:`` lines."""
-    found: dict[int, str | None] = {}
-    current: int | None = None
-    for line in out.splitlines():
-        gpu = _AMD_TEXT_GPU_RE.match(line)
-        uuid = _AMD_TEXT_UUID_RE.match(line)
-        if gpu:
-            current = int(gpu[1])
-            found[current] = None
-        elif uuid and current is not None:
-            found[current] = uuid[1]
-    return [Gpu(i, "AMD GPU", Vendor.AMD, u) for i, u in found.items()]
-
-
-def parse_rocm_smi(out: str) -> list[Gpu]:
-    """``rocm-smi --showid``: lines like ``GPU[0]\t\t: Device ID: \t0x74a1``."""
-    fields: dict[int, dict[str, str]] = {}
-    for m in _ROCM_LINE_RE.finditer(out):
-        fields.setdefault(int(m[1]), {})[m[2].lower()] = m[3]
-    gpus: list[Gpu] = []
-    for index, info in fields.items():
-        device_id = info.get("device id", "")
-        fallback = f"AMD GPU {device_id}" if device_id.startswith("0x") else "AMD GPU"
-        gpus.append(Gpu(index, info.get("device name") or fallback, Vendor.AMD))
-    return gpus
-
-
-# -- discovery
-def _find_gpus(nvml: Any, run: Runner) -> list[Gpu]:
-    finders: list[Callable[[], list[Gpu]]] = [
-        lambda: nvml_gpus(nvml),
-        lambda: parse_nvidia_smi(run(NVIDIA_SMI_ARGV) or ""),
-        lambda: parse_amd_smi_json(run(["amd-smi", "list", "--json"]) or ""),
-        lambda: parse_amd_smi_text(run(["amd-smi", "list"]) or ""),
-        lambda: parse_rocm_smi(run(["rocm-smi", "--showid"]) or ""),
-    ]
-    for find in finders:
-        gpus = find()
-        if gpus:
-            return sorted({g.index: g for g in gpus}.values(), key=lambda g: g.index)
-    return []
-
-
 _VISIBLE_VAR = {Vendor.NVIDIA: "CUDA_VISIBLE_DEVICES", Vendor.AMD: "ROCR_VISIBLE_DEVICES"}
 
 
 def _visible_id(token: str, found: GpuSet, setting: str) -> int:
-    index = _as_int(token)
+    index = as_int(token)
     if index is not None and index in found.ids:
         return index
     prefix = token.lower()
@@ -315,7 +114,7 @@ def discover(
     ``nvml`` replaces the ``pynvml`` module and ``run`` the tool runner (:func:`run_tool`);
     ``environ`` replaces ``os.environ``. Raises :class:`GpuSpecError` when nothing finds a GPU.
     """
-    gpus = _find_gpus(nvml, run or run_tool)
+    gpus = find_gpus(nvml, run or run_tool)
     if not gpus:
         raise GpuSpecError(NO_GPU_MESSAGE)
     found = GpuSet(gpus[0].vendor, tuple(gpus), "auto")
@@ -324,7 +123,7 @@ def discover(
 
 # -- --gpus
 def _sim_gpus(spec: str, count_text: str) -> GpuSet:
-    count = _as_int(count_text)
+    count = as_int(count_text)
     if count is None or not 1 <= count <= SIM_MAX:
         raise GpuSpecError(
             f"--gpus {spec}: the number of simulated GPUs must be a whole number from 1 to "

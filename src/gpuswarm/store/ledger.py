@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core import faults
 from gpuswarm.core.events import Ev as Ev  # re-exported: producers emit Ev.X through the ledger
 from gpuswarm.core.fsutil import dumps_compact
 from gpuswarm.core.records import event_problem, parse_event
@@ -39,12 +40,14 @@ class Ledger:
 
     def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
         record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
+        faults.point("ledger.emit.before", **record)
         line = dumps_compact(record)
         with self._lock:
             os.write(self._fd, line)
             self._dirty = True
         for listener in self._listeners:
             listener(record)
+        faults.point("ledger.emit.after", **record)
         return record
 
     def sync(self) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError, QueueError
 from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact, temp_writer_alive
 from gpuswarm.core.models import Descriptor, State, base_name
@@ -155,6 +156,7 @@ class DirQueue(QueueFolders):
                 name = heapq.heappop(self._heap)
             claimed = self._try_claim(name, owner, slot)
             if claimed is not None:
+                faults.point("queue.claimed")
                 return claimed
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
@@ -212,6 +214,7 @@ class DirQueue(QueueFolders):
         desc.state = state
         desc.moved_from = claimed.path.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
+        faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
         dst = self.paths.state_dir(state.value) / claimed.name

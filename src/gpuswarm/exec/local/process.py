@@ -109,7 +109,7 @@ class Attempt(AttemptState):
         if failure is not None:
             with contextlib.suppress(OSError):
                 os.write(sink.write_fd, f"gpuswarm: {failure[1]}\n".encode())
-        sink.close_write_end()  # the child has its copy
+        # the sink keeps the write end until finish(): the task's exit wakes no pump thread
         if failure is not None:
             self._finish_log()
             return self._failed(*failure)
