@@ -239,8 +239,8 @@ class RunReader:
             view.slots.setdefault(label, SlotRow())
         for r in self.running():
             if r.waiting:  # its next attempt has not started: pending, as the journal says
-                counts["running"] -= 1
-                counts["pending"] += 1
+                counts[State.RUNNING.value] -= 1
+                counts[State.PENDING.value] += 1
                 continue
             view.slots[r.slot or "?"] = SlotRow(
                 task=r.task, name=r.name, attempt=r.attempt, since=r.since, timeout=r.timeout
