@@ -19,10 +19,10 @@ from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
+from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.queue import State
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
-from gpuswarm.supervise.breaker import lift_by_hand
 
 MAX_FAILURES = 20
 

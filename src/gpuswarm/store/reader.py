@@ -14,8 +14,6 @@ attempt that had not started).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
 from gpuswarm.store.ledger import read_events, tail_events
 from gpuswarm.store.names import lease_of, task_id_of
+from gpuswarm.store.quarantines import read_quarantines
 
 #: A watch reads the whole journal for the slot list only when it is smaller than this.
 SLOTS_SCAN_BYTES = 8 << 20
@@ -81,23 +80,6 @@ class Running:
     @property
     def host(self) -> str | None:
         return self.owner.split(":", 1)[0] if self.owner else None
-
-
-def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:
-    """The quarantine files of a run (live supervisors keep one per quarantined slot), each
-    with its file name under ``file``."""
-    folder = paths.quarantine
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(folder)):
-            if name.startswith(".") or not name.endswith(".json"):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads((folder / name).read_text())
-                if isinstance(data, dict):
-                    data["file"] = name
-                    out.append(data)
-    return out
 
 
 class RunReader:
