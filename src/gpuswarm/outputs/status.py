@@ -68,7 +68,7 @@ def _redacted_tail(log: Path | None, desc: Descriptor) -> str:
     """A log tail with the values of secret-looking variables (task's and ours) blanked."""
     if log is None or not log.exists():
         return ""
-    env = {**os.environ, **desc.task.get("env", {})}
+    env = {**os.environ, **desc.env}
     return redact_text(log_tail(log, max_lines=8), env)
 
 

@@ -45,7 +45,7 @@ def last_attempt(desc: Descriptor, *, started: bool = False) -> int | None:
     """The number of the newest recorded attempt (``started``: the newest that ran, i.e. has a
     start time and so a log); None when there is none."""
     for att in reversed(desc.attempts):
-        if not started or att.started is not None:
+        if not started or att.was_launched:
             return att.n
     return None
 
@@ -74,8 +74,7 @@ class Running:
 
     @property
     def timeout(self) -> float | None:
-        value = self.desc.task.get("timeout") if self.desc is not None else None
-        return value if isinstance(value, (int, float)) else None
+        return self.desc.timeout if self.desc is not None else None
 
     @property
     def host(self) -> str | None:
