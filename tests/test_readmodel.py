@@ -24,9 +24,11 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.status import run_status
 from gpuswarm.store.ledger import EventTail, Ledger, read_events
+from gpuswarm.store.quarantines import lift_by_hand, read_quarantines
 from gpuswarm.store.queue import Claimed, DirQueue, State
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.supervise.breaker import write_quarantine
 from gpuswarm.ui import watch as watch_module
 from gpuswarm.ui.terminal import PlainReporter
 
@@ -266,3 +268,14 @@ def test_a_watch_started_during_a_retry_backoff_ends_complete_when_the_run_does(
     assert "done 1  failed 0  unfinished 0" in out.getvalue(), out.getvalue()
     assert code == 0
     assert run_status(paths.root)["counts"]["done"] == 1
+
+
+def test_quarantine_files_the_breaker_writes_are_read_and_lifted_by_hand(tmp_path: Path) -> None:
+    paths = create_run(NewRun("q", tmp_path, {"name": "q", "slot_count": 2}, [spec("a")]))
+    for slot in ("vm-gpu0", "vm-gpu1"):
+        write_quarantine(paths, slot, OWNER, {"reason": f"CUDA error on {slot}"})
+    found = RunReader(paths).quarantines()
+    assert [q["slot"] for q in found] == ["vm-gpu0", "vm-gpu1"]
+    assert found[0]["reason"] == "CUDA error on vm-gpu0" and found[0]["file"].endswith(".json")
+    assert [q["slot"] for q in lift_by_hand(paths, "gpu1")] == ["vm-gpu1"]  # by its short name
+    assert [q["slot"] for q in read_quarantines(paths)] == ["vm-gpu0"]

@@ -30,8 +30,11 @@ from gpuswarm.core.events import (
     Unquarantined,
     decode,
 )
+from gpuswarm.core.models import State
 
 RECENT_FAILURES = 5
+PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
+DONE, FAILED = State.DONE.value, State.FAILED.value
 CONFIG_CHANGE = "config-change"
 
 
@@ -53,7 +56,7 @@ class TaskView:
     """The journal's word on one task: the state folder its last state-changing event names, its
     latest attempt and slot, how many ``started`` events it has, the attempts journaled done."""
 
-    state: str = "pending"
+    state: str = PENDING
     attempt: int = 0
     slot: str = ""
     started: int = 0
@@ -139,49 +142,49 @@ class RunView:
         return self.tasks.setdefault(task, TaskView())
 
     def _started(self, e: Started) -> None:
-        self._move("pending", "running")
+        self._move(PENDING, RUNNING)
         row = self.slots.setdefault(e.slot, SlotRow())
         row.task, row.name, row.attempt = e.task, e.name, e.attempt
         row.since = e.ts if e.ts is not None else time.time()
         row.timeout = e.timeout
         t = self._task(e.task)
-        t.state, t.attempt, t.slot = "running", e.attempt, e.slot
+        t.state, t.attempt, t.slot = RUNNING, e.attempt, e.slot
         t.started += 1
 
     def _finished(self, e: Finished) -> None:
-        state = e.state or "failed"
-        to = "pending" if state == WAITING else state
-        self._move("running", to if to in self.counts else "failed")
+        state = e.state or FAILED
+        to = PENDING if state == WAITING else state
+        self._move(RUNNING, to if to in self.counts else FAILED)
         row = self.slots.get(e.slot)
         if row is not None:
             row.done += 1
             if row.task == e.task:  # the slot may have started its next task already
                 row.task = ""
-        if state == "done":
+        if state == DONE:
             self.finished_times.append(e.ts if e.ts is not None else time.time())
-        elif state == "failed" or e.retry:
+        elif state == FAILED or e.retry:
             what = "retrying" if e.retry else "failed"
             self.failures.append(f"{e.task} {what}: {e.reason or ''}")
         if e.state is not None:
             t = self._task(e.task)
-            t.state = "running" if e.state == WAITING else e.state  # waiting: still in running/
-            if e.state == "done":
+            t.state = RUNNING if e.state == WAITING else e.state  # waiting: still in running/
+            if e.state == DONE:
                 t.completions.append(e.attempt)
 
     def _requeued(self, e: Requeued) -> None:
         if e.reason == CONFIG_CHANGE and e.added is not None:
             self.added += e.added
-        if e.frm == "running":
-            self._move("running", "pending")
+        if e.frm == RUNNING:
+            self._move(RUNNING, PENDING)
             for row in self.slots.values():
                 if row.task == e.task:
                     row.task = ""
         if e.task is not None:
-            self._task(e.task).state = "pending"
+            self._task(e.task).state = PENDING
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""
-        left = self.counts.get("pending", 0) + self.counts.get("running", 0)
+        left = self.counts.get(PENDING, 0) + self.counts.get(RUNNING, 0)
         times = self.finished_times
         if not times or left == 0:
             return None

@@ -56,7 +56,7 @@ class _Scan:
             row = row_for(state, data)
             self.rows.append(row)
             self.bars += bars_from_descriptor(data, state.value)
-            task_env = data.task.get("env") or {}
+            task_env = data.env
             if task_env:
                 self.env[str(row.values["task"])] = dict(task_env)
             if state is State.SKIPPED:
@@ -209,9 +209,10 @@ def _tasks(scan: _Scan, results_name: str) -> str:
 
 
 def _failures(scan: _Scan) -> str:
-    items = sorted(
-        scan.unfinished, key=lambda sd: (sd[0] != State.FAILED.value, str(sd[1].raw.get("id")))
-    )
+    def order(sd: tuple[str, Descriptor]) -> tuple[bool, str]:
+        return sd[0] != State.FAILED.value, sd[1].id if sd[1].has_id else "None"
+
+    items = sorted(scan.unfinished, key=order)
     corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
     if not items and not corrupt:
         return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"

@@ -19,10 +19,10 @@ from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
+from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.queue import State
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
-from gpuswarm.supervise.breaker import lift_by_hand
 
 MAX_FAILURES = 20
 
@@ -68,7 +68,7 @@ def _redacted_tail(log: Path | None, desc: Descriptor) -> str:
     """A log tail with the values of secret-looking variables (task's and ours) blanked."""
     if log is None or not log.exists():
         return ""
-    env = {**os.environ, **desc.task.get("env", {})}
+    env = {**os.environ, **desc.env}
     return redact_text(log_tail(log, max_lines=8), env)
 
 

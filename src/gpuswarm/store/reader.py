@@ -14,8 +14,6 @@ attempt that had not started).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
 from gpuswarm.store.ledger import read_events, tail_events
 from gpuswarm.store.names import lease_of, task_id_of
+from gpuswarm.store.quarantines import read_quarantines
 
 #: A watch reads the whole journal for the slot list only when it is smaller than this.
 SLOTS_SCAN_BYTES = 8 << 20
@@ -46,7 +45,7 @@ def last_attempt(desc: Descriptor, *, started: bool = False) -> int | None:
     """The number of the newest recorded attempt (``started``: the newest that ran, i.e. has a
     start time and so a log); None when there is none."""
     for att in reversed(desc.attempts):
-        if not started or att.started is not None:
+        if not started or att.was_launched:
             return att.n
     return None
 
@@ -75,29 +74,11 @@ class Running:
 
     @property
     def timeout(self) -> float | None:
-        value = self.desc.task.get("timeout") if self.desc is not None else None
-        return value if isinstance(value, (int, float)) else None
+        return self.desc.timeout if self.desc is not None else None
 
     @property
     def host(self) -> str | None:
         return self.owner.split(":", 1)[0] if self.owner else None
-
-
-def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:
-    """The quarantine files of a run (live supervisors keep one per quarantined slot), each
-    with its file name under ``file``."""
-    folder = paths.quarantine
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(folder)):
-            if name.startswith(".") or not name.endswith(".json"):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads((folder / name).read_text())
-                if isinstance(data, dict):
-                    data["file"] = name
-                    out.append(data)
-    return out
 
 
 class RunReader:
@@ -239,8 +220,8 @@ class RunReader:
             view.slots.setdefault(label, SlotRow())
         for r in self.running():
             if r.waiting:  # its next attempt has not started: pending, as the journal says
-                counts["running"] -= 1
-                counts["pending"] += 1
+                counts[State.RUNNING.value] -= 1
+                counts[State.PENDING.value] += 1
                 continue
             view.slots[r.slot or "?"] = SlotRow(
                 task=r.task, name=r.name, attempt=r.attempt, since=r.since, timeout=r.timeout
