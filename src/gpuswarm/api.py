@@ -12,7 +12,6 @@ small frozen dataclasses) are the contract.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,13 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
-import psutil
-
 from gpuswarm import __version__
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths, resolve_run_dir
 from gpuswarm.engine import Output, RunReport, setup_from_info, supervise
-from gpuswarm.exec.local import process
+from gpuswarm.exec.local import host_processes
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.queue import DirQueue, base_name, task_id_of
@@ -263,32 +260,15 @@ def serve(run: RunPaths, *, stream: TextIO | None) -> RunReport:
 def processes_with_env(name: str, value: str, *, argv_has: str | None = None) -> list[int]:
     """Pids of the processes (but this one) whose environment has ``name=value`` and, when
     given, whose argv holds ``argv_has``."""
-    pids = process.find_by_env(name, value)
-    if argv_has is None:
-        return pids
-    out = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            if argv_has in psutil.Process(pid).cmdline():
-                out.append(pid)
-    return out
+    return host_processes.with_env(name, value, argv_has=argv_has)
 
 
 def stop_processes(pids: Iterable[int], grace: float) -> int:
     """SIGTERM each process (its own warm stop), then after ``grace`` kill the trees of those
     still alive. Returns how many were asked to stop."""
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            proc.terminate()
-            procs.append(proc)
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    if alive:
-        process.kill_tree([p.pid for p in alive], 0)
-    return len(procs)
+    return host_processes.stop(pids, grace)
 
 
 def kill_tree(pids: Iterable[int], grace: float) -> int:
     """SIGTERM ``pids`` and their descendants, SIGKILL what is left after ``grace``."""
-    return process.kill_tree(pids, grace)
+    return host_processes.kill_tree(pids, grace)
