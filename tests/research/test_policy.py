@@ -1,5 +1,6 @@
 """The research decision policies (greedy, noise-aware, manual; rounds and async; baselines
-first; confirmation runs) as pure functions of a State: fast unit tests, no runner, no git."""
+first; confirmation runs) as pure functions of an ExperimentState: fast unit tests, no runner,
+no git."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuswarm.research.experiment import ExperimentConfig, metric_pattern
-from gpuswarm.research.journal import State, Variant
+from gpuswarm.research.journal import ExperimentState, Variant
 from gpuswarm.research.policy import Decision, decide
 
 BASE = "b" * 40
@@ -26,15 +27,15 @@ def cfg(**kw: Any) -> ExperimentConfig:
     )
 
 
-SEALING = "sealed" in State.__dataclass_fields__
+SEALING = "sealed" in ExperimentState.__dataclass_fields__
 
 
 def state(
     mode: str = "rounds", metric: float | None = 1.0, sealed: tuple[int, ...] = (1, 2), **kw: Any
-) -> State:
+) -> ExperimentState:
     """A state at BASE (measured ``metric``); in rounds mode, rounds ``sealed`` take no more
     variants (``research wait`` or the loop sealed them)."""
-    st = State(base=BASE, mode=mode, **kw)
+    st = ExperimentState(base=BASE, mode=mode, **kw)
     if SEALING:
         st.sealed = set(sealed)
         st.round = max(sealed, default=0) + 1
@@ -44,7 +45,7 @@ def state(
 
 
 def add(
-    st: State,
+    st: ExperimentState,
     metric: float | None = None,
     *,
     crash: str | None = None,

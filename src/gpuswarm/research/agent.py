@@ -27,7 +27,7 @@ from gpuswarm.core.placeholders import render
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
-from gpuswarm.research.journal import State, append
+from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.proposers import Proposal
 
 
@@ -63,7 +63,7 @@ class AgentProposer:
         if live:
             api.kill_tree([p.pid for p in live], 2.0)
 
-    def propose(self, state: State) -> Proposal | None:
+    def propose(self, state: ExperimentState) -> Proposal | None:
         """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
         while True:
             try:
@@ -95,7 +95,7 @@ class AgentProposer:
             )
             return proposal
 
-    def _run(self, state: State) -> Proposal:
+    def _run(self, state: ExperimentState) -> Proposal:
         self.paths.prompts.mkdir(exist_ok=True)
         with self._lock:
             n = next(self._numbers)
@@ -168,7 +168,7 @@ class AgentProposer:
             raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")
         return text_out
 
-    def prompt_text(self, state: State, recent: int = 30) -> str:
+    def prompt_text(self, state: ExperimentState, recent: int = 30) -> str:
         cfg = self.cfg
         program = ""
         if self.opts.program is not None:

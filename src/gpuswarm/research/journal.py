@@ -1,6 +1,6 @@
 """The experiment's journal (``ledger.jsonl``, one fsynced JSON line per event) and its replay
-into a :class:`State`: the variants, their results and decisions, BASE, the rounds. Everything
-the experiment knows is re-made from these lines, so a crash loses nothing journaled."""
+into a :class:`ExperimentState`: the variants, their results and decisions, BASE, the rounds.
+Everything the experiment knows is re-made from these lines, so a crash loses nothing journaled."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ class Variant:
 
 
 @dataclass
-class State:
+class ExperimentState:
     base: str = ""
     variants: dict[str, Variant] = field(default_factory=dict)
     base_metric: dict[str, float] = field(default_factory=dict)  # commit -> its measured metric
@@ -98,24 +98,24 @@ class State:
         return [v for v in self.variants.values() if v.decision is None]
 
 
-def replay(paths: ExpPaths) -> State:
-    state = State()
+def replay(paths: ExpPaths) -> ExperimentState:
+    state = ExperimentState()
     for e in api.read_journal(paths.ledger):
         _apply(state, e)
     return state
 
 
-def _apply(state: State, e: dict[str, Any]) -> None:
+def _apply(state: ExperimentState, e: dict[str, Any]) -> None:
     handler = _HANDLERS.get(str(e.get("ev")))
     if handler is not None:
         handler(state, e)
 
 
-def _on_init(state: State, e: dict[str, Any]) -> None:
+def _on_init(state: ExperimentState, e: dict[str, Any]) -> None:
     state.base = state.worktree_base = e["base"]
 
 
-def _on_variant(state: State, e: dict[str, Any]) -> None:
+def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:
     state.variants[e["id"]] = Variant(
         id=e["id"],
         kind=e["kind"],
@@ -130,12 +130,12 @@ def _on_variant(state: State, e: dict[str, Any]) -> None:
     )
 
 
-def _on_finished(state: State, e: dict[str, Any]) -> None:
+def _on_finished(state: ExperimentState, e: dict[str, Any]) -> None:
     if e["id"] in state.variants:
         state.variants[e["id"]].finished = e
 
 
-def drop_row(state: State, v: Variant) -> None:
+def drop_row(state: ExperimentState, v: Variant) -> None:
     """Forget ``v``'s decision and its results.tsv row (a manual keep overrides a discard: one
     variant, one row)."""
     if v.decision is not None:
@@ -149,7 +149,7 @@ def drop_row(state: State, v: Variant) -> None:
     v.decision = None
 
 
-def _on_decided(state: State, e: dict[str, Any]) -> None:
+def _on_decided(state: ExperimentState, e: dict[str, Any]) -> None:
     v = state.variants.get(e["id"])
     if v is None:
         return
@@ -166,31 +166,31 @@ def _on_decided(state: State, e: dict[str, Any]) -> None:
         state.pending_base = {"from": state.base, "to": v.commit, "id": v.id}
 
 
-def _on_base(state: State, e: dict[str, Any]) -> None:
+def _on_base(state: ExperimentState, e: dict[str, Any]) -> None:
     state.base = e["to"]
     state.pending_base = None
 
 
-def _on_worktree(state: State, e: dict[str, Any]) -> None:
+def _on_worktree(state: ExperimentState, e: dict[str, Any]) -> None:
     state.worktree_base = e["base"]
 
 
-def _on_seen(state: State, e: dict[str, Any]) -> None:
+def _on_seen(state: ExperimentState, e: dict[str, Any]) -> None:
     for vid in e["ids"]:
         if vid in state.variants:
             state.variants[vid].seen = True
 
 
-def _on_sealed(state: State, e: dict[str, Any]) -> None:
+def _on_sealed(state: ExperimentState, e: dict[str, Any]) -> None:
     state.sealed.add(int(e["n"]))
     state.round = max(state.round, int(e["n"]) + 1)
 
 
-def _on_mode(state: State, e: dict[str, Any]) -> None:
+def _on_mode(state: ExperimentState, e: dict[str, Any]) -> None:
     state.mode = e["mode"]
 
 
-_HANDLERS: dict[str, Callable[[State, dict[str, Any]], None]] = {
+_HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "init": _on_init,
     "variant": _on_variant,
     "finished": _on_finished,

@@ -24,7 +24,7 @@ from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
 from gpuswarm.research.experiment import flocked
-from gpuswarm.research.journal import State, append
+from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -56,7 +56,7 @@ def run_loop(
     opts: LoopOptions,
     say: Callable[[str], None],
     stop: LoopStop | None = None,
-    tick: Callable[[State], None] | None = None,
+    tick: Callable[[ExperimentState], None] | None = None,
 ) -> dict[str, Any]:
     """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
     (the live view follows the runner's journal with it)."""
@@ -108,8 +108,8 @@ class _Run:
         opts: LoopOptions,
         say: Callable[[str], None],
         stop: LoopStop,
-        tick: Callable[[State], None],
-        state: State,
+        tick: Callable[[ExperimentState], None],
+        state: ExperimentState,
     ) -> None:
         self.exp, self.proposer, self.opts, self.say = exp, proposer, opts, say
         self.stop, self.tick = stop, tick
@@ -149,7 +149,7 @@ class _Run:
         _wait_for_news(exp, state, stop, self.watch, deadline, self.tick, self.proposing)
         return True
 
-    def _propose(self, state: State, budget: int | None, can: bool) -> None:
+    def _propose(self, state: ExperimentState, budget: int | None, can: bool) -> None:
         rounds = self.opts.mode == "rounds"
         if rounds and can and not self.round_open and not state.in_flight():
             self.round_left = self.slots if budget is None else min(self.slots, budget)
@@ -177,7 +177,7 @@ class _Run:
         self.pool.shutdown(wait=not self.stop.hard.is_set(), cancel_futures=True)
 
 
-def _check_baseline(exp: session.Experiment, state: State) -> None:
+def _check_baseline(exp: session.Experiment, state: ExperimentState) -> None:
     """Without a metric for BASE nothing can be judged: a crashed baseline ends the loop."""
     if state.best is not None:
         return
@@ -200,7 +200,7 @@ def _budget(opts: LoopOptions, made: int, deadline: float | None) -> int | None:
     return max(0, opts.max_experiments - made)
 
 
-def _wanted(opts: LoopOptions, state: State, slots: int) -> int:
+def _wanted(opts: LoopOptions, state: ExperimentState, slots: int) -> int:
     """Async: variants to have queued or running (one per GPU plus the lookahead)."""
     ahead = opts.proposers if opts.lookahead is None else opts.lookahead
     return max(0, slots + ahead - len(state.in_flight()))
@@ -258,17 +258,17 @@ def _queue_proposal(
     say(f"queued {data['id']} {data['commit'][:7]}: {proposal.description}{extra}")
 
 
-def _started(state: State) -> int:
+def _started(state: ExperimentState) -> int:
     """Experiments made so far (variants and re-based combinations; baselines are extra)."""
     return sum(1 for v in state.variants.values() if v.kind != "baseline")
 
 
-def _recorded(state: State) -> set[str]:
+def _recorded(state: ExperimentState) -> set[str]:
     return {v.id for v in state.variants.values() if v.decision is not None}
 
 
 def _report(
-    exp: session.Experiment, state: State, seen: set[str], say: Callable[[str], None]
+    exp: session.Experiment, state: ExperimentState, seen: set[str], say: Callable[[str], None]
 ) -> set[str]:
     shown: list[str] = []
     for v in state.variants.values():
@@ -286,11 +286,11 @@ def _report(
 
 def _wait_for_news(
     exp: session.Experiment,
-    state: State,
+    state: ExperimentState,
     stop: LoopStop,
     watch: runner.RunnerWatch,
     deadline: float,
-    tick: Callable[[State], None],
+    tick: Callable[[ExperimentState], None],
     proposing: set[Future[Proposal | None]],
 ) -> None:
     """Sleep until a variant in flight finishes (or a stop, or ``deadline``)."""

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 
 from gpuswarm.research.experiment import ExperimentConfig
-from gpuswarm.research.journal import State, Variant
+from gpuswarm.research.journal import ExperimentState, Variant
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,12 @@ class Decision:
     metric: float | None = None  # BASE's metric after a confirmed keep (the mean of the runs)
 
 
-def spread(state: State, commit: str) -> float | None:
+def spread(state: ExperimentState, commit: str) -> float | None:
     runs = state.baselines.get(commit, [])
     return statistics.stdev(runs) if len(runs) >= 2 else None
 
 
-def better(cfg: ExperimentConfig, state: State, metric: float, reference: float) -> bool:
+def better(cfg: ExperimentConfig, state: ExperimentState, metric: float, reference: float) -> bool:
     margin = 0.0
     if cfg.policy == "noise-aware":
         noise = spread(state, state.base)
@@ -57,7 +57,7 @@ def _ok(v: Variant) -> bool:
     return bool(v.finished and v.finished.get("ok"))
 
 
-def decide(cfg: ExperimentConfig, state: State) -> list[Decision]:
+def decide(cfg: ExperimentConfig, state: ExperimentState) -> list[Decision]:
     """The decisions the state allows now, in the order they must be applied."""
     out: list[Decision] = []
     waiting = [v for v in state.undecided() if v.finished is not None]
@@ -85,12 +85,14 @@ def decide(cfg: ExperimentConfig, state: State) -> list[Decision]:
     return out
 
 
-def _reference(state: State, v: Variant) -> float | None:
+def _reference(state: ExperimentState, v: Variant) -> float | None:
     """What ``v`` must beat: its parent's metric (the current best when its parent is BASE)."""
     return state.base_metric.get(v.parent)
 
 
-def _decide_async(cfg: ExperimentConfig, state: State, pending: list[Variant]) -> list[Decision]:
+def _decide_async(
+    cfg: ExperimentConfig, state: ExperimentState, pending: list[Variant]
+) -> list[Decision]:
     out: list[Decision] = []
     best = state.best
     for v in sorted(pending, key=lambda x: x.finished["ts"] if x.finished else 0.0):
@@ -110,7 +112,9 @@ def _decide_async(cfg: ExperimentConfig, state: State, pending: list[Variant]) -
     return out
 
 
-def _decide_rounds(cfg: ExperimentConfig, state: State, pending: list[Variant]) -> list[Decision]:
+def _decide_rounds(
+    cfg: ExperimentConfig, state: ExperimentState, pending: list[Variant]
+) -> list[Decision]:
     out: list[Decision] = []
     rounds = sorted({v.round for v in pending})
     open_rounds = {v.round for v in state.in_flight() if v.kind != "confirm"}
@@ -144,7 +148,7 @@ def _decide_rounds(cfg: ExperimentConfig, state: State, pending: list[Variant]) 
 
 
 def _confirmed(
-    cfg: ExperimentConfig, state: State, v: Variant, ref: float, why: str
+    cfg: ExperimentConfig, state: ExperimentState, v: Variant, ref: float, why: str
 ) -> Decision | None:
     """Keep ``v``, or first confirm it with ``cfg.confirm`` re-runs of its commit (judged by the
     mean of all its runs); None while confirmation runs are still in flight."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops, mutate, numeric
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
-from gpuswarm.research.journal import State
+from gpuswarm.research.journal import ExperimentState
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Proposal:
 class Proposer(Protocol):
     name: str
 
-    def propose(self, state: State) -> Proposal | None:
+    def propose(self, state: ExperimentState) -> Proposal | None:
         """A change to BASE's editable files, or None when this proposer has nothing (now)."""
 
 
@@ -89,7 +89,7 @@ class MutateProposer:
             config_files=frozenset(configs),
         )
 
-    def check(self, state: State) -> list[str]:
+    def check(self, state: ExperimentState) -> list[str]:
         """The settings mutate would change at BASE; a ResearchError (exit 2) saying why when
         there is none, or when a --mutate name matches nothing."""
         files = _base_files(self.paths, self.cfg, state.base)
@@ -116,7 +116,7 @@ class MutateProposer:
             )
         return found
 
-    def propose(self, state: State) -> Proposal | None:
+    def propose(self, state: ExperimentState) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
         select = self.selection(state.base, files)
         tried = {str(v.meta["digest"]) for v in state.variants.values() if "digest" in v.meta}

@@ -12,7 +12,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
-from gpuswarm.research.journal import State, append, replay
+from gpuswarm.research.journal import ExperimentState, append, replay
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -65,7 +65,7 @@ def wait(
     }
 
 
-def _headline(exp: Experiment, state: State) -> dict[str, Any]:
+def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
     return {
         "tag": exp.cfg.tag,
         "branch": exp.cfg.branch,
@@ -120,7 +120,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     }
 
 
-def best_recorded(cfg: ExperimentConfig, state: State) -> dict[str, Any] | None:
+def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, Any] | None:
     """The best metric any run measured (kept or not): BASE's metric is what the policy kept,
     this is what was seen (a lucky re-run, a discarded winner under noise-aware)."""
     runs = [v for v in state.variants.values() if v.finished and v.finished.get("ok")]

@@ -8,13 +8,13 @@ from pathlib import Path
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
-from gpuswarm.research.journal import State
+from gpuswarm.research.journal import ExperimentState
 
 ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": ""}
 
 
 def write_research_report(
-    paths: ExpPaths, cfg: ExperimentConfig, state: State, plot: Path | None
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, plot: Path | None
 ) -> Path:
     rows = []
     classes = []

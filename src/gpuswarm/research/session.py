@@ -12,7 +12,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, exports, gitops, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
-from gpuswarm.research.journal import State, Variant, append, drop_row
+from gpuswarm.research.journal import ExperimentState, Variant, append, drop_row
 from gpuswarm.research.policy import Decision
 from gpuswarm.research.settle import apply, settle, settle_locked
 
@@ -27,7 +27,7 @@ class Experiment:
         paths = locate(gitops.toplevel(where), tag)
         return cls(paths, load_settings(paths))
 
-    def settle(self) -> State:
+    def settle(self) -> ExperimentState:
         return settle(self.paths, self.cfg)
 
 
@@ -36,18 +36,18 @@ def files_of(paths: ExpPaths) -> dict[str, str]:
 
 
 # -- queueing variants -------------------------------------------------------------------------
-def _queue(exp: Experiment, state: State, vs: list[Variant]) -> None:
+def _queue(exp: Experiment, state: ExperimentState, vs: list[Variant]) -> None:
     for v in vs:
         executor.enqueue(exp.paths, exp.cfg, v)
     runner.ensure_runner(exp.paths, exp.cfg)
 
 
-def _baseline_needed(state: State) -> bool:
+def _baseline_needed(state: ExperimentState) -> bool:
     in_flight = any(v.kind == "baseline" and v.commit == state.base for v in state.in_flight())
     return state.best is None and not in_flight
 
 
-def _queue_baselines(exp: Experiment, state: State, repeat: int) -> list[Variant]:
+def _queue_baselines(exp: Experiment, state: ExperimentState, repeat: int) -> list[Variant]:
     out = []
     for i in range(repeat):
         text = "baseline" if repeat == 1 else f"baseline (repeat {i + 1}/{repeat})"
@@ -141,7 +141,7 @@ def try_variant(
 
 
 def _from_proposal(
-    exp: Experiment, state: State, files: dict[str, bytes | None], base: str, message: str
+    exp: Experiment, state: ExperimentState, files: dict[str, bytes | None], base: str, message: str
 ) -> str:
     """A proposer's files were made from ``base``: commit them there, then carry the change onto
     BASE if it moved meanwhile (never write old-BASE contents over what was kept since)."""
@@ -157,7 +157,7 @@ def _from_proposal(
     return moved
 
 
-def _from_variant(exp: Experiment, state: State, vid: str, message: str) -> str:
+def _from_variant(exp: Experiment, state: ExperimentState, vid: str, message: str) -> str:
     """Variant ``vid``'s change, merged onto the current BASE."""
     v = _variant(state, vid)
     commit = variants.rebase(exp.paths, exp.cfg, v.commit, v.parent, state.base, message)
@@ -217,7 +217,7 @@ def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dic
     return {"id": vid, "status": "discard", "base": state.base}
 
 
-def _withdraw(exp: Experiment, state: State, v: Variant, reason: str) -> dict[str, Any]:
+def _withdraw(exp: Experiment, state: ExperimentState, v: Variant, reason: str) -> dict[str, Any]:
     """A queued variant taken back before it runs: journaled, no results.tsv row (it measured
     nothing); a running one is refused (it is measuring already)."""
     if v.kind == "confirm":
@@ -234,7 +234,7 @@ def _withdraw(exp: Experiment, state: State, v: Variant, reason: str) -> dict[st
     return {"id": v.id, "status": "withdrawn", "base": state.base}
 
 
-def _variant(state: State, vid: str) -> Variant:
+def _variant(state: ExperimentState, vid: str) -> Variant:
     if vid not in state.variants:
         known = ", ".join(list(state.variants)[-5:]) or "none yet"
         raise ResearchError(f"no variant {vid!r} (latest: {known})")

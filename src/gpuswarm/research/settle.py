@@ -16,18 +16,18 @@ from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.research import executor, exports, gitops, outcome, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
-from gpuswarm.research.journal import State, Variant, append, replay
+from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
 
 HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
 
-def settle(paths: ExpPaths, cfg: ExperimentConfig) -> State:
+def settle(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
     with flocked(paths.lock):
         return settle_locked(paths, cfg)
 
 
-def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
+def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
     state = replay(paths)
     executor.remove_cut_writes(paths, cfg)
     _follow_branch(paths, cfg, state)
@@ -57,7 +57,7 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> State:
     return state
 
 
-def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     """Finish a keep a crash cut short; adopt a branch someone moved forward outside gpuswarm."""
     tip = gitops.rev_parse(paths.repo, f"refs/heads/{cfg.branch}")
     if tip is None:
@@ -86,13 +86,13 @@ def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None
             state.worktree_base = tip
 
 
-def _based(paths: ExpPaths, state: State, frm: str, to: str, vid: str | None) -> None:
+def _based(paths: ExpPaths, state: ExperimentState, frm: str, to: str, vid: str | None) -> None:
     append(paths, "base", **{"from": frm, "to": to, "id": vid})
     state.base = to
     state.pending_base = None
 
 
-def apply(paths: ExpPaths, cfg: ExperimentConfig, state: State, d: Decision) -> None:
+def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Decision) -> None:
     v = state.variants[d.id]
     if d.status == "rebase":
         _rebase(paths, cfg, state, v, d)
@@ -114,7 +114,7 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: State, d: Decision) -> 
         _advance(paths, cfg, state, v)
 
 
-def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
+def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: Variant) -> None:
     """Queue the re-runs that confirm (or not) a would-be keep; ``v`` stays undecided."""
     for i in range(cfg.confirm):
         run = variants.record(
@@ -135,7 +135,7 @@ def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -
 def _decided(
     paths: ExpPaths,
     cfg: ExperimentConfig,
-    state: State,
+    state: ExperimentState,
     v: Variant,
     status: str,
     reason: str,
@@ -156,7 +156,7 @@ def _decided(
     write_tsv(paths, cfg, state)  # the row is on disk before the branch moves
 
 
-def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -> None:
+def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: Variant) -> None:
     old = state.base
     # the files follow a keep only where gpuswarm wrote them last and nobody edited them since;
     # with HEAD on another branch (--no-checkout, `git checkout master`) they are never touched
@@ -171,7 +171,9 @@ def _advance(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant) -
         state.worktree_base = v.commit
 
 
-def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d: Decision) -> None:
+def _rebase(
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: Variant, d: Decision
+) -> None:
     combo = next((c for c in state.variants.values() if c.origin == v.id), None)
     if combo is None:
         message = f"{v.description} (re-based onto {gitops.short(state.base)})"
@@ -203,14 +205,14 @@ def _rebase(paths: ExpPaths, cfg: ExperimentConfig, state: State, v: Variant, d:
     _decided(paths, cfg, state, v, "discard", reason, None, note=f"re-based, see {combo.id}")
 
 
-def _change_of(state: State, v: Variant) -> str:
+def _change_of(state: ExperimentState, v: Variant) -> str:
     """The description of the change a (possibly re-based again) variant carries."""
     while v.kind == "combo" and v.origin in state.variants:
         v = state.variants[v.origin]
     return v.description
 
 
-def seal_round(paths: ExpPaths, state: State) -> None:
+def seal_round(paths: ExpPaths, state: ExperimentState) -> None:
     """Close the open round to new variants (rounds mode): it is decided once all are in."""
     if state.mode == "rounds" and any(v.round == state.round for v in state.variants.values()):
         append(paths, "sealed", n=state.round)
@@ -218,7 +220,7 @@ def seal_round(paths: ExpPaths, state: State) -> None:
         state.round += 1
 
 
-def _remove_exports(paths: ExpPaths, state: State) -> None:
+def _remove_exports(paths: ExpPaths, state: ExperimentState) -> None:
     if not paths.variants.is_dir():
         return
     for entry in paths.variants.iterdir():
@@ -228,7 +230,7 @@ def _remove_exports(paths: ExpPaths, state: State) -> None:
 
 
 # -- results.tsv -------------------------------------------------------------------------------
-def tsv_row(state: State, v: Variant, status: str, note: str = "") -> list[str]:
+def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> list[str]:
     """The seed's five columns: 7-char commit, metric (6 decimals), memory GB (.1f), status,
     description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
     fin = v.finished or {}
@@ -251,7 +253,7 @@ def tsv_row(state: State, v: Variant, status: str, note: str = "") -> list[str]:
     return [gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc]
 
 
-def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     header = [HEADER[0], cfg.metric, *HEADER[2:]]
     lines = ["\t".join(header), *("\t".join(row) for row in state.rows)]
     atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")

@@ -20,7 +20,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
-from gpuswarm.research.journal import State, Variant, append
+from gpuswarm.research.journal import ExperimentState, Variant, append
 
 
 def variant_ref(cfg: ExperimentConfig, variant_id: str) -> str:
@@ -30,7 +30,7 @@ def variant_ref(cfg: ExperimentConfig, variant_id: str) -> str:
 def record(
     paths: ExpPaths,
     cfg: ExperimentConfig,
-    state: State,
+    state: ExperimentState,
     *,
     kind: str,
     commit: str,
@@ -63,7 +63,7 @@ def record(
     return v
 
 
-def twin(paths: ExpPaths, state: State, commit: str) -> str | None:
+def twin(paths: ExpPaths, state: ExperimentState, commit: str) -> str | None:
     """What ``commit``'s code is identical to (same tree): BASE, or a variant already queued,
     running or decided ("v0003 (discard)"); None when it is new. Identical code measures
     nothing new: it is never run or kept."""
@@ -87,7 +87,7 @@ def _editable_text(paths: ExpPaths, rel: str) -> bytes | None:
         return None
 
 
-def edit_start(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> str:
+def edit_start(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> str:
     """The commit the user's files were made from: the last BASE gpuswarm wrote into them while
     HEAD is on the experiment branch, else HEAD's commit (gpuswarm never wrote there)."""
     if on_branch(paths, cfg):
@@ -95,7 +95,9 @@ def edit_start(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> str:
     return gitops.rev_parse(paths.repo, "HEAD") or state.worktree_base
 
 
-def from_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State, message: str) -> str:
+def from_worktree(
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, message: str
+) -> str:
     """A commit on BASE holding the user's current edits of the editable files."""
     start = edit_start(paths, cfg, state)
     _refuse_outside_edits(paths, cfg, start)
@@ -140,7 +142,7 @@ def _refuse_outside_edits(paths: ExpPaths, cfg: ExperimentConfig, base: str) -> 
 
 
 def from_patch(
-    paths: ExpPaths, cfg: ExperimentConfig, state: State, patch: Path, message: str
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, patch: Path, message: str
 ) -> str:
     """A commit on BASE with a unified diff applied (to the editable files only)."""
     if not patch.is_file():
@@ -199,7 +201,7 @@ def restore(paths: ExpPaths, cfg: ExperimentConfig, base: str, *, journal: bool 
         append(paths, "worktree", base=base)
 
 
-def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None:
+def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     """HEAD is on the branch and the files are exactly BASE's (the user committed them, or
     checked the branch out again): they are at BASE now, so they follow the next keeps."""
     if state.worktree_base == state.base or not on_branch(paths, cfg):
@@ -209,7 +211,7 @@ def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> None
         state.worktree_base = state.base
 
 
-def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: State) -> dict[str, object]:
+def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> dict[str, object]:
     """Which case the user's editable files are in, said plainly: they follow every keep only
     while HEAD is on the experiment branch and they hold what gpuswarm last wrote there."""
     head = gitops.git(paths.repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)

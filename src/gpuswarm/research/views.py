@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from gpuswarm.research import executor, session
-from gpuswarm.research.journal import State
+from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.ui.table import LiveView, clock, shown
@@ -129,7 +129,7 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
     follower = Follower(run)
     header = {"text": ""}
 
-    def tick(s: State) -> None:
+    def tick(s: ExperimentState) -> None:
         follower.poll()
         best = "-" if s.best is None else f"{s.best:.6f}"
         kept = sum(1 for r in s.rows if r[3] == "keep")
