@@ -209,24 +209,24 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
     """The attempt an ended task is judged by; None while the task has not ended."""
     if ref.state not in _ENDED:
         return None
-    data = DirQueue(run).read(ref.state, ref.name) or {"attempts": []}
-    attempts = [a for a in data.get("attempts", []) if not a.get("interrupted")]
-    last: dict[str, Any] = attempts[-1] if attempts else {}
-    n = int(last.get("n", 0))
+    desc = DirQueue(run).read_desc(ref.state, ref.name)
+    last = desc.last_counted if desc is not None else None
+    if last is None:
+        return Attempt(state=ref.state)
     return Attempt(
         state=ref.state,
-        n=n,
-        log=run.attempt_log(task_id_of(base_name(ref.name)), n) if n else None,
-        metrics=last.get("metrics") or {},
-        gpus=tuple(last.get("gpus") or ()),
-        slot=last.get("slot"),
-        started=last.get("started"),
-        ended=last.get("ended"),
-        duration=last.get("duration"),
-        returncode=last.get("returncode"),
-        oom=bool(last.get("oom")),
-        kind=last.get("kind"),
-        reason=last.get("reason"),
+        n=last.n,
+        log=run.attempt_log(task_id_of(base_name(ref.name)), last.n) if last.n else None,
+        metrics=last.metrics or {},
+        gpus=tuple(last.gpus or ()),
+        slot=last.slot,
+        started=last.started,
+        ended=last.ended,
+        duration=last.duration,
+        returncode=last.returncode,
+        oom=bool(last.oom),
+        kind=last.kind,
+        reason=last.reason,
     )
 
 
