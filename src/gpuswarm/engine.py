@@ -45,7 +45,8 @@ from gpuswarm.runsetup import (
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.queue import DirQueue, State, task_id_of
-from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, recover
+from gpuswarm.store.recovery import reclaim_dead, recover
+from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.supervisor import Supervisor
