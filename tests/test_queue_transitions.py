@@ -98,4 +98,5 @@ def test_take_lease_arbitrates_between_reclaimers(tmp_path: Path) -> None:
     assert mine == reclaim_name(leased, "me:3:4")
     assert Lease.parse(mine) == Lease("me:3:4", -1, mine.rsplit(".", 1)[1])
     assert q.take_lease(leased, "other:5:6") is None  # the first rename won
+    assert [(n, lease.owner, lease.slot) for n, lease in q.leases()] == [(mine, "me:3:4", -1)]
     assert q.adopt_running(mine).task_id == "a"

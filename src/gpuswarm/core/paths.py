@@ -61,6 +61,14 @@ class RunPaths:
         return self.root / "results.tsv"
 
     @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def timeline_png(self) -> Path:
+        return self.root / "timeline.png"
+
+    @property
     def parallel(self) -> Path:
         return self.root / ".parallel"
 

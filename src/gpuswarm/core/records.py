@@ -58,6 +58,8 @@ def _check(obj: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str)
     for key, allowed in types.items():
         if key in obj:
             value = obj[key]
+            if type(value) in allowed:  # parsed JSON: the exact type decides (the hot path)
+                continue
             if isinstance(value, bool) and bool not in allowed:  # bool is an int in Python
                 return _wrong(f"{prefix}{key}", value, allowed)
             if not isinstance(value, allowed):

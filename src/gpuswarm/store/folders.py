@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.models import Descriptor, Lease, State
 from gpuswarm.core.paths import RunPaths
 
 
@@ -77,6 +77,16 @@ class QueueFolders:
                     known[desc.id] = (state, name)
                     max_seq = max(max_seq, desc.seq)
         return known, max_seq
+
+    def leases(self) -> list[tuple[str, Lease]]:
+        """Each running file's name with its lease (names without one are skipped): what runs
+        where, for readers that must not parse the name format themselves."""
+        out: list[tuple[str, Lease]] = []
+        for name in self.names(State.RUNNING):
+            lease = Lease.parse(name)
+            if lease is not None:
+                out.append((name, lease))
+        return out
 
     def running_path(self, name: str) -> Path:
         return self.paths.state_dir("running") / name

@@ -1,0 +1,208 @@
+"""An attempt record: one entry of a descriptor's ``attempts`` list, built three ways (launched,
+lost, orphan) and read back from the JSON written by every gpuswarm before it."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from gpuswarm.core.models.kinds import EndKind, RecordError
+from gpuswarm.core.records import descriptor_problem
+
+
+@dataclass(slots=True)  # built per attempt on the hot path: a frozen init costs 8x more
+class AttemptRecord:
+    """One entry of a descriptor's ``attempts`` list.
+
+    ``None`` means the key is absent from the JSON form, except that a launched attempt
+    (``started`` set) always writes ``returncode``, ``signal`` and ``reason``, null or not.
+    Built only by :meth:`launched`, :meth:`lost` and :meth:`orphan` (and :meth:`from_json`)."""
+
+    n: int
+    slot: str | None = None
+    gpus: tuple[int, ...] | None = None
+    started: float | None = None
+    ended: float | None = None
+    duration: float | None = None
+    kind: str | None = None
+    returncode: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    oom: bool | None = None
+    killed: int | None = None
+    metrics: dict[str, Any] | None = None
+    interrupted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
+
+    # constructors ------------------------------------------------------------------------
+    @classmethod
+    def launched(
+        cls,
+        *,
+        n: int,
+        slot: str,
+        gpus: tuple[int, ...] | list[int],
+        started: float,
+        ended: float,
+        duration: float,
+        kind: EndKind | str,
+        returncode: int | None,
+        signal: str | None,
+        reason: str | None,
+        oom: bool,
+        killed: int,
+    ) -> AttemptRecord:
+        """An attempt that ran (whatever its end); times rounded as every record has them."""
+        return cls(
+            n=n,
+            slot=slot,
+            gpus=tuple(gpus),
+            started=round(started, 4),
+            ended=round(ended, 4),
+            duration=round(duration, 4),
+            kind=kind.value if isinstance(kind, EndKind) else EndKind(kind).value,
+            returncode=returncode,
+            signal=signal,
+            reason=reason,
+            oom=oom,
+            killed=killed,
+        )
+
+    @classmethod
+    def lost(
+        cls, *, n: int, reason: str, slot: str | None = None, interrupted: bool = False
+    ) -> AttemptRecord:
+        """An attempt whose supervisor died: its outcome is unknown."""
+        return cls(n=n, slot=slot, kind=EndKind.LOST.value, reason=reason, interrupted=interrupted)
+
+    @classmethod
+    def orphan(
+        cls, *, n: int, slot: str, started: float, ended: float, reason: str
+    ) -> AttemptRecord:
+        """An attempt of a dead supervisor judged done by the completion file it left."""
+        return cls(
+            n=n,
+            slot=slot,
+            started=round(started, 4),
+            ended=round(ended, 4),
+            duration=round(max(0.0, ended - started), 4),
+            kind=EndKind.ORPHAN.value,
+            returncode=None,
+            signal=None,
+            reason=reason,
+            oom=False,
+            killed=0,
+        )
+
+    def but(self, **changes: Any) -> AttemptRecord:
+        """A copy with ``changes`` (``interrupted=True``, ``reason=...``, ``metrics=...``)."""
+        out = copy.copy(self)  # dataclasses.replace costs ~10x more
+        out.extra = dict(self.extra)
+        for name, value in changes.items():
+            setattr(out, name, value)
+        return out
+
+    # reading -----------------------------------------------------------------------------
+    @property
+    def counted(self) -> bool:
+        """Counts against ``max_attempts`` (an interrupted attempt does not)."""
+        return not self.interrupted
+
+    @property
+    def was_launched(self) -> bool:
+        """It ran (and so has an ``attempt-<n>/output.log``); a lost record never did."""
+        return self.started is not None
+
+    @property
+    def seconds(self) -> float:
+        return float(self.duration or 0)
+
+    @property
+    def end_kind(self) -> EndKind | None:
+        try:
+            return EndKind(self.kind) if self.kind is not None else None
+        except ValueError:
+            return None
+
+    # JSON --------------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "attempt") -> AttemptRecord:
+        """The record of a JSON object checked as :func:`descriptor_problem` checks it."""
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where} is {type(obj).__name__}, not dict")
+        problem = descriptor_problem({"task": {}, "attempts": [obj]}, task_fields=False)
+        if problem is not None:
+            raise RecordError(problem.replace("attempts[0]", where, 1))
+        return cls._of(obj)
+
+    @classmethod
+    def _of(cls, obj: dict[str, Any]) -> AttemptRecord:
+        """From an already checked JSON object (positional: read per row of 100k-task runs)."""
+        get = obj.get
+        gpus = get("gpus")
+        extra = (
+            {} if _FIELD_SET.issuperset(obj) else {k: obj[k] for k in obj if k not in _FIELD_SET}
+        )
+        return cls(
+            get("n", 0),
+            get("slot"),
+            tuple(gpus) if gpus is not None else None,
+            get("started"),
+            get("ended"),
+            get("duration"),
+            get("kind"),
+            get("returncode"),
+            get("signal"),
+            get("reason"),
+            get("oom"),
+            get("killed"),
+            get("metrics"),
+            bool(get("interrupted")),
+            extra,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object: absent fields left out, null ones of a launched attempt kept.
+        Spelled out field by field: it runs once per commit on the hot path."""
+        out: dict[str, Any] = {"n": self.n}
+        self._put_run(out)
+        self._put_end(out)
+        return out
+
+    def _put_run(self, out: dict[str, Any]) -> None:
+        if self.slot is not None:
+            out["slot"] = self.slot
+        if self.gpus is not None:
+            out["gpus"] = list(self.gpus)
+        if self.started is not None:
+            out["started"] = self.started
+        if self.ended is not None:
+            out["ended"] = self.ended
+        if self.duration is not None:
+            out["duration"] = self.duration
+        if self.kind is not None:
+            out["kind"] = self.kind
+
+    def _put_end(self, out: dict[str, Any]) -> None:
+        launched = self.started is not None
+        if launched or self.returncode is not None:
+            out["returncode"] = self.returncode
+        if launched or self.signal is not None:
+            out["signal"] = self.signal
+        if launched or self.reason is not None:
+            out["reason"] = self.reason
+        if self.oom is not None:
+            out["oom"] = self.oom
+        if self.killed is not None:
+            out["killed"] = self.killed
+        if self.metrics is not None:
+            out["metrics"] = self.metrics
+        if self.interrupted:
+            out["interrupted"] = True
+        if self.extra:
+            out.update(self.extra)
+
+
+_ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")
+_FIELD_SET = frozenset(_ATTEMPT_FIELDS)

@@ -1,0 +1,259 @@
+"""The descriptor: a task in the queue, its spec, attempts, budget and where it stands."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpuswarm.core.models.attempt import AttemptRecord
+from gpuswarm.core.models.kinds import DESCRIPTOR_VERSION, RecordError, State
+from gpuswarm.core.records import descriptor_problem, parse_descriptor
+
+
+class Descriptor:
+    """A task in the queue: its spec (``task``), its attempts, its budget and where it stands.
+
+    A typed view over the descriptor's JSON object (:attr:`raw`, the one form written to disk):
+    every read and write of a descriptor goes through these properties."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+
+    # construction ------------------------------------------------------------------------
+    @classmethod
+    def new(cls, task: dict[str, Any], seq: int) -> Descriptor:
+        """A fresh pending descriptor of ``task`` (a TaskSpec dump), the ``seq``-th submitted."""
+        return cls(
+            {
+                "v": DESCRIPTOR_VERSION,
+                "id": task["id"],
+                "seq": seq,
+                "task": task,
+                "attempts": [],
+                "budget_from": 0,
+                "interruptions": 0,
+                "reason": None,
+                "state": State.PENDING.value,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, obj: Any, *, task_fields: bool = True) -> Descriptor:
+        """The descriptor of a parsed JSON value; RecordError naming the finding when it is
+        no descriptor (``attempts is str, not list``). ``task_fields=False`` leaves the task's
+        own fields to the caller (a claim validates the whole task)."""
+        problem = descriptor_problem(obj, task_fields=task_fields)
+        if problem is not None:
+            raise RecordError(problem)
+        return cls(obj)
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Descriptor:
+        """The descriptor in a file's bytes; RecordError saying why not (empty, not JSON,
+        mistyped), in the words :func:`parse_descriptor` uses."""
+        data, problem = parse_descriptor(raw)
+        if data is None:
+            raise RecordError(problem or "unusable")
+        return cls(data)
+
+    @classmethod
+    def loads(cls, raw: bytes, *, task_fields: bool = True) -> Descriptor:
+        """Like :meth:`parse`, but a file that is no JSON raises json's own ValueError (a
+        claim names the file it sets aside by that message)."""
+        return cls.from_json(json.loads(raw), task_fields=task_fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.raw
+
+    # identity ----------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return str(self.raw["id"])
+
+    @property
+    def has_id(self) -> bool:
+        return "id" in self.raw
+
+    def default_id(self, task_id: str) -> None:
+        """Name a descriptor that lacks its id (hand-edited) by its file's task id."""
+        self.raw.setdefault("id", task_id)
+
+    @property
+    def name(self) -> str:
+        """The task's display name ("" when the spec has none)."""
+        return str(self.task.get("name", ""))
+
+    @property
+    def seq(self) -> int:
+        return int(self.raw.get("seq", 0))
+
+    @property
+    def task(self) -> dict[str, Any]:
+        """The task spec's JSON form (a TaskSpec dump; config validates it)."""
+        task: dict[str, Any] = self.raw["task"]
+        return task
+
+    @task.setter
+    def task(self, spec: dict[str, Any]) -> None:
+        self.raw["task"] = spec
+
+    @property
+    def priority(self) -> int:
+        return int(self.task.get("priority", 0))
+
+    @property
+    def max_attempts(self) -> int:
+        return int(self.task.get("max_attempts", 1))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The task's own environment (its values may be secrets: outputs redact them)."""
+        env: dict[str, str] = self.task.get("env") or {}
+        return env
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds, as written (an int stays an int in JSON outputs)."""
+        timeout: float | None = self.task.get("timeout")
+        return timeout
+
+    @property
+    def skip_reason(self) -> str | None:
+        why = self.task.get("skip_reason")
+        return str(why) if why else None
+
+    # where it stands ---------------------------------------------------------------------
+    @property
+    def state(self) -> str | None:
+        """The recorded state (a :class:`State` value; in running/ the move it began)."""
+        state = self.raw.get("state")
+        return state if isinstance(state, str) else None
+
+    @state.setter
+    def state(self, state: State) -> None:
+        self.raw["state"] = state.value
+
+    @property
+    def moved_from(self) -> str | None:
+        """The leased name a begun move started from (recovery finishes that move)."""
+        begun = self.raw.get("moved_from")
+        return begun if isinstance(begun, str) else None
+
+    @moved_from.setter
+    def moved_from(self, name: str) -> None:
+        self.raw["moved_from"] = name
+
+    @property
+    def reason(self) -> str | None:
+        reason: str | None = self.raw.get("reason")
+        return reason
+
+    @reason.setter
+    def reason(self, reason: str | None) -> None:
+        self.raw["reason"] = reason
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self.raw.get("result")
+        return result
+
+    @result.setter
+    def result(self, result: dict[str, Any] | None) -> None:
+        self.raw["result"] = result
+
+    @property
+    def retry_at(self) -> float | None:
+        """When a failed attempt's backoff ends (set while it waits in running/)."""
+        at = self.raw.get("retry_at")
+        return float(at) if at is not None else None
+
+    @retry_at.setter
+    def retry_at(self, at: float | None) -> None:
+        if at is None:
+            self.raw.pop("retry_at", None)
+        else:
+            self.raw["retry_at"] = at
+
+    def take_retry_at(self) -> float | None:
+        """Clear the backoff mark and return what it was (None: it was not waiting)."""
+        at = self.raw.pop("retry_at", None)
+        return float(at) if at is not None else None
+
+    # attempts ----------------------------------------------------------------------------
+    @property
+    def attempts(self) -> list[AttemptRecord]:
+        """Every attempt so far, interrupted and earlier budgets' ones too (a copy)."""
+        return [AttemptRecord._of(a) for a in self.raw.get("attempts", [])]
+
+    @property
+    def attempt_count(self) -> int:
+        return len(self.raw.get("attempts", []))
+
+    @property
+    def next_attempt(self) -> int:
+        """The number the next attempt gets (every recorded one, interrupted included, + 1)."""
+        return self.attempt_count + 1
+
+    def add_attempt(self, record: AttemptRecord) -> None:
+        self.raw.setdefault("attempts", []).append(record.to_json())
+
+    @property
+    def counted_attempts(self) -> list[AttemptRecord]:
+        """The attempts that were not interrupted, of every budget."""
+        return [a for a in self.attempts if a.counted]
+
+    @property
+    def counted_count(self) -> int:
+        """How many attempts were not interrupted, of every budget (no records built)."""
+        return sum(1 for a in self.raw.get("attempts", []) if not a.get("interrupted"))
+
+    @property
+    def last_counted(self) -> AttemptRecord | None:
+        counted = self.counted_attempts
+        return counted[-1] if counted else None
+
+    @property
+    def last_attempt(self) -> AttemptRecord | None:
+        attempts = self.raw.get("attempts") or []
+        return AttemptRecord._of(attempts[-1]) if attempts else None
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts that count against ``max_attempts`` (interrupted ones and earlier budgets
+        don't)."""
+        begin = int(self.raw.get("budget_from", 0))
+        return sum(1 for a in self.raw["attempts"][begin:] if not a.get("interrupted"))
+
+    @property
+    def budget_from(self) -> int:
+        return int(self.raw.get("budget_from", 0))
+
+    @property
+    def interruptions(self) -> int:
+        return int(self.raw.get("interruptions", 0))
+
+    def note_interrupted(self) -> None:
+        """Count one more interruption (an attempt a stop or a crash cut short)."""
+        self.raw["interruptions"] = self.interruptions + 1
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds of every attempt (retries and interrupted ones too)."""
+        return sum(float(a.get("duration") or 0) for a in self.raw.get("attempts", []))
+
+    # transitions' bookkeeping ------------------------------------------------------------
+    def mark_skipped(self, reason: str) -> None:
+        """Created skipped (an ``exclude:`` glob matched it): listed, never run."""
+        self.raw["state"] = State.SKIPPED.value
+        self.raw["reason"] = reason
+
+    def fresh_budget(self) -> None:
+        """A failed task retried: earlier attempts stop counting; marked as a begun retry."""
+        self.raw["budget_from"] = self.attempt_count
+        self.raw["reason"] = None
+        self.raw["state"] = State.PENDING.value
+
+    def __repr__(self) -> str:
+        return f"Descriptor({self.raw!r})"
