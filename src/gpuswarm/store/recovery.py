@@ -16,7 +16,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from gpuswarm.config.load import TaskSpec, render
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
 from gpuswarm.core.fsutil import (
     temp_writer_alive,
@@ -24,6 +24,7 @@ from gpuswarm.core.fsutil import (
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
