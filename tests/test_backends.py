@@ -30,7 +30,8 @@ from gpuswarm.exec.wrapped import NoWakeHandle, WrappedBackend
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.queue import DirQueue, State
-from gpuswarm.store.runs import NewRun, create_run, recover
+from gpuswarm.store.recovery import recover
+from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 PY = sys.executable
@@ -196,3 +197,29 @@ def test_no_wake_handle_hides_only_the_fd(tmp_path: Path) -> None:
         assert end.ok and handle.done and not handle.cancelled
     finally:
         backend.close()
+
+
+def test_a_retry_released_while_the_loop_looks_is_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the keeper takes a retry off the backoff heap, then moves it to pending/; a
+    loop that looked in between saw no retry waiting, no task, and ended: the task was left
+    pending. The loop is woken right inside that window here, every time."""
+    marker = tmp_path / "marker"
+    flaky = (
+        f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); e=p.exists(); p.touch(); "
+        "sys.exit(0 if e else 1)"
+    )
+    cfg, paths, queue = make(tmp_path, [task("flaky", flaky, max_attempts=2)], retry_backoff=0.1)
+    sup = Supervisor(paths, queue, Ledger(paths.events), cfg)
+    move = queue.move
+
+    def slow_release(claimed: Any, state: State, announce: Any) -> None:
+        if state is State.PENDING and threading.current_thread().name == "keeper":
+            sup._wakeup()  # the loop looks now, between the heap and pending/
+            time.sleep(0.3)
+        move(claimed, state, announce)
+
+    monkeypatch.setattr(queue, "move", slow_release)
+    sup.run()
+    assert outcomes(paths) == {"flaky": ("done", "exited")}

@@ -45,7 +45,8 @@ from gpuswarm.runsetup import (
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.queue import DirQueue, State, task_id_of
-from gpuswarm.store.runs import NewRun, create_run, open_run, reclaim_dead, recover
+from gpuswarm.store.recovery import reclaim_dead, recover
+from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.supervisor import Supervisor
@@ -295,6 +296,7 @@ def _supervise(
                 cwd=setup.base_dir,
                 isolate=setup.isolate,
                 provisions=setup.provisions,
+                base_env=cfg.base_env,
             )
             if setup.preflight:
                 ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
@@ -346,7 +348,9 @@ def _after_all(
     """The after_all step, once every task ended; its result goes into summary.json."""
     assert setup.after_all is not None
     say(output, f"after_all: {setup.after_all}")
-    after = run_once(paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping)
+    after = run_once(
+        paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping, base_env=sup.cfg.base_env
+    )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}
         ledger.emit(Ev.AFTER_ALL, **fields)

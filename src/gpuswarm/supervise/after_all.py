@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,12 @@ LOG_NAME = "after_all.log"
 
 
 def run_once(
-    paths: RunPaths, command: str, *, cwd: Path, stop: threading.Event
+    paths: RunPaths,
+    command: str,
+    *,
+    cwd: Path,
+    stop: threading.Event,
+    base_env: Mapping[str, str],
 ) -> dict[str, Any] | None:
     """Run ``command`` unless another supervisor of the run already did for the run as it is
     now (its log is newer than the last task that ended); None when skipped. Supervisors that
@@ -38,7 +44,7 @@ def run_once(
         fcntl.flock(fd, fcntl.LOCK_EX)
         if _ran_since_last_end(paths):
             return None
-        return run_after_all(paths, command, cwd=cwd, stop=stop)
+        return run_after_all(paths, command, cwd=cwd, stop=stop, base_env=base_env)
     finally:
         os.close(fd)
 
@@ -56,11 +62,17 @@ def _ran_since_last_end(paths: RunPaths) -> bool:
 
 
 def run_after_all(
-    paths: RunPaths, command: str, *, cwd: Path, stop: threading.Event
+    paths: RunPaths,
+    command: str,
+    *,
+    cwd: Path,
+    stop: threading.Event,
+    base_env: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Run ``command``; return its record for summary.json (``ok``, ``exit``, ``log``...)."""
+    """Run ``command``; return its record for summary.json (``ok``, ``exit``, ``log``...).
+    ``base_env``: the supervisor's environment, passed in like its tasks'."""
     env = {
-        **os.environ,
+        **base_env,
         "GPUSWARM_RUN_DIR": str(paths.root),
         "GPUSWARM_RESULTS": str(paths.results_tsv),
         "GPUSWARM_SUMMARY": str(paths.summary_json),

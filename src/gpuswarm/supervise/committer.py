@@ -38,6 +38,7 @@ class Committer:
         self._commits = 0  # outcomes queued or being committed
         self._delayed: list[tuple[float, int, Claimed]] = []  # retries waiting for their backoff
         self._delay_seq = 0
+        self._releasing = 0  # retries taken off the heap, not yet in pending/
 
     # -- the loop's side ---------------------------------------------------------------------------
     def add(self, live: LiveAttempt, end: AttemptEnd) -> None:
@@ -58,9 +59,10 @@ class Committer:
             return self._commits > 0
 
     def waiting(self) -> bool:
-        """Whether a retry waits out its backoff (the loop does not end meanwhile)."""
+        """Whether a retry waits out its backoff, or is on its way to pending/ (the loop does
+        not end meanwhile: it would leave the retry pending)."""
         with self.run.lock:
-            return bool(self._delayed)
+            return bool(self._delayed) or self._releasing > 0
 
     def end_threads(self, count: int) -> None:
         for _ in range(count):
@@ -178,13 +180,22 @@ class Committer:
                 if not self._delayed or (not everything and self._delayed[0][0] > now):
                     return
                 _, _, claimed = heapq.heappop(self._delayed)
-            claimed.data.pop("retry_at", None)
+                self._releasing += 1
             try:
-                run.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
-            except LeaseLostError:
-                run.lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
-                continue
-            run.more_work()
+                self._release(claimed)
+            finally:
+                with run.lock:
+                    self._releasing -= 1
+
+    def _release(self, claimed: Claimed) -> None:
+        run = self.run
+        claimed.data.pop("retry_at", None)
+        try:
+            run.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
+        except LeaseLostError:
+            run.lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
+            return
+        run.more_work()  # before _releasing drops: a loop that sees neither claims again
 
     def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
         ledger = self.run.ledger

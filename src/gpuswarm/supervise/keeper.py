@@ -19,7 +19,7 @@ from pathlib import Path
 from gpuswarm.core.logs import cap_log
 from gpuswarm.exec.base import Backend
 from gpuswarm.store.leases import owner_file
-from gpuswarm.store.runs import reclaim_dead
+from gpuswarm.store.recovery import reclaim_dead
 from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
 

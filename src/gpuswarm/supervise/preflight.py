@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,12 @@ class Failure:
     log: Path
 
 
-def slot_env(paths: RunPaths, slot: Slot, home_env: dict[str, str]) -> dict[str, str]:
-    """What a preflight command of ``slot`` sees: the slot's HOME and GPUs, like its tasks."""
-    env = {**os.environ, **home_env, **isolation_env(slot)}
+def slot_env(
+    paths: RunPaths, slot: Slot, home_env: dict[str, str], base_env: Mapping[str, str]
+) -> dict[str, str]:
+    """What a preflight command of ``slot`` sees: the slot's HOME and GPUs over the base
+    environment (passed in), like its tasks."""
+    env = {**base_env, **home_env, **isolation_env(slot)}
     env["GPUSWARM_RUN_DIR"] = str(paths.root)
     env["GPUSWARM_PREFLIGHT"] = "1"
     return env
@@ -63,6 +66,7 @@ def run_preflight(
     cwd: Path,
     isolate: bool,
     provisions: Sequence[Provision],
+    base_env: Mapping[str, str],
     timeout: float = PREFLIGHT_TIMEOUT,
 ) -> list[str]:
     """Run ``commands`` once per slot (slots in parallel); raise PreflightError on the first
@@ -76,7 +80,7 @@ def run_preflight(
 
     def one(slot: Slot) -> None:
         home = prepare_home(paths.slot_home(slot.label), provisions) if isolate else {}
-        env = slot_env(paths, slot, home)
+        env = slot_env(paths, slot, home, base_env)
         log = folder / f"{_safe(slot.label)}.log"
         failure = _run_slot(slot.label, commands, env, cwd, log, timeout)
         if failure is not None:

@@ -191,8 +191,10 @@ class Supervisor:
                 poll = LINGER_POLL_SECONDS if free and self.cfg.linger > 0 else None
             else:
                 wait, poll = self._idle_wait()
-                if not wait:
+                if not wait and not self._changed_since(generation):
                     return
+                if not wait:
+                    continue  # tasks came back meanwhile (a retry released): claim them
             if self._sleep(self._timeout(poll)):
                 seen = -1  # a poll interval is over: look at pending/ again
 
@@ -209,6 +211,10 @@ class Supervisor:
             self._busy_at = time.monotonic()
             self._start(slot, claimed, free)
         return got
+
+    def _changed_since(self, generation: int) -> bool:
+        with self._lock:
+            return self._generation != generation
 
     def _idle_wait(self) -> tuple[bool, float | None]:
         """Nothing of ours runs and nothing is claimable: wait (and how long between looks at

@@ -1,0 +1,356 @@
+"""Recovering a run: after a crash, a stop, a dead supervisor (reclaim), or to retry failures.
+
+:func:`recover` repairs a run no supervisor holds (resume, ``check --repair``); :func:`reclaim_dead`
+takes back the tasks of supervisors that are gone (any live supervisor calls it). Both first end
+what still runs of the dead supervisor's attempts, through the backend that ran them
+(:class:`EndsLeftovers`, the part of ``exec.base.Backend`` they need): the store knows no backend.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.errors import QueueError
+from gpuswarm.core.fsutil import (
+    temp_writer_alive,
+)
+from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
+from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
+from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.core.placeholders import render
+from gpuswarm.core.taskfiles import inside
+from gpuswarm.exec.plan import STALE_SLACK_SECONDS
+from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
+from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.names import leased_by, reclaimed_from, task_id_of
+from gpuswarm.store.queue import Claimed, DirQueue, State
+
+
+class EndsLeftovers(Protocol):
+    """What recovery and reclaim need of a backend (``exec.base.Backend.end_leftovers``): end
+    what still runs of a dead supervisor's attempts, and say (ids found, task ids whose attempt
+    was still alive, how many were signalled)."""
+
+    def end_leftovers(
+        self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
+    ) -> tuple[list[int], frozenset[str], int]: ...
+
+
+def _local_backend() -> EndsLeftovers:
+    """For callers that pass no backend (``check --repair``): the local one, imported late."""
+    from gpuswarm.exec.base import create_backend  # late: store knows no backend
+
+    return create_backend("local")
+
+
+def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
+    """Move an unreadable descriptor to corrupt/ and journal it."""
+    queue.quarantine(path, reason)
+    ledger.emit(Ev.CORRUPT, task=task_id_of(path.name), file=path.name, reason=reason)
+
+
+def recover(
+    queue: DirQueue,
+    ledger: Ledger,
+    *,
+    retry_failed: bool,
+    grace: float = 10.0,
+    backend: EndsLeftovers | None = None,
+) -> dict[str, int]:
+    """Repair a run no supervisor holds: after a crash, a stop, or to retry failures.
+
+    Call only while holding the run lock: then no supervisor is live and every running
+    descriptor was orphaned. First the attempts a crashed supervisor left running are killed
+    (they run on in their own sessions and would hold their GPU twice); then each running
+    descriptor either completes the move its supervisor had begun (done/failed), or goes back
+    to pending/ with an interrupted attempt recorded, so the re-run gets a new attempt number.
+    Unless ``retry_failed`` is False, failed tasks are re-queued with a fresh attempt budget.
+    """
+    moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
+    moved["corrupt"] = 0
+    moved["temp_files"] = _remove_temp_files(queue.paths)
+    killer = backend or _local_backend()
+    leftovers, alive, killed = killer.end_leftovers(run_dir=str(queue.paths.root), grace=grace)
+    still_running = set(alive)
+    if leftovers:
+        moved["killed"] = killed
+        ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
+    moved["judged_done"] = 0
+    for name in queue.names(State.RUNNING):
+        moved[_recover_running(queue, ledger, name, still_running)] += 1
+    for name in queue.names(State.FAILED):
+        if _finish_begun_retry(queue, ledger, name):
+            moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
+        elif retry_failed:
+            moved["retried"] += _retry_failed(queue, ledger, name)
+    return moved
+
+
+def temp_files(paths: RunPaths) -> list[Path]:
+    """Temp files in the state folders that a crash cut short (descriptors stay intact).
+
+    A temp file whose writer is still alive is a write in progress, not a leftover: a process
+    that adds tasks to a run it does not lock (``research try`` beside its runner) may be
+    between its write and its rename, and removing the file would fail that rename.
+    """
+    return [
+        paths.state_dir(state) / name
+        for state in STATES
+        for name in os.listdir(paths.state_dir(state))
+        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
+    ]
+
+
+def _remove_temp_files(paths: RunPaths) -> int:
+    found = temp_files(paths)
+    for path in found:
+        path.unlink(missing_ok=True)
+    return len(found)
+
+
+def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: set[str]) -> str:
+    try:
+        claimed = queue.adopt_running(name)
+    except QueueError:
+        set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
+        return "corrupt"
+    desc = claimed.desc
+    if _requeue_waiting(queue, ledger, claimed):
+        return "requeued"
+    if _finish_begun_move(queue, ledger, claimed):
+        return "recovered"
+    lease = Lease.parse(name)
+    if claimed.task_id not in still_running and judge_orphan(
+        queue, ledger, claimed, f"its supervisor died ({lease.owner if lease else '?'})"
+    ):
+        return "judged_done"
+    record = AttemptRecord.lost(
+        n=desc.next_attempt,
+        slot=slot_label(queue.paths, lease.owner, lease.slot) if lease else "",
+        interrupted=True,
+        reason="its supervisor died" + (f" ({lease.owner})" if lease else ""),
+    )
+    desc.add_attempt(record)
+    desc.note_interrupted()
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
+    return "interrupted"
+
+
+def _requeued(ledger: Ledger, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
+    return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
+
+
+def _requeue_waiting(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """A task that was only waiting out its retry backoff goes back to pending/ as it is."""
+    if claimed.desc.take_retry_at() is None:
+        return False
+    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "retry", "waiting"))
+    return True
+
+
+def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> bool:
+    """Complete a move that a crash cut short after its descriptor was saved.
+
+    ``moved_from`` names the claim that began the move: the file's current name, or, after a
+    reclaimer renamed it, the name :func:`reclaim_name` encodes. A later claim of the same task
+    has another name, so an old marker is never mistaken for a begun move.
+    """
+    desc = claimed.desc
+    target, begun, now = desc.state, desc.moved_from, claimed.path.name
+    if begun is None or target not in STATE_VALUES or Lease.parse(now) is None:
+        return False
+    if begun != now and not reclaimed_from(now, begun):
+        return False
+    if target == State.PENDING.value:
+        announce = _requeued(ledger, claimed, "retry", "running")
+    else:
+        announce = lambda: ledger.emit(Ev.RECOVERED, task=claimed.task_id, state=target)  # noqa: E731
+    queue.move(claimed, State(target), announce)
+    return True
+
+
+STATE_VALUES = (State.PENDING.value, State.DONE.value, State.FAILED.value)
+
+
+def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
+    if queue.retry_failed(name, _retry_journaled(ledger)) is None:
+        set_aside(queue, ledger, queue.paths.state_dir("failed") / name, "unreadable failed")
+        return 0
+    return 1
+
+
+def _retry_journaled(ledger: Ledger) -> Callable[[Descriptor], object]:
+    return lambda desc: ledger.emit(
+        Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm="failed"
+    )
+
+
+def _lease_time(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
+    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
+    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
+    written after the claim (the running file's time), parses: then it is done, not re-run.
+    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
+    """
+    desc = claimed.desc
+    try:
+        task = TaskSpec.model_validate(desc.task)
+    except ValidationError:
+        return False
+    claimed_at = _lease_time(claimed.path)
+    if task.done_when is None or claimed_at is None:
+        return False
+    paths = queue.paths
+    n = desc.next_attempt
+    values = {
+        **task.vars,
+        "workspace": str(paths.task_dir(task.id)),
+        "run_dir": str(paths.root),
+        "task_id": task.id,
+        "name": task.name,
+        "attempt": str(n),
+    }
+    rel = render(task.done_when, values)
+    if "{" in rel:
+        return False  # it names the slot or GPU, which the journal would have to tell
+    workspace = paths.task_dir(task.id)
+    try:
+        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
+        written = target.stat().st_mtime
+        result = flatten(read_completion(workspace, rel))
+    except (OSError, ResultFileError):
+        return False
+    if written < claimed_at - STALE_SLACK_SECONDS:
+        return False  # older than the claim: not this attempt's
+    lease = Lease.parse(claimed.path.name)
+    stamp = time.strftime("%H:%M:%S", time.localtime(written))
+    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
+    slot = slot_label(queue.paths, lease.owner, lease.slot) if lease and not lease.reclaimer else ""
+    desc.add_attempt(
+        AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
+    )
+    desc.result = result
+    desc.reason = None
+    queue.move(
+        claimed,
+        State.DONE,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="done",
+            reason=reason,
+            seconds=round(max(0.0, written - claimed_at), 3),
+            retry=False,
+            judged=True,
+        ),
+    )
+    return True
+
+
+def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
+    """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
+    it (again: the journal must never lag behind the folders) and finish the rename."""
+    return queue.finish_begun_retry(name, _retry_journaled(ledger))
+
+
+def reclaim_dead(
+    queue: DirQueue,
+    ledger: Ledger,
+    me: str,
+    *,
+    lease_ttl: float,
+    grace: float = 10.0,
+    backend: EndsLeftovers | None = None,
+) -> int:
+    """Take back the tasks of supervisors that are gone; any live supervisor may call this.
+
+    Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
+    ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
+    supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
+    """
+    verdicts: dict[str, bool] = {}
+    still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
+    count = 0
+    killer = backend or _local_backend()
+    for name in queue.names(State.RUNNING):
+        lease = Lease.parse(name)
+        if lease is None or lease.owner == me:
+            continue
+        owner = lease.owner
+        if owner not in verdicts:
+            verdicts[owner] = owner_alive(queue.paths, owner, lease_ttl)
+            if not verdicts[owner] and on_this_host(owner):
+                leftovers, alive, _ = killer.end_leftovers(owner=owner, grace=grace)
+                if leftovers:
+                    still_running |= alive
+                    ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
+        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
+            count += 1
+    _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
+    return count
+
+
+def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
+    """Temp files of descriptor writes a dead owner's crash cut short: their names carry the
+    claimed file's name, so the owner (host:pid:start) is in them; nobody else writes them."""
+    if not dead:
+        return
+    running = paths.state_dir("running")
+    for name in os.listdir(running):
+        if name.startswith(".tmp-") and leased_by(name, dead):
+            (running / name).unlink(missing_ok=True)
+
+
+def _reclaim_one(
+    queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
+) -> bool:
+    mine = queue.take_lease(name, me)
+    if mine is None:
+        return False  # another supervisor reclaimed it first
+    try:
+        claimed = queue.adopt_running(mine)
+    except QueueError:
+        set_aside(queue, ledger, queue.running_path(mine), "unreadable running")
+        return False
+    desc = claimed.desc
+    if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
+        return True
+    judge = on_this_host(owner) and claimed.task_id not in still_running
+    if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
+        return True
+    desc.add_attempt(AttemptRecord.lost(n=desc.next_attempt, reason=f"its supervisor {owner} died"))
+    if desc.attempts_used < desc.max_attempts:
+        why = f"reclaimed from {owner}"
+        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
+        return True
+    desc.reason = reason = f"abandoned: its supervisor {owner} died and attempts are used up"
+    queue.move(
+        claimed,
+        State.FAILED,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=desc.attempt_count,
+            slot="",
+            state="failed",
+            reason=reason,
+            seconds=0,
+            retry=False,
+        ),
+    )
+    return True
