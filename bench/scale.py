@@ -2,7 +2,7 @@
 
 (a) enqueue: ``gpuswarm.store.runs.create_run`` timed through the API with 100k TaskSpec dumps of a
     command list of ``true`` (built as ``engine.start_run`` does: ``load_command_list``,
-    ``engine.plan``, ``engine.run_info``; that loading is reported on its own row). The page
+    ``runsetup.plan``, ``runsetup.run_info``; that loading is reported on its own row). The page
     cache is flushed (``os.sync``) first, so the run's one ``syncfs`` pays only for its own files.
 (b) claim cost: ``DirQueue(paths).claim(owner, slot)`` on fresh runs of 1,000 and of 100,000
     pending tasks; the first claim (it fills the in-memory index) is reported apart, then the
@@ -49,7 +49,7 @@ OWNER = "bench-host:1:1"
 def api_run(n: int, where: Path) -> tuple[Any, float, float]:
     """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks."""
     from gpuswarm.config.load import load_command_list
-    from gpuswarm.engine import plan, run_info
+    from gpuswarm.runsetup import plan, run_info
     from gpuswarm.store.runs import NewRun, create_run
 
     where.mkdir(parents=True, exist_ok=True)

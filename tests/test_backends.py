@@ -30,8 +30,8 @@ from gpuswarm.exec.wrapped import NoWakeHandle, WrappedBackend
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.queue import DirQueue, State
-from gpuswarm.store.recovery import recover
 from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 PY = sys.executable

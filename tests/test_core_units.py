@@ -145,7 +145,7 @@ def test_task_ids_cannot_escape() -> None:
 
 
 def test_recover_finishes_a_move_cut_short_and_numbers_lost_attempts(tmp_path: Path) -> None:
-    from gpuswarm.store.runs import recover
+    from gpuswarm.supervise.recovery import recover
 
     paths = _run(tmp_path, [{"id": f"t{i}", "priority": 0} for i in range(2)])
     q = DirQueue(paths, durable=False)
@@ -181,7 +181,8 @@ def test_recover_keeps_a_temp_file_whose_writer_is_alive(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from gpuswarm.store.runs import recover, temp_files
+    from gpuswarm.store.runs import temp_files
+    from gpuswarm.supervise.recovery import recover
 
     paths = _run(tmp_path, [{"id": "t0", "priority": 0}])
     pending = paths.state_dir("pending")

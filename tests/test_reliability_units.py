@@ -18,7 +18,8 @@ from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.leases import attach, is_live, owner_alive, owner_id, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger, read_events
 from gpuswarm.store.queue import DirQueue, State
-from gpuswarm.store.runs import NewRun, create_run, reclaim_dead
+from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.supervise.recovery import reclaim_dead
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 DEAD = "nohost-that-exists:999999:1"

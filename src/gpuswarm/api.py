@@ -22,9 +22,12 @@ from typing import Any, NamedTuple, TextIO
 from gpuswarm import __version__
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths, resolve_run_dir
-from gpuswarm.engine import Output, RunReport, setup_from_info, supervise
+from gpuswarm.engine import supervise
 from gpuswarm.exec.local import host_processes
+from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
+from gpuswarm.runoutput import Output
+from gpuswarm.runsetup import setup_from_info
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.queue import DirQueue, base_name, task_id_of
 from gpuswarm.store.queue import State as TaskState

@@ -21,12 +21,12 @@ from gpuswarm.core.errors import (
 )
 from gpuswarm.core.paths import resolve_run_dir
 from gpuswarm.engine import (
-    Output,
-    RunReport,
     resume_run,
     start_run,
     work_run,
 )
+from gpuswarm.outputs.results import RunReport
+from gpuswarm.runoutput import Output
 from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal
 

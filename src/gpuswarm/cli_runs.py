@@ -11,8 +11,7 @@ import click
 
 from gpuswarm.cli_support import fail, stoppable
 from gpuswarm.core.errors import GpuswarmError
-from gpuswarm.engine import write_run_report
-from gpuswarm.outputs.check import check_run
+from gpuswarm.engine import check_run_dir, write_run_report
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 
 
@@ -61,7 +60,7 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
     """
     try:
-        report = check_run(run_dir, repair=repair)
+        report = check_run_dir(run_dir, repair=repair)
     except GpuswarmError as exc:
         fail(exc)
     if as_json:

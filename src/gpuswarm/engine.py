@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import errno
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.core.errors import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_UNFINISHED,
     ConfigError,
     PreflightError,
     disk_full,
@@ -26,14 +23,16 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.exec.base import BackendOptions, create_backend
 from gpuswarm.exec.sandbox import Provision
+from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
-from gpuswarm.outputs.results import write_outputs
+from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.outputs.status import run_state
 from gpuswarm.placement.gpus import GpuSet, Slot
 from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.runsetup import (
     Setup,
+    backend_of,
     check_backend,
     gpu_keys_of,
     plan,
@@ -45,43 +44,20 @@ from gpuswarm.runsetup import (
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.queue import DirQueue, State, task_id_of
-from gpuswarm.store.recovery import reclaim_dead, recover
 from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
+from gpuswarm.supervise.recovery import reclaim_dead, recover
 from gpuswarm.supervise.supervisor import Supervisor
 
-# callers of these (cli, research.executor, bench) import them from here
 __all__ = [
-    "Output",
-    "RunReport",
-    "Setup",
-    "plan",
+    "check_run_dir",
     "resume_run",
-    "run_info",
-    "setup_from_info",
     "start_run",
     "supervise",
     "work_run",
     "write_run_report",
 ]
-
-
-@dataclass
-class RunReport:
-    paths: RunPaths
-    summary: dict[str, Any]
-    interrupted: bool
-    recovered: dict[str, int] | None = None
-
-    @property
-    def exit_code(self) -> int:
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        after = self.summary.get("after_all")
-        if isinstance(after, dict) and not after.get("ok"):
-            return EXIT_UNFINISHED  # the post-processing step failed
-        return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
 
 
 def start_run(
@@ -378,3 +354,17 @@ def write_run_report(run_dir: Path) -> Path:
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:
     ledger.emit(Ev.CORRUPT, task=task_id_of(name), file=name, reason=reason)
+
+
+def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
+    """``gpuswarm check [--repair]``: the findings of :func:`outputs.check.check_run`; a repair
+    recovers the run as resume would, ending a dead owner's leftovers through its backend."""
+
+    def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
+        backend = create_backend(backend_of(open_run(run_dir)[1]))
+        try:
+            return recover(queue, ledger, retry_failed=False, backend=backend)
+        finally:
+            backend.close()
+
+    return check_run(run_dir, repair=repair, recover=recover_run)

@@ -128,7 +128,7 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         info.get("settings", {}),
         tuple(config.get("preflight") or ()),
         config.get("after_all"),
-        str(config.get("backend") or "local"),
+        backend_of(info),
     )
 
 
@@ -149,3 +149,8 @@ def check_backend(loaded: LoadedConfig) -> None:
 
 def gpu_keys_of(slots: list[Slot]) -> list[str]:
     return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
+
+
+def backend_of(info: dict[str, Any]) -> str:
+    """The backend a run's attempts ran on, from its run.json (runs before backends: local)."""
+    return str((info.get("config") or {}).get("backend") or "local")

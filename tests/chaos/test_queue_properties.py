@@ -43,8 +43,8 @@ from gpuswarm.store.queue import (
     lease_of,
     new_descriptor,
 )
-from gpuswarm.store.runs import reclaim_dead, recover
 from gpuswarm.store.staging import create_layout, write_pending
+from gpuswarm.supervise.recovery import reclaim_dead, recover
 
 HOST = "chaos-fake-host"  # never this host: liveness by heartbeat only
 TTL = 60.0

@@ -150,6 +150,12 @@ def replace_existing(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with that pid exists (a lock or staging folder's
+    creator; a pid reused meanwhile reads as alive, the safe side)."""
+    return psutil.pid_exists(pid)
+
+
 def temp_writer_alive(name: str) -> bool:
     """Whether the process that is writing temp file ``name`` (``.tmp-<file>.<pid>.<thread>``,
     as atomic_write_bytes names them) still runs on this host: then the file is a write in

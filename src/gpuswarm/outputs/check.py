@@ -12,6 +12,7 @@ task, moves unreadable descriptors aside and returns orphaned running tasks to p
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from gpuswarm.store.leases import attach, is_live, owner_alive
 from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
 from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
 from gpuswarm.store.reader import RunReader
-from gpuswarm.store.runs import open_run, recover, set_aside, temp_files
+from gpuswarm.store.runs import open_run, set_aside, temp_files
 
 # keep the latest
 RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
@@ -181,7 +182,17 @@ def _bad_events(paths: RunPaths) -> list[Finding]:
     ]
 
 
-def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
+Recover = Callable[[DirQueue, Ledger], dict[str, int]]
+"""What ``--repair`` runs under the run lock: recovery as resume does it (ending a dead owner's
+leftovers through the run's backend), handed in by the caller: outputs know no backend."""
+
+
+def check_run(
+    run_dir: Path, *, repair: bool = False, recover: Recover | None = None
+) -> dict[str, Any]:
+    """The findings on a run; with ``repair`` (and the caller's ``recover``) first repaired."""
+    if repair and recover is None:
+        raise ValueError("check_run(repair=True) needs the recover to run")
     paths, info = open_run(run_dir)
     ttl = float(info.get("settings", {}).get("lease_ttl", 30.0))
     live = is_live(paths)
@@ -194,7 +205,8 @@ def check_run(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
         with attach(paths, exclusive_start=True):
             findings += _duplicates(queue, _places(reader), repair=True)
             ledger = Ledger(paths.events)
-            moved = recover(queue, ledger, retry_failed=False)
+            assert recover is not None
+            moved = recover(queue, ledger)
             findings += _set_aside_unusable(queue, ledger)
             ledger.close()
             for kind in ("temp_files", "interrupted", "recovered", "requeued", "corrupt"):

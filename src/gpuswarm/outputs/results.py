@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
@@ -254,3 +255,22 @@ def write_outputs(
     summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary
+
+
+@dataclass
+class RunReport:
+    """What a supervised run ended as: its folder, summary.json, and the exit code it means."""
+
+    paths: RunPaths
+    summary: dict[str, Any]
+    interrupted: bool
+    recovered: dict[str, int] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        after = self.summary.get("after_all")
+        if isinstance(after, dict) and not after.get("ok"):
+            return EXIT_UNFINISHED  # the post-processing step failed
+        return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED

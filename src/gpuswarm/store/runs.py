@@ -1,4 +1,4 @@
-"""Creating and opening run directories (recovering them: :mod:`gpuswarm.store.recovery`).
+"""Creating and opening run directories (recovering them: :mod:`gpuswarm.supervise.recovery`).
 
 A run is staged in a hidden sibling folder and made visible by one rename once every descriptor
 and run.json are on disk, so a bad input or a crash during creation never leaves half a run.
@@ -15,28 +15,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from gpuswarm import __version__
 from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.fsutil import (
     atomic_write_json,
     fsync_dir,
+    pid_alive,
     read_json,
     sync_tree,
+    temp_writer_alive,
 )
 from gpuswarm.core.models import Descriptor
-from gpuswarm.core.paths import RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
+from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
 from gpuswarm.store.ledger import Ev, Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue, State
-
-# recovery moved to store/recovery.py; outputs.check and tests import these from here
-from gpuswarm.store.recovery import EndsLeftovers as EndsLeftovers
-from gpuswarm.store.recovery import reclaim_dead as reclaim_dead
-from gpuswarm.store.recovery import recover as recover
-from gpuswarm.store.recovery import set_aside as set_aside
-from gpuswarm.store.recovery import temp_files as temp_files
 from gpuswarm.store.staging import create_layout, write_pending
 
 
@@ -103,7 +96,7 @@ def _remove_stale_staging(parent: Path) -> None:
     """Remove staging folders whose creator died (SIGKILL mid-creation): never a visible run."""
     for entry in parent.glob(".staging-run_*"):
         pid = entry.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             _remove_tree(entry)
 
 
@@ -159,3 +152,24 @@ def latest_run(workspace: Path, name: str | None = None) -> Path:
             f"no run {what}found under {workspace}; pass the run folder, or --workspace"
         )
     return max(runs, key=lambda r: (r.name, r.stat().st_mtime))
+
+
+def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
+    """Move an unreadable descriptor to corrupt/ and journal it."""
+    queue.quarantine(path, reason)
+    ledger.emit(Ev.CORRUPT, task=task_id_of(path.name), file=path.name, reason=reason)
+
+
+def temp_files(paths: RunPaths) -> list[Path]:
+    """Temp files in the state folders that a crash cut short (descriptors stay intact).
+
+    A temp file whose writer is still alive is a write in progress, not a leftover: a process
+    that adds tasks to a run it does not lock (``research try`` beside its runner) may be
+    between its write and its rename, and removing the file would fail that rename.
+    """
+    return [
+        paths.state_dir(state) / name
+        for state in STATES
+        for name in os.listdir(paths.state_dir(state))
+        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
+    ]

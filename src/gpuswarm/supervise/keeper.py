@@ -19,9 +19,9 @@ from pathlib import Path
 from gpuswarm.core.logs import cap_log
 from gpuswarm.exec.base import Backend
 from gpuswarm.store.leases import owner_file
-from gpuswarm.store.recovery import reclaim_dead
 from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
+from gpuswarm.supervise.recovery import reclaim_dead
 
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 

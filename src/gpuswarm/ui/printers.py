@@ -15,7 +15,7 @@ from gpuswarm.core.redact import inert
 from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
-    from gpuswarm.engine import RunReport
+    from gpuswarm.outputs.results import RunReport
 
 
 def _console() -> Console:

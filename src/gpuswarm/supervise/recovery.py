@@ -18,19 +18,18 @@ from pydantic import ValidationError
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
-from gpuswarm.core.fsutil import (
-    temp_writer_alive,
-)
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
-from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
+from gpuswarm.exec.base import create_backend
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.names import leased_by, reclaimed_from, task_id_of
+from gpuswarm.store.names import leased_by, reclaimed_from
 from gpuswarm.store.queue import Claimed, DirQueue, State
+from gpuswarm.store.runs import set_aside, temp_files
 
 
 class EndsLeftovers(Protocol):
@@ -44,16 +43,8 @@ class EndsLeftovers(Protocol):
 
 
 def _local_backend() -> EndsLeftovers:
-    """For callers that pass no backend (``check --repair``): the local one, imported late."""
-    from gpuswarm.exec.base import create_backend  # late: store knows no backend
-
+    """For callers that pass no backend (tests, old callers): the local one."""
     return create_backend("local")
-
-
-def set_aside(queue: DirQueue, ledger: Ledger, path: Path, reason: str) -> None:
-    """Move an unreadable descriptor to corrupt/ and journal it."""
-    queue.quarantine(path, reason)
-    ledger.emit(Ev.CORRUPT, task=task_id_of(path.name), file=path.name, reason=reason)
 
 
 def recover(
@@ -91,21 +82,6 @@ def recover(
         elif retry_failed:
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
-
-
-def temp_files(paths: RunPaths) -> list[Path]:
-    """Temp files in the state folders that a crash cut short (descriptors stay intact).
-
-    A temp file whose writer is still alive is a write in progress, not a leftover: a process
-    that adds tasks to a run it does not lock (``research try`` beside its runner) may be
-    between its write and its rename, and removing the file would fail that rename.
-    """
-    return [
-        paths.state_dir(state) / name
-        for state in STATES
-        for name in os.listdir(paths.state_dir(state))
-        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
-    ]
 
 
 def _remove_temp_files(paths: RunPaths) -> int:
