@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import (
     AttemptEnd,
@@ -29,7 +30,7 @@ from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.wrapped import NoWakeHandle, WrappedBackend
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import Ledger, read_events
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from gpuswarm.exec.base import AttemptEnd, EndKind
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.supervise.breaker import Breaker
 
 _clock = itertools.count()

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from gpuswarm.core import faults
+from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_bytes
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store import staging
-from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.queue import DirQueue, State, new_descriptor
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.queue import DirQueue, new_descriptor
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuswarm"
 CHAOS = Path(__file__).resolve().parent / "chaos"

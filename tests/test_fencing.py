@@ -10,8 +10,9 @@ import pytest
 
 from gpuswarm.core import fsutil
 from gpuswarm.core.errors import LeaseLostError
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.queue import Claimed, DirQueue, State, new_descriptor
+from gpuswarm.store.queue import Claimed, DirQueue, new_descriptor
 from gpuswarm.store.staging import create_layout, write_pending
 
 

@@ -19,7 +19,8 @@ import psutil
 import pytest
 
 from gpuswarm.core.logs import detect_oom, log_tail
-from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local import process, tree
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.tree import become_subreaper, kill_tree, sweep_orphans

@@ -11,17 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuswarm.core.models import State, base_name
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.queue import (
-    DirQueue,
-    State,
-    attempts_used,
-    base_name,
-    descriptor_name,
-    lease_of,
-    new_descriptor,
-    task_id_of,
-)
+from gpuswarm.store.names import descriptor_name, lease_of, task_id_of
+from gpuswarm.store.queue import DirQueue, attempts_used, new_descriptor
 from gpuswarm.store.staging import create_layout, write_pending
 
 

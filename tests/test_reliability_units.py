@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.outputs.check import check_run
+from gpuswarm.engine import check_run_dir as check_run
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.leases import attach, is_live, owner_alive, owner_id, write_owner_file
-from gpuswarm.store.ledger import Ev, Ledger, read_events
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.ledger import Ledger, read_events
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.supervise.recovery import reclaim_dead
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig

@@ -35,7 +35,8 @@ from gpuswarm.outputs.timeline import (
     timeline_png,
 )
 from gpuswarm.store.leases import host_slug
-from gpuswarm.store.queue import DirQueue, descriptor_name
+from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout
 
 PY = sys.executable

@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 
 from gpuswarm.core.errors import EXIT_BAD_INPUT, ConfigError
+from gpuswarm.core.redact import is_secret_name, redact_env, redact_text
 from gpuswarm.exec.sandbox import (
     CACHE_DIRS,
     CACHE_VARS,
     Provision,
     check_provision_dest,
-    is_secret_name,
     prepare_home,
-    redact_env,
-    redact_text,
 )
 
 NOBODY = 65534

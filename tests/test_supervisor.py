@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.ledger import Ledger, read_events
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 

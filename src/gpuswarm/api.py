@@ -21,6 +21,8 @@ from typing import Any, NamedTuple, TextIO
 
 from gpuswarm import __version__
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.models import State as TaskState
+from gpuswarm.core.models import base_name
 from gpuswarm.core.paths import RunPaths, resolve_run_dir
 from gpuswarm.engine import supervise
 from gpuswarm.exec.local import host_processes
@@ -29,8 +31,8 @@ from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.runoutput import Output
 from gpuswarm.runsetup import setup_from_info
 from gpuswarm.store.ledger import read_events
-from gpuswarm.store.queue import DirQueue, base_name, task_id_of
-from gpuswarm.store.queue import State as TaskState
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, latest_run, open_run
 from gpuswarm.store.runs import create_run as _create_run

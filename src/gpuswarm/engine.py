@@ -18,7 +18,9 @@ from gpuswarm.core.errors import (
     PreflightError,
     disk_full,
 )
+from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_json, read_json
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.exec.base import BackendOptions, create_backend
@@ -27,7 +29,8 @@ from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.outputs.status import run_state
-from gpuswarm.placement.gpus import GpuSet, Slot
+from gpuswarm.placement.devices import GpuSet
+from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.runsetup import (
@@ -42,8 +45,9 @@ from gpuswarm.runsetup import (
     setup_from_info,
 )
 from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
-from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.queue import DirQueue, State, task_id_of
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight

@@ -19,7 +19,8 @@ from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.redact import redact_tree
 from gpuswarm.exec.base import backend_names
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
-from gpuswarm.placement.gpus import GpuSet, Slot, parse_gpu_spec, plan_slots
+from gpuswarm.placement.devices import GpuSet
+from gpuswarm.placement.gpus import Slot, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.supervise.supervisor import SupervisorConfig
 

@@ -31,18 +31,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
-from gpuswarm.store.names import reclaim_name
-from gpuswarm.store.queue import (
-    Claimed,
-    DirQueue,
-    State,
-    attempts_used,
-    lease_of,
-    new_descriptor,
-)
+from gpuswarm.store.names import lease_of, reclaim_name
+from gpuswarm.store.queue import Claimed, DirQueue, attempts_used, new_descriptor
 from gpuswarm.store.staging import create_layout, write_pending
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 

@@ -28,7 +28,6 @@ __all__ = [
     "AttemptEnd",
     "Backend",
     "BackendOptions",
-    "EndKind",
     "Handle",
     "LaunchSpec",
     "Leftovers",

@@ -15,11 +15,11 @@ from typing import Any
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
-from gpuswarm.core.models import AttemptRecord, State
+from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
-from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.placement.gpus import Slot, isolation_env
 
 

@@ -32,10 +32,6 @@ from pathlib import Path
 
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.fsutil import atomic_write_bytes
-from gpuswarm.core.redact import REDACTED as REDACTED  # redaction lives in gpuswarm.core.redact
-from gpuswarm.core.redact import is_secret_name as is_secret_name
-from gpuswarm.core.redact import redact_env as redact_env
-from gpuswarm.core.redact import redact_text as redact_text
 
 CACHE_DIRS: dict[str, str] = {
     "XDG_CACHE_HOME": ".cache",

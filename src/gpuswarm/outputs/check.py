@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import RunLockedError
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.runview import RunView, TaskView
 from gpuswarm.store.leases import attach, is_live, owner_alive
 from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
-from gpuswarm.store.queue import DirQueue, State, corrupt_task_id, lease_of, task_id_of
+from gpuswarm.store.names import corrupt_task_id, lease_of, task_id_of
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run, set_aside, temp_files
 

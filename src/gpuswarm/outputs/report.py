@@ -16,14 +16,15 @@ from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.logs import log_tail
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
 from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
-from gpuswarm.placement.gpus import Gpu, GpuSet, Vendor, plan_slots
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
+from gpuswarm.placement.gpus import plan_slots
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader, last_attempt
 
 MAX_ROWS = 2000

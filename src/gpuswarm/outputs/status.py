@@ -15,12 +15,11 @@ from typing import Any
 from gpuswarm.core.events import Finished, SupervisorStarted
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.logs import log_tail
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.store.quarantines import lift_by_hand
-from gpuswarm.store.queue import State
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 

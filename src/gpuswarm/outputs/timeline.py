@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes
-from gpuswarm.core.models import AttemptRecord, Descriptor
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.core.models import AttemptRecord, Descriptor, State
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 
 COLORS = {

@@ -32,10 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuswarm.core.errors import GpuSpecError
-from gpuswarm.placement.devices import Gpu as Gpu  # re-exported: callers import them from here
-from gpuswarm.placement.devices import GpuSet as GpuSet
-from gpuswarm.placement.devices import Vendor as Vendor
-from gpuswarm.placement.devices import as_int
+from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int
 from gpuswarm.placement.probes import Runner, find_gpus, run_tool
 
 SIM_MAX = 1024

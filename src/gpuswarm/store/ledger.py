@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core import faults
-from gpuswarm.core.events import Ev as Ev  # re-exported: producers emit Ev.X through the ledger
+from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import dumps_compact
 from gpuswarm.core.records import event_problem, parse_event
 

@@ -41,9 +41,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders, visible
 from gpuswarm.store.names import (
     claim_name,
-    corrupt_task_id,
     descriptor_name,
-    lease_of,
     reclaim_name,
     task_id_of,
 )
@@ -348,20 +346,3 @@ def note_added(paths: RunPaths) -> None:
     except FileNotFoundError:
         marker.touch()
         os.utime(marker, ns=(now, now))
-
-
-# the names and helpers below moved (store.names, core.models); re-exported for their callers in
-# supervise, outputs, ui and research until those import them from there
-__all__ = [
-    "Claimed",
-    "DirQueue",
-    "State",
-    "attempts_used",
-    "base_name",
-    "corrupt_task_id",
-    "descriptor_name",
-    "lease_of",
-    "new_descriptor",
-    "note_added",
-    "task_id_of",
-]

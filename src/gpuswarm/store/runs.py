@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuswarm import __version__
 from gpuswarm.core.errors import RunDirError
+from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import (
     atomic_write_json,
     fsync_dir,
@@ -25,11 +26,11 @@ from gpuswarm.core.fsutil import (
     sync_tree,
     temp_writer_alive,
 )
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
-from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
-from gpuswarm.store.queue import DirQueue, State
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_json
+from gpuswarm.core.models import EndKind
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.exec.base import AttemptEnd, EndKind
+from gpuswarm.exec.base import AttemptEnd
 
 #: Ends that are the task's (or the setup's) own doing, never a device's.
 NOT_THE_DEVICE = frozenset(

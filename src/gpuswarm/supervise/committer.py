@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import LeaseLostError
+from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
-from gpuswarm.core.models import AttemptRecord
-from gpuswarm.exec.base import AttemptEnd, EndKind
+from gpuswarm.core.models import AttemptRecord, EndKind, State
+from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
-from gpuswarm.store.ledger import Ev
-from gpuswarm.store.queue import Claimed, State, attempts_used
+from gpuswarm.store.queue import Claimed, attempts_used
 from gpuswarm.supervise.context import LiveAttempt, Shared
 
 MAX_BACKOFF_SECONDS = 600.0

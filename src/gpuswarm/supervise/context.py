@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.events import Ev
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Handle
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import Claimed, DirQueue
 
 HEARTBEAT_SECONDS = 5.0

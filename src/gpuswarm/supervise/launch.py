@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.events import Ev
 from gpuswarm.exec.base import LaunchSpec
 from gpuswarm.exec.plan import launch_spec_for, set_aside_stale, values_for
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.store.ledger import Ev
-from gpuswarm.store.queue import Claimed, task_id_of
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import Shared
 
 

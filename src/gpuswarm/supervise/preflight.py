@@ -30,7 +30,8 @@ from typing import Any
 from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.exec.sandbox import Provision, prepare_home, redact_text
+from gpuswarm.core.redact import redact_text
+from gpuswarm.exec.sandbox import Provision, prepare_home
 from gpuswarm.placement.gpus import Slot, isolation_env
 
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take

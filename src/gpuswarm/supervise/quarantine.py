@@ -12,9 +12,9 @@ import time
 from collections import deque
 from typing import Any
 
+from gpuswarm.core.events import Ev
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.store.ledger import Ev
 from gpuswarm.supervise.breaker import Breaker, quarantine_file, write_quarantine
 from gpuswarm.supervise.context import Shared
 

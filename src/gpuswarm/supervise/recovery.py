@@ -18,17 +18,18 @@ from pydantic import ValidationError
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
+from gpuswarm.core.events import Ev
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
-from gpuswarm.core.models import AttemptRecord, Descriptor, Lease
+from gpuswarm.core.models import AttemptRecord, Descriptor, Lease, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import create_backend
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
-from gpuswarm.store.ledger import Ev, Ledger
+from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import leased_by, reclaimed_from
-from gpuswarm.store.queue import Claimed, DirQueue, State
+from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.runs import set_aside, temp_files
 
 

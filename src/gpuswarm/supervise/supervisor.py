@@ -29,13 +29,16 @@ from collections import deque
 from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError
+from gpuswarm.core.events import Ev
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, BackendOptions, create_backend
 from gpuswarm.exec.plan import skipped, slot_base_env
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.leases import owner_file
-from gpuswarm.store.ledger import Ev, Ledger
-from gpuswarm.store.queue import Claimed, DirQueue, State, lease_of
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import lease_of
+from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.keeper import Keeper

@@ -26,9 +26,9 @@ from gpuswarm.core.events import (
     Unquarantined,
     decode,
 )
+from gpuswarm.core.models import State
 from gpuswarm.core.redact import inert
 from gpuswarm.core.runview import RunView
-from gpuswarm.store.queue import State
 
 
 def is_terminal(stream: Any) -> bool:

@@ -21,7 +21,8 @@ import uuid
 import psutil
 
 from gpuswarm.core.logs import LogPump
-from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local.spawn import (
     LOG_FLAGS,
     PUMPED_LOG_FLAGS,
@@ -43,14 +44,12 @@ from gpuswarm.exec.local.tree import (
     _Stat,
     _token_of,
     _wait_until,
-    find_by_env,
-    kill_tree,
 )
 from gpuswarm.exec.local.waiter import AttemptState
 
 # find_by_env, kill_tree: research (its runner and proposers, through gpuswarm.api) ends its
 # own processes with them
-__all__ = ["Attempt", "find_by_env", "kill_tree"]
+__all__ = ["Attempt"]
 
 _ROUNDS = 10  # bounded passes over leftovers (a killed parent re-parents its children to us)
 _USE_PIDFD = hasattr(os, "pidfd_open")

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from gpuswarm.core.logs import detect_oom, log_tail
-from gpuswarm.exec.base import AttemptEnd, EndKind, LaunchSpec
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
 LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
