@@ -20,7 +20,7 @@ from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
-from gpuswarm.store.queue import Claimed, attempts_used
+from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import LiveAttempt, Shared
 
 MAX_BACKOFF_SECONDS = 600.0
@@ -120,19 +120,20 @@ class Committer:
 
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         run = self.run
-        data = claimed.data
-        claimed.desc.add_attempt(outcome.record)
+        desc = claimed.desc
+        desc.add_attempt(outcome.record)
         state = outcome.state
-        retry = state is State.FAILED and attempts_used(data) < task.max_attempts
-        delay = self.backoff(attempts_used(data)) if retry and not run.stopping.is_set() else 0
+        used = desc.attempts_used
+        retry = state is State.FAILED and used < task.max_attempts
+        delay = self.backoff(used) if retry and not run.stopping.is_set() else 0
         ended = state is State.SKIPPED or (state is State.FAILED and not retry)
-        data["reason"] = outcome.reason if ended else None
+        desc.reason = outcome.reason if ended else None
         if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
-            data["retry_at"] = round(time.time() + delay, 3)
+            at = desc.retry_at = round(time.time() + delay, 3)
             run.queue.save(claimed)
             with run.lock:  # the loop does not end while a retry waits
                 self._delay_seq += 1
-                heapq.heappush(self._delayed, (data["retry_at"], self._delay_seq, claimed))
+                heapq.heappush(self._delayed, (at, self._delay_seq, claimed))
         rec = outcome.record
 
         def announce() -> None:
@@ -147,7 +148,7 @@ class Committer:
                 retry=retry,
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
-                used=attempts_used(data),  # attempts of the current budget: "used/max_attempts"
+                used=used,  # attempts of the current budget: "used/max_attempts"
             )
 
         if delay > 0:
@@ -165,7 +166,7 @@ class Committer:
         """A stop interrupted this task: back to pending/, not counted as a failed attempt."""
         if record is not None:
             claimed.desc.add_attempt(record.but(interrupted=True))
-        claimed.data["interruptions"] = claimed.data.get("interruptions", 0) + 1
+        claimed.desc.note_interrupted()
         self.run.queue.move(
             claimed, State.PENDING, self._requeued(claimed, "interrupted", "running")
         )
@@ -189,7 +190,7 @@ class Committer:
 
     def _release(self, claimed: Claimed) -> None:
         run = self.run
-        claimed.data.pop("retry_at", None)
+        claimed.desc.take_retry_at()
         try:
             run.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
         except LeaseLostError:

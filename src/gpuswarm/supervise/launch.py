@@ -51,7 +51,7 @@ def plan_attempt(
 ) -> Planned:
     """The next attempt of ``task`` on ``slot``, with a stale completion file set aside."""
     paths = run.paths
-    number = len(claimed.data["attempts"]) + 1
+    number = claimed.desc.next_attempt
     gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
     values = values_for(paths, task, slot, gpu_ids, number)
     spec = launch_spec_for(
