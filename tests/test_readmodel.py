@@ -25,11 +25,10 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.status import run_status
 from gpuswarm.store.ledger import EventTail, Ledger, read_events
-from gpuswarm.store.quarantines import lift_by_hand, read_quarantines
+from gpuswarm.store.quarantines import lift_by_hand, read_quarantines, write_quarantine
 from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
-from gpuswarm.supervise.breaker import write_quarantine
 from gpuswarm.ui import watch as watch_module
 from gpuswarm.ui.terminal import PlainReporter
 

@@ -1,7 +1,7 @@
-"""The quarantine files of a run (``.parallel/quarantine/<slot>@<owner>.json``): read, and lifted
-by hand.
+"""The quarantine files of a run (``.parallel/quarantine/<slot>@<owner>.json``): written, read,
+and lifted by hand.
 
-A live supervisor's breaker (``supervise/breaker.py``) writes one file per slot it takes out of
+A live supervisor writes one file per slot its breaker (``supervise/breaker.py``) takes out of
 rotation and removes it when a probe succeeds; ``gpuswarm unquarantine`` removes files here and
 the supervisors holding them notice within a second. Readers (status, watch, the live table)
 and the lifting command reach them through this module, not through the supervisor's code.
@@ -12,9 +12,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
+from pathlib import Path
 from typing import Any
 
+from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.paths import RunPaths
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.:" else "-" for c in text)
+
+
+def quarantine_file(paths: RunPaths, slot: str, owner: str) -> Path:
+    return paths.quarantine / f"{_safe(slot)}@{_safe(owner)}.json"
+
+
+def write_quarantine(paths: RunPaths, slot: str, owner: str, info: dict[str, Any]) -> Path:
+    """Take ``slot`` of ``owner`` out of rotation durably (its supervisor removes the file when
+    a probe succeeds; ``unquarantine`` removes it by hand)."""
+    path = quarantine_file(paths, slot, owner)
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_json(path, {"slot": slot, "owner": owner, "since": time.time(), **info})
+    return path
 
 
 def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:

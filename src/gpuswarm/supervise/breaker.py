@@ -19,18 +19,10 @@ in ``.parallel/quarantine/``; the supervisor notices within a second.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.models import EndKind
-from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd
 
 #: Ends that are the task's (or the setup's) own doing, never a device's.
@@ -39,47 +31,6 @@ NOT_THE_DEVICE = frozenset(
 )
 OTHERS_MAX_FAILURE_SHARE = 0.2  # the other slots' failure share for a slot to be blamed
 RECENT = 512  # ends of all slots remembered for the comparison
-
-
-def quarantine_dir(paths: RunPaths) -> Path:
-    return paths.parallel / "quarantine"
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.:" else "-" for c in text)
-
-
-def quarantine_file(paths: RunPaths, slot: str, owner: str) -> Path:
-    return quarantine_dir(paths) / f"{_safe(slot)}@{_safe(owner)}.json"
-
-
-def read_quarantines(paths: RunPaths) -> list[dict[str, Any]]:
-    """The quarantine files of a run (live supervisors keep one per quarantined slot)."""
-    folder = quarantine_dir(paths)
-    out = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(folder)):
-            if name.startswith(".") or not name.endswith(".json"):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads((folder / name).read_text())
-                if isinstance(data, dict):
-                    data["file"] = name
-                    out.append(data)
-    return out
-
-
-def lift_by_hand(paths: RunPaths, slot: str | None) -> list[dict[str, Any]]:
-    """Remove the quarantine files of ``slot`` (every slot when None); the supervisors holding
-    them put the slots back in rotation. Returns what was lifted."""
-    lifted = []
-    for q in read_quarantines(paths):
-        label = str(q.get("slot"))
-        if slot is None or label == slot or label.endswith(f"-{slot}"):  # "gpu2" for "vm-gpu2"
-            with contextlib.suppress(FileNotFoundError):
-                (quarantine_dir(paths) / q["file"]).unlink()
-                lifted.append(q)
-    return lifted
 
 
 @dataclass
@@ -174,10 +125,3 @@ class Breaker:
     def lifted(self, slot: str) -> None:
         """Lifted by hand: a clean slate."""
         self._slots[slot] = _Slot()
-
-
-def write_quarantine(paths: RunPaths, slot: str, owner: str, info: dict[str, Any]) -> Path:
-    path = quarantine_file(paths, slot, owner)
-    path.parent.mkdir(exist_ok=True)
-    atomic_write_json(path, {"slot": slot, "owner": owner, "since": time.time(), **info})
-    return path

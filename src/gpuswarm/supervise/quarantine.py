@@ -15,7 +15,8 @@ from typing import Any
 from gpuswarm.core.events import Ev
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.supervise.breaker import Breaker, quarantine_file, write_quarantine
+from gpuswarm.store.quarantines import quarantine_file, write_quarantine
+from gpuswarm.supervise.breaker import Breaker
 from gpuswarm.supervise.context import Shared
 
 
