@@ -20,11 +20,11 @@ import pytest
 from gpuswarm.core import faults
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_bytes
-from gpuswarm.core.models import State
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store import staging
 from gpuswarm.store.ledger import Ledger
-from gpuswarm.store.queue import DirQueue, new_descriptor
+from gpuswarm.store.queue import DirQueue
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gpuswarm"
 CHAOS = Path(__file__).resolve().parent / "chaos"
@@ -49,7 +49,7 @@ def _queue(root: Path, n: int) -> DirQueue:
     paths = RunPaths(root)
     staging.create_layout(paths)
     tasks = [{"id": f"t{i}", "priority": 0} for i in range(n)]
-    staging.write_pending(paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
+    staging.write_pending(paths, (Descriptor.new(t, i) for i, t in enumerate(tasks)))
     return DirQueue(paths, durable=False)
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from gpuswarm.core import fsutil
 from gpuswarm.core.errors import LeaseLostError
-from gpuswarm.core.models import State
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.queue import Claimed, DirQueue, new_descriptor
+from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 
@@ -55,7 +55,7 @@ def test_a_stale_temp_of_this_thread_does_not_block_a_fenced_write(tmp_path: Pat
 def _claimed(tmp_path: Path) -> tuple[DirQueue, Claimed]:
     paths = RunPaths(tmp_path)
     create_layout(paths)
-    write_pending(paths, [new_descriptor({"id": "t", "priority": 0}, 0)])
+    write_pending(paths, [Descriptor.new({"id": "t", "priority": 0}, 0)])
     queue = DirQueue(paths, durable=False)
     claimed = queue.claim("host:1:2", 0)
     assert claimed is not None

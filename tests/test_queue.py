@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuswarm.core.models import State, base_name
+from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.names import descriptor_name, lease_of, task_id_of
-from gpuswarm.store.queue import DirQueue, attempts_used, new_descriptor
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 
@@ -22,7 +22,7 @@ def make_queue(root: Path, n: int, priorities: list[int] | None = None) -> DirQu
     paths = RunPaths(root)
     create_layout(paths)
     tasks = [{"id": f"t{i:05d}", "priority": priorities[i] if priorities else 0} for i in range(n)]
-    write_pending(paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
+    write_pending(paths, (Descriptor.new(t, i) for i, t in enumerate(tasks)))
     return DirQueue(paths, durable=False)
 
 
@@ -73,11 +73,11 @@ def test_corrupt_descriptor_is_moved_aside(tmp_path: Path) -> None:
 
 
 def test_attempts_used_ignores_interrupted_and_old_budgets() -> None:
-    d = new_descriptor({"id": "x"}, 0)
+    d = Descriptor.new({"id": "x"}, 0).raw
     d["attempts"] = [{"n": 1}, {"n": 2, "interrupted": True}, {"n": 3}]
-    assert attempts_used(d) == 2
+    assert Descriptor(d).attempts_used == 2
     d["budget_from"] = 2
-    assert attempts_used(d) == 1
+    assert Descriptor(d).attempts_used == 1
 
 
 def _claimer(root: str, worker: int, out: str) -> None:

@@ -12,7 +12,6 @@ small frozen dataclasses) are the contract.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.runoutput import Output
 from gpuswarm.runsetup import setup_from_info
+from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -172,22 +172,18 @@ class TaskRef(NamedTuple):
 
 def task_states(run: RunPaths) -> dict[str, TaskRef]:
     """Task id -> its state and entry, for every task but the skipped (one look per state)."""
-    out: dict[str, TaskRef] = {}
-    for state in (TaskState.PENDING, TaskState.RUNNING, *_ENDED):
-        for name in os.listdir(run.state_dir(state.value)):
-            if not name.startswith("."):
-                out[task_id_of(base_name(name))] = TaskRef(state, name)
-    return out
+    folders = QueueFolders(run)
+    return {
+        task_id_of(base_name(name)): TaskRef(state, name)
+        for state in (TaskState.PENDING, TaskState.RUNNING, *_ENDED)
+        for name in folders.names(state)
+    }
 
 
 def finished_ids(run: RunPaths) -> set[str]:
     """The ids of the tasks that ended (done or failed)."""
-    out: set[str] = set()
-    for state in _ENDED:
-        out.update(
-            task_id_of(n) for n in os.listdir(run.state_dir(state.value)) if not n.startswith(".")
-        )
-    return out
+    folders = QueueFolders(run)
+    return {task_id_of(name) for state in _ENDED for name in folders.names(state)}
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ def read_journal(path: Path) -> Iterator[dict[str, Any]]:
 
 def has_pending(run: RunPaths) -> bool:
     """Whether any task is queued and not yet claimed."""
-    return bool(DirQueue(run).names(TaskState.PENDING))
+    return bool(QueueFolders(run).names(TaskState.PENDING))
 
 
 # -- serving -----------------------------------------------------------------------------------

@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps
-from gpuswarm.core.models import State
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of, reclaim_name
-from gpuswarm.store.queue import Claimed, DirQueue, attempts_used, new_descriptor
+from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 
@@ -68,7 +68,7 @@ class QueueMachine(RuleBasedStateMachine):
             {"id": tid, "name": tid, "priority": 0, "max_attempts": m}
             for tid, m in self.max_attempts.items()
         ]
-        write_pending(self.paths, (new_descriptor(t, i) for i, t in enumerate(tasks)))
+        write_pending(self.paths, (Descriptor.new(t, i) for i, t in enumerate(tasks)))
         self.ledger = Ledger(self.paths.events, durable=False)
         # the model: each task's folder and number of recorded attempts
         self.model: dict[str, str] = dict.fromkeys(self.max_attempts, "pending")
@@ -257,7 +257,7 @@ class QueueMachine(RuleBasedStateMachine):
                 expected[tid] = self.begun.pop(tid)  # reclaim finishes a begun move
             else:
                 self.attempts[tid] += 1  # the lost attempt, which counts
-                used = attempts_used(data) + 1
+                used = Descriptor(data).attempts_used + 1
                 expected[tid] = "failed" if used >= self.max_attempts[tid] else "pending"
         count = reclaim_dead(sup.queue, self.ledger, sup.owner, lease_ttl=TTL)
         assert count == len(expected), (count, expected)
@@ -363,7 +363,7 @@ def _one_task_run(tmp_path: Path, max_attempts: int) -> tuple[RunPaths, Ledger]:
     paths.root.mkdir()
     create_layout(paths)
     task = {"id": "t0", "name": "t0", "priority": 0, "max_attempts": max_attempts}
-    write_pending(paths, [new_descriptor(task, 0)])
+    write_pending(paths, [Descriptor.new(task, 0)])
     return paths, Ledger(paths.events, durable=False)
 
 

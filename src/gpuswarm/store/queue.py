@@ -67,15 +67,6 @@ class Claimed:
         return str(self.data["id"])
 
 
-def new_descriptor(task: dict[str, Any], seq: int) -> dict[str, Any]:
-    return Descriptor.new(task, seq).raw
-
-
-def attempts_used(data: dict[str, Any]) -> int:
-    """Attempts that count against ``max_attempts`` (interrupted ones and earlier budgets don't)."""
-    return Descriptor(data).attempts_used
-
-
 class DirQueue(QueueFolders):
     """One process's handle on a run's queue. Thread-safe; several processes may share a run."""
 
