@@ -187,7 +187,7 @@ class LoadedConfig:
             if "image" not in base:
                 raise ConfigError("--backend docker: give the image with --image IMG")
             base["args"] = [*base.get("args", []), *args]
-            base["mounts"] = [*base.get("mounts", []), *(_mount_flag(m) for m in mounts)]
+            base["mounts"] = [*base.get("mounts", []), *(mount_flag(m) for m in mounts)]
             base["pass_env"] = [*base.get("pass_env", []), *pass_env]
             if network is not None:
                 base["network"] = network
@@ -207,7 +207,7 @@ class LoadedConfig:
         return path if path.is_absolute() else self.base_dir / path
 
 
-def _mount_flag(text: str) -> dict[str, Any]:
+def mount_flag(text: str) -> dict[str, Any]:
     """``--mount SRC:DEST[:ro]`` as a mounts: entry."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
