@@ -16,8 +16,12 @@ coreutils and ``/usr/bin/python3`` (stdlib only) then work inside.
   containers (label ``gpuswarm.run``), for the leak check of ``tests/conftest.py``;
 - :func:`docker_yaml`: the ``backend: docker`` lines of a test config.
 
-Plain functions (fixtures: ``tests/conftest.py``); ``pythonpath`` in pyproject.toml puts this
-folder on ``sys.path``.
+It is also a pytest plugin (``tests/conftest.py`` imports its hook and fixtures; elsewhere
+``-p dockerkit``): a test marked ``docker`` is skipped or failed as :func:`require_docker` says;
+after it, every gpuswarm container whose run folder is under its ``tmp_path`` (or a folder it
+added to ``docker_roots``) is removed, and one that was still there fails the test: a container
+left behind is a leak, a bug of the backend. ``docker_image``: the test image's tag.
+``pythonpath`` in pyproject.toml puts this folder on ``sys.path``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -137,7 +142,9 @@ def build_test_image(tag: str = IMAGE) -> str:
         with tempfile.TemporaryDirectory(prefix="gpuswarm-rootfs-") as tmp:
             tar = Path(tmp) / "rootfs.tar"
             _rootfs_tar(tar)
-            docker("import", "--message", "gpuswarm test image (run with /usr mounted)", str(tar), tag)
+            docker(
+                "import", "--message", "gpuswarm test image (run with /usr mounted)", str(tar), tag
+            )
     return tag
 
 
@@ -190,7 +197,9 @@ def remove_containers(found: Iterable[Container]) -> None:
         docker("rm", "-f", *ids, check=False)
 
 
-def wait_no_containers(roots: Iterable[str | os.PathLike[str]], timeout: float = 5.0) -> list[Container]:
+def wait_no_containers(
+    roots: Iterable[str | os.PathLike[str]], timeout: float = 5.0
+) -> list[Container]:
     """gpuswarm's containers under ``roots`` still there after up to ``timeout`` s ([]: none).
 
     The wait covers a removal still in flight when a CLI returned (``docker rm`` of an ended
@@ -203,6 +212,43 @@ def wait_no_containers(roots: Iterable[str | os.PathLike[str]], timeout: float =
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
+
+
+class ContainerWatcher:
+    """Polls gpuswarm's containers under ``roots`` in a thread until :meth:`stop`: every
+    container seen (id -> :class:`Container`) and each poll's running ones (``snapshots``)."""
+
+    def __init__(self, roots: Iterable[str | os.PathLike[str]], interval: float = 0.2) -> None:
+        self.roots = list(roots)
+        self.interval = interval
+        self.seen: dict[str, Container] = {}
+        self.snapshots: list[list[Container]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> ContainerWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                found = containers_under(self.roots)
+            except (AssertionError, subprocess.TimeoutExpired) as exc:  # keep polling
+                self.errors.append(str(exc))
+                found = []
+            for c in found:
+                self.seen.setdefault(c.id, c)
+            self.snapshots.append([c for c in found if c.state == "running"])
+            self._stop.wait(self.interval)
 
 
 # -- config --------------------------------------------------------------------------------------
@@ -218,3 +264,36 @@ def docker_yaml(image: str = IMAGE, *, extra_mounts: Iterable[dict[str, object]]
 
 # the CLI equivalent for command lists: the same image, mount and network as docker run args
 USR_DOCKER_ARGS = ["--docker-arg=--volume=/usr:/usr:ro", "--docker-arg=--network=none"]
+
+
+# -- the pytest plugin -----------------------------------------------------------------------
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is not None:
+        require_docker()
+
+
+@pytest.fixture
+def docker_roots(request: pytest.FixtureRequest) -> Iterator[list[Path]]:
+    """Folders whose runs' containers must all be gone after the test (``tmp_path`` first);
+    a test running gpuswarm elsewhere appends its folder."""
+    roots: list[Path] = [request.getfixturevalue("tmp_path")]
+    yield roots
+    left = wait_no_containers(roots)
+    remove_containers(left)
+    if left:
+        pytest.fail(
+            "containers left behind (removed now): " + "; ".join(map(str, left)), pytrace=False
+        )
+
+
+@pytest.fixture(autouse=True)
+def _docker_leak_check(request: pytest.FixtureRequest) -> None:
+    """Every ``docker``-marked test gets the leak check of ``docker_roots``."""
+    if request.node.get_closest_marker("docker") is not None:
+        request.getfixturevalue("docker_roots")
+
+
+@pytest.fixture
+def docker_image() -> str:
+    """The offline test image's tag, built on first use."""
+    return build_test_image()
