@@ -262,8 +262,8 @@ def docker_yaml(image: str = IMAGE, *, extra_mounts: Iterable[dict[str, object]]
     return "\n".join(lines) + "\n"
 
 
-# the CLI equivalent for command lists: the same image, mount and network as docker run args
-USR_DOCKER_ARGS = ["--docker-arg=--volume=/usr:/usr:ro", "--docker-arg=--network=none"]
+# the same for the command line (``gpuswarm run --backend docker --image IMG ...``)
+USR_CLI_ARGS = ["--mount", "/usr:/usr:ro", "--network", "none"]
 
 
 # -- the pytest plugin -----------------------------------------------------------------------

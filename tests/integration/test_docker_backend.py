@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliProcess, CliResult, cli_argv, cli_env, find_runs
-from dockerkit import IMAGE, USR_DOCKER_ARGS, USR_MOUNT, ContainerWatcher
+from dockerkit import IMAGE, USR_CLI_ARGS, USR_MOUNT, ContainerWatcher
 from integration_support import task_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -36,13 +36,16 @@ HOST_MNT_NS = str(Path("/proc/self/ns/mnt").readlink())
 
 # What a task records in its workspace (run on the host's /usr inside the container):
 # env.bin (env -0), parallel.txt (what of the run's .parallel/ it can see), ns.txt (its mount
-# namespace), times.txt (start end), and its id appended to $HOME/tasks.log (the slot's HOME).
+# namespace), container.txt (its hostname: the container's id), homes.txt (the slots' homes it
+# can see), times.txt (start end), and its id appended to $HOME/tasks.log (the slot's HOME).
 PROBE = (
     "s=$(date +%s.%N); "
     "env -0 > {workspace}/env.bin; "
     "if [ -e {run_dir}/.parallel ]; then ls -A {run_dir}/.parallel | wc -l; else echo absent; fi"
     " > {workspace}/parallel.txt; "
     "readlink /proc/self/ns/mnt > {workspace}/ns.txt; "
+    "cat /etc/hostname > {workspace}/container.txt; "
+    "ls -A {run_dir}/homes > {workspace}/homes.txt 2>/dev/null; "
     "id -u > {workspace}/uid.txt; "
     'echo {task_id} >> "$HOME/tasks.log"; '
     "echo hello from $GPUSWARM_SLOT_ID; "
@@ -100,7 +103,7 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
     user = pwd.getpwuid(os.getuid()).pw_name
     by_gpu: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     slot_of: dict[str, str] = {}
-    namespaces = set()
+    namespaces, hosts = set(), set()
     for task in ids:
         ws = run_dir / "tasks" / task
         env = read_env(ws / "env.bin")
@@ -118,6 +121,8 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
         # the queue is not visible inside; the task ran in a container of its own
         assert (ws / "parallel.txt").read_text().split() in (["absent"], ["0"]), task
         namespaces.add((ws / "ns.txt").read_text().strip())
+        hosts.add((ws / "container.txt").read_text().strip())
+        assert set((ws / "homes.txt").read_text().split()) <= {slot}, task  # not the others'
         assert (ws / "uid.txt").read_text().strip() == str(os.getuid())
         start, end = map(float, (ws / "times.txt").read_text().split())
         by_gpu[host_gpu].append((start, end, task))
@@ -125,7 +130,7 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
         log = (ws / "attempt-1" / "output.log").read_text()
         assert f"hello from {slot}" in log, (task, log)
     assert HOST_MNT_NS not in namespaces
-    assert len(namespaces) == len(ids)  # one container per attempt
+    assert len(hosts) == len(ids), hosts  # one container per attempt
     assert sorted(by_gpu) == ["0", "1", "2", "3"], by_gpu
     for gpu, spans in by_gpu.items():
         assert not overlaps(spans), (gpu, overlaps(spans))
@@ -242,7 +247,7 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         "docker",
         "--image",
         docker_image,
-        *USR_DOCKER_ARGS,
+        *USR_CLI_ARGS,
         cmds,
     )
     assert res.returncode == 0, str(res)
