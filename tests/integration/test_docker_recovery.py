@@ -129,3 +129,72 @@ def test_resume_after_a_sigkilled_supervisor_removes_its_containers_first(
     assert res.returncode == 0, str(res)
     assert task_states(run_dir) == dict.fromkeys(ids, "done")
     assert containers(run=run_dir) == []
+
+
+# -- 3. a stop (SIGTERM) ends the containers; resume finishes ------------------------------------
+def test_a_stop_ends_every_container_and_resume_finishes(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen, docker_image: str
+) -> None:
+    token = f"{random.randrange(10**6, 10**7)}.5"
+    config = write_config(
+        tmp_path,
+        {
+            "name": "stop",
+            "workspace": "ws",
+            "gpus": "sim:2",
+            "grace": "1s",
+            "backend": "docker",
+            "docker": docker_block(docker_image),
+            "tasks": [
+                {
+                    "name": f"s{i}",
+                    "shell": True,
+                    "command": f"test -f {{workspace}}/again || {{ touch {{workspace}}/again; "
+                    f"exec sleep {token}; }}",
+                }
+                for i in range(2)
+            ],
+        },
+    )
+    run = gpuswarm_popen("run", "--plain", "--no-report", config)
+    run_dir = wait_for_run(tmp_path / "ws")
+    wait_for(lambda: len(processes_with_arg(token)) == 2, 30, 0.1, what="two tasks asleep inside")
+    run.send(signal.SIGTERM)
+    assert run.wait(30).returncode == 130, run.stderr()
+    assert containers(run=run_dir) == []
+    assert processes_with_arg(token) == []
+    assert set(task_states(run_dir).values()) == {"pending"}
+    res = gpuswarm("resume", run_dir, "-q", "--no-report")
+    assert res.returncode == 0, str(res)
+    assert task_states(run_dir) == {"s0": "done", "s1": "done"}
+
+
+# -- 4. check sees a dead owner's containers; --repair removes them -------------------------------
+def test_check_reports_a_dead_owners_containers_and_repair_removes_them(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen, docker_image: str
+) -> None:
+    config = write_config(
+        tmp_path,
+        {
+            "name": "chk",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image),
+            "tasks": [{"name": "c", "shell": True, "command": "touch {workspace}/in; sleep 60"}],
+        },
+    )
+    run = gpuswarm_popen("run", "--plain", "--no-report", config)
+    run_dir = wait_for_run(tmp_path / "ws")
+    wait_for(lambda: (run_dir / "tasks" / "c" / "in").exists(), 30, 0.1, what="the task inside")
+    run.send(signal.SIGKILL)
+    run.wait(10)
+    (left,) = containers(run=run_dir)
+    res = gpuswarm("check", run_dir)
+    assert res.returncode == 1, str(res)
+    assert left.name in res.stdout, str(res)
+    assert containers(run=run_dir) == [left]  # check alone changes nothing
+    res = gpuswarm("check", "--repair", run_dir)
+    assert res.returncode == 0, str(res)
+    assert containers(run=run_dir) == []
+    assert task_states(run_dir) == {"c": "pending"}
