@@ -340,3 +340,41 @@ def test_an_engine_that_cannot_be_reached_exits_2_before_any_claim(
         str(res)
     )
     _assert_nothing_created(tmp_path / "ws")
+
+
+# -- 6. several GPUs per task: renumbered 0..k-1 inside; after_all in a container ----------------
+def test_two_gpus_per_task_are_renumbered_and_after_all_runs_in_a_container(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    mount = {"src": str(probe), "dest": str(probe), "read_only": False}
+    config = write_config(
+        tmp_path,
+        {
+            "name": "two",
+            "workspace": "ws",
+            "gpus": "sim:4",
+            "gpus_per_task": 2,
+            "backend": "docker",
+            "docker": docker_block(docker_image, mount),
+            "after_all": f"readlink /proc/self/ns/mnt > {probe}/after_all.ns",
+            "tasks": [
+                {"name": n, "shell": True, "command": "env -0 > {workspace}/env.bin"}
+                for n in ("a", "b")
+            ],
+        },
+    )
+    res = gpuswarm("run", "-q", "--no-report", config)
+    assert res.returncode == 0, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    host_ids = set()
+    for task in ("a", "b"):
+        env = read_env(run_dir / "tasks" / task / "env.bin")
+        for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+            assert env.get(var, "0,1") == "0,1", (task, var, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1", env
+        host_ids.add(env["GPUSWARM_GPU_IDS"])
+    assert sorted(host_ids) in (["0,1", "2,3"], ["2,3"], ["0,1"]), host_ids
+    ns = (probe / "after_all.ns").read_text().strip()
+    assert ns and ns != HOST_MNT_NS  # after_all ran in a container too
