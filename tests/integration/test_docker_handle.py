@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,13 @@ from gpuswarm.exec.docker.backend import DockerBackend
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def unique(name: str) -> str:
-    """An owner id no other test (another xdist worker, another checkout on this engine) uses:
-    a backend's close() and end_leftovers remove every container of its owner."""
-    return f"{name}-{uuid.uuid4().hex[:12]}"
-
-
-def backend_for(run: Path, image: str, owner: str | None = None) -> DockerBackend:
+def backend_for(run: Path, image: str, owner: str = "") -> DockerBackend:
+    """A backend of run ``run``; its owner id is unique like a supervisor's (close() removes
+    every container of its owner: tests running side by side must not share one)."""
+    owner = owner or f"test-{run.parent.name}"
     settings = DockerConfig.model_validate(
         {"image": image, "network": "none", "mounts": [USR_MOUNT]}
     )
-    owner = owner or unique("test-owner")
     options = BackendOptions(docker=settings, run_dir=str(run), owner=owner, max_log_bytes=1 << 20)
     backend = DockerBackend(options)
     backend.open()
@@ -86,8 +81,7 @@ def test_a_dead_owners_containers_are_found_by_label_and_removed(
     tmp_path: Path, docker_image: str
 ) -> None:
     run = tmp_path / "run"
-    dead = unique("dead-owner")
-    labels = ["--label", f"gpuswarm.run={run}", "--label", f"gpuswarm.owner={dead}"]
+    labels = ["--label", f"gpuswarm.run={run}", "--label", "gpuswarm.owner=dead-owner"]
     common = ["run", "-d", "--init", "--network", "none", "-v", "/usr:/usr:ro", *labels]
     # one still running (ignoring TERM, with a setsid escapee), one that ended earlier
     docker(
@@ -102,11 +96,11 @@ def test_a_dead_owners_containers_are_found_by_label_and_removed(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     before = sorted(c.name for c in containers(run))
-    backend = backend_for(run, docker_image, owner=unique("me"))
+    backend = backend_for(run, docker_image, owner="me")
     try:
         assert sorted(map(str, backend.leftovers(str(run)))) == before  # `gpuswarm check`
-        assert backend.end_leftovers(owner=unique("someone-else")).ids == []
-        found = backend.end_leftovers(owner=dead, grace=1)
+        assert backend.end_leftovers(owner="someone-else").ids == []
+        found = backend.end_leftovers(owner="dead-owner", grace=1)
         assert sorted(map(str, found.ids)) == before
         assert found.tasks == frozenset({"t1"})  # the running attempt: never judged done
         assert found.killed == 1
