@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from cli_driver import CliProcess, CliResult, cli_argv, cli_env, find_runs
 from dockerkit import IMAGE, USR_CLI_ARGS, USR_MOUNT, ContainerWatcher
-from integration_support import task_states
+from integration_support import read_results, task_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -340,6 +340,45 @@ def test_an_engine_that_cannot_be_reached_exits_2_before_any_claim(
         str(res)
     )
     _assert_nothing_created(tmp_path / "ws")
+
+
+def test_a_mount_whose_source_is_missing_exits_2_before_any_claim(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    missing = tmp_path / "no-such-data"
+    config = write_config(
+        tmp_path,
+        {
+            "name": "nomount",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image, {"src": str(missing), "dest": "/data"}),
+            "tasks": [{"name": "t", "command": ["true"]}],
+        },
+    )
+    res = gpuswarm("run", "--no-report", config)
+    assert res.returncode == 2, str(res)
+    assert str(missing) in res.stderr, str(res)
+    assert not missing.exists()  # docker's -v would have made it, as root
+    _assert_nothing_created(tmp_path / "ws")
+
+
+def test_a_run_argument_docker_refuses_fails_the_attempt_with_dockers_reason(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        *USR_CLI_ARGS, "--docker-arg=--gpuswarm-no-such-flag", cmds,
+    )  # fmt: skip
+    assert res.returncode == 1, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    reason = read_results(run_dir)["cmd-00001"]["reason"]
+    # docker's own failure, told apart from the task's exit, with docker's words (its first
+    # line: "unknown flag: ...", not the usage hint after it)
+    assert "docker could not start" in reason and "gpuswarm-no-such-flag" in reason, reason
 
 
 # -- 6. several GPUs per task: renumbered 0..k-1 inside; after_all in a container ----------------
