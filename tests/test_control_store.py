@@ -26,7 +26,7 @@ def test_a_pending_task_is_cancelled_at_once_and_journaled_first(tmp_path: Path)
     seen: list[str] = []
 
     def announce(desc: Descriptor) -> None:  # journaled before it shows up in cancelled/
-        seen.append(desc.state)
+        seen.append(str(desc.state))
         assert not q.names(State.CANCELLED)
 
     desc = q.cancel_pending("a", "cancelled by me", announce)
@@ -47,7 +47,7 @@ def test_a_cancelled_task_is_retried_with_a_fresh_budget(tmp_path: Path) -> None
     (name,) = q.names(State.CANCELLED)
     froms: list[str] = []
     with q.control_lock():
-        desc = q.retry(State.CANCELLED, name, lambda d: froms.append(d.state))
+        desc = q.retry(State.CANCELLED, name, lambda d: froms.append(str(d.state)))
     assert desc is not None and froms == ["pending"]
     assert q.names(State.CANCELLED) == [] and q.names(State.PENDING) == [name]
     claimed = q.claim("o", 0)
