@@ -47,6 +47,7 @@ PROBE = (
     "cat /etc/hostname > {workspace}/container.txt; "
     "ls -A {run_dir}/homes > {workspace}/homes.txt 2>/dev/null; "
     "id -u > {workspace}/uid.txt; "
+    'if [ -d "$HOME" ]; then echo yes; else echo no; fi > {workspace}/home_ok.txt; '
     'echo {task_id} >> "$HOME/tasks.log"; '
     "echo hello from $GPUSWARM_SLOT_ID; "
     "sleep 0.4; "
@@ -117,6 +118,8 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
         assert env["GPUSWARM_GPU_IDS"] == host_gpu, (task, env)
         assert slot.endswith(f"-gpu{host_gpu}"), (task, slot, host_gpu)
         assert env["HOME"] == str(run_dir / "homes" / slot), (task, env["HOME"])
+        home_ok = (ws / "home_ok.txt").read_text().strip()
+        assert home_ok == "yes", f"{task}: the slot's HOME {env['HOME']} is not there inside"
         assert env["USER"] == user and env["LOGNAME"] == user, (task, env)
         # the queue is not visible inside; the task ran in a container of its own
         assert (ws / "parallel.txt").read_text().split() in (["absent"], ["0"]), task
@@ -168,56 +171,73 @@ def nobody_dir(docker_roots: list[Path]) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.skipif(
+NEEDS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
     reason="needs root and setpriv to run gpuswarm as another user",
 )
-def test_files_a_task_writes_belong_to_the_invoking_user(
-    nobody_dir: Path, docker_image: str
-) -> None:
-    socket = Path("/var/run/docker.sock")
-    if not socket.exists() or "DOCKER_HOST" in os.environ:
+SOCKET = Path("/var/run/docker.sock")
+
+
+def run_as_nobody(folder: Path, config: Path, *, docker_group: bool) -> CliResult:
+    """``gpuswarm run config`` as uid 65534 in ``folder`` (its HOME), in the group of the docker
+    socket (root:docker 0660) or in no group at all."""
+    if not SOCKET.exists() or "DOCKER_HOST" in os.environ:
         pytest.skip("needs the engine on the default socket (its group lets uid 65534 in)")
+    groups = [f"--groups={SOCKET.stat().st_gid}"] if docker_group else ["--clear-groups"]
     setpriv = [
         "setpriv",
         f"--reuid={NOBODY}",
         f"--regid={NOBODY}",
-        f"--groups={socket.stat().st_gid}",  # the docker socket is root:docker 0660
+        *groups,
         # read/search bypass only, to reach the interpreter; writes obey the modes
         "--inh-caps=+dac_read_search",
         "--ambient-caps=+dac_read_search",
         "--",
     ]
-    task = (
-        "id -u > {workspace}/uid.txt; mkdir {workspace}/sub; echo x > {workspace}/sub/f.txt; "
-        'echo h > "$HOME/in-home.txt"'
-    )
-    config = write_config(
-        nobody_dir,
-        {
-            "name": "own",
-            "workspace": "ws",
-            "gpus": "sim:1",
-            "backend": "docker",
-            "docker": docker_block(docker_image),
-            "tasks": [{"name": "w", "shell": True, "command": task}],
-        },
-    )
     os.chown(config, NOBODY, NOBODY)
+    argv = cli_argv(
+        "run", "-q", "--no-report", config, prefix=[*setpriv, sys.executable, "-m", "gpuswarm"]
+    )
     proc = subprocess.run(
-        cli_argv(
-            "run", "-q", "--no-report", config, prefix=[*setpriv, sys.executable, "-m", "gpuswarm"]
-        ),
-        cwd=nobody_dir,
-        env=cli_env({"HOME": str(nobody_dir)}),
+        argv,
+        cwd=folder,
+        env=cli_env({"HOME": str(folder)}),
         capture_output=True,
         text=True,
         timeout=60,
         start_new_session=True,
         check=False,
     )
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return CliResult(argv[len(setpriv) + 3 :], proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def nobody_config(folder: Path, image: str, task: str) -> Path:
+    return write_config(
+        folder,
+        {
+            "name": "own",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(image),
+            "tasks": [{"name": "w", "shell": True, "command": task}],
+        },
+    )
+
+
+@NEEDS_ROOT
+def test_files_a_task_writes_belong_to_the_invoking_user(
+    nobody_dir: Path, docker_image: str
+) -> None:
+    task = (
+        "id -u > {workspace}/uid.txt; mkdir {workspace}/sub; echo x > {workspace}/sub/f.txt; "
+        'echo h > "$HOME/in-home.txt"'
+    )
+    config = nobody_config(nobody_dir, docker_image, task)
+    res = run_as_nobody(nobody_dir, config, docker_group=True)
     (run_dir,) = find_runs(nobody_dir / "ws")
+    log = run_dir / "tasks" / "w" / "attempt-1" / "output.log"
+    assert res.returncode == 0, f"{res}\n--- output.log\n{log.read_text() if log.exists() else ''}"
     assert run_dir.stat().st_uid == NOBODY  # it really ran as the unprivileged user
     ws = run_dir / "tasks" / "w"
     assert (ws / "uid.txt").read_text().strip() == str(NOBODY)
@@ -225,6 +245,17 @@ def test_files_a_task_writes_belong_to_the_invoking_user(
     for path in (ws / "uid.txt", ws / "sub", ws / "sub" / "f.txt", home / "in-home.txt"):
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY), (path, st.st_uid, st.st_gid)
+
+
+@NEEDS_ROOT
+def test_a_user_the_socket_refuses_gets_exit_2_and_the_fix(
+    nobody_dir: Path, docker_image: str
+) -> None:
+    config = nobody_config(nobody_dir, docker_image, "true")
+    res = run_as_nobody(nobody_dir, config, docker_group=False)
+    assert res.returncode == 2, str(res)
+    assert "docker group" in res.stderr and "permission denied" in res.stderr, str(res)
+    assert not (nobody_dir / "ws").exists(), list((nobody_dir / "ws").rglob("*"))
 
 
 # -- 3. command lists: --backend docker --image ----------------------------------------------------
