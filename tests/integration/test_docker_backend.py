@@ -412,6 +412,23 @@ def test_a_run_argument_docker_refuses_fails_the_attempt_with_dockers_reason(
     assert "docker could not start" in reason and "gpuswarm-no-such-flag" in reason, reason
 
 
+def test_an_image_without_the_shell_says_so(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("echo hi\n")
+    # no /usr mount: the bare test image has no /bin/sh (nor python3)
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        "--network", "none", "--shell", cmds,
+    )  # fmt: skip
+    assert res.returncode == 1, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    reason = read_results(run_dir)["cmd-00001"]["reason"]
+    # the program that is missing is the shell, in the image; not the user's "echo"
+    assert "command not found" in reason and "/bin/sh" in reason, reason
+
+
 # -- 6. several GPUs per task: renumbered 0..k-1 inside; after_all in a container ----------------
 def test_two_gpus_per_task_are_renumbered_and_after_all_runs_in_a_container(
     tmp_path: Path, gpuswarm: Cli, docker_image: str
