@@ -150,6 +150,16 @@ class RunReader:
         n = last_attempt(desc, started=started)
         return None if n is None else self.paths.attempt_log(task_id, n)
 
+    def attempt_numbers(self, task_id: str) -> list[int]:
+        """The numbers of the task's attempt folders on disk (``attempt-<n>/``), ascending:
+        every attempt that was launched, lost ones (their supervisor died) included."""
+        try:
+            with os.scandir(self.paths.task_dir(task_id)) as it:
+                names = [e.name for e in it if e.name.startswith("attempt-")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(n[8:]) for n in names if n[8:].isdigit() and n[8] != "0")
+
     # -- what runs where -----------------------------------------------------------------------
     def running(self) -> list[Running]:
         """Every task in running/, by slot label (those without a lease last)."""
