@@ -16,6 +16,7 @@ import click
 from gpuswarm.cli_support import fail, stoppable
 from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
+from gpuswarm.core.models import State
 from gpuswarm.engine import check_run_dir, write_run_report
 from gpuswarm.outputs.clean import (
     Candidate,
@@ -25,6 +26,7 @@ from gpuswarm.outputs.clean import (
 )
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 from gpuswarm.outputs.tasklog import Hop, LogTarget, follow, iter_log, read_text, task_log
+from gpuswarm.store.lookup import task_ended
 
 
 @click.command()
@@ -137,14 +139,16 @@ def logs_cmd(run_dir: Path, task: str, follow: bool, attempt: int | None, as_jso
     with the log's last MiB as "text" (with -f: one such line per attempt, without the text).
     Exit 1 when the task has not started yet (without -f).
     """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # like Ctrl-C: exit 130, quietly
     try:
         target = task_log(run_dir, task, attempt)
-    except GpuswarmError as exc:
-        fail(exc)
-    try:
         if follow:
             _follow(target, as_json)
         _print_log(target, as_json)
+    except GpuswarmError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:  # `gpuswarm logs ... | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(0)
@@ -166,6 +170,8 @@ def _print_log(target: LogTarget, as_json: bool) -> NoReturn:
             for chunk in iter_log(target.log):
                 out.write(chunk)
             out.flush()
+    except BrokenPipeError:
+        raise
     except OSError as exc:  # gone, or no regular file (a task may replace it)
         why = exc.strerror or exc
         click.echo(f"gpuswarm: the log of task {target.task}: {target.log}: {why}", err=True)
@@ -174,23 +180,25 @@ def _print_log(target: LogTarget, as_json: bool) -> NoReturn:
 
 
 def _follow(target: LogTarget, as_json: bool) -> NoReturn:
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # like Ctrl-C: exit 130, quietly
     printer = _JsonFollow(target) if as_json else _PlainFollow(target)
-    try:
-        for item in follow(target):
-            if isinstance(item, bytes):
-                printer.data(item)
-            elif isinstance(item, Hop):
-                printer.hop(item)
-            else:
-                printer.ended(item.state)
-                if not printer.started:
-                    msg = f"gpuswarm: task {target.task} ended ({item.state}) without starting"
-                    click.echo(msg, err=True)
-                    sys.exit(1)
-                sys.exit(0)
-    except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+    if not target.live and not task_ended(State(target.state)):
+        click.echo(
+            f"gpuswarm: {target.paths.root} is not live: waiting for it to be resumed "
+            "(Ctrl-C to stop)",
+            err=True,
+        )
+    for item in follow(target):
+        if isinstance(item, bytes):
+            printer.data(item)
+        elif isinstance(item, Hop):
+            printer.hop(item)
+        else:
+            printer.ended(item.state)
+            if not printer.started:
+                msg = f"gpuswarm: task {target.task} ended ({item.state}) without starting"
+                click.echo(msg, err=True)
+                sys.exit(1)
+            sys.exit(0)
     sys.exit(0)
 
 
@@ -253,10 +261,10 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     """Remove the finished runs under WORKSPACE (default ./runs) idle for longer than
     --older-than: a dry run listing them and their sizes, unless --yes.
 
-    Finished: every task ended and no supervisor on it; crashed, stopped and unfinished runs
-    are kept (resume finishes them), and a live run is never removed (checked right before
-    each removal). Idle: since the newest change of its summary.json or events.jsonl.
-    Exit 1 when a run could not be removed.
+    Finished: no supervisor on it and no task in running/ (complete, with failures, stopped or
+    unfinished); a crashed run is kept (its supervisor died: see 'gpuswarm status'), and a live
+    run is never removed (checked right before each removal). Idle: since the newest change of
+    its summary.json or events.jsonl. Exit 1 when a run could not be removed.
     """
     try:
         seconds = parse_duration(older_than)
@@ -268,7 +276,7 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
         found = find_candidates(workspace, seconds)
         if yes:
             finish_half_removed(workspace)
-            remove_candidates(found)
+            remove_candidates(found, seconds)
     if as_json:
         click.echo(json.dumps([c.as_json() for c in found], indent=1))
     else:

@@ -2,10 +2,10 @@
 time, how much disk each takes, and their removal (:func:`gpuswarm.store.cleanup.remove_run`:
 never a live run, checked right before each removal).
 
-Finished: no supervisor on it and every task ended (complete, or finished with failures). A
-crashed run (tasks left in running/), a stopped or unfinished one (tasks left in pending/) is
-kept: ``resume`` may still finish it. Last activity: the newest of summary.json's and
-events.jsonl's modification times (run.json's when it has neither).
+Finished: no supervisor on it and nothing in running/: complete, finished with failures,
+stopped (Ctrl-C) or unfinished. A crashed run (its supervisor died: tasks left in running/, or no
+summary) is kept: ``status`` and ``resume`` are what it needs. Last activity: the newest of
+summary.json's and events.jsonl's modification times (run.json's when it has neither).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.outputs.results import COMPLETE, WITH_FAILURES
+from gpuswarm.outputs.results import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
 from gpuswarm.outputs.status import list_runs
 from gpuswarm.store.cleanup import (
     DEFAULT_LEASE_TTL,
@@ -28,7 +28,7 @@ from gpuswarm.store.cleanup import (
     remove_run,
 )
 
-FINISHED = (COMPLETE, WITH_FAILURES)
+FINISHED = (COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED)
 
 
 @dataclass
@@ -113,7 +113,7 @@ def find_candidates(
     now = time.time() if now is None else now
     out = []
     for row in list_runs(workspace):
-        if row["live"] or row["state"] not in FINISHED:
+        if row["live"] or row["state"] not in FINISHED or row["counts"].get("running"):
             continue
         paths = RunPaths(Path(row["run"]))
         age = now - last_activity(paths)
@@ -123,11 +123,17 @@ def find_candidates(
     return sorted(out, key=lambda c: (-c.age_s, str(c.run)))
 
 
-def remove_candidates(candidates: list[Candidate]) -> None:
-    """Remove each candidate unless a supervisor came to it meanwhile (``kept_because``)."""
+def remove_candidates(candidates: list[Candidate], older_than: float) -> None:
+    """Remove each candidate unless a supervisor came to it meanwhile or it was active since it
+    was found (``kept_because``)."""
     for cand in candidates:
         paths = RunPaths(cand.run)
-        why = remove_run(paths, lease_ttl(paths))
+
+        def active(paths: RunPaths = paths) -> str | None:
+            idle = time.time() - last_activity(paths)
+            return None if idle > older_than else "it was active again meanwhile"
+
+        why = remove_run(paths, lease_ttl(paths), keep=active)
         cand.removed = why is None
         cand.kept_because = why
 

@@ -43,6 +43,7 @@ class LogTarget:
     state: str
     attempt: int | None
     log: Path | None
+    live: bool = True  # whether a supervisor was on the run when it was looked up
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -58,7 +59,8 @@ def task_log(run_dir: Path, task_arg: str, attempt: int | None = None) -> LogTar
     folder's (a lost attempt, whose supervisor died, has one too), or attempt ``attempt``'s."""
     paths, _ = open_run(run_dir)
     hit = resolve_task(paths, task_arg)
-    numbers = RunReader(paths).attempt_numbers(hit.id)
+    reader = RunReader(paths)
+    numbers = reader.attempt_numbers(hit.id)
     if attempt is not None and attempt not in numbers:
         have = ", ".join(map(str, numbers)) or "none yet"
         raise NoSuchAttemptError(
@@ -67,7 +69,7 @@ def task_log(run_dir: Path, task_arg: str, attempt: int | None = None) -> LogTar
         )
     n = attempt if attempt is not None else (numbers[-1] if numbers else None)
     log = paths.attempt_log(hit.id, n) if n is not None else None
-    return LogTarget(paths, hit.id, hit.state.value, n, log)
+    return LogTarget(paths, hit.id, hit.state.value, n, log, reader.live())
 
 
 def read_text(log: Path, limit: int = TEXT_LIMIT) -> tuple[str, bool]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuswarm.core.fsutil import fsync_dir, pid_alive
@@ -37,8 +38,13 @@ def removing_name(run: Path) -> Path:
     return run.parent / f".{run.name}{REMOVING}{os.getpid()}"
 
 
-def remove_run(paths: RunPaths, lease_ttl: float = DEFAULT_LEASE_TTL) -> str | None:
-    """Remove the run folder unless a supervisor may be on it; None when removed, else why not."""
+def remove_run(
+    paths: RunPaths,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    keep: Callable[[], str | None] | None = None,
+) -> str | None:
+    """Remove the run folder unless a supervisor may be on it (or ``keep``, asked under the
+    lock, says why not); None when removed, else why not."""
     lock = FileLock(paths.lock)
     try:
         if not lock.acquire(exclusive=True):
@@ -48,6 +54,9 @@ def remove_run(paths: RunPaths, lease_ttl: float = DEFAULT_LEASE_TTL) -> str | N
     try:
         if in_use(paths, lease_ttl):
             return "it is live"
+        why = keep() if keep is not None else None
+        if why is not None:
+            return why
         hidden = removing_name(paths.root)
         os.rename(paths.root, hidden)
     except OSError as exc:
