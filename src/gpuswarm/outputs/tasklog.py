@@ -142,6 +142,7 @@ def follow(target: LogTarget, poll: float = POLL) -> Iterator[FollowItem]:
     paths, task = target.paths, target.task
     reader = RunReader(paths)
     current: _LogReader | None = None
+    hit: TaskHit | None = None
     number = (target.attempt or 1) - 1  # the attempt being read (none yet: the one before)
     try:
         while True:
@@ -159,7 +160,7 @@ def follow(target: LogTarget, poll: float = POLL) -> Iterator[FollowItem]:
                 current, number = opened, n
                 yield Hop(number, current.path)
                 continue
-            hit = locate(reader, task)
+            hit = where(reader, task, hit)
             if hit is not None and task_ended(hit.state):
                 yield from _finish(reader, hit, current, number)
                 return
@@ -167,6 +168,14 @@ def follow(target: LogTarget, poll: float = POLL) -> Iterator[FollowItem]:
     finally:
         if current is not None:
             current.close()
+
+
+def where(reader: RunReader, task: str, last: TaskHit | None) -> TaskHit | None:
+    """Where the task is now: where it was while its file is still there (one stat; every move
+    of a task renames its file), else looked up again in every state folder."""
+    if last is not None and reader.holds(last.state, last.file):
+        return last
+    return locate(reader, task)
 
 
 def _finish(

@@ -100,6 +100,10 @@ class RunReader:
         """A descriptor; None when unreadable (``records.why_unreadable`` says why)."""
         return self.folders.read_desc(state, name)
 
+    def holds(self, state: State, name: str) -> bool:
+        """Whether ``name`` is still in ``state``'s folder (one stat: every move renames)."""
+        return (self.paths.state_dir(state.value) / name).exists()
+
     def descriptors(self, state: State) -> Iterator[tuple[str, Descriptor]]:
         """``(file name, descriptor)`` of each readable descriptor in ``state``, in name order."""
         return self.folders.iter_descs(state)
