@@ -64,7 +64,8 @@ def test_a_task_argument_is_an_id_then_an_exact_name_then_a_unique_prefix(
     assert err.value.exit_code == 2
     with pytest.raises(UnknownTaskError, match="empty"):
         resolve_tasks(paths, [""])
-    assert [s for s in State if task_ended(s)] == [State.DONE, State.FAILED, State.SKIPPED]
+    assert not task_ended(State.PENDING) and not task_ended(State.RUNNING)
+    assert all(task_ended(s) for s in State if s not in (State.PENDING, State.RUNNING))
 
 
 def test_the_follower_reads_every_attempt_of_an_ended_task_in_order(tmp_path: Path) -> None:
@@ -117,3 +118,11 @@ def test_a_half_removed_run_is_finished_and_never_listed(tmp_path: Path) -> None
     assert find_candidates(tmp_path, 1.0, now=1e12) == []
     assert finish_half_removed(tmp_path) == [dead]
     assert not dead.exists()
+
+
+def test_following_a_task_cancelled_before_it_started_ends_at_once(tmp_path: Path) -> None:
+    paths = make_run(tmp_path, [("a", "a"), ("b", "b")])
+    assert DirQueue(paths).cancel_pending("b", "not needed", lambda desc: None) is not None
+    target = task_log(paths.root, "b")
+    assert (target.state, target.attempt, target.log) == ("cancelled", None, None)
+    assert list(follow(target, poll=0.01)) == [Ended("cancelled")]
