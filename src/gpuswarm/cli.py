@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NoReturn
 import click
 
 from gpuswarm import __version__
+from gpuswarm.cli_control import COMMANDS as CONTROL_COMMANDS
 from gpuswarm.cli_runs import check, ls_cmd, report_cmd, status, unquarantine, watch_cmd
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
@@ -289,7 +290,7 @@ def demo(
     sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
 
 
-for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd):
+for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd, *CONTROL_COMMANDS):
     cli.add_command(_command)
 
 
