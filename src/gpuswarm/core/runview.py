@@ -19,8 +19,10 @@ from typing import Any
 
 from gpuswarm.core.events import (
     WAITING,
+    Control,
     Event,
     Finished,
+    Other,
     Quarantined,
     Recovered,
     Requeued,
@@ -35,7 +37,9 @@ from gpuswarm.core.models import State
 RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
+CANCELLED = State.CANCELLED.value
 CONFIG_CHANGE = "config-change"
+ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
 
 
 @dataclass
@@ -79,7 +83,9 @@ class RunView:
     note: str = ""
     quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     tasks: dict[str, TaskView] | None = None
-    added: int = 0  # tasks a config change added (the journal's count)
+    added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
+    paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
+    paused_slots: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -121,16 +127,42 @@ class RunView:
         elif isinstance(e, Recovered):
             if e.task is not None and e.state is not None:
                 self._task(e.task).state = e.state
-        elif isinstance(e, Quarantined):
-            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
-            self.quarantined[e.slot] = e.reason or ""
-        elif isinstance(e, Unquarantined):
-            if e.probe:
-                self.quarantined[e.slot] = "probe"
-            else:
-                self.quarantined.pop(e.slot, None)
+        elif isinstance(e, (Quarantined, Unquarantined)):
+            self._health(e)
         elif isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+        elif isinstance(e, (Control, Other)):
+            self._person(e)
+
+    def _health(self, e: Quarantined | Unquarantined) -> None:
+        if isinstance(e, Quarantined):
+            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
+            self.quarantined[e.slot] = e.reason or ""
+        elif e.probe:
+            self.quarantined[e.slot] = "probe"
+        else:
+            self.quarantined.pop(e.slot, None)
+
+    def _person(self, e: Control | Other) -> None:
+        """A person's change: tasks added; a request applied (a cancel of a pending task moves
+        it, one of a running task ends with its attempt's ``finished``; pause flags)."""
+        if isinstance(e, Other):
+            count = e.extra.get("count") if e.name == ADDED else None
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                self.counts[PENDING] = self.counts.get(PENDING, 0) + count
+                self.added += count
+        elif e.request == "cancel" and e.task is not None and e.state == CANCELLED:
+            if e.extra.get("frm") == PENDING:
+                self._move(PENDING, CANCELLED)
+            self._task(e.task).state = CANCELLED
+        elif e.request in ("pause", "unpause"):
+            on = e.request == "pause"
+            if e.slot is None:
+                self.paused = on
+            elif on:
+                self.paused_slots.add(e.slot)
+            else:
+                self.paused_slots.discard(e.slot)
 
     def _move(self, frm: str, to: str) -> None:
         self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
@@ -174,6 +206,8 @@ class RunView:
     def _requeued(self, e: Requeued) -> None:
         if e.reason == CONFIG_CHANGE and e.added is not None:
             self.added += e.added
+        if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
+            self._move(e.frm, PENDING)
         if e.frm == RUNNING:
             self._move(RUNNING, PENDING)
             for row in self.slots.values():

@@ -150,7 +150,7 @@ def _task_findings(
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
         said = tasks[task].state if task in tasks else "pending"
-        begun_retry = state is State.FAILED and data.state == State.PENDING.value
+        begun_retry = state in (State.FAILED, State.CANCELLED) and data.state == State.PENDING.value
         if said != state.value and not (begun_retry and said == State.PENDING.value):
             # (a retry saved and journaled, not yet renamed: resume finishes it)
             out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
