@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuswarm.core.events import (
     WAITING,
+    Control,
     Event,
     Finished,
     Quarantined,
@@ -35,6 +36,7 @@ from gpuswarm.core.models import State
 RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
+CANCELLED = State.CANCELLED.value
 CONFIG_CHANGE = "config-change"
 
 
@@ -121,16 +123,21 @@ class RunView:
         elif isinstance(e, Recovered):
             if e.task is not None and e.state is not None:
                 self._task(e.task).state = e.state
-        elif isinstance(e, Quarantined):
-            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
-            self.quarantined[e.slot] = e.reason or ""
-        elif isinstance(e, Unquarantined):
-            if e.probe:
-                self.quarantined[e.slot] = "probe"
-            else:
-                self.quarantined.pop(e.slot, None)
+        elif isinstance(e, Quarantined | Unquarantined):
+            self._health(e)
+        elif isinstance(e, Control):
+            self._control(e)
         elif isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+
+    def _health(self, e: Quarantined | Unquarantined) -> None:
+        if isinstance(e, Quarantined):
+            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
+            self.quarantined[e.slot] = e.reason or ""
+        elif e.probe:
+            self.quarantined[e.slot] = "probe"
+        else:
+            self.quarantined.pop(e.slot, None)
 
     def _move(self, frm: str, to: str) -> None:
         self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
@@ -181,6 +188,19 @@ class RunView:
                     row.task = ""
         if e.task is not None:
             self._task(e.task).state = PENDING
+
+    def _control(self, e: Control) -> None:
+        """A person's request applied: a task that went somewhere (cancelled) moves there,
+        from running when the event names the slot its attempt was stopped on (a cancel of a
+        task that was not running names none), else from pending."""
+        if e.task is None or e.state is None:
+            return  # a pause, an unpause: no task moves
+        if e.state == CANCELLED:
+            self._move(RUNNING if e.slot is not None else PENDING, CANCELLED)
+            for row in self.slots.values():
+                if row.task == e.task:
+                    row.task = ""
+        self._task(e.task).state = e.state
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""
