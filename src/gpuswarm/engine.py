@@ -268,7 +268,9 @@ def _supervise(
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":
-                recovered = recover(queue, ledger, retry_failed=retry_failed, backend=backend)
+                recovered = recover(
+                    queue, ledger, retry_failed=retry_failed, backend=backend, applied_by=owner
+                )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)

@@ -127,12 +127,21 @@ class RunView:
         elif isinstance(e, Recovered):
             if e.task is not None and e.state is not None:
                 self._task(e.task).state = e.state
-        elif isinstance(e, (Quarantined, Unquarantined)):
+        elif isinstance(e, Quarantined | Unquarantined):
             self._health(e)
+        elif isinstance(e, Control):
+            self._control(e)
         elif isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
-        elif isinstance(e, (Control, Other)):
-            self._person(e)
+        elif isinstance(e, Other) and e.name == ADDED:
+            self._added(e)
+
+    def _added(self, e: Other) -> None:
+        """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
+        count = e.extra.get("count")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            self.counts[PENDING] = self.counts.get(PENDING, 0) + count
+            self.added += count
 
     def _health(self, e: Quarantined | Unquarantined) -> None:
         if isinstance(e, Quarantined):
@@ -142,27 +151,6 @@ class RunView:
             self.quarantined[e.slot] = "probe"
         else:
             self.quarantined.pop(e.slot, None)
-
-    def _person(self, e: Control | Other) -> None:
-        """A person's change: tasks added; a request applied (a cancel of a pending task moves
-        it, one of a running task ends with its attempt's ``finished``; pause flags)."""
-        if isinstance(e, Other):
-            count = e.extra.get("count") if e.name == ADDED else None
-            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-                self.counts[PENDING] = self.counts.get(PENDING, 0) + count
-                self.added += count
-        elif e.request == "cancel" and e.task is not None and e.state == CANCELLED:
-            if e.extra.get("frm") == PENDING:
-                self._move(PENDING, CANCELLED)
-            self._task(e.task).state = CANCELLED
-        elif e.request in ("pause", "unpause"):
-            on = e.request == "pause"
-            if e.slot is None:
-                self.paused = on
-            elif on:
-                self.paused_slots.add(e.slot)
-            else:
-                self.paused_slots.discard(e.slot)
 
     def _move(self, frm: str, to: str) -> None:
         self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
@@ -215,6 +203,29 @@ class RunView:
                     row.task = ""
         if e.task is not None:
             self._task(e.task).state = PENDING
+
+    def _control(self, e: Control) -> None:
+        """A person's request applied: a task that went somewhere (cancelled) moves there,
+        from running when the event names the slot its attempt was stopped on (a cancel of a
+        task that was not running names none), else from pending."""
+        if e.request in ("pause", "unpause"):
+            self._paused(e.request == "pause", e.slot)
+        if e.task is None or e.state is None:
+            return  # a pause, an unpause: no task moves
+        if e.state == CANCELLED:
+            self._move(RUNNING if e.slot is not None else PENDING, CANCELLED)
+            for row in self.slots.values():
+                if row.task == e.task:
+                    row.task = ""
+        self._task(e.task).state = e.state
+
+    def _paused(self, on: bool, slot: str | None) -> None:
+        if slot is None:
+            self.paused = on
+        elif on:
+            self.paused_slots.add(slot)
+        else:
+            self.paused_slots.discard(slot)
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""
