@@ -234,3 +234,24 @@ def test_pause_unpause_and_priority(tmp_path: Path, gpuswarm: Cli) -> None:
     result = gpuswarm("resume", run, "--plain", "--gpus", "sim:1")
     assert result.returncode == 0, result
     assert _started_order(run)[1:] == ["b", "a"]
+
+
+def test_cancel_of_a_running_task_with_wait_and_a_paused_live_run(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen
+) -> None:
+    proc, run = _live_run(tmp_path, gpuswarm_popen, [])
+    data = _json(gpuswarm("pause", run, "--json"))
+    assert data["live"] is True and data["paused"] is True
+    more = _yaml(tmp_path / "more.yaml", [{"name": "after", "command": "true"}])
+    _json(gpuswarm("add", run, more, "--json"))
+    data = _json(gpuswarm("cancel", run, "blocker", "--wait", "--timeout", "20", "--json"))
+    assert data["timed_out"] is False
+    assert data["tasks"][0]["was"] == "running" and data["tasks"][0]["now"] == "cancelled"
+    assert _states(run)["blocker"] == "cancelled"
+    assert _states(run)["after"] == "pending"  # paused: nothing new starts
+    assert "after" not in _started_order(run)
+    _json(gpuswarm("unpause", run, "--json"))
+    result = proc.wait()
+    assert result.returncode == 0, result
+    assert _states(run) == {"blocker": "cancelled", "after": "done"}
+    assert json.loads((run / "summary.json").read_text())["counts"]["failed"] == 0
