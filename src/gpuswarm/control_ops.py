@@ -43,17 +43,15 @@ from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
 from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SHOWN_IDS = 100  # ids an ``added`` event (and add's output) lists at most
 ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
-
-
-class UnknownTaskError(BadInputError):
-    """A task argument that names no task of the run, or several (exit 2)."""
 
 
 class NotApplicableError(BadInputError):
@@ -65,45 +63,16 @@ def resume_hint(paths: RunPaths) -> str:
 
 
 # -- task arguments --------------------------------------------------------------------------
-def resolve_tasks(
-    known: dict[str, tuple[State, str]], names: dict[str, str], args: Sequence[str]
-) -> list[str]:
-    """Task ids for ``args``: an exact id, else the one task whose id or name starts with it.
-    An unknown or ambiguous argument is :class:`UnknownTaskError` naming it."""
-    out: list[str] = []
-    for arg in args:
-        if arg in known:
-            found = [arg]
-        else:
-            found = sorted(
-                t for t in known if t.startswith(arg) or names.get(t, "").startswith(arg)
-            )
-        if not found:
-            raise UnknownTaskError(
-                f"task {arg!r}: no task of this run has that id or a name starting with it; "
-                "see the ids with: gpuswarm status RUN --json"
-            )
-        if len(found) > 1:
-            shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-            raise UnknownTaskError(
-                f"task {arg!r} is ambiguous: it names {len(found)} tasks ({shown}); give more "
-                "of the id"
-            )
-        if found[0] not in out:
-            out.append(found[0])
-    return out
+def _index(queue: DirQueue) -> dict[str, tuple[State, str]]:
+    """Task id -> (state, file name) from the folders' names (no descriptor read)."""
+    return {tid: (hit.state, hit.file) for tid, hit in task_index(RunReader(queue.paths)).items()}
 
 
-def _index(queue: DirQueue) -> tuple[dict[str, tuple[State, str]], dict[str, str]]:
-    """Task id -> (state, file name), and task id -> name, of every readable descriptor."""
-    known: dict[str, tuple[State, str]] = {}
-    names: dict[str, str] = {}
-    for state in State:
-        for name, desc in queue.iter_descs(state):
-            tid = desc.id if desc.has_id else task_id_of(name)
-            known[tid] = (state, name)
-            names[tid] = desc.name
-    return known, names
+def _resolve(s: _Session, args: Sequence[str]) -> tuple[dict[str, tuple[State, str]], list[str]]:
+    """The ids ``args`` mean (ids, unambiguous id or name prefixes; exit 2 naming an unknown
+    or ambiguous one) and where every task of the run is."""
+    ids = resolve_tasks(s.paths, args) if args else []
+    return _index(s.queue), ids
 
 
 # -- the shared frame ------------------------------------------------------------------------
@@ -261,8 +230,7 @@ def cancel_tasks(
     until they left running/). Each row: task, was, now, note."""
 
     def body(s: _Session) -> tuple[RunPaths, list[dict[str, Any]], bool]:
-        known, names = _index(s.queue)
-        ids = resolve_tasks(known, names, args)
+        known, ids = _resolve(s, args)
         live = is_live(s.paths)
         rows: list[dict[str, Any]] = []
         for tid in ids:
@@ -322,8 +290,7 @@ def retry_tasks(
     pending with a fresh attempt budget."""
 
     def body(s: _Session) -> dict[str, Any]:
-        known, names = _index(s.queue)
-        ids = resolve_tasks(known, names, args)
+        known, ids = _resolve(s, args)
         for tid in ids:
             state = known[tid][0]
             if state in (State.DONE, State.SKIPPED):
@@ -418,8 +385,7 @@ def set_priority(run_dir: Path, task: str, priority: int) -> dict[str, Any]:
         )
 
     def body(s: _Session) -> dict[str, Any]:
-        known, names = _index(s.queue)
-        (tid,) = resolve_tasks(known, names, [task])
+        known, (tid,) = _resolve(s, [task])
         state, name = known[tid]
         desc = s.queue.read_desc(state, name)
         was = desc.priority if desc is not None else None
