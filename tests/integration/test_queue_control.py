@@ -255,3 +255,49 @@ def test_cancel_of_a_running_task_with_wait_and_a_paused_live_run(
     assert result.returncode == 0, result
     assert _states(run) == {"blocker": "cancelled", "after": "done"}
     assert json.loads((run / "summary.json").read_text())["counts"]["failed"] == 0
+
+
+def test_control_of_a_live_run_with_two_supervisors(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen
+) -> None:
+    """``run`` and ``work`` share the run, each busy with a blocker: a cancel reaches the one
+    holding the task, an added task is claimed by whichever frees first, ls/status count it."""
+    go2 = tmp_path / "go2"
+    script = tmp_path / "blocker2.py"
+    script.write_text(
+        f"import os, time\nwhile not os.path.exists({str(go2)!r}):\n    time.sleep(0.05)\n"
+    )
+    extra = [{"name": "second", "command": f"{sys.executable} {script}", "priority": 50}]
+    first, run = _live_run(tmp_path, gpuswarm_popen, extra)
+    second = gpuswarm_popen("work", run, "--gpus", "sim:1", "--plain")
+    wait_for(lambda: "second" in _started_order(run), what="the second supervisor's task")
+    owners = {r["owner"] for r in _json(gpuswarm("status", run, "--json"))["running"]}
+    assert len(owners) == 2, owners  # two supervisors, one task each
+
+    data = _json(gpuswarm("cancel", run, "sec", "--wait", "--json"))  # a name prefix
+    assert data["tasks"][0]["task"] == "second" and data["tasks"][0]["now"] == "cancelled"
+    more = _yaml(tmp_path / "more.yaml", [{"name": "late", "command": "true"}])
+    _json(gpuswarm("add", run, more, "--json"))
+    wait_for(lambda: _states(run).get("late") == "done", what="the added task done")
+    (tmp_path / "go").touch()
+    assert first.wait().returncode == 0
+    assert second.wait().returncode == 0
+    assert _states(run) == {"blocker": "done", "second": "cancelled", "late": "done"}
+    (row,) = _json(gpuswarm("ls", tmp_path / "ws", "--json"))
+    assert row["counts"]["cancelled"] == 1 and row["state"] == "complete"
+    assert "cancel" in gpuswarm("ls", tmp_path / "ws").stdout
+    check = gpuswarm("check", run)
+    assert check.returncode == 0, check
+
+
+def test_add_of_10000_commands(tmp_path: Path, gpuswarm: Cli) -> None:
+    run = _finished_run(tmp_path, gpuswarm, [{"name": "first", "command": "true"}])
+    cmds = tmp_path / "many.txt"
+    cmds.write_text("".join(f"echo {i}\n" for i in range(10_000)))
+    data = _json(gpuswarm("add", run, cmds, "--json"))
+    assert data["added"] == 10_000 and len(data["ids"]) == 100
+    assert len(list((run / ".parallel" / "pending").iterdir())) == 10_000
+    (added,) = [e for e in read_events(run) if e.get("ev") == "added"]
+    assert added["count"] == 10_000 and len(added["ids"]) == 100
+    status = _json(gpuswarm("status", run, "--json"))
+    assert status["counts"]["pending"] == 10_000

@@ -100,12 +100,16 @@ def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
     if not rows:
         print(f"no runs under {workspace}")
         return
-    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
+    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'cancel':>7}{'left':>7}  run")
     for r in rows:
         c = r["counts"]
         state = r.get("state") or ("live" if r["live"] else "unfinished")
         left = c["pending"] + c["running"]
-        print(f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
+        cancelled = c.get("cancelled", 0)
+        print(
+            f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{cancelled:>7}{left:>7}"
+            f"  {r['run']}"
+        )
 
 
 def print_report(report: RunReport) -> None:
