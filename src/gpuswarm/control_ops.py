@@ -7,11 +7,12 @@ run's control lock and finishes what a killed earlier command left (``finish_hol
 
 What each does on a live and on a stopped run:
 
-- add: writes the new descriptors under hidden temp names (no fsync each), syncs once, journals
-  ``added``, renames them into pending/ and touches the ``added`` marker: live supervisors rescan
-  pending/ at their next claim, so priorities hold against the tasks they had loaded. A crash
-  before the renames leaves temp files that the next resume removes (the tasks are not added);
-  ids never collide (``<id>-2``, ``-3``...), seqs continue after the run's highest.
+- add: writes the new descriptors under hidden names (no fsync each), syncs once, journals
+  ``added`` (naming the batch), renames them into pending/ and touches the ``added`` marker:
+  live supervisors rescan pending/ at their next claim, so priorities hold against the tasks
+  they had loaded. A crash in between is finished by the next control command or resume
+  (:func:`finish_adds`): a batch the journal names is added, one it does not is removed; ids
+  never collide (``<id>-2``, ``-3``...), seqs continue after the run's highest.
 - cancel: a pending task ends cancelled at once (this command applies it); a running one gets a
   durable request the supervisor holding it applies on its next tick (``--wait`` blocks until it
   left running/). On a stopped run the request waits for the resume (recovery applies it). A task
@@ -37,12 +38,12 @@ from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, r
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import BadInputError, ConfigError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.fsutil import dumps_compact, fsync_dir, sync_tree
+from gpuswarm.core.fsutil import dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
-from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
@@ -106,6 +107,7 @@ def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
         s = _Session(paths, info, queue, ledger, control.asker())
         with queue.control_lock():
             queue.finish_holds(s.announce_cancel)
+            finish_adds(paths)
             return body(s)
     finally:
         ledger.close()
@@ -165,6 +167,7 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                 taken.add(found)
         renamed: dict[str, str] = {}
         staged: list[tuple[str, str]] = []  # (temp name, final name)
+        batch = f"{os.getpid()}.{time.time_ns()}"  # the added event names it: see finish_adds
         pending = s.paths.state_dir(State.PENDING.value)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         folder = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
@@ -179,7 +182,7 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                 max_seq += 1
                 desc = Descriptor.new(dump, max_seq)
                 final = descriptor_name(desc.priority, max_seq, tid)
-                temp = f".tmp-{final}.{os.getpid()}.0"  # a dead writer's: resume removes it
+                temp = f"{ADDING}{batch}-{final}"  # invisible until renamed
                 fd = os.open(temp, flags, 0o644, dir_fd=folder)
                 try:
                     os.write(fd, dumps_compact(desc.raw))
@@ -194,6 +197,7 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                 ids=ids[:SHOWN_IDS],
                 by=s.me,
                 source=source,
+                batch=batch,
             )
             s.ledger.sync()  # the journal says it before the names become visible
             for temp, final in staged:
@@ -215,6 +219,39 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
 
     result: dict[str, Any] = _session(run_dir, body)
     return result
+
+
+ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
+
+
+def finish_adds(paths: RunPaths) -> int:
+    """Adds a crash cut short (their writer is dead): a batch the journal's ``added`` event
+    names is finished (its tasks renamed into pending/: the journal said they were added), one
+    it does not name is removed (the add never said so). Returns how many tasks were added."""
+    pending = paths.state_dir(State.PENDING.value)
+    batches: dict[str, list[str]] = {}
+    for name in os.listdir(pending):
+        if name.startswith(ADDING):
+            batch = name[len(ADDING) :].split("-", 1)[0]
+            pid = batch.split(".", 1)[0]
+            if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
+                batches.setdefault(batch, []).append(name)
+    if not batches:
+        return 0
+    said = {str(e.get("batch")) for e in read_events(paths.events) if e.get("ev") == Ev.ADDED.value}
+    added = 0
+    for batch, names in batches.items():
+        for name in names:
+            final = name[len(ADDING) + len(batch) + 1 :]
+            if batch in said and not (pending / final).exists():
+                os.rename(pending / name, pending / final)
+                added += 1
+            else:
+                (pending / name).unlink(missing_ok=True)
+    fsync_dir(pending)
+    if added:
+        note_added(paths)
+    return added
 
 
 def _seq_of(name: str) -> int:

@@ -301,3 +301,26 @@ def test_add_of_10000_commands(tmp_path: Path, gpuswarm: Cli) -> None:
     assert added["count"] == 10_000 and len(added["ids"]) == 100
     status = _json(gpuswarm("status", run, "--json"))
     assert status["counts"]["pending"] == 10_000
+
+
+@pytest.mark.parametrize(
+    ("point", "added"), [("ledger.emit.before", False), ("ledger.emit.after", True)]
+)
+def test_an_add_killed_around_its_journal_line_is_finished_or_undone(
+    tmp_path: Path, gpuswarm: Cli, point: str, added: bool
+) -> None:
+    """SIGKILL before the ``added`` line: the tasks were never added (removed); after it: the
+    journal says they were, so the next control command (or resume) shows them."""
+    run = _finished_run(tmp_path, gpuswarm, [{"name": "first", "command": "true"}])
+    more = _yaml(tmp_path / "more.yaml", [{"name": "a", "command": "true"}])
+    killed = gpuswarm("add", run, more, env={"GPUSWARM_FAULTS": f"{point}?ev=added:kill"})
+    assert killed.returncode == -9, killed
+    assert "a" not in _states(run)  # not visible yet
+    _json(gpuswarm("pause", run, "--json"))  # any control command finishes what was left
+    assert ("a" in _states(run)) is added
+    assert not [n for n in (run / ".parallel" / "pending").iterdir() if n.name.startswith(".")]
+    _json(gpuswarm("unpause", run, "--json"))
+    result = gpuswarm("resume", run, "--plain")
+    assert result.returncode == 0, result
+    check = gpuswarm("check", run)
+    assert check.returncode == 0, check
