@@ -4,12 +4,15 @@ view folds the control commands' events (added, a pending task cancelled, a retr
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from gpuswarm.core.errors import EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.runview import RunView
+from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.results import (
     COMPLETE,
     WITH_FAILURES,
@@ -19,6 +22,7 @@ from gpuswarm.outputs.results import (
     shown_counts,
     summarize,
 )
+from gpuswarm.ui.table import LiveView
 
 
 def _row(task: str, state: str, ok: bool | None = None, reason: str = "") -> Row:
@@ -96,3 +100,19 @@ def test_the_run_view_folds_add_cancel_and_retry() -> None:
     assert view.paused and view.paused_slots == {"gpu1"}
     view.apply({"ev": "control", "request": "unpause", "by": "me"})
     assert not view.paused
+
+
+def test_the_live_table_marks_a_paused_run_and_slot_and_counts_cancelled(tmp_path: Path) -> None:
+    state = RunView({"pending": 1, "running": 0, "done": 1, "failed": 0, "cancelled": 2})
+    state.slots["gpu0"] = SlotRow()
+    state.slots["gpu1"] = SlotRow()
+    view = LiveView(
+        state, lambda t, n: tmp_path / "log", paused=lambda: (True, frozenset({"gpu1"}))
+    )
+    console = Console(record=True, width=140, file=io.StringIO())
+    console.print(view.render())
+    text = console.export_text()
+    assert "PAUSED" in text and "cancelled 2" in text
+    (line,) = [ln for ln in text.splitlines() if "gpu1" in ln]
+    assert "(paused)" in line
+    assert "(paused)" not in next(ln for ln in text.splitlines() if "gpu0" in ln)
