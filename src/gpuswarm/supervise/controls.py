@@ -65,8 +65,8 @@ def journal_cancel(
 ) -> Callable[[], object]:
     """The ``control`` event of an applied cancel (``slot``: where its attempt ran; None: the
     task was not running, as a reader of the journal counts it)."""
-    return lambda: ledger.emit(
-        Ev.CONTROL,
+    return lambda: emit_control(
+        ledger,
         request=CANCEL,
         task=req.task,
         slot=slot,
@@ -74,6 +74,12 @@ def journal_cancel(
         applied_by=applied_by,
         state=State.CANCELLED.value,
     )
+
+
+def emit_control(ledger: Ledger, **fields: str | None) -> None:
+    """Journal a ``control`` event; fields that are None are left out (a journal's ``slot``
+    is always a string)."""
+    ledger.emit(Ev.CONTROL, **{k: v for k, v in fields.items() if v is not None})
 
 
 def drop_all(queue: DirQueue, reqs: Iterable[Request]) -> None:
@@ -147,10 +153,10 @@ def finish_holds(queue: DirQueue, ledger: Ledger, applied_by: str) -> int:
     def announce(desc: Descriptor) -> None:
         nonlocal cancelled
         cancelled += 1
-        ledger.emit(
-            Ev.CONTROL,
+        emit_control(
+            ledger,
             request=CANCEL,
-            task=desc.raw.get("id"),
+            task=str(desc.raw.get("id")),
             applied_by=applied_by,
             state=State.CANCELLED.value,
         )
@@ -189,7 +195,7 @@ class Controller:
         changes += [("pause", s) for s in sorted((now.slots - old.slots) & mine)]
         changes += [("unpause", s) for s in sorted((old.slots - now.slots) & mine)]
         for request, slot in changes:
-            run.ledger.emit(Ev.CONTROL, request=request, slot=slot, applied_by=run.cfg.owner)
+            emit_control(run.ledger, request=request, slot=slot, applied_by=run.cfg.owner)
         run.more_work()
 
     # -- cancel --------------------------------------------------------------------------------
