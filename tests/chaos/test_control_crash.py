@@ -51,9 +51,9 @@ def test_sigkill_around_a_cancel_then_resume_cancels_once(
 ) -> None:
     effect = f"echo $GPUSWARM_ATTEMPT >> {q(shared)}/$GPUSWARM_TASK_ID"
     tasks: list[dict[str, object]] = [
-        {"name": "victim", "command": "sleep 60", "priority": 10},  # cancelled: never ends
-        *({"name": f"ok{i}", "command": f"sleep 0.05; {effect}"} for i in range(3)),
+        {"name": "victim", "command": "sleep 60", "priority": 10}  # cancelled: never ends
     ]
+    tasks += [{"name": f"ok{i}", "command": f"sleep 0.05; {effect}"} for i in range(3)]
     for t in tasks:
         t["shell"] = True
     top = {
