@@ -19,6 +19,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store import control
+from gpuswarm.store.leases import write_owner_file
 from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run
@@ -338,3 +339,29 @@ def test_recovery_finishes_a_cancel_a_crash_left_half_way(tmp_path: Path) -> Non
     assert states(paths) == {"orphan": "cancelled", "waiting": "cancelled", "ended": "done"}
     assert [e["task"] for e in events(paths, "recovered")] == ["orphan"]
     assert control.requests(paths) == []
+
+
+def test_with_two_supervisors_the_one_holding_the_task_applies_the_cancel(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    busy = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)"
+    tasks = [task("a", busy), task("b", busy)]
+    paths = create_run(NewRun("two", tmp_path, {"name": "two"}, tasks))
+    sups = []
+    for owner in ("one:1:1", "two:2:2"):
+        slots = plan_slots(parse_gpu_spec("sim:1"))
+        cfg = SupervisorConfig(slots, tmp_path, owner=owner, heartbeat=0.2, lease_ttl=60)
+        write_owner_file(paths, owner, {"slots": [s.label for s in slots]})
+        sups.append(Supervisor(paths, DirQueue(paths, durable=False), Ledger(paths.events), cfg))
+    runners = [start(s) for s in sups]
+    wait_for(lambda: all(s.live for s in sups))
+    holder = sups[1]
+    (victim,) = [a.task_id for a in holder.live.values()]
+    control.put(paths, "cancel", victim)
+    wait_for(lambda: states(paths)[victim] == "cancelled")
+    gate.touch()
+    for runner in runners:
+        finish(runner)
+    other = "a" if victim == "b" else "b"
+    assert states(paths) == {victim: "cancelled", other: "done"}
+    (ev,) = events(paths, "control")
+    assert ev["applied_by"] == holder.cfg.owner
