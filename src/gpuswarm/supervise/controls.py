@@ -25,7 +25,6 @@ request whose task has ended is dropped without doing anything.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 from gpuswarm.core.events import Ev
@@ -242,5 +241,5 @@ class Controller:
     def _missed(self, reqs: list[Request]) -> None:
         for req in reqs:
             self._misses[req.name] = misses = self._misses.get(req.name, 0) + 1
-            if misses >= MAX_MISSES and os.path.lexists(self.run.paths.control / req.name):
+            if misses >= MAX_MISSES:
                 control.drop(self.run.paths, req)

@@ -251,8 +251,7 @@ class Supervisor:
 
     def _paused_with_work(self) -> bool:
         """Some of our slots are paused and pending/ still holds tasks (they would claim)."""
-        paused = self.shared.paused
-        if not paused.run and not any(self.shared.holds(s) for s in self.cfg.slots):
+        if not any(self.shared.holds(s) for s in self.cfg.slots):
             return False
         return self.queue.counts()[State.PENDING] > 0
 
