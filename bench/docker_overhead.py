@@ -4,7 +4,13 @@ Measured in one run, on one image built offline (no registry: an empty rootfs wi
 ``sbin/`` for ``--init``, run with the host's ``/usr`` bind-mounted read-only, as the tests do):
 
 (a) the floor: ``docker run --rm --network none -v /usr:/usr:ro IMG true``, N times one after
-    the other (after one unmeasured warm-up call), per call mean and median;
+    the other (after one unmeasured warm-up call), per call mean and median. Beside it, in the
+    same rounds (one bare call, then one attempt's calls by hand, N times), the three docker
+    calls the backend makes per attempt, each timed: ``docker run`` attached with the
+    backend's flags (``--init --log-driver none --pull never --user``, a ``--mount``, a label;
+    no ``--rm``), ``docker container inspect`` of the ended container, ``docker rm --force``.
+    Half of the rounds run before (b)'s docker run and half after it, so that the floor and
+    gpuswarm see the same load on a shared machine;
 (b) gpuswarm with ``backend: docker`` running N tasks ``true`` on one slot (``--gpus sim:1``):
     per-attempt overhead = wall of the whole ``gpuswarm run`` command / N (interpreter start,
     run creation, the engine and image checks and the outputs included). Target: at most 1.3x
@@ -13,14 +19,18 @@ Measured in one run, on one image built offline (no registry: an empty rootfs wi
 (c) the idle gap on the slot, docker beside local, each over N tasks on ``sim:1``:
     - gpuswarm's own turnaround, from the attempt records of every descriptor (as
       ``bench/latency.py`` does): an attempt's ``ended`` to the next one's ``started``, from
-      the run of (b) (docker) and of its local twin;
+      the runs of (b);
     - what the GPU sees, task-stamped (``bench/latency.py``'s wrapper: ``bash -c 'echo
       $EPOCHREALTIME >> s...; sleep 0.05; echo $EPOCHREALTIME >> e...'``): the next task's
       first stamp minus the previous task's last one. With docker it includes the container's
-      teardown and the next one's start; the stamp folder is a bind mount.
+      teardown and the next one's start; the stamp folder is a bind mount (``docker.mounts``).
 
 Skipped, with a note, when there is no docker CLI or no engine answers. The image is tagged
-``gpuswarm-bench:base`` and removed at the end; containers are all ``--rm`` or gpuswarm's own.
+``gpuswarm-bench:base`` and removed at the end, with any container labelled
+``gpuswarmbench=1`` (the by-hand calls') that an interruption left.
+
+    python bench/run.py --only docker          # this benchmark, in the report
+    python bench/docker_overhead.py            # alone, printed (QUICK=1: 15 tasks)
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import statistics
 import subprocess
 import tarfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (
@@ -109,11 +119,50 @@ def remove_image(tag: str = IMAGE) -> None:
         subprocess.run(["docker", "rmi", tag], capture_output=True, timeout=60, check=False)
 
 
-def bare_calls(n: int, tag: str = IMAGE) -> list[float]:
-    """Wall seconds of each of ``n`` bare ``docker run --rm`` calls of ``true`` (one warm-up)."""
-    argv = ["docker", "run", "--rm", "--network", "none", "-v", "/usr:/usr:ro", tag, "true"]
-    timed(argv)
-    return [timed(argv) for _ in range(n)]
+BARE = ["docker", "run", "--rm", "--network", "none", "-v", "/usr:/usr:ro", IMAGE, "true"]
+
+
+@dataclass
+class Floors:
+    """Seconds of each bare ``docker run --rm`` (``bare``) and of each of the backend's three
+    docker calls made by hand (``calls``: run, inspect, rm)."""
+
+    bare: list[float] = field(default_factory=list)
+    calls: dict[str, list[float]] = field(
+        default_factory=lambda: {"run": [], "inspect": [], "rm": []}
+    )
+
+    def measure(self, n: int) -> None:
+        """``n`` rounds, each one bare call and one attempt's calls by hand (interleaved, so
+        both see the same load on a shared machine)."""
+        base = f"gpuswarmbench-{os.getpid()}-{len(self.bare)}"
+        flags = ["--init", "--log-driver", "none", "--pull", "never", "--network", "none"]
+        flags += ["--user", f"{os.getuid()}:{os.getgid()}", "--label", "gpuswarmbench=1"]
+        flags += ["--mount", "type=bind,source=/usr,destination=/usr,readonly"]
+        try:
+            for i in range(n):
+                self.bare.append(timed(BARE))
+                name = f"{base}-{i}"
+                self.calls["run"].append(
+                    timed(["docker", "run", "--name", name, *flags, IMAGE, "true"])
+                )
+                inspect = ["docker", "container", "inspect", "--format", "{{json .State}}", name]
+                self.calls["inspect"].append(timed(inspect))
+                self.calls["rm"].append(timed(["docker", "rm", "--force", name]))
+        finally:
+            _remove_labelled("gpuswarmbench=1")
+
+
+def _remove_labelled(label: str) -> None:
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout.split()
+    if listed:
+        subprocess.run(["docker", "rm", "--force", *listed], capture_output=True, check=False)
 
 
 def config_text(n: int, command: list[str], *, backend: str, mounts: list[Path]) -> str:
@@ -205,86 +254,129 @@ def _gap_row(metric: str, tool: str, gaps: list[float], peer: float | None) -> R
 
 def run(cfg: Config) -> list[Row]:
     n = cfg.docker_tasks
-    bare_metric = (
-        f"{n} x `docker run --rm --network none IMG true`, one after the other: "
-        "per call, mean / median ms"
-    )
-    ours_metric = f"{n} x `true` on sim:1: wall / {n} (per attempt), ms"
-    gap_metric = f"{n} x `true` on sim:1: attempt end -> next attempt start (attempt records)"
-    stamp_metric = f"{n} x sleep {cfg.gap_sleep:g} on sim:1: exit -> next start, task-stamped"
+    m = Metrics(n, cfg.gap_sleep)
     why = engine_problem()
     if why is not None:
         note = f"{NO_ENGINE}: {why})"
         return [
-            skipped(BENCH, bare_metric, "docker CLI", note),
-            skipped(BENCH, ours_metric, "gpuswarm docker", note),
-            skipped(BENCH, f"{gap_metric}, median / p99 ms", "gpuswarm docker", note),
-            skipped(BENCH, f"{stamp_metric}, median / p99 ms", "gpuswarm docker", note),
+            skipped(BENCH, m.bare, "docker CLI (the floor)", note),
+            skipped(BENCH, m.ours, "gpuswarm docker", note),
+            skipped(BENCH, m.gap, "gpuswarm docker", note),
+            skipped(BENCH, m.stamped, "gpuswarm docker", note),
         ]
     work = cfg.work / "docker"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    rows: list[Row] = []
     try:
         built = build_image(work)
-        say(f"docker: image {IMAGE} built in {built:.2f} s; {n} bare docker runs")
-        bare: list[float] | None = None
-        try:
-            bare = bare_calls(n)
-            mean, med = statistics.fmean(bare) * 1e3, median(bare) * 1e3
-            rows.append(
-                Row(
-                    BENCH,
-                    bare_metric,
-                    "docker CLI (the floor)",
-                    mean,
-                    "ms",
-                    shown=f"{mean:.0f} / {med:.0f}",
-                    note=f"p99 {percentile(bare, 99) * 1e3:.0f} ms; image import {built:.2f} s",
-                    extra={"mean_ms": mean, "median_ms": med, "calls": n},
-                )
-            )
-        except Exception as exc:
-            rows.append(failed(BENCH, bare_metric, "docker CLI (the floor)", exc))
-        rows += _runs(cfg, work, n, bare, ours_metric, gap_metric, stamp_metric)
+        say(f"docker: image {IMAGE} built in {built:.2f} s; the floors, then the runs")
+        timed(BARE)  # warm-up: the first container of a fresh image pays for its layer set-up
+        return _measure(cfg, work, m, built)
     finally:
+        _remove_labelled("gpuswarmbench=1")
         remove_image()
-    return rows
 
 
-def _runs(
-    cfg: Config,
-    work: Path,
-    n: int,
-    bare: list[float] | None,
-    ours_metric: str,
-    gap_metric: str,
-    stamp_metric: str,
-) -> list[Row]:
+@dataclass(frozen=True)
+class Metrics:
+    """The rows' measure texts."""
+
+    n: int
+    sleep: float
+
+    @property
+    def bare(self) -> str:
+        return (
+            f"{self.n} x `docker run --rm --network none IMG true`, one after the other: "
+            "per call, mean / median ms"
+        )
+
+    @property
+    def by_hand(self) -> str:
+        return (
+            f"{self.n} x the backend's docker calls by hand (`docker run --init --log-driver "
+            "none ...` without --rm, `docker container inspect`, `docker rm --force`): "
+            "per attempt, ms"
+        )
+
+    @property
+    def ours(self) -> str:
+        return f"{self.n} x `true` on sim:1: wall of `gpuswarm run` / {self.n}, per attempt ms"
+
+    @property
+    def gap(self) -> str:
+        return (
+            f"{self.n} x `true` on sim:1: attempt end -> next attempt start (attempt records), "
+            "median / p99 ms"
+        )
+
+    @property
+    def stamped(self) -> str:
+        return (
+            f"{self.n} x sleep {self.sleep:g} on sim:1: exit -> next start on the slot, "
+            "task-stamped, median / p99 ms"
+        )
+
+
+def _measure(cfg: Config, work: Path, m: Metrics, built: float) -> list[Row]:
+    n = m.n
+    floors = Floors()
     rows: list[Row] = []
     runs: dict[str, Run] = {}
+    errors: dict[str, Row] = {}
+    floors.measure(n // 2)  # half of the floors before the docker run, half after: same load
     for backend in ("docker", "local"):
-        tool = f"gpuswarm {backend}"
         say(f"docker: {n} x true, backend {backend}")
         try:
             runs[backend] = gpuswarm_run(work / f"true-{backend}", n, ["true"], backend, [])
         except Exception as exc:
-            rows.append(failed(BENCH, ours_metric, tool, exc))
+            errors[backend] = failed(BENCH, m.ours, f"gpuswarm {backend}", exc)
+        if backend == "docker":
+            floors.measure(n - n // 2)
+    floor = statistics.fmean(floors.bare) * 1e3
+    rows.append(
+        Row(
+            BENCH,
+            m.bare,
+            "docker CLI (the floor)",
+            floor,
+            "ms",
+            shown=f"{floor:.0f} / {median(floors.bare) * 1e3:.0f}",
+            note=f"p99 {percentile(floors.bare, 99) * 1e3:.0f} ms; image import {built:.2f} s",
+            extra={"mean_ms": floor, "median_ms": median(floors.bare) * 1e3, "calls": n},
+        )
+    )
+    means = {k: statistics.fmean(v) * 1e3 for k, v in floors.calls.items()}
+    total = sum(means.values())
+    rows.append(
+        Row(
+            BENCH,
+            m.by_hand,
+            "docker CLI (3 calls)",
+            total,
+            "ms",
+            ratio=f"{total / floor:.2f}x the floor",
+            note="mean ms: " + ", ".join(f"{k} {v:.0f}" for k, v in means.items()),
+            extra=means,
+        )
+    )
+    for backend in ("docker", "local"):
+        if backend in errors:
+            rows.append(errors[backend])
             continue
         r = runs[backend]
         per = r.wall / n * 1e3
         note = f"in-run {r.in_run() / n * 1e3:.0f} ms per attempt; wall {r.wall:.1f} s"
-        if backend == "docker" and bare:
-            floor = statistics.fmean(bare) * 1e3
+        if backend == "docker":
             ratio = per / floor
             rows.append(
                 Row(
                     BENCH,
-                    ours_metric,
-                    tool,
+                    m.ours,
+                    "gpuswarm docker",
                     per,
                     "ms",
-                    "<= 1.3x bare docker run",
+                    "<= 1.3x the floor",
                     ratio <= 1.3,
                     ratio=f"{ratio:.2f}x the floor",
                     note=note,
@@ -292,17 +384,11 @@ def _runs(
                 )
             )
         else:
-            rows.append(Row(BENCH, ours_metric, tool, per, "ms", note=note))
+            rows.append(Row(BENCH, m.ours, "gpuswarm local", per, "ms", note=note))
     gaps = {b: attempt_gaps(r.run_dir) for b, r in runs.items()}
-    local_gap = median(gaps["local"]) * 1e3 if gaps.get("local") else None
-    for backend in ("docker", "local"):
-        if gaps.get(backend):
-            peer = local_gap if backend == "docker" else None
-            metric = f"{gap_metric}, median / p99 ms"
-            rows.append(_gap_row(metric, f"gpuswarm {backend}", gaps[backend], peer))
+    rows += _gap_rows(m.gap, gaps)
     stamped: dict[str, list[float]] = {}
     for backend in ("local", "docker"):
-        tool = f"gpuswarm {backend}"
         say(f"docker: {n} x stamped sleep, backend {backend}")
         stamps = work / f"stamps-{backend}"
         stamps.mkdir()
@@ -312,18 +398,19 @@ def _runs(
             gpuswarm_run(work / f"gap-{backend}", n, command, backend, [stamps])
             stamped[backend] = stamp_gaps(stamps)
         except Exception as exc:
-            rows.append(failed(BENCH, f"{stamp_metric}, median / p99 ms", tool, exc))
-    peer = median(stamped["local"]) * 1e3 if "local" in stamped else None
+            rows.append(failed(BENCH, m.stamped, f"gpuswarm {backend}", exc))
+    rows += _gap_rows(m.stamped, stamped)
+    return rows
+
+
+def _gap_rows(metric: str, gaps: dict[str, list[float]]) -> list[Row]:
+    """Docker's row (with its ratio to local's median) and local's, for those measured."""
+    local = median(gaps["local"]) * 1e3 if gaps.get("local") else None
+    rows = []
     for backend in ("docker", "local"):
-        if backend in stamped:
-            rows.append(
-                _gap_row(
-                    f"{stamp_metric}, median / p99 ms",
-                    f"gpuswarm {backend}",
-                    stamped[backend],
-                    peer if backend == "docker" else None,
-                )
-            )
+        if gaps.get(backend):
+            peer = local if backend == "docker" else None
+            rows.append(_gap_row(metric, f"gpuswarm {backend}", gaps[backend], peer))
     return rows
 
 
