@@ -23,7 +23,7 @@ from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.exec.base import BackendOptions, create_backend
+from gpuswarm.exec.base import Backend, create_backend
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
@@ -35,10 +35,11 @@ from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.runsetup import (
     Setup,
-    backend_of,
     check_backend,
+    check_backend_ready,
     gpu_keys_of,
     plan,
+    recovery_backend,
     redact_config,
     resolve_provisions,
     run_info,
@@ -77,7 +78,9 @@ def start_run(
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
-    _check_programs(loaded, count, output)
+    if loaded.config.backend == "local":  # elsewhere the programs are the image's
+        _check_programs(loaded, count, output)
+    check_backend_ready(loaded)
     hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
@@ -106,8 +109,9 @@ def _start(
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
-    isolate = bool(loaded.config.home and loaded.config.home.isolate)
     cfg = loaded.config
+    # a container always gets a private HOME (its caches persist across the slot's attempts)
+    isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"
     setup = Setup(
         slots,
         loaded.base_dir,
@@ -117,6 +121,7 @@ def _start(
         tuple(cfg.preflight),
         cfg.after_all,
         cfg.backend,
+        cfg.docker,
     )
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
@@ -256,8 +261,8 @@ def _supervise(
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
     recovered = None
-    options = BackendOptions(max_log_bytes=cfg.max_log_bytes, scope=f"{paths.root.name}/")
-    backend = create_backend(cfg.backend, options)
+    backend = create_backend(cfg.backend, setup.backend_options(paths, owner, cfg.max_log_bytes))
+    backend.check()  # before anything is claimed: the daemon answers, the image is there
     with attach(paths, exclusive_start=mode == "resume") as hold:
         ledger = Ledger(paths.events)
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
@@ -277,6 +282,7 @@ def _supervise(
                 isolate=setup.isolate,
                 provisions=setup.provisions,
                 base_env=cfg.base_env,
+                backend=backend,
             )
             if setup.preflight:
                 ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
@@ -290,7 +296,7 @@ def _supervise(
                     sup.run()
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
-                        _after_all(paths, ledger, setup, output, sup, summary)
+                        _after_all(paths, ledger, setup, output, sup, summary, backend)
                 except OSError as exc:
                     if not disk_full(exc):
                         raise
@@ -324,12 +330,18 @@ def _after_all(
     output: Output,
     sup: Supervisor,
     summary: dict[str, Any],
+    backend: Backend,
 ) -> None:
     """The after_all step, once every task ended; its result goes into summary.json."""
     assert setup.after_all is not None
     say(output, f"after_all: {setup.after_all}")
     after = run_once(
-        paths, setup.after_all, cwd=setup.base_dir, stop=sup.stopping, base_env=sup.cfg.base_env
+        paths,
+        setup.after_all,
+        cwd=setup.base_dir,
+        stop=sup.stopping,
+        base_env=sup.cfg.base_env,
+        backend=backend,
     )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}
@@ -365,7 +377,7 @@ def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     recovers the run as resume would, ending a dead owner's leftovers through its backend."""
 
     def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
-        backend = create_backend(backend_of(open_run(run_dir)[1]))
+        backend = recovery_backend(open_run(run_dir)[1])
         try:
             return recover(queue, ledger, retry_failed=False, backend=backend)
         finally:

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuswarm import __version__
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import RunConfig
-from gpuswarm.core.errors import ConfigError
+from gpuswarm.config.models import DockerConfig, RunConfig
+from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_tree
-from gpuswarm.exec.base import backend_names
+from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot, parse_gpu_spec, plan_slots
@@ -94,6 +97,18 @@ class Setup:
     preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
     after_all: str | None = None  # run once after every slot finished
     backend: str = "local"  # what runs the attempts (exec.base.create_backend)
+    docker: DockerConfig | None = None  # backend: docker's settings
+
+    def backend_options(self, paths: RunPaths, owner: str, max_log_bytes: int) -> BackendOptions:
+        """What the run's backend is built with."""
+        return BackendOptions(
+            max_log_bytes=max_log_bytes,
+            scope=f"{paths.root.name}/",
+            run_dir=str(paths.root),
+            owner=owner,
+            docker=self.docker,
+            base_dir=str(self.base_dir),
+        )
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
@@ -121,16 +136,49 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
     )
     base_dir = Path(info.get("base_dir", "."))
     config = info.get("config") or {}
+    backend = backend_of(info)
     return Setup(
         slots,
         base_dir,
-        bool(home.get("isolate")),
+        bool(home.get("isolate")) or backend == "docker",  # a container always gets a HOME
         provisions,
         info.get("settings", {}),
         tuple(config.get("preflight") or ()),
         config.get("after_all"),
-        backend_of(info),
+        backend,
+        docker_of(info),
     )
+
+
+def docker_of(info: dict[str, Any]) -> DockerConfig | None:
+    """The docker: settings a run was made with (run.json); None for other backends."""
+    raw = (info.get("config") or {}).get("docker")
+    if raw is None:
+        return None
+    try:
+        return DockerConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise RunDirError(
+            f"run.json: config.docker is not valid ({exc.errors()[0]['msg']})"
+        ) from None
+
+
+def recovery_backend(info: dict[str, Any]) -> Backend:
+    """The backend that ends a dead owner's leftovers of a run (resume, check --repair)."""
+    docker = docker_of(info)
+    return create_backend(backend_of(info), BackendOptions(docker=docker))
+
+
+def check_backend_ready(loaded: LoadedConfig) -> None:
+    """Before anything is made: the backend can run attempts at all (docker: the daemon
+    answers, the image is present, mount sources exist); BackendError (exit 2) otherwise."""
+    cfg = loaded.config
+    options = BackendOptions(docker=cfg.docker, base_dir=str(loaded.base_dir))
+    backend = create_backend(cfg.backend, options)
+    try:
+        backend.check()
+    except BadInputError as exc:
+        raise type(exc)(f"{loaded.path or '<config>'}: {exc}") from None
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:

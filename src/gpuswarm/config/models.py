@@ -9,7 +9,7 @@ it; :mod:`gpuswarm.config.errors` adds the file, line and field path.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -36,7 +36,7 @@ from gpuswarm.config.values import (
 from gpuswarm.config.yamlload import quote
 from gpuswarm.core.paths import slugify
 from gpuswarm.core.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
-from gpuswarm.core.redact import redact_argv, redact_shapes
+from gpuswarm.core.redact import redact_argv, redact_shapes, redact_tree
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -212,6 +212,75 @@ class Reliability(BaseModel):
     )
 
 
+class MountEntry(BaseModel):
+    """A host folder or file at ``dest`` inside every container (``backend: docker``)."""
+
+    model_config = _STRICT
+
+    src: NonEmpty  # a host path (relative: to the config's folder); it must exist
+    dest: NonEmpty  # an absolute path inside the container
+    read_only: bool = False
+
+    @model_validator(mode="after")
+    def _absolute_dest(self) -> MountEntry:
+        if not self.dest.startswith("/") or "\0" in self.dest or ":" in self.dest:
+            raise ValueError(
+                f"dest {quote(self.dest)} must be an absolute path inside the container without "
+                "':', e.g. /data"
+            )
+        if ":" in self.src or "\0" in self.src:
+            raise ValueError(f"src {quote(self.src)} must be a path without ':'")
+        return self
+
+
+GpuFlags = Literal["auto", "nvidia", "amd", "cdi", "none"]
+_SHM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$")
+# docker run options that gpuswarm sets itself: given in args they would break its guarantees
+_OWN_DOCKER_FLAGS = (
+    "--rm", "-d", "--detach", "--name", "--user", "-u", "--log-driver", "--init",
+    "--label", "-l", "--workdir", "-w", "--env", "-e", "--env-file", "-i", "-t", "--tty",
+    "--interactive", "--pull", "--cidfile", "-a", "--attach", "-v", "--volume",
+)  # fmt: skip
+
+
+class DockerConfig(BaseModel):
+    """``backend: docker``: each attempt in a container of ``image`` (see docs/docker.md)."""
+
+    model_config = _STRICT
+
+    image: NonEmpty  # present on the docker host: never pulled
+    args: list[str] = Field(default_factory=list)  # extra ``docker run`` arguments
+    mounts: list[MountEntry] = Field(default_factory=list)
+    gpu_flags: GpuFlags = "auto"
+    network: NonEmpty | None = None  # docker's --network (None: docker's default)
+    shm_size: NonEmpty | None = None  # docker's --shm-size, e.g. 16g
+    pass_env: list[EnvName] = Field(default_factory=list)  # host variables passed by name
+
+    @model_validator(mode="after")
+    def _checked(self) -> DockerConfig:
+        if self.shm_size is not None and not _SHM_SIZE.match(self.shm_size):
+            raise ValueError(f"shm_size {quote(self.shm_size)} is not a size; write e.g. 16g")
+        for arg in self.args:
+            flag = arg.split("=", 1)[0]
+            if flag in ("-v", "--volume"):
+                raise ValueError(
+                    f"args: {quote(arg)}: give folders in mounts: ({{src, dest, read_only}}); "
+                    "docker's -v silently creates a missing source as root"
+                )
+            if flag in _OWN_DOCKER_FLAGS:
+                raise ValueError(
+                    f"args: {quote(arg)} is set by gpuswarm itself (it names, labels, attaches "
+                    "and runs every container as you); remove it. Environment variables go by "
+                    "name: add the name to pass_env, or set it in the task's env:"
+                )
+        if redact_tree(self.args) != self.args or redact_tree(self.image) != self.image:
+            raise ValueError(
+                "args look like they carry a secret (a token, a password in a URL); pass "
+                "secrets by name with pass_env, never on a command line"
+            )
+        return self
+
+
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
     if not tasks:
         raise ValueError("the task list is empty; add at least one entry, e.g. - command: ...")
@@ -237,7 +306,22 @@ class RunConfig(BaseModel):
     # issue 11: run once per slot before it claims anything; once after every slot finished
     preflight: list[NonEmpty] = Field(default_factory=list)
     after_all: NonEmpty | None = None
-    backend: NonEmpty = "local"  # what runs the attempts: local, or wrapped (tests); see exec.base
+    backend: NonEmpty = "local"  # what runs the attempts: local, docker, wrapped; see exec.base
+    docker: DockerConfig | None = None  # backend: docker's settings
+
+    @model_validator(mode="after")
+    def _docker(self) -> RunConfig:
+        if self.backend == "docker" and self.docker is None:
+            raise ValueError(
+                "backend: docker needs a docker: block with the image, e.g. "
+                "docker: {image: myimage:tag}"
+            )
+        if self.docker is not None and self.backend != "docker":
+            raise ValueError(
+                f"docker: is set but backend is {quote(self.backend)}; add backend: docker "
+                "(or remove the docker: block)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:

@@ -47,6 +47,11 @@ class PreflightError(BadInputError):
     """A preflight command failed, or no task's program can be found: nothing was started."""
 
 
+class BackendError(BadInputError):
+    """What runs the attempts cannot run any (docker: no daemon, no image, no GPU device):
+    found before anything is claimed; the message says how to fix it."""
+
+
 class GpuBusyError(BadInputError):
     """The GPUs asked for are held by another live run of this host (see ``--share-gpus``)."""
 

@@ -2,7 +2,8 @@
 
 A backend turns a :class:`LaunchSpec` into a running attempt and hands back a :class:`Handle`;
 the supervisor never sees a process, a container or an actor. Today there are two backends:
-``local`` (sessions, pidfds, a child subreaper: :mod:`gpuswarm.exec.local`) and ``wrapped``
+``local`` (sessions, pidfds, a child subreaper: :mod:`gpuswarm.exec.local`), ``docker`` (each
+attempt in a container that sees only its GPUs: :mod:`gpuswarm.exec.docker`) and ``wrapped``
 (the local primitives without a wake-up fd, so every attempt takes the waiter path; it keeps
 that path tested). Backends are found by name through :func:`create_backend`, which imports
 only the one asked for: docker or ray can be added without the supervisor importing them.
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from gpuswarm.core.models import EndKind
+from gpuswarm.placement.devices import Gpu, Vendor
 
 if TYPE_CHECKING:
+    from gpuswarm.config.models import DockerConfig
     from gpuswarm.exec.sandbox import Provision
 
 __all__ = [
@@ -38,7 +41,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """What to run, where, and how long. ``env`` is the full environment."""
+    """What to run, where, and how long. ``env`` is the full environment.
+
+    The fields after ``token`` matter to a backend that runs attempts somewhere else than in
+    this process's environment (a container): which GPUs to hand it, which folders it must see
+    at the same paths, which variables were set for it, and what it is (for labels)."""
 
     argv: list[str]
     env: dict[str, str]
@@ -47,6 +54,11 @@ class LaunchSpec:
     timeout: float | None = None
     grace: float = 10.0
     token: str = ""  # a fresh uuid is used when empty
+    devices: tuple[Gpu, ...] = ()  # the attempt's GPUs, in order (its devices 0..k-1 inside)
+    vendor: Vendor = Vendor.SIM
+    binds: tuple[Path, ...] = ()  # host folders it must see at the same path (workspace, HOME)
+    own_env: frozenset[str] = frozenset()  # names set for it (not inherited from the supervisor)
+    identity: Mapping[str, str] = field(default_factory=dict)  # kind, task, attempt, slot
 
 
 @dataclass(frozen=True)
@@ -75,7 +87,7 @@ class AttemptEnd:
 class Leftovers(NamedTuple):
     """What :meth:`Backend.end_leftovers` found of a dead owner and ended."""
 
-    ids: list[int]  # what was found (pids for ``local``), named in the ``killed`` event
+    ids: list[int | str]  # what was found (pids; container names), named in the ``killed`` event
     tasks: frozenset[str]  # task ids whose attempt was still running (never judged done)
     killed: int  # how many were signalled
 
@@ -86,6 +98,10 @@ class BackendOptions:
 
     max_log_bytes: int = 256 << 20  # each attempt's log is kept under this size
     scope: str = ""  # the run's token prefix: close() ends strays of this run only ("" = none)
+    run_dir: str = ""  # the run's folder (a container backend labels and masks by it)
+    owner: str = ""  # the supervisor that runs the attempts ("" in recovery)
+    docker: DockerConfig | None = None  # backend: docker's settings
+    base_dir: str = ""  # the config's folder: relative mount sources start here
 
 
 class Handle(Protocol):
@@ -133,6 +149,10 @@ class Backend(Protocol):
     name: str
     caps_logs: bool  # it keeps each log under max_log_bytes itself (else the keeper caps them)
 
+    def check(self) -> None:
+        """Before anything is claimed or created: raise a BadInputError (exit 2) with the fix
+        when no attempt could run at all (docker: the daemon is unreachable, the image absent)."""
+
     def open(self) -> None:
         """Process-wide set-up before the first launch (a subreaper, a log pump). Idempotent."""
 
@@ -157,6 +177,7 @@ class Backend(Protocol):
 _BACKENDS: Mapping[str, str] = {
     "local": "gpuswarm.exec.local.backend:LocalBackend",
     "wrapped": "gpuswarm.exec.wrapped:WrappedBackend",
+    "docker": "gpuswarm.exec.docker.backend:DockerBackend",
 }
 
 

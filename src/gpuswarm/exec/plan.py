@@ -61,8 +61,14 @@ def launch_spec_for(
     base_env: dict[str, str],
     owner: str,
     base_dir: Path,
+    inherited: Mapping[str, str] | None = None,
+    home: Path | None = None,
 ) -> LaunchSpec:
-    """The process to start: argv, environment (isolation + task + identity), cwd, log."""
+    """The process to start: argv, environment (isolation + task + identity), cwd, log.
+
+    ``inherited``: the supervisor's own environment (what ``base_env`` starts from); a variable
+    set or changed over it is the attempt's own (``own_env``: what a container is given).
+    ``home``: the slot's private HOME, when it has one (a container sees it at the same path)."""
     env = dict(base_env)
     env.update(render_env(task, values))
     env.update(isolation_env(slot, gpu_ids))
@@ -77,6 +83,8 @@ def launch_spec_for(
     )
     if "task_dir" in task.vars:
         env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
+    start = inherited if inherited is not None else {}
+    workspace = paths.task_dir(task.id)
     return LaunchSpec(
         argv=render_command(task, values),
         env=env,
@@ -85,6 +93,11 @@ def launch_spec_for(
         timeout=task.timeout,
         grace=task.grace,
         token=f"{paths.root.name}/{task.id}/{n}",
+        devices=slot.devices_of(gpu_ids),
+        vendor=slot.vendor,
+        binds=(workspace,) if home is None else (workspace, home),
+        own_env=frozenset(k for k, v in env.items() if start.get(k) != v),
+        identity={"kind": "attempt", "task": task.id, "attempt": str(n), "slot": slot.label},
     )
 
 

@@ -60,6 +60,9 @@ class WrappedBackend:
     def __init__(self, options: BackendOptions) -> None:
         self._local = LocalBackend(options)
 
+    def check(self) -> None:
+        self._local.check()
+
     def open(self) -> None:
         self._local.open()
 

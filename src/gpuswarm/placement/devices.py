@@ -24,6 +24,7 @@ class Gpu:
     vendor: Vendor
     uuid: str | None = None
     memory_mb: int | None = None
+    pci: str | None = None  # PCI address (``0000:c1:00.0``) where discovery reports one
 
 
 @dataclass(frozen=True)

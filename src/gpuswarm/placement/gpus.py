@@ -55,6 +55,12 @@ class Slot:
     vendor: Vendor
     share: int = 0  # 0..tasks_per_gpu-1: which of the slots sharing these GPUs this is
     ident: str = ""  # the slot id registered in the run (unique there): see slot_id()
+    devices: tuple[Gpu, ...] = ()  # what discovery knows of gpu_ids (uuid, PCI address), in order
+
+    def devices_of(self, gpu_ids: Sequence[int]) -> tuple[Gpu, ...]:
+        """The records of ``gpu_ids`` (a bare record where discovery gave none)."""
+        known = {g.index: g for g in self.devices}
+        return tuple(known.get(i) or Gpu(i, "GPU", self.vendor) for i in gpu_ids)
 
     @property
     def label(self) -> str:
@@ -211,7 +217,11 @@ def plan_slots(gpus: GpuSet, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> 
         )
     groups = [ids[i : i + gpus_per_task] for i in range(0, len(ids), gpus_per_task)]
     pairs = [(share, group) for share in range(tasks_per_gpu) for group in groups]
-    return [Slot(n, group, gpus.vendor, share) for n, (share, group) in enumerate(pairs)]
+    known = {g.index: g for g in gpus.gpus}
+    return [
+        Slot(n, group, gpus.vendor, share, devices=tuple(known[i] for i in group if i in known))
+        for n, (share, group) in enumerate(pairs)
+    ]
 
 
 def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str, str]:
@@ -241,4 +251,18 @@ def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str,
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if slot.vendor is Vendor.SIM:
         env["GPUSWARM_SIMULATED"] = "1"
+    return env
+
+
+def renumbered_env(vendor: Vendor, count: int) -> dict[str, str]:
+    """The visibility variables inside a container that was given only the attempt's ``count``
+    GPUs: they are devices ``0..count-1`` there (the host ids stay in ``GPUSWARM_*``)."""
+    logical = ",".join(str(i) for i in range(count))
+    env = {
+        "CUDA_VISIBLE_DEVICES": logical,
+        "HIP_VISIBLE_DEVICES": logical,
+        "GPU_DEVICE_ORDINAL": logical,
+    }
+    if vendor is Vendor.AMD:
+        env["ROCR_VISIBLE_DEVICES"] = logical
     return env

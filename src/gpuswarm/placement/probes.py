@@ -121,8 +121,16 @@ def parse_amd_smi_json(out: str) -> list[Gpu]:
     for item in data if isinstance(data, list) else []:
         index = item.get("gpu") if isinstance(item, dict) else None
         if isinstance(index, int) and not isinstance(index, bool):
-            uuid = item.get("uuid")
-            gpus.append(Gpu(index, "AMD GPU", Vendor.AMD, uuid if isinstance(uuid, str) else None))
+            uuid, bdf = item.get("uuid"), item.get("bdf")
+            gpus.append(
+                Gpu(
+                    index,
+                    "AMD GPU",
+                    Vendor.AMD,
+                    uuid if isinstance(uuid, str) else None,
+                    pci=bdf if isinstance(bdf, str) and bdf else None,
+                )
+            )
     return gpus
 
 

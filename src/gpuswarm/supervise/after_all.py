@@ -1,7 +1,8 @@
 """``after_all:``: one post-processing command once every task of the run has ended.
 
 It runs after the supervisor's slots are done and results.tsv / summary.json are written (so it
-can read them), through ``/bin/sh -c`` in the run's base folder, with ``GPUSWARM_RUN_DIR``,
+can read them), through ``/bin/sh -c`` in the run's base folder, as one attempt of the run's
+backend (for docker: one post-processing container, as the seed has), with ``GPUSWARM_RUN_DIR``,
 ``GPUSWARM_RESULTS`` and ``GPUSWARM_SUMMARY`` in its environment. Its output goes to
 ``<run>/after_all.log``; its outcome lands in summary.json (``after_all``) and a failure makes
 the exit code 1. It does not run when the run was stopped or tasks are left (a resume that
@@ -13,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -22,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.supervise.preflight import start_shell
+from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
+from gpuswarm.supervise.preflight import SHELL
 
 LOG_NAME = "after_all.log"
 
@@ -34,6 +34,7 @@ def run_once(
     cwd: Path,
     stop: threading.Event,
     base_env: Mapping[str, str],
+    backend: Backend,
 ) -> dict[str, Any] | None:
     """Run ``command`` unless another supervisor of the run already did for the run as it is
     now (its log is newer than the last task that ended); None when skipped. Supervisors that
@@ -44,7 +45,7 @@ def run_once(
         fcntl.flock(fd, fcntl.LOCK_EX)
         if _ran_since_last_end(paths):
             return None
-        return run_after_all(paths, command, cwd=cwd, stop=stop, base_env=base_env)
+        return run_after_all(paths, command, cwd=cwd, stop=stop, base_env=base_env, backend=backend)
     finally:
         os.close(fd)
 
@@ -68,41 +69,49 @@ def run_after_all(
     cwd: Path,
     stop: threading.Event,
     base_env: Mapping[str, str],
+    backend: Backend,
 ) -> dict[str, Any]:
-    """Run ``command``; return its record for summary.json (``ok``, ``exit``, ``log``...).
-    ``base_env``: the supervisor's environment, passed in like its tasks'."""
+    """Run ``command`` as one attempt of the run's ``backend`` (a container of its own, for
+    docker, that sees the run folder but its queue); return its record for summary.json
+    (``ok``, ``exit``, ``log``...). ``base_env``: the supervisor's environment."""
     env = {
         **base_env,
         "GPUSWARM_RUN_DIR": str(paths.root),
         "GPUSWARM_RESULTS": str(paths.results_tsv),
         "GPUSWARM_SUMMARY": str(paths.summary_json),
     }
-    log = paths.root / LOG_NAME
+    own = paths.root / "after_all" / "output.log"  # the launch makes its folder afresh
+    spec = LaunchSpec(
+        argv=[SHELL, "-c", command],
+        env=env,
+        cwd=cwd,
+        log_path=own,
+        grace=10.0,
+        token=f"{paths.root.name}/after_all/0",
+        binds=(paths.root,),
+        own_env=frozenset(k for k, v in env.items() if base_env.get(k) != v),
+        identity={"kind": "after_all"},
+    )
     record: dict[str, Any] = {"command": command, "log": LOG_NAME}
     t0 = time.time()
-    with log.open("wb") as out:
-        try:
-            proc = start_shell(command, env, cwd, out)
-        except OSError as exc:
-            return {**record, "ok": False, "exit": None, "reason": f"could not start: {exc}"}
-        code: int | None = None
-        while code is None:
-            try:
-                code = proc.wait(0.2)
-            except subprocess.TimeoutExpired:
-                if stop.is_set():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        code = proc.wait(10)
-                    except subprocess.TimeoutExpired:
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.killpg(proc.pid, signal.SIGKILL)
-                        code = proc.wait()
-                    record["reason"] = "stopped"
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # nothing of it outlives it
-    record.update(ok=code == 0, exit=code, seconds=round(time.time() - t0, 3))
-    if code != 0 and "reason" not in record:
-        record["reason"] = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+    handle = backend.launch(spec)
+    ends: list[AttemptEnd] = []
+    waiter = threading.Thread(target=lambda: ends.append(handle.wait()), daemon=True)
+    waiter.start()
+    stopped = False
+    while waiter.is_alive():
+        waiter.join(0.2)
+        if stop.is_set() and not stopped:
+            stopped = True
+            handle.cancel()  # TERM, grace, KILL: nothing of it outlives it
+    with contextlib.suppress(OSError):
+        os.replace(own, paths.root / LOG_NAME)
+    if not ends:
+        return {**record, "ok": False, "exit": None, "reason": "its wait failed"}
+    end = ends[0]
+    record.update(ok=end.ok, exit=end.returncode, seconds=round(time.time() - t0, 3))
+    if stopped:
+        record["reason"] = "stopped"
+    elif not end.ok:
+        record["reason"] = end.reason
     return record

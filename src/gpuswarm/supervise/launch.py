@@ -64,6 +64,8 @@ def plan_attempt(
         base_env=base_env,
         owner=run.cfg.owner,
         base_dir=run.cfg.base_dir,
+        inherited=run.cfg.base_env,
+        home=paths.slot_home(slot.label) if run.cfg.isolate_home else None,
     )
     try:
         stale = set_aside_stale(paths, task, values, number)

@@ -2,7 +2,9 @@
 programs the tasks run can be found at all.
 
 ``preflight:`` commands run once per slot (with that slot's environment, HOME and GPUs, in the
-run's base folder, through ``/bin/sh -c``), slots in parallel, before the slot claims anything. The
+run's base folder, through ``/bin/sh -c``), slots in parallel, before the slot claims anything,
+through the run's backend: in the slot's container for docker, under the local backend's
+process control (its own session, the tree killed on timeout) here. The
 first failure stops the run before any task is touched: :class:`PreflightError` (exit 2) with the
 command's output; every task stays pending. Each slot's output is kept in
 ``<run>/preflight/<slot>.log``.
@@ -19,7 +21,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,7 +32,8 @@ from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
-from gpuswarm.exec.sandbox import Provision, prepare_home
+from gpuswarm.exec.base import Backend, LaunchSpec
+from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot, isolation_env
 
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
@@ -43,7 +45,7 @@ _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 class Failure:
     slot: str
     command: str
-    how: str  # "exit 1", "timed out after 600s", "could not start: ..."
+    how: str  # the attempt's end: "exit 1", "timeout after 600s (...)", "command not found: x"
     output: str
     log: Path
 
@@ -68,10 +70,12 @@ def run_preflight(
     isolate: bool,
     provisions: Sequence[Provision],
     base_env: Mapping[str, str],
+    backend: Backend,
     timeout: float = PREFLIGHT_TIMEOUT,
 ) -> list[str]:
-    """Run ``commands`` once per slot (slots in parallel); raise PreflightError on the first
-    failure (naming the slot, the command and its output). Returns the slot labels checked."""
+    """Run ``commands`` once per slot (slots in parallel) through the run's ``backend`` (in
+    the slot's container, for docker); raise PreflightError on the first failure (naming the
+    slot, the command and its output). Returns the slot labels checked."""
     if not commands:
         return []
     folder = paths.root / "preflight"
@@ -80,10 +84,10 @@ def run_preflight(
     lock = threading.Lock()
 
     def one(slot: Slot) -> None:
-        home = prepare_home(paths.slot_home(slot.label), provisions) if isolate else {}
-        env = slot_env(paths, slot, home, base_env)
-        log = folder / f"{_safe(slot.label)}.log"
-        failure = _run_slot(slot.label, commands, env, cwd, log, timeout)
+        home = paths.slot_home(slot.label) if isolate else None
+        env = slot_env(paths, slot, backend.prepare_slot(home, provisions), base_env)
+        check = _SlotCheck(paths, slot, env, cwd, home, base_env, timeout)
+        failure = check.run(backend, commands, folder)
         if failure is not None:
             with lock:
                 failures.append(failure)
@@ -108,54 +112,51 @@ def _safe(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in label) or "slot"
 
 
-def _run_slot(
-    label: str, commands: Sequence[str], env: dict[str, str], cwd: Path, log: Path, timeout: float
-) -> Failure | None:
-    with log.open("wb") as out:
-        for command in commands:
-            out.write(f"$ {command}\n".encode())
-            out.flush()
-            how = _run_one(command, env, cwd, out, timeout)
-            if how is not None:
+@dataclass(frozen=True)
+class _SlotCheck:
+    """The preflight commands of one slot, each an attempt of the run's backend."""
+
+    paths: RunPaths
+    slot: Slot
+    env: dict[str, str]
+    cwd: Path
+    home: Path | None
+    inherited: Mapping[str, str]
+    timeout: float
+
+    def run(self, backend: Backend, commands: Sequence[str], folder: Path) -> Failure | None:
+        """Each command in turn; its output lands in ``preflight/<slot>.log`` (all of them)."""
+        name = _safe(self.slot.label)
+        log = folder / f"{name}.log"
+        with log.open("wb") as out:
+            for i, command in enumerate(commands):
+                out.write(f"$ {command}\n".encode())
+                own = folder / name / f"cmd-{i}" / "output.log"  # the launch makes its folder
+                end = backend.launch(self._spec(command, own, i)).wait()
+                with contextlib.suppress(OSError):
+                    out.write(own.read_bytes()[-(1 << 20) :])
                 out.flush()
-                text = redact_text(log_tail(log, max_lines=20), env)
-                return Failure(label, command, how, text, log)
-    return None
-
-
-def start_shell(
-    command: str, env: dict[str, str], cwd: Path | None, out: Any
-) -> subprocess.Popen[bytes]:
-    """A user's shell command (preflight, after_all) in its own session, output into ``out``."""
-    return subprocess.Popen(
-        [SHELL, "-c", command],
-        env=env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def _run_one(command: str, env: dict[str, str], cwd: Path, out: Any, timeout: float) -> str | None:
-    try:
-        proc = start_shell(command, env, cwd, out)
-    except OSError as exc:
-        return f"could not start: {exc.strerror or exc}"
-    try:
-        code = proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return f"timed out after {timeout:g}s"
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of a preflight outlives it
-    if code == 0:
+                if not end.ok:
+                    text = redact_text(log_tail(log, max_lines=20), self.env)
+                    return Failure(self.slot.label, command, end.reason, text, log)
         return None
-    return f"killed by signal {-code}" if code < 0 else f"exit {code}"
+
+    def _spec(self, command: str, log: Path, i: int) -> LaunchSpec:
+        env = self.env
+        return LaunchSpec(
+            argv=[SHELL, "-c", command],
+            env=env,
+            cwd=self.cwd,
+            log_path=log,
+            timeout=self.timeout,
+            grace=5.0,
+            token=f"{self.paths.root.name}/preflight-{self.slot.label}/{i}",
+            devices=self.slot.devices_of(self.slot.gpu_ids),
+            vendor=self.slot.vendor,
+            binds=() if self.home is None else (self.home,),
+            own_env=frozenset(k for k, v in env.items() if self.inherited.get(k) != v),
+            identity={"kind": "preflight", "slot": self.slot.label},
+        )
 
 
 # -- programs that cannot be found -----------------------------------------------------------------

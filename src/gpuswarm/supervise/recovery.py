@@ -40,7 +40,7 @@ class EndsLeftovers(Protocol):
 
     def end_leftovers(
         self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
-    ) -> tuple[list[int], frozenset[str], int]: ...
+    ) -> tuple[list[int | str], frozenset[str], int]: ...
 
 
 def _local_backend() -> EndsLeftovers:

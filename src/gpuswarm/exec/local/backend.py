@@ -34,6 +34,14 @@ class LocalBackend:
         self.options = options
         self._pump: LogPump | None = None
 
+    @property
+    def pump(self) -> LogPump | None:
+        """The log pump once open() started it (a backend built on this one shares it)."""
+        return self._pump
+
+    def check(self) -> None:
+        """Nothing to check: this host runs the attempts (missing programs are found earlier)."""
+
     def open(self) -> None:
         become_subreaper()
         if self._pump is None:
@@ -58,7 +66,7 @@ class LocalBackend:
         if not pids:
             return Leftovers([], frozenset(), 0)
         tasks = task_ids_of(pids)  # before the kill: which attempts were still running
-        return Leftovers(pids, tasks, kill_tree(pids, grace))
+        return Leftovers(list(pids), tasks, kill_tree(pids, grace))
 
     def close(self) -> None:
         if self.options.scope:

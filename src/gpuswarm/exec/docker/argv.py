@@ -1,0 +1,110 @@
+"""The ``docker run`` command of one attempt (pure: argument lists in, argument list out).
+
+The container is attached (its output is the client's, which the log pump drains into the
+attempt's ``output.log``: docker keeps no log of it, ``--log-driver none``), runs ``--init`` (a
+real init as pid 1: signals reach the task, zombies are reaped, and when the task ends the
+container ends, taking every process of the attempt with it), never pulls, runs as the invoking
+user, and gets its environment by name only (values travel in the client's environment, never on
+a command line). Folders are bind-mounted with ``--mount`` (which refuses a missing source;
+``-v`` would create it as root) at the same path they have on the host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuswarm.exec.docker.client import LABEL
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path at ``dest`` inside (``dest`` None: the same path)."""
+
+    src: Path
+    dest: Path | None = None
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class RunArgs:
+    """Everything :func:`run_argv` needs; each field one concern of the container."""
+
+    image: str
+    name: str
+    user: str  # uid:gid
+    workdir: Path
+    command: Sequence[str]
+    labels: Mapping[str, str]
+    env_names: Iterable[str]
+    binds: Sequence[Bind] = ()
+    masks: Sequence[Path] = ()  # host folders hidden inside (an empty tmpfs over them)
+    devices: Sequence[str] = ()  # from devices.gpu_args
+    network: str | None = None
+    shm_size: str | None = None
+    extra: Sequence[str] = ()  # the user's docker.args
+
+
+def run_argv(docker: str, a: RunArgs) -> list[str]:
+    """``docker run ...`` for ``a``: the exact list handed to the process (no shell)."""
+    argv = [docker, "run", "--name", a.name, "--init", "--log-driver", "none", "--pull", "never"]
+    argv += ["--user", a.user, "--workdir", str(a.workdir)]
+    for key, value in sorted(a.labels.items()):
+        argv += ["--label", f"{LABEL}.{key}={value}"]
+    for name in sorted(set(a.env_names)):
+        argv += ["--env", name]
+    for bind in a.binds:
+        fields = ["type=bind", f"source={bind.src}", f"destination={bind.dest or bind.src}"]
+        if bind.read_only:
+            fields.append("readonly")
+        argv += ["--mount", ",".join(_csv(f) for f in fields)]
+    for mask in a.masks:
+        argv += ["--mount", ",".join(_csv(f) for f in ("type=tmpfs", f"destination={mask}"))]
+    if a.network is not None:
+        argv += ["--network", a.network]
+    if a.shm_size is not None:
+        argv += ["--shm-size", a.shm_size]
+    argv += [*a.devices, *a.extra, a.image, *a.command]
+    return argv
+
+
+def _csv(field: str) -> str:
+    """One field of ``--mount``'s CSV value, quoted when a path holds a comma or a quote."""
+    if "," in field or '"' in field:
+        return '"' + field.replace('"', '""') + '"'
+    return field
+
+
+def container_name(token: str, suffix: str) -> str:
+    """``gpuswarm-<run>-<task>-<n>-<suffix>`` from the attempt's token (``run/task/n``), in the
+    characters docker allows in a name, short enough to read."""
+    text = _NAME_BAD.sub("-", token.replace("/", "-")).strip("-.")[:80]
+    return f"gpuswarm-{text}-{suffix}" if text else f"gpuswarm-{suffix}"
+
+
+def same_path_binds(paths: Iterable[Path]) -> list[Bind]:
+    """Read-write binds at the same path of ``paths``, none inside another (that one covers it)."""
+    out: list[Path] = []
+    for path in sorted({Path(p) for p in paths}, key=lambda p: len(p.parts)):
+        if not any(path == o or path.is_relative_to(o) for o in out):
+            out.append(path)
+    return [Bind(p) for p in out]
+
+
+def masks_for(run_dir: Path, sources: Iterable[Path], keep: Iterable[Path]) -> list[Path]:
+    """Folders of the run a container must not see: its queue (``.parallel``) and the other
+    slots' homes, wherever a bind (``sources``) reaches them; ``keep`` (the slot's own home)
+    is bound again over the mask."""
+    hidden = [run_dir / ".parallel", run_dir / "homes"]
+    kept = list(keep)
+    out = []
+    for folder in hidden:
+        if folder in kept:
+            continue
+        if any(folder == s or folder.is_relative_to(s) for s in sources):
+            out.append(folder)
+    return out

@@ -1,0 +1,206 @@
+"""The ``docker`` backend: the Backend seam over containers (see :mod:`gpuswarm.exec.docker`).
+
+One container per attempt, labelled with its run, owner, task, attempt and slot, so that a
+resume, a reclaim of a dead owner, ``gpuswarm check --repair`` and the end of a run find and
+remove what is left of it by label. The slot's private HOME (always made: it holds the caches
+the seed's long-lived worker keeps) and the task's workspace are bind-mounted at their host
+paths, so logs, completion files and metrics are found exactly as for local attempts; the run's
+queue is never visible inside.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from gpuswarm.config.models import DockerConfig
+from gpuswarm.core.errors import BackendError
+from gpuswarm.exec.base import BackendOptions, LaunchSpec, Leftovers
+from gpuswarm.exec.docker.argv import (
+    Bind,
+    RunArgs,
+    container_name,
+    masks_for,
+    run_argv,
+    same_path_binds,
+)
+from gpuswarm.exec.docker.client import DockerCLI, host_pids
+from gpuswarm.exec.docker.container import ContainerAttempt
+from gpuswarm.exec.docker.devices import gpu_args
+from gpuswarm.exec.local.backend import LocalBackend
+from gpuswarm.exec.sandbox import Provision
+from gpuswarm.placement.gpus import renumbered_env
+
+_VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+_VISIBILITY_ALL = (*_VISIBILITY, "GPU_DEVICE_ORDINAL")
+# the docker client's own settings: read by the client, never handed to the container
+_CLIENT_VARS = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH")
+_CLIENT_VARS_TLS = ("DOCKER_TLS_VERIFY", "DOCKER_API_VERSION")
+
+
+class DockerBackend:
+    """Attempts as containers; the docker clients as local attempts (pumped logs)."""
+
+    name = "docker"
+    caps_logs = True  # the clients' output goes through the local log pump
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.settings: DockerConfig | None = options.docker
+        self._local = LocalBackend(options)
+        host = dict(os.environ)
+        if "DOCKER_CONFIG" not in host and "HOME" in host:  # a slot HOME must not hide it
+            host["DOCKER_CONFIG"] = str(Path(host["HOME"]) / ".docker")
+        self._host = host
+        self.cli = DockerCLI(host)
+        self._user = f"{os.getuid()}:{os.getgid()}"
+        self._username = _username()
+
+    # -- before anything runs --------------------------------------------------------------------
+    def check(self) -> None:
+        settings = self._require()
+        self.cli.check_daemon()
+        self.cli.check_image(settings.image, "docker.image")
+        for i, mount in enumerate(settings.mounts):
+            src = self._source(mount.src)
+            if not src.exists():
+                raise BackendError(
+                    f"docker.mounts[{i}].src: {src} does not exist (docker would create it as "
+                    "root); create it or fix the path"
+                )
+
+    def _require(self) -> DockerConfig:
+        if self.settings is None:
+            raise BackendError("backend: docker needs a docker: block with the image")
+        return self.settings
+
+    def _source(self, src: str) -> Path:
+        path = Path(src).expanduser()
+        base = Path(self.options.base_dir or ".")
+        return path if path.is_absolute() else base / path
+
+    def open(self) -> None:
+        self._local.open()
+
+    def prepare_slot(self, home: Path | None, provisions: Sequence[Provision]) -> dict[str, str]:
+        return self._local.prepare_slot(home, provisions)
+
+    # -- one attempt -----------------------------------------------------------------------------
+    def launch(self, spec: LaunchSpec) -> ContainerAttempt:
+        settings = self._require()
+        name = container_name(spec.token, uuid.uuid4().hex[:8])
+        env = dict(spec.env)
+        names = set(spec.own_env) | set(settings.pass_env) | {"USER", "LOGNAME"}
+        names -= {*_CLIENT_VARS, *_CLIENT_VARS_TLS}
+        env["USER"] = env["LOGNAME"] = self._username  # the uid's name (torch's getuser())
+        if spec.devices:
+            env.update(renumbered_env(spec.vendor, len(spec.devices)))  # 0..k-1 inside
+            names |= set(_VISIBILITY_ALL) & set(env)
+        else:
+            names -= set(_VISIBILITY_ALL)
+        for var in ("DOCKER_CONFIG", *_CLIENT_VARS):
+            if var in self._host:
+                env[var] = self._host[var]  # the client's own, whatever the task's env says
+        run_dir = Path(self.options.run_dir) if self.options.run_dir else None
+        user_binds = [Bind(self._source(m.src), Path(m.dest), m.read_only) for m in settings.mounts]
+        ours = same_path_binds([*spec.binds, spec.cwd])
+        sources = [b.src for b in (*ours, *user_binds)]
+        masks = masks_for(run_dir, sources, spec.binds) if run_dir else []
+        labels = {
+            "run": self.options.run_dir,
+            "owner": self.options.owner,
+            **{k: v for k, v in spec.identity.items() if k in ("kind", "task", "attempt", "slot")},
+        }
+        args = RunArgs(
+            image=settings.image,
+            name=name,
+            user=self._user,
+            workdir=spec.cwd,
+            command=spec.argv,
+            labels=labels,
+            env_names=sorted(names),
+            binds=[*ours, *user_binds],
+            masks=masks,
+            devices=gpu_args(settings.gpu_flags, spec.vendor, spec.devices),
+            network=settings.network,
+            shm_size=settings.shm_size,
+            extra=settings.args,
+        )
+        client_spec = LaunchSpec(
+            argv=run_argv(self.cli.exe, args),
+            env=env,
+            cwd=spec.cwd,
+            log_path=spec.log_path,
+            timeout=None,  # the container's timeout is the handle's: never the client's
+            grace=spec.grace,
+            token=spec.token,
+        )
+        pump, limit = self._local.pump, self.options.max_log_bytes
+        return ContainerAttempt.launch(spec, client_spec, name, self.cli, pump, limit)
+
+    # -- leftovers -------------------------------------------------------------------------------
+    def end_leftovers(
+        self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
+    ) -> Leftovers:
+        """The containers of run ``run_dir`` (resume) or of supervisor ``owner`` (a reclaim):
+        TERM to every process of the running ones, ``grace``, then removed (SIGKILL)."""
+        label, value = ("run", run_dir) if run_dir is not None else ("owner", owner)
+        if value is None:
+            raise ValueError("end_leftovers: give run_dir or owner")
+        found = self.cli.listed(label, value)
+        if not found:
+            return Leftovers([], frozenset(), 0)
+        running = [c for c in found if c.running]
+        tasks = frozenset(
+            c.labels["task"]
+            for c in running
+            if c.labels.get("kind") == "attempt" and c.labels.get("task")
+        )
+        self._term([c.name for c in running], grace)
+        self.cli.remove([c.name for c in found])
+        return Leftovers([c.name for c in found], tasks, len(running))
+
+    def _term(self, names: Sequence[str], grace: float) -> None:
+        if not names or grace <= 0:
+            return
+        for name in names:
+            state = self.cli.inspect(name)
+            if state is None or not state.running:
+                continue
+            pids = host_pids(state.pid) if state.pid > 0 else []
+            for pid in pids:
+                try:
+                    os.kill(pid, 15)
+                except (ProcessLookupError, PermissionError):
+                    continue
+            if not pids:
+                self.cli.kill(name, "TERM")
+        deadline = time.monotonic() + grace
+        left = list(names)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = [n for n in left if (s := self.cli.inspect(n)) is not None and s.running]
+
+    def leftovers(self, run_dir: str) -> list[str]:
+        """The names of run ``run_dir``'s containers that are still there (``check``)."""
+        return [c.name for c in self.cli.listed("run", run_dir)]
+
+    def close(self) -> None:
+        """After the last attempt: this supervisor's containers that are still there go."""
+        try:
+            if self.options.owner:
+                strays = self.cli.listed("owner", self.options.owner)
+                self.cli.remove([c.name for c in strays])
+        finally:
+            self._local.close()
+
+
+def _username() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return os.environ.get("USER") or str(os.getuid())
