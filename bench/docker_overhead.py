@@ -239,7 +239,7 @@ def _ms(values: list[float]) -> tuple[float, float]:
 
 def _gap_row(metric: str, tool: str, gaps: list[float], peer: float | None) -> Row:
     med, p99 = _ms(gaps)
-    ratio = f"docker {med / peer:.1f}x" if peer else ""
+    ratio = f"docker {med / peer:.1f}x local" if peer else ""
     return Row(
         BENCH,
         metric,
@@ -369,6 +369,8 @@ def _measure(cfg: Config, work: Path, m: Metrics, built: float) -> list[Row]:
         note = f"in-run {r.in_run() / n * 1e3:.0f} ms per attempt; wall {r.wall:.1f} s"
         if backend == "docker":
             ratio = per / floor
+            by_median = per / (median(floors.bare) * 1e3)
+            note += f"; {by_median:.2f}x the floor's median"
             rows.append(
                 Row(
                     BENCH,
