@@ -78,6 +78,9 @@ class SpyBackend:
         self.calls.append(f"end_leftovers:{'run' if run_dir else 'owner'}")
         return Leftovers([], frozenset(), 0)
 
+    def leftovers(self, run_dir: str) -> list[int | str]:
+        return []
+
     def close(self) -> None:
         self.calls.append("close")
         self.inner.close()

@@ -20,10 +20,12 @@ from typing import Any, NamedTuple, TextIO
 
 from gpuswarm import __version__
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core.errors import BackendError
 from gpuswarm.core.models import State as TaskState
 from gpuswarm.core.models import base_name
 from gpuswarm.core.paths import RunPaths, resolve_run_dir
 from gpuswarm.engine import supervise
+from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.local import host_processes
 from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
@@ -45,6 +47,7 @@ __all__ = [
     "TaskRef",
     "TaskSpec",
     "TaskState",
+    "check_backend",
     "create_run",
     "finished_ids",
     "has_pending",
@@ -98,6 +101,14 @@ class NewRunSpec:
     source: str  # who made the run (shown by status)
     settings: Mapping[str, Any] = field(default_factory=dict)  # lease_ttl, retry_backoff, ...
     config: Mapping[str, Any] = field(default_factory=dict)  # recorded as the run's config
+
+
+def check_backend(name: str, docker: Any, base_dir: Path) -> None:
+    """Whether backend ``name`` can run attempts at all (docker: the daemon answers, the image
+    ``docker.image`` is present, mount sources exist); the core's BadInputError otherwise."""
+    if name not in backend_names():
+        raise BackendError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
+    create_backend(name, BackendOptions(docker=docker, base_dir=str(base_dir))).check()
 
 
 def create_run(spec: NewRunSpec) -> RunPaths:

@@ -88,6 +88,12 @@ def cli() -> None:
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
+@click.option("--backend", type=click.Choice(["local", "docker"]), help="what runs each attempt")
+@click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
+@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
+@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
+@click.option("--network", help="docker: the containers' --network (e.g. none)")
+@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
 def run(
     source: str,
     gpus: str | None,
@@ -102,6 +108,12 @@ def run(
     no_report: bool,
     as_json: bool,
     share_gpus: bool,
+    backend: str | None,
+    image: str | None,
+    docker_args: tuple[str, ...],
+    mounts: tuple[str, ...],
+    network: str | None,
+    pass_env: tuple[str, ...],
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -113,6 +125,13 @@ def run(
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
+        ).with_backend(
+            backend,
+            image=image,
+            args=docker_args,
+            mounts=mounts,
+            network=network,
+            pass_env=pass_env,
         )
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)

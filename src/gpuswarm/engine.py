@@ -376,11 +376,16 @@ def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     """``gpuswarm check [--repair]``: the findings of :func:`outputs.check.check_run`; a repair
     recovers the run as resume would, ending a dead owner's leftovers through its backend."""
 
+    paths, info = open_run(run_dir)
+
     def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
-        backend = recovery_backend(open_run(run_dir)[1])
+        backend = recovery_backend(info)
         try:
             return recover(queue, ledger, retry_failed=False, backend=backend)
         finally:
             backend.close()
 
-    return check_run(run_dir, repair=repair, recover=recover_run)
+    def leftovers() -> list[int | str]:
+        return recovery_backend(info).leftovers(str(paths.root))
+
+    return check_run(run_dir, repair=repair, recover=recover_run, leftovers=leftovers)

@@ -22,6 +22,18 @@
                                             # failed within 60s (0 failures = never)
       max_log_mb: 256          # each attempt's output.log keeps head + latest output under this
                                # (a finite number, at most 1048576 = 1 TiB)
+    preflight: [nvidia-smi]    # shell commands once per slot before it claims anything
+    after_all: python aggregate.py   # one shell command once every task has ended
+    backend: local             # what runs each attempt: local (default) or docker
+    docker:                    # backend: docker (see docs/docker.md); image is required
+      image: kernels:latest    # present on the docker host: never pulled
+      args: [--cap-add=SYS_PTRACE]   # extra `docker run` arguments (not -v/-e/--name/...)
+      mounts:                  # src must exist (relative: to the config's folder)
+        - {src: /data, dest: /data, read_only: true}
+      gpu_flags: auto          # auto | nvidia | amd | cdi | none
+      network: none            # docker's --network; default: docker's own
+      shm_size: 16g
+      pass_env: [ANTHROPIC_API_KEY]  # host variables passed by name (never on a command line)
     defaults:                  # any task field below, for every task that does not set it
       timeout: 2h
       max_attempts: 2
@@ -92,6 +104,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -99,8 +112,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
-from gpuswarm.config.errors import config_error
+from gpuswarm.config.errors import config_error, flag_error
 from gpuswarm.config.models import (
+    DockerConfig,
     RunConfig,
     TaskEntry,
     TaskOptions,
@@ -143,10 +157,62 @@ class LoadedConfig:
             raise ConfigError(f"--workspace: {exc}") from None
         return replace(self, name=name or self.name, workspace=chosen)
 
+    def with_backend(
+        self,
+        backend: str | None,
+        *,
+        image: str | None = None,
+        args: Sequence[str] = (),
+        mounts: Sequence[str] = (),
+        network: str | None = None,
+        pass_env: Sequence[str] = (),
+    ) -> LoadedConfig:
+        """A copy with the CLI's ``--backend`` and docker flags over the config's (``--image``
+        alone means ``--backend docker``; ``--docker-arg``, ``--mount`` and ``--pass-env`` add
+        to the config's lists). Bad values are a ConfigError naming the flag."""
+        given = image is not None or args or mounts or network is not None or pass_env
+        if backend is None and not given:
+            return self
+        name = backend or ("docker" if given else self.config.backend)
+        if given and name != "docker":
+            raise ConfigError(
+                f"--backend {name}: --image, --docker-arg, --mount, --network and --pass-env "
+                "are docker's; add --backend docker (or drop them)"
+            )
+        docker = self.config.docker
+        if name == "docker":
+            base = docker.model_dump() if docker is not None else {}
+            if image is not None:
+                base["image"] = image
+            if "image" not in base:
+                raise ConfigError("--backend docker: give the image with --image IMG")
+            base["args"] = [*base.get("args", []), *args]
+            base["mounts"] = [*base.get("mounts", []), *(mount_flag(m) for m in mounts)]
+            base["pass_env"] = [*base.get("pass_env", []), *pass_env]
+            if network is not None:
+                base["network"] = network
+            try:
+                docker = DockerConfig.model_validate(base)
+            except ValidationError as exc:
+                text = str(flag_error(exc)).replace("--args:", "--docker-arg:")
+                raise ConfigError(text.replace("--mounts:", "--mount:")) from None
+        else:
+            docker = None
+        config = self.config.model_copy(update={"backend": name, "docker": docker})
+        return replace(self, config=config)
+
     def resolve_path(self, text: str) -> Path:
         """``~`` expanded; relative paths joined to :attr:`base_dir` (ValueError: no such user)."""
         path = expand_user(text)
         return path if path.is_absolute() else self.base_dir / path
+
+
+def mount_flag(text: str) -> dict[str, Any]:
+    """``--mount SRC:DEST[:ro]`` as a mounts: entry."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
+        raise ConfigError(f"--mount {text!r}: write SRC:DEST or SRC:DEST:ro, e.g. /data:/data:ro")
+    return {"src": parts[0], "dest": parts[1], "read_only": parts[2:] == ["ro"]}
 
 
 # -- loading ---------------------------------------------------------------------------------------

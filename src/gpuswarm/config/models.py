@@ -238,7 +238,7 @@ _SHM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$")
 # docker run options that gpuswarm sets itself: given in args they would break its guarantees
 _OWN_DOCKER_FLAGS = (
     "--rm", "-d", "--detach", "--name", "--user", "-u", "--log-driver", "--init",
-    "--label", "-l", "--workdir", "-w", "--env", "-e", "--env-file", "-i", "-t", "--tty",
+    "--workdir", "-w", "--env", "-e", "--env-file", "-i", "-t", "--tty",
     "--interactive", "--pull", "--cidfile", "-a", "--attach", "-v", "--volume",
 )  # fmt: skip
 

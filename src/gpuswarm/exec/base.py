@@ -169,6 +169,9 @@ class Backend(Protocol):
         """After a crash: end whatever still runs of the attempts of run ``run_dir`` (resume)
         or of supervisor ``owner`` (a reclaim), TERM, ``grace``, KILL. Exactly one is given."""
 
+    def leftovers(self, run_dir: str) -> list[int | str]:
+        """What of run ``run_dir``'s attempts is still there (pids, containers): ``check``."""
+
     def close(self) -> None:
         """After the last attempt ended: end this run's strays and stop what open() started."""
 

@@ -77,5 +77,8 @@ class WrappedBackend:
     ) -> Leftovers:
         return self._local.end_leftovers(run_dir=run_dir, owner=owner, grace=grace)
 
+    def leftovers(self, run_dir: str) -> list[int | str]:
+        return self._local.leftovers(run_dir)
+
     def close(self) -> None:
         self._local.close()

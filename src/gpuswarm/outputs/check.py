@@ -176,6 +176,19 @@ def _set_aside_unusable(queue: DirQueue, ledger: Ledger) -> list[Finding]:
     return out
 
 
+def _leftovers(found: list[int | str]) -> list[Finding]:
+    if not found:
+        return []
+    shown = ", ".join(str(x) for x in found[:5]) + (" ..." if len(found) > 5 else "")
+    return [
+        Finding(
+            "leftover",
+            f"{len(found)} leftovers of its dead supervisors' attempts are still there ({shown}); "
+            "gpuswarm check --repair (or resume) ends and removes them",
+        )
+    ]
+
+
 def _bad_events(paths: RunPaths) -> list[Finding]:
     return [
         Finding("bad-event", f"events.jsonl line {n}: {why} (skipped by every reader)")
@@ -188,8 +201,17 @@ Recover = Callable[[DirQueue, Ledger], dict[str, int]]
 leftovers through the run's backend), handed in by the caller: outputs know no backend."""
 
 
+Leftovers = Callable[[], list[int | str]]
+"""What of the run's attempts still runs or is still there (pids, containers), through the
+run's backend; asked only when no supervisor holds the run."""
+
+
 def check_run(
-    run_dir: Path, *, repair: bool = False, recover: Recover | None = None
+    run_dir: Path,
+    *,
+    repair: bool = False,
+    recover: Recover | None = None,
+    leftovers: Leftovers | None = None,
 ) -> dict[str, Any]:
     """The findings on a run; with ``repair`` (and the caller's ``recover``) first repaired."""
     if repair and recover is None:
@@ -215,6 +237,8 @@ def check_run(
                     findings.append(Finding("recovered", f"{moved[kind]} {kind}", repaired=True))
     else:
         findings += _temp_files(paths)
+        if not live and leftovers is not None:
+            findings += _leftovers(leftovers())
     where = _places(reader)
     if not repair:
         findings += _duplicates(queue, where, repair=False)

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from gpuswarm.config.load import mount_flag
 from gpuswarm.core.errors import (
     EXIT_UNFINISHED,
 )
@@ -53,6 +54,12 @@ def research() -> None:
     show_default=True,
     help="rounds: decide when all variants of a round are in; async: decide each on arrival",
 )
+@click.option("--backend", type=click.Choice(["local", "docker"]), default="local")
+@click.option("--image", help="docker: the image every variant runs in (implies --backend docker)")
+@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
+@click.option("--network", help="docker: the containers' --network (e.g. none)")
+@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
+@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
@@ -79,8 +86,26 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
+        **_docker_flags(kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)
+
+
+def _docker_flags(kw: dict[str, Any]) -> dict[str, Any]:
+    """``--backend docker --image IMG ...`` as InitOptions' backend and docker fields."""
+    block: dict[str, Any] = {}
+    if kw["image"]:
+        block["image"] = kw["image"]
+    if kw["mounts"]:
+        block["mounts"] = [mount_flag(m) for m in kw["mounts"]]
+    if kw["network"]:
+        block["network"] = kw["network"]
+    if kw["docker_args"]:
+        block["args"] = list(kw["docker_args"])
+    if kw["pass_env"]:
+        block["pass_env"] = list(kw["pass_env"])
+    backend = "docker" if kw["image"] else kw["backend"]
+    return {"backend": backend, "docker": block or None}
 
 
 @research.command()

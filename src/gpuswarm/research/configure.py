@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm import api
+from gpuswarm.config.models import DockerConfig
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text, read_json
 from gpuswarm.research import executor, exports, gitops
@@ -55,6 +56,8 @@ class InitOptions:
     linger: float = 120.0
     checkout: bool = True
     mode: str = "rounds"
+    backend: str = "local"  # docker: every variant in a container of docker["image"]
+    docker: dict[str, Any] | None = None  # the docker: block (image, mounts, network, ...)
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -73,6 +76,9 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
     api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
+    docker = _docker_settings(opts)
+    if docker is not None:  # the daemon answers and the image is there, before anything
+        api.check_backend("docker", docker, repo)
     # --link adds to the default .venv link (replacing it would break `uv run` in every run)
     links = [p for p in (".venv",) if (repo / p).is_dir()]
     links += [p for p in opts.link or [] if p not in links]
@@ -95,6 +101,8 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
         confirm=opts.confirm,
         protect_sums=_protect_sums(repo, head, opts.protect),
+        backend="docker" if docker is not None else "local",
+        docker=docker,
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -115,6 +123,22 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     atomic_write_text(experiments_dir(repo) / "current", tag + "\n")
     paths = ExpPaths(repo, root)
     return {"tag": tag, "branch": branch, "base": head, "dir": str(root), **files_of(paths)}
+
+
+def _docker_settings(opts: InitOptions) -> DockerConfig | None:
+    """``--backend docker --image IMG`` (and its flags) as the run's docker: settings."""
+    if opts.backend != "docker":
+        if opts.docker:
+            raise ResearchError("--image and the docker flags need --backend docker")
+        return None
+    if not opts.docker or not opts.docker.get("image"):
+        raise ResearchError("--backend docker: give the image with --image IMG")
+    try:
+        return DockerConfig.model_validate(opts.docker)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "docker"
+        raise ResearchError(f"--backend docker: {where}: {err['msg']}") from None
 
 
 def _check_files(repo: Path, head: str, opts: InitOptions) -> None:

@@ -38,10 +38,18 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
             "max_log_bytes": 64 << 20,
             "linger": cfg.linger,
         },
-        config={"research": cfg.tag},
+        config=_backend_config(cfg),
     )
     run = api.create_run(spec)
     return str(run.root.relative_to(paths.root))
+
+
+def _backend_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The run's recorded config: the experiment's tag, and what runs its variants."""
+    config: dict[str, Any] = {"research": cfg.tag}
+    if cfg.backend != "local" and cfg.docker is not None:
+        config.update(backend=cfg.backend, docker=cfg.docker.model_dump(mode="json"))
+    return config
 
 
 def run_paths(paths: ExpPaths, cfg: ExperimentConfig) -> RunPaths:

@@ -31,6 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpuswarm.config.models import DockerConfig
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 
@@ -135,6 +136,8 @@ class ExperimentConfig(BaseModel):
     protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
+    backend: Literal["local", "docker"] = "local"  # what runs each variant
+    docker: DockerConfig | None = None  # backend: docker's settings (image, mounts, ...)
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:

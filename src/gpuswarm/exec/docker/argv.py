@@ -89,7 +89,7 @@ def container_name(token: str, suffix: str) -> str:
 def same_path_binds(paths: Iterable[Path]) -> list[Bind]:
     """Read-write binds at the same path of ``paths``, none inside another (that one covers it)."""
     out: list[Path] = []
-    for path in sorted({Path(p) for p in paths}, key=lambda p: len(p.parts)):
+    for path in sorted({Path(p) for p in paths}, key=lambda p: (len(p.parts), str(p))):
         if not any(path == o or path.is_relative_to(o) for o in out):
             out.append(path)
     return [Bind(p) for p in out]

@@ -185,7 +185,7 @@ class DockerBackend:
             time.sleep(0.2)
             left = [n for n in left if (s := self.cli.inspect(n)) is not None and s.running]
 
-    def leftovers(self, run_dir: str) -> list[str]:
+    def leftovers(self, run_dir: str) -> list[int | str]:
         """The names of run ``run_dir``'s containers that are still there (``check``)."""
         return [c.name for c in self.cli.listed("run", run_dir)]
 

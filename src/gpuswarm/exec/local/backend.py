@@ -68,6 +68,9 @@ class LocalBackend:
         tasks = task_ids_of(pids)  # before the kill: which attempts were still running
         return Leftovers(list(pids), tasks, kill_tree(pids, grace))
 
+    def leftovers(self, run_dir: str) -> list[int | str]:
+        return list(find_by_env(RUN_VAR, run_dir))
+
     def close(self) -> None:
         if self.options.scope:
             sweep_orphans(self.options.scope)

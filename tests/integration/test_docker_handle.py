@@ -1,0 +1,154 @@
+"""The docker backend's handle and leftovers on a real engine, in process: the end of the
+docker *client* is never the end of the task, a dead owner's containers are found and removed by
+label, and secrets reach the container by name only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from dockerkit import USR_MOUNT, containers, docker
+
+from gpuswarm.config.models import DockerConfig
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import BackendOptions, LaunchSpec
+from gpuswarm.exec.docker.backend import DockerBackend
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def backend_for(run: Path, image: str, owner: str = "test-owner") -> DockerBackend:
+    settings = DockerConfig.model_validate(
+        {"image": image, "network": "none", "mounts": [USR_MOUNT]}
+    )
+    options = BackendOptions(docker=settings, run_dir=str(run), owner=owner, max_log_bytes=1 << 20)
+    backend = DockerBackend(options)
+    backend.open()
+    return backend
+
+
+def spec_for(run: Path, script: str, **env: str) -> LaunchSpec:
+    ws = run / "tasks" / "t"
+    ws.mkdir(parents=True, exist_ok=True)
+    return LaunchSpec(
+        argv=["sh", "-c", script],
+        env={**os.environ, **env},
+        cwd=ws,
+        log_path=ws / "attempt-1" / "output.log",
+        timeout=60,
+        grace=2,
+        token=f"{run.name}/t/1",
+        binds=(ws,),
+        own_env=frozenset(env),
+        identity={"kind": "attempt", "task": "t", "attempt": "1", "slot": "h-gpu0"},
+    )
+
+
+def wait_running(run: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not [c for c in containers(run) if c.state == "running"]:
+        assert time.monotonic() < deadline, "the container never ran"
+        time.sleep(0.05)
+
+
+def test_killing_the_docker_client_is_not_the_end_of_the_task(
+    tmp_path: Path, docker_image: str
+) -> None:
+    run = tmp_path / "run"
+    backend = backend_for(run, docker_image)
+    try:
+        handle = backend.launch(spec_for(run, "sleep 2; echo finished > done.txt"))
+        wait_running(run)
+        assert handle.pid is not None
+        os.kill(handle.pid, signal.SIGKILL)  # the client only: the container runs on
+        end = handle.wait()
+        assert end.ok, end
+        assert (run / "tasks/t/done.txt").read_text() == "finished\n"  # it ran to its end
+        assert "docker client ended" in end.reason
+        assert containers(run) == []  # removed once its end was read
+    finally:
+        backend.close()
+
+
+def test_a_dead_owners_containers_are_found_by_label_and_removed(
+    tmp_path: Path, docker_image: str
+) -> None:
+    run = tmp_path / "run"
+    labels = ["--label", f"gpuswarm.run={run}", "--label", "gpuswarm.owner=dead-owner"]
+    common = ["run", "-d", "--init", "--network", "none", "-v", "/usr:/usr:ro", *labels]
+    # one still running (ignoring TERM, with a setsid escapee), one that ended earlier
+    docker(
+        *common,
+        "--label", "gpuswarm.kind=attempt", "--label", "gpuswarm.task=t1",
+        docker_image, "sh", "-c", "trap '' TERM; setsid sleep 1000 & sleep 1000",
+    )  # fmt: skip
+    docker(*common, "--label", "gpuswarm.kind=attempt", "--label", "gpuswarm.task=t2",
+           docker_image, "true")  # fmt: skip
+    deadline = time.monotonic() + 30
+    while len(containers(run)) < 2 or any(c.state == "created" for c in containers(run)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    backend = backend_for(run, docker_image, owner="me")
+    try:
+        assert len(backend.leftovers(str(run))) == 2  # what `gpuswarm check` reports
+        assert backend.end_leftovers(owner="someone-else").ids == []
+        found = backend.end_leftovers(owner="dead-owner", grace=1)
+        assert sorted(found.ids) == sorted(c.name for c in found_names(found.ids))
+        assert found.tasks == frozenset({"t1"})  # the running attempt: never judged done
+        assert found.killed == 1
+        assert containers(run) == []
+    finally:
+        backend.close()
+
+
+def found_names(ids: list[int | str]) -> list[_Named]:
+    return [_Named(str(i)) for i in ids]
+
+
+class _Named:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_secrets_reach_the_container_by_name_only(tmp_path: Path, docker_image: str) -> None:
+    run = tmp_path / "run"
+    secret = "ghp_" + "s3cr3t" * 6
+    backend = backend_for(run, docker_image)
+    try:
+        handle = backend.launch(
+            spec_for(run, 'printf %s "$API_TOKEN" > seen.txt; sleep 3', API_TOKEN=secret)
+        )
+        wait_running(run)
+        assert handle.pid is not None
+        cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().decode()
+        assert "API_TOKEN" in cmdline and secret not in cmdline
+        inspect = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Args}}", containers(run)[0].id],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert secret not in inspect.stdout
+        end = handle.wait()
+        assert end.ok, end
+        assert (run / "tasks/t/seen.txt").read_text() == secret
+    finally:
+        backend.close()
+
+
+def test_a_hard_cancel_kills_the_container_at_once(tmp_path: Path, docker_image: str) -> None:
+    run = tmp_path / "run"
+    backend = backend_for(run, docker_image)
+    try:
+        handle = backend.launch(spec_for(run, "trap '' TERM; sleep 1000"))
+        wait_running(run)
+        handle.cancel(hard=True)
+        end = handle.wait()
+        assert end.kind is EndKind.CANCELLED and "SIGKILL" in end.reason, end
+        assert containers(run) == []
+    finally:
+        backend.close()
