@@ -93,6 +93,8 @@ def run_after_all(
         identity={"kind": "after_all"},
     )
     record: dict[str, Any] = {"command": command, "log": LOG_NAME}
+    with contextlib.suppress(FileNotFoundError):
+        own.unlink()  # a run cut short left it: this run's output starts afresh
     t0 = time.time()
     handle = backend.launch(spec)
     ends: list[AttemptEnd] = []
@@ -106,6 +108,7 @@ def run_after_all(
             handle.cancel()  # TERM, grace, KILL: nothing of it outlives it
     with contextlib.suppress(OSError):
         os.replace(own, paths.root / LOG_NAME)
+        own.parent.rmdir()
     if not ends:
         return {**record, "ok": False, "exit": None, "reason": "its wait failed"}
     end = ends[0]

@@ -132,6 +132,8 @@ class _SlotCheck:
             for i, command in enumerate(commands):
                 out.write(f"$ {command}\n".encode())
                 own = folder / name / f"cmd-{i}" / "output.log"  # the launch makes its folder
+                with contextlib.suppress(FileNotFoundError):
+                    own.unlink()  # an earlier start's output is not this one's
                 end = backend.launch(self._spec(command, own, i)).wait()
                 with contextlib.suppress(OSError):
                     out.write(own.read_bytes()[-(1 << 20) :])

@@ -26,6 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from gpuswarm.core.errors import BackendError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
@@ -41,6 +42,7 @@ _SETTLE = 15.0  # seconds the client may take to exit once its container was kil
 _MAX_POLL_MS = 3_600_000
 _TINI = "[FATAL tini"  # docker-init's own line: the task's program could not be started
 _SIGNALS = {int(s) for s in signal.Signals}
+_RETRIES = (0.5, 1.0, 2.0, None)  # seconds between inspect tries when the daemon stalls
 
 
 class ContainerAttempt:
@@ -129,15 +131,40 @@ class ContainerAttempt:
         if how != "exited":
             self._stop(graceful=not self._hard and self.spec.grace > 0)
         self._client_settled()
-        state = self._cli.inspect(self.name)
+        try:
+            state = self._inspect()
+        except BackendError as exc:  # the daemon does not answer: this attempt's end is unknown
+            return self._unknown(exc)
         if state is not None and state.running:  # the client died, the container did not
             self._notes.append("the docker client ended while its container ran on; waited")
             how = self._wait_container(how)
-            state = self._cli.inspect(self.name)
+            state = self._inspect()
         try:
             return self._classify(how, state)
         finally:
             self._cli.remove([self.name])
+
+    def _inspect(self) -> ContainerState | None:
+        """``docker inspect``, asked again over a few seconds when the daemon stalls."""
+        for delay in _RETRIES:
+            try:
+                return self._cli.inspect(self.name)
+            except BackendError:
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _unknown(self, exc: BackendError) -> AttemptEnd:
+        """A failed attempt whose end docker could not tell; its container is removed if the
+        daemon lets us (else by label, at the end of the run or on resume)."""
+        with contextlib.suppress(BackendError):
+            self._cli.remove([self.name])
+        reason = f"docker could not tell how the container ended ({exc})"
+        started = self._client.started
+        return AttemptEnd(
+            EndKind.SPAWN_ERROR, None, None, reason, False, started, time.time(), None, 0
+        )
 
     def _wait_client(self) -> str:
         """Until the client exits ("exited"), the timeout ("timeout") or a cancel."""
@@ -189,7 +216,11 @@ class ContainerAttempt:
         self._cli.kill(self.name, "KILL")
 
     def _signal_all(self, sig: signal.Signals) -> None:
-        state = self._cli.inspect(self.name)
+        try:
+            state = self._cli.inspect(self.name)
+        except BackendError:  # no answer now: its init forwards the signal, if docker can
+            self._cli.kill(self.name, sig.name.removeprefix("SIG"))
+            return
         if state is None or not state.running:
             return
         pids = host_pids(state.pid) if state.pid > 0 else []
@@ -219,7 +250,7 @@ class ContainerAttempt:
         """The container runs on without its client: look until it ends, honouring the timeout
         and a cancel."""
         while True:
-            state = self._cli.inspect(self.name)
+            state = self._inspect()
             if state is None or not state.running:
                 return how
             left = self._left()
