@@ -21,7 +21,10 @@ from gpuswarm.exec.docker.backend import DockerBackend
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def backend_for(run: Path, image: str, owner: str = "test-owner") -> DockerBackend:
+def backend_for(run: Path, image: str, owner: str = "") -> DockerBackend:
+    """A backend of run ``run``; its owner id is unique like a supervisor's (close() removes
+    every container of its owner: tests running side by side must not share one)."""
+    owner = owner or f"test-{run.parent.name}"
     settings = DockerConfig.model_validate(
         {"image": image, "network": "none", "mounts": [USR_MOUNT]}
     )

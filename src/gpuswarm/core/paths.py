@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpuswarm.core.errors import ConfigError, RunDirError
 
-STATES = ("pending", "running", "done", "failed", "skipped")  # skipped/: issue 11
+STATES = ("pending", "running", "done", "failed", "skipped", "cancelled")  # cancelled/: issue 17
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -113,6 +113,11 @@ class RunPaths:
         if not _SLOT_ID_RE.match(slot_id):
             raise ValueError(f"slot id {slot_id!r} is not a safe file name")
         return self.slots / slot_id
+
+    @property
+    def control(self) -> Path:
+        """``.parallel/control/``: durable control requests (cancel) and pause flags."""
+        return self.parallel / "control"
 
     @property
     def added_marker(self) -> Path:

@@ -30,7 +30,14 @@ from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run, set_aside, temp_files
 
 # keep the latest
-RANK = {State.DONE: 0, State.SKIPPED: 0, State.FAILED: 1, State.RUNNING: 2, State.PENDING: 3}
+RANK = {
+    State.DONE: 0,
+    State.SKIPPED: 0,
+    State.CANCELLED: 0,
+    State.FAILED: 1,
+    State.RUNNING: 2,
+    State.PENDING: 3,
+}
 
 
 @dataclass

@@ -9,6 +9,8 @@ Layout (under ``RunPaths.parallel``)::
     running/<rank><seq>_<task-id>.json@<owner>@<slot>  claimed; the lease is in the file name
     done/<rank><seq>_<task-id>.json                    finished successfully
     failed/<rank><seq>_<task-id>.json                  attempts used up
+    skipped/, cancelled/                               ended, not failed (skip codes; a person)
+    pending/.held-<op>-<pid>-<name>                    a cancel / priority change in flight
     corrupt/<name>.<reason>                            unreadable descriptors, moved aside
 
 Every transition is one ``rename`` on one filesystem, so a descriptor is in exactly one state
@@ -23,6 +25,7 @@ moves on.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import heapq
 import itertools
 import os
@@ -35,7 +38,13 @@ from typing import Any
 
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError, QueueError
-from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact, temp_writer_alive
+from gpuswarm.core.fsutil import (
+    DirSyncer,
+    atomic_write_bytes,
+    dumps_compact,
+    pid_alive,
+    temp_writer_alive,
+)
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders, visible
@@ -300,32 +309,159 @@ class DirQueue(QueueFolders):
         return False
 
     def retry_failed(self, name: str, announce: Announce) -> Descriptor | None:
-        """A failed task back to pending/ with a fresh attempt budget: save (in failed/, marked
-        as a begun retry), ``announce`` (journal), rename. None when it is unreadable."""
-        src = self.paths.state_dir("failed") / name
-        desc = self.read_desc(State.FAILED, name)
+        """A failed task back to pending/ with a fresh attempt budget (see :meth:`retry`)."""
+        return self.retry(State.FAILED, name, announce)
+
+    def retry(self, state: State, name: str, announce: Announce) -> Descriptor | None:
+        """A failed or cancelled task back to pending/ with a fresh attempt budget (its history
+        kept): save (in its folder, marked as a begun retry), ``announce`` (journal), rename.
+        None when it is unreadable or gone (another retry took it)."""
+        if state not in RETRYABLE:
+            raise ValueError(f"retry from {state.value}: only failed or cancelled tasks")
+        src = self.paths.state_dir(state.value) / name
+        desc = self.read_desc(state, name)
         if desc is None:
             return None
         desc.fresh_budget()
         staged = src.parent / f".retry-{base_name(name)}"
         atomic_write_bytes(staged, dumps_compact(desc.raw), durable=self.durable)
-        os.replace(staged, src)
-        self._finish_retry(name, desc, announce)
+        os.replace(staged, src)  # one retrier at a time: callers hold control_lock()
+        self._finish_retry(state, name, desc, announce)
         return desc
 
-    def finish_begun_retry(self, name: str, announce: Announce) -> bool:
-        """A failed task saved as ``pending`` (a retry a crash cut short after its save):
-        announce it again (the journal never lags behind the folders) and finish the rename."""
-        desc = self.read_desc(State.FAILED, name)
+    @contextlib.contextmanager
+    def control_lock(self) -> Iterator[None]:
+        """The run's control lock (``.parallel/control.lock``): one retrier, canceller or
+        re-prioritiser at a time, across processes (the CLI's control commands, recovery)."""
+        fd = os.open(
+            self.paths.parallel / "control.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def finish_begun_retry(
+        self, name: str, announce: Announce, state: State = State.FAILED
+    ) -> bool:
+        """A failed (cancelled) task saved as ``pending`` (a retry a crash cut short after its
+        save): announce it again (the journal never lags behind the folders) and finish the
+        rename."""
+        desc = self.read_desc(state, name)
         if desc is None or desc.state != State.PENDING.value:
             return False
-        self._finish_retry(name, desc, announce)
+        self._finish_retry(state, name, desc, announce)
         return True
 
-    def _finish_retry(self, name: str, desc: Descriptor, announce: Announce) -> None:
+    def _finish_retry(self, state: State, name: str, desc: Descriptor, announce: Announce) -> None:
         announce(desc)
-        os.rename(self.paths.state_dir("failed") / name, self.paths.state_dir("pending") / name)
+        os.rename(self.paths.state_dir(state.value) / name, self.paths.state_dir("pending") / name)
         self.push(name)
+
+    # -- a person's changes to pending tasks (gpuswarm cancel / priority) -------------------------
+    def _hold(self, task_id: str, op: str) -> tuple[str, Path] | None:
+        """Take pending task ``task_id`` out of the claimers' reach: rename it to
+        ``pending/.held-<op>-<pid>-<name>``. None when it is not pending (claimed meanwhile:
+        a claim and this rename cannot both win)."""
+        pending = self.paths.state_dir("pending")
+        for name in os.listdir(pending):
+            if not visible(name) or task_id_of(name) != task_id:
+                continue
+            held = pending / f"{HELD}{op}-{os.getpid()}-{name}"
+            try:
+                os.rename(pending / name, held)
+            except FileNotFoundError:
+                return None
+            return name, held
+        return None
+
+    def cancel_pending(self, task_id: str, reason: str, announce: Announce) -> Descriptor | None:
+        """A pending task ends cancelled at once: held, marked, ``announce`` (journal),
+        written to cancelled/, the hold removed. None when it is not pending (claimed
+        meanwhile, or not there). A crash in between leaves the hold, which
+        :meth:`finish_holds` completes (the journal says it, the folders follow)."""
+        got = self._hold(task_id, "cancel")
+        if got is None:
+            return None
+        name, held = got
+        desc = Descriptor.loads(held.read_bytes())
+        desc.mark_cancelled(reason)
+        announce(desc)
+        self._write_ended(State.CANCELLED, name, desc)
+        held.unlink()
+        return desc
+
+    def _write_ended(self, state: State, name: str, desc: Descriptor) -> None:
+        folder = self.paths.state_dir(state.value)
+        folder.mkdir(exist_ok=True)  # cancelled/ of a run made before it existed
+        atomic_write_bytes(folder / name, dumps_compact(desc.raw), durable=self.durable)
+
+    def reprioritize(self, task_id: str, priority: int, announce: Announce) -> str | None:
+        """Pending task ``task_id`` gets ``priority`` (its name's rank: the claim order): held,
+        changed, ``announce``, written under its new name, the hold removed. Returns the new
+        name; None when it is not pending. Live supervisors see it at their next rescan."""
+        got = self._hold(task_id, "prio")
+        if got is None:
+            return None
+        _, held = got
+        desc = Descriptor.loads(held.read_bytes())
+        desc.set_priority(priority)
+        new = descriptor_name(priority, desc.seq, task_id)
+        announce(desc)
+        atomic_write_bytes(
+            self.paths.state_dir("pending") / new, dumps_compact(desc.raw), durable=self.durable
+        )
+        held.unlink()
+        self.push(new)
+        return new
+
+    def finish_holds(self, announce_cancel: Announce) -> int:
+        """Holds a crash cut short (their writer is dead): a cancel is finished (journaled
+        again, written to cancelled/), a priority change is undone (the task is pending under
+        its old name). Returns how many were finished."""
+        pending = self.paths.state_dir("pending")
+        done = 0
+        for held_name in os.listdir(pending):
+            parsed = parse_hold(held_name)
+            if parsed is None or (pid_alive(parsed[1]) and parsed[1] != os.getpid()):
+                continue
+            op, _, name = parsed
+            held = pending / held_name
+            try:
+                desc = Descriptor.loads(held.read_bytes())
+            except (OSError, ValueError):
+                continue
+            ended = self.paths.state_dir(State.CANCELLED.value) / name
+            if op == "cancel" and not ended.exists():
+                desc.mark_cancelled(desc.reason or "cancelled")
+                announce_cancel(desc)
+                self._write_ended(State.CANCELLED, name, desc)
+            elif op == "prio" and not any(
+                task_id_of(n) == task_id_of(name) for n in os.listdir(pending) if visible(n)
+            ):
+                os.replace(held, pending / name)  # the change is undone: pending as it was
+                self.push(name)
+                done += 1
+                continue
+            held.unlink(missing_ok=True)
+            done += 1
+        return done
+
+
+HELD = ".held-"  # pending/.held-<op>-<pid>-<name>: a task a person's change holds a moment
+RETRYABLE = (State.FAILED, State.CANCELLED)
+
+
+def parse_hold(file_name: str) -> tuple[str, int, str] | None:
+    """``(op, pid, name)`` of a hold's file name; None for any other name."""
+    if not file_name.startswith(HELD):
+        return None
+    op, _, rest = file_name[len(HELD) :].partition("-")
+    pid, _, name = rest.partition("-")
+    if op not in ("cancel", "prio") or not pid.isdigit() or not name:
+        return None
+    return op, int(pid), name
 
 
 def note_added(paths: RunPaths) -> None:

@@ -168,9 +168,15 @@ def temp_files(paths: RunPaths) -> list[Path]:
     that adds tasks to a run it does not lock (``research try`` beside its runner) may be
     between its write and its rename, and removing the file would fail that rename.
     """
-    return [
-        paths.state_dir(state) / name
-        for state in STATES
-        for name in os.listdir(paths.state_dir(state))
-        if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
-    ]
+    found = []
+    for state in STATES:
+        try:
+            names = os.listdir(paths.state_dir(state))
+        except FileNotFoundError:  # cancelled/ of a run made before it existed
+            continue
+        found += [
+            paths.state_dir(state) / name
+            for name in names
+            if name.startswith((".tmp-", ".retry-")) and not temp_writer_alive(name)
+        ]
+    return found

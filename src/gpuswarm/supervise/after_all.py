@@ -56,7 +56,7 @@ def _ran_since_last_end(paths: RunPaths) -> bool:
     except FileNotFoundError:
         return False
     last = 0.0
-    for state in ("done", "failed", "skipped"):
+    for state in ("done", "failed", "skipped", "cancelled"):
         with contextlib.suppress(FileNotFoundError):
             last = max(last, paths.state_dir(state).stat().st_mtime)
     return ran >= last

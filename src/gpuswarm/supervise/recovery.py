@@ -77,6 +77,9 @@ def recover(
     moved["judged_done"] = 0
     for name in queue.names(State.RUNNING):
         moved[_recover_running(queue, ledger, name, still_running)] += 1
+    for name in queue.names(State.CANCELLED):  # a `gpuswarm retry` a crash cut short
+        if queue.finish_begun_retry(name, _retry_journaled(ledger, "cancelled"), State.CANCELLED):
+            moved["retried"] += 1
     for name in queue.names(State.FAILED):
         if _finish_begun_retry(queue, ledger, name):
             moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
@@ -153,7 +156,7 @@ def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> boo
     return True
 
 
-STATE_VALUES = (State.PENDING.value, State.DONE.value, State.FAILED.value)
+STATE_VALUES = tuple(s.value for s in State if s is not State.RUNNING)
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
@@ -163,9 +166,9 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
     return 1
 
 
-def _retry_journaled(ledger: Ledger) -> Callable[[Descriptor], object]:
+def _retry_journaled(ledger: Ledger, frm: str = "failed") -> Callable[[Descriptor], object]:
     return lambda desc: ledger.emit(
-        Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm="failed"
+        Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm=frm
     )
 
 

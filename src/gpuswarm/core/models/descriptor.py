@@ -249,8 +249,21 @@ class Descriptor:
         self.raw["state"] = State.SKIPPED.value
         self.raw["reason"] = reason
 
+    def mark_cancelled(self, reason: str) -> None:
+        """Cancelled by a person (``gpuswarm cancel``): ended, never retried, no failure."""
+        self.raw["state"] = State.CANCELLED.value
+        self.raw["reason"] = reason
+        self.raw.pop("retry_at", None)
+
+    def set_priority(self, priority: int) -> None:
+        """The task's new priority (``gpuswarm priority``): it decides its queue name's rank."""
+        task = self.raw.get("task")
+        if isinstance(task, dict):
+            task["priority"] = priority
+
     def fresh_budget(self) -> None:
-        """A failed task retried: earlier attempts stop counting; marked as a begun retry."""
+        """A failed (or cancelled) task retried: earlier attempts stop counting; marked as a
+        begun retry."""
         self.raw["budget_from"] = self.attempt_count
         self.raw["reason"] = None
         self.raw["state"] = State.PENDING.value

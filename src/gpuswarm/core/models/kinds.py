@@ -18,6 +18,7 @@ class State(str, Enum):
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
+    CANCELLED = "cancelled"  # a person cancelled it (gpuswarm cancel): never retried, no failure
 
 
 class EndKind(str, Enum):

@@ -1,0 +1,168 @@
+"""Control requests: what a person asked of a live run, as durable records in its folder.
+
+``gpuswarm cancel`` of a running task cannot act on a process another supervisor (or host)
+holds; it writes a request, ``.parallel/control/<ns>-<kind>-<rand>.json``, which every live
+supervisor reads on its keeper tick (one ``listdir`` of a folder that is usually empty) and the
+one holding the task applies: it stops the attempt, commits it ``cancelled`` and journals
+``control`` (who asked, who applied, when). A request is removed once applied (or once its task
+has ended anyway), so a crash at any point applies it at most once; a request nobody applies
+(its task's supervisor died) is applied by recovery (resume, reclaim, ``check --repair``).
+
+Pause is a flag, not a request: ``paused`` (the whole run) and ``paused@<slot-id>`` (one slot).
+Supervisors claim nothing while it is there; running tasks go on.
+
+Each record is written temp + fsync + rename, read with a size bound, and one that does not
+parse is ignored (and left for ``check`` to report), never a reason to stop a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
+from gpuswarm.core.paths import RunPaths
+
+KINDS = ("cancel",)
+MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; more is not one of ours
+MAX_REQUESTS = 10_000  # read per tick at most (the rest wait for the next ticks)
+PAUSED = "paused"  # the whole run; paused@<slot-id>: one slot
+
+
+@dataclass(frozen=True)
+class Request:
+    """One control request: ``kind`` (cancel) of ``task``, asked by ``by`` at ``at``."""
+
+    name: str  # its file name in .parallel/control/
+    kind: str
+    task: str
+    by: str
+    at: float
+    reason: str = ""
+
+    def as_event(self) -> dict[str, Any]:
+        return {"request": self.kind, "task": self.task, "by": self.by, "asked_at": self.at}
+
+
+def asker() -> str:
+    """Who asks: ``<user>@<host>:<pid>`` (for the journal)."""
+    user = os.environ.get("USER") or str(os.getuid())
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+def put(paths: RunPaths, kind: str, task: str, reason: str = "") -> Request:
+    """Record a request durably; live supervisors apply it on their next tick."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown control request {kind!r}")
+    folder = paths.control
+    folder.mkdir(exist_ok=True)
+    name = f"{time.time_ns():020d}-{kind}-{uuid.uuid4().hex[:8]}.json"
+    req = Request(name, kind, task, asker(), time.time(), reason)
+    body = {"kind": kind, "task": task, "by": req.by, "at": req.at, "reason": reason}
+    atomic_write_bytes(folder / name, dumps_compact(body))
+    return req
+
+
+def requests(paths: RunPaths) -> list[Request]:
+    """The recorded requests, oldest first (unreadable or foreign files are skipped)."""
+    try:
+        names = sorted(n for n in os.listdir(paths.control) if n.endswith(".json"))
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names[:MAX_REQUESTS]:
+        req = _read(paths.control / name)
+        if req is not None:
+            out.append(req)
+    return out
+
+
+def _read(path: Path) -> Request | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, MAX_REQUEST_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_REQUEST_BYTES:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    kind, task, by, at = data.get("kind"), data.get("task"), data.get("by"), data.get("at")
+    if kind not in KINDS or not isinstance(task, str) or not isinstance(by, str):
+        return None
+    if not isinstance(at, int | float):
+        return None
+    reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
+    return Request(path.name, kind, task, by, float(at), str(reason))
+
+
+def drop(paths: RunPaths, req: Request) -> bool:
+    """Remove an applied request; False when another supervisor removed it first."""
+    try:
+        (paths.control / req.name).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+# -- pause ---------------------------------------------------------------------------------------
+def _flag(paths: RunPaths, slot: str | None) -> Path:
+    if slot is not None and (not slot or "/" in slot or slot.startswith(".")):
+        raise ValueError(f"not a slot id: {slot!r}")
+    return paths.control / (PAUSED if slot is None else f"{PAUSED}@{slot}")
+
+
+def pause(paths: RunPaths, slot: str | None = None) -> bool:
+    """Pause the run (``slot`` None) or one slot; False when it was paused already."""
+    flag = _flag(paths, slot)
+    if flag.exists():
+        return False
+    paths.control.mkdir(exist_ok=True)
+    atomic_write_bytes(flag, dumps_compact({"by": asker(), "at": time.time()}))
+    return True
+
+
+def unpause(paths: RunPaths, slot: str | None = None) -> bool:
+    """Lift a pause of the run (``slot`` None) or of one slot; False when there was none."""
+    try:
+        _flag(paths, slot).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Paused:
+    """What is paused now: the whole run, and/or these slots."""
+
+    run: bool
+    slots: frozenset[str]
+
+    def holds(self, slot: str) -> bool:
+        return self.run or slot in self.slots
+
+
+def paused(paths: RunPaths) -> Paused:
+    """The pause flags as they are now (one listdir)."""
+    try:
+        names = os.listdir(paths.control)
+    except FileNotFoundError:
+        return Paused(False, frozenset())
+    prefix = f"{PAUSED}@"
+    slots = frozenset(n[len(prefix) :] for n in names if n.startswith(prefix))
+    return Paused(PAUSED in names, slots)
