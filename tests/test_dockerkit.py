@@ -17,6 +17,8 @@ from dockerkit import (
 )
 from pytest import FixtureRequest
 
+pytestmark = pytest.mark.slow  # pytest and docker processes: part of CI, not of the fast suite
+
 HELPERS = Path(__file__).parent / "helpers"
 
 INNER = """

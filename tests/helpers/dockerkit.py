@@ -1,8 +1,8 @@
 """Real-container test kit: the offline test image, "is there an engine", containers by label.
 
 There is no registry in CI (nothing is ever pulled), so the image the tests run is built here:
-a rootfs with empty ``usr/ etc/ tmp/ proc/ sys/ dev/``, a real empty ``sbin/`` (``--init``
-mounts ``/sbin/docker-init`` there), ``bin -> usr/bin``, ``lib -> usr/lib``,
+a rootfs with empty ``usr/ etc/ proc/ sys/ dev/``, ``tmp/`` (1777), a real empty ``sbin/``
+(``--init`` mounts ``/sbin/docker-init`` there), ``bin -> usr/bin``, ``lib -> usr/lib``,
 ``lib64 -> usr/lib64``, imported with ``docker import`` as :data:`IMAGE`. Tasks run in it with
 the host's ``/usr`` bind-mounted read-only (:data:`USR_MOUNT`) and ``--network none``: ``sh``,
 coreutils and ``/usr/bin/python3`` (stdlib only) then work inside.
@@ -14,7 +14,9 @@ coreutils and ``/usr/bin/python3`` (stdlib only) then work inside.
   lock, then ``docker image inspect`` before building);
 - :func:`containers` / :func:`containers_under` / :func:`remove_containers`: gpuswarm's
   containers (label ``gpuswarm.run``), for the leak check of ``tests/conftest.py``;
-- :func:`docker_yaml`: the ``backend: docker`` lines of a test config.
+- :class:`ContainerWatcher`: every container of some folders' runs seen while a run runs;
+- :data:`USR_MOUNT` / :data:`USR_CLI_ARGS`: the ``/usr`` mount and no network, for a config's
+  ``docker:`` block or ``gpuswarm run --image ...``.
 
 It is also a pytest plugin (``tests/conftest.py`` imports its hook and fixtures; elsewhere
 ``-p dockerkit``): a test marked ``docker`` is skipped or failed as :func:`require_docker` says;
@@ -252,18 +254,8 @@ class ContainerWatcher:
 
 
 # -- config --------------------------------------------------------------------------------------
-def docker_yaml(image: str = IMAGE, *, extra_mounts: Iterable[dict[str, object]] = ()) -> str:
-    """``backend: docker`` and its ``docker:`` block for a test config (YAML, ends with a newline):
-    the test image with the host's ``/usr`` read-only and no network."""
-    mounts = [USR_MOUNT, *extra_mounts]
-    lines = ["backend: docker", "docker:", f"  image: {json.dumps(image)}", "  network: none"]
-    lines.append("  mounts:")
-    lines += [f"    - {json.dumps(m)}" for m in mounts]
-    return "\n".join(lines) + "\n"
-
-
-# the CLI equivalent for command lists: the same image, mount and network as docker run args
-USR_DOCKER_ARGS = ["--docker-arg=--volume=/usr:/usr:ro", "--docker-arg=--network=none"]
+# USR_MOUNT and no network for the command line (``gpuswarm run --backend docker --image IMG ...``)
+USR_CLI_ARGS = ["--mount", "/usr:/usr:ro", "--network", "none"]
 
 
 # -- the pytest plugin -----------------------------------------------------------------------

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 from cli_driver import CliProcess, CliResult, cli_argv, cli_env, find_runs
-from dockerkit import IMAGE, USR_DOCKER_ARGS, USR_MOUNT, ContainerWatcher
-from integration_support import task_states
+from dockerkit import IMAGE, USR_CLI_ARGS, USR_MOUNT, ContainerWatcher
+from integration_support import read_results, task_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -36,14 +36,18 @@ HOST_MNT_NS = str(Path("/proc/self/ns/mnt").readlink())
 
 # What a task records in its workspace (run on the host's /usr inside the container):
 # env.bin (env -0), parallel.txt (what of the run's .parallel/ it can see), ns.txt (its mount
-# namespace), times.txt (start end), and its id appended to $HOME/tasks.log (the slot's HOME).
+# namespace), container.txt (its hostname: the container's id), homes.txt (the slots' homes it
+# can see), times.txt (start end), and its id appended to $HOME/tasks.log (the slot's HOME).
 PROBE = (
     "s=$(date +%s.%N); "
     "env -0 > {workspace}/env.bin; "
     "if [ -e {run_dir}/.parallel ]; then ls -A {run_dir}/.parallel | wc -l; else echo absent; fi"
     " > {workspace}/parallel.txt; "
     "readlink /proc/self/ns/mnt > {workspace}/ns.txt; "
+    "cat /etc/hostname > {workspace}/container.txt; "
+    "ls -A {run_dir}/homes > {workspace}/homes.txt 2>/dev/null; "
     "id -u > {workspace}/uid.txt; "
+    'if [ -d "$HOME" ]; then echo yes; else echo no; fi > {workspace}/home_ok.txt; '
     'echo {task_id} >> "$HOME/tasks.log"; '
     "echo hello from $GPUSWARM_SLOT_ID; "
     "sleep 0.4; "
@@ -100,7 +104,7 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
     user = pwd.getpwuid(os.getuid()).pw_name
     by_gpu: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     slot_of: dict[str, str] = {}
-    namespaces = set()
+    namespaces, hosts = set(), set()
     for task in ids:
         ws = run_dir / "tasks" / task
         env = read_env(ws / "env.bin")
@@ -114,10 +118,14 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
         assert env["GPUSWARM_GPU_IDS"] == host_gpu, (task, env)
         assert slot.endswith(f"-gpu{host_gpu}"), (task, slot, host_gpu)
         assert env["HOME"] == str(run_dir / "homes" / slot), (task, env["HOME"])
+        home_ok = (ws / "home_ok.txt").read_text().strip()
+        assert home_ok == "yes", f"{task}: the slot's HOME {env['HOME']} is not there inside"
         assert env["USER"] == user and env["LOGNAME"] == user, (task, env)
         # the queue is not visible inside; the task ran in a container of its own
         assert (ws / "parallel.txt").read_text().split() in (["absent"], ["0"]), task
         namespaces.add((ws / "ns.txt").read_text().strip())
+        hosts.add((ws / "container.txt").read_text().strip())
+        assert set((ws / "homes.txt").read_text().split()) <= {slot}, task  # not the others'
         assert (ws / "uid.txt").read_text().strip() == str(os.getuid())
         start, end = map(float, (ws / "times.txt").read_text().split())
         by_gpu[host_gpu].append((start, end, task))
@@ -125,7 +133,7 @@ def test_eight_tasks_on_four_sim_gpus_see_only_their_slot(
         log = (ws / "attempt-1" / "output.log").read_text()
         assert f"hello from {slot}" in log, (task, log)
     assert HOST_MNT_NS not in namespaces
-    assert len(namespaces) == len(ids)  # one container per attempt
+    assert len(hosts) == len(ids), hosts  # one container per attempt
     assert sorted(by_gpu) == ["0", "1", "2", "3"], by_gpu
     for gpu, spans in by_gpu.items():
         assert not overlaps(spans), (gpu, overlaps(spans))
@@ -163,56 +171,73 @@ def nobody_dir(docker_roots: list[Path]) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.skipif(
+NEEDS_ROOT = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
     reason="needs root and setpriv to run gpuswarm as another user",
 )
-def test_files_a_task_writes_belong_to_the_invoking_user(
-    nobody_dir: Path, docker_image: str
-) -> None:
-    socket = Path("/var/run/docker.sock")
-    if not socket.exists() or "DOCKER_HOST" in os.environ:
+SOCKET = Path("/var/run/docker.sock")
+
+
+def run_as_nobody(folder: Path, config: Path, *, docker_group: bool) -> CliResult:
+    """``gpuswarm run config`` as uid 65534 in ``folder`` (its HOME), in the group of the docker
+    socket (root:docker 0660) or in no group at all."""
+    if not SOCKET.exists() or "DOCKER_HOST" in os.environ:
         pytest.skip("needs the engine on the default socket (its group lets uid 65534 in)")
+    groups = [f"--groups={SOCKET.stat().st_gid}"] if docker_group else ["--clear-groups"]
     setpriv = [
         "setpriv",
         f"--reuid={NOBODY}",
         f"--regid={NOBODY}",
-        f"--groups={socket.stat().st_gid}",  # the docker socket is root:docker 0660
+        *groups,
         # read/search bypass only, to reach the interpreter; writes obey the modes
         "--inh-caps=+dac_read_search",
         "--ambient-caps=+dac_read_search",
         "--",
     ]
-    task = (
-        "id -u > {workspace}/uid.txt; mkdir {workspace}/sub; echo x > {workspace}/sub/f.txt; "
-        'echo h > "$HOME/in-home.txt"'
-    )
-    config = write_config(
-        nobody_dir,
-        {
-            "name": "own",
-            "workspace": "ws",
-            "gpus": "sim:1",
-            "backend": "docker",
-            "docker": docker_block(docker_image),
-            "tasks": [{"name": "w", "shell": True, "command": task}],
-        },
-    )
     os.chown(config, NOBODY, NOBODY)
+    argv = cli_argv(
+        "run", "-q", "--no-report", config, prefix=[*setpriv, sys.executable, "-m", "gpuswarm"]
+    )
     proc = subprocess.run(
-        cli_argv(
-            "run", "-q", "--no-report", config, prefix=[*setpriv, sys.executable, "-m", "gpuswarm"]
-        ),
-        cwd=nobody_dir,
-        env=cli_env({"HOME": str(nobody_dir)}),
+        argv,
+        cwd=folder,
+        env=cli_env({"HOME": str(folder)}),
         capture_output=True,
         text=True,
         timeout=60,
         start_new_session=True,
         check=False,
     )
-    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    return CliResult(argv[len(setpriv) + 3 :], proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def nobody_config(folder: Path, image: str, task: str) -> Path:
+    return write_config(
+        folder,
+        {
+            "name": "own",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(image),
+            "tasks": [{"name": "w", "shell": True, "command": task}],
+        },
+    )
+
+
+@NEEDS_ROOT
+def test_files_a_task_writes_belong_to_the_invoking_user(
+    nobody_dir: Path, docker_image: str
+) -> None:
+    task = (
+        "id -u > {workspace}/uid.txt; mkdir {workspace}/sub; echo x > {workspace}/sub/f.txt; "
+        'echo h > "$HOME/in-home.txt"'
+    )
+    config = nobody_config(nobody_dir, docker_image, task)
+    res = run_as_nobody(nobody_dir, config, docker_group=True)
     (run_dir,) = find_runs(nobody_dir / "ws")
+    log = run_dir / "tasks" / "w" / "attempt-1" / "output.log"
+    assert res.returncode == 0, f"{res}\n--- output.log\n{log.read_text() if log.exists() else ''}"
     assert run_dir.stat().st_uid == NOBODY  # it really ran as the unprivileged user
     ws = run_dir / "tasks" / "w"
     assert (ws / "uid.txt").read_text().strip() == str(NOBODY)
@@ -220,6 +245,17 @@ def test_files_a_task_writes_belong_to_the_invoking_user(
     for path in (ws / "uid.txt", ws / "sub", ws / "sub" / "f.txt", home / "in-home.txt"):
         st = path.stat()
         assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY), (path, st.st_uid, st.st_gid)
+
+
+@NEEDS_ROOT
+def test_a_user_the_socket_refuses_gets_exit_2_and_the_fix(
+    nobody_dir: Path, docker_image: str
+) -> None:
+    config = nobody_config(nobody_dir, docker_image, "true")
+    res = run_as_nobody(nobody_dir, config, docker_group=False)
+    assert res.returncode == 2, str(res)
+    assert "docker group" in res.stderr and "permission denied" in res.stderr, str(res)
+    assert not (nobody_dir / "ws").exists(), list((nobody_dir / "ws").rglob("*"))
 
 
 # -- 3. command lists: --backend docker --image ----------------------------------------------------
@@ -242,7 +278,7 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         "docker",
         "--image",
         docker_image,
-        *USR_DOCKER_ARGS,
+        *USR_CLI_ARGS,
         cmds,
     )
     assert res.returncode == 0, str(res)
@@ -335,3 +371,97 @@ def test_an_engine_that_cannot_be_reached_exits_2_before_any_claim(
         str(res)
     )
     _assert_nothing_created(tmp_path / "ws")
+
+
+def test_a_mount_whose_source_is_missing_exits_2_before_any_claim(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    missing = tmp_path / "no-such-data"
+    config = write_config(
+        tmp_path,
+        {
+            "name": "nomount",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image, {"src": str(missing), "dest": "/data"}),
+            "tasks": [{"name": "t", "command": ["true"]}],
+        },
+    )
+    res = gpuswarm("run", "--no-report", config)
+    assert res.returncode == 2, str(res)
+    assert str(missing) in res.stderr, str(res)
+    assert not missing.exists()  # docker's -v would have made it, as root
+    _assert_nothing_created(tmp_path / "ws")
+
+
+def test_a_run_argument_docker_refuses_fails_the_attempt_with_dockers_reason(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        *USR_CLI_ARGS, "--docker-arg=--gpuswarm-no-such-flag", cmds,
+    )  # fmt: skip
+    assert res.returncode == 1, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    reason = read_results(run_dir)["cmd-00001"]["reason"]
+    # docker's own failure, told apart from the task's exit, with docker's words (its first
+    # line: "unknown flag: ...", not the usage hint after it)
+    assert "docker could not start" in reason and "gpuswarm-no-such-flag" in reason, reason
+
+
+def test_an_image_without_the_shell_says_so(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("echo hi\n")
+    # no /usr mount: the bare test image has no /bin/sh (nor python3)
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        "--network", "none", "--shell", cmds,
+    )  # fmt: skip
+    assert res.returncode == 1, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    reason = read_results(run_dir)["cmd-00001"]["reason"]
+    # the program that is missing is the shell, in the image; not the user's "echo"
+    assert "command not found" in reason and "/bin/sh" in reason, reason
+
+
+# -- 6. several GPUs per task: renumbered 0..k-1 inside; after_all in a container ----------------
+def test_two_gpus_per_task_are_renumbered_and_after_all_runs_in_a_container(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    mount = {"src": str(probe), "dest": str(probe), "read_only": False}
+    config = write_config(
+        tmp_path,
+        {
+            "name": "two",
+            "workspace": "ws",
+            "gpus": "sim:4",
+            "gpus_per_task": 2,
+            "backend": "docker",
+            "docker": docker_block(docker_image, mount),
+            "after_all": f"readlink /proc/self/ns/mnt > {probe}/after_all.ns",
+            "tasks": [
+                {"name": n, "shell": True, "command": "env -0 > {workspace}/env.bin"}
+                for n in ("a", "b")
+            ],
+        },
+    )
+    res = gpuswarm("run", "-q", "--no-report", config)
+    assert res.returncode == 0, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    host_ids = set()
+    for task in ("a", "b"):
+        env = read_env(run_dir / "tasks" / task / "env.bin")
+        for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+            assert env.get(var, "0,1") == "0,1", (task, var, env)
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1", env
+        host_ids.add(env["GPUSWARM_GPU_IDS"])
+    assert sorted(host_ids) in (["0,1", "2,3"], ["2,3"], ["0,1"]), host_ids
+    ns = (probe / "after_all.ns").read_text().strip()
+    assert ns and ns != HOST_MNT_NS  # after_all ran in a container too

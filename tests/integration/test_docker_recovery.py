@@ -129,3 +129,117 @@ def test_resume_after_a_sigkilled_supervisor_removes_its_containers_first(
     assert res.returncode == 0, str(res)
     assert task_states(run_dir) == dict.fromkeys(ids, "done")
     assert containers(run=run_dir) == []
+    # nor the dead supervisor's docker clients (attached to containers that are gone)
+    wait_for(lambda: not processes_with_arg(f"gpuswarm.run={run_dir}"), 10, 0.1, what="clients")
+
+
+# -- 3. a stop (SIGTERM) ends the containers; resume finishes ------------------------------------
+def test_a_stop_ends_every_container_and_resume_finishes(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen, docker_image: str
+) -> None:
+    token = f"{random.randrange(10**6, 10**7)}.5"
+    config = write_config(
+        tmp_path,
+        {
+            "name": "stop",
+            "workspace": "ws",
+            "gpus": "sim:2",
+            "grace": "1s",
+            "backend": "docker",
+            "docker": docker_block(docker_image),
+            "tasks": [
+                {
+                    "name": f"s{i}",
+                    "shell": True,
+                    "command": f"test -f {{workspace}}/again || {{ touch {{workspace}}/again; "
+                    f"exec sleep {token}; }}",
+                }
+                for i in range(2)
+            ],
+        },
+    )
+    run = gpuswarm_popen("run", "--plain", "--no-report", config)
+    run_dir = wait_for_run(tmp_path / "ws")
+    wait_for(lambda: len(processes_with_arg(token)) == 2, 30, 0.1, what="two tasks asleep inside")
+    run.send(signal.SIGTERM)
+    assert run.wait(30).returncode == 130, run.stderr()
+    assert containers(run=run_dir) == []
+    assert processes_with_arg(token) == []
+    assert set(task_states(run_dir).values()) == {"pending"}
+    res = gpuswarm("resume", run_dir, "-q", "--no-report")
+    assert res.returncode == 0, str(res)
+    assert task_states(run_dir) == {"s0": "done", "s1": "done"}
+
+
+# -- 4. check sees a dead owner's containers; --repair removes them -------------------------------
+def test_check_reports_a_dead_owners_containers_and_repair_removes_them(
+    tmp_path: Path, gpuswarm: Cli, gpuswarm_popen: Popen, docker_image: str
+) -> None:
+    config = write_config(
+        tmp_path,
+        {
+            "name": "chk",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image),
+            "tasks": [{"name": "c", "shell": True, "command": "touch {workspace}/in; sleep 60"}],
+        },
+    )
+    run = gpuswarm_popen("run", "--plain", "--no-report", config)
+    run_dir = wait_for_run(tmp_path / "ws")
+    wait_for(lambda: (run_dir / "tasks" / "c" / "in").exists(), 30, 0.1, what="the task inside")
+    run.send(signal.SIGKILL)
+    run.wait(10)
+    (left,) = containers(run=run_dir)
+    res = gpuswarm("check", run_dir)
+    assert res.returncode == 1, str(res)
+    assert left.name in res.stdout, str(res)
+    assert containers(run=run_dir) == [left]  # check alone changes nothing
+    res = gpuswarm("check", "--repair", run_dir)
+    assert res.returncode == 0, str(res)
+    assert containers(run=run_dir) == []
+    assert task_states(run_dir) == {"c": "pending"}
+
+
+# -- 5. a supervisor that joins the run reclaims a dead owner's task: its container goes first ---
+def test_work_reclaims_a_dead_owners_task_after_removing_its_container(
+    tmp_path: Path, gpuswarm_popen: Popen, docker_image: str
+) -> None:
+    config = write_config(
+        tmp_path,
+        {
+            "name": "recl",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image),
+            "tasks": [
+                {
+                    "name": "a",
+                    "shell": True,
+                    "command": "touch {workspace}/in.$GPUSWARM_ATTEMPT; sleep 2",
+                    "max_attempts": 3,
+                }
+            ],
+        },
+    )
+    run = gpuswarm_popen("run", "--plain", "--no-report", config)
+    run_dir = wait_for_run(tmp_path / "ws")
+    ws = run_dir / "tasks" / "a"
+    wait_for(lambda: (ws / "in.1").exists(), 30, 0.1, what="attempt 1 inside")
+    (old,) = containers(run=run_dir)
+    run.send(signal.SIGKILL)
+    run.wait(10)
+    work = gpuswarm_popen("work", run_dir, "--gpus", "sim:1", "--plain", "--no-report")
+    wait_for(
+        lambda: any(e["ev"] == "started" and e["attempt"] == 2 for e in read_events(run_dir)),
+        30,
+        0.05,
+        what="attempt 2 to start",
+    )
+    assert containers(run=run_dir, owner=old.labels["owner"]) == []
+    res = work.wait(60)
+    assert res.returncode == 0, str(res)
+    assert task_states(run_dir) == {"a": "done"}
+    assert containers(run=run_dir) == []

@@ -39,6 +39,8 @@ class Ev(str, Enum):
     PREFLIGHT = "preflight"  # a slot's preflight commands: ok, or the failure that stopped it
     AFTER_ALL = "after_all"  # the after_all step ran: exit code, output file
     JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
+    CONTROL = "control"  # a person's request (cancel, retry, pause, priority, add) applied
+    ADDED = "added"  # tasks appended to a run (gpuswarm add)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in
@@ -239,6 +241,22 @@ class Corrupt(_Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class Control(_Event):
+    """A person's request applied: ``request`` (cancel, retry, pause, unpause, priority) of
+    ``task`` (or ``slot``; neither: the whole run), asked by ``by``, applied by ``applied_by``
+    (a supervisor's owner id, or the asking command itself when no supervisor was needed)."""
+
+    kind: ClassVar[Ev] = Ev.CONTROL
+    request: str
+    task: str | None = None
+    slot: str | None = None
+    by: str | None = None
+    applied_by: str | None = None
+    state: str | None = None  # where the task went (cancelled, pending)
+    priority: int | None = None
+
+
+@dataclass(kw_only=True, slots=True)
 class Other(_Event):
     """Any other kind (run_created, killed, aggregated, ...): only its name and fields."""
 
@@ -266,6 +284,7 @@ Event = (
     | Unquarantined
     | Shutdown
     | Corrupt
+    | Control
     | Other
 )
 _TYPES: dict[str, type[_Event]] = {
@@ -280,6 +299,7 @@ _TYPES: dict[str, type[_Event]] = {
         Unquarantined,
         Shutdown,
         Corrupt,
+        Control,
     )
 }
 
