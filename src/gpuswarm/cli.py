@@ -11,7 +11,16 @@ from typing import Any, ClassVar, NoReturn
 import click
 
 from gpuswarm import __version__
-from gpuswarm.cli_runs import check, ls_cmd, report_cmd, status, unquarantine, watch_cmd
+from gpuswarm.cli_runs import (
+    check,
+    clean_cmd,
+    logs_cmd,
+    ls_cmd,
+    report_cmd,
+    status,
+    unquarantine,
+    watch_cmd,
+)
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -291,6 +300,8 @@ def demo(
 
 for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd):
     cli.add_command(_command)
+cli.add_command(logs_cmd)
+cli.add_command(clean_cmd)
 
 
 def main() -> None:

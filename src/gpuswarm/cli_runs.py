@@ -1,18 +1,32 @@
-"""``gpuswarm status | ls | check | unquarantine | report | watch``: the commands that look at
-(or repair) a run another command made. Registered on the top-level group by ``cli.py``."""
+"""``gpuswarm status | ls | check | unquarantine | report | watch | logs | clean``: the commands
+that look at (or repair, or remove) runs another command made. Registered on the top-level group
+by ``cli.py``."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from gpuswarm.cli_support import fail, stoppable
-from gpuswarm.core.errors import GpuswarmError
+from gpuswarm.config.values import parse_duration
+from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
+from gpuswarm.core.models import State
 from gpuswarm.engine import check_run_dir, write_run_report
+from gpuswarm.outputs.clean import (
+    Candidate,
+    find_candidates,
+    finish_half_removed,
+    remove_candidates,
+)
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
+from gpuswarm.outputs.tasklog import Hop, LogTarget, follow, iter_log, read_text, task_log
+from gpuswarm.store.lookup import task_ended
 
 
 @click.command()
@@ -107,3 +121,203 @@ def watch_cmd(run_dir: Path, plain: bool) -> None:
 
         code = watch(run_dir, stream=sys.stderr, plain=plain)
     sys.exit(code)
+
+
+@click.command("logs")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("task")
+@click.option("-f", "--follow", is_flag=True, help="follow the log as it grows, and retries")
+@click.option("--attempt", type=click.IntRange(min=1), help="attempt N's log (default: the last)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def logs_cmd(run_dir: Path, task: str, follow: bool, attempt: int | None, as_json: bool) -> None:
+    """Print the output of TASK: its last attempt's output.log (--attempt N: attempt N's).
+
+    RUN_DIR is the run folder, any path inside it, or its bare name (looked up under ./runs).
+    TASK is a task id, or an unambiguous prefix of a task id or name. -f follows the log as it
+    grows, hops to the next attempt when the task is retried (one marker line between) and ends
+    once the task has ended; Ctrl-C ends it (exit 130). --json: task, attempt, log and state,
+    with the log's last MiB as "text" (with -f: one such line per attempt, without the text).
+    Exit 1 when the task has not started yet (without -f).
+    """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # like Ctrl-C: exit 130, quietly
+    try:
+        target = task_log(run_dir, task, attempt)
+        if follow:
+            _follow(target, as_json)
+        _print_log(target, as_json)
+    except GpuswarmError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:  # `gpuswarm logs ... | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
+def _print_log(target: LogTarget, as_json: bool) -> NoReturn:
+    if target.log is None:
+        if as_json:
+            click.echo(json.dumps({**target.as_json(), "text": None}, indent=1))
+        click.echo(f"gpuswarm: task {target.task} has not started yet ({target.state})", err=True)
+        sys.exit(1)
+    try:
+        if as_json:
+            text, cut = read_text(target.log)
+            payload = {**target.as_json(), "text": text, "truncated": cut}
+            click.echo(json.dumps(payload, indent=1))
+        else:
+            out = sys.stdout.buffer
+            for chunk in iter_log(target.log):
+                out.write(chunk)
+            out.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # gone, or no regular file (a task may replace it)
+        why = exc.strerror or exc
+        click.echo(f"gpuswarm: the log of task {target.task}: {target.log}: {why}", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _follow(target: LogTarget, as_json: bool) -> NoReturn:
+    printer = _JsonFollow(target) if as_json else _PlainFollow(target)
+    if not target.live and not task_ended(State(target.state)):
+        click.echo(
+            f"gpuswarm: {target.paths.root} is not live: waiting for it to be resumed "
+            "(Ctrl-C to stop)",
+            err=True,
+        )
+    for item in follow(target):
+        if isinstance(item, bytes):
+            printer.data(item)
+        elif isinstance(item, Hop):
+            printer.hop(item)
+        else:
+            printer.ended(item.state)
+            if not printer.started:
+                msg = f"gpuswarm: task {target.task} ended ({item.state}) without starting"
+                click.echo(msg, err=True)
+                sys.exit(1)
+            sys.exit(0)
+    sys.exit(0)
+
+
+class _PlainFollow:
+    """``logs -f``: the log's bytes as they come, a marker line before each later attempt's."""
+
+    def __init__(self, target: LogTarget) -> None:
+        self.task = target.task
+        self.first = target.attempt  # already named by the command: no marker for it
+        self.started = target.attempt is not None
+        self.at_line_start = True
+        self.out = sys.stdout.buffer
+        if not self.started:
+            click.echo(f"gpuswarm: waiting for task {self.task} to start", err=True)
+
+    def data(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+        self.at_line_start = data.endswith(b"\n")
+
+    def hop(self, hop: Hop) -> None:
+        if hop.attempt != self.first:
+            lead = b"" if self.at_line_start else b"\n"
+            mark = f"==> gpuswarm: task {self.task}, attempt {hop.attempt} <==\n"
+            self.data(lead + mark.encode())
+        self.first, self.started = None, True
+
+    def ended(self, state: str) -> None:
+        pass
+
+
+class _JsonFollow:
+    """``logs -f --json``: one JSON line per attempt followed and one at the end, no text."""
+
+    def __init__(self, target: LogTarget) -> None:
+        self.record = target.as_json()
+        self.first = target.attempt
+        self.started = target.attempt is not None
+        click.echo(json.dumps(self.record))
+
+    def data(self, data: bytes) -> None:
+        pass
+
+    def hop(self, hop: Hop) -> None:
+        self.record = {**self.record, "attempt": hop.attempt, "log": str(hop.log)}
+        if hop.attempt != self.first:
+            click.echo(json.dumps({**self.record, "state": "running"}))
+        self.first, self.started = None, True
+
+    def ended(self, state: str) -> None:
+        click.echo(json.dumps({**self.record, "state": state, "ended": True}))
+
+
+@click.command("clean")
+@click.argument("workspace", default="runs", type=click.Path(path_type=Path))
+@click.option("--older-than", "older_than", required=True, help="idle for longer (30d, 12h)")
+@click.option("--yes", is_flag=True, help="remove them (without: only list what would go)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> None:
+    """Remove the finished runs under WORKSPACE (default ./runs) idle for longer than
+    --older-than: a dry run listing them and their sizes, unless --yes.
+
+    Finished: no supervisor on it and no task in running/ (complete, with failures, stopped or
+    unfinished); a crashed run is kept (its supervisor died: see 'gpuswarm status'), and a live
+    run is never removed (checked right before each removal). Idle: since the newest change of
+    its summary.json or events.jsonl. Exit 1 when a run could not be removed.
+    """
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        fail(BadInputError(f"--older-than: {exc}"))
+    if not workspace.is_dir():
+        fail(RunDirError(f"{workspace}: no such folder; pass the workspace runs are under"))
+    with stoppable():
+        found = find_candidates(workspace, seconds)
+        if yes:
+            finish_half_removed(workspace)
+            remove_candidates(found, seconds)
+    if as_json:
+        click.echo(json.dumps([c.as_json() for c in found], indent=1))
+    else:
+        _print_clean(found, workspace, older_than, yes)
+    sys.exit(1 if yes and any(not c.removed for c in found) else 0)
+
+
+def _print_clean(found: list[Candidate], workspace: Path, older_than: str, yes: bool) -> None:
+    if not found:
+        click.echo(f"no finished run under {workspace} has been idle for longer than {older_than}")
+        return
+    total = sum(c.bytes for c in found)
+    if not yes:
+        what = f"{_runs(len(found))} finished and idle for longer than {older_than}"
+        click.echo(f"{what} ({_size(total)}):")
+    for c in found:
+        line = f"{c.run}  {c.state}  idle {_age(c.age_s)}  {_size(c.bytes)}"
+        if yes:
+            line = f"removed {line}" if c.removed else f"kept {line}: {c.kept_because}"
+        click.echo(line if yes else f"  {line}")
+    if yes:
+        freed = sum(c.bytes for c in found if c.removed)
+        click.echo(f"removed {_runs(sum(c.removed for c in found))}, {_size(freed)} freed")
+    else:
+        click.echo("dry run: nothing removed; add --yes to remove them")
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"

@@ -342,6 +342,8 @@ def _after_all(
         stop=sup.stopping,
         base_env=sup.cfg.base_env,
         backend=backend,
+        # a container has no HOME but a private one (the host's is not mounted)
+        home=paths.slot_home("after_all") if setup.backend == "docker" else None,
     )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}

@@ -5,6 +5,9 @@ in-memory heap) claim, finish (done / failed / back to pending), wait for a retr
 crash (heartbeat gone; optionally half-way through a move: the new ``state`` saved, the rename
 not done), restart, reclaim dead owners' leases (``runs.reclaim_dead``), and, when no supervisor
 is alive, recover (``runs.recover``, as ``resume`` does); pending descriptors get corrupted.
+A person acts on the live queue (issue 17): tasks are added, pending ones cancelled at once or
+re-prioritised (the command may die half-way, leaving its hold for the next one to finish), a
+supervisor cancels a task it runs, failed and cancelled tasks are retried with a fresh budget.
 After every step: every task is in exactly one folder (corrupt/ only if it was corrupted), none
 is lost, the folder of each task is the one a model of the state machine predicts, every lease
 names a supervisor that holds it, and no temp file is left behind.
@@ -36,7 +39,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of, reclaim_name
-from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.store.queue import HELD, Claimed, DirQueue, parse_hold
 from gpuswarm.store.staging import create_layout, write_pending
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 
@@ -44,6 +47,7 @@ HOST = "chaos-fake-host"  # never this host: liveness by heartbeat only
 TTL = 60.0
 N_TASKS = 8
 N_SUPS = 3
+DEAD_PID = 2**22 + 4321  # above pid_max's default: no such process
 
 
 @dataclass
@@ -76,6 +80,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.begun: dict[str, str] = {}  # a dead supervisor saved this move, did not rename
         self.corrupted: set[str] = set()
         self.generation = 0
+        self.seq = N_TASKS
+        self.holds: dict[str, str] = {}  # task -> op of a hold whose command died
         self.sups = [Sup(i) for i in range(N_SUPS)]
         for sup in self.sups:
             self._start(sup)
@@ -100,9 +106,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _where(self) -> dict[str, list[tuple[str, str]]]:
         out: dict[str, list[tuple[str, str]]] = {}
-        for state in ("pending", "running", "done", "failed", "skipped", "corrupt"):
+        for state in ("pending", "running", "done", "failed", "skipped", "cancelled", "corrupt"):
             folder = self.paths.parallel / state
-            for name in os.listdir(folder):
+            for name in os.listdir(folder) if folder.is_dir() else []:
+                hold = parse_hold(name)
+                if hold is not None and state == "pending":
+                    assert task_of(hold[2]) in self.holds, f"a hold nobody left: {name}"
+                    out.setdefault(task_of(hold[2]), []).append(("held", hold[2]))
+                    continue
                 assert not name.startswith("."), f"temp file left behind: {state}/{name}"
                 out.setdefault(task_of(name), []).append((state, name))
         return out
@@ -278,6 +289,11 @@ class QueueMachine(RuleBasedStateMachine):
                 self.attempts[tid] += 1  # recorded lost (interrupted: does not count)
         queue = DirQueue(self.paths, durable=False)
         moved = recover(queue, self.ledger, retry_failed=retry_failed, grace=0.1)
+        pending = os.listdir(self.paths.parallel / "pending")
+        for tid, op in list(self.holds.items()):  # a resume may finish a killed command's hold
+            if not any(n.startswith(HELD) and task_of(n.rsplit("-", 1)[-1]) == tid for n in pending):
+                self.model[tid] = "cancelled" if op == "cancel" else "pending"
+                del self.holds[tid]
         assert moved["killed"] == 0 and moved["corrupt"] == 0, moved
         if retry_failed:
             for tid, state in self.model.items():
@@ -298,6 +314,98 @@ class QueueMachine(RuleBasedStateMachine):
         self.corrupted.add(task_of(path.name))
         event("corrupt a pending descriptor")
 
+    # -- a person's changes (issue 17) ---------------------------------------------------------
+    @rule(priority=st.integers(-3, 3), attempts=st.integers(1, 3))
+    def add(self, priority: int, attempts: int) -> None:
+        """``gpuswarm add``: a new task, claimable at once by every supervisor."""
+        if self.seq >= N_TASKS + 6:
+            return
+        tid = f"t{self.seq}"
+        task = {"id": tid, "name": tid, "priority": priority, "max_attempts": attempts}
+        DirQueue.add_pending(self.paths, task, self.seq)
+        self.seq += 1
+        self.max_attempts[tid] = attempts
+        self.model[tid] = "pending"
+        self.attempts[tid] = 0
+        event("add")
+
+    def _pending_task(self, k: int) -> str | None:
+        names = sorted(n for n in os.listdir(self.paths.parallel / "pending") if n[0] != ".")
+        return task_of(names[k % len(names)]) if names else None
+
+    @rule(k=st.integers(0, 15), dies=st.booleans())
+    def cancel_pending(self, k: int, dies: bool) -> None:
+        """``gpuswarm cancel`` of a pending task; ``dies``: the command is killed right after
+        its hold (the next control command finishes the cancel)."""
+        tid = self._pending_task(k)
+        if tid is None or tid in self.corrupted:
+            return
+        queue = DirQueue(self.paths, durable=False)
+        if dies:
+            with pytest.raises(Crash):
+                queue.cancel_pending(tid, "by a test", _crash)
+            pending = self.paths.parallel / "pending"
+            mine = f"-{os.getpid()}-"
+            (held,) = [n for n in os.listdir(pending) if n.startswith(HELD) and mine in n]
+            op, _, name = parse_hold(held) or ("", 0, "")
+            os.rename(pending / held, pending / f"{HELD}{op}-{DEAD_PID}-{name}")
+            self.holds[tid] = "cancel"
+            self.model[tid] = "held"
+            event("cancel pending, the command dies")
+            return
+        assert queue.cancel_pending(tid, "by a test", lambda d: None) is not None
+        self.model[tid] = "cancelled"
+        event("cancel pending")
+
+    @rule()
+    def finish_holds(self) -> None:
+        """The next control command finishes what a killed one left."""
+        if not self.holds:
+            return
+        DirQueue(self.paths, durable=False).finish_holds(lambda d: None)
+        for tid, op in self.holds.items():
+            self.model[tid] = "cancelled" if op == "cancel" else "pending"
+        self.holds.clear()
+        event("finish holds")
+
+    @rule(k=st.integers(0, 15), priority=st.integers(-5, 5))
+    def reprioritize(self, k: int, priority: int) -> None:
+        tid = self._pending_task(k)
+        if tid is None or tid in self.corrupted:
+            return
+        assert DirQueue(self.paths, durable=False).reprioritize(tid, priority, lambda d: None)
+        event("priority")
+
+    @rule(i=st.integers(0, N_SUPS - 1), k=st.integers(0, 7))
+    def cancel_running(self, i: int, k: int) -> None:
+        """The supervisor holding a task applies a cancel request: its attempt ends cancelled."""
+        sup = self._live(i)
+        claimed = self._pick_held(sup, k)
+        if sup is None or claimed is None or sup.queue is None:
+            return
+        waiting = claimed.data.pop("retry_at", None) is not None
+        if not waiting:
+            self._record(claimed, ok=False)
+        claimed.desc.mark_cancelled("cancelled by a test")
+        sup.queue.move(claimed, State.CANCELLED)
+        del sup.held[claimed.task_id]
+        self.model[claimed.task_id] = "cancelled"
+        event("cancel running")
+
+    @rule(k=st.integers(0, 15), state=st.sampled_from([State.FAILED, State.CANCELLED]))
+    def retry(self, k: int, state: State) -> None:
+        """``gpuswarm retry``: a failed or cancelled task back to pending, fresh budget."""
+        folder = self.paths.parallel / state.value
+        names = sorted(os.listdir(folder)) if folder.is_dir() else []
+        if not names:
+            return
+        name = names[k % len(names)]
+        queue = DirQueue(self.paths, durable=False)
+        with queue.control_lock():
+            assert queue.retry(state, name, lambda d: None) is not None
+        self.model[task_of(name)] = "pending"
+        event(f"retry {state.value}")
+
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
     def every_task_in_exactly_one_folder_with_its_attempts(self) -> None:
@@ -309,7 +417,7 @@ class QueueMachine(RuleBasedStateMachine):
             if state == "corrupt":
                 assert tid in self.corrupted, f"{tid} moved to corrupt/ but was never corrupted"
             assert state == self.model[tid], f"{tid}: in {state}/, the model says {self.model[tid]}"
-            if state != "corrupt" and tid not in self.corrupted:
+            if state not in ("corrupt", "held") and tid not in self.corrupted:
                 data = json.loads((self.paths.parallel / state / name).read_bytes())
                 kinds = [a.get("kind") for a in data["attempts"]]
                 assert len(kinds) == self.attempts[tid], (

@@ -445,7 +445,12 @@ def test_two_gpus_per_task_are_renumbered_and_after_all_runs_in_a_container(
             "gpus_per_task": 2,
             "backend": "docker",
             "docker": docker_block(docker_image, mount),
-            "after_all": f"readlink /proc/self/ns/mnt > {probe}/after_all.ns",
+            "after_all": (
+                f"readlink /proc/self/ns/mnt > {probe}/after_all.ns && "
+                f'touch "$HOME/written" && echo "$HOME" > {probe}/after_all.home && '
+                f"cat $GPUSWARM_SUMMARY > /dev/null && ls $GPUSWARM_RUN_DIR/.parallel | wc -l "
+                f"> {probe}/after_all.queue"
+            ),
             "tasks": [
                 {"name": n, "shell": True, "command": "env -0 > {workspace}/env.bin"}
                 for n in ("a", "b")
@@ -465,3 +470,8 @@ def test_two_gpus_per_task_are_renumbered_and_after_all_runs_in_a_container(
     assert sorted(host_ids) in (["0,1", "2,3"], ["2,3"], ["0,1"]), host_ids
     ns = (probe / "after_all.ns").read_text().strip()
     assert ns and ns != HOST_MNT_NS  # after_all ran in a container too
+    home = Path((probe / "after_all.home").read_text().strip())
+    assert home == run_dir / "homes" / "after_all" and (home / "written").is_file()  # its own
+    assert (probe / "after_all.queue").read_text().strip() == "0"  # sees the run, not its queue
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["after_all"]["ok"] is True, summary["after_all"]

@@ -100,6 +100,10 @@ class RunReader:
         """A descriptor; None when unreadable (``records.why_unreadable`` says why)."""
         return self.folders.read_desc(state, name)
 
+    def holds(self, state: State, name: str) -> bool:
+        """Whether ``name`` is still in ``state``'s folder (one stat: every move renames)."""
+        return (self.paths.state_dir(state.value) / name).exists()
+
     def descriptors(self, state: State) -> Iterator[tuple[str, Descriptor]]:
         """``(file name, descriptor)`` of each readable descriptor in ``state``, in name order."""
         return self.folders.iter_descs(state)
@@ -149,6 +153,16 @@ class RunReader:
         """The log of the newest recorded attempt (``started``: of the newest that ran)."""
         n = last_attempt(desc, started=started)
         return None if n is None else self.paths.attempt_log(task_id, n)
+
+    def attempt_numbers(self, task_id: str) -> list[int]:
+        """The numbers of the task's attempt folders on disk (``attempt-<n>/``), ascending:
+        every attempt that was launched, lost ones (their supervisor died) included."""
+        try:
+            with os.scandir(self.paths.task_dir(task_id)) as it:
+                names = [e.name for e in it if e.name.startswith("attempt-")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return sorted(int(n[8:]) for n in names if n[8:].isdigit() and n[8] != "0")
 
     # -- what runs where -----------------------------------------------------------------------
     def running(self) -> list[Running]:

@@ -35,6 +35,7 @@ def run_once(
     stop: threading.Event,
     base_env: Mapping[str, str],
     backend: Backend,
+    home: Path | None = None,
 ) -> dict[str, Any] | None:
     """Run ``command`` unless another supervisor of the run already did for the run as it is
     now (its log is newer than the last task that ended); None when skipped. Supervisors that
@@ -45,7 +46,9 @@ def run_once(
         fcntl.flock(fd, fcntl.LOCK_EX)
         if _ran_since_last_end(paths):
             return None
-        return run_after_all(paths, command, cwd=cwd, stop=stop, base_env=base_env, backend=backend)
+        return run_after_all(
+            paths, command, cwd=cwd, stop=stop, base_env=base_env, backend=backend, home=home
+        )
     finally:
         os.close(fd)
 
@@ -70,12 +73,15 @@ def run_after_all(
     stop: threading.Event,
     base_env: Mapping[str, str],
     backend: Backend,
+    home: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` as one attempt of the run's ``backend`` (a container of its own, for
     docker, that sees the run folder but its queue); return its record for summary.json
-    (``ok``, ``exit``, ``log``...). ``base_env``: the supervisor's environment."""
+    (``ok``, ``exit``, ``log``...). ``base_env``: the supervisor's environment; ``home``: a
+    private HOME of its own (a container has no other)."""
     env = {
         **base_env,
+        **(backend.prepare_slot(home, ()) if home is not None else {}),
         "GPUSWARM_RUN_DIR": str(paths.root),
         "GPUSWARM_RESULTS": str(paths.results_tsv),
         "GPUSWARM_SUMMARY": str(paths.summary_json),
@@ -88,7 +94,7 @@ def run_after_all(
         log_path=own,
         grace=10.0,
         token=f"{paths.root.name}/after_all/0",
-        binds=(paths.root,),
+        binds=(paths.root,) if home is None else (paths.root, home),
         own_env=frozenset(k for k, v in env.items() if base_env.get(k) != v),
         identity={"kind": "after_all"},
     )

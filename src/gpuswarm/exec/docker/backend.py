@@ -110,6 +110,13 @@ class DockerBackend:
         ours = same_path_binds([*spec.binds, spec.cwd])
         sources = [b.src for b in (*ours, *user_binds)]
         masks = masks_for(run_dir, sources, spec.binds) if run_dir else []
+        # a bind a mask covers (the slot's HOME under the cwd's bind) is mounted again over the
+        # mask: docker mounts the deeper path last
+        ours += [
+            Bind(b)
+            for b in spec.binds
+            if any(b == m or b.is_relative_to(m) for m in masks) and Bind(b) not in ours
+        ]
         labels = {
             "run": self.options.run_dir,
             "owner": self.options.owner,

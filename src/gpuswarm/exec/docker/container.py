@@ -272,7 +272,8 @@ class ContainerAttempt:
             self.spec, how, rc, reaped=True, stop=stop, started=started, pid=self.pid, killed=0
         )
         reason = end.reason
-        if end.kind is EndKind.EXITED and code in (126, 127) and _TINI in self._tail():
+        ended_itself = end.kind not in (EndKind.TIMEOUT, EndKind.CANCELLED)
+        if ended_itself and code in (126, 127) and _TINI in self._tail():
             kind = EndKind.NOT_FOUND if code == 127 else EndKind.NOT_EXECUTABLE
             what = "command not found" if code == 127 else "command not executable"
             return _but(end, kind, f"{what}: {self.spec.argv[0]} (in the image)")
@@ -286,10 +287,18 @@ class ContainerAttempt:
 
     def _not_started(self, state: ContainerState | None) -> AttemptEnd:
         """docker's own failure (exit 125, image or device missing, a bad mount): the task
-        never ran."""
+        never ran. Or its container is gone although it ran (someone removed it)."""
         client = self._client.wait()
-        detail = (state.error if state is not None else "") or _docker_error(self._tail())
+        tail = self._tail()
+        detail = (state.error if state is not None else "") or _docker_error(tail)
         rc = client.returncode
+        if state is None and rc != 125 and not _said_by_docker(tail):
+            why = "its container was removed while it ran (by someone else?)"
+            sig = client.signal or ("SIGKILL" if rc == 137 else None)
+            why += f" (the docker client: {client.reason})"
+            end = AttemptEnd(EndKind.SIGNALED, None, sig, why, False, client.started,
+                             time.time(), self.pid, 0)  # fmt: skip
+            return end
         kind = EndKind.SPAWN_ERROR
         low = detail.lower()
         names_it = bool(self.spec.argv) and self.spec.argv[0] in detail
@@ -322,13 +331,28 @@ def select_ready(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+_DOCKER_CHATTER = ("Usage:", "Run 'docker", "See 'docker", "Options:")
+
+
+def _said_by_docker(tail: str) -> bool:
+    """Whether the log ends with the docker CLI's own complaint (not the task's output)."""
+    return any(
+        line.startswith(("docker: ", "unknown flag", "invalid argument", *_DOCKER_CHATTER))
+        for line in tail.splitlines()
+    )
+
+
 def _docker_error(tail: str) -> str:
-    """docker's own complaint in the log (``docker: Error response from daemon: ...``)."""
-    for line in tail.splitlines():
+    """docker's own complaint in the log: its ``docker: ...`` line (``Error response from
+    daemon: ...``), else its first line that is not usage chatter (``unknown flag: --x``)."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    for line in lines:
         if line.startswith("docker: "):
             return line.removeprefix("docker: ").strip()
-    lines = [line for line in tail.splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+    for line in lines:
+        if not line.startswith(_DOCKER_CHATTER):
+            return line
+    return lines[0] if lines else ""
 
 
 def _but(end: AttemptEnd, kind: EndKind, reason: str) -> AttemptEnd:
