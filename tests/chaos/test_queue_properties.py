@@ -291,7 +291,8 @@ class QueueMachine(RuleBasedStateMachine):
         moved = recover(queue, self.ledger, retry_failed=retry_failed, grace=0.1)
         pending = os.listdir(self.paths.parallel / "pending")
         for tid, op in list(self.holds.items()):  # a resume may finish a killed command's hold
-            if not any(n.startswith(HELD) and task_of(n.rsplit("-", 1)[-1]) == tid for n in pending):
+            held = [h[2] for n in pending if (h := parse_hold(n)) is not None]
+            if not any(task_of(name) == tid for name in held):
                 self.model[tid] = "cancelled" if op == "cancel" else "pending"
                 del self.holds[tid]
         assert moved["killed"] == 0 and moved["corrupt"] == 0, moved
