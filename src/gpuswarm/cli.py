@@ -11,6 +11,7 @@ from typing import Any, ClassVar, NoReturn
 import click
 
 from gpuswarm import __version__
+from gpuswarm.cli_control import COMMANDS as CONTROL_COMMANDS
 from gpuswarm.cli_runs import (
     check,
     clean_cmd,
@@ -96,6 +97,7 @@ def cli() -> None:
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 @click.option("--backend", type=click.Choice(["local", "docker"]), help="what runs each attempt")
 @click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
@@ -116,6 +118,7 @@ def run(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    strict: bool,
     share_gpus: bool,
     backend: str | None,
     image: str | None,
@@ -127,8 +130,9 @@ def run(
     """Run the tasks of SOURCE over the GPUs.
 
     SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin.
-    Exit code: 0 when every task is done, 1 when any is failed or unfinished, 2 for bad input,
-    130 when stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
+    Exit code: 0 when every task is done (or skipped, or cancelled by hand: with --strict a
+    cancelled task is 1), 1 when any is failed or unfinished, 2 for bad input, 130 when
+    stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
     with stoppable():
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
@@ -144,7 +148,7 @@ def run(
         )
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
-    _finish(report, as_json)
+    _finish(report, as_json, strict)
 
 
 @cli.command()
@@ -169,6 +173,7 @@ def run(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def resume(
     run_dir: Path | None,
@@ -183,6 +188,7 @@ def resume(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    strict: bool,
     share_gpus: bool,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
@@ -213,7 +219,7 @@ def resume(
             output=Output(quiet=quiet, live=not plain, report=not no_report),
             share_gpus=share_gpus,
         )
-    _finish(report, as_json)
+    _finish(report, as_json, strict)
 
 
 @cli.command()
@@ -223,6 +229,7 @@ def resume(
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
+@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
 def work(
     run_dir: Path,
@@ -231,6 +238,7 @@ def work(
     plain: bool,
     no_report: bool,
     as_json: bool,
+    strict: bool,
     share_gpus: bool,
 ) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
@@ -241,10 +249,11 @@ def work(
     with stoppable():
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
-    _finish(report, as_json)
+    _finish(report, as_json, strict)
 
 
-def _finish(report: RunReport, as_json: bool) -> NoReturn:
+def _finish(report: RunReport, as_json: bool, strict: bool = False) -> NoReturn:
+    report.strict = strict  # cancelled tasks: exit 0 unless --strict
     if as_json:
         payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
         click.echo(json.dumps(payload, indent=1))
@@ -298,7 +307,7 @@ def demo(
     sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
 
 
-for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd):
+for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd, *CONTROL_COMMANDS):
     cli.add_command(_command)
 cli.add_command(logs_cmd)
 cli.add_command(clean_cmd)

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
     PreflightError,
@@ -268,7 +269,10 @@ def _supervise(
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":
-                recovered = recover(queue, ledger, retry_failed=retry_failed, backend=backend)
+                finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
+                recovered = recover(
+                    queue, ledger, retry_failed=retry_failed, backend=backend, applied_by=owner
+                )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
@@ -383,6 +387,7 @@ def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
         backend = recovery_backend(info)
         try:
+            finish_adds(queue.paths)
             return recover(queue, ledger, retry_failed=False, backend=backend)
         finally:
             backend.close()

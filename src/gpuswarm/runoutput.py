@@ -19,7 +19,7 @@ from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import open_run
-from gpuswarm.ui.terminal import PlainReporter, is_terminal
+from gpuswarm.ui.terminal import PlainReporter, is_terminal, paused_now
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,13 @@ def reporter(
     state = RunView({s.value: n for s, n in counts.items()})
     for slot in slots:
         state.slots[slot.label] = SlotRow()
-    view = LiveView(state, paths.attempt_log, title=paths.root.name, gpu_stats=gpu_sampler(slots))
+    view = LiveView(
+        state,
+        paths.attempt_log,
+        title=paths.root.name,
+        gpu_stats=gpu_sampler(slots),
+        paused=paused_now(paths),
+    )
     ledger.subscribe(view)
     return shown(view)
 

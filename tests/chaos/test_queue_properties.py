@@ -161,7 +161,7 @@ class QueueMachine(RuleBasedStateMachine):
         got = sup.queue.claim(sup.owner, slot)
         self._sync_corrupt()
         if got is None:
-            pending = os.listdir(self.paths.parallel / "pending")
+            pending = [n for n in os.listdir(self.paths.parallel / "pending") if n[0] != "."]
             assert not pending, f"claim found nothing while pending/ holds {pending}"
             return
         tid = got.task_id
@@ -306,7 +306,7 @@ class QueueMachine(RuleBasedStateMachine):
     def corrupt_pending(self, k: int, how: str) -> None:
         if len(self.corrupted) >= 2:
             return
-        names = sorted(os.listdir(self.paths.parallel / "pending"))
+        names = sorted(n for n in os.listdir(self.paths.parallel / "pending") if n[0] != ".")
         if not names:
             return
         path = self.paths.parallel / "pending" / names[k % len(names)]

@@ -38,6 +38,7 @@ POINTS: dict[str, str] = {
     "queue.claimed": "a claim's rename into running/ happened; nothing was launched yet",
     "queue.move.saved": "a move's descriptor (ctx: state) was saved in running/, not yet renamed",
     "fsutil.temp_written": "an atomic write's temp file (ctx: path, data) is written, not renamed",
+    "committer.cancel.ended": "a cancelled attempt (ctx: task) ended, its commit not yet begun",
 }
 
 Predicate = Callable[[dict[str, Any]], bool]

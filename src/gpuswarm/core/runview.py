@@ -19,8 +19,10 @@ from typing import Any
 
 from gpuswarm.core.events import (
     WAITING,
+    Control,
     Event,
     Finished,
+    Other,
     Quarantined,
     Recovered,
     Requeued,
@@ -35,7 +37,9 @@ from gpuswarm.core.models import State
 RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
+CANCELLED = State.CANCELLED.value
 CONFIG_CHANGE = "config-change"
+ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
 
 
 @dataclass
@@ -79,7 +83,9 @@ class RunView:
     note: str = ""
     quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     tasks: dict[str, TaskView] | None = None
-    added: int = 0  # tasks a config change added (the journal's count)
+    added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
+    paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
+    paused_slots: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -121,16 +127,30 @@ class RunView:
         elif isinstance(e, Recovered):
             if e.task is not None and e.state is not None:
                 self._task(e.task).state = e.state
-        elif isinstance(e, Quarantined):
-            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
-            self.quarantined[e.slot] = e.reason or ""
-        elif isinstance(e, Unquarantined):
-            if e.probe:
-                self.quarantined[e.slot] = "probe"
-            else:
-                self.quarantined.pop(e.slot, None)
+        elif isinstance(e, Quarantined | Unquarantined):
+            self._health(e)
+        elif isinstance(e, Control):
+            self._control(e)
         elif isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+        elif isinstance(e, Other) and e.name == ADDED:
+            self._added(e)
+
+    def _added(self, e: Other) -> None:
+        """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
+        count = e.extra.get("count")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            self.counts[PENDING] = self.counts.get(PENDING, 0) + count
+            self.added += count
+
+    def _health(self, e: Quarantined | Unquarantined) -> None:
+        if isinstance(e, Quarantined):
+            self.failures.append(f"slot {e.slot} quarantined: {e.reason or ''}")
+            self.quarantined[e.slot] = e.reason or ""
+        elif e.probe:
+            self.quarantined[e.slot] = "probe"
+        else:
+            self.quarantined.pop(e.slot, None)
 
     def _move(self, frm: str, to: str) -> None:
         self.counts[frm] = max(0, self.counts.get(frm, 0) - 1)
@@ -174,6 +194,8 @@ class RunView:
     def _requeued(self, e: Requeued) -> None:
         if e.reason == CONFIG_CHANGE and e.added is not None:
             self.added += e.added
+        if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
+            self._move(e.frm, PENDING)
         if e.frm == RUNNING:
             self._move(RUNNING, PENDING)
             for row in self.slots.values():
@@ -181,6 +203,29 @@ class RunView:
                     row.task = ""
         if e.task is not None:
             self._task(e.task).state = PENDING
+
+    def _control(self, e: Control) -> None:
+        """A person's request applied: a task that went somewhere (cancelled) moves there,
+        from running when the event names the slot its attempt was stopped on (a cancel of a
+        task that was not running names none), else from pending."""
+        if e.request in ("pause", "unpause"):
+            self._paused(e.request == "pause", e.slot)
+        if e.task is None or e.state is None:
+            return  # a pause, an unpause: no task moves
+        if e.state == CANCELLED:
+            self._move(RUNNING if e.slot is not None else PENDING, CANCELLED)
+            for row in self.slots.values():
+                if row.task == e.task:
+                    row.task = ""
+        self._task(e.task).state = e.state
+
+    def _paused(self, on: bool, slot: str | None) -> None:
+        if slot is None:
+            self.paused = on
+        elif on:
+            self.paused_slots.add(slot)
+        else:
+            self.paused_slots.discard(slot)
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""

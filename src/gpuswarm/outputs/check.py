@@ -22,6 +22,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.runview import RunView, TaskView
+from gpuswarm.outputs.results import shown_counts
 from gpuswarm.store.leases import attach, is_live, owner_alive
 from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
 from gpuswarm.store.names import corrupt_task_id, lease_of, task_id_of
@@ -150,7 +151,7 @@ def _task_findings(
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
         said = tasks[task].state if task in tasks else "pending"
-        begun_retry = state is State.FAILED and data.state == State.PENDING.value
+        begun_retry = state in (State.FAILED, State.CANCELLED) and data.state == State.PENDING.value
         if said != state.value and not (begun_retry and said == State.PENDING.value):
             # (a retry saved and journaled, not yet renamed: resume finishes it)
             out.append(Finding("events", f"journal says {said}, folder {state.value}", task))
@@ -265,7 +266,7 @@ def check_run(
         "run": str(paths.root),
         "live": live,
         "tasks": len(where),
-        "counts": {s: n for s, n in reader.counts().items() if n or s != State.SKIPPED.value},
+        "counts": shown_counts(reader.counts()),  # skipped, cancelled: only when some are
         "findings": [asdict(f) for f in findings],
         "consistent": not open_problems,
     }

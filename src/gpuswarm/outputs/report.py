@@ -51,6 +51,7 @@ class _Scan:
         self.bars: list[Bar] = []
         self.unfinished: list[tuple[str, Descriptor]] = []
         self.skipped: list[Row] = []
+        self.cancelled: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
         for state, _, data in reader.everything():
@@ -62,6 +63,8 @@ class _Scan:
                 self.env[str(row.values["task"])] = dict(task_env)
             if state is State.SKIPPED:
                 self.skipped.append(row)
+            elif state is State.CANCELLED:
+                self.cancelled.append(row)
             elif state is not State.DONE:
                 self.unfinished.append((state.value, data))
         known = {str(r.values["task"]) for r in self.rows}
@@ -121,8 +124,12 @@ def _header(
         "task time (all attempts)": _seconds(summary.get("busy_seconds")),
     }
     busy = f"{100 * stats['busy_fraction']:.1f}%" if stats["span_seconds"] > 0 else "n/a"
-    skipped = (summary.get("counts") or {}).get("skipped", 0)
-    apart = f"<p>skipped {esc(skipped)}: not failed, out of the pass rates</p>\n" if skipped else ""
+    counts = summary.get("counts") or {}
+    apart = "".join(
+        f"<p>{esc(what)} {esc(counts[what])}: {why}, out of the pass rates</p>\n"
+        for what, why in (("skipped", "not failed"), ("cancelled", "by hand, not failed"))
+        if counts.get(what)
+    )
     return (
         f"<h1>{esc(name)} {state}</h1>\n<p class=meta>"
         + " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in meta.items())
@@ -256,16 +263,23 @@ def _failures(scan: _Scan) -> str:
 
 
 def _skipped(scan: _Scan) -> str:
-    """Tasks that ended skipped (a declared exit code, an exclude: glob): listed apart."""
-    if not scan.skipped:
+    """Tasks that ended skipped (a declared exit code, an exclude: glob) or cancelled (by a
+    person): each listed apart."""
+    return _apart(scan, "Skipped", scan.skipped, "not failed") + _apart(
+        scan, "Cancelled", scan.cancelled, "by hand (gpuswarm cancel), not failed"
+    )
+
+
+def _apart(scan: _Scan, title: str, rows: list[Row], why: str) -> str:
+    if not rows:
         return ""
     items = "".join(
         f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
-        for r in scan.skipped[:MAX_ROWS]
+        for r in rows[:MAX_ROWS]
         if (task := r.values["task"]) is not None
     )
     return (
-        f"<h2>Skipped ({len(scan.skipped)})</h2>\n<p class=note>not failed; left out of the pass "
+        f"<h2>{title} ({len(rows)})</h2>\n<p class=note>{why}; left out of the pass "
         f"rates</p>\n<ul>{items}</ul>\n"
     )
 

@@ -150,7 +150,7 @@ def _numeric_stats(values: list[float]) -> dict[str, Any]:
 
 def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
     """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
-    total = sum(1 for r in rows if r.values["state"] != State.SKIPPED.value)  # skipped: apart
+    total = sum(1 for r in rows if r.values["state"] not in APART)  # skipped, cancelled: apart
     done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
     columns: dict[str, list[Any]] = {}
     for r in rows:
@@ -188,12 +188,17 @@ def summarize(
     failures = [
         {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
         for r in rows
-        if r.values["state"] not in (State.DONE.value, State.SKIPPED.value)
+        if r.values["state"] not in (State.DONE.value, *APART)
     ]
     skipped = [
         {"task": r.values["task"], "reason": r.values["reason"]}
         for r in rows
         if r.values["state"] == State.SKIPPED.value
+    ]
+    cancelled = [
+        {"task": r.values["task"], "reason": r.values["reason"]}
+        for r in rows
+        if r.values["state"] == State.CANCELLED.value
     ]
     busy = sum(r.busy for r in rows)
     reasons: dict[str, int] = {}
@@ -205,7 +210,9 @@ def summarize(
         "name": run_info.get("name", ""),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "total": len(rows),
-        "complete": counts[State.DONE.value] + counts[State.SKIPPED.value] == len(rows),
+        # complete: every task ended done, skipped or cancelled (a person's choice; --strict
+        # makes cancelled ones an exit code 1)
+        "complete": counts[State.DONE.value] + sum(counts[k] for k in APART) == len(rows),
         "counts": shown_counts(counts),
         "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
         "not_done": len(failures),  # the true count ("failures" lists the first 200)
@@ -213,14 +220,19 @@ def summarize(
         "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
         "failures": failures[:200],
         "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
+        "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
     }
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:
-    """Counts per state as outputs show them: ``skipped`` only when some task was skipped (runs
-    without skipped tasks read as they always did)."""
-    return {k: n for k, n in counts.items() if n or k != State.SKIPPED.value}
+    """Counts per state as outputs show them: ``skipped`` and ``cancelled`` only when some task
+    is (runs without them read as they always did)."""
+    return {k: n for k, n in counts.items() if n or k not in APART}
+
+
+#: States that ended a task without a failure and stay out of the pass-rate denominators.
+APART = (State.SKIPPED.value, State.CANCELLED.value)
 
 
 #: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
@@ -233,10 +245,11 @@ COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED = (
 
 
 def end_state(counts: dict[str, int], stopped: bool) -> str:
-    """complete (every task done or skipped), finished with failures (every task ran, some
-    failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks left)."""
+    """complete (every task done, skipped or cancelled), finished with failures (every task
+    ran, some failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks
+    left)."""
     if counts.get(State.PENDING.value, 0) + counts.get(State.RUNNING.value, 0) == 0:
-        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, "skipped"))
+        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, *APART))
         return COMPLETE if bad == 0 else WITH_FAILURES
     return STOPPED if stopped else UNFINISHED
 
@@ -265,6 +278,7 @@ class RunReport:
     summary: dict[str, Any]
     interrupted: bool
     recovered: dict[str, int] | None = None
+    strict: bool = False  # --strict: a cancelled task makes the exit code 1
 
     @property
     def exit_code(self) -> int:
@@ -273,4 +287,7 @@ class RunReport:
         after = self.summary.get("after_all")
         if isinstance(after, dict) and not after.get("ok"):
             return EXIT_UNFINISHED  # the post-processing step failed
-        return EXIT_OK if self.summary.get("complete") else EXIT_UNFINISHED
+        if not self.summary.get("complete"):
+            return EXIT_UNFINISHED
+        cancelled = (self.summary.get("counts") or {}).get(State.CANCELLED.value, 0)
+        return EXIT_UNFINISHED if self.strict and cancelled else EXIT_OK

@@ -19,6 +19,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
+from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -106,6 +107,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "eta": _eta(reader, counts["pending"], counts["running"], slots) if live else None,
         "corrupt": reader.corrupt(),
         "quarantined": _quarantined(reader, live),
+        "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
     }
 
 

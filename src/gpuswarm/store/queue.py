@@ -414,6 +414,7 @@ class DirQueue(QueueFolders):
         )
         held.unlink()
         self.push(new)
+        note_added(self.paths)  # live supervisors' heaps hold the old name: they rescan
         return new
 
     def finish_holds(self, announce_cancel: Announce) -> int:
@@ -430,7 +431,10 @@ class DirQueue(QueueFolders):
             held = pending / held_name
             try:
                 desc = Descriptor.loads(held.read_bytes())
-            except (OSError, ValueError):
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:  # set aside where check reports it
+                self.quarantine(held, f"unreadable: {exc}")
                 continue
             ended = self.paths.state_dir(State.CANCELLED.value) / name
             if op == "cancel" and not ended.exists():

@@ -4,6 +4,10 @@ The loop never waits for a disk: it hands its outcomes over once per pass, and a
 commits them in batches (one folder fsync per batch). A waiter thread commits its own attempt's
 outcome itself. A failed attempt with attempts left waits out its backoff in running/, under
 our lease; the keeper calls :meth:`Committer.release_delayed` when it is due.
+
+An attempt a person cancelled (``gpuswarm cancel``, :mod:`.controls`) ends its task
+``cancelled``: never retried, not a failure, even when a stop came too; only an attempt that was
+done for sure before the cancel took effect stays done.
 """
 
 from __future__ import annotations
@@ -14,14 +18,18 @@ import time
 from collections.abc import Callable
 
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
+from gpuswarm.store import control
+from gpuswarm.store.control import Request
 from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import LiveAttempt, Shared
+from gpuswarm.supervise.controls import move_cancelled
 
 MAX_BACKOFF_SECONDS = 600.0
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
@@ -105,6 +113,9 @@ class Committer:
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
         try:
+            if live.cancel is not None:
+                self._cancelled(live, end, record)
+                return
             if end.kind is EndKind.CANCELLED:
                 self.hand_back(live.claimed, live.task, record)
                 return
@@ -117,6 +128,25 @@ class Committer:
             self._finish(live.claimed, live.task, outcome)
         except LeaseLostError:
             run.lease_lost(live.task_id, live.attempt, "its outcome is not committed")
+
+    def _cancelled(self, live: LiveAttempt, end: AttemptEnd, record: AttemptRecord) -> None:
+        """A person cancelled this attempt: its task ends cancelled, the attempt recorded;
+        unless it was done for sure before the cancel took effect (then done stands)."""
+        run = self.run
+        reqs = live.cancel
+        assert reqs is not None
+        if end.kind is not EndKind.CANCELLED:
+            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            if _done_in_stop(live.task, end, outcome):
+                self._finish(live.claimed, live.task, outcome)
+                for req in reqs:  # applied to nothing: the task was done already
+                    control.drop(run.paths, req)
+                return
+            why = f"cancelled ({end.reason}; not done: {outcome.reason})"
+            record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
+        faults.point("committer.cancel.ended", task=live.task_id)
+        live.claimed.desc.add_attempt(record)
+        move_cancelled(run.queue, run.ledger, live.claimed, reqs, run.cfg.owner, live.slot.label)
 
     def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
         run = self.run
@@ -172,6 +202,29 @@ class Committer:
         )
 
     # -- retries waiting out their backoff ---------------------------------------------------------
+    def cancel_waiting(self, task_id: str, reqs: list[Request]) -> bool:
+        """A retry of ours waiting out its backoff (in running/, under our lease) is cancelled
+        now (keeper thread); False when ``task_id`` is no such retry."""
+        run = self.run
+        with run.lock:
+            hit = next((item for item in self._delayed if item[2].task_id == task_id), None)
+            if hit is None:
+                return False
+            self._delayed.remove(hit)
+            heapq.heapify(self._delayed)
+            self._releasing += 1  # the loop does not end before it is in cancelled/
+        claimed = hit[2]
+        try:
+            claimed.desc.take_retry_at()
+            move_cancelled(run.queue, run.ledger, claimed, reqs, run.cfg.owner, None)
+        except LeaseLostError:
+            run.lease_lost(task_id, None, "its cancel is left to the reclaimer")
+        finally:
+            with run.lock:
+                self._releasing -= 1
+        run.wakeup()
+        return True
+
     def release_delayed(self, *, everything: bool) -> None:
         """Move retries whose backoff is over (or all of them, on stop) back to pending/."""
         run = self.run

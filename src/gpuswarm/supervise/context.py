@@ -19,6 +19,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Handle
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot
+from gpuswarm.store.control import Paused, Request
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import Claimed, DirQueue
 
@@ -66,6 +67,7 @@ class LiveAttempt:
     values: dict[str, str]
     fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
+    cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
 
 
 @dataclass
@@ -83,6 +85,11 @@ class Shared:
     lock: threading.Lock = field(default_factory=threading.Lock)
     live: dict[int, LiveAttempt] = field(default_factory=dict)  # slot index -> its attempt
     errors: list[BaseException] = field(default_factory=list)
+    paused: Paused = field(default_factory=lambda: Paused(False, frozenset()))  # the keeper's
+
+    def holds(self, slot: Slot) -> bool:
+        """Whether ``slot`` is paused now (the run, or the slot: it claims nothing)."""
+        return self.paused.holds(slot.label)
 
     def fail(self, exc: BaseException) -> None:
         """A bug or a broken disk: remember it, stop the run warm, keep the queue. More errors

@@ -1,10 +1,11 @@
 """The keeper: the supervisor's periodic duties, in one thread beside the loop.
 
 Each tick it caps logs (when the backend does not), releases retries whose backoff is over,
-fences attempts whose lease a reclaimer took, and wakes the loop for quarantines whose cool-down
-may be over; less often it syncs the journal, touches the owner file (the heartbeat) and
-reclaims the tasks of dead supervisors (in a thread of its own: killing a dead owner's
-stubborn leftovers takes a grace period, and the heartbeat must not wait for it).
+fences attempts whose lease a reclaimer took, applies control requests and pause flags
+(:mod:`.controls`), and wakes the loop for quarantines whose cool-down may be over; less often
+it syncs the journal, touches the owner file (the heartbeat) and reclaims the tasks of dead
+supervisors (in a thread of its own: killing a dead owner's stubborn leftovers takes a grace
+period, and the heartbeat must not wait for it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpuswarm.exec.base import Backend
 from gpuswarm.store.leases import owner_file
 from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
+from gpuswarm.supervise.controls import Controller
 from gpuswarm.supervise.recovery import reclaim_dead
 
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
@@ -34,6 +36,7 @@ class Keeper:
         self.backend = backend
         self.committer = committer
         self.cooling = cooling  # whether some slot is quarantined (its cool-down may be over)
+        self.control = Controller(run, committer.cancel_waiting)
         self.done = threading.Event()
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
@@ -73,6 +76,7 @@ class Keeper:
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self.committer.release_delayed(everything=run.stopping.is_set())
             self._check_leases()
+            self.control.tick()
             if self.cooling():  # a cool-down may be over, or a quarantine lifted by hand
                 run.wakeup()
             if now >= next_beat:

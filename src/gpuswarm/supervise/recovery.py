@@ -4,6 +4,11 @@
 takes back the tasks of supervisors that are gone (any live supervisor calls it). Both first end
 what still runs of the dead supervisor's attempts, through the backend that ran them
 (:class:`EndsLeftovers`, the part of ``exec.base.Backend`` they need): the store knows no backend.
+
+Both apply the control requests nobody applied (:mod:`.controls`): an orphaned running task with
+a cancel request ends cancelled (its lost attempt recorded), not back in pending/; recovery also
+finishes the cancels a dead CLI left half-way, cancels pending tasks that have a request and
+drops the requests of tasks that ended; each applied cancel is journaled (``control``).
 """
 
 from __future__ import annotations
@@ -26,11 +31,19 @@ from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import create_backend
 from gpuswarm.exec.plan import STALE_SLACK_SECONDS
+from gpuswarm.store.control import Request
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import leased_by, reclaimed_from
 from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.runs import set_aside, temp_files
+from gpuswarm.supervise.controls import (
+    Cancels,
+    cancel_requests,
+    finish_holds,
+    move_cancelled,
+    settle_requests,
+)
 
 
 class EndsLeftovers(Protocol):
@@ -55,6 +68,7 @@ def recover(
     retry_failed: bool,
     grace: float = 10.0,
     backend: EndsLeftovers | None = None,
+    applied_by: str = "recovery",
 ) -> dict[str, int]:
     """Repair a run no supervisor holds: after a crash, a stop, or to retry failures.
 
@@ -64,9 +78,11 @@ def recover(
     descriptor either completes the move its supervisor had begun (done/failed), or goes back
     to pending/ with an interrupted attempt recorded, so the re-run gets a new attempt number.
     Unless ``retry_failed`` is False, failed tasks are re-queued with a fresh attempt budget.
+    Control requests are applied (see the module docstring; ``applied_by`` in their events):
+    ``cancelled`` counts the tasks that ended cancelled.
     """
     moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
-    moved["corrupt"] = 0
+    moved["corrupt"] = moved["cancelled"] = 0
     moved["temp_files"] = _remove_temp_files(queue.paths)
     killer = backend or _local_backend()
     leftovers, alive, killed = killer.end_leftovers(run_dir=str(queue.paths.root), grace=grace)
@@ -75,8 +91,13 @@ def recover(
         moved["killed"] = killed
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
     moved["judged_done"] = 0
-    for name in queue.names(State.RUNNING):
-        moved[_recover_running(queue, ledger, name, still_running)] += 1
+    with queue.control_lock():  # no `gpuswarm cancel` / `priority` half-way meanwhile
+        moved["cancelled"] += finish_holds(queue, ledger, applied_by)
+        cancels = cancel_requests(queue)
+        for name in queue.names(State.RUNNING):
+            how = _recover_running(queue, ledger, name, still_running, cancels, applied_by)
+            moved[how] += 1
+        moved["cancelled"] += settle_requests(queue, ledger, cancels, applied_by)
     for name in queue.names(State.CANCELLED):  # a `gpuswarm retry` a crash cut short
         if queue.finish_begun_retry(name, _retry_journaled(ledger, "cancelled"), State.CANCELLED):
             moved["retried"] += 1
@@ -95,13 +116,25 @@ def _remove_temp_files(paths: RunPaths) -> int:
     return len(found)
 
 
-def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: set[str]) -> str:
+def _recover_running(
+    queue: DirQueue,
+    ledger: Ledger,
+    name: str,
+    still_running: set[str],
+    cancels: Cancels,
+    applied_by: str,
+) -> str:
     try:
         claimed = queue.adopt_running(name)
     except QueueError:
         set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
         return "corrupt"
     desc = claimed.desc
+    reqs = cancels.pop(claimed.task_id, None)
+    if reqs is not None:
+        if _cancel_orphan(queue, ledger, claimed, reqs, applied_by):
+            return "cancelled"
+        cancels[claimed.task_id] = reqs  # its begun move ends it: dropped once it did
     if _requeue_waiting(queue, ledger, claimed):
         return "requeued"
     if _finish_begun_move(queue, ledger, claimed):
@@ -123,6 +156,38 @@ def _recover_running(queue: DirQueue, ledger: Ledger, name: str, still_running: 
     return "interrupted"
 
 
+def _cancel_orphan(
+    queue: DirQueue, ledger: Ledger, claimed: Claimed, reqs: list[Request], applied_by: str
+) -> bool:
+    """An orphaned running task a person cancelled: it ends cancelled, the attempt that was
+    under way recorded as lost (nothing of it runs any more: the caller ended the leftovers),
+    and the requests are dropped. A retry waiting out its backoff, or a requeue begun, is
+    cancelled as it is. False (nothing done) when its supervisor had begun a move to an end
+    (done, failed, cancelled: the cancel itself): the caller finishes it, done stands."""
+    desc = claimed.desc
+    begun = _begun_move(claimed)
+    if begun is not None and begun != State.PENDING.value:
+        return False
+    lease = Lease.parse(claimed.path.name)
+    slot: str | None = None  # not running as the journal tells it: waiting, or requeued
+    if begun is None and desc.take_retry_at() is None:  # an attempt was under way
+        owner = lease.owner if lease else "?"
+        label = slot_label(queue.paths, lease.owner, lease.slot) if lease else ""
+        if lease is None or lease.reclaimer:
+            label = ""
+        desc.add_attempt(
+            AttemptRecord.lost(
+                n=desc.next_attempt,
+                slot=label,
+                interrupted=True,
+                reason=f"its supervisor died ({owner}); cancelled",
+            )
+        )
+        slot = label or "?"
+    move_cancelled(queue, ledger, claimed, reqs, applied_by, slot)
+    return True
+
+
 def _requeued(ledger: Ledger, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
     return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
@@ -142,11 +207,8 @@ def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> boo
     reclaimer renamed it, the name :func:`reclaim_name` encodes. A later claim of the same task
     has another name, so an old marker is never mistaken for a begun move.
     """
-    desc = claimed.desc
-    target, begun, now = desc.state, desc.moved_from, claimed.path.name
-    if begun is None or target not in STATE_VALUES or Lease.parse(now) is None:
-        return False
-    if begun != now and not reclaimed_from(now, begun):
+    target = _begun_move(claimed)
+    if target is None:
         return False
     if target == State.PENDING.value:
         announce = _requeued(ledger, claimed, "retry", "running")
@@ -157,6 +219,18 @@ def _finish_begun_move(queue: DirQueue, ledger: Ledger, claimed: Claimed) -> boo
 
 
 STATE_VALUES = tuple(s.value for s in State if s is not State.RUNNING)
+
+
+def _begun_move(claimed: Claimed) -> str | None:
+    """The state a move this claim began was going to (its descriptor saved, not renamed),
+    or None when no move of this claim was begun."""
+    desc = claimed.desc
+    target, begun, now = desc.state, desc.moved_from, claimed.path.name
+    if begun is None or target not in STATE_VALUES or Lease.parse(now) is None:
+        return None
+    if begun != now and not reclaimed_from(now, begun):
+        return None
+    return target
 
 
 def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
@@ -262,7 +336,9 @@ def reclaim_dead(
     Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
     ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
     supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
+    A reclaimed task with a cancel request ends cancelled instead (journaled, applied by ``me``).
     """
+    cancels = cancel_requests(queue)
     verdicts: dict[str, bool] = {}
     still_running: set[str] = set()  # tasks whose attempt was alive: killed, never judged done
     count = 0
@@ -279,7 +355,9 @@ def reclaim_dead(
                 if leftovers:
                     still_running |= alive
                     ledger.emit(Ev.KILLED, pids=leftovers, reason=f"attempts of dead {owner}")
-        if not verdicts[owner] and _reclaim_one(queue, ledger, name, owner, me, still_running):
+        if not verdicts[owner] and _reclaim_one(
+            queue, ledger, name, owner, me, still_running, cancels
+        ):
             count += 1
     _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
     return count
@@ -297,7 +375,13 @@ def _remove_dead_writes(paths: RunPaths, dead: list[str]) -> None:
 
 
 def _reclaim_one(
-    queue: DirQueue, ledger: Ledger, name: str, owner: str, me: str, still_running: set[str]
+    queue: DirQueue,
+    ledger: Ledger,
+    name: str,
+    owner: str,
+    me: str,
+    still_running: set[str],
+    cancels: Cancels,
 ) -> bool:
     mine = queue.take_lease(name, me)
     if mine is None:
@@ -308,6 +392,9 @@ def _reclaim_one(
         set_aside(queue, ledger, queue.running_path(mine), "unreadable running")
         return False
     desc = claimed.desc
+    reqs = cancels.get(claimed.task_id)
+    if reqs is not None and _cancel_orphan(queue, ledger, claimed, reqs, me):
+        return False  # ended: nothing came back to pending/
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True
     judge = on_this_host(owner) and claimed.task_id not in still_running

@@ -15,11 +15,21 @@ retries (:mod:`.committer`), the periodic duties (:mod:`.keeper`), quarantines (
 The first stop request (Ctrl-C / SIGTERM) is a warm shutdown: no more claims, running attempts are
 stopped (SIGTERM, grace, SIGKILL) and handed back to pending/ as interrupted, not as failed
 attempts. The second is cold: everything is SIGKILLed at once, then handed back the same way.
+
+Control (:mod:`.controls`, applied by the keeper): a cancelled attempt goes to a waiter like a
+stopped one and its task ends ``cancelled``; a paused slot (``gpuswarm pause [--slot S]``) claims
+nothing while its running attempt goes on. A supervisor with nothing running whose slots are all
+paused while pending/ still holds tasks does not end as if the run were done: it waits, without
+polling, until a pause is lifted (the keeper wakes it) or it is stopped (Ctrl-C). A person who
+paused a run expects to unpause it, not to find its supervisor gone and resume it; ``gpuswarm
+stop`` or Ctrl-C ends it as usual. A pause of slots it does not have is not its business: with
+no pending task left it ends as it always did.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue as threadq
 import select
@@ -30,7 +40,7 @@ from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.models import State
+from gpuswarm.core.models import EndKind, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, BackendOptions, create_backend
 from gpuswarm.exec.plan import skipped, slot_base_env
@@ -96,6 +106,7 @@ class Supervisor:
     def run(self) -> None:
         """Run every slot until the queue is drained or a stop is requested."""
         self.backend.open()
+        self.keeper.control.refresh_pause()  # a paused run claims nothing from the start
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
         loop = threading.Thread(target=self._loop_main, name="slots", daemon=True)
@@ -206,10 +217,14 @@ class Supervisor:
         got = False
         while free and not self.stopping.is_set():
             slot = free[0]
+            if self.shared.holds(slot):  # paused: the next free slot that is not
+                slot = next((s for s in free if not self.shared.holds(s)), slot)
+                if self.shared.holds(slot):
+                    return got
             claimed = self.queue.claim(self.cfg.owner, slot.index)
             if claimed is None:
                 return got
-            free.popleft()
+            free.remove(slot)
             got = True
             self._busy_at = time.monotonic()
             self._start(slot, claimed, free)
@@ -228,7 +243,16 @@ class Supervisor:
             return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die
         if time.monotonic() - self._busy_at < self.cfg.linger:
             return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
+        if self._paused_with_work():
+            return True, None  # the keeper wakes us when the pause changes
         return False, None
+
+    def _paused_with_work(self) -> bool:
+        """Some of our slots are paused and pending/ still holds tasks (they would claim)."""
+        paused = self.shared.paused
+        if not paused.run and not any(self.shared.holds(s) for s in self.cfg.slots):
+            return False
+        return self.queue.counts()[State.PENDING] > 0
 
     def _timeout(self, poll: float | None) -> float | None:
         """The poll interval, or sooner when a running attempt's timeout expires."""
@@ -252,6 +276,9 @@ class Supervisor:
                 self._exited(self._by_fd[fd])
         now = time.monotonic()
         for live in list(self._by_fd.values()):
+            if live.cancel is not None:
+                self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
+                continue
             deadline = live.handle.deadline
             if deadline is not None and deadline <= now:
                 self._to_waiter(live)  # its timeout: TERM, grace, KILL take time
@@ -381,6 +408,8 @@ class Supervisor:
         else:
             self.committer.add(live, end)
         neutral = skipped(live.task, end)
+        if live.cancel is not None and not end.ok:  # a person's cancel: never the device's
+            end = dataclasses.replace(end, kind=EndKind.CANCELLED)  # (what the breaker sees)
         return live.slot, end, None, slow, live.task_id, neutral
 
     def _slot_env(self, slot: Slot) -> dict[str, str]:

@@ -25,9 +25,32 @@ def _console() -> Console:
 def _counts(counts: dict[str, int]) -> str:
     order = ("done", "failed", "running", "pending")
     text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
-    if counts.get("skipped"):
-        text += f"  skipped {counts['skipped']}"
+    for apart in ("skipped", "cancelled"):
+        if counts.get(apart):
+            text += f"  {apart} {counts[apart]}"
     return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
+
+
+def paused_text(paused: dict[str, Any]) -> str:
+    """``paused: the run`` / ``paused: slots a, b`` ("" when nothing is paused)."""
+    if paused.get("run"):
+        return "paused: the run"
+    slots = paused.get("slots") or []
+    return inert("paused: slots " + ", ".join(str(s) for s in slots)) if slots else ""
+
+
+def _running_table(running: list[dict[str, Any]]) -> Table:
+    table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
+    for r in running:
+        table.add_row(
+            str(r["slot"]),
+            str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
+            inert(r["task"]),
+            str(r["attempt"]),
+            clock(r["elapsed"]),
+            clock(r["timeout"]),
+        )
+    return table
 
 
 def print_status(data: dict[str, Any]) -> None:
@@ -39,21 +62,13 @@ def print_status(data: dict[str, Any]) -> None:
     con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
     if data.get("hint"):
         con.print(f"[{color}]{escape(data['hint'])}[/]")
+    if paused := paused_text(data.get("paused") or {}):
+        con.print(f"[yellow]{escape(paused)}[/] (no new starts; gpuswarm unpause RUN)")
     eta = data.get("eta") or {}
     if eta.get("eta_seconds") is not None:
         con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
     if data["running"]:
-        table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
-        for r in data["running"]:
-            table.add_row(
-                str(r["slot"]),
-                str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
-                inert(r["task"]),
-                str(r["attempt"]),
-                clock(r["elapsed"]),
-                clock(r["timeout"]),
-            )
-        con.print(table)
+        con.print(_running_table(data["running"]))
     shown, failed = len(data["failures"]), data["counts"].get("failed", 0)
     if failed > shown:
         con.print(f"latest {shown} of {failed} failures:")
@@ -85,12 +100,16 @@ def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
     if not rows:
         print(f"no runs under {workspace}")
         return
-    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'left':>7}  run")
+    print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'cancel':>7}{'left':>7}  run")
     for r in rows:
         c = r["counts"]
         state = r.get("state") or ("live" if r["live"] else "unfinished")
         left = c["pending"] + c["running"]
-        print(f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{left:>7}  {r['run']}")
+        cancelled = c.get("cancelled", 0)
+        print(
+            f"{state:<23}{r['total']:>7}{c['done']:>7}{c['failed']:>7}{cancelled:>7}{left:>7}"
+            f"  {r['run']}"
+        )
 
 
 def print_report(report: RunReport) -> None:

@@ -56,8 +56,10 @@ class LiveView:
         title: str = "",
         header: Callable[[], str] | None = None,
         gpu_stats: Callable[[], dict[str, str]] | None = None,
+        paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
     ) -> None:
         self.state = state
+        self.paused = paused  # (run, slots) paused now; None: as the journal says
         self.log_of = log_of
         self.title = title
         self.header = header
@@ -75,12 +77,18 @@ class LiveView:
             eta = self.state.eta(now)
             note = self.state.note
             quarantined = dict(self.state.quarantined)
+            run_paused, slots_paused = self.state.paused, frozenset(self.state.paused_slots)
+        if self.paused is not None:
+            run_paused, slots_paused = self.paused()
         total = max(1, sum(counts.values()))
-        finished = counts.get("done", 0) + counts.get("failed", 0)
+        ended = ("done", "failed", "skipped", "cancelled")
+        finished = sum(counts.get(k, 0) for k in ended)
+        apart = "".join(f"  {k} {counts[k]}" for k in ended[2:] if counts.get(k))
         head = Text.from_markup(
             f"[bold]{escape(self.title)}[/]  done {counts.get('done', 0)}  failed "
             f"{counts.get('failed', 0)}  running {counts.get('running', 0)}  pending "
-            f"{counts.get('pending', 0)}  ETA {clock(eta)}"
+            f"{counts.get('pending', 0)}{apart}  ETA {clock(eta)}"
+            + ("  [yellow]PAUSED (no new starts)[/]" if run_paused else "")
         )
         parts: list[RenderableType] = [head]
         if self.header is not None:
@@ -91,7 +99,7 @@ class LiveView:
             f"{finished}/{sum(counts.values())}",
         )
         parts.append(bar)
-        parts.append(self._table(rows, now, quarantined))
+        parts.append(self._table(rows, now, quarantined, slots_paused))
         for line in failures:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
         if note:
@@ -99,7 +107,11 @@ class LiveView:
         return Group(*parts)
 
     def _table(
-        self, rows: Sequence[tuple[str, SlotRow]], now: float, quarantined: dict[str, str]
+        self,
+        rows: Sequence[tuple[str, SlotRow]],
+        now: float,
+        quarantined: dict[str, str],
+        paused: frozenset[str] = frozenset(),
     ) -> Table:
         stats = self.gpu_stats() if self.gpu_stats else {}
         table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
@@ -112,6 +124,8 @@ class LiveView:
             shown_label = label if why is None else f"{label} [red](QUARANTINED)[/]"
             if why == "probe":
                 shown_label = f"{label} [yellow](probe)[/]"
+            if label in paused:
+                shown_label += " [yellow](paused)[/]"
             if why is not None and why != "probe" and not row.task:
                 cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:80]]
             elif row.task:

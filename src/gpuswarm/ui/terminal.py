@@ -12,10 +12,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from gpuswarm.core.events import (
+    Control,
     Corrupt,
     Event,
     Finished,
@@ -27,14 +28,32 @@ from gpuswarm.core.events import (
     decode,
 )
 from gpuswarm.core.models import State
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert
 from gpuswarm.core.runview import RunView
+from gpuswarm.store import control
 
 
 def is_terminal(stream: Any) -> bool:
     """Whether ``stream`` is a terminal that can show the live table."""
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
+
+
+def paused_now(paths: RunPaths, every: float = 0.5) -> Callable[[], tuple[bool, frozenset[str]]]:
+    """What is paused now (the run, the slots), read from the run's pause flags at most every
+    ``every`` seconds (one listdir): a pause another process set shows without a journal line."""
+    last: list[Any] = [0.0, (False, frozenset())]
+
+    def read() -> tuple[bool, frozenset[str]]:
+        now = time.monotonic()
+        if now - last[0] >= every:
+            flags = control.paused(paths)
+            last[0], last[1] = now, (flags.run, flags.slots)
+        found: tuple[bool, frozenset[str]] = last[1]
+        return found
+
+    return read
 
 
 WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
@@ -98,6 +117,10 @@ class PlainReporter:
             return f"{stamp} {'':<8} {what}"
         if isinstance(e, Corrupt):
             return f"{stamp} {'':<8} corrupt descriptor moved aside: {e.file}"
+        if isinstance(e, Control):
+            what = e.task or (f"slot {e.slot}" if e.slot else "the run")
+            to = f" -> {e.state}" if e.state else ""
+            return f"{stamp} {e.slot or '':<8} {e.request} {what}{to} (by {e.by or '?'})"
         return None
 
     def _finished(self, stamp: str, e: Finished) -> str:
@@ -107,6 +130,8 @@ class PlainReporter:
             return f"{stamp} {e.slot:<8} done   {e.task} {secs} {self._progress()}"
         if e.state == "skipped":
             return f"{stamp} {e.slot:<8} skip   {e.task} {why} {self._progress()}"
+        if e.state == "cancelled":
+            return f"{stamp} {e.slot:<8} cancel {e.task} {why} {self._progress()}"
         if e.retry:
             wait = f", again in {e.retry_in:g}s" if e.retry_in else ""
             used = e.used if e.used is not None else e.attempt  # a resume grants a fresh budget

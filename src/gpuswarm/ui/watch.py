@@ -18,7 +18,7 @@ from gpuswarm.store.ledger import EventTail
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 from gpuswarm.ui.table import LiveView, shown
-from gpuswarm.ui.terminal import PlainReporter, is_terminal
+from gpuswarm.ui.terminal import PlainReporter, is_terminal, paused_now
 
 POLL_SECONDS = 0.25
 LIVE_CHECK_SECONDS = 1.0
@@ -50,7 +50,7 @@ def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = Fa
     follower = Follower(paths)
     reader, state = follower.reader, follower.view
     listener = (
-        LiveView(state, paths.attempt_log, title=paths.root.name)
+        LiveView(state, paths.attempt_log, title=paths.root.name, paused=paused_now(paths))
         if is_terminal(stream) and not plain
         else None
     )

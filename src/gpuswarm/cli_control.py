@@ -1,0 +1,180 @@
+"""``gpuswarm add | cancel | retry | pause | unpause | priority``: a person's changes to a run,
+live or stopped (the work is :mod:`gpuswarm.control_ops`'s). Registered by ``cli.py``.
+
+Exit codes: 0 done (a task that had ended already is a note, nothing to do), 1 ``cancel --wait``
+timed out, 2 bad input (an unknown or ambiguous task, a request that does not apply to the
+task's state, a task that does not fit the run).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuswarm.cli_support import stoppable
+from gpuswarm.config.models import TaskOptions
+from gpuswarm.control_ops import (
+    add_tasks,
+    cancel_tasks,
+    load_source,
+    retry_tasks,
+    set_paused,
+    set_priority,
+)
+
+_RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
+_JSON = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+
+
+def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+        return
+    for line in lines:
+        click.echo(line)
+    if data.get("hint"):
+        click.echo(f"gpuswarm: {data['hint']}", err=True)
+
+
+@click.command()
+@_RUN
+@click.argument("source")
+@click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
+@click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
+@click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
+@click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")
+@_JSON
+def add(
+    run_dir: Path,
+    source: str,
+    shell: bool,
+    timeout: str | None,
+    max_attempts: int | None,
+    priority: int | None,
+    as_json: bool,
+) -> None:
+    """Append the tasks of SOURCE to RUN, live or stopped.
+
+    SOURCE is a YAML config (only its tasks: are used), a command list, or '-' for stdin.
+    Ids that the run has already get a suffix (-2, -3, ...); live supervisors see the new tasks
+    at their next claim, in priority order.
+    """
+    with stoppable():
+        defaults = TaskOptions.from_cli(
+            timeout=timeout, max_attempts=max_attempts, priority=priority
+        )
+        loaded = load_source(source, shell=shell, defaults=defaults)
+        data = add_tasks(run_dir, loaded)
+    lines = [f"added {data['added']} task(s) to {data['run']}"]
+    if data["renamed_count"]:
+        shown = ", ".join(f"{a} -> {b}" for a, b in list(data["renamed"].items())[:5])
+        lines.append(f"renamed {data['renamed_count']} id(s) the run had: {shown}")
+    _emit(data, as_json, lines)
+
+
+@click.command()
+@_RUN
+@click.argument("tasks", nargs=-1, required=True)
+@click.option("--reason", default="cancelled by hand", show_default=True, help="recorded")
+@click.option("--wait", is_flag=True, help="block until running tasks have stopped")
+@click.option(
+    "--timeout", "wait_timeout", default=30.0, show_default=True, help="--wait: seconds at most"
+)
+@_JSON
+def cancel(
+    run_dir: Path,
+    tasks: tuple[str, ...],
+    reason: str,
+    wait: bool,
+    wait_timeout: float,
+    as_json: bool,
+) -> None:
+    """Cancel TASKS (ids or unambiguous name prefixes) of RUN.
+
+    A pending task ends cancelled at once; a running one is stopped by its supervisor within
+    about a second (--wait blocks until then). A task that has ended already is left as it is
+    (exit 0). Cancelled tasks are never retried and count as no failure.
+    """
+    with stoppable():
+        data = cancel_tasks(run_dir, tasks, reason=reason, wait=wait_timeout if wait else None)
+    lines = []
+    for row in data["tasks"]:
+        note = f" ({row['note']})" if row["note"] else ""
+        lines.append(f"{row['task']}: {row['was']} -> {row['now']}{note}")
+    _emit(data, as_json, lines)
+    if data["timed_out"]:
+        click.echo(f"gpuswarm: still running after {wait_timeout:g}s", err=True)
+        sys.exit(1)
+
+
+@click.command()
+@_RUN
+@click.argument("tasks", nargs=-1)
+@click.option("--failed", is_flag=True, help="every failed task")
+@click.option("--cancelled", is_flag=True, help="every cancelled task")
+@_JSON
+def retry(
+    run_dir: Path, tasks: tuple[str, ...], failed: bool, cancelled: bool, as_json: bool
+) -> None:
+    """Put failed or cancelled TASKS of RUN back in the queue with a fresh attempt budget
+    (their earlier attempts are kept). Nothing is started: a run no supervisor serves is
+    finished with 'gpuswarm resume RUN'."""
+    if not (tasks or failed or cancelled):
+        click.echo("gpuswarm: error: give TASKS, --failed or --cancelled", err=True)
+        sys.exit(2)
+    with stoppable():
+        data = retry_tasks(run_dir, tasks, failed=failed, cancelled=cancelled)
+    lines = [f"{r['task']}: {r['was']} -> {r['now']}" for r in data["tasks"]]
+    if not data["tasks"]:
+        lines.append("nothing to retry")
+    _emit(data, as_json, lines)
+
+
+def _pause_lines(data: dict[str, Any], verb: str) -> list[str]:
+    what = f"slot {data['slot']}" if data["slot"] else "the run"
+    if not data["changed"]:
+        return [f"{what} was {'already' if verb == 'paused' else 'not'} paused"]
+    return [f"{verb} {what}" + ("" if verb != "paused" else ": running tasks go on")]
+
+
+@click.command()
+@_RUN
+@click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_JSON
+def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
+    """No new task starts on RUN (or on one slot); running tasks go on."""
+    with stoppable():
+        data = set_paused(run_dir, slot, paused=True)
+    _emit(data, as_json, _pause_lines(data, "paused"))
+
+
+@click.command()
+@_RUN
+@click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_JSON
+def unpause(run_dir: Path, slot: str | None, as_json: bool) -> None:
+    """Lift a pause of RUN (or of one slot)."""
+    with stoppable():
+        data = set_paused(run_dir, slot, paused=False)
+    _emit(data, as_json, _pause_lines(data, "unpaused"))
+
+
+@click.command()
+@_RUN
+@click.argument("task")
+@click.argument("priority", type=int, metavar="N")
+@_JSON
+def priority(run_dir: Path, task: str, priority: int, as_json: bool) -> None:
+    """Give pending TASK of RUN priority N (higher starts first; -4999..4999).
+
+    It applies to pending tasks only: a running task is exit 2."""
+    with stoppable():
+        data = set_priority(run_dir, task, priority)
+    _emit(data, as_json, [f"{data['task']}: priority {data['was']} -> {data['priority']}"])
+
+
+COMMANDS = (add, cancel, retry, pause, unpause, priority)

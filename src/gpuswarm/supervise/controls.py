@@ -1,0 +1,240 @@
+"""Control requests, the supervisor's side: cancels and pauses a person asked for, applied.
+
+``gpuswarm cancel`` of a running task and ``gpuswarm pause`` write durable records in the run
+folder (:mod:`gpuswarm.store.control`); every live supervisor's keeper reads them on its tick (at
+most a second apart) through :class:`Controller`:
+
+- a cancel of a task this supervisor runs stops the attempt (TERM, grace, KILL of its tree, by
+  the waiter); when that attempt's end is committed (:mod:`.committer`) the task moves to
+  ``cancelled/``, the attempt recorded, never retried, neutral for the circuit breaker, with a
+  ``control`` event journaled before the rename; then the request is dropped. An attempt that
+  was done (exit 0, its completion file) before the cancel took effect stays done (the request
+  is dropped, no event). A retry of ours waiting out its backoff is cancelled at once. A request
+  whose task is pending (requeued meanwhile) is applied to it here (``DirQueue.cancel_pending``);
+  one whose task has ended is dropped (stale); one whose task another supervisor holds is left to
+  it (or, when that supervisor is dead, to the reclaim, :mod:`.recovery`);
+- a pause (of the run, or of one of this supervisor's slots) is kept in ``Shared.paused``: the
+  loop claims nothing for a paused slot, running attempts go on; the first time this supervisor
+  sees a pause or unpause it journals ``control`` and wakes the loop.
+
+A request nobody applies (its supervisor died) is applied by recovery: resume, the reclaim of a
+dead owner, ``check --repair`` (:func:`cancel_orphan`, :func:`settle_requests`). A crash at any
+point applies a request at most once: it is dropped only after its task's move is durable, and a
+request whose task has ended is dropped without doing anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+from gpuswarm.core.events import Ev
+from gpuswarm.core.models import Descriptor, Lease, State
+from gpuswarm.store import control
+from gpuswarm.store.control import Request
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.supervise.context import Shared
+
+CANCEL = "cancel"
+ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
+#: ticks a request's task may be found in no folder (a rename seen half-way, a priority change's
+#: hold, corrupt/) before the request is dropped as stale
+MAX_MISSES = 3
+
+Cancels = dict[str, list[Request]]  # task id -> its cancel requests (usually one)
+
+
+def cancel_requests(queue: DirQueue) -> Cancels:
+    """The recorded cancel requests, by task."""
+    out: Cancels = {}
+    for req in control.requests(queue.paths):
+        if req.kind == CANCEL:
+            out.setdefault(req.task, []).append(req)
+    return out
+
+
+def reason_of(req: Request) -> str:
+    """The cancelled task's reason: who cancelled it (and why, when they said)."""
+    return f"cancelled by {req.by}" + (f": {req.reason}" if req.reason else "")
+
+
+def journal_cancel(
+    ledger: Ledger, req: Request, applied_by: str, slot: str | None = None
+) -> Callable[[], object]:
+    """The ``control`` event of an applied cancel (``slot``: where its attempt ran; None: the
+    task was not running, as a reader of the journal counts it)."""
+    return lambda: ledger.emit(
+        Ev.CONTROL,
+        request=CANCEL,
+        task=req.task,
+        slot=slot,
+        by=req.by,
+        applied_by=applied_by,
+        state=State.CANCELLED.value,
+    )
+
+
+def drop_all(queue: DirQueue, reqs: Iterable[Request]) -> None:
+    for req in reqs:
+        control.drop(queue.paths, req)
+
+
+def move_cancelled(
+    queue: DirQueue,
+    ledger: Ledger,
+    claimed: Claimed,
+    reqs: list[Request],
+    applied_by: str,
+    slot: str | None,
+) -> None:
+    """A claimed task (its attempt, if any, already recorded) ends cancelled: saved, journaled,
+    renamed into cancelled/ (LeaseLostError: nothing written); then its requests are dropped."""
+    claimed.desc.mark_cancelled(reason_of(reqs[0]))
+    queue.paths.state_dir(State.CANCELLED.value).mkdir(exist_ok=True)  # a run made before it
+    queue.move(claimed, State.CANCELLED, journal_cancel(ledger, reqs[0], applied_by, slot))
+    drop_all(queue, reqs)
+
+
+def cancel_pending(queue: DirQueue, ledger: Ledger, reqs: list[Request], applied_by: str) -> bool:
+    """Cancel the requests' task if it is pending (then drop them); False when it is not."""
+    req = reqs[0]
+    announce = journal_cancel(ledger, req, applied_by)
+    if queue.cancel_pending(req.task, reason_of(req), lambda _desc: announce()) is None:
+        return False
+    drop_all(queue, reqs)
+    return True
+
+
+def locate(queue: DirQueue, tasks: set[str]) -> dict[str, tuple[State, str]]:
+    """Where each of ``tasks`` is now, by file name: (state, file name). Running first (the
+    common case: one small folder), then pending, then the ended folders, only as long as some
+    task is still unfound."""
+    found: dict[str, tuple[State, str]] = {}
+    for state in (State.RUNNING, State.PENDING, *ENDED):
+        if len(found) == len(tasks):
+            break
+        for name in queue.names(state):
+            tid = task_id_of(name)
+            if tid in tasks and tid not in found:
+                found[tid] = (state, name)
+    return found
+
+
+def settle_requests(queue: DirQueue, ledger: Ledger, cancels: Cancels, applied_by: str) -> int:
+    """Recovery, once running/ was dealt with (no supervisor is live): cancel the pending tasks
+    that have requests; drop every other request (its task ended, or is gone). Returns how many
+    tasks were cancelled."""
+    if not cancels:
+        return 0
+    where = locate(queue, set(cancels))
+    count = 0
+    for task, reqs in cancels.items():
+        state = where.get(task, (None, ""))[0]
+        if state is State.PENDING and cancel_pending(queue, ledger, reqs, applied_by):
+            count += 1
+        elif state is not State.RUNNING:  # running: an unreadable one, set aside later
+            drop_all(queue, reqs)
+    return count
+
+
+def finish_holds(queue: DirQueue, ledger: Ledger, applied_by: str) -> int:
+    """Cancels and priority changes a dead CLI left half-way (``pending/.held-*``): a cancel is
+    finished (journaled, in cancelled/), a priority change undone. Returns the cancels."""
+    cancelled = 0
+
+    def announce(desc: Descriptor) -> None:
+        nonlocal cancelled
+        cancelled += 1
+        ledger.emit(
+            Ev.CONTROL,
+            request=CANCEL,
+            task=desc.raw.get("id"),
+            applied_by=applied_by,
+            state=State.CANCELLED.value,
+        )
+
+    queue.finish_holds(announce)
+    return cancelled
+
+
+class Controller:
+    """The keeper's control duty: one ``listdir`` of the control folder per tick for requests,
+    one for the pause flags (the folder is usually empty or absent)."""
+
+    def __init__(self, run: Shared, cancel_waiting: Callable[[str, list[Request]], bool]) -> None:
+        self.run = run
+        self.cancel_waiting = cancel_waiting  # the committer's: a retry of ours in its backoff
+        self._misses: dict[str, int] = {}  # request file name -> ticks its task was not found
+
+    def tick(self) -> None:
+        self.refresh_pause()
+        self.apply_requests()
+
+    # -- pause ---------------------------------------------------------------------------------
+    def refresh_pause(self) -> None:
+        """Read the pause flags; on a change journal it (what concerns this supervisor: the run
+        or one of its slots) and let the loop look again."""
+        run = self.run
+        now = control.paused(run.paths)
+        old = run.paused
+        if now == old:
+            return
+        run.paused = now
+        mine = {slot.label for slot in run.cfg.slots}
+        changes: list[tuple[str, str | None]] = []
+        if now.run != old.run:
+            changes.append(("pause" if now.run else "unpause", None))
+        changes += [("pause", s) for s in sorted((now.slots - old.slots) & mine)]
+        changes += [("unpause", s) for s in sorted((old.slots - now.slots) & mine)]
+        for request, slot in changes:
+            run.ledger.emit(Ev.CONTROL, request=request, slot=slot, applied_by=run.cfg.owner)
+        run.more_work()
+
+    # -- cancel --------------------------------------------------------------------------------
+    def apply_requests(self) -> None:
+        run = self.run
+        cancels = cancel_requests(run.queue)
+        if not cancels:
+            self._misses.clear()
+            return
+        left: Cancels = {}
+        for task, reqs in cancels.items():
+            live = next((a for a in list(run.live.values()) if a.task_id == task), None)
+            if live is not None:
+                if live.cancel is None and not live.fenced:
+                    live.cancel = reqs  # the committer commits its end as cancelled
+                    live.handle.cancel()
+                    run.wakeup()  # the loop hands it to a waiter: TERM, grace, KILL
+            elif not self.cancel_waiting(task, reqs):
+                left[task] = reqs
+        if left:
+            self._elsewhere(left)
+        names = {r.name for reqs in cancels.values() for r in reqs}
+        self._misses = {n: c for n, c in self._misses.items() if n in names}
+
+    def _elsewhere(self, cancels: Cancels) -> None:
+        """Requests whose task is no attempt of ours: pending (cancel it), ended (drop them),
+        running under a lease (leave them: ours between a claim and its launch, or between an
+        attempt's end and its commit; another supervisor's, which applies them)."""
+        run = self.run
+        where = locate(run.queue, set(cancels))
+        for task, reqs in cancels.items():
+            state, name = where.get(task, (None, ""))
+            if state is State.RUNNING:
+                lease = Lease.parse(name)
+                if lease is None:  # not a claim of anyone's: nothing will apply it
+                    drop_all(run.queue, reqs)
+            elif state is State.PENDING:
+                cancel_pending(run.queue, run.ledger, reqs, run.cfg.owner)  # False: claimed
+            elif state is not None:
+                drop_all(run.queue, reqs)  # ended already: stale
+            else:
+                self._missed(reqs)
+
+    def _missed(self, reqs: list[Request]) -> None:
+        for req in reqs:
+            self._misses[req.name] = misses = self._misses.get(req.name, 0) + 1
+            if misses >= MAX_MISSES and os.path.lexists(self.run.paths.control / req.name):
+                control.drop(self.run.paths, req)
