@@ -82,6 +82,7 @@ class Config:
     research_long: int = 100  # async alone, the seed's overnight session: the busy target
     research_slots: int = 4
     research_scale: float = 1.0  # multiplies the 5-15 s train and 1-3 s proposer times
+    docker_tasks: int = 40  # attempts of each docker-backend run (and bare docker runs)
 
     @classmethod
     def make(cls, quick: bool, work: Path) -> Config:
@@ -100,6 +101,7 @@ class Config:
             research_experiments=8,
             research_long=16,
             research_scale=0.1,
+            docker_tasks=15,
         )
 
 

@@ -5,9 +5,10 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's table
 
-Benchmarks: throughput, scale, idle_gap, cpu, research (see each module's docstring for what is
-measured and how). Prints one table and writes ``<out>/latest.json`` and ``<out>/latest.md``
-(the markdown BENCHMARKS.md embeds). Peers that are not installed are reported as skipped.
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker (see each module's docstring for
+what is measured and how). Prints one table and writes ``<out>/latest.json`` and
+``<out>/latest.md`` (the markdown BENCHMARKS.md embeds). Peers that are not installed are
+reported as skipped, and so is docker where no engine answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import cpu
+import docker_overhead
 import latency
 import report
 import research_util
@@ -39,6 +41,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "idle_gap": latency.run,
     "cpu": cpu.run,
     "research": research_util.run,
+    "docker": docker_overhead.run,
 }
 
 
