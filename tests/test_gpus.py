@@ -245,9 +245,9 @@ def test_amd_smi_json_with_warning_line() -> None:
     run = FakeRun({AMD_SMI_JSON: AMD_SMI_JSON_OUT})
     found = discover(nvml=no_nvml(), run=run, environ={})
     assert found.vendor is Vendor.AMD
-    assert found.gpus == (
-        Gpu(0, "AMD GPU", Vendor.AMD, "77ff74a1-0000-1000-80cb-bba8bc7d8e4e"),
-        Gpu(1, "AMD GPU", Vendor.AMD, "01ff74a1-0000-1000-8031-0e1c5a6f2b09"),
+    assert found.gpus == (  # with its PCI address: the docker backend finds its render node by it
+        Gpu(0, "AMD GPU", Vendor.AMD, "77ff74a1-0000-1000-80cb-bba8bc7d8e4e", pci="0000:0c:00.0"),
+        Gpu(1, "AMD GPU", Vendor.AMD, "01ff74a1-0000-1000-8031-0e1c5a6f2b09", pci="0000:22:00.0"),
     )
     assert run.calls == [list(NVIDIA_SMI), list(AMD_SMI_JSON)]
 

@@ -28,7 +28,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuswarm.core.errors import GpuSpecError
@@ -55,7 +55,8 @@ class Slot:
     vendor: Vendor
     share: int = 0  # 0..tasks_per_gpu-1: which of the slots sharing these GPUs this is
     ident: str = ""  # the slot id registered in the run (unique there): see slot_id()
-    devices: tuple[Gpu, ...] = ()  # what discovery knows of gpu_ids (uuid, PCI address), in order
+    # what discovery knows of gpu_ids (uuid, PCI address), in order; not part of its identity
+    devices: tuple[Gpu, ...] = field(default=(), compare=False)
 
     def devices_of(self, gpu_ids: Sequence[int]) -> tuple[Gpu, ...]:
         """The records of ``gpu_ids`` (a bare record where discovery gave none)."""
