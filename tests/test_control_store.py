@@ -105,3 +105,18 @@ def test_pause_flags(tmp_path: Path) -> None:
     assert control.unpause(paths) and not control.unpause(paths)
     now = control.paused(paths)
     assert not now.holds("h-gpu0") and now.holds("h-gpu1")
+
+
+def test_a_cache_reads_each_request_file_once(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    create_layout(paths)
+    first = control.put(paths, "cancel", "t1")
+    cache: dict[str, control.Request | None] = {}
+    assert [r.task for r in control.requests(paths, cache)] == ["t1"]
+    (paths.control / first.name).write_text("{not json")  # never rewritten in practice
+    assert [r.task for r in control.requests(paths, cache)] == ["t1"]  # not read again
+    control.put(paths, "cancel", "t2")
+    assert [r.task for r in control.requests(paths, cache)] == ["t1", "t2"]
+    (paths.control / first.name).unlink()
+    assert [r.task for r in control.requests(paths, cache)] == ["t2"]
+    assert set(cache) == {n for n in os.listdir(paths.control) if n.endswith(".json")}

@@ -69,17 +69,32 @@ def put(paths: RunPaths, kind: str, task: str, reason: str = "") -> Request:
     return req
 
 
-def requests(paths: RunPaths) -> list[Request]:
-    """The recorded requests, oldest first (unreadable or foreign files are skipped)."""
+def requests(paths: RunPaths, cache: dict[str, Request | None] | None = None) -> list[Request]:
+    """The recorded requests, oldest first (unreadable or foreign files are skipped).
+
+    ``cache``: the caller's memory of files read before (name -> request, None: unusable). A
+    request file is written once under a fresh name and never changed, so a supervisor that
+    asks every tick reads each file once: a tick then costs one ``listdir``."""
     try:
         names = sorted(n for n in os.listdir(paths.control) if n.endswith(".json"))
     except FileNotFoundError:
+        if cache is not None:
+            cache.clear()
         return []
+    names = names[:MAX_REQUESTS]
     out = []
-    for name in names[:MAX_REQUESTS]:
-        req = _read(paths.control / name)
+    for name in names:
+        if cache is not None and name in cache:
+            req = cache[name]
+        else:
+            req = _read(paths.control / name)
+            if cache is not None:
+                cache[name] = req
         if req is not None:
             out.append(req)
+    if cache is not None and len(cache) > len(names):
+        for gone in set(cache) - set(names):  # dropped by someone: forget them
+            del cache[gone]
     return out
 
 

@@ -45,10 +45,10 @@ MAX_MISSES = 3
 Cancels = dict[str, list[Request]]  # task id -> its cancel requests (usually one)
 
 
-def cancel_requests(queue: DirQueue) -> Cancels:
-    """The recorded cancel requests, by task."""
+def cancel_requests(queue: DirQueue, cache: dict[str, Request | None] | None = None) -> Cancels:
+    """The recorded cancel requests, by task (``cache``: see :func:`control.requests`)."""
     out: Cancels = {}
-    for req in control.requests(queue.paths):
+    for req in control.requests(queue.paths, cache):
         if req.kind == CANCEL:
             out.setdefault(req.task, []).append(req)
     return out
@@ -172,6 +172,7 @@ class Controller:
         self.run = run
         self.cancel_waiting = cancel_waiting  # the committer's: a retry of ours in its backoff
         self._misses: dict[str, int] = {}  # request file name -> ticks its task was not found
+        self._read: dict[str, Request | None] = {}  # request files read (each is read once)
 
     def tick(self) -> None:
         self.refresh_pause()
@@ -200,7 +201,7 @@ class Controller:
     # -- cancel --------------------------------------------------------------------------------
     def apply_requests(self) -> None:
         run = self.run
-        cancels = cancel_requests(run.queue)
+        cancels = cancel_requests(run.queue, self._read)
         if not cancels:
             self._misses.clear()
             return
