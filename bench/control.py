@@ -58,8 +58,6 @@ from common import (
 BENCH = "6 queue control"
 CANCEL_TARGET = 1.5  # s, median of 20
 ADD_TARGET = 2.0  # s, 10,000 tasks
-ADD_TASKS = 10_000
-REQUESTS = 1_000
 
 
 # -- a live run in the background -------------------------------------------------------------
@@ -153,7 +151,7 @@ def run(cfg: Config) -> list[Row]:
 
 
 def _cancel(cfg: Config) -> list[Row]:
-    times = 5 if cfg.quick else 20
+    times = cfg.control_cancels
     lines = [f"sleep 1000.{k}" for k in range(1, 2 * times + 6)]
     live = LiveRun(cfg.work / "control" / "cancel", lines, 2)
     try:
@@ -272,7 +270,7 @@ def _add(cfg: Config) -> list[Row]:
     from gpuswarm.config.models import TaskOptions
     from gpuswarm.control_ops import add_tasks, load_source
 
-    n = ADD_TASKS
+    n = cfg.control_add
     repeats = 1 if cfg.quick else 3
     work = cfg.work / "control" / "add"
     work.mkdir(parents=True, exist_ok=True)
@@ -333,14 +331,14 @@ def _add(cfg: Config) -> list[Row]:
 
 # -- (c) claims with control files present -----------------------------------------------------
 def _claims(cfg: Config) -> list[Row]:
-    n = cfg.throughput_tasks
+    n, k = cfg.throughput_tasks, cfg.control_requests
     repeats = 1 if cfg.quick else cfg.repeats
     work = cfg.work / "control" / "claims"
     rates: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     tick: list[float] = []
     for i in range(repeats):
         for with_files in (False, True):
-            got = _two_supervisors(work / f"{i}-{int(with_files)}", n, with_files)
+            got = _two_supervisors(work / f"{i}-{int(with_files)}", n, k if with_files else 0)
             rates[with_files].append(got["rate"])
             tick += got["tick"]
     rows = []
@@ -351,7 +349,7 @@ def _claims(cfg: Config) -> list[Row]:
     rows.append(
         Row(
             BENCH,
-            f"{size}: in-run tasks/s, {REQUESTS:,} control requests + a pause flag vs none "
+            f"{size}: in-run tasks/s, {k:,} control requests + a pause flag vs none "
             f"(median of {repeats})",
             "gpuswarm",
             loaded,
@@ -363,7 +361,7 @@ def _claims(cfg: Config) -> list[Row]:
             note=f"wall (launch of `gpuswarm work` to its last finish) "
             f"{median([w for _, w in rates[True]]):.2f} vs "
             f"{median([w for _, w in rates[False]]):.2f} s; the keeper reads the "
-            f"{REQUESTS:,} files once a tick: {median(tick) * 1e3:.1f} ms (median of 20)",
+            f"{k:,} files once a tick: {median(tick) * 1e3:.1f} ms (median of 20)",
             extra={"with": rates[True], "without": rates[False], "tick_s": tick},
         )
     )
@@ -371,15 +369,15 @@ def _claims(cfg: Config) -> list[Row]:
     return rows
 
 
-def _with_control_files(paths: Any, task: str, slot: str) -> None:
+def _with_control_files(paths: Any, task: str, slot: str, count: int) -> None:
     from gpuswarm.store import control
 
-    for _ in range(REQUESTS):
+    for _ in range(count):
         control.put(paths, "cancel", task, "bench")
     control.pause(paths, slot)
 
 
-def _two_supervisors(work: Path, n: int, with_files: bool) -> dict[str, Any]:
+def _two_supervisors(work: Path, n: int, requests: int) -> dict[str, Any]:
     """B holds one sleeping task and is stopped; A runs ``n`` added tasks ``true``."""
     from gpuswarm.config.models import TaskOptions
     from gpuswarm.control_ops import add_tasks, load_source
@@ -394,8 +392,9 @@ def _two_supervisors(work: Path, n: int, with_files: bool) -> dict[str, Any]:
         b.proc.send_signal(signal.SIGSTOP)
         paths, _ = open_run(b.run_dir)
         b_slots = registered_slot_ids(paths)
+        with_files = requests > 0
         if with_files:
-            _with_control_files(paths, held, b_slots[0])
+            _with_control_files(paths, held, b_slots[0], requests)
         cmds = work / "more.txt"
         cmds.write_text("true\n" * n)
         add_tasks(b.run_dir, load_source(str(cmds), shell=False, defaults=TaskOptions()))
@@ -408,8 +407,8 @@ def _two_supervisors(work: Path, n: int, with_files: bool) -> dict[str, Any]:
         )
         starts, ends = _follow(follower, a, n)
         left = len(control.requests(paths))
-        if with_files and left != REQUESTS:
-            raise RuntimeError(f"{left} of {REQUESTS} control requests left: they were applied")
+        if left != requests:
+            raise RuntimeError(f"{left} of {requests} control requests left: some were applied")
         a_slots = set(registered_slot_ids(paths)) - set(b_slots)
         if with_files and (b_slots[0] in a_slots or not a_slots):
             raise RuntimeError(f"the paused slot {b_slots[0]} is one of A's: {sorted(a_slots)}")
@@ -464,15 +463,15 @@ def _claim_cost(cfg: Config, work: Path) -> Row:
 
     from gpuswarm.store import control
 
-    k = cfg.scale_small
+    k, r = cfg.scale_small, cfg.control_requests
     metric = (
-        f"one claim (`DirQueue.claim`), {k:,} pending, with {REQUESTS:,} control requests + a "
+        f"one claim (`DirQueue.claim`), {k:,} pending, with {r:,} control requests + a "
         f"pause flag vs none (median of {cfg.claims}), us"
     )
     try:
         plain, _, _ = api_run(k, work / "plain")
         loaded, _, _ = api_run(k, work / "files")
-        for _ in range(REQUESTS):
+        for _ in range(r):
             control.put(loaded, "cancel", "cmd-00001", "bench")
         control.pause(loaded, "elsewhere-gpu0")
         _, cost_plain = claim_cost(plain, cfg.claims)
