@@ -85,6 +85,7 @@ class Config:
     control_cancels: int = 20  # cancels of a running task (and as many with --wait)
     control_add: int = 10_000  # tasks one `gpuswarm add` appends to a live run
     control_requests: int = 1_000  # control request files present while a supervisor claims
+    control_repeats: int = 5  # runs of each case (with / without control files), alternating
 
     @classmethod
     def make(cls, quick: bool, work: Path) -> Config:
@@ -104,6 +105,7 @@ class Config:
             research_long=16,
             research_scale=0.1,
             control_cancels=5,
+            control_repeats=1,
         )
 
 

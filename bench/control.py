@@ -1,8 +1,9 @@
 """6. Queue control (issue 17): cancel and add on a live run; claims beside control files.
 
 (a) cancel latency: ``gpuswarm run -q --no-report --gpus sim:2`` over 45 tasks ``sleep 1000.K``
-    runs in the background. 20 times (5 with --quick): once both slots run a task, one of them
-    is cancelled with ``gpuswarm cancel RUN TASK`` (the real CLI, in a subprocess); the clock
+    runs in the background. 20 times (5 with --quick): once both slots run a task, and after a
+    random delay of 0-1 s (the keeper's tick is once a second: a person cancels at any point of
+    it), one of them is cancelled with ``gpuswarm cancel RUN TASK`` (the real CLI); the clock
     starts just before that command is launched and stops when the task's descriptor is in
     ``cancelled/`` and its ``sleep`` process is gone (polled every 10 ms). The journal's
     ``control`` event (the supervisor applying the request) and the CLI's own exit are timed
@@ -21,7 +22,8 @@
     ``.parallel/control/``, or with 1,000 cancel requests of B's task (``store.control.put``,
     the CLI's path) and a pause flag for B's slot: A's keeper reads all of them on every tick
     and leaves them (the task is B's). A's in-run rate (first ``started`` to last ``finished``
-    event) is compared: the target is the same rate (ratio ~1.0). Beside it, in-process: one
+    event), median of 5 runs of each case (1 with --quick), alternating, is compared: the target
+    is the same rate (ratio ~1.0). Beside it, in-process: one
     claim (``DirQueue.claim``, median of 500 after the first) on a fresh 1,000-task run with 0
     vs 1,000 request files and a pause flag, and the keeper's read of those files per tick
     (``store.control.requests`` + ``store.control.paused``, median of 20).
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import time
@@ -154,18 +157,26 @@ def _cancel(cfg: Config) -> list[Row]:
     times = cfg.control_cancels
     lines = [f"sleep 1000.{k}" for k in range(1, 2 * times + 6)]
     live = LiveRun(cfg.work / "control" / "cancel", lines, 2)
+    rng = random.Random(17)
     try:
-        plain = [_cancel_once(live, wait=False) for _ in range(times)]
-        waited = [_cancel_once(live, wait=True) for _ in range(times)]
+        plain = [_cancel_once(live, rng.uniform(0, 1), wait=False) for _ in range(times)]
+        waited = [_cancel_once(live, rng.uniform(0, 1), wait=True) for _ in range(times)]
     finally:
         live.stop()
     return _cancel_rows(plain, waited, times)
 
 
-def _cancel_once(live: LiveRun, *, wait: bool) -> dict[str, float]:
-    """Cancel one running task; seconds from the command's launch to: its exit, the journal's
-    ``control`` event, the task in cancelled/ with its process gone."""
+def _cancel_once(live: LiveRun, phase: float, *, wait: bool) -> dict[str, float]:
+    """Cancel one running task, ``phase`` seconds after both slots run one; seconds from the
+    command's launch to: its exit, the journal's ``control`` event, the task in cancelled/ with
+    its process gone.
+
+    The supervisor applies requests on its keeper's tick, once a second, and the previous cancel
+    was applied on a tick, after which the next task started at once: without the random delay,
+    every command would be launched at the same point of the tick's cycle (measuring one phase,
+    not what a person cancelling at any moment sees)."""
     tasks = live.wait_running(2)
+    time.sleep(phase)
     task = tasks[0]
     line = int(task.rsplit("-", 1)[1])
     sleeps = sleeps_of(live.proc.pid)
@@ -332,12 +343,12 @@ def _add(cfg: Config) -> list[Row]:
 # -- (c) claims with control files present -----------------------------------------------------
 def _claims(cfg: Config) -> list[Row]:
     n, k = cfg.throughput_tasks, cfg.control_requests
-    repeats = 1 if cfg.quick else cfg.repeats
+    repeats = cfg.control_repeats
     work = cfg.work / "control" / "claims"
     rates: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     tick: list[float] = []
     for i in range(repeats):
-        for with_files in (False, True):
+        for with_files in (False, True) if i % 2 == 0 else (True, False):
             got = _two_supervisors(work / f"{i}-{int(with_files)}", n, k if with_files else 0)
             rates[with_files].append(got["rate"])
             tick += got["tick"]
