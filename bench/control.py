@@ -63,6 +63,9 @@ CANCEL_TARGET = 1.5  # s, median of 20
 ADD_TARGET = 2.0  # s, 10,000 tasks
 
 
+Times = list[dict[str, float]]
+
+
 # -- a live run in the background -------------------------------------------------------------
 class LiveRun:
     """``gpuswarm run -q --no-report --gpus sim:N`` over ``lines``, in the background."""
@@ -159,8 +162,11 @@ def _cancel(cfg: Config) -> list[Row]:
     live = LiveRun(cfg.work / "control" / "cancel", lines, 2)
     rng = random.Random(17)
     try:
-        plain = [_cancel_once(live, rng.uniform(0, 1), wait=False) for _ in range(times)]
-        waited = [_cancel_once(live, rng.uniform(0, 1), wait=True) for _ in range(times)]
+        plain: Times = []
+        waited: Times = []
+        for _ in range(times):  # interleaved: a change of the machine's load hits both alike
+            plain.append(_cancel_once(live, rng.uniform(0, 1), wait=False))
+            waited.append(_cancel_once(live, rng.uniform(0, 1), wait=True))
     finally:
         live.stop()
     return _cancel_rows(plain, waited, times)
@@ -230,9 +236,6 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return median(values), percentile(values, 90)
 
 
-Times = list[dict[str, float]]
-
-
 def _cancel_rows(plain: Times, waited: Times, n: int) -> list[Row]:
     med, p90 = _stats([r["done"] for r in plain])
     cli_med, cli_p90 = _stats([r["cli"] for r in plain])
@@ -277,6 +280,22 @@ def _busy_run(work: Path) -> LiveRun:
     return live
 
 
+def create_floor(folder: Path, n: int) -> float:
+    """Seconds to create ``n`` files of 200 bytes in a fresh folder (``O_CREAT | O_EXCL``, no
+    fsync), as an add creates its descriptors: the disk's share of an add. On this VM's ext4
+    without a journal it is 20-30 us a file on a quiet disk and up to ~0.7 ms right after mass
+    deletions (see BENCHMARKS.md, "The disk of this machine")."""
+    folder.mkdir(parents=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    body = b"x" * 200
+    t0 = time.perf_counter()
+    for i in range(n):
+        fd = os.open(folder / f"f{i}.json", flags, 0o644)
+        os.write(fd, body)
+        os.close(fd)
+    return time.perf_counter() - t0
+
+
 def _add(cfg: Config) -> list[Row]:
     from gpuswarm.config.models import TaskOptions
     from gpuswarm.control_ops import add_tasks, load_source
@@ -288,6 +307,7 @@ def _add(cfg: Config) -> list[Row]:
     cmds = work / "add.txt"
     cmds.write_text("".join(f"true {k}\n" for k in range(n)))
     floor = median([timed([*GPUSWARM, "--version"]) for _ in range(3)])
+    creates = create_floor(work / "floor", n)
     walls: list[float] = []
     for i in range(repeats):
         live = _busy_run(work / f"cli-{i}")
@@ -324,9 +344,10 @@ def _add(cfg: Config) -> list[Row]:
             "s",
             f"< {ADD_TARGET:g} s",
             wall < ADD_TARGET,
-            note=f"start-up floor (`python -m gpuswarm --version`) {floor:.2f} s; "
-            f"walls {', '.join(f'{w:.2f}' for w in walls)}",
-            extra={"walls": walls, "floor_s": floor},
+            note=f"start-up floor (`python -m gpuswarm --version`) {floor:.2f} s; creating "
+            f"{n:,} small files alone on this disk now {creates:.2f} s; walls "
+            f"{', '.join(f'{w:.2f}' for w in walls)}",
+            extra={"walls": walls, "floor_s": floor, "create_floor_s": creates},
         ),
         Row(
             BENCH,
