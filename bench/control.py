@@ -7,12 +7,14 @@
     starts just before that command is launched and stops when the task's descriptor is in
     ``cancelled/`` and its ``sleep`` process is gone (polled every 10 ms). The journal's
     ``control`` event (the supervisor applying the request) and the CLI's own exit are timed
-    from the same start. Then the same again with ``gpuswarm cancel RUN TASK --wait``, whose
-    target is its own wall time (it returns once the task has left running/). Median and p90.
+    from the same start. Interleaved with those, 20 more with ``gpuswarm cancel RUN TASK
+    --wait``, whose target is its own wall time (it returns once the task has left running/).
+    Median and p90.
 (b) add to a live run: ``gpuswarm run`` on ``sim:2`` busy with 2 tasks ``sleep 1000`` (2 more
     pending); ``gpuswarm add RUN cmds.txt`` of 10,000 command lines (``true K``), wall of the CLI
     (median of 3 with fresh live runs: each add is 10k more descriptors). Beside it: the CLI's
-    start-up floor (``python -m gpuswarm --version``, median of 3), and the in-process time of
+    start-up floor (``python -m gpuswarm --version``, median of 3), the disk's floor (creating
+    10,000 small files alone, :func:`create_floor`), and the in-process time of
     ``control_ops.add_tasks`` on another live run (the list already loaded; loading and
     validating it, ``control_ops.load_source``, on its own).
 (c) claims with control files: a run whose first supervisor B (``sim:1``) holds one task
