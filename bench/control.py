@@ -1,4 +1,4 @@
-"""6. Queue control (issue 17): cancel and add on a live run; claims beside control files.
+"""7. Queue control (issue 17): cancel and add on a live run; claims beside control files.
 
 (a) cancel latency: ``gpuswarm run -q --no-report --gpus sim:2`` over 45 tasks ``sleep 1000.K``
     runs in the background. 20 times (5 with --quick): once both slots run a task, and after a
@@ -60,7 +60,7 @@ from common import (
     wait_for,
 )
 
-BENCH = "6 queue control"
+BENCH = "7 queue control"
 CANCEL_TARGET = 1.5  # s, median of 20
 ADD_TARGET = 2.0  # s, 10,000 tasks
 

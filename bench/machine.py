@@ -74,6 +74,24 @@ def _commit() -> str:
     return head + (" + uncommitted changes in src/" if dirty else "")
 
 
+def _docker() -> str:
+    """The docker engine's version (client and server), or why there is none."""
+    if shutil.which("docker") is None:
+        return "not installed"
+    fmt = "Docker Engine {{.Server.Version}} (client {{.Client.Version}})"
+    try:
+        out = subprocess.run(
+            ["docker", "version", "--format", fmt],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "CLI only: no engine answers"
+
+
 def describe(work: Path) -> dict[str, str]:
     mem = psutil.virtual_memory().total / 2**30
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -90,5 +108,6 @@ def describe(work: Path) -> dict[str, str]:
         "xargs": _first_line(["xargs", "--version"]),
         "simple_gpu_scheduler": _version("simple_gpu_scheduler"),
         "Ray": _version("ray"),
+        "docker": _docker(),
         "load average at start (1, 5, 15 min)": load,
     }

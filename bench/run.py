@@ -5,11 +5,12 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, control (see each module's docstring
-for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control (see each module's
+docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
 ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
 section, "Queue control", the others in "Results"; a run updates only the sections of what it
-ran). Peers that are not installed are reported as skipped.
+ran). Peers that are not installed are reported as skipped, and so is docker where no engine
+answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
 """
 
@@ -28,6 +29,7 @@ from typing import Any
 
 import control
 import cpu
+import docker_overhead
 import latency
 import report
 import research_util
@@ -42,6 +44,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "idle_gap": latency.run,
     "cpu": cpu.run,
     "research": research_util.run,
+    "docker": docker_overhead.run,
     "control": control.run,
 }
 

@@ -67,7 +67,7 @@ __all__ = [
     "withdraw",
 ]
 
-_ENDED = (TaskState.DONE, TaskState.FAILED)
+_ENDED = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
 
 
 # -- creating and opening runs -----------------------------------------------------------------
@@ -192,7 +192,7 @@ def task_states(run: RunPaths) -> dict[str, TaskRef]:
 
 
 def finished_ids(run: RunPaths) -> set[str]:
-    """The ids of the tasks that ended (done or failed)."""
+    """The ids of the tasks that ended (done, failed or cancelled)."""
     folders = QueueFolders(run)
     return {task_id_of(name) for state in _ENDED for name in folders.names(state)}
 

@@ -263,7 +263,8 @@ def _supervise(
     cfg = setup.supervisor_config(owner)
     recovered = None
     backend = create_backend(cfg.backend, setup.backend_options(paths, owner, cfg.max_log_bytes))
-    backend.check()  # before anything is claimed: the daemon answers, the image is there
+    if mode != "run":  # a new run checked it before it was created (check_backend_ready)
+        backend.check()  # before anything is claimed: the daemon answers, the image is there
     with attach(paths, exclusive_start=mode == "resume") as hold:
         ledger = Ledger(paths.events)
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))

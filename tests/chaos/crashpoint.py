@@ -13,7 +13,9 @@ time it reaches POINT:
 - ``state-written:STATE[#N]``: inside ``DirQueue.move``, after the descriptor with its new
   ``state`` was written in running/, before the rename that moves it there;
 - ``temp-left:STATE[#N]``: inside that write, with its temp file written and not yet renamed
-  over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``).
+  over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``);
+- ``cancel-ended[#N]``: an attempt a control request cancelled has ended (its processes are
+  gone), before its commit began (nothing of it saved or journaled).
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
 Each point arms a named fault point of ``gpuswarm.core.faults`` (the code calls
@@ -52,6 +54,8 @@ def install(point: str) -> None:
         faults.arm(f"queue.claimed:kill{count}")
     elif kind == "state-written":
         faults.arm(f"queue.move.saved?state={rest}:kill{count}")
+    elif kind == "cancel-ended" and not rest:
+        faults.arm(f"committer.cancel.ended:kill{count}")
     elif kind == "temp-left":
         faults.arm(f"fsutil.temp_written:kill{count}", when=_in_running_with_state(rest))
     else:

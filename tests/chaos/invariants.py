@@ -4,21 +4,24 @@
 about itself, and raises ``AssertionError`` listing every violation:
 
 1. no task is lost: every task id of the run sits in exactly one state folder (pending, running,
-   done, failed), or in ``corrupt/`` only when the scenario corrupted it; no unknown id appears;
+   done, failed, skipped, cancelled), or in ``corrupt/`` only when the scenario corrupted it; no
+   unknown id appears;
 2. every task ends done exactly once, or failed with a reason: a done descriptor's last attempt
    exited 0 and it is the only attempt that did; exactly one ``done`` transition in the journal;
    a failed descriptor has a non-empty ``reason``; nothing is left in ``running/`` at the end;
 3. side effects (optional): each task's command appends its ``GPUSWARM_ATTEMPT`` to
    ``<shared>/<task id>`` as its last action. Every attempt number appears at most once (no
    attempt completes twice); a done task's successful attempt appears exactly once; any other
-   number must be an attempt that was cut off by a dead supervisor or a stop (``lost``/
-   ``interrupted``) whose process ran to completion anyway: the at-least-once re-execution a
-   crash allows, reported as ``reexecuted``, never as a duplicate completion;
+   number must be an attempt that was cut off by a dead supervisor, a stop or a cancel
+   (``lost``/``interrupted``/``cancelled``) whose process ran to completion anyway: the
+   at-least-once re-execution a crash allows, reported as ``reexecuted``, never as a duplicate
+   completion;
 4. no process of the run survives it: no live process whose environment has
    ``GPUSWARM_RUN_DIR`` == the run dir (waiting up to ``settle`` seconds);
 5. events agree with folders: the last state-changing event of each task names its folder
    (``started`` -> running, ``finished``/``recovered`` -> their ``state``, ``waiting`` ->
-   running, ``requeued`` -> pending, ``corrupt`` -> corrupt; no event -> pending) and, for every
+   running, ``requeued`` -> pending, ``corrupt`` -> corrupt, ``control`` with a task -> its
+   ``state``; no event -> pending) and, for every
    task not in ``running/``, each recorded attempt has one ``started`` event, except that an
    attempt recorded as ``lost`` may have none: its supervisor may have died between the claim
    and that line (the bounds ``gpuswarm check`` applies too; such attempts are counted in
@@ -49,7 +52,7 @@ from typing import Any
 
 import psutil
 
-STATES = ("pending", "running", "done", "failed")
+STATES = ("pending", "running", "done", "failed", "skipped", "cancelled")
 
 
 def task_id_of(file_name: str) -> str:
@@ -114,6 +117,8 @@ def event_state(e: dict[str, Any]) -> str | None:
         return "running" if state == "waiting" else state
     if ev == "corrupt":
         return "corrupt"
+    if ev == "control" and e.get("task") and e.get("state"):
+        return str(e["state"])  # a person's cancel applied: cancelled
     return None
 
 
@@ -131,6 +136,8 @@ def folders(run_dir: Path) -> tuple[dict[str, list[tuple[str, str]]], list[str]]
     temps: list[str] = []
     par = run_dir / ".parallel"
     for state in (*STATES, "corrupt"):
+        if not (par / state).is_dir():
+            continue  # skipped/, cancelled/ of a gpuswarm that has none
         for name in sorted(os.listdir(par / state)):
             if name.startswith("."):
                 temps.append(f"{state}/{name}")
@@ -191,7 +198,9 @@ def _ok(attempt: dict[str, Any]) -> bool:
 
 
 def _cut_off(attempt: dict[str, Any]) -> bool:
-    return bool(attempt.get("interrupted")) or attempt.get("kind") == "lost"
+    """Cut off by a dead supervisor, a stop or a person's cancel (it may have run on to its
+    end meanwhile: a cancelled attempt may exit 0 in its grace period)."""
+    return bool(attempt.get("interrupted")) or attempt.get("kind") in ("lost", "cancelled")
 
 
 @dataclass

@@ -71,6 +71,8 @@ def _crash_reason(cfg: ExperimentConfig, last: api.Attempt, metric: Any, text: s
         return "OOM"
     if last.kind == "timeout":
         return f"timeout after {cfg.timeout:g}s"
+    if last.state is api.TaskState.CANCELLED:  # `gpuswarm cancel` of the run's task
+        return str(last.reason or "cancelled")
     if last.state is api.TaskState.FAILED:
         reason = str(last.reason or "failed")
         line = failing_line(text)

@@ -25,7 +25,6 @@ request whose task has ended is dropped without doing anything.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 
 from gpuswarm.core.events import Ev
@@ -65,8 +64,8 @@ def journal_cancel(
 ) -> Callable[[], object]:
     """The ``control`` event of an applied cancel (``slot``: where its attempt ran; None: the
     task was not running, as a reader of the journal counts it)."""
-    return lambda: ledger.emit(
-        Ev.CONTROL,
+    return lambda: emit_control(
+        ledger,
         request=CANCEL,
         task=req.task,
         slot=slot,
@@ -74,6 +73,12 @@ def journal_cancel(
         applied_by=applied_by,
         state=State.CANCELLED.value,
     )
+
+
+def emit_control(ledger: Ledger, **fields: str | None) -> None:
+    """Journal a ``control`` event; fields that are None are left out (a journal's ``slot``
+    is always a string)."""
+    ledger.emit(Ev.CONTROL, **{k: v for k, v in fields.items() if v is not None})
 
 
 def drop_all(queue: DirQueue, reqs: Iterable[Request]) -> None:
@@ -147,10 +152,10 @@ def finish_holds(queue: DirQueue, ledger: Ledger, applied_by: str) -> int:
     def announce(desc: Descriptor) -> None:
         nonlocal cancelled
         cancelled += 1
-        ledger.emit(
-            Ev.CONTROL,
+        emit_control(
+            ledger,
             request=CANCEL,
-            task=desc.raw.get("id"),
+            task=str(desc.raw.get("id")),
             applied_by=applied_by,
             state=State.CANCELLED.value,
         )
@@ -189,7 +194,7 @@ class Controller:
         changes += [("pause", s) for s in sorted((now.slots - old.slots) & mine)]
         changes += [("unpause", s) for s in sorted((old.slots - now.slots) & mine)]
         for request, slot in changes:
-            run.ledger.emit(Ev.CONTROL, request=request, slot=slot, applied_by=run.cfg.owner)
+            emit_control(run.ledger, request=request, slot=slot, applied_by=run.cfg.owner)
         run.more_work()
 
     # -- cancel --------------------------------------------------------------------------------
@@ -236,5 +241,5 @@ class Controller:
     def _missed(self, reqs: list[Request]) -> None:
         for req in reqs:
             self._misses[req.name] = misses = self._misses.get(req.name, 0) + 1
-            if misses >= MAX_MISSES and os.path.lexists(self.run.paths.control / req.name):
+            if misses >= MAX_MISSES:
                 control.drop(self.run.paths, req)

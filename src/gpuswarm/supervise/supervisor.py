@@ -18,12 +18,14 @@ attempts. The second is cold: everything is SIGKILLed at once, then handed back 
 
 Control (:mod:`.controls`, applied by the keeper): a cancelled attempt goes to a waiter like a
 stopped one and its task ends ``cancelled``; a paused slot (``gpuswarm pause [--slot S]``) claims
-nothing while its running attempt goes on. A supervisor with nothing running whose slots are all
-paused while pending/ still holds tasks does not end as if the run were done: it waits, without
-polling, until a pause is lifted (the keeper wakes it) or it is stopped (Ctrl-C). A person who
-paused a run expects to unpause it, not to find its supervisor gone and resume it; ``gpuswarm
-stop`` or Ctrl-C ends it as usual. A pause of slots it does not have is not its business: with
-no pending task left it ends as it always did.
+nothing while its running attempt goes on. A supervisor with nothing running, some of whose
+slots are paused while pending/ still holds tasks, does not end as if the run were done: it
+waits until the pause is lifted (the keeper wakes it), pending/ is empty (other supervisors took
+the tasks: it looks every few seconds, one folder listing) or it is stopped (Ctrl-C). The
+choice: a person who paused a run (say, its credits ran out) expects to unpause it and see it go
+on, not to find its supervisor gone and have to resume it; a ``gpuswarm run`` with everything
+paused keeps waiting, and Ctrl-C ends it as usual (the run resumes later). A pause of slots it
+does not have is not its business.
 """
 
 from __future__ import annotations
@@ -243,14 +245,13 @@ class Supervisor:
             return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die
         if time.monotonic() - self._busy_at < self.cfg.linger:
             return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
-        if self._paused_with_work():
-            return True, None  # the keeper wakes us when the pause changes
+        if self._paused_with_work():  # the keeper wakes us when the pause changes; the
+            return True, IDLE_POLL_SECONDS  # look: other supervisors may empty pending/
         return False, None
 
     def _paused_with_work(self) -> bool:
         """Some of our slots are paused and pending/ still holds tasks (they would claim)."""
-        paused = self.shared.paused
-        if not paused.run and not any(self.shared.holds(s) for s in self.cfg.slots):
+        if not any(self.shared.holds(s) for s in self.cfg.slots):
             return False
         return self.queue.counts()[State.PENDING] > 0
 

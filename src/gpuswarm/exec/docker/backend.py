@@ -10,8 +10,11 @@ queue is never visible inside.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -59,6 +62,7 @@ class DockerBackend:
         self.cli = DockerCLI(host)
         self._user = f"{os.getuid()}:{os.getgid()}"
         self._username = _username()
+        self._remover: Remover | None = None  # open() starts it
 
     # -- before anything runs --------------------------------------------------------------------
     def check(self) -> None:
@@ -85,6 +89,8 @@ class DockerBackend:
 
     def open(self) -> None:
         self._local.open()
+        if self._remover is None:
+            self._remover = Remover(self.cli)
 
     def prepare_slot(self, home: Path | None, provisions: Sequence[Provision]) -> dict[str, str]:
         return self._local.prepare_slot(home, provisions)
@@ -147,7 +153,8 @@ class DockerBackend:
             token=spec.token,
         )
         pump, limit = self._local.pump, self.options.max_log_bytes
-        return ContainerAttempt.launch(spec, client_spec, name, self.cli, pump, limit)
+        remove = self._remover.put if self._remover is not None else None
+        return ContainerAttempt.launch(spec, client_spec, name, self.cli, pump, limit, remove)
 
     # -- leftovers -------------------------------------------------------------------------------
     def end_leftovers(
@@ -198,12 +205,40 @@ class DockerBackend:
 
     def close(self) -> None:
         """After the last attempt: this supervisor's containers that are still there go."""
+        remover, self._remover = self._remover, None
         try:
+            if remover is not None:
+                remover.close()  # every ended attempt's container removed
             if self.options.owner:
                 strays = self.cli.listed("owner", self.options.owner)
                 self.cli.remove([c.name for c in strays])
         finally:
             self._local.close()
+
+
+class Remover:
+    """Removes ended attempts' containers in a thread of its own, in order, so a slot claims its
+    next task without waiting for ``docker rm`` (the container has ended: its GPU is free). A
+    removal that fails is left to the labels (close(), resume, check --repair)."""
+
+    def __init__(self, cli: DockerCLI) -> None:
+        self._cli = cli
+        self._names: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="docker-rm", daemon=True)
+        self._thread.start()
+
+    def put(self, name: str) -> None:
+        self._names.put(name)
+
+    def _serve(self) -> None:
+        while (name := self._names.get()) is not None:
+            with contextlib.suppress(BackendError):
+                self._cli.remove([name])
+
+    def close(self) -> None:
+        """Every container put so far is removed (or its removal failed) when this returns."""
+        self._names.put(None)
+        self._thread.join()
 
 
 def _username() -> str:

@@ -11,7 +11,9 @@ A timeout or a stop sends SIGTERM to every process of the container (their host 
 the container's pid namespace; ``docker kill --signal TERM`` to its init where the daemon is on
 another host), waits out the grace, then ``docker kill`` (SIGKILL to its init: the kernel ends
 every process of the namespace, a ``setsid`` escapee and a TERM-ignoring tree included). The
-container is removed once its end is read. ``wait`` runs in the supervisor's waiter thread;
+container is removed once its end is read (by the backend's remover thread: the slot does not
+wait for ``docker rm``; the container has ended, its GPU is free). ``wait`` runs in the
+supervisor's waiter thread;
 ``cancel`` only sets flags and writes to a pipe (safe in a signal handler).
 """
 
@@ -24,6 +26,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpuswarm.core.errors import BackendError
@@ -48,10 +51,18 @@ _RETRIES = (0.5, 1.0, 2.0, None)  # seconds between inspect tries when the daemo
 class ContainerAttempt:
     """One launched attempt in container ``name``. ``wait`` from one thread at a time."""
 
-    def __init__(self, spec: LaunchSpec, name: str, cli: DockerCLI, client: Attempt) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        name: str,
+        cli: DockerCLI,
+        client: Attempt,
+        remove: Callable[[str], None] | None = None,
+    ) -> None:
         self.spec = spec
         self.name = name
         self._cli = cli
+        self._remove = remove or (lambda name: cli.remove([name]))
         self._client = client
         self._t0 = time.monotonic()
         self._end: AttemptEnd | None = None
@@ -76,9 +87,10 @@ class ContainerAttempt:
         cli: DockerCLI,
         pump: LogPump | None,
         max_log_bytes: int,
+        remove: Callable[[str], None] | None = None,
     ) -> ContainerAttempt:
         client = Attempt.launch(client_spec, pump=pump, max_log_bytes=max_log_bytes)
-        return cls(spec, name, cli, client)
+        return cls(spec, name, cli, client, remove)
 
     # -- the Handle ------------------------------------------------------------------------------
     @property
@@ -142,7 +154,7 @@ class ContainerAttempt:
         try:
             return self._classify(how, state)
         finally:
-            self._cli.remove([self.name])
+            self._remove(self.name)  # it has ended: removed off the slot's path
 
     def _inspect(self) -> ContainerState | None:
         """``docker inspect``, asked again over a few seconds when the daemon stalls."""
