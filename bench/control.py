@@ -421,8 +421,11 @@ def _two_supervisors(work: Path, n: int, requests: int) -> dict[str, Any]:
 
     b = LiveRun(work, ["sleep 1000"], 1)
     a: subprocess.Popen[bytes] | None = None
+    tree: list[psutil.Process] = []
     try:
         (held,) = b.wait_running(1)
+        wait_for(lambda: bool(sleeps_of(b.proc.pid)), 10)
+        tree = list(sleeps_of(b.proc.pid).values())  # killed at the end even if B lost them
         b.proc.send_signal(signal.SIGSTOP)
         paths, _ = open_run(b.run_dir)
         b_slots = registered_slot_ids(paths)
@@ -457,6 +460,9 @@ def _two_supervisors(work: Path, n: int, requests: int) -> dict[str, Any]:
         with contextlib.suppress(ProcessLookupError):
             b.proc.send_signal(signal.SIGCONT)
         kill_tree(b.proc.pid)
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         b.proc.wait()
         b.log.close()
 
