@@ -83,6 +83,10 @@ class Config:
     research_slots: int = 4
     research_scale: float = 1.0  # multiplies the 5-15 s train and 1-3 s proposer times
     docker_tasks: int = 40  # attempts of each docker-backend run (and bare docker runs)
+    control_cancels: int = 20  # cancels of a running task (and as many with --wait)
+    control_add: int = 10_000  # tasks one `gpuswarm add` appends to a live run
+    control_requests: int = 1_000  # control request files present while a supervisor claims
+    control_repeats: int = 5  # runs of each case (with / without control files), alternating
 
     @classmethod
     def make(cls, quick: bool, work: Path) -> Config:
@@ -102,6 +106,8 @@ class Config:
             research_long=16,
             research_scale=0.1,
             docker_tasks=15,
+            control_cancels=5,
+            control_repeats=1,
         )
 
 

@@ -1,7 +1,8 @@
 """Rendering results: the markdown table (latest.md, embedded in BENCHMARKS.md), JSON, terminal.
 
-BENCHMARKS.md embeds latest.md verbatim between the two markers below; ``run.py --update-doc``
-replaces that section with the new results.
+BENCHMARKS.md embeds the results between markers: the queue-control rows between
+``CONTROL_BEGIN`` / ``CONTROL_END``, the others between ``BEGIN`` / ``END``; ``run.py --update-doc``
+replaces the sections of the benchmarks it ran.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from common import Row
 
 BEGIN = "<!-- bench:results:begin (written by bench/run.py; do not edit by hand) -->"
 END = "<!-- bench:results:end -->"
+CONTROL_BEGIN = "<!-- bench:control:begin (written by bench/run.py; do not edit by hand) -->"
+CONTROL_END = "<!-- bench:control:end -->"
 COLUMNS = ["#", "measure", "tool", "value", "target", "status", "ratio", "notes"]
 
 
@@ -100,13 +103,14 @@ def write(out: Path, rows: list[Row], machine: dict[str, str], run: dict[str, An
     return out / "latest.md"
 
 
-def update_doc(doc: Path, md: str) -> bool:
-    """Replace the results section of BENCHMARKS.md; False when its markers are missing."""
+def update_doc(doc: Path, md: str, begin: str = BEGIN, end_mark: str = END) -> bool:
+    """Replace one results section of BENCHMARKS.md (between ``begin`` and ``end_mark``);
+    False when its markers are missing."""
     text = doc.read_text() if doc.exists() else ""
-    start, end = text.find(BEGIN), text.find(END)
+    start, end = text.find(begin), text.find(end_mark)
     if start < 0 or end < start:
         return False
-    doc.write_text(text[: start + len(BEGIN)] + "\n\n" + md + "\n" + text[end:])
+    doc.write_text(text[: start + len(begin)] + "\n\n" + md + "\n" + text[end:])
     return True
 
 

@@ -3,12 +3,14 @@
     bash bench/setup.sh && python bench/run.py          # full run (about 10 minutes on 2 cores)
     python bench/run.py --quick                         # smoke run (about 2 minutes)
     python bench/run.py --only throughput,idle_gap      # some of them
-    python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's table
+    python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker (see each module's docstring for
-what is measured and how). Prints one table and writes ``<out>/latest.json`` and
-``<out>/latest.md`` (the markdown BENCHMARKS.md embeds). Peers that are not installed are
-reported as skipped, and so is docker where no engine answers.
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control (see each module's
+docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
+``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
+section, "Queue control", the others in "Results"; a run updates only the sections of what it
+ran). Peers that are not installed are reported as skipped, and so is docker where no engine
+answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
 """
 
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import control
 import cpu
 import docker_overhead
 import latency
@@ -42,6 +45,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "cpu": cpu.run,
     "research": research_util.run,
     "docker": docker_overhead.run,
+    "control": control.run,
 }
 
 
@@ -77,6 +81,22 @@ def _compile_gpuswarm() -> None:
     compileall.compile_dir(Path(gpuswarm.__file__).parent, quiet=1)
 
 
+def _update_doc(rows: list[Row], machine: dict[str, str], info: dict[str, Any], md: Path) -> None:
+    """Write the results into BENCHMARKS.md: the queue-control rows into their section, the
+    others into "Results"; a section whose benchmarks did not run is left as it is."""
+    doc = REPO / "BENCHMARKS.md"
+    ours = [r for r in rows if r.bench == control.BENCH]
+    others = [r for r in rows if r.bench != control.BENCH]
+    parts = [(others, report.BEGIN, report.END), (ours, report.CONTROL_BEGIN, report.CONTROL_END)]
+    for part, begin, end in parts:
+        if not part:
+            continue
+        if report.update_doc(doc, report.markdown(part, machine, info), begin, end):
+            print(f"updated {doc} ({len(part)} rows)")
+        else:
+            print(f"{doc}: no results markers {begin!r} found; paste {md} by hand", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     command = "python bench/run.py " + shlex.join(sys.argv[1:] if argv is None else argv)
@@ -109,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     report.print_table(rows)
     print(f"wrote {md_path} and {md_path.with_suffix('.json')}")
     if args.update_doc:
-        doc = REPO / "BENCHMARKS.md"
-        if report.update_doc(doc, md_path.read_text()):
-            print(f"updated {doc}")
-        else:
-            print(f"{doc}: no results markers found; paste {md_path} by hand", file=sys.stderr)
+        _update_doc(rows, machine, info, md_path)
     return 0
 
 
