@@ -295,18 +295,27 @@ class DirQueue(QueueFolders):
     def withdraw(self, task_id: str) -> bool:
         """Take a task out of pending/ before anyone claims it; False when it is not there
         (claimed meanwhile, or never queued). A claim and this rename cannot both win."""
+        got = self._take(task_id, ".withdrawn-")
+        if got is None:
+            return False  # not there, or claimed this instant
+        got[1].unlink()
+        return True
+
+    def _take(self, task_id: str, prefix: str) -> tuple[str, Path] | None:
+        """Rename pending task ``task_id`` to ``pending/<prefix><name>``, out of the claimers'
+        reach: (its name, where it is now); None when it is not pending (a claim and this
+        rename cannot both win)."""
         pending = self.paths.state_dir("pending")
         for name in os.listdir(pending):
             if not visible(name) or task_id_of(name) != task_id:
                 continue
-            aside = pending / f".withdrawn-{name}"
+            aside = pending / f"{prefix}{name}"
             try:
                 os.rename(pending / name, aside)
             except FileNotFoundError:
-                return False  # claimed this instant
-            aside.unlink()
-            return True
-        return False
+                return None
+            return name, aside
+        return None
 
     def retry_failed(self, name: str, announce: Announce) -> Descriptor | None:
         """A failed task back to pending/ with a fresh attempt budget (see :meth:`retry`)."""
@@ -361,20 +370,8 @@ class DirQueue(QueueFolders):
 
     # -- a person's changes to pending tasks (gpuswarm cancel / priority) -------------------------
     def _hold(self, task_id: str, op: str) -> tuple[str, Path] | None:
-        """Take pending task ``task_id`` out of the claimers' reach: rename it to
-        ``pending/.held-<op>-<pid>-<name>``. None when it is not pending (claimed meanwhile:
-        a claim and this rename cannot both win)."""
-        pending = self.paths.state_dir("pending")
-        for name in os.listdir(pending):
-            if not visible(name) or task_id_of(name) != task_id:
-                continue
-            held = pending / f"{HELD}{op}-{os.getpid()}-{name}"
-            try:
-                os.rename(pending / name, held)
-            except FileNotFoundError:
-                return None
-            return name, held
-        return None
+        """Hold pending task ``task_id``: ``pending/.held-<op>-<pid>-<name>`` (see _take)."""
+        return self._take(task_id, f"{HELD}{op}-{os.getpid()}-")
 
     def cancel_pending(self, task_id: str, reason: str, announce: Announce) -> Descriptor | None:
         """A pending task ends cancelled at once: held, marked, ``announce`` (journal),
