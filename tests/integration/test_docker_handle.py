@@ -72,7 +72,7 @@ def test_killing_the_docker_client_is_not_the_end_of_the_task(
         assert end.ok, end
         assert (run / "tasks/t/done.txt").read_text() == "finished\n"  # it ran to its end
         assert "docker client ended" in end.reason
-        assert [c.state for c in containers(run)] in ([], ["exited"])  # ended; being removed
+        assert all(c.state != "running" for c in containers(run))  # ended; being removed
     finally:
         backend.close()
     assert containers(run) == []  # removed by close() at the latest
@@ -145,7 +145,7 @@ def test_a_hard_cancel_kills_the_container_at_once(tmp_path: Path, docker_image:
         handle.cancel(hard=True)
         end = handle.wait()
         assert end.kind is EndKind.CANCELLED and "SIGKILL" in end.reason, end
-        assert [c.state for c in containers(run)] in ([], ["exited"])  # nothing runs on
+        assert all(c.state != "running" for c in containers(run))  # ended (being removed)
     finally:
         backend.close()
     assert containers(run) == []

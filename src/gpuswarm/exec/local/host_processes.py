@@ -6,6 +6,7 @@ touches processes; :mod:`gpuswarm.api` hands these to research.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 
 import psutil
@@ -36,10 +37,25 @@ def stop(pids: Iterable[int], grace: float) -> int:
             proc = psutil.Process(pid)
             proc.terminate()
             procs.append(proc)
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    deadline = time.monotonic() + grace
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if not _gone(p)]
     if alive:
         tree.kill_tree([p.pid for p in alive], 0)
     return len(procs)
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Ended: no such process, or a zombie (it has exited; its parent, perhaps a subreaper that
+    is not ours, has not reaped it yet: psutil counts it as running)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
 
 
 def kill_tree(pids: Iterable[int], grace: float) -> int:
