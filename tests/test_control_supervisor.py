@@ -204,7 +204,7 @@ def test_a_request_for_an_ended_task_is_dropped(tmp_path: Path) -> None:
     sup, paths = make(tmp_path, [task("quick", "pass"), task("busy", busy)], gpus=1)
     runner = start(sup)
     live_pid(sup, "busy")
-    assert states(paths)["quick"] == "done"
+    wait_for(lambda: states(paths)["quick"] == "done")  # committed by a committer thread
     control.put(paths, "cancel", "quick")
     wait_for(lambda: control.requests(paths) == [])
     gate.touch()
