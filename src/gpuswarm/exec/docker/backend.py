@@ -14,6 +14,7 @@ import contextlib
 import os
 import pwd
 import queue
+import signal
 import threading
 import time
 import uuid
@@ -31,7 +32,7 @@ from gpuswarm.exec.docker.argv import (
     run_argv,
     same_path_binds,
 )
-from gpuswarm.exec.docker.client import DockerCLI, host_pids
+from gpuswarm.exec.docker.client import DockerCLI, signal_container
 from gpuswarm.exec.docker.container import ContainerAttempt
 from gpuswarm.exec.docker.devices import gpu_args
 from gpuswarm.exec.local.backend import LocalBackend
@@ -182,17 +183,7 @@ class DockerBackend:
         if not names or grace <= 0:
             return
         for name in names:
-            state = self.cli.inspect(name)
-            if state is None or not state.running:
-                continue
-            pids = host_pids(state.pid) if state.pid > 0 else []
-            for pid in pids:
-                try:
-                    os.kill(pid, 15)
-                except (ProcessLookupError, PermissionError):
-                    continue
-            if not pids:
-                self.cli.kill(name, "TERM")
+            signal_container(self.cli, name, signal.SIGTERM)
         deadline = time.monotonic() + grace
         left = list(names)
         while left and time.monotonic() < deadline:

@@ -8,9 +8,11 @@ user's ``~/.docker`` config apply exactly as they do to the user's own ``docker`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -198,3 +200,22 @@ def host_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def signal_container(cli: DockerCLI, name: str, sig: signal.Signals) -> None:
+    """Send ``sig`` to every process of running container ``name`` (their host pids); where
+    they are out of sight (a daemon elsewhere) or docker does not answer, to its init, which
+    passes it on. Nothing when the container is not running."""
+    try:
+        state = cli.inspect(name)
+    except BackendError:
+        cli.kill(name, sig.name.removeprefix("SIG"))
+        return
+    if state is None or not state.running:
+        return
+    pids = host_pids(state.pid) if state.pid > 0 else []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    if not pids:
+        cli.kill(name, sig.name.removeprefix("SIG"))

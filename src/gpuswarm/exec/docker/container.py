@@ -33,7 +33,7 @@ from gpuswarm.core.errors import BackendError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
-from gpuswarm.exec.docker.client import ContainerState, DockerCLI, host_pids
+from gpuswarm.exec.docker.client import ContainerState, DockerCLI, signal_container
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.spawn import verdict
 
@@ -228,19 +228,7 @@ class ContainerAttempt:
         self._cli.kill(self.name, "KILL")
 
     def _signal_all(self, sig: signal.Signals) -> None:
-        try:
-            state = self._cli.inspect(self.name)
-        except BackendError:  # no answer now: its init forwards the signal, if docker can
-            self._cli.kill(self.name, sig.name.removeprefix("SIG"))
-            return
-        if state is None or not state.running:
-            return
-        pids = host_pids(state.pid) if state.pid > 0 else []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        if not pids:  # the daemon's processes are out of our sight: its init forwards it
-            self._cli.kill(self.name, sig.name.removeprefix("SIG"))
+        signal_container(self._cli, self.name, sig)
 
     def _kill_now(self) -> None:
         with contextlib.suppress(Exception):
