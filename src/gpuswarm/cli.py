@@ -99,12 +99,18 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 @click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
-@click.option("--backend", type=click.Choice(["local", "docker"]), help="what runs each attempt")
+@click.option(
+    "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
+)
 @click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
 @click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
 @click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
 @click.option("--network", help="docker: the containers' --network (e.g. none)")
 @click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
+@click.option(
+    "--ray-address",
+    help="ray: the cluster to join: auto, HOST:PORT or ray://HOST:PORT (implies --backend ray)",
+)
 def run(
     source: str,
     gpus: str | None,
@@ -126,6 +132,7 @@ def run(
     mounts: tuple[str, ...],
     network: str | None,
     pass_env: tuple[str, ...],
+    ray_address: str | None,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -136,15 +143,17 @@ def run(
     """
     with stoppable():
         defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
-        loaded = _load_source(
-            source, shell=shell, name=name, workspace=workspace, defaults=defaults
-        ).with_backend(
-            backend,
-            image=image,
-            args=docker_args,
-            mounts=mounts,
-            network=network,
-            pass_env=pass_env,
+        loaded = (
+            _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
+            .with_backend(
+                backend,
+                image=image,
+                args=docker_args,
+                mounts=mounts,
+                network=network,
+                pass_env=pass_env,
+            )
+            .with_ray(ray_address)
         )
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)

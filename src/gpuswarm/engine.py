@@ -24,7 +24,8 @@ from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.exec.base import Backend, create_backend
+from gpuswarm.config.models import RayConfig
+from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
@@ -46,7 +47,14 @@ from gpuswarm.runsetup import (
     run_info,
     setup_from_info,
 )
-from gpuswarm.store.leases import attach, is_live, owner_id, register_slots, write_owner_file
+from gpuswarm.store.leases import (
+    attach,
+    is_live,
+    owner_id,
+    register_named_slots,
+    register_slots,
+    write_owner_file,
+)
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -81,7 +89,7 @@ def start_run(
     count = len(loaded.tasks)
     if loaded.config.backend == "local":  # elsewhere the programs are the image's
         _check_programs(loaded, count, output)
-    check_backend_ready(loaded)
+    check_backend_ready(loaded, gpus_spec)
     hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
@@ -109,7 +117,8 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    say(output, f"run dir: {paths.root}  ({count} tasks on {len(slots)} slots)")
+    where = f"{len(slots)} slots" if slots else f"the Ray cluster's GPUs ({gpus.spec})"
+    say(output, f"run dir: {paths.root}  ({count} tasks on {where})")
     cfg = loaded.config
     # a container always gets a private HOME (its caches persist across the slot's attempts)
     isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"
@@ -123,6 +132,10 @@ def _start(
         cfg.after_all,
         cfg.backend,
         cfg.docker,
+        (cfg.ray or RayConfig()) if cfg.backend == "ray" else None,
+        gpus.spec if cfg.backend == "ray" else None,
+        cfg.gpus_per_task,
+        cfg.tasks_per_gpu,
     )
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
@@ -277,7 +290,14 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
-            setup = replace(setup, slots=register_slots(paths, owner, setup.slots, cfg.lease_ttl))
+            membership = membership_of(backend)
+            if membership is None:
+                slots = register_slots(paths, owner, setup.slots, cfg.lease_ttl)
+            else:  # a cluster's slots: the backend makes them (and more as nodes join)
+                slots = register_named_slots(
+                    paths, owner, membership.initial_slots(), cfg.lease_ttl
+                )
+            setup = replace(setup, slots=slots)
             cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
             run_preflight(
                 paths,

@@ -16,13 +16,13 @@ from pydantic import ValidationError
 
 from gpuswarm import __version__
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import DockerConfig, RunConfig
+from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_tree
 from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
-from gpuswarm.placement.devices import GpuSet
+from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.placement.gpus import Slot, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.supervise.supervisor import SupervisorConfig
@@ -98,6 +98,10 @@ class Setup:
     after_all: str | None = None  # run once after every slot finished
     backend: str = "local"  # what runs the attempts (exec.base.create_backend)
     docker: DockerConfig | None = None  # backend: docker's settings
+    ray: RayConfig | None = None  # backend: ray's settings; its slots come from the cluster
+    gpus_spec: str | None = None  # backend: ray: --gpus filters the cluster's GPUs
+    gpus_per_task: int = 1
+    tasks_per_gpu: int = 1
 
     def backend_options(self, paths: RunPaths, owner: str, max_log_bytes: int) -> BackendOptions:
         """What the run's backend is built with."""
@@ -108,6 +112,10 @@ class Setup:
             owner=owner,
             docker=self.docker,
             base_dir=str(self.base_dir),
+            ray=self.ray,
+            gpus_per_task=self.gpus_per_task,
+            tasks_per_gpu=self.tasks_per_gpu,
+            gpus=self.gpus_spec,
         )
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
@@ -127,8 +135,15 @@ class Setup:
 
 def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
     """The setup of an existing run (its run.json), on the GPUs given now or its own."""
-    gpus = parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto"))
-    slots = plan_slots(gpus, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1)))
+    per_task, per_gpu = int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
+    if backend_of(info) == "ray":  # the cluster's slots: made by the backend once it joins
+        spec = gpus_spec or str(info.get("gpus") or "auto")
+        slots: list[Slot] = []
+    else:
+        slots = plan_slots(
+            parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto")), per_task, per_gpu
+        )
+        spec = None
     home = info.get("home", {})
     provisions = tuple(
         Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
@@ -147,7 +162,22 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         config.get("after_all"),
         backend,
         docker_of(info),
+        ray_of(info),
+        spec,
+        per_task,
+        per_gpu,
     )
+
+
+def ray_of(info: dict[str, Any]) -> RayConfig | None:
+    """The ray: settings a run was made with (run.json); None for other backends."""
+    if backend_of(info) != "ray":
+        return None
+    raw = (info.get("config") or {}).get("ray") or {}
+    try:
+        return RayConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise RunDirError(f"run.json: config.ray is not valid ({exc.errors()[0]['msg']})") from None
 
 
 def docker_of(info: dict[str, Any]) -> DockerConfig | None:
@@ -166,14 +196,16 @@ def docker_of(info: dict[str, Any]) -> DockerConfig | None:
 def recovery_backend(info: dict[str, Any]) -> Backend:
     """The backend that ends a dead owner's leftovers of a run (resume, check --repair)."""
     docker = docker_of(info)
-    return create_backend(backend_of(info), BackendOptions(docker=docker))
+    return create_backend(backend_of(info), BackendOptions(docker=docker, ray=ray_of(info)))
 
 
-def check_backend_ready(loaded: LoadedConfig) -> None:
+def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> None:
     """Before anything is made: the backend can run attempts at all (docker: the daemon
     answers, the image is present, mount sources exist); BackendError (exit 2) otherwise."""
     cfg = loaded.config
-    options = BackendOptions(docker=cfg.docker, base_dir=str(loaded.base_dir))
+    options = BackendOptions(
+        docker=cfg.docker, base_dir=str(loaded.base_dir), ray=cfg.ray, gpus=gpus_spec or cfg.gpus
+    )
     backend = create_backend(cfg.backend, options)
     try:
         backend.check()
@@ -182,6 +214,8 @@ def check_backend_ready(loaded: LoadedConfig) -> None:
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
+    if loaded.config.backend == "ray":  # the cluster's GPUs, filtered by the spec: no slots yet
+        return GpuSet(Vendor.NVIDIA, (), gpus_spec or loaded.config.gpus or "auto"), []
     gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
     slots = plan_slots(gpus, loaded.config.gpus_per_task, loaded.config.tasks_per_gpu)
     return gpus, slots

@@ -115,6 +115,7 @@ from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, task
 from gpuswarm.config.errors import config_error, flag_error
 from gpuswarm.config.models import (
     DockerConfig,
+    RayConfig,
     RunConfig,
     TaskEntry,
     TaskOptions,
@@ -199,6 +200,26 @@ class LoadedConfig:
         else:
             docker = None
         config = self.config.model_copy(update={"backend": name, "docker": docker})
+        return replace(self, config=config)
+
+    def with_ray(self, address: str | None) -> LoadedConfig:
+        """A copy with ``--ray-address`` over the config's ``ray.address`` (it means ``--backend
+        ray``); ``backend: ray`` without a ``ray:`` block gets the defaults (address auto)."""
+        cfg = self.config
+        if address is None and cfg.backend != "ray":
+            return self
+        if address is not None and cfg.backend not in ("ray", "local"):
+            raise ConfigError(f"--ray-address is ray's, but the backend is {cfg.backend}; drop one")
+        base = cfg.ray.model_dump() if cfg.ray is not None else {}
+        if address is not None:
+            base["address"] = address
+        try:
+            ray = RayConfig.model_validate(base)
+        except ValidationError as exc:
+            raise ConfigError(
+                str(flag_error(exc)).replace("--address:", "--ray-address:")
+            ) from None
+        config = cfg.model_copy(update={"backend": "ray", "ray": ray})
         return replace(self, config=config)
 
     def resolve_path(self, text: str) -> Path:

@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -281,6 +282,35 @@ class DockerConfig(BaseModel):
         return self
 
 
+# -- issue 16: backend: ray ------------------------------------------------------------------
+_RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}")
+
+
+class RayConfig(BaseModel):
+    """``backend: ray``: one slot actor per GPU on every node of a Ray cluster (docs/cluster.md)."""
+
+    model_config = _STRICT
+
+    address: NonEmpty = "auto"  # auto | HOST:PORT | ray://HOST:PORT (Ray Client)
+    namespace: NonEmpty = "gpuswarm"  # the Ray namespace the run's slot actors are named in
+    shared_path: NonEmpty | None = None  # a folder every node sees at this path (large artifacts)
+    ship: Literal["auto", "always", "never"] = "auto"  # the task's folder to nodes without it
+    max_ship_mb: float = Field(default=256.0, gt=0)  # a shipped folder (packed) at most
+    max_result_mb: float = Field(default=16.0, gt=0)  # what an attempt's folder sends home at most
+    setup: NonEmpty | None = None  # run once per node before its first attempt (uv sync, data)
+    setup_timeout: Duration = 3600.0
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not _RAY_ADDRESS.fullmatch(value):
+            raise ValueError(
+                f"address {quote(value)} is not auto, HOST:PORT or ray://HOST:PORT "
+                "(the head's address, as `ray start --head` prints it)"
+            )
+        return value
+
+
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
     if not tasks:
         raise ValueError("the task list is empty; add at least one entry, e.g. - command: ...")
@@ -308,6 +338,16 @@ class RunConfig(BaseModel):
     after_all: NonEmpty | None = None
     backend: NonEmpty = "local"  # what runs the attempts: local, docker, wrapped; see exec.base
     docker: DockerConfig | None = None  # backend: docker's settings
+    ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
+
+    @model_validator(mode="after")
+    def _ray(self) -> RunConfig:
+        if self.ray is not None and self.backend != "ray":
+            raise ValueError(
+                f"ray: is set but backend is {quote(self.backend)}; add backend: ray "
+                "(or remove the ray: block)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _docker(self) -> RunConfig:

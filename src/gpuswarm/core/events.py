@@ -41,6 +41,7 @@ class Ev(str, Enum):
     JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
     CONTROL = "control"  # a person's request (cancel, retry, pause, priority, add) applied
     ADDED = "added"  # tasks appended to a run (gpuswarm add)
+    SLOTS = "slots"  # a cluster's node joined (its slots added) or left (retired): backend ray
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

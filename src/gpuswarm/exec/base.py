@@ -15,7 +15,7 @@ backend classifies its attempts' ends into them (:class:`gpuswarm.core.models.En
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -24,18 +24,23 @@ from gpuswarm.core.models import EndKind
 from gpuswarm.placement.devices import Gpu, Vendor
 
 if TYPE_CHECKING:
-    from gpuswarm.config.models import DockerConfig
+    from gpuswarm.config.models import DockerConfig, RayConfig
+    from gpuswarm.placement.gpus import Slot
     from gpuswarm.exec.sandbox import Provision
 
 __all__ = [
+    "Adopted",
     "AttemptEnd",
     "Backend",
     "BackendOptions",
     "Handle",
     "LaunchSpec",
     "Leftovers",
+    "Membership",
+    "SlotChanges",
     "backend_names",
     "create_backend",
+    "membership_of",
 ]
 
 
@@ -102,6 +107,10 @@ class BackendOptions:
     owner: str = ""  # the supervisor that runs the attempts ("" in recovery)
     docker: DockerConfig | None = None  # backend: docker's settings
     base_dir: str = ""  # the config's folder: relative mount sources start here
+    ray: RayConfig | None = None  # backend: ray's settings
+    gpus_per_task: int = 1  # a backend that makes its own slots (ray) sizes them by these
+    tasks_per_gpu: int = 1
+    gpus: str | None = None  # ... and filters the cluster's GPUs by this (--gpus)
 
 
 class Handle(Protocol):
@@ -176,11 +185,57 @@ class Backend(Protocol):
         """After the last attempt ended: end this run's strays and stop what open() started."""
 
 
+# -- slots a backend makes itself (issue 16: a cluster whose nodes come and go) -------------------
+@dataclass(frozen=True)
+class Adopted:
+    """An attempt a dead supervisor started that still runs (or ended unseen) where the backend
+    can reach it: the new supervisor waits for it instead of re-running its task."""
+
+    task_id: str
+    attempt: int
+    slot: Slot
+    handle: Handle
+
+
+@dataclass
+class SlotChanges:
+    """What changed in a backend's slots since it was last asked."""
+
+    added: list[Slot] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)  # slot labels (their node left)
+    adopted: list[Adopted] = field(default_factory=list)
+    notes: list[dict[str, object]] = field(default_factory=list)  # journaled as ``slots``
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.retired or self.adopted or self.notes)
+
+
+class Membership(Protocol):
+    """A backend whose slots are its own (a cluster's GPUs), not planned from ``--gpus``."""
+
+    def initial_slots(self) -> list[Slot]:
+        """The slots there are now (blocks until they can take attempts)."""
+
+    def watch(self, wakeup: Callable[[], None]) -> None:
+        """Start noticing changes; ``wakeup`` is called (from any thread) when there are some."""
+
+    def changes(self) -> SlotChanges:
+        """What changed since the last call (non-blocking; the slot loop's thread)."""
+
+
+def membership_of(backend: object) -> Membership | None:
+    """The backend's membership when its slots are its own (ray); None for local and docker,
+    whose slots are planned from ``--gpus`` once."""
+    found = getattr(backend, "membership", None)
+    return found if found is not None else None
+
+
 # -- the registry ----------------------------------------------------------------------------------
 _BACKENDS: Mapping[str, str] = {
     "local": "gpuswarm.exec.local.backend:LocalBackend",
     "wrapped": "gpuswarm.exec.wrapped:WrappedBackend",
     "docker": "gpuswarm.exec.docker.backend:DockerBackend",
+    "ray": "gpuswarm.exec.ray.backend:RayBackend",
 }
 
 

@@ -132,6 +132,17 @@ def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: fl
     return out
 
 
+def register_named_slots(
+    paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: float
+) -> list[Slot]:
+    """Register slots whose ids their backend made (a cluster's: ``<host>-<node>-gpu0``) in
+    ``.parallel/slots/``, taking over a dead holder's registration (a resumed run)."""
+    paths.slots.mkdir(exist_ok=True)
+    for slot in slots:
+        _take_slot_id(paths, slot.label, owner, lease_ttl)
+    return slots
+
+
 def registered_slot_ids(paths: RunPaths) -> list[str]:
     """Every slot id the run has had (the timeline's lanes), [] for runs made before ids."""
     try:

@@ -116,8 +116,9 @@ class Committer:
             if live.cancel is not None:
                 self._cancelled(live, end, record)
                 return
-            if end.kind is EndKind.CANCELLED:
-                self.hand_back(live.claimed, live.task, record)
+            if end.kind in (EndKind.CANCELLED, EndKind.LOST):  # LOST: its node left (ray)
+                why = "lost" if end.kind is EndKind.LOST else "interrupted"
+                self.hand_back(live.claimed, live.task, record, why)
                 return
             outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
             if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
@@ -192,14 +193,19 @@ class Committer:
         base = self.run.cfg.retry_backoff
         return 0.0 if base <= 0 else min(MAX_BACKOFF_SECONDS, base * 2 ** max(0, used - 1))
 
-    def hand_back(self, claimed: Claimed, task: TaskSpec, record: AttemptRecord | None) -> None:
-        """A stop interrupted this task: back to pending/, not counted as a failed attempt."""
+    def hand_back(
+        self,
+        claimed: Claimed,
+        task: TaskSpec,
+        record: AttemptRecord | None,
+        reason: str = "interrupted",
+    ) -> None:
+        """A stop interrupted this task (or its node left: ``lost``): back to pending/, not
+        counted as a failed attempt."""
         if record is not None:
             claimed.desc.add_attempt(record.but(interrupted=True))
         claimed.desc.note_interrupted()
-        self.run.queue.move(
-            claimed, State.PENDING, self._requeued(claimed, "interrupted", "running")
-        )
+        self.run.queue.move(claimed, State.PENDING, self._requeued(claimed, reason, "running"))
 
     # -- retries waiting out their backoff ---------------------------------------------------------
     def cancel_waiting(self, task_id: str, reqs: list[Request]) -> bool:

@@ -55,6 +55,7 @@ from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
+from gpuswarm.supervise.membership import SlotSync
 from gpuswarm.supervise.quarantine import Quarantine
 
 __all__ = ["LiveAttempt", "Supervisor", "SupervisorConfig"]
@@ -103,11 +104,13 @@ class Supervisor:
         self._slow = 0  # attempts in waiter threads
         self._poller = select.poll()
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
+        self.slot_sync = SlotSync(self.shared, self.backend, self._homes, self._slot_env)
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
         """Run every slot until the queue is drained or a stop is requested."""
         self.backend.open()
+        self.slot_sync.watch()  # a cluster's nodes join and leave (issue 16)
         self.keeper.control.refresh_pause()  # a paused run claims nothing from the start
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
@@ -189,6 +192,7 @@ class Supervisor:
         while True:
             self._collect_returns(free)
             self.quarantine.back_in_rotation(free)
+            self.slot_sync.sync(free)
             if self.stopping.is_set():
                 self._hand_all_to_waiters()
                 if self._slow == 0 and not self.committer.busy():

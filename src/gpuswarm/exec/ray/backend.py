@@ -1,0 +1,162 @@
+"""The ``ray`` backend: every GPU of a Ray cluster a slot, the run folder still on the driver.
+
+The supervisor is the Ray driver and the only writer of the run folder (queue, leases, journal,
+logs, reports stay where they are). The slots are the backend's own (:attr:`membership`, a
+:class:`~gpuswarm.exec.ray.slots.SlotPool`): one detached actor per GPU slot of every node,
+made as nodes join and retired as they die. An attempt is a :class:`~.handle.RayHandle`; the
+process control on the node is the local backend's (:mod:`gpuswarm.exec.ray.actor`). What runs
+on the driver itself (``after_all``) goes through the local backend. Ray is imported here only,
+when a run asks for ``backend: ray`` (see docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.config.models import RayConfig
+from gpuswarm.core.errors import BackendError
+from gpuswarm.core.fsutil import atomic_write_bytes
+from gpuswarm.exec.base import BackendOptions, Handle, LaunchSpec, Leftovers
+from gpuswarm.exec.local.backend import LocalBackend
+from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
+from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.slots import SlotPool, run_actors
+from gpuswarm.exec.ray.wire import PROBE_NAME, pack_tree
+from gpuswarm.exec.sandbox import Provision
+
+MB = 1 << 20
+
+
+def run_key_of(run_dir: str) -> str:
+    """The run's name in Ray (actor names): its folder name and a hash of its path."""
+    path = os.path.abspath(run_dir)
+    return f"{os.path.basename(path)}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+
+
+class RayBackend:
+    name = "ray"
+    caps_logs = False  # the driver appends what it pulls; the keeper holds each log's cap
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+        self.cfg = options.ray or RayConfig()
+        self.filter = parse_filter(options.gpus)
+        self._local = LocalBackend(options)
+        self._ray: Any = None
+        self._pool: SlotPool | None = None
+        self.probe = ""
+        self._trees: dict[str, tuple[str, Any]] = {}
+        self._trees_lock = threading.Lock()
+
+    # -- the cluster -----------------------------------------------------------------------------
+    @property
+    def ray(self) -> Any:
+        if self._ray is None:
+            self._ray = connect(self.cfg.address, self.cfg.namespace)
+        return self._ray
+
+    @property
+    def membership(self) -> SlotPool | None:
+        """The run's slots on the cluster (None for a backend made only to check or recover)."""
+        if self._pool is None and self.options.run_dir and self.options.owner:
+            self._pool = SlotPool(
+                self.ray,
+                self.cfg,
+                run_key_of(self.options.run_dir),
+                gpus_per_task=self.options.gpus_per_task,
+                tasks_per_gpu=self.options.tasks_per_gpu,
+                gpu_filter=self.filter,
+                max_result=int(self.cfg.max_result_mb * MB),
+            )
+        return self._pool
+
+    def node_dead(self, node_id: str) -> bool:
+        return self._pool is not None and self._pool.node_dead(node_id)
+
+    # -- the Backend protocol --------------------------------------------------------------------
+    def check(self) -> None:
+        """Ray is installed, the cluster answers, and some node has a GPU this run may use."""
+        found = [n for n in nodes(self.ray) if self.filter.admits(n)]
+        if not found:
+            raise BackendError(
+                f"ray.address {self.cfg.address}: the Ray cluster has no GPU node this run may "
+                "use (ray status lists its resources); start the nodes with their GPUs, or "
+                "loosen --gpus"
+            )
+
+    def open(self) -> None:
+        self._local.open()
+        if self.options.run_dir and not self.probe:
+            self.probe = secrets.token_hex(16)
+            folder = Path(self.options.run_dir) / ".parallel"
+            atomic_write_bytes(folder / PROBE_NAME, self.probe.encode(), mode=0o600)
+
+    def prepare_slot(self, home: Path | None, provisions: Sequence[Provision]) -> dict[str, str]:
+        return self._local.prepare_slot(home, provisions)
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        label = spec.identity.get("slot", "")
+        rs = self._pool.get(label) if self._pool is not None and label else None
+        if rs is None:  # after_all, or a slot that is gone: on the driver
+            return self._local.launch(spec)
+        if not self.probe:
+            self.open()
+        return RayHandle(self, rs, spec)
+
+    def tree_for(self, spec: LaunchSpec) -> tuple[str, Any]:
+        """The attempt's cwd packed for a node that does not see it (once per folder per run:
+        its key and the object in Ray's store). TooLarge past ray.max_ship_mb."""
+        cwd = str(spec.cwd)
+        with self._trees_lock:
+            if cwd not in self._trees:
+                key, blob = pack_tree(Path(cwd), int(self.cfg.max_ship_mb * MB))
+                self._trees[cwd] = (key, self.ray.put(blob))
+            return self._trees[cwd]
+
+    def end_leftovers(
+        self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
+    ) -> Leftovers:
+        """A dead driver's attempts: every attempt its actors still run is ended (TERM, grace,
+        KILL) and its actors killed. (Another supervisor's, ``owner``: a Ray run has one.)"""
+        local = self._local.end_leftovers(run_dir=run_dir, owner=owner, grace=grace)
+        if run_dir is None:
+            return local
+        ray = self.ray
+        found = run_actors(ray, run_key_of(run_dir), self.cfg.namespace)
+        tasks: set[str] = set(local.tasks)
+        killed = local.killed
+        for name, actor in found:
+            with contextlib.suppress(Exception):
+                for held in ray.get(actor.attempts.remote(), timeout=30):
+                    if not held["ended"] and held["identity"].get("task"):
+                        tasks.add(str(held["identity"]["task"]))
+                killed += int(ray.get(actor.stop_all.remote(grace), timeout=grace + 60))
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        names: list[int | str] = [*local.ids, *(name for name, _ in found)]
+        return Leftovers(names, frozenset(tasks), killed)
+
+    def leftovers(self, run_dir: str) -> list[int | str]:
+        names: list[int | str] = [
+            n for n, _ in run_actors(self.ray, run_key_of(run_dir), self.cfg.namespace)
+        ]
+        return [*self._local.leftovers(run_dir), *names]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        self._local.close()
+        if self.options.run_dir:
+            with contextlib.suppress(OSError):
+                (Path(self.options.run_dir) / ".parallel" / PROBE_NAME).unlink()
+        if self._ray is not None:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()
+            self._ray = None

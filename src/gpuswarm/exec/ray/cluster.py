@@ -1,0 +1,137 @@
+"""The Ray cluster as the driver sees it: connecting, its nodes, and ``--gpus`` under Ray.
+
+``--gpus`` (or the config's ``gpus:``) under ``backend: ray`` filters the cluster's GPUs instead
+of naming host ids: ``auto``/``all`` (default) every GPU of every node, now and joining later;
+``N`` at most N GPUs in all; ``node:A,B`` nodes by host name, IP or node-id prefix;
+``label:K=V`` nodes carrying a Ray label (``ray start --labels``) or a custom resource ``K``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuswarm.core.errors import BackendError, GpuSpecError
+
+INSTALL_HINT = "install it with: pip install 'gpuswarm[ray]' (on the driver and every node)"
+SPEC_FORMS = (
+    "use auto (every GPU of the cluster), a count (8), node:HOST[,HOST], or label:KEY=VALUE"
+)
+
+
+def import_ray() -> Any:
+    """The ``ray`` module; BackendError (exit 2) with the install line when it is missing."""
+    try:
+        import ray
+    except ImportError:
+        raise BackendError(
+            f"backend: ray needs Ray, which is not installed; {INSTALL_HINT}"
+        ) from None
+    return ray
+
+
+def connect(address: str, namespace: str) -> Any:
+    """Join the cluster at ``address`` as its driver (idempotent in a process)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    try:
+        ray.init(
+            address=address,
+            namespace=namespace,
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=True,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise BackendError(
+            f"ray.address {address}: cannot join the Ray cluster ({str(exc).splitlines()[0]}); "
+            "start one (`ray start --head` on the head, `ray start --address HEAD:6379` on the "
+            "others) or give its address with --ray-address HOST:PORT"
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    host: str
+    ip: str
+    gpus: int
+    accelerator: str  # Ray's accelerator_type resource ("H100"), else "GPU"
+    labels: Mapping[str, str]
+    resources: Mapping[str, float]
+
+
+def nodes(ray: Any) -> list[Node]:
+    """The alive nodes with at least one GPU, in the order Ray lists them."""
+    out = []
+    for raw in ray.nodes():
+        if not raw.get("Alive"):
+            continue
+        res = raw.get("Resources") or {}
+        gpus = int(res.get("GPU", 0))
+        if gpus < 1:
+            continue
+        accel = next((k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")), "GPU")
+        out.append(
+            Node(
+                node_id=str(raw["NodeID"]),
+                host=str(raw.get("NodeManagerHostname") or raw.get("NodeManagerAddress") or "?"),
+                ip=str(raw.get("NodeManagerAddress") or ""),
+                gpus=gpus,
+                accelerator=accel,
+                labels=dict(raw.get("Labels") or {}),
+                resources=dict(res),
+            )
+        )
+    return out
+
+
+def alive_ids(ray: Any) -> set[str]:
+    return {str(n["NodeID"]) for n in ray.nodes() if n.get("Alive")}
+
+
+@dataclass(frozen=True)
+class GpuFilter:
+    """Which of the cluster's GPUs a run uses (see the module docstring)."""
+
+    count: int | None = None  # at most this many GPUs in all
+    hosts: tuple[str, ...] = ()
+    label: tuple[str, str] | None = None
+
+    def admits(self, node: Node) -> bool:
+        if self.hosts and not any(
+            h in (node.host, node.ip) or node.node_id.startswith(h) for h in self.hosts
+        ):
+            return False
+        if self.label is not None:
+            key, value = self.label
+            if node.labels.get(key) != value and not (value == "" and key in node.resources):
+                return False
+        return True
+
+
+def parse_filter(spec: str | None) -> GpuFilter:
+    text = (spec or "auto").strip()
+    low = text.lower()
+    if low in ("auto", "all", ""):
+        return GpuFilter()
+    if text.isdigit():
+        if int(text) < 1:
+            raise GpuSpecError(f"--gpus {text}: under backend: ray a count must be at least 1")
+        return GpuFilter(count=int(text))
+    if low.startswith("node:"):
+        hosts = tuple(h.strip() for h in text[5:].split(",") if h.strip())
+        if not hosts:
+            raise GpuSpecError(f"--gpus {text}: name at least one node; {SPEC_FORMS}")
+        return GpuFilter(hosts=hosts)
+    if low.startswith("label:"):
+        key, _, value = text[6:].partition("=")
+        if not key.strip():
+            raise GpuSpecError(f"--gpus {text}: write label:KEY=VALUE; {SPEC_FORMS}")
+        return GpuFilter(label=(key.strip(), value.strip()))
+    raise GpuSpecError(f"--gpus {text!r} under backend: ray; {SPEC_FORMS}")

@@ -1,0 +1,242 @@
+"""One attempt on a slot actor, as the supervisor's loop sees it (a Handle with no wake-up fd).
+
+The loop hands it to a waiter thread at once; :meth:`RayHandle.wait` starts the attempt on its
+actor, then long-polls it: each answer carries the log bytes written since the last one (appended
+to ``tasks/<id>/attempt-<n>/output.log`` on the driver, whose cap the keeper holds) and, at the
+end, the outcome with the files the attempt wrote when it ran in a stage (written into its task
+folder here). The outcome is taken only from a poll with this attempt's token: an actor that
+does not know it (restarted) or a node Ray declared dead make the attempt ``lost``.
+``cancel`` only sets flags (it may run in a signal handler); the waiter sends the cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd, LaunchSpec
+from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
+from gpuswarm.exec.ray.wire import TooLarge, pack_tree, wire, write_outputs
+
+if TYPE_CHECKING:
+    from gpuswarm.exec.ray.backend import RayBackend
+    from gpuswarm.exec.ray.slots import RaySlot
+
+POLL_SECONDS = 0.5  # the actor answers at the end at once, else after this long with new output
+TICK = 0.05  # how often the waiter looks at a cancel and at its node while a poll is out
+START_TIMEOUT = 120.0
+APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class RayHandle:
+    def __init__(
+        self,
+        backend: RayBackend,
+        rs: RaySlot,
+        spec: LaunchSpec,
+        *,
+        adopted: bool = False,
+    ) -> None:
+        self._backend = backend
+        self._rs = rs
+        self._spec = spec
+        self._adopted = adopted  # started by a driver that died: only polled
+        self._end: AttemptEnd | None = None
+        self._cancelled = False
+        self._hard = False
+        self._sent: bool | None = None  # the cancel sent (its hardness)
+        self._pid: int | None = None
+        self._started = time.time()
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def done(self) -> bool:
+        return self._end is not None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def exit_fd(self) -> int | None:
+        return None  # the waiter path: wait() polls the actor
+
+    @property
+    def deadline(self) -> float | None:
+        return None  # the actor holds the timeout (TERM, grace, KILL on its node)
+
+    @property
+    def node(self) -> str:
+        return self._rs.node.host
+
+    def end_if_clean(self) -> AttemptEnd | None:
+        return self._end
+
+    def cancel(self, *, hard: bool = False) -> None:
+        if self._end is not None:
+            return
+        self._cancelled = True
+        self._hard = self._hard or hard
+
+    def wait(self) -> AttemptEnd:
+        if self._end is None:
+            try:
+                self._end = self._run()
+            except BaseException:
+                self._send_cancel(force=True)
+                raise
+        return self._end
+
+    # -- the waiter's side -----------------------------------------------------------------------
+    def _ray(self) -> Any:
+        return self._backend.ray
+
+    def _lost(self, why: str) -> AttemptEnd:
+        node = self._rs.node
+        reason = f"lost: {why} (node {node.host}, {node.node_id[:12]})"
+        now = time.time()
+        return AttemptEnd(EndKind.LOST, None, None, reason, False, self._started, now, None, 0)
+
+    def _failed(self, why: str) -> AttemptEnd:
+        now = time.time()
+        return AttemptEnd(EndKind.SPAWN_ERROR, None, None, why, False, self._started, now, None, 0)
+
+    def _send_cancel(self, *, force: bool = False) -> None:
+        hard = self._hard or force
+        if self._sent is not None and (self._sent or not hard):
+            return
+        self._sent = hard
+        with contextlib.suppress(Exception):
+            self._rs.actor.cancel.remote(self._spec.token, hard)
+
+    def _open_log(self) -> int:
+        log = self._spec.log_path
+        if self._adopted:
+            with contextlib.suppress(OSError):
+                return os.open(log, APPEND_FLAGS)
+        fresh_log_dir(log.parent)
+        return os.open(log, PUMPED_LOG_FLAGS, 0o600)
+
+    def _start(self) -> AttemptEnd | None:
+        """Start it on the actor; its cwd is packed and shipped only when the node asks for it
+        (it does not see the run folder)."""
+        from ray.exceptions import RayTaskError
+
+        backend = self._backend
+        args = dict(root=backend.options.run_dir, probe=backend.probe, ship=backend.cfg.ship)
+        data = wire(self._spec, **args)
+        actor = self._rs.actor
+        ray = self._ray()
+        try:
+            res = ray.get(actor.start.remote(data), timeout=START_TIMEOUT)
+            if res.get("need_tree"):
+                key, blob = backend.tree_for(self._spec)
+                data = wire(self._spec, **args, tree=(key, str(self._spec.cwd)))
+                res = ray.get(actor.start.remote(data, blob), timeout=START_TIMEOUT)
+        except RayTaskError as exc:  # the node could not stage it (a full disk, a bad tree)
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            return self._failed(f"its node could not start it: {str(cause).splitlines()[-1]}")
+        self._pid = res.get("pid")
+        return None
+
+    def _run(self) -> AttemptEnd:
+        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+        ray = self._ray()
+        try:
+            fd = self._open_log()
+        except OSError as exc:
+            return self._failed(f"cannot open log {self._spec.log_path}: {exc}")
+        try:
+            if not self._adopted:
+                try:
+                    failed = self._start()
+                except TooLarge as exc:
+                    return self._failed(str(exc))
+                except RayActorError:
+                    return self._lost("its slot actor died before the attempt started")
+                except GetTimeoutError:
+                    return self._lost("its slot actor did not answer the start")
+                if failed is not None:
+                    return failed
+                offset = 0
+            else:
+                offset = os.fstat(fd).st_size
+            while True:
+                if self._cancelled:
+                    self._send_cancel()
+                ref = self._rs.actor.poll.remote(self._spec.token, offset, POLL_SECONDS)
+                res = None
+                while res is None:
+                    ready, _ = ray.wait([ref], timeout=TICK)
+                    if ready:
+                        try:
+                            res = ray.get(ref)
+                        except ActorUnavailableError:
+                            res = {"unavailable": True}
+                        except RayActorError:
+                            return self._lost("its node left the cluster or its slot actor died")
+                        break
+                    if self._cancelled:
+                        self._send_cancel()
+                    if self._backend.node_dead(self._rs.node.node_id):
+                        return self._lost("Ray declared its node dead")
+                if res.get("unavailable"):
+                    if self._backend.node_dead(self._rs.node.node_id):
+                        return self._lost("Ray declared its node dead")
+                    time.sleep(0.2)
+                    continue
+                if not res.get("known"):
+                    return self._lost("its slot actor does not know the attempt")
+                data = res.get("data") or b""
+                if data:
+                    _write_all(fd, data)
+                offset = int(res["offset"])
+                if "end" in res:
+                    return self._finish(res, fd)
+        finally:
+            os.close(fd)
+
+    def _finish(self, res: dict[str, Any], fd: int) -> AttemptEnd:
+        e = res["end"]
+        end = AttemptEnd(
+            EndKind(e["kind"]),
+            e["returncode"],
+            e["signal"],
+            str(e["reason"]),
+            bool(e["oom"]),
+            float(e["started"]),
+            float(e["ended"]),
+            e["pid"],
+            int(e["killed"]),
+        )
+        error = res.get("error")
+        files = res.get("files") or []
+        if files and error is None:
+            task_dir = Path(self._spec.env.get("GPUSWARM_TASK_WORKSPACE", ""))
+            try:
+                write_outputs(task_dir, files)
+            except OSError as exc:
+                error = f"its outputs could not be written into {task_dir}: {exc}"
+        if error is not None:
+            _write_all(fd, f"\ngpuswarm: {error}\n".encode())
+            end = AttemptEnd(
+                EndKind.EXITED, None, None, error, end.oom, end.started, end.ended, end.pid, 0
+            )
+        with contextlib.suppress(Exception):
+            self._rs.actor.forget.remote(self._spec.token)
+        return end
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]

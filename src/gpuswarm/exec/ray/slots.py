@@ -1,0 +1,301 @@
+"""The run's slot actors across the cluster, and its membership: nodes join, nodes die.
+
+One detached actor per slot, named ``<run>/<node id>/<k>`` in the run's namespace (so a
+resumed driver finds them again), pinned to its node (``NodeAffinitySchedulingStrategy``, hard),
+asking Ray for ``gpus_per_task`` GPUs, or ``1/tasks_per_gpu`` of one: Ray sets each actor's
+``CUDA_VISIBLE_DEVICES``, and the slot's GPUs are what it reports (``ray.get_gpu_ids()``).
+A watcher thread lists the nodes every half second: a node that joins gets its slots (actors
+made, asked who they are, the per-node ``setup:`` run once), a node Ray declares dead retires
+its slots; the slot loop picks both up through :meth:`SlotPool.changes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuswarm.config.models import RayConfig
+from gpuswarm.core.paths import slugify
+from gpuswarm.exec.base import SlotChanges
+from gpuswarm.exec.ray.actor import SlotActor
+from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
+from gpuswarm.placement.devices import Gpu, Vendor
+from gpuswarm.placement.gpus import Slot
+
+WATCH_SECONDS = 0.5
+READY_TIMEOUT = 120.0  # an actor that cannot be placed this long (its GPUs are taken): none
+ACTOR_THREADS = 8  # start, poll, cancel, forget of one slot may overlap
+
+
+@dataclass
+class RaySlot:
+    slot: Slot
+    node: Node
+    actor: Any  # the actor handle
+    name: str
+
+
+def actor_prefix(run_key: str) -> str:
+    return f"gpuswarm/{run_key}/"
+
+
+class SlotPool:
+    """The slots of one run on the cluster (the Membership of :class:`.backend.RayBackend`)."""
+
+    def __init__(
+        self,
+        ray: Any,
+        cfg: RayConfig,
+        run_key: str,
+        *,
+        gpus_per_task: int,
+        tasks_per_gpu: int,
+        gpu_filter: GpuFilter,
+        max_result: int,
+    ) -> None:
+        self.ray = ray
+        self.cfg = cfg
+        self.run_key = run_key
+        self.per_task = gpus_per_task
+        self.per_gpu = tasks_per_gpu
+        self.filter = gpu_filter
+        self.max_result = max_result
+        self.lock = threading.Lock()
+        self.by_label: dict[str, RaySlot] = {}
+        self.nodes: dict[str, Node] = {}  # node id -> node with slots of ours
+        self.dead: set[str] = set()
+        self._next_index = 0
+        self._gpus_used = 0
+        self._pending = SlotChanges()
+        self._wakeup: Callable[[], None] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cls: Any = None
+
+    # -- the Membership protocol -----------------------------------------------------------------
+    def initial_slots(self) -> list[Slot]:
+        found = self._add_nodes()
+        self._pending = SlotChanges()  # what initial_slots returns is not a change
+        return found
+
+    def watch(self, wakeup: Callable[[], None]) -> None:
+        self._wakeup = wakeup
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="ray-nodes", daemon=True)
+            self._thread.start()
+
+    def changes(self) -> SlotChanges:
+        with self.lock:
+            out, self._pending = self._pending, SlotChanges()
+        return out
+
+    # -- queries ---------------------------------------------------------------------------------
+    def get(self, label: str) -> RaySlot | None:
+        with self.lock:
+            return self.by_label.get(label)
+
+    def node_dead(self, node_id: str) -> bool:
+        with self.lock:
+            return node_id in self.dead
+
+    def all(self) -> list[RaySlot]:
+        with self.lock:
+            return list(self.by_label.values())
+
+    # -- making slots ----------------------------------------------------------------------------
+    def _actor_class(self) -> Any:
+        if self._cls is None:
+            self._cls = self.ray.remote(SlotActor)
+        return self._cls
+
+    def _slots_of(self, node: Node) -> int:
+        groups = node.gpus // self.per_task
+        if self.filter.count is not None:
+            left = max(0, self.filter.count - self._gpus_used)
+            groups = min(groups, left // self.per_task)
+        return groups * self.per_gpu
+
+    def _add_nodes(self) -> list[Slot]:
+        """Make slots on every admitted node that has none yet; the slots made."""
+        made: list[Slot] = []
+        for node in nodes(self.ray):
+            with self.lock:
+                known = node.node_id in self.nodes or node.node_id in self.dead
+            if known or not self.filter.admits(node):
+                continue
+            made.extend(self._add_node(node))
+        return made
+
+    def _add_node(self, node: Node) -> list[Slot]:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        count = self._slots_of(node)
+        if count == 0:
+            with self.lock:
+                self.nodes[node.node_id] = node
+            return []
+        self._gpus_used += (count // self.per_gpu) * self.per_task
+        cls = self._actor_class()
+        num_gpus = self.per_task if self.per_gpu == 1 else 1.0 / self.per_gpu
+        strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+        actors = []
+        for k in range(count):
+            name = f"{actor_prefix(self.run_key)}{node.node_id}/{k}"
+            actor = cls.options(
+                name=name,
+                namespace=self.cfg.namespace,
+                lifetime="detached",
+                get_if_exists=True,
+                num_cpus=0,
+                num_gpus=num_gpus,
+                max_concurrency=ACTOR_THREADS,
+                max_restarts=0,
+                scheduling_strategy=strategy,
+            ).remote(self.run_key, self.max_result)
+            actors.append((name, actor))
+        infos: list[dict[str, Any] | None] = []
+        for _, actor in actors:
+            try:
+                infos.append(self.ray.get(actor.info.remote(), timeout=READY_TIMEOUT))
+            except Exception:  # the node died meanwhile, or its GPUs are taken
+                infos.append(None)
+        if self.cfg.setup:
+            self._setup(node, actors, infos)
+        made = []
+        shares: dict[tuple[int, ...], int] = {}
+        with self.lock:
+            self.nodes[node.node_id] = node
+            for (name, actor), info in zip(actors, infos, strict=True):
+                if info is None:
+                    with contextlib.suppress(Exception):
+                        self.ray.kill(actor)
+                    continue
+                gpu_ids = tuple(int(g) for g in info["gpus"]) or (0,)
+                share = shares.get(gpu_ids, 0)
+                shares[gpu_ids] = share + 1
+                slot = Slot(
+                    self._next_index,
+                    gpu_ids,
+                    Vendor.NVIDIA,
+                    share,
+                    ident=slot_label(str(info["host"]), node.node_id, gpu_ids, share),
+                    devices=tuple(Gpu(i, node.accelerator, Vendor.NVIDIA) for i in gpu_ids),
+                )
+                self._next_index += 1
+                self.by_label[slot.label] = RaySlot(slot, node, actor, name)
+                made.append(slot)
+            self._pending.added.extend(made)
+            if made:
+                self._pending.notes.append(
+                    {
+                        "change": "joined",
+                        "node": node.node_id,
+                        "host": node.host,
+                        "accelerator": node.accelerator,
+                        "slots": [s.label for s in made],
+                    }
+                )
+        return made
+
+    def _setup(self, node: Node, actors: list[tuple[str, Any]], infos: list[Any]) -> None:
+        """The per-node ``setup:`` once, before the node's first attempt (a failure: the node
+        gets no slots, and the journal says why)."""
+        assert self.cfg.setup is not None
+        first = next((a for (_, a), i in zip(actors, infos, strict=True) if i is not None), None)
+        if first is None:
+            return
+        try:
+            result = self.ray.get(
+                first.setup.remote(self.cfg.setup, node.node_id, self.cfg.setup_timeout),
+                timeout=self.cfg.setup_timeout + 60,
+            )
+        except Exception as exc:
+            result = {"rc": -1, "tail": str(exc), "ran": True}
+        if result.get("rc") != 0:
+            for i in range(len(infos)):
+                infos[i] = None
+            with self.lock:
+                self._pending.notes.append(
+                    {
+                        "change": "setup_failed",
+                        "node": node.node_id,
+                        "host": node.host,
+                        "rc": result.get("rc"),
+                        "tail": str(result.get("tail", ""))[-2000:],
+                    }
+                )
+
+    # -- watching --------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_SECONDS):
+            try:
+                changed = self._look()
+            except Exception:  # the head is unreachable for a moment: look again
+                continue
+            if changed and self._wakeup is not None:
+                self._wakeup()
+
+    def _look(self) -> bool:
+        alive = alive_ids(self.ray)
+        retired: list[str] = []
+        with self.lock:
+            gone = [n for n in self.nodes if n not in alive and n not in self.dead]
+            for node_id in gone:
+                self.dead.add(node_id)
+                node = self.nodes.pop(node_id)
+                labels = [lb for lb, rs in self.by_label.items() if rs.node.node_id == node_id]
+                for label in labels:
+                    del self.by_label[label]
+                retired.extend(labels)
+                self._gpus_used -= (len(labels) // self.per_gpu) * self.per_task
+                if labels:
+                    self._pending.notes.append(
+                        {"change": "left", "node": node_id, "host": node.host, "slots": labels}
+                    )
+            self._pending.retired.extend(retired)
+        added = self._add_nodes()
+        return bool(retired or added)
+
+    def close(self) -> None:
+        """Stop watching and kill every actor of the run (nothing of it remains)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        for rs in self.all():
+            with contextlib.suppress(Exception):
+                self.ray.kill(rs.actor, no_restart=True)
+        kill_run_actors(self.ray, self.run_key, self.cfg.namespace)
+
+
+def slot_label(host: str, node_id: str, gpu_ids: tuple[int, ...], share: int) -> str:
+    """``<host>-<node id prefix>-gpu0`` (several nodes may share a host name: containers,
+    one machine's test cluster); ``.1`` for the second slot on that GPU."""
+    base = f"{slugify(host, 40)}-{node_id[:6]}-gpu" + "+".join(str(i) for i in gpu_ids)
+    return f"{base}.{share}" if share else base
+
+
+def run_actors(ray: Any, run_key: str, namespace: str) -> list[tuple[str, Any]]:
+    """The named actors of run ``run_key`` that Ray still knows (any node)."""
+    from ray.util import list_named_actors
+
+    prefix = actor_prefix(run_key)
+    out = []
+    for entry in list_named_actors(all_namespaces=True):
+        name = entry["name"] if isinstance(entry, dict) else str(entry)
+        ns = entry.get("namespace") if isinstance(entry, dict) else namespace
+        if not name.startswith(prefix) or ns != namespace:
+            continue
+        with contextlib.suppress(Exception):
+            out.append((name, ray.get_actor(name, namespace=namespace)))
+    return out
+
+
+def kill_run_actors(ray: Any, run_key: str, namespace: str) -> int:
+    found = run_actors(ray, run_key, namespace)
+    for _, actor in found:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    return len(found)
