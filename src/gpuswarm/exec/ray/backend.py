@@ -16,6 +16,7 @@ import hashlib
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from typing import Any
 from gpuswarm.config.models import RayConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.fsutil import atomic_write_bytes
-from gpuswarm.exec.base import BackendOptions, Handle, LaunchSpec, Leftovers
+from gpuswarm.core.models import EndKind
+from gpuswarm.exec.base import AttemptEnd, BackendOptions, Handle, LaunchSpec, Leftovers
 from gpuswarm.exec.local.backend import LocalBackend
 from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
 from gpuswarm.exec.ray.handle import RayHandle
@@ -32,6 +34,30 @@ from gpuswarm.exec.ray.wire import PROBE_NAME, pack_tree
 from gpuswarm.exec.sandbox import Provision
 
 MB = 1 << 20
+
+
+class GoneHandle:
+    """The attempt of a slot that is gone (its node left): ended ``lost`` before it started."""
+
+    def __init__(self, label: str) -> None:
+        now = time.time()
+        reason = f"lost: slot {label} left the cluster before the attempt started"
+        self._end = AttemptEnd(EndKind.LOST, None, None, reason, False, now, now, None, 0)
+
+    pid = None
+    done = True
+    cancelled = False
+    exit_fd = None
+    deadline = None
+
+    def end_if_clean(self) -> AttemptEnd:
+        return self._end
+
+    def wait(self) -> AttemptEnd:
+        return self._end
+
+    def cancel(self, *, hard: bool = False) -> None:
+        pass
 
 
 def run_key_of(run_dir: str) -> str:
@@ -77,6 +103,10 @@ class RayBackend:
             )
         return self._pool
 
+    def retire(self, label: str, why: str) -> None:
+        if self._pool is not None:
+            self._pool.retire(label, why)
+
     def node_dead(self, node_id: str) -> bool:
         return self._pool is not None and self._pool.node_dead(node_id)
 
@@ -103,9 +133,11 @@ class RayBackend:
 
     def launch(self, spec: LaunchSpec) -> Handle:
         label = spec.identity.get("slot", "")
-        rs = self._pool.get(label) if self._pool is not None and label else None
-        if rs is None:  # after_all, or a slot that is gone: on the driver
+        if not label or self._pool is None:  # after_all: on the driver
             return self._local.launch(spec)
+        rs = self._pool.get(label)
+        if rs is None:  # its node left between the claim and the launch: never on the driver
+            return GoneHandle(label)
         if not self.probe:
             self.open()
         return RayHandle(self, rs, spec)

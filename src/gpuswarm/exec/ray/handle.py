@@ -98,8 +98,10 @@ class RayHandle:
     def _ray(self) -> Any:
         return self._backend.ray
 
-    def _lost(self, why: str) -> AttemptEnd:
+    def _lost(self, why: str, *, retire: bool = True) -> AttemptEnd:
         node = self._rs.node
+        if retire:  # its actor is gone: the slot must claim nothing more
+            self._backend.retire(self._rs.slot.label, why)
         reason = f"lost: {why} (node {node.host}, {node.node_id[:12]})"
         now = time.time()
         return AttemptEnd(EndKind.LOST, None, None, reason, False, self._started, now, None, 0)
@@ -194,7 +196,7 @@ class RayHandle:
                     time.sleep(0.2)
                     continue
                 if not res.get("known"):
-                    return self._lost("its slot actor does not know the attempt")
+                    return self._lost("its slot actor does not know the attempt", retire=False)
                 data = res.get("data") or b""
                 if data:
                     _write_all(fd, data)

@@ -67,6 +67,7 @@ class SlotPool:
         self.by_label: dict[str, RaySlot] = {}
         self.nodes: dict[str, Node] = {}  # node id -> node with slots of ours
         self.dead: set[str] = set()
+        self.labels_of: dict[str, list[str]] = {}  # node id -> every slot it had
         self._next_index = 0
         self._gpus_used = 0
         self._pending = SlotChanges()
@@ -186,6 +187,7 @@ class SlotPool:
                 )
                 self._next_index += 1
                 self.by_label[slot.label] = RaySlot(slot, node, actor, name)
+                self.labels_of.setdefault(node.node_id, []).append(slot.label)
                 made.append(slot)
             self._pending.added.extend(made)
             if made:
@@ -246,10 +248,10 @@ class SlotPool:
             for node_id in gone:
                 self.dead.add(node_id)
                 node = self.nodes.pop(node_id)
-                labels = [lb for lb, rs in self.by_label.items() if rs.node.node_id == node_id]
+                labels = self.labels_of.get(node_id, [])
                 for label in labels:
-                    del self.by_label[label]
-                retired.extend(labels)
+                    if self.by_label.pop(label, None) is not None:
+                        retired.append(label)
                 self._gpus_used -= (len(labels) // self.per_gpu) * self.per_task
                 if labels:
                     self._pending.notes.append(
@@ -258,6 +260,21 @@ class SlotPool:
             self._pending.retired.extend(retired)
         added = self._add_nodes()
         return bool(retired or added)
+
+    def retire(self, label: str, why: str) -> None:
+        """Take a slot out now (its actor died: it would fail every attempt until the node is
+        declared dead); the loop drops it from its free slots at its next pass."""
+        with self.lock:
+            rs = self.by_label.pop(label, None)
+            if rs is None:
+                return
+            self._pending.retired.append(label)
+            self._pending.notes.append(
+                {"change": "retired", "node": rs.node.node_id, "host": rs.node.host,
+                 "slots": [label], "reason": why}
+            )
+        if self._wakeup is not None:
+            self._wakeup()
 
     def close(self) -> None:
         """Stop watching and kill every actor of the run (nothing of it remains)."""

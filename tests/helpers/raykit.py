@@ -1,0 +1,105 @@
+"""A real multi-node Ray cluster on one machine for the ``ray`` backend's tests.
+
+``ray.cluster_utils.Cluster`` starts a separate raylet per node; each node gets fake GPU
+resources (``num_gpus=2``: Ray assigns GPU ids and sets each actor's ``CUDA_VISIBLE_DEVICES``
+as on real GPUs), ``RAY_TMPDIR`` lies in the test's temp folder, and the health check is fast
+(as Ray's own node-death tests set it) so a removed node is declared dead within about a second.
+
+:func:`require_ray` skips a test without Ray locally, and fails it instead in CI
+(``CI=true``) or under ``GPUSWARM_REQUIRE_RAY=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REQUIRE_ENV = "GPUSWARM_REQUIRE_RAY"
+# Ray's node-death tests: a node is dead after failure_threshold missed checks of period_ms
+FAST_HEALTH = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 200,
+    "health_check_timeout_ms": 200,
+    "health_check_failure_threshold": 5,
+}
+NODE_ARGS: dict[str, Any] = {"num_cpus": 2, "num_gpus": 2, "object_store_memory": 80 << 20}
+
+
+def ray_required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI", "").lower() == "true"
+
+
+def require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        why = "Ray is not installed (pip install 'gpuswarm[ray]')"
+        if ray_required():
+            pytest.fail(f"{why}, and CI / {REQUIRE_ENV}=1 asks for it", pytrace=False)
+        pytest.skip(why)
+
+
+class LocalRayCluster:
+    """A head and ``nodes - 1`` workers, each with 2 fake GPUs; the test process connects."""
+
+    def __init__(self, tmp: Path, nodes: int = 3) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.tmp = tmp
+        os.environ["RAY_TMPDIR"] = str(tmp)
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={**NODE_ARGS, "_system_config": FAST_HEALTH, "include_dashboard": False},
+        )
+        self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(nodes - 1)]
+        self.cluster.wait_for_nodes()
+        self.address: str = self.cluster.address
+        ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+        self.ray = ray
+
+    def add_node(self) -> Any:
+        node = self.cluster.add_node(**NODE_ARGS)
+        self.workers.append(node)
+        return node
+
+    def remove_node(self, node: Any) -> None:
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.workers.remove(node)
+
+    def node_ids(self) -> set[str]:
+        return {str(n["NodeID"]) for n in self.ray.nodes() if n["Alive"]}
+
+    def worker_for(self, node_id_prefix: str) -> Any:
+        """The worker node whose id starts with ``node_id_prefix`` (slot labels carry 6 chars)."""
+        for node in self.workers:
+            if node.node_id.startswith(node_id_prefix):
+                return node
+        return None
+
+    def named_actors(self) -> list[str]:
+        from ray.util import list_named_actors
+
+        return [
+            a["name"] if isinstance(a, dict) else str(a)
+            for a in list_named_actors(all_namespaces=True)
+        ]
+
+    def wait_no_actors(self, prefix: str = "gpuswarm/", timeout: float = 15.0) -> list[str]:
+        """The run's named actors left after ``timeout`` ([] once every one is gone)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [n for n in self.named_actors() if n.startswith(prefix)]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
+        self.cluster.shutdown()
+        os.environ.pop("RAY_TMPDIR", None)

@@ -1,0 +1,146 @@
+"""``backend: ray`` on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``, 3 nodes x 2
+fake GPUs, one cluster for the whole module): tasks spread over every node, each seeing one GPU;
+a node that joins mid-run gets work; a node removed mid-task has its task requeued (``lost``)
+and done once; a SIGKILLed driver's run resumes and its task ends once; a research round runs
+across nodes; no actor of a run remains at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_driver import CliProcess, CliResult, find_runs, read_events, wait_for, wait_for_run
+from raykit import LocalRayCluster, require_ray
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRayCluster]:
+    require_ray()
+    made = LocalRayCluster(tmp_path_factory.mktemp("ray"), nodes=3)
+    try:
+        yield made
+    finally:
+        made.shutdown()
+
+
+def _commands(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def _probe(seconds: float) -> str:
+    """A task that records where it ran and what it saw, then sleeps."""
+    return (
+        "sh -c 'echo \"$GPUSWARM_TASK_ID $GPUSWARM_SLOT_ID cuda=$CUDA_VISIBLE_DEVICES\" "
+        f">> \"$GPUSWARM_RUN_DIR/../seen.txt\"; sleep {seconds}'"
+    )
+
+
+def _seen(workspace: Path) -> list[list[str]]:
+    rows = []
+    for run in find_runs(workspace):
+        path = run.parent / "seen.txt"
+        if path.exists():
+            rows = [line.split() for line in path.read_text().splitlines() if line]
+    return rows
+
+
+def _summary(run: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run / "summary.json").read_text())
+    return data
+
+
+def _ray_args(cluster: LocalRayCluster) -> list[str]:
+    return ["--backend", "ray", "--ray-address", cluster.address, "--plain", "--no-report"]
+
+
+def test_tasks_spread_over_every_node_each_sees_one_gpu(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    ws = tmp_path / "ws"
+    cmds = _commands(tmp_path / "cmds.txt", [_probe(1.5) for _ in range(6)])
+    result = gpuswarm("run", *_ray_args(cluster), "--workspace", ws, cmds, timeout=120)
+    assert result.returncode == 0, result
+    seen = _seen(ws)
+    assert len(seen) == 6
+    slots = {row[1] for row in seen}
+    assert len(slots) == 6  # six slots at once: one per GPU of the cluster
+    nodes = {label.split("-")[-2] for label in slots}
+    assert nodes == {n[:6] for n in cluster.node_ids()}  # every node ran a task
+    for _, label, cuda in seen:
+        gpu = label.rsplit("-gpu", 1)[1]
+        assert cuda == f"cuda={gpu}"  # one GPU each: the one Ray gave its slot
+    run = find_runs(ws)[0]
+    assert _summary(run)["counts"]["done"] == 6
+    log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
+    assert log == ""  # its output went to seen.txt; the log exists (pulled home)
+    assert cluster.wait_no_actors() == []
+
+
+def _events(run: Path, ev: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(run) if e.get("ev") == ev]
+
+
+def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm_popen: Callable[..., CliProcess]
+) -> None:
+    ws = tmp_path / "ws"
+    cmds = _commands(tmp_path / "cmds.txt", [_probe(6) for _ in range(14)])
+    proc = gpuswarm_popen("run", *_ray_args(cluster), "--workspace", ws, cmds)
+    run = wait_for_run(ws, timeout=60)
+    wait_for(lambda: len(_events(run, "started")) >= 6, timeout=60)
+    node = cluster.add_node()  # joins mid-run: its slots get the pending tasks
+    prefix = node.node_id[:6]
+    wait_for(
+        lambda: any(prefix in str(e.get("slot")) for e in _events(run, "started")), timeout=60
+    )
+    joined = [e for e in _events(run, "slots") if e.get("change") == "joined"]
+    assert joined and joined[0]["node"] == node.node_id
+    on_node = {e["task"] for e in _events(run, "started") if prefix in str(e.get("slot"))}
+    cluster.remove_node(node)  # mid-task: its attempts are lost and run again elsewhere
+    result = proc.wait(timeout=120)
+    assert result.returncode == 0, result
+    left = [e for e in _events(run, "slots") if e.get("change") == "left"]
+    assert left and left[0]["node"] == node.node_id
+    requeued = {e["task"] for e in _events(run, "requeued") if e.get("reason") == "lost"}
+    assert requeued == on_node
+    done = [e["task"] for e in _events(run, "finished") if e.get("state") == "done"]
+    assert sorted(done) == sorted(set(done)) and len(done) == 14  # each task done once
+    assert _summary(run)["counts"]["done"] == 14
+    for task in on_node:
+        desc = json.loads(next((run / ".parallel" / "done").glob(f"*_{task}.json")).read_text())
+        kinds = [a["kind"] for a in desc["attempts"]]
+        assert kinds == ["lost", "exited"], desc["attempts"]
+    assert cluster.wait_no_actors() == []
+
+
+def test_sigkilled_driver_resumes_and_the_task_ends_once(
+    cluster: LocalRayCluster,
+    tmp_path: Path,
+    gpuswarm: Callable[..., CliResult],
+    gpuswarm_popen: Callable[..., CliProcess],
+) -> None:
+    ws = tmp_path / "ws"
+    marker = tmp_path / "ends.txt"
+    task = f"sh -c 'sleep 3; echo end >> {marker}'"
+    cmds = _commands(tmp_path / "cmds.txt", [task])
+    proc = gpuswarm_popen("run", *_ray_args(cluster), "--workspace", ws, cmds)
+    run = wait_for_run(ws, timeout=60)
+    wait_for(lambda: len(_events(run, "started")) >= 1, timeout=60)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    result = gpuswarm("resume", run, "--plain", "--no-report", timeout=120)
+    assert result.returncode == 0, result
+    assert marker.read_text().splitlines() == ["end"]  # ran to its end once, never twice
+    assert _summary(run)["counts"]["done"] == 1
+    assert cluster.wait_no_actors() == []
