@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.config.models import RayConfig
 from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
@@ -24,7 +25,6 @@ from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.signals import on_stop_signals
-from gpuswarm.config.models import RayConfig
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.check import check_run

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import time
 from pathlib import Path
@@ -47,19 +48,20 @@ class LocalRayCluster:
     """A head and ``nodes - 1`` workers, each with 2 fake GPUs; the test process connects."""
 
     def __init__(self, tmp: Path, nodes: int = 3) -> None:
-        import ray
+        import ray as ray_module
         from ray.cluster_utils import Cluster
 
         self.tmp = tmp
         os.environ["RAY_TMPDIR"] = str(tmp)
-        self.cluster = Cluster(
+        ray: Any = ray_module
+        self.cluster: Any = Cluster(
             initialize_head=True,
             head_node_args={**NODE_ARGS, "_system_config": FAST_HEALTH, "include_dashboard": False},
         )
         self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(nodes - 1)]
         self.cluster.wait_for_nodes()
         self.address: str = self.cluster.address
-        ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
         self.ray = ray
 
     def add_node(self) -> Any:

@@ -40,8 +40,8 @@ def _commands(path: Path, lines: list[str]) -> Path:
 def _probe(seconds: float) -> str:
     """A task that records where it ran and what it saw, then sleeps."""
     return (
-        "sh -c 'echo \"$GPUSWARM_TASK_ID $GPUSWARM_SLOT_ID cuda=$CUDA_VISIBLE_DEVICES\" "
-        f">> \"$GPUSWARM_RUN_DIR/../seen.txt\"; sleep {seconds}'"
+        'sh -c \'echo "$GPUSWARM_TASK_ID $GPUSWARM_SLOT_ID cuda=$CUDA_VISIBLE_DEVICES" '
+        f'>> "$GPUSWARM_RUN_DIR/../seen.txt"; sleep {seconds}\''
     )
 
 
@@ -100,9 +100,7 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     wait_for(lambda: len(_events(run, "started")) >= 6, timeout=60)
     node = cluster.add_node()  # joins mid-run: its slots get the pending tasks
     prefix = node.node_id[:6]
-    wait_for(
-        lambda: any(prefix in str(e.get("slot")) for e in _events(run, "started")), timeout=60
-    )
+    wait_for(lambda: any(prefix in str(e.get("slot")) for e in _events(run, "started")), timeout=60)
     joined = [e for e in _events(run, "slots") if e.get("change") == "joined"]
     assert joined and joined[0]["node"] == node.node_id
     on_node = {e["task"] for e in _events(run, "started") if prefix in str(e.get("slot"))}
@@ -123,15 +121,19 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     assert cluster.wait_no_actors() == []
 
 
+@pytest.mark.parametrize("seconds", [3, 14], ids=["ended-meanwhile", "still-running"])
 def test_sigkilled_driver_resumes_and_the_task_ends_once(
     cluster: LocalRayCluster,
     tmp_path: Path,
     gpuswarm: Callable[..., CliResult],
     gpuswarm_popen: Callable[..., CliProcess],
+    seconds: int,
 ) -> None:
+    """The slot actors outlive the driver: resume reattaches, waits for a running attempt or
+    collects the outcome of one that ended meanwhile; the task is never run twice."""
     ws = tmp_path / "ws"
     marker = tmp_path / "ends.txt"
-    task = f"sh -c 'sleep 3; echo end >> {marker}'"
+    task = f"sh -c 'echo begin; sleep {seconds}; echo end >> {marker}; echo bye'"
     cmds = _commands(tmp_path / "cmds.txt", [task])
     proc = gpuswarm_popen("run", *_ray_args(cluster), "--workspace", ws, cmds)
     run = wait_for_run(ws, timeout=60)
@@ -143,4 +145,8 @@ def test_sigkilled_driver_resumes_and_the_task_ends_once(
     assert result.returncode == 0, result
     assert marker.read_text().splitlines() == ["end"]  # ran to its end once, never twice
     assert _summary(run)["counts"]["done"] == 1
+    adopted = [e for e in _events(run, "slots") if e.get("change") == "adopted"]
+    assert [e["task"] for e in adopted] == ["cmd-00001"]
+    log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
+    assert log.splitlines()[-1] == "bye"  # the output after the driver died came home too
     assert cluster.wait_no_actors() == []

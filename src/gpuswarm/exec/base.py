@@ -25,8 +25,8 @@ from gpuswarm.placement.devices import Gpu, Vendor
 
 if TYPE_CHECKING:
     from gpuswarm.config.models import DockerConfig, RayConfig
-    from gpuswarm.placement.gpus import Slot
     from gpuswarm.exec.sandbox import Provision
+    from gpuswarm.placement.gpus import Slot
 
 __all__ = [
     "Adopted",

@@ -10,14 +10,20 @@ each change is one ``slots`` event. Local and docker have no membership: nothing
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
 from gpuswarm.core.events import Ev
-from gpuswarm.exec.base import Backend, membership_of
+from gpuswarm.core.models import Lease, State
+from gpuswarm.exec.base import Adopted, Backend, membership_of
+from gpuswarm.exec.plan import values_for
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.leases import register_named_slots
-from gpuswarm.supervise.context import Shared
+from gpuswarm.store.names import task_id_of
+from gpuswarm.supervise.context import LiveAttempt, Shared
+from gpuswarm.supervise.launch import task_of
 
 
 class SlotSync:
@@ -27,13 +33,58 @@ class SlotSync:
         backend: Backend,
         homes: dict[int, dict[str, str]],
         slot_env: Callable[[Slot], dict[str, str]],
+        adopt: Callable[[LiveAttempt], None],
     ) -> None:
         self.run = run
         self.membership = membership_of(backend)
         self.homes = homes
         self.slot_env = slot_env
+        self.adopt = adopt
         self.retired: set[str] = set()
         self.slots: dict[str, Slot] = {s.label: s for s in run.cfg.slots}
+
+    def _adopt(self, found: Adopted, free: deque[Slot]) -> None:
+        """Wait for an attempt a dead supervisor started (recovery left its task in running/
+        under our lease); one whose task is not ours any more is ended."""
+        run = self.run
+        mine = Lease.owner_mark(run.cfg.owner)
+        name = next(
+            (
+                n
+                for n in run.queue.names(State.RUNNING)
+                if mine in n and task_id_of(n) == found.task_id
+            ),
+            None,
+        )
+        task = None
+        if name is not None:
+            claimed = run.queue.adopt_running(name)
+            task = task_of(run, claimed)
+        if name is None or task is None or claimed.desc.next_attempt != found.attempt:
+            found.handle.cancel(hard=True)
+            threading.Thread(target=found.handle.wait, daemon=True).start()
+            return
+        slot = found.slot
+        gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
+        values = values_for(run.paths, task, slot, gpu_ids, found.attempt)
+        live = LiveAttempt(
+            slot,
+            task.id,
+            task.name,
+            found.attempt,
+            time.time(),
+            found.handle,
+            claimed,
+            task,
+            gpu_ids,
+            values,
+        )
+        if slot in free:
+            free.remove(slot)
+        run.ledger.emit(
+            Ev.SLOTS, change="adopted", task=task.id, attempt=found.attempt, slots=[slot.label]
+        )
+        self.adopt(live)
 
     def watch(self) -> None:
         """Start noticing changes (the backend wakes the loop when there are some)."""
@@ -53,6 +104,8 @@ class SlotSync:
                 self.homes[slot.index] = self.slot_env(slot)
                 self.slots[slot.label] = slot
                 free.append(slot)
+        for found in changes.adopted:
+            self._adopt(found, free)
         self.retired.update(changes.retired)
         for note in changes.notes:
             run.ledger.emit(Ev.SLOTS, **note)

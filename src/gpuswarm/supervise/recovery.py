@@ -82,11 +82,12 @@ def recover(
     ``cancelled`` counts the tasks that ended cancelled.
     """
     moved = {"killed": 0, "interrupted": 0, "recovered": 0, "requeued": 0, "retried": 0}
-    moved["corrupt"] = moved["cancelled"] = 0
+    moved["corrupt"] = moved["cancelled"] = moved["adopted"] = 0
     moved["temp_files"] = _remove_temp_files(queue.paths)
     killer = backend or _local_backend()
     leftovers, alive, killed = killer.end_leftovers(run_dir=str(queue.paths.root), grace=grace)
     still_running = set(alive)
+    kept = kept_attempts(killer)
     if leftovers:
         moved["killed"] = killed
         ledger.emit(Ev.KILLED, pids=leftovers, reason="attempts of a crashed supervisor")
@@ -95,6 +96,9 @@ def recover(
         moved["cancelled"] += finish_holds(queue, ledger, applied_by)
         cancels = cancel_requests(queue)
         for name in queue.names(State.RUNNING):
+            if _adopt(queue, name, kept, cancels, applied_by):
+                moved["adopted"] += 1
+                continue
             how = _recover_running(queue, ledger, name, still_running, cancels, applied_by)
             moved[how] += 1
         moved["cancelled"] += settle_requests(queue, ledger, cancels, applied_by)
@@ -107,6 +111,32 @@ def recover(
         elif retry_failed:
             moved["retried"] += _retry_failed(queue, ledger, name)
     return moved
+
+
+def kept_attempts(backend: object) -> frozenset[str]:
+    """Tasks whose attempt the backend kept running for the new supervisor to wait for (a
+    cluster's slot actors outlive their driver: ``ray``); none for local and docker."""
+    kept = getattr(backend, "kept_attempts", None)
+    return frozenset(kept()) if callable(kept) else frozenset()
+
+
+def _adopt(
+    queue: DirQueue, name: str, kept: frozenset[str], cancels: Cancels, applied_by: str
+) -> bool:
+    """A running task whose attempt the backend kept (and nobody cancelled, no move of it
+    begun): it stays in running/, under the new supervisor's lease, which waits for it."""
+    if not kept:
+        return False
+    try:
+        claimed = queue.adopt_running(name)
+    except QueueError:
+        return False
+    task_id = claimed.task_id
+    if task_id not in kept or task_id in cancels or _begun_move(claimed) is not None:
+        return False
+    if claimed.desc.retry_at is not None:
+        return False
+    return queue.take_lease(name, applied_by) is not None
 
 
 def _remove_temp_files(paths: RunPaths) -> int:

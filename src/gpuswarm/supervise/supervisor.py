@@ -104,7 +104,9 @@ class Supervisor:
         self._slow = 0  # attempts in waiter threads
         self._poller = select.poll()
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
-        self.slot_sync = SlotSync(self.shared, self.backend, self._homes, self._slot_env)
+        self.slot_sync = SlotSync(
+            self.shared, self.backend, self._homes, self._slot_env, self._adopt
+        )
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -403,6 +405,11 @@ class Supervisor:
             live.fd = handle.exit_fd
             self._by_fd[live.fd] = live
             self._poller.register(live.fd, select.POLLIN)
+
+    def _adopt(self, live: LiveAttempt) -> None:
+        """An attempt a dead supervisor started, still known to the backend: waited for."""
+        self.live[live.slot.index] = live
+        self._to_waiter(live)
 
     def _settle(self, live: LiveAttempt, end: AttemptEnd, slow: bool = False) -> Returned:
         """The attempt has ended: its slot is free; its outcome is committed by a committer

@@ -65,6 +65,7 @@ class _Run:
     attempt: Attempt
     identity: dict[str, str]
     log: str  # the driver's log path (for a reattach)
+    workspace: str  # the driver's task folder (its outputs go there)
     end: AttemptEnd | None = None
     files: list[tuple[str, bytes]] = field(default_factory=list)
     error: str | None = None  # outputs over the limit: the attempt fails with this
@@ -147,7 +148,9 @@ class SlotActor:
         with contextlib.suppress(FileNotFoundError):
             staged.spec.log_path.unlink()
         attempt = Attempt.launch(staged.spec)
-        run = _Run(token, staged, attempt, dict(data.get("identity") or {}), str(data["log"]))
+        workspace = str(data["env"].get("GPUSWARM_TASK_WORKSPACE", ""))
+        identity = dict(data.get("identity") or {})
+        run = _Run(token, staged, attempt, identity, str(data["log"]), workspace)
         with self._cond:
             self._runs[token] = run
         threading.Thread(target=self._wait, args=(run,), daemon=True).start()
@@ -182,12 +185,11 @@ class SlotActor:
             ended = run.end is not None
         data = b""
         size = 0
-        with contextlib.suppress(OSError):
-            with open(run.staged.spec.log_path, "rb") as log:
-                size = os.fstat(log.fileno()).st_size
-                if size > offset:
-                    log.seek(offset)
-                    data = log.read(CHUNK)
+        with contextlib.suppress(OSError), open(run.staged.spec.log_path, "rb") as log:
+            size = os.fstat(log.fileno()).st_size
+            if size > offset:
+                log.seek(offset)
+                data = log.read(CHUNK)
         out: dict[str, Any] = {"known": True, "data": data, "offset": offset + len(data)}
         if ended and offset + len(data) >= size:
             assert run.end is not None
@@ -219,7 +221,13 @@ class SlotActor:
         """What this actor holds (a reattaching driver): token, identity, ended or not."""
         with self._cond:
             return [
-                {"token": r.token, "identity": r.identity, "ended": r.end is not None, "log": r.log}
+                {
+                    "token": r.token,
+                    "identity": r.identity,
+                    "ended": r.end is not None,
+                    "log": r.log,
+                    "workspace": r.workspace,
+                }
                 for r in self._runs.values()
             ]
 

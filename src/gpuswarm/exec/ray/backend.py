@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import secrets
 import threading
 import time
@@ -62,8 +61,8 @@ class GoneHandle:
 
 def run_key_of(run_dir: str) -> str:
     """The run's name in Ray (actor names): its folder name and a hash of its path."""
-    path = os.path.abspath(run_dir)
-    return f"{os.path.basename(path)}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"
+    path = Path(run_dir).absolute()
+    return f"{path.name}-{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
 
 
 class RayBackend:
@@ -80,6 +79,7 @@ class RayBackend:
         self.probe = ""
         self._trees: dict[str, tuple[str, Any]] = {}
         self._trees_lock = threading.Lock()
+        self._kept: dict[str, tuple[str, dict[str, Any]]] = {}  # task -> (actor, attempt)
 
     # -- the cluster -----------------------------------------------------------------------------
     @property
@@ -155,25 +155,58 @@ class RayBackend:
     def end_leftovers(
         self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
     ) -> Leftovers:
-        """A dead driver's attempts: every attempt its actors still run is ended (TERM, grace,
-        KILL) and its actors killed. (Another supervisor's, ``owner``: a Ray run has one.)"""
-        local = self._local.end_leftovers(run_dir=run_dir, owner=owner, grace=grace)
+        """A dead driver's attempts. Resuming this run (a backend with an owner): each attempt
+        a live slot actor holds is kept, running or ended, for the new driver to wait for or
+        collect (:meth:`kept_attempts`); else (``check --repair``) every one is ended (TERM,
+        grace, KILL) and the run's actors killed. (Another supervisor's, ``owner``: a Ray run
+        has one driver.)"""
         if run_dir is None:
-            return local
+            return self._local.end_leftovers(owner=owner, grace=grace)
+        mine = Path(self.options.run_dir or ".").absolute()
+        keep = bool(self.options.owner) and Path(run_dir).absolute() == mine
+        # on the driver's host: what ran there (after_all); not when resuming, where a node on
+        # this host may run the attempts we keep (they carry the run's folder too)
+        local = Leftovers([], frozenset(), 0)
+        if not keep:
+            local = self._local.end_leftovers(run_dir=run_dir, grace=grace)
         ray = self.ray
         found = run_actors(ray, run_key_of(run_dir), self.cfg.namespace)
         tasks: set[str] = set(local.tasks)
         killed = local.killed
+        names: list[int | str] = list(local.ids)
         for name, actor in found:
+            try:
+                held = ray.get(actor.attempts.remote(), timeout=30)
+            except Exception:  # its node is gone: what it ran is lost
+                held = []
+            if keep and held:
+                self._keep(name, held)
+                continue
+            for item in held:
+                if not item["ended"] and item["identity"].get("task"):
+                    tasks.add(str(item["identity"]["task"]))
+            stopped = 0
             with contextlib.suppress(Exception):
-                for held in ray.get(actor.attempts.remote(), timeout=30):
-                    if not held["ended"] and held["identity"].get("task"):
-                        tasks.add(str(held["identity"]["task"]))
-                killed += int(ray.get(actor.stop_all.remote(grace), timeout=grace + 60))
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-        names: list[int | str] = [*local.ids, *(name for name, _ in found)]
+                stopped = int(ray.get(actor.stop_all.remote(grace), timeout=grace + 60))
+            killed += stopped
+            if not keep:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            if stopped or not keep:
+                names.append(name)
+        if self._kept and self.membership is not None:
+            self.membership.adopt(self._kept, self)
         return Leftovers(names, frozenset(tasks), killed)
+
+    def _keep(self, name: str, held: list[dict[str, Any]]) -> None:
+        for item in held:
+            task = str(item["identity"].get("task") or "")
+            if task and item["identity"].get("kind", "attempt") == "attempt":
+                self._kept[task] = (name, item)
+
+    def kept_attempts(self) -> frozenset[str]:
+        """Tasks whose attempt a slot actor still holds (recovery leaves them running)."""
+        return frozenset(self._kept)
 
     def leftovers(self, run_dir: str) -> list[int | str]:
         names: list[int | str] = [

@@ -2,7 +2,8 @@
 
 ``--gpus`` (or the config's ``gpus:``) under ``backend: ray`` filters the cluster's GPUs instead
 of naming host ids: ``auto``/``all`` (default) every GPU of every node, now and joining later;
-``N`` at most N GPUs in all; ``node:A,B`` nodes by host name, IP or node-id prefix;
+``N`` at most N GPUs in all; ``node:A,B`` nodes by host name, IP or node-id prefix (6 or
+more characters, as slot labels show it);
 ``label:K=V`` nodes carrying a Ray label (``ray start --labels``) or a custom resource ``K``.
 """
 
@@ -105,7 +106,8 @@ class GpuFilter:
 
     def admits(self, node: Node) -> bool:
         if self.hosts and not any(
-            h in (node.host, node.ip) or node.node_id.startswith(h) for h in self.hosts
+            h in (node.host, node.ip) or (len(h) >= 6 and node.node_id.startswith(h))
+            for h in self.hosts
         ):
             return False
         if self.label is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
-from gpuswarm.exec.ray.wire import TooLarge, pack_tree, wire, write_outputs
+from gpuswarm.exec.ray.wire import TooLarge, wire, write_outputs
 
 if TYPE_CHECKING:
     from gpuswarm.exec.ray.backend import RayBackend
@@ -132,15 +132,16 @@ class RayHandle:
         from ray.exceptions import RayTaskError
 
         backend = self._backend
-        args = dict(root=backend.options.run_dir, probe=backend.probe, ship=backend.cfg.ship)
-        data = wire(self._spec, **args)
+        root, probe, ship = backend.options.run_dir, backend.probe, backend.cfg.ship
+        data = wire(self._spec, root=root, probe=probe, ship=ship)
         actor = self._rs.actor
         ray = self._ray()
         try:
             res = ray.get(actor.start.remote(data), timeout=START_TIMEOUT)
             if res.get("need_tree"):
                 key, blob = backend.tree_for(self._spec)
-                data = wire(self._spec, **args, tree=(key, str(self._spec.cwd)))
+                tree = (key, str(self._spec.cwd))
+                data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
                 res = ray.get(actor.start.remote(data, blob), timeout=START_TIMEOUT)
         except RayTaskError as exc:  # the node could not stage it (a full disk, a bad tree)
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
@@ -149,54 +150,20 @@ class RayHandle:
         return None
 
     def _run(self) -> AttemptEnd:
-        from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
-
-        ray = self._ray()
         try:
             fd = self._open_log()
         except OSError as exc:
             return self._failed(f"cannot open log {self._spec.log_path}: {exc}")
         try:
+            offset = os.fstat(fd).st_size if self._adopted else 0
             if not self._adopted:
-                try:
-                    failed = self._start()
-                except TooLarge as exc:
-                    return self._failed(str(exc))
-                except RayActorError:
-                    return self._lost("its slot actor died before the attempt started")
-                except GetTimeoutError:
-                    return self._lost("its slot actor did not answer the start")
+                failed = self._begin()
                 if failed is not None:
                     return failed
-                offset = 0
-            else:
-                offset = os.fstat(fd).st_size
             while True:
-                if self._cancelled:
-                    self._send_cancel()
-                ref = self._rs.actor.poll.remote(self._spec.token, offset, POLL_SECONDS)
-                res = None
-                while res is None:
-                    ready, _ = ray.wait([ref], timeout=TICK)
-                    if ready:
-                        try:
-                            res = ray.get(ref)
-                        except ActorUnavailableError:
-                            res = {"unavailable": True}
-                        except RayActorError:
-                            return self._lost("its node left the cluster or its slot actor died")
-                        break
-                    if self._cancelled:
-                        self._send_cancel()
-                    if self._backend.node_dead(self._rs.node.node_id):
-                        return self._lost("Ray declared its node dead")
-                if res.get("unavailable"):
-                    if self._backend.node_dead(self._rs.node.node_id):
-                        return self._lost("Ray declared its node dead")
-                    time.sleep(0.2)
-                    continue
-                if not res.get("known"):
-                    return self._lost("its slot actor does not know the attempt", retire=False)
+                res = self._poll(offset)
+                if isinstance(res, AttemptEnd):
+                    return res
                 data = res.get("data") or b""
                 if data:
                     _write_all(fd, data)
@@ -205,6 +172,47 @@ class RayHandle:
                     return self._finish(res, fd)
         finally:
             os.close(fd)
+
+    def _begin(self) -> AttemptEnd | None:
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return self._start()
+        except TooLarge as exc:
+            return self._failed(str(exc))
+        except RayActorError:
+            return self._lost("its slot actor died before the attempt started")
+        except GetTimeoutError:
+            return self._lost("its slot actor did not answer the start")
+
+    def _poll(self, offset: int) -> dict[str, Any] | AttemptEnd:
+        """One long poll: its answer, or the end of an attempt whose node or actor is gone.
+        While it is out, a cancel is sent and the node's death noticed every TICK."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        ray = self._ray()
+        dead = self._backend.node_dead
+        while True:
+            if self._cancelled:
+                self._send_cancel()
+            ref = self._rs.actor.poll.remote(self._spec.token, offset, POLL_SECONDS)
+            while not ray.wait([ref], timeout=TICK)[0]:
+                if self._cancelled:
+                    self._send_cancel()
+                if dead(self._rs.node.node_id):
+                    return self._lost("Ray declared its node dead")
+            try:
+                res: dict[str, Any] = ray.get(ref)
+            except ActorUnavailableError:  # for a moment (a network blip), or for good
+                if dead(self._rs.node.node_id):
+                    return self._lost("Ray declared its node dead")
+                time.sleep(0.2)
+                continue
+            except RayActorError:
+                return self._lost("its node left the cluster or its slot actor died")
+            if not res.get("known"):
+                return self._lost("its slot actor does not know the attempt", retire=False)
+            return res
 
     def _finish(self, res: dict[str, Any], fd: int) -> AttemptEnd:
         e = res["end"]

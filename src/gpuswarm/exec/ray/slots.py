@@ -15,13 +15,15 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuswarm.config.models import RayConfig
 from gpuswarm.core.paths import slugify
-from gpuswarm.exec.base import SlotChanges
+from gpuswarm.exec.base import Adopted, LaunchSpec, SlotChanges
 from gpuswarm.exec.ray.actor import SlotActor
 from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
+from gpuswarm.exec.ray.handle import RayHandle
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
@@ -75,12 +77,38 @@ class SlotPool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._cls: Any = None
+        self._kept: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._backend: Any = None
 
     # -- the Membership protocol -----------------------------------------------------------------
     def initial_slots(self) -> list[Slot]:
         found = self._add_nodes()
-        self._pending = SlotChanges()  # what initial_slots returns is not a change
+        with self.lock:  # what initial_slots returns is not a change
+            self._pending.added.clear()
+            self._pending.notes.clear()
+            kept, self._kept = self._kept, {}
+        for task, (name, item) in kept.items():
+            rs = next((r for r in self.all() if r.name == name), None)
+            if rs is None:
+                continue  # its node is not used now: lost (recovery re-runs the task)
+            spec = LaunchSpec(
+                argv=[],
+                env={"GPUSWARM_TASK_WORKSPACE": str(item.get("workspace") or "")},
+                cwd=Path(),
+                log_path=Path(str(item["log"])),
+                token=str(item["token"]),
+                identity=dict(item["identity"]),
+            )
+            attempt = int(item["identity"].get("attempt") or 0)
+            handle = RayHandle(self._backend, rs, spec, adopted=True)
+            with self.lock:
+                self._pending.adopted.append(Adopted(task, attempt, rs.slot, handle))
         return found
+
+    def adopt(self, kept: dict[str, tuple[str, dict[str, Any]]], backend: Any) -> None:
+        """Attempts a dead driver's actors hold: offered to the loop with the first slots."""
+        self._kept = dict(kept)
+        self._backend = backend
 
     def watch(self, wakeup: Callable[[], None]) -> None:
         self._wakeup = wakeup
@@ -270,8 +298,13 @@ class SlotPool:
                 return
             self._pending.retired.append(label)
             self._pending.notes.append(
-                {"change": "retired", "node": rs.node.node_id, "host": rs.node.host,
-                 "slots": [label], "reason": why}
+                {
+                    "change": "retired",
+                    "node": rs.node.node_id,
+                    "host": rs.node.host,
+                    "slots": [label],
+                    "reason": why,
+                }
             )
         if self._wakeup is not None:
             self._wakeup()

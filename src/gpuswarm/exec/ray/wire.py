@@ -150,17 +150,17 @@ def node_spec(
 
 # -- shipping a folder to the node --------------------------------------------------------------
 def pack_tree(folder: Path, limit: int) -> tuple[str, bytes]:
-    """The folder as a gzipped tar (symlinks kept as links, never followed) and its key."""
+    """The folder as a gzipped tar (symlinks kept as links, never followed) and its key;
+    TooLarge once it packs to more than ``limit`` bytes (``ray.max_ship_mb``)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         tar.add(str(folder), arcname=".", recursive=True)
-        if buf.tell() > limit:
-            raise TooLarge(f"{folder} packs to more than {limit >> 20} MiB")
     data = buf.getvalue()
     if len(data) > limit:
         raise TooLarge(
-            f"{folder} packs to {len(data) >> 20} MiB, over ray.max_ship_mb ({limit >> 20} MiB); "
-            "put large inputs under ray.shared_path (or raise max_ship_mb)"
+            f"{folder} packs to {len(data) / (1 << 20):.1f} MiB, over ray.max_ship_mb "
+            f"({limit / (1 << 20):.1f} MiB); put large inputs under ray.shared_path (or raise "
+            "max_ship_mb)"
         )
     return hashlib.sha256(data).hexdigest()[:24], data
 
@@ -205,7 +205,8 @@ def collect_outputs(task_dir: Path, limit: int) -> list[tuple[str, bytes]]:
                 if total > limit:
                     raise TooLarge(
                         f"the attempt's outputs in its task folder are over ray.max_result_mb "
-                        f"({limit >> 20} MiB); write large artifacts under ray.shared_path"
+                        f"({limit / (1 << 20):.1f} MiB); write large artifacts under "
+                        "ray.shared_path"
                     )
                 out.append((str(path.relative_to(task_dir)), read_limited(path, limit)))
     return out

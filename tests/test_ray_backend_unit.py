@@ -1,0 +1,177 @@
+"""The ray backend's pure parts (no cluster): the config block, ``--gpus`` under Ray, the wire
+format and a node's staging of an attempt, what comes home and its limit; and that a local
+run never imports ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gpuswarm.config.models import RayConfig, RunConfig
+from gpuswarm.core.errors import GpuSpecError
+from gpuswarm.exec.base import LaunchSpec, backend_names, membership_of
+from gpuswarm.exec.ray.cluster import GpuFilter, Node, parse_filter
+from gpuswarm.exec.ray.slots import slot_label
+from gpuswarm.exec.ray.wire import (
+    PROBE_NAME,
+    TooLarge,
+    collect_outputs,
+    node_spec,
+    pack_tree,
+    unpack_tree,
+    wire,
+    write_outputs,
+)
+
+
+def test_ray_config_block_and_addresses() -> None:
+    assert RayConfig().address == "auto"
+    for ok in ("auto", "10.0.0.1:6379", "head.example:6379", "ray://head:10001"):
+        assert RayConfig(address=ok).address == ok
+    with pytest.raises(ValidationError, match="HOST:PORT"):
+        RayConfig(address="head")
+    with pytest.raises(ValidationError, match="add backend: ray"):
+        RunConfig.model_validate({"tasks": [{"command": "true"}], "ray": {"address": "auto"}})
+    cfg = RunConfig.model_validate({"tasks": [{"command": "true"}], "backend": "ray"})
+    assert cfg.ray is None and "ray" in backend_names()
+
+
+def _node(host: str = "a", node_id: str = "abcdef0123", **labels: str) -> Node:
+    return Node(node_id, host, "10.0.0.5", 2, "GPU", labels, {"GPU": 2.0, "fast": 1.0})
+
+
+def test_gpus_under_ray_is_a_filter() -> None:
+    assert parse_filter(None) == GpuFilter() == parse_filter("auto") == parse_filter("all")
+    assert parse_filter("4").count == 4
+    assert parse_filter("node:a,b").admits(_node("b"))
+    assert not parse_filter("node:a").admits(_node("c"))
+    assert parse_filter("node:abcdef").admits(_node("x"))  # a node id prefix
+    assert parse_filter("node:10.0.0.5").admits(_node("x"))
+    assert parse_filter("label:zone=eu").admits(_node(zone="eu"))
+    assert not parse_filter("label:zone=eu").admits(_node(zone="us"))
+    assert parse_filter("label:fast").admits(_node())  # a custom resource
+    for bad in ("0", "node:", "label:=x", "sim:4", "0-3"):
+        with pytest.raises(GpuSpecError, match="--gpus"):
+            parse_filter(bad)
+
+
+def test_slot_labels_name_host_node_and_gpu() -> None:
+    assert slot_label("dgx-1", "0123456789", (3,), 0) == "dgx-1-012345-gpu3"
+    assert slot_label("dgx-1", "0123456789", (0, 1), 0) == "dgx-1-012345-gpu0+1"
+    assert slot_label("dgx-1", "0123456789", (3,), 1) == "dgx-1-012345-gpu3.1"
+
+
+def test_local_backend_has_no_membership() -> None:
+    from gpuswarm.exec.base import create_backend
+
+    assert membership_of(create_backend("local")) is None
+
+
+def _spec(root: Path, cwd: Path) -> LaunchSpec:
+    task_dir = root / "tasks" / "t1"
+    env = {
+        "PATH": "/driver/bin",
+        "GPUSWARM_RUN_DIR": str(root),
+        "GPUSWARM_TASK_WORKSPACE": str(task_dir),
+        "CUDA_VISIBLE_DEVICES": "1",
+        "MINE": "x",
+    }
+    return LaunchSpec(
+        argv=["python", f"{cwd}/train.py", "--out", f"{task_dir}/result.json"],
+        env=env,
+        cwd=cwd,
+        log_path=task_dir / "attempt-1" / "output.log",
+        token="run/t1/1",
+        own_env=frozenset({"MINE"}),
+        identity={"kind": "attempt", "task": "t1", "attempt": "1", "slot": "s"},
+    )
+
+
+def test_node_runs_in_place_when_it_sees_the_run_folder(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    (root / ".parallel").mkdir(parents=True)
+    (root / ".parallel" / PROBE_NAME).write_text("nonce")
+    data = wire(_spec(root, tmp_path), root=str(root), probe="nonce", ship="auto")
+    assert "PATH" not in data["env"] and data["env"]["MINE"] == "x"  # the node's PATH there
+    assert data["env"]["CUDA_VISIBLE_DEVICES"] == "1"  # its GPUs always travel
+    staged = node_spec(data, {"PATH": "/node/bin", "RAY_X": "1"}, tmp_path / "scratch", None)
+    assert staged.stage is None and staged.spec.cwd == tmp_path
+    assert staged.spec.env["PATH"] == "/node/bin" and "RAY_X" not in staged.spec.env
+    assert staged.spec.log_path.parent == tmp_path / "scratch" / "logs"  # pulled from there
+
+
+def test_node_without_the_run_folder_runs_in_a_stage(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    cwd = tmp_path / "variant"
+    data = wire(_spec(root, cwd), root=str(root), probe="nonce", ship="auto", tree=("k", str(cwd)))
+    shipped = tmp_path / "trees" / "k"
+    staged = node_spec(data, {}, tmp_path / "scratch", shipped)
+    assert staged.stage is not None and staged.task_dir is not None
+    stage = str(staged.stage)
+    assert staged.spec.cwd == shipped
+    out = f"{stage}/tasks/t1/result.json"
+    assert staged.spec.argv == ["python", f"{shipped}/train.py", "--out", out]
+    assert staged.spec.env["GPUSWARM_TASK_WORKSPACE"] == f"{stage}/tasks/t1"
+    assert staged.task_dir.is_dir()
+
+
+def test_shipped_tree_keeps_links_and_outputs_come_home_bounded(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    (src / "data").symlink_to("/shared/data")
+    key, blob = pack_tree(src, 1 << 20)
+    dest = tmp_path / "node" / key
+    dest.parent.mkdir()
+    unpack_tree(blob, dest)
+    assert (dest / "train.py").read_text() == "print(1)\n"
+    assert str((dest / "data").readlink()) == "/shared/data"
+    with pytest.raises(TooLarge, match="max_ship_mb"):
+        (src / "big").write_bytes(os.urandom(64 << 10))
+        pack_tree(src, 32 << 10)
+
+    staged = tmp_path / "staged"
+    (staged / "attempt-1").mkdir(parents=True)
+    (staged / "attempt-1" / "output.log").write_text("not sent")
+    (staged / "out").mkdir()
+    (staged / "out" / "result.json").write_text('{"ok": true}')
+    (staged / "link").symlink_to("/etc/passwd")
+    files = collect_outputs(staged, 1 << 20)
+    assert files == [("out/result.json", b'{"ok": true}')]
+    with pytest.raises(TooLarge, match="max_result_mb"):
+        collect_outputs(staged, 4)
+    home = tmp_path / "home"
+    home.mkdir()
+    evil = [("../escape", b"x"), ("/abs", b"x"), ("attempt-1/output.log", b"x")]
+    assert write_outputs(home, [*files, *evil]) == ["out/result.json"]
+    assert (home / "out" / "result.json").read_text() == '{"ok": true}'
+    assert not (tmp_path / "escape").exists()
+
+
+@pytest.mark.slow
+def test_a_local_run_never_imports_ray(tmp_path: Path) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from gpuswarm.cli import cli
+        try:
+            cli(["run", "--gpus", "sim:1", "--plain", "--no-report", "-q",
+                  "--workspace", {str(tmp_path / "ws")!r}, {str(cmds)!r}])
+        except SystemExit as exc:
+            assert exc.code == 0, exc.code
+        assert "ray" not in sys.modules, "backend: local imported ray"
+        print("no ray")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0 and "no ray" in out.stdout, out.stdout + out.stderr
