@@ -81,9 +81,21 @@ class GpuPlan:
     slot_count: int
 
 
-def plan_gpus(spec: str, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> GpuPlan:
+def plan_gpus(
+    spec: str,
+    gpus_per_task: int = 1,
+    tasks_per_gpu: int = 1,
+    *,
+    backend: str = "local",
+    ray: Any = None,
+) -> GpuPlan:
     """Discover the GPUs of ``spec`` (``auto``, ``0,1``, ``sim:4``); a bad spec raises the
-    core's BadInputError before anything is written."""
+    core's BadInputError before anything is written. ``backend: ray``: the GPUs of the
+    cluster's nodes that ``spec`` admits (it joins the cluster to count them)."""
+    if backend == "ray":
+        cluster: Any = create_backend("ray", BackendOptions(ray=ray, gpus=spec))
+        count = int(cluster.gpu_count())
+        return GpuPlan(spec, "nvidia", (), max(1, count // gpus_per_task * tasks_per_gpu))
     gpus = parse_gpu_spec(spec)
     slots = plan_slots(gpus, gpus_per_task, tasks_per_gpu)
     return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots))
@@ -215,6 +227,8 @@ class Attempt:
     oom: bool = False
     kind: str | None = None  # how it ended: exit, signal, timeout, not-found, ...
     reason: str | None = None
+    host: str | None = None  # the machine it ran on (a cluster's node)
+    accelerator: str | None = None  # its GPUs' model
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -239,6 +253,8 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         oom=bool(last.oom),
         kind=last.kind,
         reason=last.reason,
+        host=last.host,
+        accelerator=last.accelerator,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliProcess, CliResult, find_runs, read_events, wait_for, wait_for_run
+from integration_support import make_research_repo, research_ledger, research_results
 from raykit import LocalRayCluster, require_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(180)]
@@ -149,4 +151,42 @@ def test_sigkilled_driver_resumes_and_the_task_ends_once(
     assert [e["task"] for e in adopted] == ["cmd-00001"]
     log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
     assert log.splitlines()[-1] == "bye"  # the output after the driver died came home too
+    assert cluster.wait_no_actors() == []
+
+
+def test_research_round_across_nodes(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    """Variants shipped to the nodes that run them (``--ray-ship always``: as on nodes without
+    the run folder), the per-node setup once per node, one ledger on the driver, results
+    recording host and accelerator."""
+    repo = make_research_repo(tmp_path / "repo")
+    setups = tmp_path / "setups.txt"
+    init = gpuswarm(
+        "research", "init", "-C", repo, "--tag", "c1", "--edit", "train.py",
+        "--protect", "prepare.py", "--command", f"{sys.executable} train.py",
+        "--backend", "ray", "--ray-address", cluster.address, "--ray-ship", "always",
+        "--ray-setup", f"echo $$ >> {setups}", "--timeout", "30s", "--linger", "1s",
+        timeout=120,
+    )  # fmt: skip
+    assert init.returncode == 0, init
+    loop = gpuswarm(
+        "research", "loop", "-C", repo, "--proposer", "mutate", "--mode", "rounds",
+        "--max-experiments", "5", "--seed", "2", timeout=170,
+    )  # fmt: skip
+    try:
+        assert loop.returncode == 0, loop
+    finally:
+        gpuswarm("research", "stop", "-C", repo, timeout=60)
+    finished = [e for e in research_ledger(repo, "c1") if e.get("ev") == "finished"]
+    assert len(finished) >= 5
+    assert any(e.get("ok") for e in finished), finished  # (mutate may make one crash)
+    nodes = {str(e["slot"]).split("-")[-2] for e in finished}
+    assert len(nodes) >= 2  # the round ran on several nodes
+    assert {e.get("accelerator") for e in finished} == {"GPU"}  # Ray's fake GPUs
+    assert all(e.get("host") for e in finished)
+    rows = research_results(repo, "c1")
+    assert len(rows) == 1 + len(finished)
+    # setup ran once per node that got slots (3 nodes), however many runners started
+    assert len(setups.read_text().splitlines()) == len(cluster.node_ids())
     assert cluster.wait_no_actors() == []

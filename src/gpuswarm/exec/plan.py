@@ -121,7 +121,7 @@ def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> 
         reason=end.reason,
         oom=end.oom,
         killed=end.killed,
-        host=host_slug(),
+        host=slot.host or host_slug(),
         accelerator=accelerator_of(slot, gpu_ids),
     )
 

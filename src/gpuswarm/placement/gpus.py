@@ -57,6 +57,7 @@ class Slot:
     ident: str = ""  # the slot id registered in the run (unique there): see slot_id()
     # what discovery knows of gpu_ids (uuid, PCI address), in order; not part of its identity
     devices: tuple[Gpu, ...] = field(default=(), compare=False)
+    host: str = field(default="", compare=False)  # its machine when not this one (a cluster's)
 
     def devices_of(self, gpu_ids: Sequence[int]) -> tuple[Gpu, ...]:
         """The records of ``gpu_ids`` (a bare record where discovery gave none)."""

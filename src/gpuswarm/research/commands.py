@@ -54,7 +54,14 @@ def research() -> None:
     show_default=True,
     help="rounds: decide when all variants of a round are in; async: decide each on arrival",
 )
-@click.option("--backend", type=click.Choice(["local", "docker"]), default="local")
+@click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default="local")
+@click.option("--ray-address", help="ray: the cluster: auto, HOST:PORT or ray://HOST:PORT")
+@click.option(
+    "--ray-ship",
+    type=click.Choice(["auto", "always", "never"]),
+    help="ray: ship each variant's folder to its node (auto: when the node lacks the run folder)",
+)
+@click.option("--ray-setup", help="ray: a command run once per node before its first variant")
 @click.option("--image", help="docker: the image every variant runs in (implies --backend docker)")
 @click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
 @click.option("--network", help="docker: the containers' --network (e.g. none)")
@@ -105,7 +112,11 @@ def _docker_flags(kw: dict[str, Any]) -> dict[str, Any]:
     if kw["pass_env"]:
         block["pass_env"] = list(kw["pass_env"])
     backend = "docker" if kw["image"] else kw["backend"]
-    return {"backend": backend, "docker": block or None}
+    given = (("address", kw["ray_address"]), ("ship", kw["ray_ship"]), ("setup", kw["ray_setup"]))
+    ray = {k: v for k, v in given if v}
+    if ray and backend == "local":
+        backend = "ray"  # --ray-address alone means --backend ray
+    return {"backend": backend, "docker": block or None, "ray": ray or None}
 
 
 @research.command()

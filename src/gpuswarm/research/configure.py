@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm import api
-from gpuswarm.config.models import DockerConfig
+from gpuswarm.config.models import DockerConfig, RayConfig
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text, read_json
 from gpuswarm.research import executor, exports, gitops
@@ -58,6 +58,7 @@ class InitOptions:
     mode: str = "rounds"
     backend: str = "local"  # docker: every variant in a container of docker["image"]
     docker: dict[str, Any] | None = None  # the docker: block (image, mounts, network, ...)
+    ray: dict[str, Any] | None = None  # the ray: block (address, ship, setup, ...)
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -75,7 +76,8 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     if head is None:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
-    api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
+    ray = _ray_settings(opts)
+    api.plan_gpus(opts.gpus, backend=opts.backend, ray=ray)  # a bad --gpus fails first
     docker = _docker_settings(opts)
     if docker is not None:  # the daemon answers and the image is there, before anything
         api.check_backend("docker", docker, repo)
@@ -101,8 +103,9 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
         memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
         confirm=opts.confirm,
         protect_sums=_protect_sums(repo, head, opts.protect),
-        backend="docker" if docker is not None else "local",
+        backend="docker" if docker is not None else ("ray" if ray is not None else "local"),
         docker=docker,
+        ray=ray,
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -123,6 +126,20 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     atomic_write_text(experiments_dir(repo) / "current", tag + "\n")
     paths = ExpPaths(repo, root)
     return {"tag": tag, "branch": branch, "base": head, "dir": str(root), **files_of(paths)}
+
+
+def _ray_settings(opts: InitOptions) -> RayConfig | None:
+    """``--backend ray [--ray-address A] [--ray-ship S]`` as the run's ray: settings."""
+    if opts.backend != "ray":
+        if opts.ray:
+            raise ResearchError("--ray-address and --ray-ship need --backend ray")
+        return None
+    try:
+        return RayConfig.model_validate(opts.ray or {})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "ray"
+        raise ResearchError(f"--backend ray: --ray-{where}: {err['msg']}") from None
 
 
 def _docker_settings(opts: InitOptions) -> DockerConfig | None:

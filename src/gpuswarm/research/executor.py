@@ -27,7 +27,7 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
         folder="queue",
         name=f"research-{cfg.tag}",
         base_dir=paths.repo,
-        gpus=api.plan_gpus(cfg.gpus),
+        gpus=api.plan_gpus(cfg.gpus, backend=cfg.backend, ray=cfg.ray),
         source="research",
         # crashes are results here, not a sick GPU: no circuit breaker, no retries
         settings={
@@ -49,6 +49,9 @@ def _backend_config(cfg: ExperimentConfig) -> dict[str, Any]:
     config: dict[str, Any] = {"research": cfg.tag}
     if cfg.backend != "local" and cfg.docker is not None:
         config.update(backend=cfg.backend, docker=cfg.docker.model_dump(mode="json"))
+    if cfg.backend == "ray":  # every variant on a slot of the cluster (docs/cluster.md)
+        ray = cfg.ray.model_dump(mode="json") if cfg.ray is not None else {}
+        config.update(backend="ray", ray=ray)
     return config
 
 

@@ -31,7 +31,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpuswarm.config.models import DockerConfig
+from gpuswarm.config.models import DockerConfig, RayConfig
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 
@@ -136,8 +136,9 @@ class ExperimentConfig(BaseModel):
     protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
-    backend: Literal["local", "docker"] = "local"  # what runs each variant
+    backend: Literal["local", "docker", "ray"] = "local"  # what runs each variant
     docker: DockerConfig | None = None  # backend: docker's settings (image, mounts, ...)
+    ray: RayConfig | None = None  # backend: ray's settings (address, ship, setup, ...)
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:

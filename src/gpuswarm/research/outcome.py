@@ -55,7 +55,8 @@ def outcome(
         "summary": summary_fields(log) if log else {},
         "gpu": ",".join(str(g) for g in last.gpus),
         "slot": last.slot,
-        "host": socket.gethostname(),
+        "host": last.host or socket.gethostname(),  # the node it ran on (backend: ray)
+        "accelerator": last.accelerator,
         "started": last.started,
         "ended": last.ended,
         "seconds": last.duration,

@@ -231,6 +231,12 @@ class SlotActor:
                 for r in self._runs.values()
             ]
 
+    def cleanup(self) -> None:
+        """The driver is done for now: shipped trees, stages and logs go (the per-node setup's
+        mark stays: a resumed run does not set the node up again)."""
+        for name in ("trees", "stage", "logs"):
+            shutil.rmtree(self._scratch / name, ignore_errors=True)
+
     def stop_all(self, grace: float) -> int:
         """End every attempt it runs (TERM, grace, KILL); how many were running."""
         with self._cond:

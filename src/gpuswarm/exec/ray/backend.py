@@ -121,6 +121,12 @@ class RayBackend:
                 "loosen --gpus"
             )
 
+    def gpu_count(self) -> int:
+        """How many GPUs the nodes this run may use have now (``research``: its round size)."""
+        self.check()
+        total = sum(n.gpus for n in nodes(self.ray) if self.filter.admits(n))
+        return min(total, self.filter.count) if self.filter.count is not None else total
+
     def open(self) -> None:
         self._local.open()
         if self.options.run_dir and not self.probe:

@@ -212,6 +212,7 @@ class SlotPool:
                     share,
                     ident=slot_label(str(info["host"]), node.node_id, gpu_ids, share),
                     devices=tuple(Gpu(i, node.accelerator, Vendor.NVIDIA) for i in gpu_ids),
+                    host=slugify(str(info["host"]), 60),
                 )
                 self._next_index += 1
                 self.by_label[slot.label] = RaySlot(slot, node, actor, name)
@@ -314,7 +315,12 @@ class SlotPool:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        for rs in self.all():
+        slots = self.all()
+        firsts = {rs.node.node_id: rs for rs in slots}  # one per node: the scratch is the node's
+        refs = [rs.actor.cleanup.remote() for rs in firsts.values()]
+        with contextlib.suppress(Exception):
+            self.ray.wait(refs, num_returns=len(refs), timeout=10)
+        for rs in slots:
             with contextlib.suppress(Exception):
                 self.ray.kill(rs.actor, no_restart=True)
         kill_run_actors(self.ray, self.run_key, self.cfg.namespace)
