@@ -175,3 +175,15 @@ def test_a_local_run_never_imports_ray(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert out.returncode == 0 and "no ray" in out.stdout, out.stdout + out.stderr
+
+
+def test_run_view_follows_a_cluster_s_slots() -> None:
+    from gpuswarm.core.runview import RunView
+
+    view = RunView({"pending": 1, "running": 0})
+    view.apply({"ev": "supervisor_started", "slots": ["a-111111-gpu0"], "ts": 1.0})
+    view.apply({"ev": "slots", "change": "joined", "slots": ["b-222222-gpu0", "b-222222-gpu1"]})
+    assert sorted(view.slots) == ["a-111111-gpu0", "b-222222-gpu0", "b-222222-gpu1"]
+    view.apply({"ev": "started", "task": "t", "attempt": 1, "slot": "b-222222-gpu1", "ts": 2.0})
+    view.apply({"ev": "slots", "change": "left", "slots": ["b-222222-gpu0", "b-222222-gpu1"]})
+    assert sorted(view.slots) == ["a-111111-gpu0", "b-222222-gpu1"]  # its attempt ends lost

@@ -228,6 +228,18 @@ class Unquarantined(_Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class Slots(_Event):
+    """A cluster's slots changed (backend ray): a node ``joined`` (its slots added), ``left``
+    or had a slot ``retired`` (gone), or an attempt of a dead driver was ``adopted``."""
+
+    kind: ClassVar[Ev] = Ev.SLOTS
+    change: str
+    slots: list[str] = field(default_factory=list)
+    host: str | None = None
+    node: str | None = None
+
+
+@dataclass(kw_only=True, slots=True)
 class Shutdown(_Event):
     kind: ClassVar[Ev] = Ev.SHUTDOWN
     mode: str | None = None  # warm or cold
@@ -284,6 +296,7 @@ Event = (
     | Quarantined
     | Unquarantined
     | Shutdown
+    | Slots
     | Corrupt
     | Control
     | Other
@@ -299,6 +312,7 @@ _TYPES: dict[str, type[_Event]] = {
         Quarantined,
         Unquarantined,
         Shutdown,
+        Slots,
         Corrupt,
         Control,
     )

@@ -27,6 +27,7 @@ from gpuswarm.core.events import (
     Recovered,
     Requeued,
     Shutdown,
+    Slots,
     Started,
     SupervisorStarted,
     Unquarantined,
@@ -131,8 +132,8 @@ class RunView:
             self._health(e)
         elif isinstance(e, Control):
             self._control(e)
-        elif isinstance(e, Shutdown):
-            self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+        elif isinstance(e, Shutdown | Slots):
+            self._note(e)
         elif isinstance(e, Other) and e.name == ADDED:
             self._added(e)
 
@@ -160,6 +161,20 @@ class RunView:
         if self.tasks is None:
             return TaskView()  # not tracked: a throwaway
         return self.tasks.setdefault(task, TaskView())
+
+    def _note(self, e: Shutdown | Slots) -> None:
+        """A stop's note; a cluster's node that joined (its slots shown) or left (its idle
+        slots go; a running one stays until its attempt ends ``lost``)."""
+        if isinstance(e, Shutdown):
+            self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+            return
+        for label in e.slots:
+            if e.change == "joined":
+                self.slots.setdefault(label, SlotRow())
+            elif e.change in ("left", "retired"):
+                row = self.slots.get(label)
+                if row is not None and not row.task:
+                    del self.slots[label]
 
     def _started(self, e: Started) -> None:
         self._move(PENDING, RUNNING)
