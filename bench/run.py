@@ -31,6 +31,7 @@ import control
 import cpu
 import docker_overhead
 import latency
+import ray_dispatch
 import report
 import research_util
 import scale
@@ -46,6 +47,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "research": research_util.run,
     "docker": docker_overhead.run,
     "control": control.run,
+    "ray": ray_dispatch.run,
 }
 
 
