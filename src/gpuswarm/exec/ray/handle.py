@@ -133,7 +133,7 @@ class RayHandle:
 
         backend = self._backend
         root, probe, ship = backend.options.run_dir, backend.probe, backend.cfg.ship
-        data = wire(self._spec, root=root, probe=probe, ship=ship)
+        data = self._with_shared(wire(self._spec, root=root, probe=probe, ship=ship))
         actor = self._rs.actor
         ray = self._ray()
         try:
@@ -142,12 +142,20 @@ class RayHandle:
                 key, blob = backend.tree_for(self._spec)
                 tree = (key, str(self._spec.cwd))
                 data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
+                data = self._with_shared(data)
                 res = ray.get(actor.start.remote(data, blob), timeout=START_TIMEOUT)
         except RayTaskError as exc:  # the node could not stage it (a full disk, a bad tree)
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             return self._failed(f"its node could not start it: {str(cause).splitlines()[-1]}")
         self._pid = res.get("pid")
         return None
+
+    def _with_shared(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``ray.shared_path`` as ``$GPUSWARM_SHARED_PATH`` (large artifacts go there)."""
+        shared = self._backend.cfg.shared_path
+        if shared:
+            data["env"]["GPUSWARM_SHARED_PATH"] = shared
+        return data
 
     def _run(self) -> AttemptEnd:
         try:
