@@ -151,6 +151,7 @@ def test_sigkilled_driver_resumes_and_the_task_ends_once(
     assert [e["task"] for e in adopted] == ["cmd-00001"]
     log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
     assert log.splitlines()[-1] == "bye"  # the output after the driver died came home too
+    assert log.count("begin") == 1  # a reattached driver goes on where the dead one was
     assert cluster.wait_no_actors() == []
 
 

@@ -16,6 +16,7 @@ methods, so the class is importable without it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 import shutil
@@ -41,6 +42,26 @@ from gpuswarm.exec.ray.wire import (
 )
 
 CHUNK = 4 << 20  # log bytes per poll at most
+PUNCH_EVERY = 64 << 20  # the node's copy of a log keeps at most about this much on its disk
+_FALLOC_PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+
+
+def punch_hole(fd: int, upto: int) -> int:
+    """Free the log's first ``upto`` bytes on disk (the driver has them; the file keeps its
+    size and offsets): a task that prints 100 GB fills no node's disk. Returns what is freed
+    (0 where the filesystem cannot punch holes: the copy then stays whole)."""
+    upto -= upto % 4096
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        if fallocate(fd, _FALLOC_PUNCH, 0, upto) != 0:
+            return 0
+    except (OSError, AttributeError):
+        return 0
+    return upto
+
+
 SETUP_TAIL = 4096
 
 
@@ -69,6 +90,8 @@ class _Run:
     end: AttemptEnd | None = None
     files: list[tuple[str, bytes]] = field(default_factory=list)
     error: str | None = None  # outputs over the limit: the attempt fails with this
+    delivered: int = 0  # log bytes a driver acknowledged (a reattaching one goes on from here)
+    punched: int = 0  # log bytes before this were freed on the node's disk
 
 
 class SlotActor:
@@ -170,13 +193,16 @@ class SlotActor:
             self._cond.notify_all()
 
     def poll(self, token: str, offset: int, wait: float) -> dict[str, Any]:
-        """New log bytes from ``offset``, and the outcome once the attempt ended and every byte
-        of its log was handed over. ``known`` False: this actor has no such attempt."""
+        """New log bytes from ``offset`` (negative: from what was last handed over, for a
+        driver that reattaches), and the outcome once the attempt ended and every byte of its
+        log was handed over. ``known`` False: this actor has no such attempt."""
         deadline = time.monotonic() + wait
         with self._cond:
             run = self._runs.get(token)
             if run is None:
                 return {"known": False}
+            if offset < 0:
+                offset = run.delivered
             while run.end is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -185,11 +211,14 @@ class SlotActor:
             ended = run.end is not None
         data = b""
         size = 0
-        with contextlib.suppress(OSError), open(run.staged.spec.log_path, "rb") as log:
+        with contextlib.suppress(OSError), open(run.staged.spec.log_path, "r+b") as log:
             size = os.fstat(log.fileno()).st_size
             if size > offset:
                 log.seek(offset)
                 data = log.read(CHUNK)
+            run.delivered = max(run.delivered, offset)  # what the driver asks from, it has
+            if offset - run.punched >= PUNCH_EVERY:  # the driver has everything before offset
+                run.punched = max(run.punched, punch_hole(log.fileno(), offset))
         out: dict[str, Any] = {"known": True, "data": data, "offset": offset + len(data)}
         if ended and offset + len(data) >= size:
             assert run.end is not None

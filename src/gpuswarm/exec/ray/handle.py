@@ -163,7 +163,7 @@ class RayHandle:
         except OSError as exc:
             return self._failed(f"cannot open log {self._spec.log_path}: {exc}")
         try:
-            offset = os.fstat(fd).st_size if self._adopted else 0
+            offset = -1 if self._adopted else 0  # adopted: from what the dead driver had
             if not self._adopted:
                 failed = self._begin()
                 if failed is not None:
