@@ -223,7 +223,8 @@ def _discard(state: ExperimentState, v: Variant, verdict: Verdict, suffix: str) 
         runs = [v, *rules.confirmations(state, v)]
         mean = statistics.fmean([m for c in runs if (m := rules.ok_metric(c)) is not None])
         reason = f"not confirmed: mean of {verdict.runs} runs {mean:.6f}; {reason}"
-        note = note or f"not confirmed by {verdict.runs} runs"
+        rule = verdict.kind == "lose" and note  # lines, memory or platform: that rule says it
+        note = note if rule else f"not confirmed by {verdict.runs} runs"
     elif verdict.kind == "noise":
         reason += "; re-runs are off (noise_confirm 0)"
     return Decision(v.id, "discard", reason, note=note)

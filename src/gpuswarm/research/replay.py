@@ -96,8 +96,9 @@ def replay_decisions(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, Any]:
                 "replayed_reason": dec.get("reason") or wanted.get(v.id),
             }
         )
-    kept = [r["id"] for r in rows if r["recorded"] == "keep" and r["kind"] != "baseline"]
-    would = [r["id"] for r in rows if r["replayed"] == "keep" and r["kind"] != "baseline"]
+    changes = [r for r in rows if r["kind"] in ("variant", "combo")]  # not baselines, re-runs
+    kept = [r["id"] for r in changes if r["recorded"] == "keep"]
+    would = [r["id"] for r in changes if r["replayed"] == "keep"]
     return {
         "policy": {k: getattr(cfg, k) for k in ("policy", "noise_k", "confirm", *_rule_keys())},
         "variants": rows,

@@ -91,7 +91,7 @@ def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
     noise = rules.noise_view(state)
     spread = "; ".join(
         f"sd {n['sigma']:.6f}{' on ' + n['platform'] if n['platform'] else ''} "
-        f"({n['runs']} runs of {n['groups']} commits)"
+        f"({n['runs']} runs of {n['groups']} commit{'' if n['groups'] == 1 else 's'})"
         for n in noise
     )
     text = (
