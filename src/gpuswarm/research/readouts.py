@@ -99,7 +99,12 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         **_headline(exp, state),
         "best_recorded": best_recorded(exp.cfg, state),
         "experiments": len(state.rows),
-        "kept": sum(1 for r in state.rows if r[3] == "keep"),
+        "kept": sum(1 for r in state.rows if r[3] == "keep"),  # rows: baselines, re-runs too
+        "changes_kept": sum(
+            1
+            for v in state.variants.values()
+            if v.kind in ("variant", "combo") and v.status == "keep"
+        ),
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
