@@ -89,14 +89,18 @@ def ok_metric(v: Variant) -> float | None:
 
 
 def peak_mb(v: Variant) -> float | None:
-    """Peak GPU memory of a run in MB: measured (the sampler) or printed (``peak_vram_mb``),
-    else the recorded ``memory_gb``."""
+    """Peak GPU memory of a run in MB: a measured peak where the record has one, else the
+    recorded ``memory_gb`` (the ``--memory-regex`` line, ``peak_vram_mb:`` by default), else a
+    ``peak_vram_mb`` of the summary block."""
     fin = v.finished or {}
-    for value in (fin.get("peak_vram_mb"), (fin.get("summary") or {}).get("peak_vram_mb")):
-        if isinstance(value, int | float) and value > 0:
-            return float(value)
+    measured = fin.get("peak_vram_mb")
+    if isinstance(measured, int | float) and measured > 0:
+        return float(measured)
     gb = fin.get("memory_gb")
-    return float(gb) * 1024 if isinstance(gb, int | float) and gb > 0 else None
+    if isinstance(gb, int | float) and gb > 0:
+        return float(gb) * 1024
+    printed = (fin.get("summary") or {}).get("peak_vram_mb")
+    return float(printed) if isinstance(printed, int | float) and printed > 0 else None
 
 
 def platforms(state: ExperimentState) -> list[str]:
