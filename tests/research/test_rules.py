@@ -16,6 +16,7 @@ from gpuswarm.research import rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, replay
 from gpuswarm.research.policy import Decision, decide
+from gpuswarm.research.readouts import shown
 from gpuswarm.research.replay import parse_spec, replay_decisions
 from gpuswarm.research.settle import tsv_row
 
@@ -226,7 +227,9 @@ def test_a_noisy_identical_rerun_is_not_kept(tmp_path: Path) -> None:
     commit = f"{3:040x}"
     led.run(1.012, kind="confirm", commit=commit, origin=v)
     led.run(1.018, kind="confirm", commit=commit, origin=v)
-    d = one(decide(cfg(), led.state()))
+    st = led.state()
+    assert shown(st, st.variants[v])["reason"] == "confirming: 2/2 re-runs in (v0004, v0005)"
+    d = one(decide(cfg(), st))
     assert d.id == v and d.status == "discard"
     assert d.reason.startswith("not confirmed: mean of 3 runs 1.008333")
     assert d.note == "not confirmed by 3 runs"
