@@ -111,6 +111,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpuswarm.config.agents import with_agents
 from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
 from gpuswarm.config.errors import config_error, flag_error
 from gpuswarm.config.models import (
@@ -289,7 +290,7 @@ def load_config(path: Path) -> LoadedConfig:
     source = str(path)
     data, lines = load_yaml(_read_text(path, source), source)
     where = Locator(source, lines)
-    config = _validate(data, where)
+    config = with_agents(_validate(data, where))  # issue 20: agents' homes and checks
     base_dir = path.expanduser().resolve().parent
     loaded = LoadedConfig(
         config=config,
