@@ -9,6 +9,7 @@ the scripts through the run's backend (so they run in the slot's container too).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Sequence
@@ -255,3 +256,17 @@ def provision_sources(preset: AgentPreset) -> list[tuple[Path, str]]:
         if src.exists():
             out.append((src, item.dest))
     return out
+
+
+def answer_line(preset: AgentPreset, stdout: str) -> str:
+    """The change's description in what the agent printed: the first non-empty line of its
+    standard output (after the last line matching ``message_after``, skipping those matching
+    ``message_skip``)."""
+    lines = [ln.strip() for ln in stdout.splitlines()]
+    if preset.message_after is not None:
+        marker = re.compile(preset.message_after)
+        hits = [i for i, ln in enumerate(lines) if marker.search(ln)]
+        if hits:
+            lines = lines[hits[-1] + 1 :]
+    skip = re.compile(preset.message_skip) if preset.message_skip else None
+    return next((ln for ln in lines if ln and not (skip and skip.search(ln))), "")

@@ -120,6 +120,11 @@ class AgentPreset(BaseModel):
     provision: list[PresetFile] = Field(default_factory=list)
     status: AgentStatus = Field(default_factory=AgentStatus)
     needs_files: bool = False  # the CLI edits only the files named on its command line
+    # its answer (the change's description) is the first line of its standard output after the
+    # last line matching message_after (an aider run prints its set-up first), skipping lines
+    # that match message_skip (its notes); None: the first line
+    message_after: str | None = None
+    message_skip: str | None = None
 
     @model_validator(mode="after")
     def _checked(self) -> AgentPreset:
@@ -136,6 +141,11 @@ class AgentPreset(BaseModel):
         _env_names(list(self.env))
         if self.model is not None and not self.model_args:
             raise ValueError(f"{self.preset} takes no model option (model_args is empty)")
+        for key in ("message_after", "message_skip"):
+            try:
+                re.compile(getattr(self, key) or "")
+            except re.error as exc:
+                raise ValueError(f"{key} is not a regular expression: {exc}") from None
         if self.effort is not None and not self.effort_args:
             raise ValueError(
                 f"{self.preset} has no effort option (effort_args is empty); remove effort"
@@ -191,6 +201,8 @@ class AgentUse(BaseModel):
     provision: list[PresetFile] | None = None  # added to the preset's
     status: AgentStatus | None = None
     needs_files: bool | None = None
+    message_after: str | None = None
+    message_skip: str | None = None
     # batch tasks
     prompt: str | None = None  # the prompt's text (placeholders are rendered at launch)
     prompt_file: str | None = None  # or a file holding it (a path; placeholders allowed)
@@ -214,7 +226,8 @@ AgentUseField = Annotated[AgentUse, BeforeValidator(_as_use)]
 
 _OVERRIDES = (
     "description", "program", "find", "install", "args", "model", "model_args", "effort",
-    "effort_args", "extra_args", "timeout", "status", "needs_files",
+    "effort_args", "extra_args", "timeout", "status", "needs_files", "message_after",
+    "message_skip",
 )  # fmt: skip
 _ADDED = ("pass_env", "provision")
 
