@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from gpuswarm.agents.command import (
     PROMPT_NAME,
     agent_argv,
+    answer_line,
     find_program,
     invocation,
     preflight_script,
@@ -27,8 +29,9 @@ from gpuswarm.agents.command import (
 )
 from gpuswarm.agents.preset import AgentUse, parse_seconds, preset_names, shipped_preset
 from gpuswarm.config.load import load_config
-from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.placeholders import render_shell
+from gpuswarm.research.agent import check_agent, load_preset
 
 PRESETS = ["aider", "claude-code", "codex", "cursor", "gemini", "opencode"]
 
@@ -461,3 +464,65 @@ def test_no_agent_leaves_the_config_alone(tmp_path: Path) -> None:
     loaded = load_config(cfg)
     assert not loaded.config.home.isolate and loaded.config.preflight == []
     assert os.fspath(loaded.tasks[0].command[0]) == "python"
+
+
+# -- the answer line (a research variant's description) ------------------------------------------
+AIDER_OUT = """\
+Aider v0.86.2
+Model: openai/stub with diff edit format
+Git repo: none
+Added train.py to the chat.
+Note: in-chat filenames are always relative to the git working dir, not the current working dir.
+Cur working dir: /x/work
+
+lower DEPTH to 7
+
+train.py
+Tokens: 1.9k sent, 32 received.
+Applied edit to train.py
+"""
+
+
+def test_answer_line() -> None:
+    assert answer_line(shipped_preset("aider"), AIDER_OUT) == "lower DEPTH to 7"
+    claude = shipped_preset("claude-code")
+    assert (
+        answer_line(claude, "\n  Lowered DEPTH to 7.\n\nIt should help.\n") == "Lowered DEPTH to 7."
+    )
+    assert answer_line(claude, "") == ""
+
+
+# -- --agent of research loop --------------------------------------------------------------------
+def test_load_preset_by_name_or_file(tmp_path: Path) -> None:
+    preset = load_preset("codex", model="gpt-5-codex", effort="high")
+    assert preset.options() == ["--model", "gpt-5-codex", "-c", "model_reasoning_effort=high"]
+    path = tmp_path / "mine.yaml"
+    path.write_text(
+        "preset: aider\nprogram: /opt/aider/bin/aider\nextra_args: [--map-tokens, '0']\n"
+    )
+    preset = load_preset(str(path), model="openai/x")
+    assert preset.program == "/opt/aider/bin/aider"
+    assert preset.options() == ["--model", "openai/x", "--map-tokens", "0"]
+    path.write_text("preset: aider\nprompt: batch only\n")
+    with pytest.raises(ResearchError, match="prompt is for batch tasks"):
+        load_preset(str(path))
+    with pytest.raises(ResearchError, match="'nope' is not a preset"):
+        load_preset("nope")
+    with pytest.raises(ResearchError, match="gemini has no effort option"):
+        load_preset("gemini", effort="max")
+
+
+def test_check_agent_reports_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tools = tmp_path / "tools"  # what the check uses, and no codex
+    tools.mkdir()
+    for tool in ("cat", "grep", "timeout"):
+        found = shutil.which(tool)
+        assert found is not None
+        (tools / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{tools}")
+    with pytest.raises(ResearchError, match=r"agent codex is not ready:\n.*codex is not installed"):
+        check_agent(shipped_preset("codex"))
+    fake_cli(tmp_path / "bin", "codex", "Logged in using ChatGPT")
+    assert check_agent(shipped_preset("codex")).endswith("agent codex: logged in")

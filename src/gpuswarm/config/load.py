@@ -65,6 +65,12 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 - ``gpus``: GPUs the task needs, 1..gpus_per_task. ``shell``: run the command with ``/bin/sh -c``.
 - ``done_when``: a path relative to the task workspace that must exist and parse (YAML/JSON) for the
   task to count as done. ``metrics``: name -> regex with exactly one capture group.
+- ``agent``: a coding agent's CLI run over the task folder before ``command`` (the evaluation):
+  ``claude-code``, ``codex``, ``cursor``, ``gemini``, ``opencode``, ``aider``, or a mapping
+  ``{preset: NAME, prompt | prompt_file, copy_from, workdir, files, model, effort, timeout, ...}``
+  (any preset field overridden; ``preset: custom`` with ``program`` and ``args``). Turns on
+  ``home.isolate`` (unless set false), provisions the agent's login files and adds its preflight
+  check; see docs/agents.md.
 
 Task entries: exactly one kind per entry, and every entry needs ``command``:
 
