@@ -281,6 +281,5 @@ def resolve(use: AgentUse) -> AgentPreset:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(
-            f"agent {use.preset}: {where + ': ' if where else ''}{first['msg']}"
-        ) from None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"agent {use.preset}: {where + ': ' if where else ''}{msg}") from None

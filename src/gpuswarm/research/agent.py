@@ -76,9 +76,10 @@ def load_preset(name: str, *, model: str | None = None, effort: str | None = Non
                 raise ResearchError(f"--agent {name}: {field} is for batch tasks; remove it")
         return use.resolved()
     except ValidationError as exc:
-        raise ResearchError(f"--agent {name}: {exc.errors()[0]['msg']}") from None
+        msg = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ResearchError(f"--agent {name}: {msg}") from None
     except ConfigError as exc:
-        raise ResearchError(f"--agent: {exc}") from None
+        raise ResearchError(str(exc)) from None
 
 
 def check_agent(preset: AgentPreset) -> str:

@@ -122,6 +122,8 @@ def agent_options(kw: dict[str, Any]) -> AgentOptions:
     common = {"program": kw["program"], "max_failures": kw["agent_max_failures"]}
     if kw["agent_name"] and kw["agent_command"]:
         raise ResearchError("give --agent (a preset) or --agent-command, not both")
+    if kw["agent_name"] and kw["agent_shell"]:
+        raise ResearchError("--agent-shell goes with --agent-command (a preset runs no shell)")
     if kw["agent_name"]:
         preset = load_preset(kw["agent_name"], model=kw["agent_model"], effort=kw["agent_effort"])
         check_agent(preset)
