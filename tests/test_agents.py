@@ -239,6 +239,7 @@ CLAUDE_OUT = {"loggedIn": True, "authMethod": "claude.ai", "apiProvider": "first
         ("claude", json.dumps({**CLAUDE_OUT, "loggedIn": False}, indent=2), 1, False),
         ("claude", json.dumps({**CLAUDE_OUT, "loggedIn": False}, indent=2), 0, False),
         ("codex", "Logged in using ChatGPT", 0, True),
+        ("codex", "API key configured - sk-proj***abcd\nAuthentication is checked when", 0, True),
         ("codex", "Not logged in", 1, False),
         ("cursor-agent", "\u2713 Logged in as someone@example.com", 0, True),
         ("cursor-agent", "Not logged in", 0, False),

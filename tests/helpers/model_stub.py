@@ -67,6 +67,8 @@ class ModelStub:
                     self._reply(body, stub.anthropic(body), anthropic_events)
                 elif route.endswith("/chat/completions"):
                     self._reply(body, stub.openai(body), openai_chunks)
+                elif route.endswith("/v1/responses"):
+                    self._reply(body, stub.responses(body), responses_events)
                 else:
                     self._json(404, {"error": {"type": "not_found", "message": self.path}})
 
@@ -165,13 +167,35 @@ class ModelStub:
             "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
         }
 
+    def responses(self, body: Json) -> Json:
+        """Codex (the Responses API): ``cat`` the file with its shell tool, then an
+        ``apply_patch`` of the matched line through the same tool, then the description."""
+        items = [i for i in body.get("input", []) if isinstance(i, dict)]
+        outputs = [i for i in items if i.get("type") == "function_call_output"]
+        path = self.rule.file
+        if not outputs:
+            return responses_message([function_call("exec_command", {"cmd": f"cat {path}"})])
+        seen = _text(outputs[0].get("output"))
+        match = self._find(seen)
+        if match is None:
+            return responses_message([output_message("Nothing to change.")])
+        if len(outputs) == 1:
+            patch = (
+                f"apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: {path}\n@@\n"
+                f"-{match.group(0)}\n+{self.rule.replace(match)}\n*** End Patch\nPATCH"
+            )
+            return responses_message([function_call("exec_command", {"cmd": patch})])
+        return responses_message([output_message(self.rule.description(match))])
+
     def main_requests(self) -> list[Json]:
         """The requests of the agent's own conversation (not a CLI's side requests)."""
         out = []
         for r in self.requests:
             body = r["body"] or {}
-            if "chat/completions" in r["path"] or any(
-                t.get("name") == "Edit" for t in body.get("tools", [])
+            if (
+                "chat/completions" in r["path"]
+                or "/responses" in r["path"]
+                or any(t.get("name") == "Edit" for t in body.get("tools", []))
             ):
                 out.append(body)
         return out
@@ -240,6 +264,49 @@ def openai_chunks(message: Json) -> Iterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+# -- OpenAI Responses (Codex) ---------------------------------------------------------------------
+def function_call(name: str, arguments: Json) -> Json:
+    call = uuid.uuid4().hex[:12]
+    return {
+        "type": "function_call",
+        "id": f"fc_{call}",
+        "call_id": f"call_{call}",
+        "name": name,
+        "arguments": json.dumps(arguments),
+    }
+
+
+def output_message(text: str) -> Json:
+    return {
+        "type": "message",
+        "id": f"msg_{uuid.uuid4().hex[:12]}",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def responses_message(output: list[Json]) -> Json:
+    usage = {"input_tokens": 10, "output_tokens": 10, "total_tokens": 20}
+    return {"id": f"resp_{uuid.uuid4().hex[:12]}", "object": "response", "status": "completed",
+            "output": output, "usage": usage}  # fmt: skip
+
+
+def responses_events(message: Json) -> Iterator[bytes]:
+    created = {**message, "status": "in_progress", "output": []}
+    yield _sse("response.created", {"type": "response.created", "response": created})
+    for i, item in enumerate(message["output"]):
+        added = {"type": "response.output_item.added", "output_index": i, "item": item}
+        yield _sse("response.output_item.added", added)
+        if item["type"] == "message":
+            delta = {"type": "response.output_text.delta", "output_index": i, "content_index": 0,
+                     "item_id": item["id"], "delta": item["content"][0]["text"]}  # fmt: skip
+            yield _sse("response.output_text.delta", delta)
+        done = {"type": "response.output_item.done", "output_index": i, "item": item}
+        yield _sse("response.output_item.done", done)
+    yield _sse("response.completed", {"type": "response.completed", "response": message})
+
+
 # -- reading requests -----------------------------------------------------------------------------
 def _blocks(messages: list[Json]) -> Iterator[Json]:
     for m in messages:
@@ -276,4 +343,5 @@ def request_text(body: Json) -> str:
     system = body.get("system")
     parts = [_text(system) if not isinstance(system, str) else system]
     parts += [_text(m.get("content")) for m in body.get("messages", [])]
+    parts += [_text(i.get("content")) for i in body.get("input", []) if isinstance(i, dict)]
     return "\n".join(parts)

@@ -1,23 +1,27 @@
 """Real agent CLIs, end to end, against a scripted model server on 127.0.0.1 (no network).
 
-Claude Code (npm) and aider (PyPI, in its own virtualenv) are the real programs; only the model
-is a stub (``tests/helpers/model_stub.py``): it answers Claude Code with its own ``Read`` and
-``Edit`` tool calls and aider with a search/replace block, so each CLI edits the file through
-its own edit mechanism. The CLIs are found by ``tests/helpers/agent_clis.py`` (installed by
-``.ci/run``); without one a test skips here and fails under CI.
+Claude Code and Codex (npm) and aider (PyPI, in its own virtualenv) are the real programs; only
+the model is a stub (``tests/helpers/model_stub.py``): it answers Claude Code with its own
+``Read`` and ``Edit`` tool calls, Codex with its shell tool (``cat``, then ``apply_patch``) and
+aider with a search/replace block, so each CLI edits the file through its own edit mechanism.
+The CLIs are found by ``tests/helpers/agent_clis.py`` (installed by ``.ci/run``); without one a
+test skips here and fails under CI.
 
-- research: ``research loop --agent claude-code`` / ``--agent <aider preset file>``: the CLI's
-  edit is the variant gpuswarm runs and records (a results.tsv row, the answer as description);
+- research: ``research loop --agent claude-code`` / ``--agent codex`` / ``--agent <aider preset
+  file>``: the CLI's edit is the variant gpuswarm runs and records (a results.tsv row, the answer
+  as description);
   an agent that edits nothing is counted and capped; a CLI without a login stops the loop
   before anything starts;
-- batch: a task with ``agent:`` runs Claude Code over a copy of the task folder (its login files
-  provisioned into the slot's private HOME), then the task's evaluation writes its result file.
+- batch: a task with ``agent:`` runs Claude Code (or Codex) over a copy of the task folder (its
+  login files provisioned into the slot's private HOME: Codex finds its API-key login and its
+  model provider only there), then the task's evaluation writes its result file.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -72,6 +76,33 @@ def claude_env(claude: Path, home: Path, stub: ModelStub | None) -> dict[str, st
     }
     if stub is not None:
         env |= {"ANTHROPIC_BASE_URL": stub.url, "ANTHROPIC_API_KEY": API_KEY}
+    return env
+
+
+CODEX_KEY = "sk-codex-stub-0123456789"
+
+
+def codex_login(codex: Path, home: Path, stub: ModelStub) -> dict[str, str]:
+    """A user of Codex: a model provider in ~/.codex/config.toml (the stub) and an API-key login
+    made by the real ``codex login --with-api-key`` (~/.codex/auth.json)."""
+    (home / ".codex").mkdir()
+    (home / ".codex/config.toml").write_text(
+        'model = "stub-codex"\nmodel_provider = "stub"\n[model_providers.stub]\n'
+        f'name = "stub"\nbase_url = "{stub.url}/v1"\nwire_api = "responses"\n'
+        "requires_openai_auth = true\n"
+    )
+    env = {"PATH": f"{codex.parent}:/usr/bin:/bin", "HOME": str(home), "NO_COLOR": "1"}
+    login = subprocess.run(
+        [str(codex), "login", "--with-api-key"],
+        input=CODEX_KEY + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert login.returncode == 0, login.stdout + login.stderr
+    assert (home / ".codex/auth.json").is_file()
     return env
 
 
@@ -147,6 +178,27 @@ def test_research_round_with_claude_code(
     keys = {h.get("x-api-key") for h in claude_stub.headers}
     assert keys == {API_KEY}, keys
     assert API_KEY not in (research_repo / ".gpuswarm/research" / TAG / "ledger.jsonl").read_text()
+
+
+@pytest.mark.timeout(180)
+def test_research_round_with_codex(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path, home: Path
+) -> None:
+    codex = require_cli("codex")
+    with ModelStub(LOWER_DEPTH) as stub:
+        env = codex_login(codex, home, stub) | {"CODEX_HOME": str(home / ".codex")}
+        init(gpuswarm, research_repo, env)
+        try:
+            res = loop(gpuswarm, research_repo, env, "--agent", "codex", "--agent-effort", "low",
+                       "--program", str(program_md(tmp_path)))  # fmt: skip
+            assert res.returncode == 0, res
+            assert_agent_variant(research_repo, "lower DEPTH to 7")
+        finally:
+            stop(gpuswarm, research_repo, env)
+        first, *_ = stub.main_requests()
+        assert "PROGRAM-MARKER" in request_text(first)
+        assert first["reasoning"]["effort"] == "low"  # --agent-effort reached the model call
+        assert {h.get("authorization") for h in stub.headers} == {f"Bearer {CODEX_KEY}"}
 
 
 @pytest.mark.timeout(180)
@@ -302,3 +354,31 @@ def test_batch_task_with_claude_code(
             assert API_KEY not in path.read_text(errors="replace"), path
     prompts = [request_text(b) for b in claude_stub.main_requests()]
     assert any(re.search(r"Make the softmax kernel", p) for p in prompts)
+
+
+@pytest.mark.timeout(180)
+def test_batch_task_with_codex(gpuswarm: Cli, tmp_path: Path, home: Path) -> None:
+    codex = require_cli("codex")
+    cfg = batch_project(tmp_path)
+    cfg.write_text(cfg.read_text().replace("preset: claude-code", "preset: codex"))
+    with ModelStub(KERNEL_RULE) as stub:
+        env = codex_login(codex, home, stub)  # no key variable: the login file is the login
+        auth = (home / ".codex/auth.json").read_bytes()
+        res = gpuswarm("run", cfg, "--gpus", "sim:1", env=env, timeout=150)
+        assert res.returncode == 0, res
+        assert {h.get("authorization") for h in stub.headers} == {f"Bearer {CODEX_KEY}"}
+    (run,) = (tmp_path / "runs/kernels").glob("run_*")
+    for name in ("softmax", "gemm"):
+        (ws,) = [p for p in (run / "tasks").iterdir() if name in p.name]
+        assert (ws / "kernel.py").read_text() == "BLOCK = 64\nDEPTH = 7\n"  # its apply_patch
+        assert "depth: 7" in (ws / "task_result.yaml").read_text()
+    (slot_home,) = (run / "homes").iterdir()
+    for rel in (".codex/auth.json", ".codex/config.toml"):  # its CODEX_HOME, provisioned
+        copy = slot_home / rel
+        assert copy.stat().st_mode & 0o777 == 0o600, rel  # private, writable by the agent
+    config = ".codex/config.toml"
+    assert (slot_home / config).read_bytes() == (home / config).read_bytes()
+    assert (home / ".codex/auth.json").read_bytes() == auth  # the user's login, untouched
+    logs = "".join(p.read_text() for p in (run / "preflight").glob("*.log"))
+    assert "API key configured" in logs and CODEX_KEY not in logs, logs  # `codex login status`
+    assert re.search(r"(?m)^agent codex: logged in$", logs), logs
