@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpuswarm.research import loop, runner
+from gpuswarm.research import executor, loop, readouts, runner
 from gpuswarm.research.proposers import Proposal
 
 
@@ -31,8 +31,8 @@ class Watch:
 
 
 def wait(in_flight: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(loop.executor, "finished_ids", lambda paths, cfg: set())
-    monkeypatch.setattr(loop.readouts, "RUNNER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(executor, "finished_ids", lambda paths, cfg: set())
+    monkeypatch.setattr(readouts, "RUNNER_CHECK_SECONDS", 0.0)
     watch = Watch()
     state = SimpleNamespace(in_flight=lambda: [SimpleNamespace(id=i) for i in in_flight])
     thinking: Future[Proposal | None] = Future()  # an agent that has not answered yet
