@@ -79,6 +79,7 @@ class GpuPlan:
     vendor: str
     ids: tuple[int, ...]
     slot_count: int
+    names: tuple[str, ...] = ()  # each GPU's model, in ``ids`` order ("sim" when simulated)
 
 
 def plan_gpus(
@@ -94,11 +95,13 @@ def plan_gpus(
     cluster's nodes that ``spec`` admits (it joins the cluster to count them)."""
     if backend == "ray":
         cluster: Any = create_backend("ray", BackendOptions(ray=ray, gpus=spec))
-        count = int(cluster.gpu_count())
-        return GpuPlan(spec, "nvidia", (), max(1, count // gpus_per_task * tasks_per_gpu))
+        names = tuple(str(n) for n in cluster.gpu_names())
+        count = max(1, len(names) // gpus_per_task * tasks_per_gpu)
+        return GpuPlan(spec, "nvidia", tuple(range(len(names))), count, names)
     gpus = parse_gpu_spec(spec)
     slots = plan_slots(gpus, gpus_per_task, tasks_per_gpu)
-    return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots))
+    names = tuple(g.name for g in gpus.gpus)
+    return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots), names)
 
 
 @dataclass(frozen=True)
@@ -227,8 +230,8 @@ class Attempt:
     oom: bool = False
     kind: str | None = None  # how it ended: exit, signal, timeout, not-found, ...
     reason: str | None = None
-    host: str | None = None  # the machine it ran on (a cluster's node)
-    accelerator: str | None = None  # its GPUs' model
+    host: str | None = None  # the machine it ran on (as slot ids spell it)
+    accelerator: str | None = None  # its GPUs' model ("NVIDIA H100 80GB HBM3", "sim")
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:

@@ -55,7 +55,7 @@ def outcome(
         "summary": summary_fields(log) if log else {},
         "gpu": ",".join(str(g) for g in last.gpus),
         "slot": last.slot,
-        "host": last.host or socket.gethostname(),  # the node it ran on (backend: ray)
+        "host": last.host or socket.gethostname(),
         "accelerator": last.accelerator,
         "started": last.started,
         "ended": last.ended,

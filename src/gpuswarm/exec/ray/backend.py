@@ -121,11 +121,14 @@ class RayBackend:
                 "loosen --gpus"
             )
 
-    def gpu_count(self) -> int:
-        """How many GPUs the nodes this run may use have now (``research``: its round size)."""
+    def gpu_names(self) -> list[str]:
+        """The model of each GPU this run may use now (Ray's accelerator type, else "GPU"):
+        ``research`` sizes its rounds by them and runs a baseline per model."""
         self.check()
-        total = sum(n.gpus for n in nodes(self.ray) if self.filter.admits(n))
-        return min(total, self.filter.count) if self.filter.count is not None else total
+        names = [
+            n.accelerator for n in nodes(self.ray) if self.filter.admits(n) for _ in range(n.gpus)
+        ]
+        return names[: self.filter.count] if self.filter.count is not None else names
 
     def open(self) -> None:
         self._local.open()
