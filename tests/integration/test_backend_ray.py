@@ -21,7 +21,13 @@ from cli_driver import CliProcess, CliResult, find_runs, read_events, wait_for, 
 from integration_support import make_research_repo, research_ledger, research_results
 from raykit import LocalRayCluster, require_ray
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(180)]
+# one cluster per module: under xdist, `--dist loadgroup` keeps these tests on one worker
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.ray,
+    pytest.mark.timeout(180),
+    pytest.mark.xdist_group("ray"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +91,31 @@ def test_tasks_spread_over_every_node_each_sees_one_gpu(
     assert _summary(run)["counts"]["done"] == 6
     log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
     assert log == ""  # its output went to seen.txt; the log exists (pulled home)
+    assert cluster.wait_no_actors() == []
+
+
+def test_tasks_per_gpu_shares_a_node_s_gpus_and_gpus_filters_nodes(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    head = next(n for n in cluster.node_ids() if n not in {w.node_id for w in cluster.workers})
+    ws = tmp_path / "ws"
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "backend: ray\n"
+        f"ray: {{address: '{cluster.address}'}}\n"
+        f"gpus: 'node:{head[:8]}'\n"
+        "tasks_per_gpu: 2\n"
+        f"workspace: {ws}\n"
+        "tasks:\n"
+        + "".join(f"  - {{name: t{i}, command: {json.dumps(_probe(2))}}}\n" for i in range(4))
+    )
+    result = gpuswarm("run", "--plain", "--no-report", config, timeout=120)
+    assert result.returncode == 0, result
+    seen = _seen(ws)
+    slots = sorted(row[1] for row in seen)
+    assert len(set(slots)) == 4  # 2 GPUs x 2 slots each, all four at once
+    assert {label.split("-")[-2] for label in slots} == {head[:6]}  # on that node only
+    assert sum(label.endswith(".1") for label in slots) == 2  # the second slot of each GPU
     assert cluster.wait_no_actors() == []
 
 
