@@ -192,35 +192,38 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     assert cluster.wait_no_actors() == []
 
 
-@pytest.mark.parametrize("seconds", [3, 11], ids=["ended-meanwhile", "still-running"])
-def test_sigkilled_driver_resumes_and_the_task_ends_once(
+def test_sigkilled_driver_resumes_and_each_task_ends_once(
     cluster: LocalRayCluster,
     tmp_path: Path,
     gpuswarm: Callable[..., CliResult],
     gpuswarm_popen: Callable[..., CliProcess],
-    seconds: int,
 ) -> None:
-    """The slot actors outlive the driver: resume reattaches, waits for a running attempt or
-    collects the outcome of one that ended meanwhile; the task is never run twice."""
+    """The slot actors outlive the driver: resume reattaches, collects the outcome of the
+    attempt that ended meanwhile (3 s) and waits for the one still running (11 s); no task is
+    run twice, and the output written while no driver was there comes home."""
     ws = tmp_path / "ws"
-    marker = tmp_path / "ends.txt"
-    task = f"sh -c 'echo begin; sleep {seconds}; echo end >> {marker}; echo bye'"
-    cmds = _commands(tmp_path / "cmds.txt", [task])
+    lines = [
+        f"sh -c 'echo begin; sleep {seconds}; echo end >> {tmp_path}/ends-{seconds}.txt; echo bye'"
+        for seconds in (3, 11)
+    ]
+    cmds = _commands(tmp_path / "cmds.txt", lines)
     proc = gpuswarm_popen("run", *_ray_args(cluster), "--workspace", ws, cmds)
     run = wait_for_run(ws, timeout=60)
-    wait_for(lambda: len(_events(run, "started")) >= 1, timeout=60)
+    wait_for(lambda: len(_events(run, "started")) >= 2, timeout=60)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
     result = gpuswarm("resume", run, "--plain", "--no-report", timeout=120)
     assert result.returncode == 0, result
-    assert marker.read_text().splitlines() == ["end"]  # ran to its end once, never twice
-    assert _summary(run)["counts"]["done"] == 1
+    for seconds in (3, 11):  # ran to its end once, never twice
+        assert (tmp_path / f"ends-{seconds}.txt").read_text().splitlines() == ["end"]
+    assert _summary(run)["counts"]["done"] == 2
     adopted = [e for e in _events(run, "slots") if e.get("change") == "adopted"]
-    assert [e["task"] for e in adopted] == ["cmd-00001"]
-    log = (run / "tasks" / "cmd-00001" / "attempt-1" / "output.log").read_text()
-    assert log.splitlines()[-1] == "bye"  # the output after the driver died came home too
-    assert log.count("begin") == 1  # a reattached driver goes on where the dead one was
+    assert sorted(e["task"] for e in adopted) == ["cmd-00001", "cmd-00002"]
+    for task in ("cmd-00001", "cmd-00002"):
+        log = (run / "tasks" / task / "attempt-1" / "output.log").read_text()
+        assert log.splitlines()[-1] == "bye"  # written after the driver died, home too
+        assert log.count("begin") == 1  # a reattached driver goes on where the dead one was
     assert cluster.wait_no_actors() == []
 
 
