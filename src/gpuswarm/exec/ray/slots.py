@@ -28,7 +28,7 @@ from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
 WATCH_SECONDS = 0.5
-READY_TIMEOUT = 120.0  # an actor that cannot be placed this long (its GPUs are taken): none
+READY_TIMEOUT = 60.0  # a node's actors not up by then (its GPUs are another run's): no slot
 ACTOR_THREADS = 8  # start, poll, cancel, forget of one slot may overlap
 
 
@@ -185,12 +185,7 @@ class SlotPool:
                 scheduling_strategy=strategy,
             ).remote(self.run_key, self.max_result)
             actors.append((name, actor))
-        infos: list[dict[str, Any] | None] = []
-        for _, actor in actors:
-            try:
-                infos.append(self.ray.get(actor.info.remote(), timeout=READY_TIMEOUT))
-            except Exception:  # the node died meanwhile, or its GPUs are taken
-                infos.append(None)
+        infos = self._ready([actor for _, actor in actors])
         if self.cfg.setup:
             self._setup(node, actors, infos)
         made = []
@@ -230,6 +225,20 @@ class SlotPool:
                     }
                 )
         return made
+
+    def _ready(self, actors: list[Any]) -> list[dict[str, Any] | None]:
+        """Each actor's info once it is placed and up, all waited for together; None for one
+        that is not up within READY_TIMEOUT (its node died, its GPUs are another run's)."""
+        refs = [actor.info.remote() for actor in actors]
+        with contextlib.suppress(Exception):
+            self.ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
+        out: list[dict[str, Any] | None] = []
+        for ref in refs:
+            try:
+                out.append(self.ray.get(ref, timeout=0.1))
+            except Exception:
+                out.append(None)
+        return out
 
     def _setup(self, node: Node, actors: list[tuple[str, Any]], infos: list[Any]) -> None:
         """The per-node ``setup:`` once, before the node's first attempt (a failure: the node
