@@ -136,6 +136,9 @@ def node_spec(
     task_dir.mkdir(parents=True, exist_ok=True)
     mapped_cwd = Path(map_text(cwd))
     mapped_cwd.mkdir(parents=True, exist_ok=True)
+    home = map_text(env.get("HOME", ""))
+    if home.startswith(str(stage) + "/"):  # a slot's private HOME (home.isolate): made empty
+        Path(home).mkdir(parents=True, exist_ok=True, mode=0o700)
     spec = LaunchSpec(
         argv=[map_text(a) for a in data["argv"]],
         env={k: map_text(v) for k, v in env.items()},
