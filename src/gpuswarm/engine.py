@@ -62,7 +62,7 @@ from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
-from gpuswarm.supervise.supervisor import Supervisor
+from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 __all__ = [
     "check_run_dir",
@@ -201,6 +201,11 @@ def work_run(
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
     setup = setup_from_info(info, gpus_spec)
+    if setup.backend == "ray":
+        raise ConfigError(
+            f"{paths.root}: a Ray run has one driver (its slot actors are the run's); nodes "
+            "that join the cluster get slots by themselves: use `gpuswarm resume` if it is not live"
+        )
     return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
@@ -290,14 +295,7 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
-            membership = membership_of(backend)
-            if membership is None:
-                slots = register_slots(paths, owner, setup.slots, cfg.lease_ttl)
-            else:  # a cluster's slots: the backend makes them (and more as nodes join)
-                slots = register_named_slots(
-                    paths, owner, membership.initial_slots(), cfg.lease_ttl
-                )
-            setup = replace(setup, slots=slots)
+            setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
             cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
             run_preflight(
                 paths,
@@ -335,6 +333,17 @@ def _supervise(
                 if not disk_full(exc):
                     raise
     return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+
+
+def _registered_slots(
+    paths: RunPaths, owner: str, setup: Setup, cfg: SupervisorConfig, backend: Backend
+) -> list[Slot]:
+    """The run's slots with ids unique in it: planned from --gpus, or a cluster's, which the
+    backend makes (and more as nodes join: supervise/membership.py)."""
+    membership = membership_of(backend)
+    if membership is None:
+        return register_slots(paths, owner, setup.slots, cfg.lease_ttl)
+    return register_named_slots(paths, owner, membership.initial_slots(), cfg.lease_ttl)
 
 
 def _aggregate(
