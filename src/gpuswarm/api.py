@@ -215,6 +215,7 @@ class Attempt:
     oom: bool = False
     kind: str | None = None  # how it ended: exit, signal, timeout, not-found, ...
     reason: str | None = None
+    peak_vram_mb: int | None = None  # measured by the VRAM sampler (None: not measured)
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -239,6 +240,7 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         oom=bool(last.oom),
         kind=last.kind,
         reason=last.reason,
+        peak_vram_mb=last.peak_vram_mb,
     )
 
 

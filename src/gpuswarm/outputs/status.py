@@ -107,6 +107,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "eta": _eta(reader, counts["pending"], counts["running"], slots) if live else None,
         "corrupt": reader.corrupt(),
         "quarantined": _quarantined(reader, live),
+        "gpus_held": [{"gpu": g, "reason": why} for g, why in sorted(reader.held_gpus().items())],
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
     }
 

@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuswarm.core.errors import GpuSpecError
-from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int
+from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int, format_ids
+from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.placement.probes import Runner, find_gpus, run_tool
 
 SIM_MAX = 1024
 SPEC_FORMS = (
-    "use 'auto', GPU ids such as '0,1,2', ranges such as '0-3' or '0,2-3', "
-    "or 'sim:N' to simulate N GPUs"
+    "use 'auto' (or 'auto:free': GPUs without another process), GPU ids such as '0,1,2', "
+    "ranges such as '0-3' or '0,2-3', or 'sim:N' to simulate N GPUs"
 )
 NO_GPU_MESSAGE = (
     "no GPU was found by NVML, nvidia-smi, amd-smi or rocm-smi; "
@@ -137,6 +138,36 @@ def _sim_gpus(spec: str, count_text: str) -> GpuSet:
     return GpuSet(Vendor.SIM, gpus, f"sim:{count}")
 
 
+def free_gpus(found: GpuSet, query_fn: Callable[[str], GpuQuery | None]) -> GpuSet:
+    """The GPUs of ``found`` without a compute process (``--gpus auto:free``)."""
+    query = query_fn(found.vendor.value)
+    if query is None:
+        raise GpuSpecError(
+            f"--gpus auto:free: the processes of {found.describe()} cannot be seen (no NVML or "
+            "amdsmi here); pass --gpus auto, or name the GPUs with --gpus 0,1"
+        )
+    busy: dict[int, list[int]] = {}
+    unreadable: list[int] = []
+    try:
+        for gpu in found.gpus:
+            procs = query.sample(gpu.uuid or gpu.index).procs
+            if procs is None:
+                unreadable.append(gpu.index)
+            elif procs:
+                busy[gpu.index] = sorted(p.pid for p in procs)
+    finally:
+        query.close()
+    keep = tuple(g for g in found.gpus if g.index not in busy and g.index not in unreadable)
+    if not keep:
+        used = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in busy.items())
+        blind = f"; GPUs {format_ids(unreadable)}: process list unreadable" if unreadable else ""
+        raise GpuSpecError(
+            f"--gpus auto:free: every GPU is in use ({used or 'none free'}{blind}); wait for "
+            "them, or pass --gpus auto to share them"
+        )
+    return GpuSet(found.vendor, keep, "auto:free")
+
+
 def _parse_ids(spec: str) -> list[int]:
     ids: list[int] = []
     for token in (t.strip() for t in spec.split(",")):
@@ -175,17 +206,26 @@ def _hidden_hint(found: GpuSet) -> str:
     return f" ({var}={value} in gpuswarm's environment hides the others)" if value else ""
 
 
-def parse_gpu_spec(spec: str, *, discover_fn: Callable[[], GpuSet] = discover) -> GpuSet:
+def parse_gpu_spec(
+    spec: str,
+    *,
+    discover_fn: Callable[[], GpuSet] = discover,
+    query_fn: Callable[[str], GpuQuery | None] = open_query,
+) -> GpuSet:
     """Turn a ``--gpus`` value into the GPUs to use, in the order given.
 
-    ``auto`` discovers; ``sim:N`` simulates N GPUs without discovery; ``0,1``, ``0-3`` and
-    ``0,2-3`` name host ids, which must exist (checked with ``discover_fn``) and be distinct.
+    ``auto`` discovers; ``auto:free`` keeps the discovered GPUs no compute process uses now
+    (asked through ``query_fn``: NVML, amdsmi); ``sim:N`` simulates N GPUs without discovery;
+    ``0,1``, ``0-3`` and ``0,2-3`` name host ids, which must exist (checked with
+    ``discover_fn``) and be distinct.
     """
     text = spec.strip()
     if not text:
         raise GpuSpecError(f"--gpus is empty; {SPEC_FORMS}")
     if text.lower() == "auto":
         return discover_fn()
+    if text.lower() == "auto:free":
+        return free_gpus(discover_fn(), query_fn)
     sim = _SIM_RE.fullmatch(text)
     if sim:
         return _sim_gpus(text, sim[1])
@@ -225,6 +265,18 @@ def plan_slots(gpus: GpuSet, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> 
     ]
 
 
+MAX_PACKED = 16  # slots per GPU that memory packing makes when tasks_per_gpu is not set
+
+
+def memory_slots(needs: Sequence[int], totals: Sequence[int]) -> int:
+    """Slots per GPU for tasks that declare ``gpu_memory`` (MiB ``needs``) on GPUs of
+    ``totals`` MiB: as many of the smallest need as the smallest GPU holds (1..16); 1 when
+    either is unknown (then memory decides nothing: a simulated GPU has no size)."""
+    if not needs or not totals:
+        return 1
+    return max(1, min(MAX_PACKED, min(totals) // min(needs)))
+
+
 def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str, str]:
     """Environment variables that confine one attempt to its GPUs (see the module docstring).
 
@@ -248,11 +300,20 @@ def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str,
         env["CUDA_VISIBLE_DEVICES"] = logical
         env["GPU_DEVICE_ORDINAL"] = logical
     else:
-        env["CUDA_VISIBLE_DEVICES"] = host
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(slot, ids)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if slot.vendor is Vendor.SIM:
         env["GPUSWARM_SIMULATED"] = "1"
     return env
+
+
+def cuda_visible(slot: Slot, ids: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of ``ids``: host ids, or UUIDs where one is a MIG instance
+    (CUDA finds a MIG instance by its ``MIG-...`` UUID only)."""
+    devices = slot.devices_of(ids)
+    if any((d.uuid or "").startswith("MIG-") for d in devices):
+        return ",".join(d.uuid or str(d.index) for d in devices)
+    return ",".join(str(i) for i in ids)
 
 
 def renumbered_env(vendor: Vendor, count: int) -> dict[str, str]:

@@ -41,7 +41,9 @@ def outcome(
         return None
     log = last.log
     metric = last.metrics.get(cfg.metric)
-    memory = last.metrics.get("peak_vram_mb")
+    memory = last.metrics.get("peak_vram_mb")  # what the script printed; else measured (19)
+    if not isinstance(memory, int | float) or isinstance(memory, bool):
+        memory = last.peak_vram_mb
     text = log_tail(log, max_lines=400, max_bytes=1 << 20) if log else ""
     reason = _crash_reason(cfg, last, metric, text)
     protect = protected_changes(paths, cfg, v) + protected_data_changes(paths, cfg)

@@ -53,6 +53,12 @@ def _running_table(running: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _held_gpus(con: Console, data: dict[str, Any]) -> None:
+    """GPUs an ended attempt still holds (issue 19): skipped until their memory is freed."""
+    for held in data.get("gpus_held", []):
+        con.print(f"[red]GPU HELD[/] {escape(inert(str(held.get('reason', ''))))}")
+
+
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
     state = data.get("state") or ("live" if data["live"] else "not running")
@@ -82,6 +88,7 @@ def print_status(data: dict[str, Any]) -> None:
                 con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
         con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+    _held_gpus(con, data)
     for q in data.get("quarantined", []):
         slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
         con.print(f"[red]QUARANTINED[/] {slot}: {why}")

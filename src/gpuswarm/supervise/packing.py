@@ -1,0 +1,344 @@
+"""GPU memory in the claim path (issue 19): the VRAM sampler's owner, the reservations of our
+attempts, and the placement predicate the slot loop hands :meth:`DirQueue.claim`.
+
+- **Measured.** Every launched attempt is watched by the sampler
+  (:class:`gpuswarm.placement.vram.VramSampler`) with its handle's ``pids``; its end hands the
+  attempt's :class:`~gpuswarm.placement.vram.Usage` to the committer (its record).
+- **Reserved from launch.** A task reserves its need on its GPUs the moment it is claimed,
+  before its CUDA context exists, so tasks claimed in the same pass never double-book: claims
+  happen one after the other in the loop thread, each seeing the ones before. The need is the
+  descriptor's raised ``gpu_memory_mb`` (after an out-of-memory end), else the task's declared
+  ``gpu_memory``; a running attempt whose processes hold more than its reservation counts with
+  what it holds (plus :data:`MARGIN`). A task that declares nothing reserves ``1/gpu_share`` of
+  its GPU (``gpu_share`` = the ``tasks_per_gpu`` the config set; 1: the whole GPU, today's one
+  task per GPU) and ignores foreign memory, as before.
+- **Fits.** A declared need fits a GPU when ``total - foreign - ours >= need``: memory held by
+  processes that are not this run's counts as used; a task that fits nowhere waits (the loop
+  claims again when room appears: an attempt ends, a GPU is released, a foreign process exits).
+  A need larger than the GPU's whole memory waits for nothing: it fits when the GPU is empty of
+  ours (it may run alone and fail, never wait forever).
+- **Released before reuse.** A GPU with an ended attempt whose processes still hold memory
+  takes no task until NVML shows them gone; past the sampler's ``release_timeout`` it is
+  reported held (event ``gpu_held``) and skipped until it is free (``gpu_freed``).
+- **OOM.** :func:`oom_retry_need` sizes the next attempt of a task that ended in CUDA
+  out-of-memory: 1.25x its observed peak (or its reservation), never less than it had.
+
+Without a GPU query (simulated GPUs, no driver) nothing is measured, totals come from discovery
+(``memory_mb``, where known), and a GPU of unknown size fits every need.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from gpuswarm.core.events import Ev
+from gpuswarm.core.models import AttemptRecord, Descriptor, State
+from gpuswarm.exec.plan import Outcome
+from gpuswarm.placement.devices import Gpu, Vendor
+from gpuswarm.placement.gpus import Slot
+from gpuswarm.placement.nvml import GpuQuery, open_query
+from gpuswarm.placement.vram import GpuState, Usage, VramSampler
+
+if TYPE_CHECKING:
+    from gpuswarm.supervise.context import LiveAttempt, Shared
+
+MARGIN = 0.10  # an attempt holding more than it reserved counts with 10% more than it holds
+OOM_FACTOR = 1.25  # an out-of-memory retry reserves 1.25x the peak it reached
+
+__all__ = ["GpuPlacement", "oom_retry_need", "with_usage"]
+
+
+def attempt_key(task_id: str, attempt: int) -> str:
+    return f"{task_id}/{attempt}"
+
+
+def with_usage(record: AttemptRecord, usage: Usage | None) -> AttemptRecord:
+    """The record with what the sampler measured (unchanged when nothing was)."""
+    if usage is None:
+        return record
+    return record.but(
+        peak_vram_mb=usage.peak_mb,
+        mean_vram_mb=usage.mean_mb,
+        peak_gpu_util=usage.peak_util,
+        mean_gpu_util=usage.mean_util,
+    )
+
+
+def oom_retry_need(record: AttemptRecord, reserved_mb: int | None) -> int | None:
+    """What the retry of an out-of-memory attempt reserves: 1.25x its observed peak (or of its
+    reservation where nothing was measured), never less than it had; None: no figure at all."""
+    base = max(record.peak_vram_mb or 0, reserved_mb or 0)
+    if base <= 0:
+        return None
+    return max(math.ceil(base * OOM_FACTOR), reserved_mb or 0)
+
+
+def sized_oom_retry(desc: Descriptor, outcome: Outcome, reserved: int | None) -> Outcome:
+    """A CUDA out-of-memory end with attempts left: its retry reserves :func:`oom_retry_need`
+    (saved in the descriptor: it waits for a GPU with that much room), and its reason says so."""
+    record = outcome.record
+    need = oom_retry_need(record, reserved or desc.gpu_memory_mb)
+    if need is None:
+        return outcome
+    desc.gpu_memory_mb = need
+    if record.peak_vram_mb:
+        seen = f"{OOM_FACTOR:g}x its measured peak of {gib(record.peak_vram_mb)}"
+    else:
+        seen = f"{OOM_FACTOR:g}x its reservation of {gib(reserved or 0)}: no peak measured"
+    why = f"{outcome.reason}: the retry reserves {gib(need)} of GPU memory ({seen})"
+    return Outcome(outcome.state, why, record.but(reason=why))
+
+
+def gib(mb: int) -> str:
+    return f"{mb / 1024:.1f} GiB"
+
+
+class GpuPlacement:
+    """The run's GPUs as the slot loop places tasks on them (see the module docstring)."""
+
+    def __init__(
+        self, run: Shared, slots: Sequence[Slot], query: GpuQuery | bool | None = True
+    ) -> None:
+        self.run = run
+        self.share = max(1, run.cfg.gpu_share)
+        self.gpus: dict[int, Gpu] = {}
+        for slot in slots:
+            for gpu in slot.devices_of(slot.gpu_ids):
+                self.gpus.setdefault(gpu.index, gpu)
+        self.vendor = slots[0].vendor if slots else Vendor.SIM
+        self._lock = threading.Lock()
+        self._reserved: dict[int, dict[str, int]] = {g: {} for g in self.gpus}
+        self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
+        self._refused = False  # the last fill pass found tasks that fit nowhere now
+        self.sampler: VramSampler | None = None
+        if query is True:
+            query = _query_for(self.vendor, run.cfg.vram)
+        if isinstance(query, bool) or query is None:
+            return
+        self.sampler = VramSampler(
+            query,
+            list(self.gpus.values()),
+            release_timeout=run.cfg.release_timeout,
+            on_change=run.more_work,
+            on_held=self._held,
+            on_freed=self._freed,
+        )
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+
+    def _held(self, gpu: int, key: str, pids: tuple[int, ...], mb: int) -> None:
+        task, _, attempt = key.rpartition("/")
+        timeout = self.run.cfg.release_timeout
+        self.run.ledger.emit(
+            Ev.GPU_HELD,
+            gpu=gpu,
+            task=task,
+            attempt=int(attempt),
+            pids=list(pids),
+            mb=mb,
+            reason=(
+                f"GPU {gpu} still holds {mb} MiB of {key} ({len(pids)} process(es)) "
+                f"{timeout:.0f}s after it ended: skipped until it is freed"
+            ),
+        )
+
+    def _freed(self, gpu: int, key: str) -> None:
+        task, _, attempt = key.rpartition("/")
+        self.run.ledger.emit(Ev.GPU_FREED, gpu=gpu, task=task, attempt=int(attempt))
+        self.run.more_work()
+
+    # -- the loop's side --------------------------------------------------------------------------
+    def candidates(self, free: Iterable[Slot], holds: Callable[[Slot], bool]) -> list[Slot]:
+        """Free slots to claim for, best first: not paused, not on a GPU still releasing an
+        ended attempt (or held), one per GPU group (its siblings would see the same room)."""
+        out: list[Slot] = []
+        seen: set[tuple[int, ...]] = set()
+        blocked = self._blocked()
+        for slot in free:
+            if holds(slot) or slot.gpu_ids in seen or blocked.intersection(slot.gpu_ids):
+                continue
+            seen.add(slot.gpu_ids)
+            out.append(slot)
+        if blocked and not out:
+            self._refused = True  # a slot waits for a release: the loop must not end
+        if not self.packing:
+            return out[:1]
+        room = self._rooms()
+        out.sort(key=lambda s: -min(room.get(g, math.inf) for g in s.gpu_ids))
+        return out
+
+    @property
+    def packing(self) -> bool:
+        """Whether claims ask :meth:`accept` (memory is known, or reservations are declared)."""
+        return any(g.memory_mb for g in self.gpus.values()) or self.sampler is not None
+
+    def begin_pass(self) -> None:
+        self._refused = False
+
+    def waiting(self) -> bool:
+        """The last fill pass left tasks pending that fit nowhere now (or a GPU releasing):
+        the loop waits for room instead of ending."""
+        return self._refused and self.run.queue.counts()[State.PENDING] > 0
+
+    def accept(self, slot: Slot) -> Callable[[str], bool] | None:
+        """The claim predicate of ``slot``: does pending task ``name`` fit its GPUs now?"""
+        if not self.packing:
+            return None
+
+        def fits(name: str) -> bool:
+            desc = self.run.queue.read_desc(State.PENDING, name)
+            if desc is None:
+                return True  # gone (another claimer) or unreadable: the claim deals with it
+            ok = self.fits(slot.gpu_ids, need_of(desc), declared_of(desc))
+            if not ok:
+                self._refused = True
+            return ok
+
+        return fits
+
+    def fits(self, gpu_ids: Sequence[int], need: int | None, declared: bool = True) -> bool:
+        """Whether a task needing ``need`` MiB (None: no figure) fits on ``gpu_ids`` now. An
+        undeclared task (``declared`` False) also takes its ``1/gpu_share`` of each GPU from
+        our reservations; a need (declared, or raised after an OOM) must fit the room left."""
+        rooms = self._rooms()
+        largest = max((t for g in self.gpus if (t := self._total(g))), default=0)
+        with self._lock:
+            for gpu in gpu_ids:
+                total = self._total(gpu)
+                if total is None:
+                    continue
+                reserved = self._reserved.get(gpu, {})
+                if not declared and sum(reserved.values()) + total // self.share > total:
+                    return False
+                if need is None:
+                    continue
+                if need > largest:  # larger than every GPU: alone on one, or not at all
+                    if reserved:
+                        return False
+                    continue
+                if rooms.get(gpu, total) < need:
+                    return False
+        return True
+
+    def launched(self, live: LiveAttempt, desc: Descriptor) -> None:
+        """Reserve ``live``'s need on its GPUs (before its CUDA context exists) and watch it."""
+        key = attempt_key(live.task_id, live.attempt)
+        need = live.reserved_mb = need_of(desc)
+        declared = declared_of(desc)
+        with self._lock:
+            self._need[key] = need
+            for gpu in live.gpu_ids:
+                total = self._total(gpu)
+                share = total // self.share if total and not declared else 0
+                self._reserved.setdefault(gpu, {})[key] = max(need or 0, share)
+        if self.sampler is not None:
+            self.sampler.watch(key, live.gpu_ids, live.handle.pids)
+
+    def ended(self, live: LiveAttempt) -> Usage | None:
+        """``live`` ended: its reservation is dropped (what its processes still hold counts
+        until the sampler sees it released); what it used."""
+        key = attempt_key(live.task_id, live.attempt)
+        with self._lock:
+            for gpu in live.gpu_ids:
+                self._reserved.get(gpu, {}).pop(key, None)
+            self._need.pop(key, None)
+        return self.sampler.end(key) if self.sampler is not None else None
+
+    def reserved(self, task_id: str, attempt: int) -> int | None:
+        with self._lock:
+            return self._need.get(attempt_key(task_id, attempt))
+
+    # -- arithmetic ------------------------------------------------------------------------------
+    def _total(self, gpu: int) -> int | None:
+        state = self._states().get(gpu)
+        if state is not None and state.total_mb:
+            return state.total_mb
+        known = self.gpus.get(gpu)
+        return known.memory_mb if known is not None else None
+
+    def _states(self) -> dict[int, GpuState]:
+        return self.sampler.snapshot() if self.sampler is not None else {}
+
+    def _rooms(self) -> dict[int, int]:
+        """GPU -> MiB a declared need may still take: total - foreign - ours (each attempt of
+        ours with the larger of its reservation and what it holds + margin)."""
+        states = self._states()
+        out: dict[int, int] = {}
+        with self._lock:
+            for gpu in self.gpus:
+                total = self._total(gpu)
+                if total is None:
+                    continue
+                state = states.get(gpu)
+                held = dict(state.ours_mb) if state is not None else {}
+                reserved = self._reserved.get(gpu, {})
+                ours = 0
+                for key in reserved.keys() | held.keys():
+                    now = held.get(key, 0)
+                    ours += max(reserved.get(key, 0), math.ceil(now * (1 + MARGIN)) if now else 0)
+                foreign = state.foreign_mb if state is not None else 0
+                out[gpu] = total - foreign - ours
+        return out
+
+    def _blocked(self) -> set[int]:
+        """GPUs that take no task now: an ended attempt's processes still hold memory there."""
+        if self.sampler is None:
+            return set()
+        return {g for g in self.gpus if self.sampler.releasing(g)}
+
+    # -- views -----------------------------------------------------------------------------------
+    def slot_stats(self) -> dict[str, str]:
+        """Slot label -> ``util% used/total`` of its GPUs and what its attempt holds (the
+        live table's gpu column); empty without a sampler."""
+        if self.sampler is None:
+            return {}
+        states = self.sampler.snapshot()
+        live = {i: attempt_key(a.task_id, a.attempt) for i, a in list(self.run.live.items())}
+        out: dict[str, str] = {}
+        for slot in self.run.cfg.slots:
+            parts = [gpu_text(states[g]) for g in slot.gpu_ids if g in states]
+            key = live.get(slot.index)
+            mb = self.sampler.current_mb(key) if key is not None else None
+            if mb:
+                parts.append(f"task {mb / 1024:.1f}G")
+            out[slot.label] = " ".join(p for p in parts if p)
+        return out
+
+
+def gpu_text(state: GpuState) -> str:
+    """``42% 12.3/80G`` (utilisation where known, memory used / total)."""
+    if state.used_mb is None or not state.total_mb:
+        return ""
+    util = f"{state.util}% " if state.util is not None else ""
+    return f"{util}{state.used_mb / 1024:.1f}/{state.total_mb / 1024:.0f}G"
+
+
+def need_of(desc: Descriptor) -> int | None:
+    """What a task's next attempt reserves: the raised need after an OOM, else declared."""
+    raised = desc.gpu_memory_mb
+    if raised is not None:
+        return raised
+    declared = desc.task.get("gpu_memory_mb")
+    return declared if isinstance(declared, int) and declared > 0 else None
+
+
+def declared_of(desc: Descriptor) -> bool:
+    """Whether the task itself declares ``gpu_memory`` (else it takes its GPU share)."""
+    declared = desc.task.get("gpu_memory_mb")
+    return isinstance(declared, int) and declared > 0
+
+
+def _query_for(vendor: Vendor, enabled: bool) -> GpuQuery | None:
+    if not enabled or vendor is Vendor.SIM:
+        return None
+    return open_query(vendor.value)
