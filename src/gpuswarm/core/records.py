@@ -27,6 +27,8 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "reason": (str, type(None)),
     "metrics": (dict, type(None)),
     "interrupted": (bool,),
+    "host": (str,),
+    "accelerator": (str,),
     # GPU use (issue 19): the VRAM sampler's measurements
     "peak_vram_mb": (int,),
     "mean_vram_mb": (int,),

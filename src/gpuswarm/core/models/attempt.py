@@ -33,6 +33,8 @@ class AttemptRecord:
     killed: int | None = None
     metrics: dict[str, Any] | None = None
     interrupted: bool = False
+    host: str | None = None  # the machine it ran on, as slot ids spell it (``<host>-gpu3``)
+    accelerator: str | None = None  # its GPUs' name ("NVIDIA H100 80GB HBM3", "sim")
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
     # -- GPU use, measured by the VRAM sampler (placement/vram.py); None: not measured -----
     peak_vram_mb: int | None = None  # the most GPU memory its processes held at once
@@ -57,6 +59,8 @@ class AttemptRecord:
         reason: str | None,
         oom: bool,
         killed: int,
+        host: str | None = None,
+        accelerator: str | None = None,
     ) -> AttemptRecord:
         """An attempt that ran (whatever its end); times rounded as every record has them."""
         return cls(
@@ -72,6 +76,8 @@ class AttemptRecord:
             reason=reason,
             oom=oom,
             killed=killed,
+            host=host,
+            accelerator=accelerator,
         )
 
     @classmethod
@@ -164,6 +170,8 @@ class AttemptRecord:
             get("killed"),
             get("metrics"),
             bool(get("interrupted")),
+            get("host"),
+            get("accelerator"),
             extra,
             peak_vram_mb=get("peak_vram_mb"),
             mean_vram_mb=get("mean_vram_mb"),
@@ -192,6 +200,10 @@ class AttemptRecord:
             out["duration"] = self.duration
         if self.kind is not None:
             out["kind"] = self.kind
+        if self.host is not None:
+            out["host"] = self.host
+        if self.accelerator is not None:
+            out["accelerator"] = self.accelerator
 
     def _put_end(self, out: dict[str, Any]) -> None:
         launched = self.started is not None
