@@ -50,6 +50,7 @@ def _used(uuid: str, procs: Path) -> int:
     sys.path.insert(0, str(Path(__file__).parent / "nvml"))
     import pynvml  # type: ignore[import-untyped]  # the fake: the view gpuswarm has
 
+    pynvml.LISTING_SECONDS = 0  # under the lock: what is there now, never a cached look
     return sum(mb for _, mb in pynvml._procs_of(uuid))
 
 

@@ -105,15 +105,30 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+_listing: tuple[float, list[dict[str, Any]]] = (0.0, [])
+LISTING_SECONDS = 0.02  # one look at procs/ serves the calls of one sample of every GPU
+
+
+def _listed() -> list[dict[str, Any]]:
+    global _listing
+    now = time.monotonic()
+    if now - _listing[0] < LISTING_SECONDS:
+        return _listing[1]
+    found = []
+    for path in sorted((_dir() / "procs").glob("*.json")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue  # being written
+    _listing = (now, found)
+    return found
+
+
 def _procs_of(uuid: str) -> list[tuple[int, int]]:
     """(pid, MiB) of the processes listed on the device ``uuid`` now."""
     out = []
     now = time.time()
-    for path in sorted((_dir() / "procs").glob("*.json")):
-        try:
-            p = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being written
+    for p in _listed():
         if p.get("gpu") != uuid:
             continue
         if _alive(int(p["pid"])) or now < float(p.get("linger_until") or 0):

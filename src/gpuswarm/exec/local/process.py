@@ -44,6 +44,7 @@ from gpuswarm.exec.local.tree import (
     _Stat,
     _token_of,
     _wait_until,
+    shared_descendants,
 )
 from gpuswarm.exec.local.waiter import AttemptState
 
@@ -189,7 +190,7 @@ class Attempt(AttemptState):
             with contextlib.suppress(psutil.Error):
                 if proc.is_running():
                     roots.append(pid)
-        return sorted(_descendants(roots)) if roots else []
+        return sorted(shared_descendants(roots)) if roots else []
 
     @property
     def cancelled(self) -> bool:
