@@ -137,14 +137,14 @@ def run(cfg: Config) -> list[Row]:
     work.mkdir(parents=True, exist_ok=True)
     results: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
     for k in range(cfg.repeats):
-        for packed in (False, True):
-            r = _one(work, packed, small, small_s, k)
+        for mode in (False, True):
+            r = _one(work, mode, small, small_s, k)
             say(
-                f"gpumem {'packed' if packed else 'one/GPU'} #{k}: wall {r['wall']:.2f} s, "
+                f"gpumem {'packed' if mode else 'one/GPU'} #{k}: wall {r['wall']:.2f} s, "
                 f"{r['failed']} failed, {r['peaks_ok']}/{r['tasks']} peaks exact"
             )
-            results[packed].append(r)
-    one, packed = (_median(results[False]), _median(results[True]))
+            results[mode].append(r)
+    one, packed = _median(results[False]), _median(results[True])
     what = f"4 x 60G/3s + {small} x 8G/{small_s:g}s on 8x80G"
     ratio = one["reserved_gpu_s"] / packed["reserved_gpu_s"] if packed["reserved_gpu_s"] else 0
     rows = []
