@@ -17,6 +17,7 @@ import pytest
 from fakenvml import GPU_TASK, FakeMachine, gpu, load_fake
 from pydantic import ValidationError
 
+from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import GpuSpecError
 from gpuswarm.core.models import AttemptRecord, EndKind
@@ -31,9 +32,10 @@ from gpuswarm.placement.gpus import (
     parse_gpu_spec,
     plan_slots,
 )
-from gpuswarm.placement.nvml import NvmlQuery
+from gpuswarm.placement.nvml import AmdSmiQuery, NvmlQuery
 from gpuswarm.placement.probes import nvml_gpus
 from gpuswarm.placement.vram import VramSampler
+from gpuswarm.runsetup import tasks_per_gpu
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout
 from gpuswarm.supervise.packing import oom_retry_need
@@ -315,3 +317,68 @@ def test_a_refused_task_stays_pending_and_the_next_one_is_claimed(tmp_path: Path
     assert q.claim("me", 0, accept=lambda name: False) is None
     got = q.claim("me", 0)
     assert got is not None and got.task_id == "big"
+
+
+# -- slots per GPU from the config ---------------------------------------------------------------
+def _gpus(*totals: int) -> GpuSet:
+    return GpuSet(
+        Vendor.NVIDIA,
+        tuple(Gpu(i, "x", Vendor.NVIDIA, f"GPU-{i}", t) for i, t in enumerate(totals)),
+        "auto",
+    )
+
+
+def test_slots_per_gpu_follow_declared_memory_unless_tasks_per_gpu_is_set(tmp_path: Path) -> None:
+    body = "tasks:\n  - {command: a, gpu_memory: 10G}\n  - {command: b, gpu_memory: 30G}\n"
+    (tmp_path / "a.yaml").write_text(body)
+    (tmp_path / "b.yaml").write_text("tasks_per_gpu: 2\n" + body)
+    (tmp_path / "c.yaml").write_text("tasks:\n  - {command: a}\n")
+    assert tasks_per_gpu(load_config(tmp_path / "a.yaml"), _gpus(81920, 40960)) == 4
+    assert tasks_per_gpu(load_config(tmp_path / "b.yaml"), _gpus(81920)) == 2  # a hard cap
+    assert tasks_per_gpu(load_config(tmp_path / "c.yaml"), _gpus(81920)) == 1  # the default
+    listed = load_command_list(
+        None, "a\nb\n", base_dir=tmp_path, defaults=TaskOptions.from_cli(gpu_memory="8G")
+    )
+    assert tasks_per_gpu(listed, _gpus(81920)) == 10
+    assert tasks_per_gpu(listed, GpuSet(Vendor.SIM, (Gpu(0, "sim", Vendor.SIM),), "sim:1")) == 1
+
+
+# -- AMD through amdsmi -------------------------------------------------------------------------
+class FakeAmdSmi:
+    """The few amdsmi calls gpuswarm makes (ROCm's bindings are not installed here)."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.broken = broken
+
+    def amdsmi_init(self) -> None:
+        if self.broken:
+            raise RuntimeError("no driver")
+
+    def amdsmi_get_processor_handles(self) -> list[str]:
+        return ["h0"]
+
+    def amdsmi_get_gpu_device_uuid(self, h: str) -> str:
+        return "amd-uuid-0"
+
+    def amdsmi_get_gpu_vram_usage(self, h: str) -> dict[str, int]:
+        return {"vram_total": 65536, "vram_used": 3000}
+
+    def amdsmi_get_gpu_asic_info(self, h: str) -> dict[str, str]:
+        return {"market_name": "AMD Instinct MI300X"}
+
+    def amdsmi_get_gpu_activity(self, h: str) -> dict[str, Any]:
+        return {"gfx_activity": "N/A"}  # unsupported: not measured
+
+    def amdsmi_get_gpu_process_list(self, h: str) -> list[dict[str, Any]]:
+        return [{"pid": 4242, "memory_usage": {"vram_mem": 2000 << 20}}]
+
+
+def test_amd_gpus_through_amdsmi_and_its_absence() -> None:
+    q = AmdSmiQuery.open(FakeAmdSmi())
+    assert q is not None
+    (dev,) = q.devices()
+    assert (dev.name, dev.uuid, dev.memory_mb) == ("AMD Instinct MI300X", "amd-uuid-0", 65536)
+    look = q.sample("amd-uuid-0")
+    assert look.used_mb == 3000 and look.util is None
+    assert look.procs is not None and [(p.pid, p.used_mb) for p in look.procs] == [(4242, 2000)]
+    assert AmdSmiQuery.open(FakeAmdSmi(broken=True)) is None

@@ -197,8 +197,11 @@ def tasks_per_gpu(loaded: LoadedConfig, gpus: GpuSet) -> int:
     cfg = loaded.config
     if "tasks_per_gpu" in cfg.model_fields_set or cfg.gpus_per_task > 1:
         return cfg.tasks_per_gpu
-    tasks = loaded.tasks if isinstance(loaded.tasks, list) else []
-    needs = [t.gpu_memory_mb for t in tasks if t.gpu_memory_mb]
+    tasks = loaded.tasks
+    if isinstance(tasks, list):
+        needs = [t.gpu_memory_mb for t in tasks if t.gpu_memory_mb]
+    else:  # a command list: one template for every line
+        needs = [tasks[0].gpu_memory_mb] if len(tasks) and tasks[0].gpu_memory_mb else []
     return memory_slots(needs, [g.memory_mb for g in gpus.gpus if g.memory_mb])
 
 

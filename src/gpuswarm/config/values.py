@@ -176,7 +176,7 @@ def parse_gpu_memory(value: object) -> int:
     nvidia-smi counts). A bare number is refused: ``20`` could mean GiB or MiB."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"{quote(value)} is not a memory size; {GPU_MEMORY_HELP}")
-    if isinstance(value, int | float):
+    if isinstance(value, int | float) or _NUMBER.match(value):
         raise ValueError(f"{quote(value)} has no unit; {GPU_MEMORY_HELP}")
     match = _SIZE.match(value) if len(value) <= 32 else None
     if not match:
