@@ -382,3 +382,11 @@ def test_amd_gpus_through_amdsmi_and_its_absence() -> None:
     assert look.used_mb == 3000 and look.util is None
     assert look.procs is not None and [(p.pid, p.used_mb) for p in look.procs] == [(4242, 2000)]
     assert AmdSmiQuery.open(FakeAmdSmi(broken=True)) is None
+
+
+def test_research_memory_is_the_printed_peak_else_the_measured_one() -> None:
+    from gpuswarm.research.outcome import memory_gb
+
+    assert memory_gb(2048.0, 9999) == 2.0  # the script said so
+    assert memory_gb(None, 5120) == 5.0  # it printed nothing: gpuswarm measured it
+    assert memory_gb(None, None) is None

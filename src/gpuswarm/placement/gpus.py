@@ -7,8 +7,11 @@ that order (the backends and their parsers: :mod:`gpuswarm.placement.probes`; th
 ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or ``ROCR_VISIBLE_DEVICES`` (AMD) set, e.g. in a Slurm job,
 ``auto`` keeps only the GPUs listed there, read as host ids or GPU UUID (prefixes), and explicit
 ids are checked against that set. An empty value counts as unset; one that cannot be mapped
-(``MIG-...``, an absent id) is refused. :func:`plan_slots` makes one slot per group of
-``gpus_per_task`` consecutive GPUs, ``tasks_per_gpu`` times over; one worker runs per slot.
+(an absent id) is refused. MIG instances (``MIG-...``) are devices of their own where NVML lists
+them (:mod:`gpuswarm.placement.nvml`), found there by UUID and given to attempts by UUID.
+``auto:free`` keeps the GPUs without a compute process (:func:`free_gpus`). :func:`plan_slots`
+makes one slot per group of ``gpus_per_task`` consecutive GPUs, ``tasks_per_gpu`` times over;
+one worker runs per slot.
 
 Environment of one attempt (:func:`isolation_env`), replacing the supervisor's values:
 

@@ -182,7 +182,10 @@ class VramSampler:
         """Look at every GPU once, attribute its processes, update the attempts."""
         looks = {gpu: self.query.sample(_device_key(g)) for gpu, g in self.gpus.items()}
         with self._lock:
-            self._attribute(looks)
+            unknown, ask = self._unknown(looks)
+        answers = _ask(ask) if unknown else []  # the backends' pids: outside the lock
+        with self._lock:
+            self._attribute(unknown, answers)
             changed = self._account(looks)
             events = self._check_releases()
         for event in events:
@@ -190,25 +193,30 @@ class VramSampler:
         if changed and self.on_change is not None:
             self.on_change()
 
-    def _attribute(self, looks: Mapping[int, DeviceSample]) -> None:
+    def _unknown(self, looks: Mapping[int, DeviceSample]) -> tuple[set[int], list[_Watched]]:
+        """Pids on a GPU not attributed yet (a foreign one is asked about again after a while),
+        and the live attempts to ask: only those on a GPU showing one."""
         now = time.monotonic()
         unknown: set[int] = set()
-        where: set[int] = set()  # GPUs showing them: only attempts there are asked
+        where: set[int] = set()
         for gpu, look in looks.items():
             for p in look.procs or ():
                 recheck = now - self._foreign.get(p.pid, -1e9) > FOREIGN_RECHECK_SECONDS
                 if p.pid not in self._owner and recheck:
                     unknown.add(p.pid)
                     where.add(gpu)
-        if not unknown:
-            return
-        for w in self._watched.values():
-            if w.ended_at is not None or not where.intersection(w.gpus):
-                continue  # nothing of an ended attempt runs: its pids are known or gone
-            try:
-                pids = set(w.pids_of())
-            except Exception:  # the backend could not say: those pids stay unattributed
-                continue
+        ask = [
+            w
+            for w in self._watched.values()
+            if w.ended_at is None and where.intersection(w.gpus)  # an ended one runs nothing
+        ]
+        return unknown, ask
+
+    def _attribute(self, unknown: set[int], answers: list[tuple[_Watched, set[int]]]) -> None:
+        now = time.monotonic()
+        for w, pids in answers:
+            if self._watched.get(w.key) is not w:
+                continue  # forgotten meanwhile
             for pid in unknown & pids:
                 self._owner[pid] = w.key
                 w.pids.add(pid)
@@ -304,6 +312,17 @@ class VramSampler:
                         pids = tuple(sorted(p for p in w.pids if self._owner.get(p) == w.key))
                         events.append(_bind_held(self.on_held, g, w.key, pids, mb))
         return events
+
+
+def _ask(watched: list[_Watched]) -> list[tuple[_Watched, set[int]]]:
+    """Each attempt's pids from its backend; one that cannot say leaves its pids unattributed."""
+    out = []
+    for w in watched:
+        try:
+            out.append((w, set(w.pids_of())))
+        except Exception:
+            continue
+    return out
 
 
 def _bind_held(
