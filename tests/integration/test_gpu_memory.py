@@ -214,3 +214,33 @@ def test_a_gpu_takes_the_next_task_only_once_released_and_a_held_one_is_skipped(
         assert a["started"] >= freed_at - 0.2, (task, a, slow)  # not before its release
     status = run_cli("status", run, cwd=tmp_path, env=m.env())
     assert f"GPU {leaked} still holds" in status.output, status
+
+
+def test_two_runs_started_together_on_one_gpu_never_double_book_it(
+    tmp_path: Path, machines: list[FakeMachine]
+) -> None:
+    m = _machine(machines, tmp_path, [gpu(0, 16384)])  # room for two 6G tasks, not three
+    procs = []
+    for name in ("left", "right"):
+        folder = tmp_path / name
+        folder.mkdir()
+        cfg = folder / "gpumem.yaml"
+        cfg.write_text(
+            f"name: {name}\nworkspace: ws\ngpus: auto\ntasks_per_gpu: 3\n"
+            "defaults: {gpu_memory: 6G}\n"
+            "tasks:\n"
+            "  - matrix: {i: [1, 2, 3]}\n"
+            '    name: "t{i}"\n'
+            f"    command: {TASK} --mb 6000 --hold 0.8 --check-free\n"
+        )
+        procs.append(
+            start_cli("run", cfg, "--share-gpus", cwd=folder, log_dir=folder / "_cli", env=m.env())
+        )
+    spans = []
+    for proc, name in zip(procs, ("left", "right"), strict=True):
+        res = proc.wait(60)
+        assert res.returncode == 0, res  # a double-booked GPU fails a task with an OOM
+        (run,) = find_runs(tmp_path / name / "ws")
+        spans += [(a["started"], a["ended"]) for (a,) in _attempts(run).values()]
+    assert len(spans) == 6
+    assert _max_overlap(spans) == 2  # the two runs together: two at a time on the GPU

@@ -96,6 +96,7 @@ class VramSampler:
         on_change: Callable[[], None] | None = None,
         on_held: Callable[[int, str, tuple[int, ...], int], None] | None = None,
         on_freed: Callable[[int, str], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
     ) -> None:
         self.query = query
         self.gpus = {g.index: g for g in gpus}
@@ -104,6 +105,7 @@ class VramSampler:
         self.on_change = on_change  # room may have appeared (a release, a foreign exit)
         self.on_held = on_held  # (gpu, attempt key, pids, MB): still held past the timeout
         self.on_freed = on_freed  # (gpu, attempt key): a held GPU is free again
+        self.on_tick = on_tick  # after every look (the host book publishes what it holds)
         self._lock = threading.Lock()
         self._watched: dict[str, _Watched] = {}
         self._owner: dict[int, str] = {}  # pid -> attempt key
@@ -190,6 +192,8 @@ class VramSampler:
             events = self._check_releases()
         for event in events:
             event()
+        if self.on_tick is not None:
+            self.on_tick()
         if changed and self.on_change is not None:
             self.on_change()
 

@@ -6,12 +6,14 @@ attempts, and the placement predicate the slot loop hands :meth:`DirQueue.claim`
   attempt's :class:`~gpuswarm.placement.vram.Usage` to the committer (its record).
 - **Reserved from launch.** A task reserves its need on its GPUs the moment it is claimed,
   before its CUDA context exists, so tasks claimed in the same pass never double-book: claims
-  happen one after the other in the loop thread, each seeing the ones before. The need is the
-  descriptor's raised ``gpu_memory_mb`` (after an out-of-memory end), else the task's declared
-  ``gpu_memory``; a running attempt whose processes hold more than its reservation counts with
-  what it holds (plus :data:`MARGIN`). A task that declares nothing reserves ``1/gpu_share`` of
-  its GPU (``gpu_share`` = the ``tasks_per_gpu`` the config set; 1: the whole GPU, today's one
-  task per GPU) and ignores foreign memory, as before.
+  happen one after the other in the loop thread, each seeing the ones before. The other
+  supervisors of this host see them too (:class:`~gpuswarm.placement.hostbook.HostBook`: each
+  publishes what it takes per GPU; a whole claim is made under the host's guard lock). The
+  need is the descriptor's raised ``gpu_memory_mb`` (after an out-of-memory end), else the
+  task's declared ``gpu_memory``; a running attempt whose processes hold more than its
+  reservation counts with what it holds (plus :data:`MARGIN`). A task that declares nothing
+  reserves ``1/gpu_share`` of its GPU (``gpu_share`` = the ``tasks_per_gpu`` the config set;
+  1: the whole GPU, today's one task per GPU) and ignores foreign memory, as before.
 - **Fits.** A declared need fits a GPU when ``total - foreign - ours >= need``: memory held by
   processes that are not this run's counts as used; a task that fits nowhere waits (the loop
   claims again when room appears: an attempt ends, a GPU is released, a foreign process exits).
@@ -29,9 +31,11 @@ Without a GPU query (simulated GPUs, no driver) nothing is measured, totals come
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from gpuswarm.core.events import Ev
@@ -39,8 +43,10 @@ from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.exec.plan import Outcome
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
+from gpuswarm.placement.hostbook import HostBook
 from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.placement.vram import GpuState, Usage, VramSampler
+from gpuswarm.store.queue import Claimed
 
 if TYPE_CHECKING:
     from gpuswarm.supervise.context import LiveAttempt, Shared
@@ -114,6 +120,7 @@ class GpuPlacement:
         self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
         self._refused = False  # the last fill pass found tasks that fit nowhere now
         self.sampler: VramSampler | None = None
+        self.book: HostBook | None = None  # other supervisors' reservations on this host
         if query is True:
             query = _query_for(self.vendor, run.cfg.vram)
         if isinstance(query, bool) or query is None:
@@ -125,7 +132,9 @@ class GpuPlacement:
             on_change=run.more_work,
             on_held=self._held,
             on_freed=self._freed,
+            on_tick=self._publish,
         )
+        self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
 
     # -- life ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -135,6 +144,8 @@ class GpuPlacement:
     def close(self) -> None:
         if self.sampler is not None:
             self.sampler.close()
+        if self.book is not None:
+            self.book.close()
 
     def _held(self, gpu: int, key: str, pids: tuple[int, ...], mb: int) -> None:
         task, _, attempt = key.rpartition("/")
@@ -230,29 +241,63 @@ class GpuPlacement:
                     return False
         return True
 
-    def launched(self, live: LiveAttempt, desc: Descriptor) -> None:
-        """Reserve ``live``'s need on its GPUs (before its CUDA context exists) and watch it."""
-        key = attempt_key(live.task_id, live.attempt)
-        need = live.reserved_mb = need_of(desc)
-        declared = declared_of(desc)
+    def claiming(self) -> AbstractContextManager[object]:
+        """Hold while claiming and reserving: no other supervisor of this host places a task
+        between this one's look at the room and its reservation."""
+        return self.book.guard() if self.book is not None else contextlib.nullcontext()
+
+    def reserve(self, slot: Slot, claimed: Claimed) -> None:
+        """Reserve the claimed task's need on ``slot``'s GPUs now, before anything runs (its
+        CUDA context comes later): the next claim, here or in another supervisor, sees it."""
+        desc = claimed.desc
+        key = attempt_key(claimed.task_id, desc.next_attempt)
+        need, declared = need_of(desc), declared_of(desc)
         with self._lock:
             self._need[key] = need
-            for gpu in live.gpu_ids:
+            for gpu in slot.gpu_ids:
                 total = self._total(gpu)
                 share = total // self.share if total and not declared else 0
                 self._reserved.setdefault(gpu, {})[key] = max(need or 0, share)
+        self._publish(slot.gpu_ids)
+
+    def unreserve(self, slot: Slot, claimed: Claimed) -> None:
+        """The claimed task did not start (a stop came first, it did not parse)."""
+        self._drop(attempt_key(claimed.task_id, claimed.desc.next_attempt), slot.gpu_ids)
+
+    def launched(self, live: LiveAttempt) -> None:
+        """Watch ``live`` (reserved at its claim) with its handle's pids."""
+        key = attempt_key(live.task_id, live.attempt)
+        with self._lock:
+            live.reserved_mb = self._need.get(key)
         if self.sampler is not None:
             self.sampler.watch(key, live.gpu_ids, live.handle.pids)
+
+    def _drop(self, key: str, gpus: Sequence[int]) -> None:
+        with self._lock:
+            for gpu in gpus:
+                self._reserved.get(gpu, {}).pop(key, None)
+            self._need.pop(key, None)
+        self._publish(gpus)
+
+    def _publish(self, gpus: Iterable[int] | None = None) -> None:
+        """Tell the host's other supervisors what ours take on ``gpus`` (all: None)."""
+        if self.book is None:
+            return
+        states = self._states()
+        for gpu in self.gpus if gpus is None else gpus:
+            state = states.get(gpu)
+            held = dict(state.ours_mb) if state is not None else {}
+            with self._lock:
+                reserved = dict(self._reserved.get(gpu, {}))
+            self.book.publish(gpu, _taken(reserved, held), sum(held.values()))
 
     def ended(self, live: LiveAttempt) -> Usage | None:
         """``live`` ended: its reservation is dropped (what its processes still hold counts
         until the sampler sees it released); what it used."""
         key = attempt_key(live.task_id, live.attempt)
-        with self._lock:
-            for gpu in live.gpu_ids:
-                self._reserved.get(gpu, {}).pop(key, None)
-            self._need.pop(key, None)
-        return self.sampler.end(key) if self.sampler is not None else None
+        usage = self.sampler.end(key) if self.sampler is not None else None
+        self._drop(key, live.slot.gpu_ids)
+        return usage
 
     def reserved(self, task_id: str, attempt: int) -> int | None:
         with self._lock:
@@ -281,13 +326,14 @@ class GpuPlacement:
                     continue
                 state = states.get(gpu)
                 held = dict(state.ours_mb) if state is not None else {}
-                reserved = self._reserved.get(gpu, {})
-                ours = 0
-                for key in reserved.keys() | held.keys():
-                    now = held.get(key, 0)
-                    ours += max(reserved.get(key, 0), math.ceil(now * (1 + MARGIN)) if now else 0)
+                ours = _taken(self._reserved.get(gpu, {}), held)
                 foreign = state.foreign_mb if state is not None else 0
                 out[gpu] = total - foreign - ours
+        if self.book is not None:
+            for gpu in out:
+                taken, theirs = self.book.others(gpu)  # theirs: part of "foreign" above
+                foreign = states[gpu].foreign_mb if gpu in states else 0
+                out[gpu] += foreign - max(0, foreign - theirs) - taken
         return out
 
     def _blocked(self) -> set[int]:
@@ -321,6 +367,16 @@ def gpu_text(state: GpuState) -> str:
         return ""
     util = f"{state.util}% " if state.util is not None else ""
     return f"{util}{state.used_mb / 1024:.1f}/{state.total_mb / 1024:.0f}G"
+
+
+def _taken(reserved: dict[str, int], held: dict[str, int]) -> int:
+    """What our attempts take on a GPU: each the larger of its reservation and what its
+    processes hold (+ the margin); an ended one still holding memory counts with that."""
+    total = 0
+    for key in reserved.keys() | held.keys():
+        now = held.get(key, 0)
+        total += max(reserved.get(key, 0), math.ceil(now * (1 + MARGIN)) if now else 0)
+    return total
 
 
 def need_of(desc: Descriptor) -> int | None:

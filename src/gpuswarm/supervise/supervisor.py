@@ -225,10 +225,12 @@ class Supervisor:
         self.gpus.begin_pass()
         while free and not self.stopping.is_set():
             claimed = None
-            for slot in self.gpus.candidates(free, self.shared.holds):
-                claimed = self.queue.claim(self.cfg.owner, slot.index, self.gpus.accept(slot))
-                if claimed is not None:
-                    break
+            with self.gpus.claiming():  # this host's other supervisors wait meanwhile
+                for slot in self.gpus.candidates(free, self.shared.holds):
+                    claimed = self.queue.claim(self.cfg.owner, slot.index, self.gpus.accept(slot))
+                    if claimed is not None:
+                        self.gpus.reserve(slot, claimed)  # before its CUDA context exists
+                        break
             if claimed is None:
                 return got
             free.remove(slot)
@@ -363,6 +365,8 @@ class Supervisor:
     def _start(self, slot: Slot, claimed: Claimed, free: deque[Slot]) -> None:
         """Launch the claimed task on ``slot`` and watch it (or settle it at once)."""
         task = task_of(self.shared, claimed)
+        if task is None or self.stopping.is_set():
+            self.gpus.unreserve(slot, claimed)
         if task is None:
             free.appendleft(slot)
             return
@@ -386,7 +390,7 @@ class Supervisor:
             plan.values,
         )
         self.live[slot.index] = live
-        self.gpus.launched(live, claimed.desc)
+        self.gpus.launched(live)
         self.ledger.emit(
             Ev.STARTED,
             task=task.id,
