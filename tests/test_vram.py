@@ -26,6 +26,7 @@ from gpuswarm.exec.base import LaunchSpec
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import (
+    Slot,
     free_gpus,
     isolation_env,
     memory_slots,
@@ -36,9 +37,12 @@ from gpuswarm.placement.nvml import AmdSmiQuery, NvmlQuery
 from gpuswarm.placement.probes import nvml_gpus
 from gpuswarm.placement.vram import VramSampler
 from gpuswarm.runsetup import tasks_per_gpu
+from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout
-from gpuswarm.supervise.packing import oom_retry_need
+from gpuswarm.supervise import packing
+from gpuswarm.supervise.context import Shared, SupervisorConfig
+from gpuswarm.supervise.packing import GpuPlacement, oom_retry_need
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -390,3 +394,62 @@ def test_research_memory_is_the_printed_peak_else_the_measured_one() -> None:
     assert memory_gb(2048.0, 9999) == 2.0  # the script said so
     assert memory_gb(None, 5120) == 5.0  # it printed nothing: gpuswarm measured it
     assert memory_gb(None, None) is None
+
+
+# -- the placement predicate in process ---------------------------------------------------------
+def _placement(tmp_path: Path, total_mb: int) -> tuple[GpuPlacement, DirQueue, Slot]:
+    paths = RunPaths(tmp_path / "run")
+    create_layout(paths)
+    queue = DirQueue(paths, durable=False)
+    ledger = Ledger(paths.events, durable=False)
+    gpus = GpuSet(Vendor.NVIDIA, (Gpu(0, "x", Vendor.NVIDIA, "GPU-0", total_mb),), "0")
+    slots = plan_slots(gpus, tasks_per_gpu=4)
+    cfg = SupervisorConfig(slots, tmp_path, "me")
+    run = Shared(paths, queue, ledger, cfg, lambda: None, lambda: None, lambda: None)
+    return GpuPlacement(run, slots, query=None), queue, slots[0]
+
+
+def _submit(queue: DirQueue, name: str, gib: int | None, priority: int, seq: int) -> None:
+    task = {"id": name, "name": name, "command": "x", "priority": priority}
+    if gib is not None:
+        task["gpu_memory_mb"] = gib * 1024
+    queue.submit(task, seq)
+
+
+def _claim(placement: GpuPlacement, queue: DirQueue, slot: Slot) -> str | None:
+    got = queue.claim("me", slot.index, placement.accept(slot))
+    if got is None:
+        return None
+    placement.reserve(slot, got)
+    return got.task_id
+
+
+def test_claims_reserve_at_once_backfill_and_stop_backfilling_for_a_starving_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    placement, queue, slot = _placement(tmp_path, 16384)
+    _submit(queue, "first", 8, 9, 1)
+    _submit(queue, "big", 12, 5, 2)
+    _submit(queue, "small1", 4, 0, 3)
+    _submit(queue, "small2", 4, 0, 4)
+    _submit(queue, "small3", 4, 0, 5)
+    assert _claim(placement, queue, slot) == "first"  # 8 of 16 GiB reserved, nothing runs yet
+    assert _claim(placement, queue, slot) == "small1"  # big (12) does not fit 8: passed over
+    monkeypatch.setattr(packing, "BACKFILL_LIMIT_SECONDS", 0.0)
+    assert _claim(placement, queue, slot) is None  # big waited long enough: small2 waits too
+    assert placement.waiting()
+
+
+def test_undeclared_tasks_take_their_share_and_a_need_larger_than_any_gpu_runs_alone(
+    tmp_path: Path,
+) -> None:
+    placement, queue, slot = _placement(tmp_path / "a", 16384)
+    _submit(queue, "whole", None, 9, 1)  # declares nothing: the whole GPU (gpu_share 1)
+    _submit(queue, "small", 1, 0, 2)
+    assert _claim(placement, queue, slot) == "whole"
+    assert _claim(placement, queue, slot) is None  # nothing beside a whole-GPU task
+    placement, queue, slot = _placement(tmp_path / "b", 16384)
+    _submit(queue, "huge", 100, 5, 1)
+    _submit(queue, "small", 1, 0, 2)
+    assert _claim(placement, queue, slot) == "huge"  # alone on an empty GPU, never forever
+    assert _claim(placement, queue, slot) is None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 MARGIN = 0.10  # an attempt holding more than it reserved counts with 10% more than it holds
 OOM_FACTOR = 1.25  # an out-of-memory retry reserves 1.25x the peak it reached
+BACKFILL_LIMIT_SECONDS = 120.0  # a task passed over this long holds back the ones behind it
 
 __all__ = ["GpuPlacement", "oom_retry_need", "with_usage"]
 
@@ -119,6 +121,7 @@ class GpuPlacement:
         self._reserved: dict[int, dict[str, int]] = {g: {} for g in self.gpus}
         self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
         self._refused = False  # the last fill pass found tasks that fit nowhere now
+        self._waiting: dict[str, float] = {}  # pending name -> when it first found no room
         self.sampler: VramSampler | None = None
         self.book: HostBook | None = None  # other supervisors' reservations on this host
         if query is True:
@@ -202,20 +205,47 @@ class GpuPlacement:
         return self._refused and self.run.queue.counts()[State.PENDING] > 0
 
     def accept(self, slot: Slot) -> Callable[[str], bool] | None:
-        """The claim predicate of ``slot``: does pending task ``name`` fit its GPUs now?"""
+        """The claim predicate of ``slot`` for one claim: does pending task ``name`` fit its
+        GPUs now? Tasks that do not are passed over (a smaller one behind may fit), unless one
+        has waited :data:`BACKFILL_LIMIT_SECONDS` for room on a GPU of this slot it could fit:
+        then nothing behind it is placed there (the GPU drains until it fits: no starvation)."""
         if not self.packing:
             return None
+        held_back = False
 
         def fits(name: str) -> bool:
+            nonlocal held_back
+            if held_back:
+                return False
             desc = self.run.queue.read_desc(State.PENDING, name)
             if desc is None:
                 return True  # gone (another claimer) or unreadable: the claim deals with it
-            ok = self.fits(slot.gpu_ids, need_of(desc), declared_of(desc))
-            if not ok:
-                self._refused = True
-            return ok
+            need = need_of(desc)
+            if self.fits(slot.gpu_ids, need, declared_of(desc)):
+                self._waiting.pop(name, None)
+                return True
+            self._refused = True
+            now = time.monotonic()
+            since = self._waiting.setdefault(name, now)
+            if len(self._waiting) > 10_000:  # names claimed elsewhere meanwhile: start afresh
+                self._waiting = {name: since}
+            held_back = now - since >= BACKFILL_LIMIT_SECONDS and self._could_fit(slot, need)
+            return False
 
         return fits
+
+    def _could_fit(self, slot: Slot, need: int | None) -> bool:
+        """Whether ``need`` would fit ``slot``'s GPUs once our attempts there ended (their
+        whole memory but what foreign processes hold)."""
+        if need is None:
+            return True
+        states = self._states()
+        for gpu in slot.gpu_ids:
+            total = self._total(gpu)
+            foreign = states[gpu].foreign_mb if gpu in states else 0
+            if total is not None and need > total - foreign:
+                return False
+        return True
 
     def fits(self, gpu_ids: Sequence[int], need: int | None, declared: bool = True) -> bool:
         """Whether a task needing ``need`` MiB (None: no figure) fits on ``gpu_ids`` now. An
