@@ -39,6 +39,7 @@ class HostBook:
         self._lock = threading.RLock()  # a flock is per open file: threads need their own lock
         self._guard = os.open(folder / ".guard", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._depth = 0
+        self._seen: dict[int, tuple[int, int]] = {}  # others(), while the guard is held
         self._mine: dict[int, tuple[int, Path]] = {}
         self._said: dict[int, tuple[int, int]] = {}
         try:
@@ -69,26 +70,41 @@ class HostBook:
             return None
 
     @contextlib.contextmanager
-    def guard(self) -> Iterator[None]:
-        """Hold the host's guard (re-entrant in a thread; other threads and processes wait)."""
-        with self._lock:
+    def guard(self, *, wait: bool = True) -> Iterator[bool]:
+        """Hold the host's guard (re-entrant in a thread; other threads and processes wait).
+        ``wait`` False: yields False at once instead of waiting when it is held elsewhere."""
+        if not self._lock.acquire(blocking=wait):
+            yield False
+            return
+        try:
             if self._depth == 0 and self._guard >= 0:
-                fcntl.flock(self._guard, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(self._guard, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    yield False
+                    return
             self._depth += 1
             try:
-                yield
+                yield True
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._guard >= 0:
-                    fcntl.flock(self._guard, fcntl.LOCK_UN)
+                if self._depth == 0:
+                    self._seen.clear()  # the others may write once we let go
+                    if self._guard >= 0:
+                        fcntl.flock(self._guard, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
 
-    def publish(self, gpu: int, mb: int, used: int) -> None:
-        """Say what this supervisor takes on ``gpu`` (written only when it changed)."""
+    def publish(self, gpu: int, mb: int, used: int, *, wait: bool = True) -> None:
+        """Say what this supervisor takes on ``gpu`` (written only when it changed; ``wait``
+        False: skipped while the guard is busy, the next call says it)."""
         mine = self._mine.get(gpu)
         if mine is None or self._said.get(gpu) == (mb, used):
             return
         blob = json.dumps({"mb": mb, "used": used, "pid": os.getpid()}).encode()
-        with self.guard():
+        with self.guard(wait=wait) as held:
+            if not held:
+                return
             with contextlib.suppress(OSError):
                 os.ftruncate(mine[0], 0)
                 os.pwrite(mine[0], blob, 0)
@@ -96,18 +112,22 @@ class HostBook:
 
     def others(self, gpu: int) -> tuple[int, int]:
         """(MiB the other live supervisors take on ``gpu``, MiB their processes hold there)."""
-        mine = self._mine.get(gpu)
-        sub = self.folder / f"{self.vendor}-{gpu}"
-        taken = held = 0
-        with self.guard(), contextlib.suppress(FileNotFoundError):
-            for entry in sub.iterdir():
-                if mine is not None and entry == mine[1]:
-                    continue
-                said = _read_held(entry)
-                if said is not None:
-                    taken += said[0]
-                    held += said[1]
-        return taken, held
+        with self.guard():
+            seen = self._seen.get(gpu)
+            if seen is not None:
+                return seen  # nobody else writes while we hold the guard
+            mine = self._mine.get(gpu)
+            taken = held = 0
+            with contextlib.suppress(FileNotFoundError):
+                for entry in (self.folder / f"{self.vendor}-{gpu}").iterdir():
+                    if mine is not None and entry == mine[1]:
+                        continue
+                    said = _read_held(entry)
+                    if said is not None:
+                        taken += said[0]
+                        held += said[1]
+            self._seen[gpu] = (taken, held)
+            return taken, held
 
     def close(self) -> None:
         mine, self._mine = self._mine, {}

@@ -122,6 +122,7 @@ class GpuPlacement:
         self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
         self._refused = False  # the last fill pass found tasks that fit nowhere now
         self._waiting: dict[str, float] = {}  # pending name -> when it first found no room
+        self._totals: dict[int, int] = {}  # GPU -> its memory as NVML says (MiB)
         self.sampler: VramSampler | None = None
         self.book: HostBook | None = None  # other supervisors' reservations on this host
         if query is True:
@@ -135,7 +136,7 @@ class GpuPlacement:
             on_change=run.more_work,
             on_held=self._held,
             on_freed=self._freed,
-            on_tick=self._publish,
+            on_tick=self._publish_now,
         )
         self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
 
@@ -251,7 +252,7 @@ class GpuPlacement:
         """Whether a task needing ``need`` MiB (None: no figure) fits on ``gpu_ids`` now. An
         undeclared task (``declared`` False) also takes its ``1/gpu_share`` of each GPU from
         our reservations; a need (declared, or raised after an OOM) must fit the room left."""
-        rooms = self._rooms()
+        rooms = self._rooms(gpu_ids)
         largest = max((t for g in self.gpus if (t := self._total(g))), default=0)
         with self._lock:
             for gpu in gpu_ids:
@@ -309,7 +310,11 @@ class GpuPlacement:
             self._need.pop(key, None)
         self._publish(gpus)
 
-    def _publish(self, gpus: Iterable[int] | None = None) -> None:
+    def _publish_now(self) -> None:
+        """After a look (sampler thread): what ours hold now, unless the guard is busy."""
+        self._publish(None, wait=False)
+
+    def _publish(self, gpus: Iterable[int] | None = None, *, wait: bool = True) -> None:
         """Tell the host's other supervisors what ours take on ``gpus`` (all: None)."""
         if self.book is None:
             return
@@ -319,7 +324,7 @@ class GpuPlacement:
             held = dict(state.ours_mb) if state is not None else {}
             with self._lock:
                 reserved = dict(self._reserved.get(gpu, {}))
-            self.book.publish(gpu, _taken(reserved, held), sum(held.values()))
+            self.book.publish(gpu, _taken(reserved, held), sum(held.values()), wait=wait)
 
     def ended(self, live: LiveAttempt) -> Usage | None:
         """``live`` ended: its reservation is dropped (what its processes still hold counts
@@ -335,22 +340,29 @@ class GpuPlacement:
 
     # -- arithmetic ------------------------------------------------------------------------------
     def _total(self, gpu: int) -> int | None:
+        """The GPU's memory: NVML's figure once seen (kept: it never changes), else
+        discovery's (None: unknown)."""
+        known = self._totals.get(gpu)
+        if known is not None:
+            return known
         state = self._states().get(gpu)
         if state is not None and state.total_mb:
+            self._totals[gpu] = state.total_mb
             return state.total_mb
-        known = self.gpus.get(gpu)
-        return known.memory_mb if known is not None else None
+        found = self.gpus.get(gpu)
+        return found.memory_mb if found is not None else None
 
     def _states(self) -> dict[int, GpuState]:
         return self.sampler.snapshot() if self.sampler is not None else {}
 
-    def _rooms(self) -> dict[int, int]:
+    def _rooms(self, gpus: Iterable[int] | None = None) -> dict[int, int]:
         """GPU -> MiB a declared need may still take: total - foreign - ours (each attempt of
-        ours with the larger of its reservation and what it holds + margin)."""
+        ours with the larger of its reservation and what it holds + margin), of ``gpus``
+        (all: None)."""
         states = self._states()
         out: dict[int, int] = {}
         with self._lock:
-            for gpu in self.gpus:
+            for gpu in self.gpus if gpus is None else gpus:
                 total = self._total(gpu)
                 if total is None:
                     continue
