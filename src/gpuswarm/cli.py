@@ -64,7 +64,8 @@ class _Commands(click.Group):
     so ``gpuswarm run`` starts without it."""
 
     lazy: ClassVar[dict[str, tuple[str, str]]] = {
-        "research": ("gpuswarm.research.commands", "research")
+        "research": ("gpuswarm.research.commands", "research"),
+        "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
