@@ -157,6 +157,9 @@ def test_an_oom_retry_reserves_more_and_waits_for_a_gpu_with_room(
         first = wait_for(lambda: [e for e in read_events(run) if e["ev"] == "finished"], 30)[0]
         assert "the retry reserves" in first["reason"], first
         # 1.25 x 5.6 GiB fits neither GPU 0 (6 GiB in all) nor GPU 1 (5.3 GiB free): it waits
+        wait = wait_for(lambda: [e for e in read_events(run) if e["ev"] == "gpu_wait"], 10)[0]
+        assert wait["task"] == "grows" and wait["need_mb"] == 7000, wait
+        assert "grows waits for 6.8 GiB of GPU memory" in wait["reason"]
         assert [e["ev"] for e in read_events(run)].count("started") == 1
         running = run / ".parallel" / "running"
         pending = run / ".parallel" / "pending"

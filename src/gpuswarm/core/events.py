@@ -45,6 +45,7 @@ class Ev(str, Enum):
     # task, attempt, pids, mb, reason): the GPU is skipped until ``gpu_freed``
     GPU_HELD = "gpu_held"
     GPU_FREED = "gpu_freed"
+    GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

@@ -88,6 +88,7 @@ class RunView:
     paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
     paused_slots: set[str] = field(default_factory=set)
     held_gpus: dict[int, str] = field(default_factory=dict)  # GPU -> why it takes no task (19)
+    waiting_room: dict[str, str] = field(default_factory=dict)  # task -> why it waits (19)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -143,6 +144,10 @@ class RunView:
             self._added(e)
         elif e.name in (Ev.GPU_HELD.value, Ev.GPU_FREED.value):
             self._gpu_held(e)
+        elif e.name == Ev.GPU_WAIT.value:
+            task, why = e.extra.get("task"), e.extra.get("reason")
+            if isinstance(task, str) and isinstance(why, str):
+                self.waiting_room[task] = why
 
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
@@ -184,6 +189,7 @@ class RunView:
 
     def _started(self, e: Started) -> None:
         self._move(PENDING, RUNNING)
+        self.waiting_room.pop(e.task, None)
         row = self.slots.setdefault(e.slot, SlotRow())
         row.task, row.name, row.attempt = e.task, e.name, e.attempt
         row.since = e.ts if e.ts is not None else time.time()

@@ -122,6 +122,7 @@ class GpuPlacement:
         self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
         self._refused = False  # the last fill pass found tasks that fit nowhere now
         self._waiting: dict[str, float] = {}  # pending name -> when it first found no room
+        self._head: tuple[Descriptor, int | None] | None = None  # this pass's first refused
         self._totals: dict[int, int] = {}  # GPU -> its memory as NVML says (MiB)
         self.sampler: VramSampler | None = None
         self.book: HostBook | None = None  # other supervisors' reservations on this host
@@ -199,6 +200,14 @@ class GpuPlacement:
 
     def begin_pass(self) -> None:
         self._refused = False
+        self._head = None
+
+    def none_fit(self) -> None:
+        """No free slot could take a task this pass: say why the first in line waits (once per
+        task: the live table shows it until it starts)."""
+        head, self._head = self._head, None
+        if head is not None:
+            self._tell_waiting(*head)
 
     def waiting(self) -> bool:
         """The last fill pass left tasks pending that fit nowhere now (or a GPU releasing):
@@ -224,9 +233,13 @@ class GpuPlacement:
             need = need_of(desc)
             if self.fits(slot.gpu_ids, need, declared_of(desc)):
                 self._waiting.pop(name, None)
+                if self._head is not None and self._head[0].id == desc.id:
+                    self._head = None  # it found room on another GPU after all
                 return True
             self._refused = True
             now = time.monotonic()
+            if self._head is None and name not in self._waiting:
+                self._head = (desc, need)  # journaled if no slot of this pass takes anything
             since = self._waiting.setdefault(name, now)
             if len(self._waiting) > 10_000:  # names claimed elsewhere meanwhile: start afresh
                 self._waiting = {name: since}
@@ -234,6 +247,19 @@ class GpuPlacement:
             return False
 
         return fits
+
+    def _tell_waiting(self, desc: Descriptor, need: int | None) -> None:
+        """Journal once that a task first in line fits no GPU now (the live table shows it)."""
+        rooms = self._rooms()
+        best = max(rooms.values(), default=0)
+        what = f"{gib(need)} of GPU memory" if need else "a whole GPU"
+        self.run.ledger.emit(
+            Ev.GPU_WAIT,
+            task=desc.id,
+            need_mb=need,
+            room_mb=best,
+            reason=f"{desc.id} waits for {what} (the most free now: {gib(max(0, best))})",
+        )
 
     def _could_fit(self, slot: Slot, need: int | None) -> bool:
         """Whether ``need`` would fit ``slot``'s GPUs once our attempts there ended (their

@@ -232,6 +232,7 @@ class Supervisor:
                         self.gpus.reserve(slot, claimed)  # before its CUDA context exists
                         break
             if claimed is None:
+                self.gpus.none_fit()
                 return got
             free.remove(slot)
             got = True

@@ -76,6 +76,7 @@ class LiveView:
             failures = list(self.state.failures)
             eta = self.state.eta(now)
             note = self.state.note
+            waits = list(self.state.waiting_room.values())[-1:]  # issue 19: the first in line
             quarantined = dict(self.state.quarantined)
             run_paused, slots_paused = self.state.paused, frozenset(self.state.paused_slots)
         if self.paused is not None:
@@ -104,6 +105,8 @@ class LiveView:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
         if note:
             parts.append(Text(note, style="yellow"))
+        for why in waits:
+            parts.append(Text(inert(why), style="yellow"))
         return Group(*parts)
 
     def _table(
