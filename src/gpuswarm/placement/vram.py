@@ -203,6 +203,9 @@ class VramSampler:
         now = time.monotonic()
         unknown: set[int] = set()
         where: set[int] = set()
+        listed = {p.pid for look in looks.values() for p in look.procs or ()}
+        if len(self._foreign) > len(listed):  # forget foreign pids no GPU lists any more
+            self._foreign = {p: t for p, t in self._foreign.items() if p in listed}
         for gpu, look in looks.items():
             for p in look.procs or ():
                 recheck = now - self._foreign.get(p.pid, -1e9) > FOREIGN_RECHECK_SECONDS
