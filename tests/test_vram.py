@@ -453,3 +453,17 @@ def test_undeclared_tasks_take_their_share_and_a_need_larger_than_any_gpu_runs_a
     _submit(queue, "small", 1, 0, 2)
     assert _claim(placement, queue, slot) == "huge"  # alone on an empty GPU, never forever
     assert _claim(placement, queue, slot) is None
+
+
+def test_simulated_gpus_may_carry_a_memory_size() -> None:
+    found = parse_gpu_spec("sim:2xA100@40G,1xH100@80G")
+    assert [(g.name, g.memory_mb) for g in found.gpus] == [
+        ("A100", 40960),
+        ("A100", 40960),
+        ("H100", 81920),
+    ]
+    assert found.spec == "sim:2xA100@40G,1xH100@80G"
+    assert parse_gpu_spec("sim:3@512M").spec == "sim:3@512M"
+    assert parse_gpu_spec("sim:3").gpus[0].memory_mb is None
+    with pytest.raises(GpuSpecError, match="has no unit"):
+        parse_gpu_spec("sim:4@80")

@@ -247,3 +247,29 @@ def test_two_runs_started_together_on_one_gpu_never_double_book_it(
         spans += [(a["started"], a["ended"]) for (a,) in _attempts(run).values()]
     assert len(spans) == 6
     assert _max_overlap(spans) == 2  # the two runs together: two at a time on the GPU
+
+
+def test_simulated_gpus_with_a_memory_size_pack_a_command_list_by_gpu_memory(
+    tmp_path: Path,
+) -> None:
+    res = run_cli(
+        "run",
+        "-",
+        "--gpus",
+        "sim:1@16G",
+        "--gpu-memory",
+        "6G",
+        "--no-report",
+        "-q",
+        "--workspace",
+        "ws",
+        cwd=tmp_path,
+        input="sleep 0.6\nsleep 0.6\nsleep 0.6\n",
+    )
+    assert res.returncode == 0, res
+    (run,) = find_runs(tmp_path / "ws")
+    info = json.loads((run / "run.json").read_text())
+    assert info["slot_count"] == 2 and info["gpus"] == "sim:1@16G"  # 16 // 6 slots on the GPU
+    spans = [(a["started"], a["ended"]) for (a,) in _attempts(run).values()]
+    assert len(spans) == 3 and _max_overlap(spans) == 2
+    assert all("peak_vram_mb" not in a for (a,) in _attempts(run).values())  # nothing measured

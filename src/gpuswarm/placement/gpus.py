@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuswarm.config.values import parse_gpu_memory
 from gpuswarm.core.errors import GpuSpecError
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int, format_ids
 from gpuswarm.placement.nvml import GpuQuery, open_query
@@ -134,34 +135,58 @@ def discover(
 _SIM_GROUP_RE = re.compile(r"([0-9]+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9 ._-]{0,63})")
 
 
+def _sim_memory(spec: str, text: str) -> tuple[str, int | None]:
+    """``text`` without its ``@SIZE`` suffix, and that size in MiB (None: none given)."""
+    head, at, size = text.partition("@")
+    if not at:
+        return text, None
+    try:
+        return head.strip(), parse_gpu_memory(size.strip())
+    except ValueError as exc:
+        raise GpuSpecError(
+            f"--gpus {spec}: {exc} (a simulated GPU's memory: sim:4@80G, sim:2xH100@80G)"
+        ) from None
+
+
 def _sim_gpus(spec: str, count_text: str) -> GpuSet:
     """``sim:N`` (N GPUs named ``sim``) or ``sim:2xA100,2xH100`` (named groups: a simulated
-    cluster of two GPU models, e.g. to try per-platform research baselines)."""
-    count = as_int(count_text)
-    if count is not None or "x" not in count_text.lower():
+    cluster of two GPU models, e.g. to try per-platform research baselines). Each may carry a
+    memory size (``sim:4@80G``, ``sim:2xA100@40G,2xH100@80G``, issue 19): placement by
+    ``gpu_memory`` then packs by it (nothing is measured on a simulated GPU)."""
+    grouped = "x" in count_text.lower()
+    plain, memory = (count_text, None) if grouped else _sim_memory(spec, count_text)
+    count = as_int(plain)
+    if count is not None or not grouped:
         if count is None or not 1 <= count <= SIM_MAX:
             raise GpuSpecError(
                 f"--gpus {spec}: the number of simulated GPUs must be a whole number from 1 to "
                 f"{SIM_MAX}, e.g. --gpus sim:4 (or named: sim:2xA100,2xH100)"
             )
-        gpus = tuple(Gpu(i, "sim", Vendor.SIM) for i in range(count))
-        return GpuSet(Vendor.SIM, gpus, f"sim:{count}")
-    names: list[str] = []
+        gpus = tuple(Gpu(i, "sim", Vendor.SIM, memory_mb=memory) for i in range(count))
+        return GpuSet(Vendor.SIM, gpus, f"sim:{count}{_at(memory)}")
+    found: list[tuple[str, int | None]] = []
     groups: list[str] = []
     for token in (t.strip() for t in count_text.split(",")):
-        m = _SIM_GROUP_RE.fullmatch(token)
+        bare, memory = _sim_memory(spec, token)
+        m = _SIM_GROUP_RE.fullmatch(bare)
         if not m or not 1 <= int(m[1]) <= SIM_MAX:
             raise GpuSpecError(
                 f"--gpus {spec}: {token!r} is not a group of simulated GPUs; write NxNAME "
                 "groups, e.g. --gpus sim:2xA100,2xH100 (N from 1, a name of letters, digits, "
-                "'.', '_', '-')"
+                "'.', '_', '-'; @80G: its memory)"
             )
-        names += [m[2].strip()] * int(m[1])
-        groups.append(f"{int(m[1])}x{m[2].strip()}")
-    if len(names) > SIM_MAX:
+        found += [(m[2].strip(), memory)] * int(m[1])
+        groups.append(f"{int(m[1])}x{m[2].strip()}{_at(memory)}")
+    if len(found) > SIM_MAX:
         raise GpuSpecError(f"--gpus {spec}: at most {SIM_MAX} simulated GPUs")
-    gpus = tuple(Gpu(i, name, Vendor.SIM) for i, name in enumerate(names))
+    gpus = tuple(Gpu(i, name, Vendor.SIM, memory_mb=mb) for i, (name, mb) in enumerate(found))
     return GpuSet(Vendor.SIM, gpus, f"sim:{','.join(groups)}")
+
+
+def _at(memory: int | None) -> str:
+    if memory is None:
+        return ""
+    return f"@{memory // 1024}G" if memory % 1024 == 0 else f"@{memory}M"
 
 
 def free_gpus(found: GpuSet, query_fn: Callable[[str], GpuQuery | None]) -> GpuSet:
