@@ -36,6 +36,8 @@ from gpuswarm.placement.devices import Gpu
 from gpuswarm.placement.nvml import DeviceSample, GpuQuery
 
 SAMPLE_SECONDS = 0.25  # 3 NVML calls per GPU a look: ~0.1 ms each on a real driver
+SETTLED_SAMPLE_SECONDS = 1.0  # once every attempt has run YOUNG_SECONDS and none is releasing
+YOUNG_SECONDS = 30.0  # a young attempt (short tasks, a peak while it loads) is looked at often
 RELEASE_TIMEOUT_SECONDS = 30.0
 FOREIGN_RECHECK_SECONDS = 5.0  # a pid once found foreign is asked about again after this
 
@@ -79,6 +81,7 @@ class _Watched:
     util_total: int = 0
     util_samples: int = 0
     readable: bool = False  # at least one look could read a process list of its GPUs
+    since: float = field(default_factory=time.monotonic)
     ended_at: float | None = None  # set by end(): releasing from then on
     held: bool = False
 
@@ -129,11 +132,26 @@ class VramSampler:
             self.query.close()
 
     def _serve(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self.interval):
+            if time.monotonic() - last < self._next_wait() - 1e-3:
+                continue  # settled: a look a second (a new attempt makes it due at once)
+            last = time.monotonic()
             try:
                 self.tick()
             except Exception:  # never the run's end: the next look tries again
                 continue
+
+    def _next_wait(self) -> float:
+        """Every ``interval`` while an attempt is young or releasing; else once a second (a
+        long task's memory grows slowly; the supervisor's CPU stays near zero)."""
+        now = time.monotonic()
+        with self._lock:
+            busy = any(
+                w.ended_at is not None or now - w.since < YOUNG_SECONDS
+                for w in self._watched.values()
+            )
+        return self.interval if busy else max(self.interval, SETTLED_SAMPLE_SECONDS)
 
     # -- attempts --------------------------------------------------------------------------------
     def watch(self, key: str, gpus: Sequence[int], pids_of: PidsOf) -> None:
