@@ -128,6 +128,7 @@ class GpuPlacement:
         self.book: HostBook | None = None  # other supervisors' reservations on this host
         if query is True:
             query = _query_for(self.vendor, run.cfg.vram)
+        self._packing = any(g.memory_mb for g in self.gpus.values())
         if isinstance(query, bool) or query is None:
             return
         self.sampler = VramSampler(
@@ -140,6 +141,7 @@ class GpuPlacement:
             on_tick=self._publish_now,
         )
         self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
+        self._packing = True
 
     # -- life ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -195,8 +197,9 @@ class GpuPlacement:
 
     @property
     def packing(self) -> bool:
-        """Whether claims ask :meth:`accept` (memory is known, or reservations are declared)."""
-        return any(g.memory_mb for g in self.gpus.values()) or self.sampler is not None
+        """Whether claims ask :meth:`accept`: GPU memory is known (NVML, or a size given).
+        Otherwise (``sim:N``, no driver) the loop claims as it always did, nothing reserved."""
+        return self._packing
 
     def begin_pass(self) -> None:
         self._refused = False
@@ -306,6 +309,8 @@ class GpuPlacement:
     def reserve(self, slot: Slot, claimed: Claimed) -> None:
         """Reserve the claimed task's need on ``slot``'s GPUs now, before anything runs (its
         CUDA context comes later): the next claim, here or in another supervisor, sees it."""
+        if not self._packing:
+            return  # nothing to place by: no reservation (the hot path of sim runs)
         desc = claimed.desc
         key = attempt_key(claimed.task_id, desc.next_attempt)
         need, declared = need_of(desc), declared_of(desc)
