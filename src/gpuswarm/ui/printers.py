@@ -124,7 +124,7 @@ def print_report(report: RunReport) -> None:
     s = report.summary
     counts = s["counts"]
     con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
-    for line in field_lines(s.get("fields", {})):
+    for line in field_lines(s.get("fields", {})) + gpu_memory_lines(s.get("gpu_memory")):
         con.print("  " + line, markup=False)
     for reason, n in s.get("failure_reasons", [])[:5]:
         con.print(inert(f"  {n} failed: {reason}"), markup=False)
@@ -148,6 +148,21 @@ def print_report(report: RunReport) -> None:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
     elif not s["complete"]:
         con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
+
+
+def gpu_memory_lines(stats: Any) -> list[str]:
+    """``peak GPU memory: max 7.9 GiB, median 3.1 GiB (12/12 tasks measured)`` (issue 19)."""
+    if not isinstance(stats, dict) or not stats.get("measured"):
+        return []
+    peaks = stats.get("peak_vram_mb") or {}
+    try:
+        top, mid = float(peaks["max"]) / 1024, float(peaks["median"]) / 1024
+    except (KeyError, TypeError, ValueError):
+        return []
+    return [
+        f"peak GPU memory: max {top:.1f} GiB, median {mid:.1f} GiB "
+        f"({stats['measured']}/{stats.get('of_total', '?')} tasks measured)"
+    ]
 
 
 def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
