@@ -179,6 +179,8 @@ def test_an_oom_retry_reserves_more_and_waits_for_a_gpu_with_room(
     desc = json.loads(next((run / ".parallel" / "done").glob("*.json")).read_text())
     assert desc["gpu_memory_mb"] == 7000
     assert "the retry reserves 6.8 GiB" in (run / "report.html").read_text()
+    check = run_cli("check", run, cwd=tmp_path, env=m.env())
+    assert check.returncode == 0, check  # the raised need and the events are a consistent run
 
 
 def test_a_gpu_takes_the_next_task_only_once_released_and_a_held_one_is_skipped(
