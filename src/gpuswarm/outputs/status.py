@@ -108,6 +108,11 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "corrupt": reader.corrupt(),
         "quarantined": _quarantined(reader, live),
         "gpus_held": [{"gpu": g, "reason": why} for g, why in sorted(reader.held_gpus().items())],
+        "waiting_for_gpu": (
+            [{"task": t, "reason": why} for t, why in sorted(reader.waiting_for_gpu().items())]
+            if live
+            else []
+        ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
     }
 

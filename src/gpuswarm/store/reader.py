@@ -231,17 +231,26 @@ class RunReader:
     def held_gpus(self) -> dict[int, str]:
         """GPUs an ended attempt still holds (issue 19: ``gpu_held`` not followed by a
         ``gpu_freed``) -> why; from the journal's lines that name them (bounded read)."""
+        return self._gpu_view().held_gpus
+
+    def waiting_for_gpu(self) -> dict[str, str]:
+        """Pending tasks that were first in line and fit no GPU (``gpu_wait``) -> why."""
+        pending = {task_id_of(base_name(n)) for n in self.names(State.PENDING)}
+        waits = self._gpu_view().waiting_room
+        return {task: why for task, why in waits.items() if task in pending}
+
+    def _gpu_view(self) -> RunView:
         view = RunView({})
         try:
             with self.paths.events.open("rb") as f:
                 data = f.read(HELD_SCAN_BYTES)
         except OSError:
-            return {}
+            return view
         for line in data.split(b"\n"):
-            if b'"gpu_held"' in line or b'"gpu_freed"' in line:
+            if b'"gpu_held"' in line or b'"gpu_freed"' in line or b'"gpu_wait"' in line:
                 with contextlib.suppress(ValueError):
                     view.apply(json.loads(line))
-        return dict(view.held_gpus)
+        return view
 
     def view(self) -> RunView:
         """A :class:`RunView` of the run as its folders stand now (one look, when a watch

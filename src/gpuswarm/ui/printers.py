@@ -57,6 +57,8 @@ def _held_gpus(con: Console, data: dict[str, Any]) -> None:
     """GPUs an ended attempt still holds (issue 19): skipped until their memory is freed."""
     for held in data.get("gpus_held", []):
         con.print(f"[red]GPU HELD[/] {escape(inert(str(held.get('reason', ''))))}")
+    for wait in data.get("waiting_for_gpu", [])[:5]:
+        con.print(f"[yellow]waiting[/] {escape(inert(str(wait.get('reason', ''))))}")
 
 
 def print_status(data: dict[str, Any]) -> None:
