@@ -64,7 +64,8 @@ class _Commands(click.Group):
     so ``gpuswarm run`` starts without it."""
 
     lazy: ClassVar[dict[str, tuple[str, str]]] = {
-        "research": ("gpuswarm.research.commands", "research")
+        "research": ("gpuswarm.research.commands", "research"),
+        "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
