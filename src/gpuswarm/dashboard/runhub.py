@@ -184,6 +184,8 @@ class RunHub:
                     continue  # a line of the wrong shape: skipped, as every reader does
                 self._bar(event)
                 self.tasks.apply(event)
+                if isinstance(event, Control) and event.request in ("pause", "unpause"):
+                    self.paused = paused_now(self.paths)  # read the flags again now
                 shown = public_event(event.to_json())
                 batch.events.append(shown)
                 self.feed.append(shown)

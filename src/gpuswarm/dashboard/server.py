@@ -36,7 +36,13 @@ from gpuswarm.dashboard import sse
 from gpuswarm.dashboard.actions import ACTIONS
 from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root
 from gpuswarm.dashboard.security import Guard, GuardMiddleware, new_token
-from gpuswarm.dashboard.taskview import LogPump, log_stream, parse_resume, task_detail
+from gpuswarm.dashboard.taskview import (
+    LogPump,
+    NoSuchTaskError,
+    log_stream,
+    parse_resume,
+    task_detail,
+)
 
 POLL_SECONDS = 0.2
 LINES_SECONDS = 1.0  # how often running lanes' last output lines are looked at (pages open)
@@ -360,6 +366,10 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return _error(404, str(exc))
 
 
+async def _bad_input(request: Request, exc: Exception) -> Response:
+    return _error(400, str(exc))
+
+
 def build_app(settings: Settings) -> tuple[Starlette, Dashboard, Guard]:
     """The ASGI app (the guard in front of it), its state and its guard; ``settings.port``
     must be the port it will be served on (the Host allowlist checks it)."""
@@ -373,7 +383,11 @@ def build_app(settings: Settings) -> tuple[Starlette, Dashboard, Guard]:
     app = Starlette(
         routes=dash.routes(),
         lifespan=dash.lifespan,
-        exception_handlers={_NotFound: _not_found},
+        exception_handlers={
+            _NotFound: _not_found,
+            NoSuchTaskError: _not_found,
+            BadInputError: _bad_input,
+        },
     )
     app.add_middleware(GuardMiddleware, guard=guard)
     return app, dash, guard
