@@ -8,7 +8,6 @@ instead when ``CI=true`` (CI installs chromium: a missing one must not pass by s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -92,6 +91,7 @@ def parse_url(url: str) -> tuple[int, str]:
 def serve_here(paths: list[Path], *, read_only: bool = False) -> Iterator[Served]:
     """The dashboard of ``paths`` served by uvicorn in a thread of this process."""
     import uvicorn
+
     from gpuswarm.dashboard.catalog import classify
     from gpuswarm.dashboard.server import SHUTDOWN_SECONDS, Settings, bind_socket, build_app
 
@@ -140,7 +140,9 @@ def start_dashboard(*args: str | os.PathLike[str], cwd: Path, log_dir: Path) -> 
 _LINES: dict[int, tuple[httpx.Response, Iterator[str]]] = {}  # one line iterator per stream
 
 
-def sse_messages(response: httpx.Response, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+def sse_messages(
+    response: httpx.Response, count: int, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     """The next ``count`` SSE messages of a streaming response: {id, event, data}."""
     out: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
@@ -217,5 +219,3 @@ def screenshot(page: Any, name: str, folder: Path) -> Path:
         Path(shots).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(shots) / path.name)
     return path
-
-
