@@ -257,7 +257,9 @@ def test_task_detail_and_unknown_ids(served: Served) -> None:
 
 # -- the command -------------------------------------------------------------------------------
 def test_cli_start_does_not_load_the_web_stack(tmp_path: Path) -> None:
-    code = "import sys, gpuswarm.cli; print([m for m in ('starlette', 'uvicorn') if m in sys.modules])"
+    code = (
+        "import sys, gpuswarm.cli; print([m for m in ('starlette', 'uvicorn') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     res = run_cli("dashboard", tmp_path / "nowhere", cwd=tmp_path)

@@ -65,7 +65,7 @@ class Settings:
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("gpuswarm.dashboard").joinpath("static", name).read_bytes()
+    return resources.files("gpuswarm.dashboard").joinpath("static").joinpath(name).read_bytes()
 
 
 class Dashboard:

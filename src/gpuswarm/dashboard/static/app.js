@@ -294,8 +294,8 @@ function runPage(rid) {
     // fit: from the first bar shown (at most 30 min back, at least one minute)
     const t0 = st.window > 0 ? now - st.window
       : st.window === 0 ? Math.min(first, now - 60)
-        : Math.min(now - 60, Math.max(now - 1800, first - 0.03 * (now - first)));
-    const rows = v.slots.map((s) => laneRow(rid, s, st.lanes[s.label] || [], t0, t1, now));
+        : Math.min(now - 10, Math.max(now - 1800, first - 0.03 * (now - first)));
+    const rows = v.slots.map((s) => laneRow(rid, s, st.lanes[s.label] || [], t0, t1, now, first));
     replace(lanesBox, rows.length ? rows : [el('div', { class: 'muted', text: 'No slot has started yet.' })]);
   };
 
@@ -331,7 +331,7 @@ function runPage(rid) {
   st.refreshTable = refreshTable;
 }
 
-function laneRow(rid, s, bars, t0, t1, now) {
+function laneRow(rid, s, bars, t0, t1, now, origin) {
   const busy = Boolean(s.task);
   const gpuLine = s.gpu && s.gpu.length ? s.gpu.map((g) => {
     const util = el('span', { class: 'meter', title: `GPU ${g.index} utilisation ${g.util}%` }, el('span'));
@@ -362,16 +362,19 @@ function laneRow(rid, s, bars, t0, t1, now) {
   } else {
     nowCell = el('div', { class: 'lane-now' }, el('div', { text: 'idle' }), el('div', { class: 'muted' }, `${s.done} attempt(s) ended here`));
   }
-  const ganttCell = el('div', { class: 'lane-gantt' }, ...gantt(bars, t0, t1, now));
+  const ganttCell = el('div', { class: 'lane-gantt' }, ...gantt(bars, t0, t1, now, origin));
   return el('div', { class: busy ? 'lane busy' : 'lane idle', 'data-slot': s.label, 'data-task': s.task || '' }, headCell, nowCell, ganttCell);
 }
 
-function gantt(bars, t0, t1, now) {
+// One lane's recent attempts: bars by outcome over a hatched background, so that idle time
+// (no bar) is what stands out; the time before the run's first attempt is not idle.
+function gantt(bars, t0, t1, now, origin) {
   const W = 1000, H = 18, span = Math.max(1, t1 - t0);
   const x = (t) => ((Math.max(t0, Math.min(t1, t)) - t0) / span) * W;
+  const from = Math.max(t0, Math.min(origin, t1));
   const svg = svgEl('svg', { class: 'gantt', viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none', role: 'img' });
-  svg.append(svgEl('rect', { class: 'idle-bg', x: 0, y: 0, width: W, height: H }));
-  let idle = 0, last = t0, shown = 0;
+  svg.append(svgEl('rect', { class: 'idle-bg', x: x(from), y: 0, width: W - x(from), height: H }));
+  let idle = 0, last = from, shown = 0;
   for (const [start, end, outcome, task, attempt] of bars) {
     const stop = end === null ? now : end;
     if (stop < t0 || start > t1) continue;
@@ -384,7 +387,7 @@ function gantt(bars, t0, t1, now) {
   }
   idle += Math.max(0, t1 - last);
   svg.dataset.bars = String(shown);
-  const idlePct = Math.round((100 * idle) / span);
+  const idlePct = Math.round((100 * idle) / Math.max(1, t1 - from));
   return [svg, el('div', { class: 'axis-row' }, el('span', { text: fmtTime(t0) }),
     el('span', { class: idlePct > 20 ? 'idle-note bad' : 'idle-note', text: `idle ${idlePct}% of this window` }), el('span', { text: 'now' }))];
 }
@@ -572,7 +575,7 @@ function experimentPage(eid) {
         stat(v.base || '—', 'BASE'), stat(fmtMetric(v.best), 'best (BASE)', 'best'),
         br ? stat(`${fmtMetric(br.metric)} (${br.id})`, 'best measured') : null,
         stat(v.experiments, 'experiments', 'experiments'), stat(v.kept, 'kept'), stat(v.in_flight.length, 'in flight')));
-    replace(chart, progressChart(v));
+    replace(chart, progressChart(v, chart.clientWidth));
     const now = serverNow();
     replace(flight, v.in_flight.length ? el('table', { 'data-testid': 'in-flight-table' },
       el('thead', {}, el('tr', {}, ['variant', 'status', 'GPU slot', 'elapsed', 'description'].map((h) => el('th', { text: h })))),
@@ -621,8 +624,8 @@ function diffView(text) {
 
 // The autoresearch progress chart: every experiment by number, kept ones green (the best so
 // far drawn as a step line), discarded grey, crashes as red crosses on the bottom edge.
-function progressChart(v) {
-  const W = 1000, H = 320, L = 70, R = 20, T = 20, B = 36;
+function progressChart(v, width) {
+  const W = Math.max(600, width || 1000), H = 320, L = 70, R = 30, T = 20, B = 36;
   const svg = svgEl('svg', { class: 'chart', viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'progress chart' });
   const rows = v.rows;
   svg.dataset.points = String(rows.length);
@@ -636,7 +639,7 @@ function progressChart(v) {
   const pad = (hi - lo) * 0.08; lo -= pad; hi += pad;
   const n = rows.length;
   const x = (i) => L + ((W - L - R) * (n === 1 ? 0.5 : (i - 1) / (n - 1)));
-  const y = (m) => T + (H - T - B) * (v.goal === 'min' ? (m - lo) / (hi - lo) : (hi - m) / (hi - lo));
+  const y = (m) => T + ((H - T - B) * (hi - m)) / (hi - lo);
   for (let k = 0; k <= 4; k++) {
     const m = lo + ((hi - lo) * k) / 4;
     svg.append(svgEl('line', { class: 'grid', x1: L, x2: W - R, y1: y(m), y2: y(m) }));
@@ -662,7 +665,7 @@ function progressChart(v) {
     const cls = r.status === 'keep' ? 'keep' : 'discard';
     svg.append(svgEl('circle', { class: cls, cx: x(r.n), cy: y(r.metric), r: r.status === 'keep' ? 5 : 3.5, 'data-variant': r.id },
       svgEl('title', { text: `${r.id} ${fmtMetric(r.metric)} ${r.status}: ${r.description}` })));
-    if (r.status === 'keep') svg.append(svgEl('text', { class: 'label', x: x(r.n) + 7, y: y(r.metric) - 7, text: r.description.slice(0, 40) }));
+    if (r.status === 'keep') svg.append(svgEl('text', { class: 'label', x: x(r.n) + 7, y: y(r.metric) - 7, text: r.description.replace(/^\[[^\]]*\]\s*/, '').slice(0, 40) }));
   }
   return svg;
 }
