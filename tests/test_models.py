@@ -159,6 +159,43 @@ def test_attempt_from_json_names_the_field() -> None:
     assert AttemptRecord.from_json(OLD_ATTEMPTS[0]).to_json() == OLD_ATTEMPTS[0]
 
 
+def test_attempt_host_and_accelerator_round_trip() -> None:
+    """The machine and GPU model an attempt ran on are kept (research compares per platform)."""
+    record = AttemptRecord.launched(
+        n=1, slot="h-gpu0", gpus=[0], started=1.0, ended=2.0, duration=1.0,
+        kind=EndKind.EXITED, returncode=0, signal=None, reason=None, oom=False, killed=0,
+        host="h", accelerator="NVIDIA H100 80GB HBM3",
+    )  # fmt: skip
+    obj = record.to_json()
+    assert (obj["host"], obj["accelerator"]) == ("h", "NVIDIA H100 80GB HBM3")
+    back = AttemptRecord.from_json(json.loads(json.dumps(obj)))
+    assert (back.host, back.accelerator, back.extra) == ("h", "NVIDIA H100 80GB HBM3", {})
+    assert "host" not in AttemptRecord.lost(n=2, reason="x").to_json()
+    with pytest.raises(RecordError, match=r"attempt\.accelerator is int, not str"):
+        AttemptRecord.from_json({"n": 1, "accelerator": 3})
+
+
+def test_record_of_names_the_host_and_the_slots_gpus() -> None:
+    from gpuswarm.core.paths import host_slug
+    from gpuswarm.exec.base import AttemptEnd
+    from gpuswarm.exec.plan import accelerator_of, record_of
+    from gpuswarm.placement.devices import Gpu, Vendor
+    from gpuswarm.placement.gpus import Slot
+
+    a100, h100 = Gpu(0, "A100", Vendor.SIM), Gpu(1, "H100", Vendor.SIM)
+    slot = Slot(0, (0,), Vendor.SIM, devices=(a100,))
+    end = AttemptEnd(
+        kind=EndKind.EXITED, returncode=0, signal=None, reason="exited 0", oom=False,
+        started=1.0, ended=2.0, pid=None, killed=0,
+    )  # fmt: skip
+    record = record_of(end, slot, (0,), 1)
+    assert (record.host, record.accelerator) == (host_slug(), "A100")
+    assert accelerator_of(Slot(0, (0, 1), Vendor.SIM, devices=(a100, h100)), (0, 1)) == (
+        "A100 + H100"
+    )
+    assert accelerator_of(Slot(0, (0,), Vendor.SIM), (0,)) is None
+
+
 def test_lease_format() -> None:
     name = claim_name("0500000000001_t.json", "h:1:2", 3, 9)
     assert name == "0500000000001_t.json@h:1:2@3.9"

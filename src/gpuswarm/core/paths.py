@@ -7,6 +7,7 @@ task name can never escape the run directory.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,11 @@ def slugify(text: str, max_len: int = 100) -> str:
     slug = _UNSAFE.sub("-", text).strip("-.")
     slug = re.sub(r"-{2,}", "-", slug)[:max_len].strip("-.")
     return slug or "task"
+
+
+def host_slug() -> str:
+    """This machine's host name as slot ids and lease owners spell it (``<host>-gpu3``)."""
+    return slugify(socket.gethostname(), 60)
 
 
 def check_task_id(task_id: str) -> str:

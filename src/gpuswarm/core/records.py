@@ -27,6 +27,8 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "reason": (str, type(None)),
     "metrics": (dict, type(None)),
     "interrupted": (bool,),
+    "host": (str,),
+    "accelerator": (str,),
 }
 _TASK_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,),

@@ -16,7 +16,7 @@ from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
 from gpuswarm.core.models import AttemptRecord, EndKind, State
-from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.paths import RunPaths, host_slug
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
@@ -121,7 +121,17 @@ def record_of(end: AttemptEnd, slot: Slot, gpu_ids: tuple[int, ...], n: int) -> 
         reason=end.reason,
         oom=end.oom,
         killed=end.killed,
+        host=host_slug(),
+        accelerator=accelerator_of(slot, gpu_ids),
     )
+
+
+def accelerator_of(slot: Slot, gpu_ids: tuple[int, ...]) -> str | None:
+    """The name of the slot's GPUs as discovery gave it ("NVIDIA H100 80GB HBM3", "sim");
+    ``A + B`` for a slot of GPUs of two models; None where discovery named none of them."""
+    known = {g.index: g.name for g in slot.devices}
+    names = list(dict.fromkeys(known[i] for i in gpu_ids if i in known))
+    return " + ".join(names) if names else None
 
 
 STALE_SLACK_SECONDS = 1.0  # filesystem clocks may lag time.time() a little

@@ -22,7 +22,6 @@ import errno
 import fcntl
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,14 +31,11 @@ import psutil
 
 from gpuswarm.core.errors import RunLockedError
 from gpuswarm.core.fsutil import atomic_write_bytes, atomic_write_json
-from gpuswarm.core.paths import RunPaths, slugify
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.paths import host_slug as host_slug  # slot ids spell the host so
 from gpuswarm.placement.gpus import Slot, slot_id
 
 OWNER_VAR = "GPUSWARM_OWNER"
-
-
-def host_slug() -> str:
-    return slugify(socket.gethostname(), 60)
 
 
 def owner_id() -> str:

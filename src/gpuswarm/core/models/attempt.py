@@ -33,6 +33,8 @@ class AttemptRecord:
     killed: int | None = None
     metrics: dict[str, Any] | None = None
     interrupted: bool = False
+    host: str | None = None  # the machine it ran on, as slot ids spell it (``<host>-gpu3``)
+    accelerator: str | None = None  # its GPUs' name ("NVIDIA H100 80GB HBM3", "sim")
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
 
     # constructors ------------------------------------------------------------------------
@@ -52,6 +54,8 @@ class AttemptRecord:
         reason: str | None,
         oom: bool,
         killed: int,
+        host: str | None = None,
+        accelerator: str | None = None,
     ) -> AttemptRecord:
         """An attempt that ran (whatever its end); times rounded as every record has them."""
         return cls(
@@ -67,6 +71,8 @@ class AttemptRecord:
             reason=reason,
             oom=oom,
             killed=killed,
+            host=host,
+            accelerator=accelerator,
         )
 
     @classmethod
@@ -159,6 +165,8 @@ class AttemptRecord:
             get("killed"),
             get("metrics"),
             bool(get("interrupted")),
+            get("host"),
+            get("accelerator"),
             extra,
         )
 
@@ -183,6 +191,10 @@ class AttemptRecord:
             out["duration"] = self.duration
         if self.kind is not None:
             out["kind"] = self.kind
+        if self.host is not None:
+            out["host"] = self.host
+        if self.accelerator is not None:
+            out["accelerator"] = self.accelerator
 
     def _put_end(self, out: dict[str, Any]) -> None:
         launched = self.started is not None
