@@ -5,7 +5,7 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control (see each module's
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, dashboard (see each module's
 docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
 ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
 section, "Queue control", the others in "Results"; a run updates only the sections of what it
@@ -29,6 +29,7 @@ from typing import Any
 
 import control
 import cpu
+import dashboard
 import docker_overhead
 import latency
 import report
@@ -46,6 +47,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "research": research_util.run,
     "docker": docker_overhead.run,
     "control": control.run,
+    "dashboard": dashboard.run,
 }
 
 
@@ -86,8 +88,10 @@ def _update_doc(rows: list[Row], machine: dict[str, str], info: dict[str, Any], 
     others into "Results"; a section whose benchmarks did not run is left as it is."""
     doc = REPO / "BENCHMARKS.md"
     ours = [r for r in rows if r.bench == control.BENCH]
-    others = [r for r in rows if r.bench != control.BENCH]
+    dash = [r for r in rows if r.bench == dashboard.BENCH]  # its own section too
+    others = [r for r in rows if r.bench not in (control.BENCH, dashboard.BENCH)]
     parts = [(others, report.BEGIN, report.END), (ours, report.CONTROL_BEGIN, report.CONTROL_END)]
+    parts.append((dash, dashboard.BEGIN, dashboard.END))
     for part, begin, end in parts:
         if not part:
             continue
