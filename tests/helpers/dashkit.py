@@ -3,7 +3,8 @@ port), the real ``gpuswarm dashboard`` CLI in a subprocess, SSE reading, and the
 (Debian's chromium through Playwright) with its screenshots.
 
 A test that needs the browser is skipped when chromium or Playwright is missing, and fails
-instead when ``CI=true`` (CI installs chromium: a missing one must not pass by skipping).
+instead when ``CI=true`` or ``GPUSWARM_REQUIRE_BROWSER=1`` (``.ci/run`` installs chromium: a
+missing one must not pass by skipping).
 """
 
 from __future__ import annotations
@@ -180,12 +181,13 @@ def browser_missing() -> str | None:
 
 
 def require_browser() -> None:
-    """Skip without a browser; fail under CI=true (CI installs one)."""
+    """Skip without a browser; fail under CI=true or GPUSWARM_REQUIRE_BROWSER=1 (.ci/run
+    installs one: a missing browser must not pass by skipping)."""
     why = browser_missing()
     if why is None:
         return
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"browser tests need a browser under CI=true: {why}")
+    if os.environ.get("CI", "").lower() == "true" or os.environ.get("GPUSWARM_REQUIRE_BROWSER"):
+        pytest.fail(f"browser tests need a browser here (CI): {why}")
     pytest.skip(why)
 
 
