@@ -232,6 +232,15 @@ def test_task_table_is_paged_sorted_and_filtered(workspace: Path) -> None:
         desc = s.get(f"{base}?sort=id&dir=desc&limit=3")
         assert [r["id"] for r in desc["rows"]] == ["cmd-01200", "cmd-01199", "cmd-01198"]
         assert s.get(f"{base}?q=cmd-0119&limit=200")["total"] == 10
+
+        def by_name() -> Any:  # every name is read in the background once a name is asked for
+            got = s.get(f"{base}?q=echo%20task%2011&limit=200")
+            return got["names_known"] and got
+
+        named = wait_for(by_name, 30, 0.2, "every task's name")
+        assert named["total"] == 111  # task 11, 110-119, 1100-1199
+        top = s.get(f"{base}?sort=name&dir=desc&limit=1")["rows"][0]
+        assert top["name"] == "echo task 999"
         s.post(f"/api/runs/{rid}/actions/cancel", {"tasks": ["cmd-00500", "cmd-00007"]})
 
         def cancelled() -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from gpuswarm.cli_support import stoppable
-from gpuswarm.core.errors import BadInputError
+from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, Interrupted
 
 EXTRA_HINT = "pip install 'gpuswarm[dashboard]'"
 
@@ -68,5 +68,9 @@ def dashboard(
         settings = Settings(
             roots=roots, read_only=read_only, port=port, bind=bind, allow_hosts=allow_hosts
         )
-        code = serve(settings, stream=sys.stdout)
+        try:
+            code = serve(settings, stream=sys.stdout)
+        except Interrupted as exc:  # uvicorn stopped on it, then raised it again for us
+            click.echo(f"gpuswarm: dashboard stopped ({exc}); the runs go on", err=True)
+            code = EXIT_INTERRUPTED
     sys.exit(code)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_shapes
@@ -125,11 +126,8 @@ class ExperimentHub:
                 for label, row in run.view.slots.items():
                     if row.task:
                         where[row.task] = {"slot": label, "since": row.since}
-            ended = {
-                str(e.get("task"))
-                for e in run.feed
-                if e.get("ev") in ("finished", "control") and e.get("state") != "waiting"
-            }
+        if state.in_flight():  # the ended folders of a research run: a few names
+            ended = api.finished_ids(self.run_paths)
         out = []
         for v in state.in_flight():
             place = where.get(v.id)

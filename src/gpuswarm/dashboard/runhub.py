@@ -129,6 +129,7 @@ class RunHub:
         self.state = self._state()
         self._live_checked = time.monotonic()
         self.tasks = TaskIndex(self.follower.reader)
+        threading.Thread(target=self.tasks.warm, name="task-index", daemon=True).start()
         self.gpus = GpuStats(str(self.info.get("vendor") or ""), host_slug())
         self._lines: dict[str, tuple[int, str]] = {}
         self._shown: dict[str, str] = {}

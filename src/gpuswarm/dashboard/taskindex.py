@@ -53,6 +53,12 @@ class TaskIndex:
         self._listed = 0.0
         self._order: tuple[tuple[Any, ...], list[str]] | None = None
         self.names_known = False
+        self._learning = False
+
+    def warm(self) -> None:
+        """List the folders and sort them in the queue's order now (a background thread when
+        the dashboard finds the run), so that the first page asked for is ready."""
+        self.page(limit=1)
 
     # -- keeping it true -----------------------------------------------------------------------
     def _list(self) -> dict[str, Entry]:
@@ -74,6 +80,8 @@ class TaskIndex:
             self._stale and time.monotonic() - self._listed >= RELIST_SECONDS
         ):
             self.entries = self._list()
+            if any(e.name is None for e in self.entries.values()):
+                self.names_known = False  # tasks added since the names were read
             self._listed = time.monotonic()
             self._stale = False
             self.version += 1
@@ -136,6 +144,8 @@ class TaskIndex:
         """One page of the table: ``total`` (matching rows), ``offset`` and the ``rows``."""
         limit = max(1, min(MAX_LIMIT, limit))
         query = query.strip().lower()
+        if (sort == "name" or query) and not self.names_known:
+            self._learn_in_background()
         with self.lock:
             entries = self._ensure()
             key = (self.version, state, sort, descending, query)
@@ -221,32 +231,42 @@ class TaskIndex:
             )
         return rows
 
-    def learn_names(self, budget: float = 30.0) -> None:
-        """Read every descriptor's name once (a background thread: sorting and searching by
-        name then cover the whole run). Stops after ``budget`` seconds."""
-        deadline = time.monotonic() + budget
+    def _learn_in_background(self) -> None:
         with self.lock:
-            entries = self._ensure()
-            todo = [(e.id, e.state, e.base) for e in entries.values() if e.name is None]
-        names: dict[str, str] = {}
-        for state in State:
-            if time.monotonic() > deadline:
+            if self._learning:
                 return
-            wanted = {base for _, st, base in todo if st == state.value}
-            if not wanted:
-                continue
-            for name, desc in self.reader.descriptors(state):
-                if base_name(name) in wanted:
-                    names[task_id_of(name)] = desc.name
-                if time.monotonic() > deadline:
+            self._learning = True
+        threading.Thread(target=self.learn_names, name="task-names", daemon=True).start()
+
+    def learn_names(self, budget: float = 60.0) -> None:
+        """Read every descriptor's name once (a background thread: sorting and searching by
+        name then cover the whole run). Gives up after ``budget`` seconds (asked again later)."""
+        deadline = time.monotonic() + budget
+        names: dict[str, str] = {}
+        complete = True
+        try:
+            with self.lock:
+                entries = self._ensure()
+                todo = {(e.state, e.base) for e in entries.values() if e.name is None}
+            for state in State:
+                wanted = {base for st, base in todo if st == state.value}
+                for name, desc in self.reader.descriptors(state) if wanted else ():
+                    if base_name(name) in wanted:
+                        names[task_id_of(name)] = desc.name
+                    if time.monotonic() > deadline:
+                        complete = False
+                        break
+                if not complete:
                     break
-        with self.lock:
-            for tid, name in names.items():
-                entry = (self.entries or {}).get(tid)
-                if entry is not None:
-                    entry.name = name
-            self.names_known = time.monotonic() <= deadline
-            self.version += 1
+        finally:
+            with self.lock:
+                for tid, name in names.items():
+                    entry = (self.entries or {}).get(tid)
+                    if entry is not None:
+                        entry.name = name
+                self.names_known = complete
+                self._learning = False
+                self.version += 1
 
 
 def _state_of(entry: Entry) -> str:

@@ -457,7 +457,8 @@ async function loadTable(rid, st, box) {
     el('button', { class: 'small', disabled: data.offset === 0, onclick: () => { t.offset = Math.max(0, t.offset - t.limit); loadTable(rid, st, box); } }, '‹ prev'),
     el('span', { 'data-testid': 'pager', text: data.total ? `${data.offset + 1}–${end} of ${data.total}` : 'no tasks' }),
     el('button', { class: 'small', disabled: end >= data.total, onclick: () => { t.offset = t.offset + t.limit; loadTable(rid, st, box); } }, 'next ›'),
-    data.names_known ? null : el('span', { class: 'muted', text: '' }));
+    (t.sort === 'name' || t.q) && !data.names_known ? el('span', { class: 'muted', text: 'reading every task\'s name: this page covers the names read so far' }) : null);
+  if ((t.sort === 'name' || t.q) && !data.names_known) { clearTimeout(st.namesTimer); st.namesTimer = setTimeout(() => loadTable(rid, st, box), 2000); }
   const rows = data.rows.map((r) => el('tr', { 'data-task': r.id, 'data-state': r.state },
     el('td', { class: 'mono' }, el('a', { href: `#/run/${encodeURIComponent(rid)}/task/${encodeURIComponent(r.id)}`, text: r.id })),
     el('td', { class: 'cell-clip', title: r.name, text: r.name }),
