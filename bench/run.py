@@ -5,10 +5,11 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, dashboard (see each module's
-docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
-``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
-section, "Queue control", the others in "Results"; a run updates only the sections of what it
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, dashboard (see each
+module's docstring for what is measured and how). Prints one table and writes
+``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control
+rows in their own section, "Queue control", the dashboard's in "Dashboard", the others in
+"Results"; a run updates only the sections of what it
 ran). Peers that are not installed are reported as skipped, and so is docker where no engine
 answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
