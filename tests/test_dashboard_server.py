@@ -264,6 +264,42 @@ def test_task_detail_and_unknown_ids(served: Served) -> None:
     assert c.get("/api/experiments/x000").status_code == 404
 
 
+@pytest.mark.slow
+def test_log_is_followed_across_attempts_and_resumed(tmp_path: Path, workspace: Path) -> None:
+    """A task that fails once then passes: its log stream shows attempt 1's output, then
+    attempt 2's, then its end; a page reconnecting mid-way (Last-Event-ID) gets the rest only."""
+    marker = tmp_path / "tried"
+    (tmp_path / "tasks.txt").write_text(
+        f"if [ -e {marker} ]; then echo second try token=ghp_{'a' * 36}; else touch {marker}; "
+        "echo first try; exit 3; fi\n"
+    )
+    res = run_cli(
+        "run", "tasks.txt", "--shell", "--max-attempts", "2", "--gpus", "sim:1",
+        "--workspace", workspace, "-q", cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res
+    with serve_here([workspace]) as s:
+        rid = run_id(s)
+        c = s.client(timeout=15)
+        with c.stream("GET", f"/api/runs/{rid}/tasks/cmd-00001/log") as r:
+            msgs = sse_messages(r, 5)
+        assert [m["event"] for m in msgs] == ["attempt", "text", "attempt", "text", "end"]
+        assert msgs[1]["data"]["text"] == "first try" and msgs[3]["data"]["attempt"] == 2
+        assert "second try token=" in msgs[3]["data"]["text"]
+        assert "ghp_" not in msgs[3]["data"]["text"]  # redacted by shape
+        assert msgs[4]["data"]["state"] == "done"
+        resume = msgs[2]["id"]  # attempt 2, nothing of it read yet
+        with c.stream(
+            "GET", f"/api/runs/{rid}/tasks/cmd-00001/log", headers={"Last-Event-ID": resume}
+        ) as r:
+            again = sse_messages(r, 3)
+        assert [m["event"] for m in again] == ["attempt", "text", "end"]
+        assert again[0]["data"]["attempt"] == 2
+        detail = s.get(f"/api/runs/{rid}/tasks/cmd-00001")
+        assert [a["returncode"] for a in detail["attempts"]] == [3, 0]
+        assert detail["logs"] == [1, 2] and detail["state"] == "done"
+
+
 # -- the command -------------------------------------------------------------------------------
 def test_cli_start_does_not_load_the_web_stack(tmp_path: Path) -> None:
     code = (

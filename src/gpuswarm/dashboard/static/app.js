@@ -354,8 +354,7 @@ function laneRow(rid, s, bars, t0, t1, now, origin) {
     nowCell = el('div', { class: 'lane-now' },
       el('div', { class: 'row' },
         el('a', { class: 'task mono', href: `#/run/${encodeURIComponent(rid)}/task/${encodeURIComponent(s.task)}`, 'data-testid': 'lane-task', text: s.task }),
-        s.name && s.name !== s.task ? el('span', { class: 'muted cell-clip', text: s.name }) : null,
-        el('span', { class: 'grow' }),
+        s.name && s.name !== s.task ? el('span', { class: 'muted lane-name', title: s.name, text: s.name }) : el('span', { class: 'grow' }),
         READ_ONLY ? null : el('button', { class: 'small danger', 'data-action': 'cancel-lane', onclick: () => act(rid, 'cancel', { tasks: [s.task] }) }, 'cancel')),
       el('div', { class: 'muted' }, `attempt ${s.attempt} · `, el('span', { 'data-testid': 'elapsed', text: fmtSeconds(elapsed) }), s.timeout ? ` of ${fmtSeconds(s.timeout)}` : ' (no timeout)'),
       bar,
@@ -676,7 +675,10 @@ function progressChart(v, width) {
     const cls = r.status === 'keep' ? 'keep' : 'discard';
     svg.append(svgEl('circle', { class: cls, cx: x(r.n), cy: y(r.metric), r: r.status === 'keep' ? 5 : 3.5, 'data-variant': r.id },
       svgEl('title', { text: `${r.id} ${fmtMetric(r.metric)} ${r.status}: ${r.description}` })));
-    if (r.status === 'keep') svg.append(svgEl('text', { class: 'label', x: x(r.n) + 7, y: y(r.metric) - 7, text: r.description.replace(/^\[[^\]]*\]\s*/, '').slice(0, 40) }));
+    if (r.status === 'keep') {
+      const right = x(r.n) > W * 0.7; // labels near the right edge end at their point
+      svg.append(svgEl('text', { class: 'label', x: x(r.n) + (right ? -7 : 7), y: y(r.metric) - 7, 'text-anchor': right ? 'end' : 'start', text: r.description.replace(/^\[[^\]]*\]\s*/, '').slice(0, 40) }));
+    }
   }
   return svg;
 }
