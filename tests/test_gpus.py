@@ -365,6 +365,24 @@ def test_sim_needs_no_discovery(spec: str, count: int) -> None:
     assert found.gpus[0] == Gpu(0, "sim", Vendor.SIM)
 
 
+def test_sim_gpus_can_have_names() -> None:
+    """``sim:2xA100,1xH100``: a simulated cluster of two GPU models (research compares each
+    variant with the baseline of the model it ran on); the slots carry the names."""
+    found = parse_gpu_spec("sim:2xA100, 1x H100", discover_fn=no_discovery)
+    assert found.vendor is Vendor.SIM and found.spec == "sim:2xA100,1xH100"
+    assert [(g.index, g.name) for g in found.gpus] == [(0, "A100"), (1, "A100"), (2, "H100")]
+    assert found.describe() == "GPUs 0-2 (2x A100, 1x H100)"
+    slots = plan_slots(found)
+    assert [s.devices[0].name for s in slots] == ["A100", "A100", "H100"]
+    assert parse_gpu_spec(found.spec, discover_fn=no_discovery) == found  # run.json's spec
+
+
+@pytest.mark.parametrize("spec", ["sim:0xA100", "sim:2xA100,", "sim:2x", "sim:2xA100,3", "sim:x"])
+def test_bad_named_sim_gpus_are_refused(spec: str) -> None:
+    with pytest.raises(GpuSpecError, match=r"write NxNAME groups, e\.g\. --gpus sim:2xA100"):
+        parse_gpu_spec(spec, discover_fn=no_discovery)
+
+
 @pytest.mark.parametrize("spec", ["sim:0", "sim:abc", "sim:", "sim:1025", "sim:-1", "sim:2.5"])
 def test_bad_sim_counts_are_refused(spec: str) -> None:
     with pytest.raises(GpuSpecError, match=r"from 1 to 1024, e\.g\. --gpus sim:4") as info:

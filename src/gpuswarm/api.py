@@ -79,6 +79,7 @@ class GpuPlan:
     vendor: str
     ids: tuple[int, ...]
     slot_count: int
+    names: tuple[str, ...] = ()  # each GPU's model, in ``ids`` order ("sim" when simulated)
 
 
 def plan_gpus(spec: str, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> GpuPlan:
@@ -86,7 +87,8 @@ def plan_gpus(spec: str, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> GpuP
     core's BadInputError before anything is written."""
     gpus = parse_gpu_spec(spec)
     slots = plan_slots(gpus, gpus_per_task, tasks_per_gpu)
-    return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots))
+    names = tuple(g.name for g in gpus.gpus)
+    return GpuPlan(gpus.spec, gpus.vendor.value, gpus.ids, len(slots), names)
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ class Attempt:
     oom: bool = False
     kind: str | None = None  # how it ended: exit, signal, timeout, not-found, ...
     reason: str | None = None
+    host: str | None = None  # the machine it ran on (as slot ids spell it)
+    accelerator: str | None = None  # its GPUs' model ("NVIDIA H100 80GB HBM3", "sim")
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -239,6 +243,8 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         oom=bool(last.oom),
         kind=last.kind,
         reason=last.reason,
+        host=last.host,
+        accelerator=last.accelerator,
     )
 
 

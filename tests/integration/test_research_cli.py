@@ -71,6 +71,10 @@ def init(gpuswarm: Cli, repo: Path, tag: str, *extra: str, timeout: str = "5s") 
         timeout,
         "--linger",
         "2s",
+        # one baseline run, as the seed's first round: these tests pin its rows (the default
+        # repeats it for a noise estimate: tests/integration/test_research_rules.py)
+        "--baseline-repeats",
+        "1",
         *extra,
     )
 
@@ -578,6 +582,8 @@ def test_report_is_self_contained_and_lists_every_experiment(
     assert "data:image/png;base64," in html  # progress.png inside the page
     assert "http://" not in html and "https://" not in html
     assert "depth &lt;b&gt;6&lt;/b&gt;" in html and "<b>6</b>" not in html
-    assert html.count('<tr class="keep">') == 2  # the baseline and the kept variant
+    # the default (noise-aware) runs the first baseline twice: two baseline rows, the keep
+    assert html.count('<tr class="keep">') == 3
+    assert "noise: sd 0.000000 (2 runs of 1 commit)" in html  # the noise estimate
     assert Path(files["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     gpuswarm("research", "stop", "-C", repo)

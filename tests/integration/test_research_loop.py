@@ -125,6 +125,8 @@ def init(
         "10s",
         "--linger",
         "2s",
+        "--baseline-repeats",  # one baseline run, as the seed's first round (pinned rows)
+        "1",
         *(["--mode", mode] if mode else []),
         *extra,
     ]

@@ -64,6 +64,8 @@ def init(gpuswarm: Cli, repo: Path, *extra: str, gpus: str = "sim:2") -> CliResu
         "20s",
         "--linger",
         "2s",
+        "--baseline-repeats",  # one baseline run, as the seed's first round (pinned rows)
+        "1",
         *extra,
     )
     assert res.returncode == 0, res

@@ -147,28 +147,48 @@ def test_policy_manual_decides_only_crashes() -> None:
         assert got == [Decision(crashed.id, "crash", "timeout after 10s")], mode
 
 
-def test_policy_noise_aware_needs_a_margin() -> None:
-    runs = [1.0, 1.02]  # stdev 0.01414, k=2 -> margin 0.0283 below 1.01
-    noisy = cfg(policy="noise-aware", noise_k=2.0)
+def baselines(st: ExperimentState, *metrics: float) -> None:
+    """Repeated baseline runs of BASE (their spread is the noise estimate)."""
+    for m in metrics:
+        b = add(st, m, kind="baseline")
+        b.commit = BASE
+        b.decision = {"status": "keep"}
+    st.base_metric[BASE] = sum(metrics) / len(metrics)
 
-    st = state("async", metric=1.01, baselines={BASE: list(runs)})
+
+def test_policy_noise_aware_confirms_a_gain_within_the_noise() -> None:
+    """Noise-aware (the default since the seed's rules): a gain beyond k x the spread of the
+    repeated baselines is kept; one within it is re-run (``noise_confirm``) before it may move
+    BASE, or discarded when re-runs are off (the old noise-aware); greedy keeps it at once."""
+    noisy = cfg(policy="noise-aware", noise_k=2.0)  # stdev of 1.0, 1.02: 0.01414; margin 0.0283
+
+    st = state("async")
+    baselines(st, 1.0, 1.02)
     small = add(st, 0.99)
-    assert by_id(decide(noisy, st)) == {small.id: "discard"}
-    assert by_id(decide(cfg(), st)) == {small.id: "keep"}  # greedy keeps it
+    (d,) = decide(noisy, st)
+    assert (d.id, d.status, d.runs) == (small.id, "confirm", 2)
+    assert d.reason.startswith("within the noise")
+    assert by_id(decide(cfg(policy="greedy"), st)) == {small.id: "keep"}
+    (off,) = decide(cfg(noise_confirm=0), st)
+    assert off.status == "discard" and "re-runs are off" in off.reason
 
-    st = state("async", metric=1.01, baselines={BASE: list(runs)})
+    st = state("async")
+    baselines(st, 1.0, 1.02)
     big = add(st, 0.98)
     assert by_id(decide(noisy, st)) == {big.id: "keep"}
 
     # one baseline run gives no spread: greedy until there are two
-    st = state("async", metric=1.0, baselines={BASE: [1.0]})
+    st = state("async")
+    baselines(st, 1.0)
     small = add(st, 0.999)
     assert by_id(decide(noisy, st)) == {small.id: "keep"}
 
-    # rounds: the same margin
-    st = state("rounds", metric=1.01, baselines={BASE: list(runs)})
+    # rounds: the best gain within the noise is confirmed, the round waits for it
+    st = state("rounds")
+    baselines(st, 1.0, 1.02)
     a, b = add(st, 0.99), add(st, 0.995)
-    assert by_id(decide(noisy, st)) == {a.id: "discard", b.id: "discard"}
+    assert by_id(decide(noisy, st)) == {a.id: "confirm"}
+    assert by_id(decide(cfg(noise_confirm=0), st)) == {a.id: "discard", b.id: "discard"}
 
 
 def test_policy_goal_max() -> None:
@@ -208,7 +228,7 @@ def test_policy_confirm_queues_waits_then_decides_by_the_mean() -> None:
     st = state("async", metric=1.0)
     v = add(st, 0.9)
     assert decide(conf, st) == [
-        Decision(v.id, "confirm", "better than BASE; confirming with 2 more runs")
+        Decision(v.id, "confirm", "better than BASE; confirming with 2 more runs", runs=2)
     ]
     c1 = add(st, 0.92, kind="confirm")
     c2 = add(st, kind="confirm")  # still running

@@ -65,6 +65,12 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 - ``gpus``: GPUs the task needs, 1..gpus_per_task. ``shell``: run the command with ``/bin/sh -c``.
 - ``done_when``: a path relative to the task workspace that must exist and parse (YAML/JSON) for the
   task to count as done. ``metrics``: name -> regex with exactly one capture group.
+- ``agent``: a coding agent's CLI run over the task folder before ``command`` (the evaluation):
+  ``claude-code``, ``codex``, ``cursor``, ``gemini``, ``opencode``, ``aider``, or a mapping
+  ``{preset: NAME, prompt | prompt_file, copy_from, workdir, files, model, effort, timeout, ...}``
+  (any preset field overridden; ``preset: custom`` with ``program`` and ``args``). Turns on
+  ``home.isolate`` (unless set false), provisions the agent's login files and adds its preflight
+  check; see docs/agents.md.
 
 Task entries: exactly one kind per entry, and every entry needs ``command``:
 
@@ -111,6 +117,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpuswarm.config.agents import with_agents
 from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
 from gpuswarm.config.errors import config_error, flag_error
 from gpuswarm.config.models import (
@@ -289,7 +296,7 @@ def load_config(path: Path) -> LoadedConfig:
     source = str(path)
     data, lines = load_yaml(_read_text(path, source), source)
     where = Locator(source, lines)
-    config = _validate(data, where)
+    config = with_agents(_validate(data, where))  # issue 20: agents' homes and checks
     base_dir = path.expanduser().resolve().parent
     loaded = LoadedConfig(
         config=config,

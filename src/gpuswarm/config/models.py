@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.values import (
     IDENT,
@@ -64,6 +65,7 @@ class TaskOptions(BaseModel):
     shell: bool = False
     grace: Duration | None = None
     skip_exit_code: int | None = Field(default=None, ge=1, le=255)  # this exit ends it skipped
+    agent: AgentUseField | None = None  # issue 20: a coding agent's CLI runs before the command
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
+from gpuswarm.config.agents import agent_command
 from gpuswarm.config.instances import (
     MAX_TASKS,
     Instance,
@@ -236,6 +237,8 @@ def _expand_entry(
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
+    if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
+        command, opts = agent_command(opts, command, loc, path, var_names)
     fields = config_refs(entry, opts)
     if fields and entry.glob is None:
         raise loc.error(

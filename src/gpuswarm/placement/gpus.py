@@ -38,14 +38,14 @@ from gpuswarm.placement.probes import Runner, find_gpus, run_tool
 SIM_MAX = 1024
 SPEC_FORMS = (
     "use 'auto', GPU ids such as '0,1,2', ranges such as '0-3' or '0,2-3', "
-    "or 'sim:N' to simulate N GPUs"
+    "or 'sim:N' to simulate N GPUs ('sim:2xA100,2xH100': named ones)"
 )
 NO_GPU_MESSAGE = (
     "no GPU was found by NVML, nvidia-smi, amd-smi or rocm-smi; "
     "pass --gpus sim:N to simulate N GPUs, or --gpus 0,1 to name the GPUs to use"
 )
 _RANGE_RE = re.compile(r"([0-9]+)(?:\s*-\s*([0-9]+))?")
-_SIM_RE = re.compile(r"sim:\s*(\S*)", re.IGNORECASE)
+_SIM_RE = re.compile(r"sim:\s*(.*?)\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -126,15 +126,37 @@ def discover(
 
 
 # -- --gpus
+_SIM_GROUP_RE = re.compile(r"([0-9]+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9 ._-]{0,63})")
+
+
 def _sim_gpus(spec: str, count_text: str) -> GpuSet:
+    """``sim:N`` (N GPUs named ``sim``) or ``sim:2xA100,2xH100`` (named groups: a simulated
+    cluster of two GPU models, e.g. to try per-platform research baselines)."""
     count = as_int(count_text)
-    if count is None or not 1 <= count <= SIM_MAX:
-        raise GpuSpecError(
-            f"--gpus {spec}: the number of simulated GPUs must be a whole number from 1 to "
-            f"{SIM_MAX}, e.g. --gpus sim:4"
-        )
-    gpus = tuple(Gpu(i, "sim", Vendor.SIM) for i in range(count))
-    return GpuSet(Vendor.SIM, gpus, f"sim:{count}")
+    if count is not None or "x" not in count_text.lower():
+        if count is None or not 1 <= count <= SIM_MAX:
+            raise GpuSpecError(
+                f"--gpus {spec}: the number of simulated GPUs must be a whole number from 1 to "
+                f"{SIM_MAX}, e.g. --gpus sim:4 (or named: sim:2xA100,2xH100)"
+            )
+        gpus = tuple(Gpu(i, "sim", Vendor.SIM) for i in range(count))
+        return GpuSet(Vendor.SIM, gpus, f"sim:{count}")
+    names: list[str] = []
+    groups: list[str] = []
+    for token in (t.strip() for t in count_text.split(",")):
+        m = _SIM_GROUP_RE.fullmatch(token)
+        if not m or not 1 <= int(m[1]) <= SIM_MAX:
+            raise GpuSpecError(
+                f"--gpus {spec}: {token!r} is not a group of simulated GPUs; write NxNAME "
+                "groups, e.g. --gpus sim:2xA100,2xH100 (N from 1, a name of letters, digits, "
+                "'.', '_', '-')"
+            )
+        names += [m[2].strip()] * int(m[1])
+        groups.append(f"{int(m[1])}x{m[2].strip()}")
+    if len(names) > SIM_MAX:
+        raise GpuSpecError(f"--gpus {spec}: at most {SIM_MAX} simulated GPUs")
+    gpus = tuple(Gpu(i, name, Vendor.SIM) for i, name in enumerate(names))
+    return GpuSet(Vendor.SIM, gpus, f"sim:{','.join(groups)}")
 
 
 def _parse_ids(spec: str) -> list[int]:

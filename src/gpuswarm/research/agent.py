@@ -1,9 +1,12 @@
-"""The ``agent`` proposer: runs a configured command (an LLM coding agent's CLI) in a scratch
-export of BASE with a prompt file (the user's program.md, the current best, recent results and
-crashes); its edits of the editable files and its message (``$GPUSWARM_MESSAGE_FILE``, else the
-last line it printed) become the variant. A timeout per proposal; a cap on consecutive
-failures; an agent dies with the loop that started it (PR_SET_PDEATHSIG), so a killed loop
-leaves none spending tokens.
+"""The ``agent`` proposer: runs an LLM coding agent's CLI in a scratch export of BASE with a prompt
+file (the user's program.md, the current best, recent results and crashes); its edits of the
+editable files and its message become the variant. The CLI is a preset (``--agent claude-code``,
+:mod:`gpuswarm.agents`: its non-interactive argv, the prompt on stdin, as an argument or a file,
+its variables, checked installed and logged in before the loop starts; the message is the first
+line of its answer) or a command of the user's (``--agent-command``: the message is
+``$GPUSWARM_MESSAGE_FILE``, else the last line it printed). A timeout per proposal; a cap on
+consecutive failures; an agent dies with the loop that started it (PR_SET_PDEATHSIG), so a
+killed loop leaves none spending tokens.
 """
 
 from __future__ import annotations
@@ -21,8 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from gpuswarm import api
-from gpuswarm.core.errors import ResearchError
+from gpuswarm.agents.command import answer_line, invocation, preflight_script
+from gpuswarm.agents.preset import AgentPreset, AgentUse
+from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.placeholders import render
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
@@ -33,11 +41,68 @@ from gpuswarm.research.proposers import Proposal
 
 @dataclass(frozen=True)
 class AgentOptions:
-    command: str  # e.g. "claude -p \"$(cat {prompt})\"" with --shell, or an argv string
+    command: str = ""  # e.g. "claude -p \"$(cat {prompt})\"" with --shell, or an argv string
     program: Path | None = None  # the user's program.md
     timeout: float = 900.0
     max_failures: int = 5
     shell: bool = False
+    preset: AgentPreset | None = None  # --agent NAME: instead of command
+
+
+PREFLIGHT_TIMEOUT = 120.0
+
+
+def load_preset(name: str, *, model: str | None = None, effort: str | None = None) -> AgentPreset:
+    """``--agent``: a shipped preset's name, or a YAML file of an ``agent:`` mapping (a preset
+    and the fields it overrides, or ``preset: custom`` with a program and its args)."""
+    data: dict[str, Any] = {"preset": name}
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name).expanduser()
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ResearchError(f"--agent {name}: cannot read it as YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ResearchError(f"--agent {name}: expected a mapping of preset fields")
+        data = loaded
+    if model is not None:
+        data["model"] = model
+    if effort is not None:
+        data["effort"] = effort
+    try:
+        use = AgentUse.model_validate(data)
+        for field in ("prompt", "prompt_file", "workdir", "copy_from", "files"):
+            if field in use.model_fields_set:
+                raise ResearchError(f"--agent {name}: {field} is for batch tasks; remove it")
+        return use.resolved()
+    except ValidationError as exc:
+        msg = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise ResearchError(f"--agent {name}: {msg}") from None
+    except ConfigError as exc:
+        raise ResearchError(str(exc)) from None
+
+
+def check_agent(preset: AgentPreset) -> str:
+    """Is the preset's CLI installed and logged in? Its report, or a ResearchError (exit 2)
+    with what is missing, before the loop starts anything."""
+    try:
+        proc = subprocess.run(
+            ["/bin/sh", "-c", preflight_script(preset)],
+            env={**_clean_env(), **preset.env},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=PREFLIGHT_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise ResearchError(
+            f"agent {preset.preset}: its login check ran past {PREFLIGHT_TIMEOUT:g}s"
+        ) from None
+    out = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise ResearchError(f"agent {preset.preset} is not ready:\n{out}")
+    return out
 
 
 class AgentProposer:
@@ -106,7 +171,7 @@ class AgentProposer:
             gitops.export(self.paths.repo, state.base, work)
             link_into(self.paths, self.cfg, work)  # .venv, data: the agent can smoke-test
             message_file = tmp / "message.txt"
-            out = self._call(work, prompt, message_file)
+            out, answer = self._call(work, prompt, message_file)
             files = {}
             for rel in self.cfg.edit:
                 try:
@@ -118,55 +183,82 @@ class AgentProposer:
             if not files:
                 raise _AgentFailed(f"the agent changed none of {', '.join(self.cfg.edit)}")
             message = message_file.read_text().strip() if message_file.exists() else ""
-        # a message file is a commit message: its first line is the description; without one,
-        # the last line the agent printed (its chatter comes before)
+        # a message file is a commit message: its first line is the description; else a
+        # preset's answer line; else the last line the agent printed (its chatter comes before)
         lines = [ln.strip() for ln in (message or out).splitlines() if ln.strip()]
-        pick = lines[0] if message and lines else lines[-1] if lines else "agent edit"
+        if message and lines:
+            pick = lines[0]
+        elif answer:
+            pick = answer
+        else:
+            pick = lines[-1] if lines else "agent edit"
         message = pick[:200]
         return Proposal(files, message, state.base, {"prompt": n})
 
-    def _call(self, work: Path, prompt: Path, message_file: Path) -> str:
+    def _argv(
+        self, work: Path, prompt: Path
+    ) -> tuple[list[str] | str, Path | None, dict[str, str]]:
+        """What to run: the preset's invocation, or the user's command rendered."""
+        preset = self.opts.preset
+        if preset is not None:
+            inv = invocation(preset, workdir=work, prompt_file=prompt, files=self.cfg.edit)
+            return inv.argv, inv.stdin, inv.env
         values = {"prompt": str(prompt), "workdir": str(work)}
         if self.opts.shell:
             values = {k: shlex.quote(v) for k, v in values.items()}
         text = render(self.opts.command, values)
-        argv: list[str] | str = text if self.opts.shell else shlex.split(text)
+        return (text if self.opts.shell else shlex.split(text)), None, {}
+
+    def _call(self, work: Path, prompt: Path, message_file: Path) -> tuple[str, str]:
+        """Run the agent; (everything it printed, its answer line: presets only)."""
+        argv, stdin_file, own_env = self._argv(work, prompt)
         env = {
             **_clean_env(),
+            **own_env,
             "GPUSWARM_PROMPT_FILE": str(prompt),
             "GPUSWARM_MESSAGE_FILE": str(message_file),
             "GPUSWARM_EDIT": " ".join(self.cfg.edit),
         }
+        with contextlib.ExitStack() as stack:
+            stdin = stack.enter_context(stdin_file.open("rb")) if stdin_file else None
+            proc = self._start(argv, work, env, stdin)
+            with self._lock:
+                self._live.add(proc)
+            try:
+                out, err = proc.communicate(timeout=self.opts.timeout)
+            except subprocess.TimeoutExpired:
+                api.kill_tree([proc.pid], 5.0)
+                proc.communicate()
+                raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
+            finally:
+                with self._lock:
+                    self._live.discard(proc)
+        text_out = out.decode("utf-8", errors="replace")
+        text_all = text_out + (err or b"").decode("utf-8", errors="replace")
+        if proc.returncode != 0:
+            tail = text_all.strip().splitlines()[-1:] or [""]
+            raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")
+        preset = self.opts.preset
+        return text_all, answer_line(preset, text_out) if preset is not None else ""
+
+    def _start(
+        self, argv: list[str] | str, work: Path, env: dict[str, str], stdin: Any
+    ) -> subprocess.Popen[bytes]:
         try:
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 argv,
                 cwd=work,
                 env=env,
-                shell=self.opts.shell,
-                stdin=subprocess.DEVNULL,
+                shell=self.opts.shell and self.opts.preset is None,
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                # a preset's answer is its standard output; a command's chatter is all of it
+                stderr=subprocess.PIPE if self.opts.preset is not None else subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # a killed loop leaves no agent spending tokens
             )
         except OSError as exc:
             raise _AgentFailed(f"cannot start the agent: {exc}") from None
-        with self._lock:
-            self._live.add(proc)
-        try:
-            out, _ = proc.communicate(timeout=self.opts.timeout)
-        except subprocess.TimeoutExpired:
-            api.kill_tree([proc.pid], 5.0)
-            proc.communicate()
-            raise _AgentFailed(f"the agent ran past {self.opts.timeout:g}s") from None
-        finally:
-            with self._lock:
-                self._live.discard(proc)
-        text_out = out.decode("utf-8", errors="replace")
-        if proc.returncode != 0:
-            tail = text_out.strip().splitlines()[-1:] or [""]
-            raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")
-        return text_out
 
     def prompt_text(self, state: ExperimentState, recent: int = 30) -> str:
         cfg = self.cfg
@@ -190,8 +282,8 @@ class AgentProposer:
                 f"to give the {goal} {cfg.metric}. Change no other file"
                 + (f" (never {', '.join(cfg.protect)})" if cfg.protect else "")
                 + ". Do not run the training; gpuswarm runs it on a GPU.",
-                "Write a one-line description of the change to the file named by "
-                "$GPUSWARM_MESSAGE_FILE.",
+                "Describe the change in one line: begin your final answer with it (or write "
+                "it to the file named by $GPUSWARM_MESSAGE_FILE).",
                 "",
                 f"Current BASE: {gitops.short(state.base)}; best {cfg.metric}: {best}",
                 "",

@@ -18,6 +18,7 @@ from gpuswarm.core.errors import (
 from gpuswarm.research import configure, readouts, session, views
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.loop_commands import loop, serve, stop
+from gpuswarm.research.ruleopts import rule_changes, rule_options
 
 
 @click.group()
@@ -36,8 +37,14 @@ def research() -> None:
 @click.option("--goal", type=click.Choice(["min", "max"]), default="min", show_default=True)
 @click.option("--timeout", default="10m", show_default=True, help="per run; a kill is a crash")
 @click.option("--gpus", default="auto", show_default=True, help="auto | 0,1,2 | 0-7 | sim:N")
-@click.option("--policy", type=click.Choice(["greedy", "noise-aware", "manual"]), default="greedy")
+@click.option(
+    "--policy",
+    type=click.Choice(["greedy", "noise-aware", "manual"]),
+    default="noise-aware",
+    show_default=True,
+)
 @click.option("--noise-k", default=2.0, show_default=True, help="noise-aware: k x baseline spread")
+@rule_options
 @click.option("--confirm", default=0, show_default=True, help="re-runs of a would-be keep")
 @click.option("--branch-prefix", default="autoresearch/", show_default=True)
 @click.option("--shell", is_flag=True, help="run the command through /bin/sh")
@@ -86,6 +93,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
+        rules=rule_changes(kw),
         **_docker_flags(kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)
@@ -178,11 +186,19 @@ def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
 
 
 @research.command()
+@click.option(
+    "--policy",
+    "replay",
+    help="recompute the decisions with other settings: greedy, or noise-aware,noise_k=3,...",
+)
 @experiment_options
 @handle_errors
-def log(where: Path, tag: str | None, as_json: bool) -> None:
+def log(where: Path, tag: str | None, as_json: bool, replay: str | None) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
     exp = session.Experiment.open(where, tag)
+    if replay is not None:
+        emit(as_json, readouts.replayed(exp, replay), views.show_replay)
+        return
     data = readouts.log(exp)
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
@@ -252,11 +268,12 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--linger", help="idle runner waits this long (its next start)")
 @click.option("--metric-regex", help="regex whose group 1 is the metric")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@rule_options
 @experiment_options
 @handle_errors
 def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Show the experiment's settings, or change them (journaled; for new variants)."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = rule_changes(kw)
     for key in ("command", "shell", "policy", "noise_k", "confirm"):
         if kw[key] is not None:
             changes[key] = kw[key]

@@ -3,6 +3,7 @@ rename so it exists whole or not at all) and showing or changing its settings.""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,10 @@ class InitOptions:
     goal: str = "min"
     timeout: float = 600.0
     gpus: str = "auto"
-    policy: str = "greedy"
+    policy: str = "noise-aware"
     noise_k: float = 2.0
     confirm: int = 0
+    rules: dict[str, Any] | None = None  # the decision rules' settings (research/rules.py)
     branch_prefix: str = "autoresearch/"
     shell: bool = False
     link: list[str] | None = None
@@ -75,34 +77,38 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     if head is None:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
-    api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
+    plan = api.plan_gpus(opts.gpus)  # a bad --gpus fails before anything is written
     docker = _docker_settings(opts)
     if docker is not None:  # the daemon answers and the image is there, before anything
         api.check_backend("docker", docker, repo)
     # --link adds to the default .venv link (replacing it would break `uv run` in every run)
     links = [p for p in (".venv",) if (repo / p).is_dir()]
     links += [p for p in opts.link or [] if p not in links]
-    cfg = ExperimentConfig(
-        tag=tag,
-        branch=branch,
-        edit=opts.edit,
-        protect=opts.protect,
-        command=opts.command,
-        shell=opts.shell,
-        metric=opts.metric,
-        goal=opts.goal,  # type: ignore[arg-type]
-        metric_pattern=opts.metric_regex or metric_pattern(opts.metric),
-        timeout=opts.timeout,
-        gpus=opts.gpus,
-        policy=opts.policy,  # type: ignore[arg-type]
-        noise_k=opts.noise_k,
-        link=links,
-        linger=opts.linger,
-        memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
-        confirm=opts.confirm,
-        protect_sums=_protect_sums(repo, head, opts.protect),
-        backend="docker" if docker is not None else "local",
-        docker=docker,
+    _check_rules(opts.rules or {})
+    cfg = _validated(
+        dict(
+            tag=tag,
+            branch=branch,
+            edit=opts.edit,
+            protect=opts.protect,
+            command=opts.command,
+            shell=opts.shell,
+            metric=opts.metric,
+            goal=opts.goal,
+            metric_pattern=opts.metric_regex or metric_pattern(opts.metric),
+            timeout=opts.timeout,
+            gpus=opts.gpus,
+            policy=opts.policy,
+            noise_k=opts.noise_k,
+            link=links,
+            linger=opts.linger,
+            memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
+            confirm=opts.confirm,
+            protect_sums=_protect_sums(repo, head, opts.protect),
+            backend="docker" if docker is not None else "local",
+            docker=docker,
+            **(opts.rules or {}),
+        )
     )
     gitops.exclude(repo, "/.gpuswarm/")
     for ref in gitops.list_refs(repo, f"refs/gpuswarm/{tag}/"):  # of an earlier, removed run
@@ -113,7 +119,8 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     paths = ExpPaths(repo, staging)
     cfg = cfg.model_copy(update={"run": executor.create_queue(paths, cfg)})
     save_settings(paths, cfg)
-    append(paths, "init", base=head, branch=branch, tag=tag)
+    models = dict(Counter(plan.names))  # the platforms a baseline is run on, one per model
+    append(paths, "init", base=head, branch=branch, tag=tag, gpu_models=models)
     append(paths, "mode", mode=opts.mode)
     write_tsv(paths, cfg, replay(paths))
     staging.rename(root)  # one rename: an experiment exists whole or not at all
@@ -183,6 +190,16 @@ def _protect_sums(repo: Path, head: str, protect: list[str]) -> dict[str, str]:
 
 
 # -- settings ----------------------------------------------------------------------------------
+RULES = (
+    "noise_confirm",
+    "baseline_repeats",
+    "gain_per_line",
+    "simplify",
+    "equal_within",
+    "vram_share",
+    "vram_gain",
+    "base_platform",
+)
 CHANGEABLE = (
     "command",
     "shell",
@@ -194,7 +211,15 @@ CHANGEABLE = (
     "linger",
     "metric_pattern",
     "memory_pattern",
+    *RULES,
 )
+
+
+def _check_rules(rules: dict[str, Any]) -> None:
+    """The decision rules' settings given to init, checked as the config command checks them."""
+    unknown = set(rules) - set(RULES)
+    if unknown:  # pragma: no cover - the CLI offers only these
+        raise ResearchError(f"unknown rule setting(s) {', '.join(sorted(unknown))}")
 
 
 def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:

@@ -128,9 +128,19 @@ class ExperimentConfig(BaseModel):
     fail_pattern: str = DEFAULT_FAIL_PATTERN
     timeout: float = 600.0
     gpus: str = "auto"
-    policy: Literal["greedy", "noise-aware", "manual"] = "greedy"
+    policy: Literal["greedy", "noise-aware", "manual"] = "noise-aware"
     noise_k: float = 2.0
     confirm: int = 0  # re-runs of a would-be keep before it is kept (the mean decides)
+    # the decision rules (docs/research.md "Decisions"; research/rules.py): amounts are a
+    # share of BASE's metric ("0.01%") or absolute metric units ("0.0001")
+    noise_confirm: int = 2  # noise-aware: re-runs of a would-be keep within the noise
+    baseline_repeats: int = 0  # runs of the first baseline; 0: 2 per platform (noise-aware)
+    gain_per_line: str = "0.01%"  # a keep adding N lines (net) must gain N x this ("0": off)
+    simplify: bool = True  # fewer lines with an equal metric (within the noise) is a keep
+    equal_within: str = "0.05%"  # "equal" where no noise estimate exists yet
+    vram_share: float = 0.10  # a keep raising peak memory by more than this share...
+    vram_gain: str = "0.5%"  # ...must gain at least this
+    base_platform: str = "majority"  # whose wins move BASE: majority | any | <accelerator>
     link: list[str] = Field(default_factory=list)
     # --protect of untracked (linked) files: path -> sha256 at init, checked after every run
     protect_sums: dict[str, str] = Field(default_factory=dict)
@@ -147,6 +157,9 @@ class ExperimentConfig(BaseModel):
         check_pattern("--memory-regex", self.memory_pattern)
         check_pattern("fail_pattern", self.fail_pattern, group=False)
         check_timeout(self.timeout)
+        from gpuswarm.research.rules import check_rules
+
+        check_rules(self)
         return self
 
 

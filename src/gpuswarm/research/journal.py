@@ -83,6 +83,7 @@ class ExperimentState:
     mode: str = "rounds"
     worktree_base: str = ""
     pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
+    gpu_models: dict[str, int] = field(default_factory=dict)  # at init: model -> GPU count
 
     @property
     def best(self) -> float | None:
@@ -101,11 +102,11 @@ class ExperimentState:
 def replay(paths: ExpPaths) -> ExperimentState:
     state = ExperimentState()
     for e in api.read_journal(paths.ledger):
-        _apply(state, e)
+        apply_event(state, e)
     return state
 
 
-def _apply(state: ExperimentState, e: dict[str, Any]) -> None:
+def apply_event(state: ExperimentState, e: dict[str, Any]) -> None:
     handler = _HANDLERS.get(str(e.get("ev")))
     if handler is not None:
         handler(state, e)
@@ -113,6 +114,9 @@ def _apply(state: ExperimentState, e: dict[str, Any]) -> None:
 
 def _on_init(state: ExperimentState, e: dict[str, Any]) -> None:
     state.base = state.worktree_base = e["base"]
+    models = e.get("gpu_models")
+    if isinstance(models, dict):
+        state.gpu_models = {str(k): int(n) for k, n in models.items()}
 
 
 def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:

@@ -304,7 +304,9 @@ def _wait_for_news(
         if executor.finished_ids(exp.paths, exp.cfg) & flying:
             watch.progressed()
             return
-        if time.monotonic() - looked > readouts.RUNNER_CHECK_SECONDS:
+        # a runner is needed only while variants are queued: an idle one ends after its
+        # linger while a slow agent thinks, and restarting it then is no progress to wait for
+        if flying and time.monotonic() - looked > readouts.RUNNER_CHECK_SECONDS:
             watch.check()
             looked = time.monotonic()
         tick(state)

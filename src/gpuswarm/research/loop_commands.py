@@ -17,7 +17,7 @@ from gpuswarm.core.errors import (
     ResearchError,
 )
 from gpuswarm.research import runner, session, views
-from gpuswarm.research.agent import AgentOptions, AgentProposer
+from gpuswarm.research.agent import AgentOptions, AgentProposer, check_agent, load_preset
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
@@ -37,7 +37,9 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 
 @click.command()
 @click.option(
-    "--proposer", type=click.Choice(["mutate", "agent"]), default="mutate", show_default=True
+    "--proposer",
+    type=click.Choice(["mutate", "agent"]),
+    help="where variants come from  [default: agent with --agent/--agent-command, else mutate]",
 )
 @click.option("--mode", type=click.Choice(["async", "rounds"]), default="async", show_default=True)
 @click.option("--max-experiments", type=int, help="stop after starting this many variants")
@@ -58,10 +60,19 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
     metavar="NAME",
     help="mutate: never these settings (repeat; globs: 'seed', '*_interval')",
 )
+@click.option(
+    "--agent",
+    "agent_name",
+    metavar="PRESET|FILE",
+    help="agent: a preset (claude-code, codex, cursor, gemini, opencode, aider) or a YAML file "
+    "of a preset's fields (see docs/agents.md)",
+)
+@click.option("--agent-model", help="agent: the model the preset passes to its CLI")
+@click.option("--agent-effort", help="agent: the effort/reasoning level, where the CLI has one")
 @click.option("--agent-command", help="agent: command run in a scratch copy of BASE; {prompt}")
 @click.option("--agent-shell", is_flag=True, help="agent: run --agent-command through /bin/sh")
 @click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
-@click.option("--agent-timeout", default="15m", show_default=True)
+@click.option("--agent-timeout", help="agent: per proposal  [default: the preset's, else 15m]")
 @click.option("--agent-max-failures", default=5, show_default=True)
 @click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
 @experiment_options
@@ -70,17 +81,9 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
     exp = session.Experiment.open(where, tag)
     proposer: Proposer
-    if kw["proposer"] == "agent":
-        if not kw["agent_command"]:
-            raise ResearchError("--proposer agent needs --agent-command (e.g. an LLM agent's CLI)")
-        opts = AgentOptions(
-            command=kw["agent_command"],
-            program=kw["program"],
-            timeout=flag_duration("--agent-timeout", kw["agent_timeout"]) or 900.0,
-            max_failures=kw["agent_max_failures"],
-            shell=kw["agent_shell"],
-        )
-        proposer = AgentProposer(exp.paths, exp.cfg, opts)
+    kind = kw["proposer"] or ("agent" if kw["agent_name"] or kw["agent_command"] else "mutate")
+    if kind == "agent":
+        proposer = AgentProposer(exp.paths, exp.cfg, agent_options(kw))
     else:
         proposer = MutateProposer(
             exp.paths,
@@ -110,6 +113,31 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         raise ResearchError(f"the loop started nothing: {data['exhausted']}")
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def agent_options(kw: dict[str, Any]) -> AgentOptions:
+    """The agent proposer's options from the flags; a preset is checked installed and logged
+    in now (exit 2 saying what is missing)."""
+    timeout = flag_duration("--agent-timeout", kw["agent_timeout"])
+    common = {"program": kw["program"], "max_failures": kw["agent_max_failures"]}
+    if kw["agent_name"] and kw["agent_command"]:
+        raise ResearchError("give --agent (a preset) or --agent-command, not both")
+    if kw["agent_name"] and kw["agent_shell"]:
+        raise ResearchError("--agent-shell goes with --agent-command (a preset runs no shell)")
+    if kw["agent_name"]:
+        preset = load_preset(kw["agent_name"], model=kw["agent_model"], effort=kw["agent_effort"])
+        check_agent(preset)
+        return AgentOptions(preset=preset, timeout=timeout or preset.timeout, **common)
+    if not kw["agent_command"]:
+        raise ResearchError(
+            "--proposer agent needs --agent PRESET (claude-code, codex, cursor, gemini, opencode, "
+            "aider) or --agent-command (an LLM agent's CLI)"
+        )
+    if kw["agent_model"] or kw["agent_effort"]:
+        raise ResearchError("--agent-model and --agent-effort go with --agent PRESET")
+    return AgentOptions(
+        command=kw["agent_command"], timeout=timeout or 900.0, shell=kw["agent_shell"], **common
+    )
 
 
 @click.command("_serve", hidden=True)

@@ -1,18 +1,26 @@
-"""Decision policies: which finished experiments are kept, discarded, or re-based.
+"""Decision policies: which finished experiments are kept, discarded, confirmed or re-based.
 
-Pure functions of the replayed state: settle.py applies what they return.
+Pure functions of the replayed state: settle.py applies what they return (and ``research log
+--policy`` replays them on a ledger with other settings). What one variant's runs say under
+the seed's rules (noise, simplicity, VRAM, the platform) is :func:`rules.judge`; here the
+verdicts become decisions:
 
-- ``greedy``: kept when strictly better than the metric of its parent BASE.
-- ``noise-aware``: kept when better by more than ``k`` x the spread (sample standard deviation)
-  of repeated baselines; greedy until at least two baseline runs of a BASE succeeded.
-- ``confirm: N`` (any automatic policy): a would-be keep is first re-run N times (on whatever
-  GPUs are free: usually others) and kept only if the mean of all its runs still wins.
+- ``noise-aware`` (default): a gain beyond ``noise_k`` x the spread of repeated runs of one
+  commit is a win; a gain within it is re-run ``noise_confirm`` times and kept only if the mean
+  of all its runs gains more than ``noise_k`` x spread / sqrt(runs). Without a spread yet (one
+  baseline run) it decides as greedy.
+- ``greedy``: a win is strictly better than BASE.
+- ``confirm: N`` (any automatic policy): every would-be keep is first re-run N times.
 - ``manual``: nothing is decided automatically (``research keep`` / ``discard``); crashes are.
+- under every automatic policy: a change that adds lines must gain ``gain_per_line`` per line,
+  one that removes lines and measures equal is kept (a simplification), one that raises peak
+  memory by more than ``vram_share`` must gain ``vram_gain``, and with several platforms only
+  wins on the ``base_platform`` move BASE.
 
 Modes: ``rounds`` decides a round once it is sealed (``research wait`` or the loop seals the
-open round) and all of its variants have finished (the best improving one is kept, the others
-discarded); ``async`` decides each variant when it finishes. A winner
-(better than the current best) whose parent is no longer BASE (async, or a round that
+open round) and all of its variants have finished (the best win is kept, else the simplification
+removing most lines, else the best gain within the noise is confirmed); ``async`` decides each
+variant when it finishes. A would-be keep whose parent is no longer BASE (async, or a round that
 straddled a keep) is re-based onto BASE and evaluated again as a combination.
 """
 
@@ -21,8 +29,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from gpuswarm.research import rules
 from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.rules import Verdict
 
 
 @dataclass(frozen=True)
@@ -30,27 +40,15 @@ class Decision:
     id: str
     status: str  # keep | discard | crash | rebase (discard, evaluate a combination) | confirm
     reason: str
-    metric: float | None = None  # BASE's metric after a confirmed keep (the mean of the runs)
+    metric: float | None = None  # BASE's metric after a keep that is not its single run
+    note: str = ""  # its results.tsv row's word on the rule that decided ("+0.0008 for +20 lines")
+    runs: int = 0  # confirm: how many re-runs to queue
 
 
 def spread(state: ExperimentState, commit: str) -> float | None:
+    """The sample standard deviation of ``commit``'s baseline runs (None: fewer than two)."""
     runs = state.baselines.get(commit, [])
     return statistics.stdev(runs) if len(runs) >= 2 else None
-
-
-def better(cfg: ExperimentConfig, state: ExperimentState, metric: float, reference: float) -> bool:
-    margin = 0.0
-    if cfg.policy == "noise-aware":
-        noise = spread(state, state.base)
-        margin = cfg.noise_k * noise if noise is not None else 0.0
-    if cfg.goal == "min":
-        return metric < reference - margin
-    return metric > reference + margin
-
-
-def _metric(v: Variant) -> float:
-    assert v.finished is not None
-    return float(v.finished["metric"])
 
 
 def _ok(v: Variant) -> bool:
@@ -85,30 +83,40 @@ def decide(cfg: ExperimentConfig, state: ExperimentState) -> list[Decision]:
     return out
 
 
-def _reference(state: ExperimentState, v: Variant) -> float | None:
-    """What ``v`` must beat: its parent's metric (the current best when its parent is BASE)."""
-    return state.base_metric.get(v.parent)
+def _no_baseline(state: ExperimentState, v: Variant) -> Decision | None:
+    """``v`` ran on a platform where no baseline of BASE could be measured (the baseline runs
+    kept landing on other GPUs): discarded rather than waited for forever."""
+    p = rules.platform_of(v)
+    if not rules.baseline_given_up(state, p):
+        return None
+    reason = f"no baseline of BASE on {p or 'its platform'}: nothing to compare it with there"
+    return Decision(v.id, "discard", reason, note=f"no baseline on {rules.short_platform(p)}")
 
 
 def _decide_async(
     cfg: ExperimentConfig, state: ExperimentState, pending: list[Variant]
 ) -> list[Decision]:
     out: list[Decision] = []
-    best = state.best
+    if state.best is None and not rules.multi_platform(state):
+        return out  # no measured metric to judge by yet (a baseline must run first)
     for v in sorted(pending, key=lambda x: x.finished["ts"] if x.finished else 0.0):
-        if best is None or _reference(state, v) is None:
-            continue  # no measured metric to judge it by yet (a baseline must run first)
-        if not better(cfg, state, _metric(v), best):
-            stale = "" if v.parent == state.base else " (measured on an older BASE)"
-            out.append(Decision(v.id, "discard", _worse(cfg, best) + stale))
+        verdict = rules.judge(cfg, state, v, state.base, "better than BASE")
+        if verdict is None:
+            given_up = _no_baseline(state, v)
+            out.extend([given_up] if given_up else [])
+            continue  # its platform has no measurement of BASE yet: one is queued
+        verdict = _platform_check(cfg, state, v, verdict)
+        stale = "" if v.parent == state.base else " (measured on an older BASE)"
+        if verdict.kind == "lose" or (verdict.kind == "noise" and v.parent != state.base):
+            out.append(_discard(state, v, verdict, stale))
         elif v.parent == state.base:
-            d = _confirmed(cfg, state, v, best, "better than BASE")
+            d = _settled(cfg, state, v, verdict)
             if d is not None:
                 out.append(d)
                 if d.status == "keep":
                     return out  # BASE moves: the rest is judged against the new one next pass
-        else:  # a winner, but measured without what was kept since: combine and measure again
-            out.append(Decision(v.id, "rebase", "better than BASE, measured on an older BASE"))
+        else:  # a would-be keep measured without what was kept since: combine, measure again
+            out.append(Decision(v.id, "rebase", f"{verdict.reason}, measured on an older BASE"))
     return out
 
 
@@ -122,51 +130,139 @@ def _decide_rounds(
         if r in open_rounds or r not in state.sealed:
             continue  # decided once sealed and all of its variants have finished
         members = [v for v in pending if v.round == r]
-        refs = {v.id: _reference(state, v) for v in members}
-        if any(ref is None for ref in refs.values()):
-            continue
-        winners = [v for v in members if better(cfg, state, _metric(v), refs[v.id] or 0.0)]
-        pick = min if cfg.goal == "min" else max
-        winner = pick(winners, key=_metric) if winners else None
+        verdicts, given_up = _round_verdicts(cfg, state, members)
+        if len(verdicts) + len(given_up) < len(members):
+            continue  # a member's platform has no measurement of its parent yet
+        judged = [v for v in members if v.id in verdicts]
+        winner = _pick(cfg, state, judged, verdicts)
         verdict = None
         if winner is not None and winner.parent == state.base:
-            verdict = _confirmed(cfg, state, winner, refs[winner.id] or 0.0, "best of its round")
+            verdict = _settled(cfg, state, winner, verdicts[winner.id])
             if verdict is None or verdict.status == "confirm":
                 out.extend([verdict] if verdict else [])
                 continue  # the round waits for its winner's confirmation runs
-        for v in members:
+        out.extend(given_up)
+        for v in judged:
+            mine = verdicts[v.id]
             if v is winner:
-                d = verdict or Decision(v.id, "rebase", "best of its round")
-                out.append(d)
-            elif v in winners:
-                out.append(Decision(v.id, "discard", "improved, but not the best of its round"))
+                out.append(verdict or Decision(v.id, "rebase", mine.reason))
+            elif mine.kind in ("win", "simplification"):
+                better = "improved" if mine.kind == "win" else "simpler"
+                out.append(Decision(v.id, "discard", f"{better}, but not the best of its round"))
             else:
-                out.append(Decision(v.id, "discard", _worse(cfg, refs[v.id] or 0.0)))
+                out.append(_discard(state, v, mine, ""))
         if verdict is not None and verdict.status == "keep":
             return out  # BASE moves; later rounds are judged on the next pass
     return out
 
 
-def _confirmed(
-    cfg: ExperimentConfig, state: ExperimentState, v: Variant, ref: float, why: str
+def _round_verdicts(
+    cfg: ExperimentConfig, state: ExperimentState, members: list[Variant]
+) -> tuple[dict[str, Verdict], list[Decision]]:
+    """Each member's verdict against its parent; discards of those no baseline can judge."""
+    verdicts: dict[str, Verdict] = {}
+    given_up: list[Decision] = []
+    for v in members:
+        verdict = rules.judge(cfg, state, v, v.parent, "best of its round")
+        if verdict is not None:
+            verdicts[v.id] = _platform_check(cfg, state, v, verdict)
+        elif (d := _no_baseline(state, v)) is not None:
+            given_up.append(d)
+    return verdicts, given_up
+
+
+def _pick(
+    cfg: ExperimentConfig,
+    state: ExperimentState,
+    members: list[Variant],
+    verdicts: dict[str, Verdict],
+) -> Variant | None:
+    """The round's candidate: the biggest win, else the simplification removing most lines,
+    else (noise-aware, re-runs allowed) the biggest gain within the noise, to be confirmed."""
+    wins = [v for v in members if verdicts[v.id].kind == "win"]
+    if wins:
+        return max(wins, key=lambda v: verdicts[v.id].gain)
+    simpler = [v for v in members if verdicts[v.id].kind == "simplification"]
+    if simpler:
+        return min(simpler, key=lambda v: (verdicts[v.id].lines, -verdicts[v.id].gain))
+    noisy = [v for v in members if verdicts[v.id].kind == "noise" and v.parent == state.base]
+    if noisy and _reruns(cfg, "noise") > 0:
+        return max(noisy, key=lambda v: verdicts[v.id].gain)
+    return None
+
+
+def _platform_check(
+    cfg: ExperimentConfig, state: ExperimentState, v: Variant, verdict: Verdict
+) -> Verdict:
+    """A would-be keep on a platform whose wins do not move BASE is a discard saying so."""
+    p = rules.platform_of(v)
+    if verdict.kind == "lose" or rules.moves_base(cfg, state, p):
+        return verdict
+    moves = rules.majority_platform(state) if cfg.base_platform == "majority" else cfg.base_platform
+    return Verdict(
+        "lose",
+        verdict.gain,
+        verdict.runs,
+        f"{verdict.reason} on {p}, but BASE moves on wins on {moves} only (base_platform "
+        f"{cfg.base_platform}); re-try it there: research try --from {v.id}",
+        f"better on {rules.short_platform(p)}, BASE follows {rules.short_platform(moves)}",
+        verdict.lines,
+    )
+
+
+def _reruns(cfg: ExperimentConfig, kind: str) -> int:
+    """Confirmation runs a would-be keep of this verdict kind gets before it is kept."""
+    if kind == "noise":
+        return max(cfg.confirm, cfg.noise_confirm) if cfg.policy == "noise-aware" else 0
+    return cfg.confirm if kind == "win" else 0
+
+
+def _discard(state: ExperimentState, v: Variant, verdict: Verdict, suffix: str) -> Decision:
+    reason, note = verdict.reason + suffix, verdict.note
+    if verdict.runs > 1:
+        runs = [v, *rules.confirmations(state, v)]
+        mean = statistics.fmean([m for c in runs if (m := rules.ok_metric(c)) is not None])
+        reason = f"not confirmed: mean of {verdict.runs} runs {mean:.6f}; {reason}"
+        rule = verdict.kind == "lose" and note  # lines, memory or platform: that rule says it
+        note = note if rule else f"not confirmed by {verdict.runs} runs"
+    elif verdict.kind == "noise":
+        reason += "; re-runs are off (noise_confirm 0)"
+    return Decision(v.id, "discard", reason, note=note)
+
+
+def _settled(
+    cfg: ExperimentConfig, state: ExperimentState, v: Variant, verdict: Verdict
 ) -> Decision | None:
-    """Keep ``v``, or first confirm it with ``cfg.confirm`` re-runs of its commit (judged by the
-    mean of all its runs); None while confirmation runs are still in flight."""
-    if cfg.confirm <= 0:
-        return Decision(v.id, "keep", why)
-    runs = [c for c in state.variants.values() if c.kind == "confirm" and c.origin == v.id]
+    """Keep ``v`` (a win or simplification on BASE), or first confirm it with re-runs of its
+    commit, judged by the mean gain of all its runs; None while re-runs are in flight."""
+    need = _reruns(cfg, verdict.kind)
+    runs = rules.confirmations(state, v)
+    if verdict.kind == "noise" and need == 0:
+        return _discard(state, v, verdict, "")
     if not runs:
-        return Decision(v.id, "confirm", f"{why}; confirming with {cfg.confirm} more runs")
+        if need == 0:
+            return Decision(v.id, "keep", verdict.reason, note=verdict.note)
+        what = "within the noise" if verdict.kind == "noise" else verdict.reason
+        return Decision(v.id, "confirm", f"{what}; confirming with {need} more runs", runs=need)
     if any(c.finished is None for c in runs):
         return None
     if not all(_ok(c) for c in runs):
-        return Decision(v.id, "discard", f"{why}, but a confirmation run crashed")
-    mean = statistics.fmean([_metric(v), *(_metric(c) for c in runs)])
-    if not better(cfg, state, mean, ref):
-        return Decision(v.id, "discard", f"not confirmed: mean of {len(runs) + 1} runs {mean:.6f}")
-    return Decision(v.id, "keep", f"{why}; confirmed, mean of {len(runs) + 1} runs", mean)
+        return Decision(v.id, "discard", f"{verdict.reason}, but a confirmation run crashed")
+    n = len(runs) + 1
+    if verdict.kind not in ("win", "simplification"):
+        return _discard(state, v, verdict, "")
+    return Decision(
+        v.id,
+        "keep",
+        f"{verdict.reason}; confirmed, mean of {n} runs",
+        _kept_metric(state, v, runs),
+        verdict.note or f"confirmed by {n} runs",
+    )
 
 
-def _worse(cfg: ExperimentConfig, ref: float) -> str:
-    word = "lower" if cfg.goal == "min" else "higher"
-    return f"not {word} than {ref:.6f}"
+def _kept_metric(state: ExperimentState, v: Variant, runs: list[Variant]) -> float:
+    """BASE's metric after keeping ``v``: the mean of its runs (on its own platform when
+    there are several)."""
+    same = [c for c in [v, *runs] if rules.platform_of(c) == rules.platform_of(v)]
+    chosen = same if rules.multi_platform(state) else [v, *runs]
+    return statistics.fmean([m for c in chosen if (m := rules.ok_metric(c)) is not None])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import executor, runner, variants
+from gpuswarm.research import executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.journal import ExperimentState, append, replay
 from gpuswarm.research.session import Experiment, files_of
@@ -99,7 +99,12 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         **_headline(exp, state),
         "best_recorded": best_recorded(exp.cfg, state),
         "experiments": len(state.rows),
-        "kept": sum(1 for r in state.rows if r[3] == "keep"),
+        "kept": sum(1 for r in state.rows if r[3] == "keep"),  # rows: baselines, re-runs too
+        "changes_kept": sum(
+            1
+            for v in state.variants.values()
+            if v.kind in ("variant", "combo") and v.status == "keep"
+        ),
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
@@ -116,7 +121,44 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         ],
         "runner": bool(runner.runner_pids(exp.paths)),
         "timeout": exp.cfg.timeout,
+        "policy": exp.cfg.policy,
+        "noise": rules.noise_view(state),
+        "platforms": platform_view(exp.cfg, state),
         **files_of(exp.paths),
+    }
+
+
+def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[dict[str, Any]]:
+    """With several GPU models: per model, BASE's metric there, its first baseline and
+    whether its wins move BASE (empty with one model)."""
+    if not rules.multi_platform(state):
+        return []
+    out = []
+    for p in rules.platforms(state):
+        baselines = [v for v in state.variants.values() if v.kind == "baseline"]
+        firsts = [rules.ok_metric(v) for v in baselines if rules.platform_of(v) == p]
+        first = next((m for m in firsts if m is not None), None)
+        out.append(
+            {
+                "platform": p,
+                "best": rules.reference(state, state.base, p),
+                "baseline": first,
+                "runs": len(rules.runs_of(state, state.base, p)),
+                "moves_base": rules.moves_base(cfg, state, p),
+            }
+        )
+    return out
+
+
+def replayed(exp: Experiment, spec: str) -> dict[str, Any]:
+    """``research log --policy SPEC``: the decisions SPEC's settings would have made."""
+    from gpuswarm.research.replay import parse_spec, replay_decisions
+
+    exp.settle()
+    return {
+        "tag": exp.cfg.tag,
+        "spec": spec,
+        **replay_decisions(exp.paths, parse_spec(exp.cfg, spec)),
     }
 
 

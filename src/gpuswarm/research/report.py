@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
+from gpuswarm.research import rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState
 
@@ -71,7 +72,8 @@ def write_research_report(
         f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; {len(state.rows)} experiments, "
         f"{kept} kept, {crashed} crashed; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, "
         f"mode {esc(state.mode)}</p>\n"
-        f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
+        + _rules_html(cfg, state)
+        + f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
         f"{esc(', '.join(cfg.edit))}; protected {esc(', '.join(cfg.protect) or '-')}; "
         f"results in {esc(paths.results_tsv.name)}, every field in {esc(paths.ledger.name)}</p>\n"
         f"{image}\n<h2>Experiments</h2>\n"
@@ -81,3 +83,36 @@ def write_research_report(
     out = paths.root / "report.html"
     atomic_write_text(out, html_page(f"autoresearch {cfg.tag}", body))
     return out
+
+
+def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
+    """The noise estimate, the decision rules' settings and, with several GPU models, BASE's
+    metric on each."""
+    noise = rules.noise_view(state)
+    spread = "; ".join(
+        f"sd {n['sigma']:.6f}{' on ' + n['platform'] if n['platform'] else ''} "
+        f"({n['runs']} runs of {n['groups']} commit{'' if n['groups'] == 1 else 's'})"
+        for n in noise
+    )
+    text = (
+        f"<p>noise: {esc(spread or 'not estimated (no code ran twice)')}; noise_k "
+        f"{cfg.noise_k:g}, re-runs within the noise {cfg.noise_confirm}; gain per added line "
+        f"{esc(cfg.gain_per_line)}; simplifications {'kept' if cfg.simplify else 'off'} "
+        f"(equal within {esc(cfg.equal_within)} without a noise estimate); more than "
+        f"{cfg.vram_share:.0%} more peak memory needs a gain of {esc(cfg.vram_gain)}</p>\n"
+    )
+    if not rules.multi_platform(state):
+        return text
+    rows = []
+    for p in rules.platforms(state):
+        best = rules.reference(state, state.base, p)
+        rows.append(
+            [
+                p,
+                "-" if best is None else f"{best:.6f}",
+                len(rules.runs_of(state, state.base, p)),
+                "yes" if rules.moves_base(cfg, state, p) else "no",
+            ]
+        )
+    columns = ["platform", f"BASE {cfg.metric}", "runs of BASE", "moves BASE"]
+    return text + "<h2>Platforms</h2>\n" + html_table(columns, rows) + "\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import executor, exports, gitops, runner, variants
+from gpuswarm.research import executor, exports, gitops, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
 from gpuswarm.research.journal import ExperimentState, Variant, append, drop_row
 from gpuswarm.research.policy import Decision
@@ -111,7 +111,8 @@ def try_variant(
                 f"this variant's code is identical to {same}: it would measure nothing new, so "
                 "it is not queued; change something else (your files are left as they are)"
             )
-        queued = _queue_baselines(exp, state, 1) if _baseline_needed(state) else []
+        repeats = rules.auto_repeats(exp.cfg, state)  # enough runs for a spread, by default
+        queued = _queue_baselines(exp, state, repeats) if _baseline_needed(state) else []
         v = variants.record(
             exp.paths,
             exp.cfg,

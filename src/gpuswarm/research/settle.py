@@ -14,7 +14,7 @@ import statistics
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import executor, exports, gitops, outcome, runner, variants
+from gpuswarm.research import executor, exports, gitops, outcome, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
@@ -51,10 +51,34 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
+    _platform_baseline(paths, cfg, state)
     _remove_exports(paths, state)
     if not paths.results_tsv.exists():
         write_tsv(paths, cfg, state)  # every decision rewrites it; this is for a fresh start
     return state
+
+
+def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
+    """With several GPU models, a variant is compared with BASE's runs on its own model: queue
+    one more baseline run when a result waits on a model BASE has not run on yet (it goes to
+    the first GPU free: a run that lands on a measured model is one more repeat there)."""
+    if cfg.policy == "manual":
+        return
+    platform = rules.baseline_wanted(cfg, state)
+    if platform is None:
+        return
+    v = variants.record(
+        paths,
+        cfg,
+        state,
+        kind="baseline",
+        commit=state.base,
+        parent=state.base,
+        description=f"baseline (wanted on {rules.short_platform(platform)})",
+        source="baseline",
+    )
+    executor.enqueue(paths, cfg, v)
+    runner.ensure_runner(paths, cfg)
 
 
 def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
@@ -98,25 +122,40 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
         _rebase(paths, cfg, state, v, d)
         return
     if d.status == "confirm":
-        _confirm(paths, cfg, state, v)
+        _confirm(paths, cfg, state, v, d.runs or cfg.confirm)
         return
     metric = None
     if d.status == "keep" and v.kind != "confirm":
         assert v.finished is not None
-        if v.kind == "baseline":
+        if v.kind == "baseline" and rules.multi_platform(state):
+            metric = {"commit": v.commit, "value": _shown_metric(state, v.commit)}
+        elif v.kind == "baseline":
             runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
             metric = {"commit": v.commit, "value": statistics.fmean(runs)}
         else:
             value = d.metric if d.metric is not None else float(v.finished["metric"])
             metric = {"commit": v.commit, "value": value}
-    _decided(paths, cfg, state, v, d.status, d.reason, metric)
+    _decided(paths, cfg, state, v, d.status, d.reason, metric, note=d.note)
     if d.status == "keep" and v.kind in ("variant", "combo"):
         _advance(paths, cfg, state, v)
 
 
-def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: Variant) -> None:
-    """Queue the re-runs that confirm (or not) a would-be keep; ``v`` stays undecided."""
-    for i in range(cfg.confirm):
+def _shown_metric(state: ExperimentState, commit: str) -> float:
+    """BASE's metric as status shows it with several platforms: the mean of its runs on the
+    platform that moves BASE by default (the majority), else anywhere."""
+    for where in (rules.majority_platform(state), None):
+        found = [rules.ok_metric(r) for r in rules.runs_of(state, commit, where)]
+        runs = [m for m in found if m is not None]
+        if runs:
+            return statistics.fmean(runs)
+    raise AssertionError(f"no run of {commit}")  # pragma: no cover - called for a finished run
+
+
+def _confirm(
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: Variant, n: int
+) -> None:
+    """Queue the ``n`` re-runs that confirm (or not) a would-be keep; ``v`` stays undecided."""
+    for i in range(n):
         run = variants.record(
             paths,
             cfg,
@@ -124,7 +163,7 @@ def _confirm(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, v: 
             kind="confirm",
             commit=v.commit,
             parent=v.parent,
-            description=f"{v.description} (confirmation {i + 1}/{cfg.confirm})",
+            description=f"{v.description} (confirmation {i + 1}/{n})",
             source="confirm",
             origin=v.id,
             round=v.round,
@@ -238,9 +277,12 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
     metric = 0.0 if crash or fin.get("metric") is None else float(fin["metric"])
     memory = 0.0 if crash or fin.get("memory_gb") is None else float(fin["memory_gb"])
     gpu = f"gpu{fin['gpu']}" if fin.get("gpu") not in (None, "") else ""
+    if rules.multi_platform(state) and rules.platform_of(v):  # which baseline it is compared with
+        gpu = " ".join(filter(None, (gpu, rules.short_platform(rules.platform_of(v)))))
     text = v.description
     if v.kind == "baseline":
-        tag = f"[{gpu}] " if gpu and "repeat" in text else ""
+        several = "repeat" in text or "wanted" in text or rules.multi_platform(state)
+        tag = f"[{gpu}] " if gpu and several else ""
     elif state.mode == "rounds":
         tag = f"[R{v.round} {gpu}] " if gpu else f"[R{v.round}] "
     else:

@@ -27,7 +27,9 @@ def _short(sha: str | None) -> str:
 def _variant_line(v: dict[str, Any]) -> str:
     gpu = f"gpu{v['gpu']}" if v.get("gpu") not in (None, "") else ""
     mem = f"{v['memory_gb']:.1f}GB" if v.get("memory_gb") is not None else ""
-    reason = f"  ({v['reason']})" if v.get("reason") and v["status"] != "keep" else ""
+    plain = ("baseline", "better than BASE", "best of its round")  # a keep's reason worth saying
+    said = v.get("reason") and (v["status"] != "keep" or not str(v["reason"]).startswith(plain))
+    reason = f"  ({v['reason']})" if said else ""
     return (
         f"{v['id']}  {_short(v['commit'])}  {v['status']:<8} {_metric(v.get('metric')):>10}  "
         f"{mem:>7}  {gpu:<5} {clock(v.get('seconds')):>6}  {v['description']}{reason}"
@@ -87,11 +89,47 @@ def show_status(d: dict[str, Any]) -> None:
         )
     for v in d["undecided"]:
         click.echo(f"  awaiting decision: {_variant_line(v)}")
+    click.echo(noise_line(d))
+    for p in d.get("platforms") or []:
+        moves = "moves BASE" if p["moves_base"] else "compared only"
+        click.echo(
+            f"  platform {p['platform']}: BASE {_metric(p['best'])} ({p['runs']} runs), "
+            f"baseline {_metric(p['baseline'])}, {moves}"
+        )
     for r in d["last"]:
         cells = (r["id"], r["commit"], f"{_metric(r['metric']):>10}", f"{r['memory_gb']:>5.1f}")
         click.echo(f"  {'  '.join(cells)}  {r['status']:<8} {r['description']}")
     _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
+
+
+def noise_line(d: dict[str, Any]) -> str:
+    """``noise: sd 0.0031 (4 runs of 2 commits), policy noise-aware``."""
+    parts = [
+        f"sd {n['sigma']:.6f}"
+        + (f" on {n['platform']}" if n["platform"] else "")
+        + f" ({n['runs']} runs of {n['groups']} commit{'s' if n['groups'] != 1 else ''})"
+        for n in d.get("noise") or []
+    ]
+    estimate = "; ".join(parts) or "not estimated yet (no code has run twice)"
+    return f"noise: {estimate}; policy {d.get('policy')}"
+
+
+def show_replay(d: dict[str, Any]) -> None:
+    """``research log --policy``: each variant's recorded and replayed decision."""
+    click.echo(f"replay of {d['tag']} with {d['spec']} (nothing is changed)")
+    for r in d["variants"]:
+        if r["kind"] in ("baseline", "confirm"):
+            continue
+        rec, new = r["recorded"] or "-", r["replayed"] or "-"
+        mark = "  " if rec == new else "* "
+        why = f"  ({r['replayed_reason']})" if rec != new and r["replayed_reason"] else ""
+        click.echo(
+            f"{mark}{r['id']}  {_metric(r['metric']):>10}  {rec:<8} -> {new:<8} "
+            f"{r['description']}{why}"
+        )
+    click.echo(f"kept:       {', '.join(d['kept']) or 'none'}")
+    click.echo(f"would keep: {', '.join(d['would_keep']) or 'none'}  (best {_metric(d['best'])})")
 
 
 def show_loop(d: dict[str, Any]) -> None:

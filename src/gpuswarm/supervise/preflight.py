@@ -101,8 +101,10 @@ def run_preflight(
         f = min(failures, key=lambda x: x.slot)
         more = f" (and on {len(failures) - 1} other slots)" if len(failures) > 1 else ""
         shown = f"; its output:\n{f.output}" if f.output.strip() else " (no output)"
+        cmd = f.command.strip().splitlines()[0] if f.command.strip() else f.command
+        cmd += " ..." if "\n" in f.command.strip() else ""  # a script: its first line
         raise PreflightError(
-            f"preflight failed on {f.slot}{more}: `{f.command}` {f.how}{shown}\n"
+            f"preflight failed on {f.slot}{more}: `{cmd}` {f.how}{shown}\n"
             f"(log: {f.log}). No task was started; fix it, then: gpuswarm resume {paths.root}"
         )
     return [s.label for s in slots]

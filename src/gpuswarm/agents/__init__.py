@@ -1,0 +1,1 @@
+"""Coding-agent CLIs as workers: presets (data), their commands, provisions and checks."""

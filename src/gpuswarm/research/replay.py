@@ -1,0 +1,168 @@
+"""Decisions recomputed from the ledger with other settings: ``research log --policy SPEC``.
+
+A replay reads ``ledger.jsonl`` in order and feeds its events (variants created, runs finished,
+rounds sealed) to the same :func:`policy.decide` the experiment uses, with the settings of
+``SPEC`` instead of the experiment's, applying each decision in memory only: nothing is written,
+queued or moved. Runs cannot be re-done, so where the replayed policy would want a run the
+ledger lacks (a confirmation re-run, a re-based combination, a baseline on another platform) it
+says so and keeps nothing on its strength, and a variant is assumed to measure on the replayed
+BASE what it measured on the BASE it ran on (its parent becomes the replayed BASE of its time).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpuswarm import api
+from gpuswarm.core.errors import ResearchError
+from gpuswarm.research import rules
+from gpuswarm.research.configure import CHANGEABLE
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.journal import ExperimentState, apply_event
+from gpuswarm.research.policy import Decision, decide
+
+POLICIES = ("greedy", "noise-aware", "manual")
+_REPLAYED = ("init", "variant", "finished", "sealed", "mode")  # what the policy decided is not
+
+
+def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
+    """``greedy`` / ``noise-aware,noise_k=3,gain_per_line=0`` -> the settings to replay with."""
+    changes: dict[str, Any] = {}
+    for i, part in enumerate(p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if "=" not in part:
+            if i or part not in POLICIES:
+                raise ResearchError(
+                    f"--policy {spec!r}: {part!r} is neither a policy ({', '.join(POLICIES)}) "
+                    "first nor a setting=value, e.g. --policy greedy or --policy "
+                    "noise-aware,noise_k=3,gain_per_line=0"
+                )
+            changes["policy"] = part
+            continue
+        key, value = (x.strip() for x in part.split("=", 1))
+        key = key.replace("-", "_")
+        if key not in CHANGEABLE or key in ("command", "shell", "timeout", "link", "linger"):
+            raise ResearchError(f"--policy {spec!r}: {key!r} is not a decision setting")
+        changes[key] = value
+    try:
+        return ExperimentConfig.model_validate({**cfg.model_dump(), **changes})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise ResearchError(f"--policy {spec!r}: {where}: {msg}") from None
+
+
+def replay_decisions(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, Any]:
+    """What ``cfg`` would have decided on this ledger: per variant the recorded and the
+    replayed status and reason, and which variants each kept."""
+    state = ExperimentState()
+    recorded: dict[str, dict[str, Any]] = {}
+    wanted: dict[str, str] = {}  # variant -> the run the replayed policy wanted and lacked
+    for e in api.read_journal(paths.ledger):
+        ev = str(e.get("ev"))
+        if ev == "decided":
+            recorded[str(e["id"])] = e
+            continue
+        if ev not in _REPLAYED:
+            continue
+        if ev == "variant":
+            if e.get("kind") == "baseline" and state.base and e.get("commit") != state.base:
+                continue  # a baseline of a BASE this policy never kept measures nothing here
+            e = _reparented(state, e)
+        apply_event(state, e)
+        if ev in ("finished", "sealed", "variant"):
+            _settle(cfg, state, wanted)
+    _settle(cfg, state, wanted, final=True)
+    rows = []
+    for v in state.variants.values():
+        rec = recorded.get(v.id) or {}
+        dec = v.decision or {}
+        rows.append(
+            {
+                "id": v.id,
+                "kind": v.kind,
+                "description": v.description,
+                "metric": (v.finished or {}).get("metric"),
+                "platform": rules.platform_of(v),
+                "recorded": rec.get("status"),
+                "recorded_reason": rec.get("reason"),
+                "replayed": dec.get("status") or ("wanted" if v.id in wanted else None),
+                "replayed_reason": dec.get("reason") or wanted.get(v.id),
+            }
+        )
+    changes = [r for r in rows if r["kind"] in ("variant", "combo")]  # not baselines, re-runs
+    kept = [r["id"] for r in changes if r["recorded"] == "keep"]
+    would = [r["id"] for r in changes if r["replayed"] == "keep"]
+    return {
+        "policy": {k: getattr(cfg, k) for k in ("policy", "noise_k", "confirm", *_rule_keys())},
+        "variants": rows,
+        "kept": kept,
+        "would_keep": would,
+        "best": state.best,
+        "noise": rules.noise_view(state),
+    }
+
+
+def _rule_keys() -> tuple[str, ...]:
+    from gpuswarm.research.configure import RULES
+
+    return RULES
+
+
+def _reparented(state: ExperimentState, e: dict[str, Any]) -> dict[str, Any]:
+    """A variant of the recorded BASE of its time is one of the replayed BASE of its time."""
+    e = dict(e)
+    if state.base and e.get("kind") in ("variant", "combo"):
+        e["parent"] = state.base
+    return e
+
+
+def _settle(
+    cfg: ExperimentConfig, state: ExperimentState, wanted: dict[str, str], final: bool = False
+) -> None:
+    """Apply what ``cfg`` decides now, in memory, until nothing more is decided."""
+    for _ in range(10_000):  # each pass decides something or stops; bounded against a bug
+        decisions = decide(cfg, state)
+        progressed = False
+        for d in decisions:
+            progressed |= _apply_in_memory(cfg, state, d, wanted)
+        if not progressed:
+            break
+    if final:
+        for v in state.undecided():
+            if v.finished is not None and v.id not in wanted:
+                wanted[v.id] = "undecided at the end of the ledger"
+
+
+def _apply_in_memory(
+    cfg: ExperimentConfig, state: ExperimentState, d: Decision, wanted: dict[str, str]
+) -> bool:
+    v = state.variants[d.id]
+    if d.status == "confirm":
+        if rules.confirmations(state, v):  # the ledger has re-runs of it: they are judged
+            return False
+        wanted[v.id] = f"{d.reason} (the ledger has no re-runs of it: not kept)"
+        v.decision = {"status": "discard", "reason": wanted[v.id]}
+        return True
+    if d.status == "rebase":
+        wanted[v.id] = f"{d.reason}: would be re-based and run again (not in the ledger)"
+        v.decision = {"status": "discard", "reason": wanted[v.id]}
+        return True
+    event: dict[str, Any] = {"ev": "decided", "id": v.id, "status": d.status, "reason": d.reason}
+    if d.status == "keep" and v.kind != "confirm" and v.finished is not None:
+        if v.kind == "baseline":
+            runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
+            value = statistics.fmean(runs)
+        else:
+            value = d.metric if d.metric is not None else float(v.finished["metric"])
+        event["base_metric"] = {"commit": v.commit, "value": value}
+    apply_event(state, copy.deepcopy(event))
+    if d.status == "keep" and v.kind in ("variant", "combo"):
+        apply_event(state, {"ev": "base", "from": state.base, "to": v.commit, "id": v.id})
+    return True

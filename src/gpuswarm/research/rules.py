@@ -1,0 +1,389 @@
+"""What a decision weighs besides the metric, as pure functions of the replayed state: the
+platform a run ran on and BASE's metric there, the noise of repeated runs, peak memory, lines
+added and removed, and the verdict of the seed's rules on one variant (policy.py orders the
+verdicts into decisions).
+
+The seed's rules (docs/research.md, "Decisions"):
+
+- *noise*: identical code measures differently from run to run; the spread (pooled sample
+  standard deviation of every group of runs of one commit on one platform: repeated baselines,
+  confirmation runs) says how much. Under ``noise-aware`` a gain of at most ``noise_k`` x that
+  spread is *within the noise*: it is re-run before it may move BASE.
+- *simplicity*: a change that adds N lines (net) must gain N x ``gain_per_line``; one that
+  removes lines and measures equal (within the noise) is a keep ("simplification").
+- *VRAM is a soft constraint*: a keep raising peak memory by more than ``vram_share`` must gain
+  at least ``vram_gain``.
+- *one baseline per platform*: a run is compared with BASE's runs on the same accelerator model;
+  wins on other platforms move BASE only as ``base_platform`` says (default: the majority).
+
+Amounts (``gain_per_line``, ``vram_gain``, ``equal_within``) are a share of BASE's metric
+(``"0.01%"``) or absolute metric units (``"0.0001"``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpuswarm.research.journal import ExperimentState, Variant
+
+if TYPE_CHECKING:
+    from gpuswarm.research.experiment import ExperimentConfig
+
+AMOUNT_FIELDS = ("gain_per_line", "vram_gain", "equal_within")
+BASELINE_TRIES_PER_PLATFORM = 3  # baseline runs of one BASE before a platform is given up
+
+
+# -- settings -----------------------------------------------------------------------------------
+def parse_amount(field: str, text: str) -> tuple[float, bool]:
+    """``"0.01%"`` -> (0.0001, relative); ``"0.0001"`` -> (0.0001, absolute)."""
+    raw = str(text).strip()
+    relative = raw.endswith("%")
+    try:
+        value = float(raw[:-1] if relative else raw)
+    except ValueError:
+        raise ValueError(
+            f"{field} {text!r}: give a share of BASE's metric such as '0.01%', or metric "
+            "units such as '0.0001'"
+        ) from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field} {text!r}: must be 0 or more")
+    return (value / 100.0 if relative else value), relative
+
+
+def amount(text: str, reference: float) -> float:
+    """The amount ``text`` stands for where BASE measures ``reference``."""
+    value, relative = parse_amount("amount", text)
+    return value * abs(reference) if relative else value
+
+
+def check_rules(cfg: ExperimentConfig) -> None:
+    """The rule settings of ``cfg`` are usable (ValueError naming the field otherwise)."""
+    for name in AMOUNT_FIELDS:
+        parse_amount(name, getattr(cfg, name))
+    if not math.isfinite(cfg.vram_share) or cfg.vram_share < 0:
+        raise ValueError(f"vram_share {cfg.vram_share}: a share such as 0.1 (10%), 0 or more")
+    if not math.isfinite(cfg.noise_k) or cfg.noise_k < 0:
+        raise ValueError(f"noise_k {cfg.noise_k}: 0 or more")
+    for name in ("confirm", "noise_confirm", "baseline_repeats"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} {getattr(cfg, name)}: 0 or more")
+    if not cfg.base_platform.strip():
+        raise ValueError("base_platform is empty: majority, any, or an accelerator's name")
+
+
+# -- runs, platforms, references ----------------------------------------------------------------
+def platform_of(v: Variant) -> str:
+    """The accelerator model ``v`` ran on ("" where the record has none: an older ledger)."""
+    return str((v.finished or {}).get("accelerator") or "")
+
+
+def ok_metric(v: Variant) -> float | None:
+    fin = v.finished or {}
+    if not fin.get("ok") or fin.get("metric") is None:
+        return None
+    return float(fin["metric"])
+
+
+def peak_mb(v: Variant) -> float | None:
+    """Peak GPU memory of a run in MB: measured (the sampler) or printed (``peak_vram_mb``),
+    else the recorded ``memory_gb``."""
+    fin = v.finished or {}
+    for value in (fin.get("peak_vram_mb"), (fin.get("summary") or {}).get("peak_vram_mb")):
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    gb = fin.get("memory_gb")
+    return float(gb) * 1024 if isinstance(gb, int | float) and gb > 0 else None
+
+
+def platforms(state: ExperimentState) -> list[str]:
+    """Every accelerator model the experiment has (its GPUs at init) or ran on, in order."""
+    seen = dict.fromkeys(state.gpu_models)
+    for v in state.variants.values():
+        if v.finished is not None and v.finished.get("ok"):
+            seen.setdefault(platform_of(v))
+    return [p for p in seen if p] or [""]
+
+
+def multi_platform(state: ExperimentState) -> bool:
+    return len(platforms(state)) > 1
+
+
+def runs_of(state: ExperimentState, commit: str, platform: str | None) -> list[Variant]:
+    """The successful runs of ``commit`` (on ``platform``; None: anywhere)."""
+    return [
+        v
+        for v in state.variants.values()
+        if v.commit == commit
+        and ok_metric(v) is not None
+        and (platform is None or platform_of(v) == platform)
+    ]
+
+
+def reference(state: ExperimentState, commit: str, platform: str) -> float | None:
+    """``commit``'s metric on ``platform``: with one platform, what the ledger says it measured
+    (the mean of its baselines, of a keep's confirmation runs); with several, the mean of its
+    runs on that platform (None until one ran there)."""
+    if not multi_platform(state):
+        return state.base_metric.get(commit)
+    runs = [ok_metric(v) for v in runs_of(state, commit, platform)]
+    return statistics.fmean([m for m in runs if m is not None]) if runs else None
+
+
+def base_memory(state: ExperimentState, commit: str, platform: str) -> float | None:
+    """``commit``'s peak memory (MB, mean of its runs) on ``platform``, else anywhere."""
+    for where in (platform, None):
+        values = [m for v in runs_of(state, commit, where) if (m := peak_mb(v)) is not None]
+        if values:
+            return statistics.fmean(values)
+    return None
+
+
+def majority_platform(state: ExperimentState) -> str:
+    """The platform with the most GPUs (at init, else that ran something); ties: the first."""
+    if state.gpu_models:
+        counts = Counter(state.gpu_models)
+    else:
+        slots: dict[str, set[str]] = {}
+        for v in state.variants.values():
+            if v.finished is not None:
+                slots.setdefault(platform_of(v), set()).add(str(v.finished.get("slot")))
+        counts = Counter({p: len(s) for p, s in slots.items()})
+    if not counts:
+        return ""
+    order = platforms(state)
+    return max(order, key=lambda p: (counts.get(p, 0), -order.index(p)))
+
+
+def moves_base(cfg: ExperimentConfig, state: ExperimentState, platform: str) -> bool:
+    """Whether a win measured on ``platform`` may move BASE (``base_platform``)."""
+    if not multi_platform(state) or cfg.base_platform == "any":
+        return True
+    if cfg.base_platform == "majority":
+        return platform == majority_platform(state)
+    return platform == cfg.base_platform
+
+
+def short_platform(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3`` (for the results.tsv tag)."""
+    for vendor in ("NVIDIA ", "AMD "):
+        name = name.removeprefix(vendor)
+    return name
+
+
+# -- noise --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Noise:
+    sigma: float  # pooled sample standard deviation of runs of identical code
+    runs: int
+    groups: int  # commits (on one platform) with two or more runs
+    platform: str  # "" when pooled over every platform
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "sigma": self.sigma,
+            "runs": self.runs,
+            "groups": self.groups,
+            "platform": self.platform,
+        }
+
+
+def _pooled(groups: list[list[float]], platform: str) -> Noise | None:
+    groups = [g for g in groups if len(g) >= 2]
+    dof = sum(len(g) - 1 for g in groups)
+    if dof < 1:
+        return None
+    sq = sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g)
+    return Noise(math.sqrt(sq / dof), sum(len(g) for g in groups), len(groups), platform)
+
+
+def noise(state: ExperimentState, platform: str | None = None) -> Noise | None:
+    """The spread of repeated runs of identical code on ``platform`` (pooled over every
+    platform where that one has none yet; None: no commit ran twice)."""
+    by_key: dict[tuple[str, str], list[float]] = {}
+    for v in state.variants.values():
+        m = ok_metric(v)
+        if m is not None:
+            by_key.setdefault((v.commit, platform_of(v)), []).append(m)
+    if platform is not None:
+        own = _pooled([g for (_, p), g in by_key.items() if p == platform], platform)
+        if own is not None:
+            return own
+    return _pooled(list(by_key.values()), "")
+
+
+def noise_view(state: ExperimentState) -> list[dict[str, Any]]:
+    """The noise estimate per platform (one entry when there is one platform), for status."""
+    out = []
+    names = platforms(state)
+    for p in names if len(names) > 1 else [None]:
+        est = noise(state, p)
+        if est is not None:
+            out.append({**est.view(), "platform": p or est.platform})
+    return out
+
+
+# -- verdicts -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    """What the rules say of a variant's runs against a reference commit."""
+
+    kind: str  # win | simplification | noise (a gain within the noise) | lose
+    gain: float  # mean gain of its runs (metric units; > 0 is better)
+    runs: int
+    reason: str
+    note: str = ""  # the short form its results.tsv row carries
+    lines: int = 0  # net lines added (negative: removed)
+
+
+def gain_of(cfg: ExperimentConfig, metric: float, ref: float) -> float:
+    return ref - metric if cfg.goal == "min" else metric - ref
+
+
+def fmt_gain(g: float) -> str:
+    return f"{g:+.4g}"
+
+
+def judge(
+    cfg: ExperimentConfig, state: ExperimentState, v: Variant, against: str, why: str
+) -> Verdict | None:
+    """The rules' verdict on ``v`` (with its confirmation runs) against ``against``'s metric on
+    the platform of each run; None while ``v``'s platform has no measurement of ``against``."""
+    own = reference(state, against, platform_of(v))
+    if own is None:
+        return None
+    gains = []
+    for run in [v, *confirmations(state, v)]:
+        ref, m = reference(state, against, platform_of(run)), ok_metric(run)
+        if ref is not None and m is not None:
+            gains.append(gain_of(cfg, m, ref))
+    g, n = statistics.fmean(gains), len(gains)
+    diff = (v.finished or {}).get("diff") or {}
+    net = int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
+    est = noise(state, platform_of(v)) if cfg.policy == "noise-aware" else None
+    margin = cfg.noise_k * est.sigma / math.sqrt(n) if est is not None else 0.0
+    fewer = cfg.simplify and net < 0
+    per_line = amount(cfg.gain_per_line, own)
+    verdict: Verdict
+    if g > 0 and net > 0 and per_line > 0 and g < net * per_line:
+        need = net * per_line
+        verdict = Verdict(
+            "lose",
+            g,
+            n,
+            f"{fmt_gain(g)} for +{net} lines: a change adding lines must gain {need:.6g} "
+            f"({cfg.gain_per_line} per line)",
+            f"{fmt_gain(g)} for +{net} lines",
+            net,
+        )
+    elif g > margin:
+        verdict = Verdict("win", g, n, why, "", net)
+    elif fewer and (g > 0 or -g <= _equal(cfg, est, own, n)):
+        within = "the noise" if est is not None else f"{cfg.equal_within}"
+        verdict = Verdict(
+            "simplification",
+            g,
+            n,
+            f"simplification: {net} lines, {cfg.metric} equal within {within} ({fmt_gain(g)})",
+            f"simplification, {net} lines",
+            net,
+        )
+    elif g > 0:
+        assert est is not None  # margin > 0 needs a noise estimate
+        spread = f"{cfg.noise_k:g} x noise {est.sigma:.6g}" + (f"/sqrt({n})" if n > 1 else "")
+        verdict = Verdict(
+            "noise", g, n, f"within the noise: {fmt_gain(g)} <= {spread}", "within the noise", net
+        )
+    else:
+        word = "lower" if cfg.goal == "min" else "higher"
+        verdict = Verdict("lose", g, n, f"not {word} than {own:.6f}", "", net)
+    if verdict.kind in ("win", "simplification"):
+        verdict = _memory_check(cfg, state, v, against, own, verdict)
+    return verdict
+
+
+def _equal(cfg: ExperimentConfig, est: Noise | None, ref: float, n: int) -> float:
+    """How far below BASE a simplification may measure and still count as equal."""
+    if est is not None:
+        return cfg.noise_k * est.sigma / math.sqrt(n)
+    return amount(cfg.equal_within, ref)
+
+
+def _memory_check(
+    cfg: ExperimentConfig,
+    state: ExperimentState,
+    v: Variant,
+    against: str,
+    ref: float,
+    verdict: Verdict,
+) -> Verdict:
+    mine = peak_mb(v)
+    base = base_memory(state, against, platform_of(v))
+    if mine is None or base is None or base <= 0:
+        return verdict
+    share = mine / base - 1
+    need = amount(cfg.vram_gain, ref)
+    if share <= cfg.vram_share or verdict.gain >= need > 0:
+        return verdict
+    return Verdict(
+        "lose",
+        verdict.gain,
+        verdict.runs,
+        f"peak memory {share:+.0%} ({base / 1024:.1f} -> {mine / 1024:.1f} GB) for "
+        f"{fmt_gain(verdict.gain)}: more than {cfg.vram_share:.0%} more memory needs a gain of "
+        f"{need:.6g} ({cfg.vram_gain})",
+        f"memory {share:+.0%} for {fmt_gain(verdict.gain)}",
+        verdict.lines,
+    )
+
+
+def confirmations(state: ExperimentState, v: Variant) -> list[Variant]:
+    return [c for c in state.variants.values() if c.kind == "confirm" and c.origin == v.id]
+
+
+def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None:
+    """A platform with results to judge and no run of BASE on it (with several platforms):
+    one more baseline run is wanted (it runs on whichever GPU is free first; tried a few times
+    per platform). None: nothing wanted, or one is in flight."""
+    if not multi_platform(state):
+        return None
+    base_runs = baseline_runs(state)
+    if any(v.finished is None for v in base_runs):
+        return None
+    if len(base_runs) >= BASELINE_TRIES_PER_PLATFORM * len(platforms(state)):
+        return None
+    measured = {platform_of(v) for v in runs_of(state, state.base, None)}
+    for v in state.undecided():
+        p = platform_of(v)
+        judged = v.kind != "baseline" and v.parent == state.base and ok_metric(v) is not None
+        if judged and p not in measured:
+            return p
+    return None
+
+
+def baseline_runs(state: ExperimentState) -> list[Variant]:
+    return [v for v in state.variants.values() if v.kind == "baseline" and v.commit == state.base]
+
+
+def baseline_given_up(state: ExperimentState, platform: str) -> bool:
+    """Enough baseline runs of BASE landed elsewhere: ``platform`` is not waited for."""
+    base_runs = baseline_runs(state)
+    done = all(v.finished is not None for v in base_runs)
+    many = len(base_runs) >= BASELINE_TRIES_PER_PLATFORM * len(platforms(state))
+    return done and many and not runs_of(state, state.base, platform)
+
+
+def auto_repeats(cfg: ExperimentConfig, state: ExperimentState) -> int:
+    """How many runs the first baseline gets: ``baseline_repeats``, else (noise-aware) two per
+    platform where it has two GPUs (a spread on different GPUs), else one."""
+    if cfg.baseline_repeats > 0:
+        return cfg.baseline_repeats
+    if cfg.policy != "noise-aware":
+        return max(1, len(state.gpu_models))
+    counts = Counter(state.gpu_models)
+    if not counts:
+        return 2
+    return sum(2 for _ in counts)
