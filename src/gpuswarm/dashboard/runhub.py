@@ -50,6 +50,7 @@ RING_EVENTS = 5000  # recent events kept for reconnecting pages
 RESUME_BYTES = 8 << 20  # a page further behind than this gets a fresh snapshot
 FEED_EVENTS = 200  # events a snapshot carries for the page's event feed
 LIVE_CHECK_SECONDS = 1.0
+ENDED_CHECK_SECONDS = 5.0
 _SLOT_RE = re.compile(r"^(?P<host>.+)-gpu(?P<gpus>\d+(?:\+\d+)*)(?:\.(?P<share>\d+))?$")
 
 
@@ -128,6 +129,7 @@ class RunHub:
         self.live = self.follower.reader.live()
         self.state = self._state()
         self._live_checked = time.monotonic()
+        self._summary = _mtime(paths.summary_json)
         self.tasks = TaskIndex(self.follower.reader)
         threading.Thread(target=self.tasks.warm, name="task-index", daemon=True).start()
         self.gpus = GpuStats(str(self.info.get("vendor") or ""), host_slug())
@@ -165,16 +167,26 @@ class RunHub:
         pages are then told). Costs one stat when nothing was appended."""
         changed = False
         now = time.monotonic()
-        if now - self._live_checked >= LIVE_CHECK_SECONDS:
+        grew = self.follower.grew()
+        # a live run is asked every second whether it still is; an ended one every 5 s, or at
+        # once when its journal grows (a supervisor that starts writes supervisor_started)
+        every = LIVE_CHECK_SECONDS if self.live else ENDED_CHECK_SECONDS
+        if (grew and not self.live) or now - self._live_checked >= every:
             self._live_checked = now
             live = self.follower.reader.live()
-            if live != self.live:
+            # an ended run's state may still change without a journal line (its summary.json
+            # is written as its supervisor ends): looked at again with its liveness
+            state = self.state
+            summary = _mtime(self.paths.summary_json)
+            if live != self.live or summary != self._summary:
+                self._summary = summary
+                state = self._state_of(live)
+            if live != self.live or state != self.state:
                 with self.lock:
-                    self.live = live
-                    self.state = self._state()
+                    self.live, self.state = live, state
                     self.version += 1
                 changed = True
-        if not self.follower.grew():
+        if not grew:
             return changed
         with self.lock:
             start = self.position
@@ -241,9 +253,12 @@ class RunHub:
                 return
 
     def _state(self) -> str:
+        return self._state_of(self.live)
+
+    def _state_of(self, live: bool) -> str:
         with self.view.lock:
             counts = dict(self.view.counts)
-        return run_state(self.paths, shown_counts(counts), self.live)
+        return run_state(self.paths, shown_counts(counts), live)
 
     # -- what pages get ------------------------------------------------------------------------
     def since(self, pos: int) -> tuple[int, list[dict[str, Any]]] | None:
@@ -388,6 +403,13 @@ class RunHub:
 
     def log_of(self, task: str, attempt: int) -> Path:
         return self.paths.attempt_log(task, attempt)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _natural(label: str) -> tuple[Any, ...]:
