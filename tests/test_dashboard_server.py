@@ -9,6 +9,7 @@ functions (``control_ops``), which journal what they do: real journals, no super
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,8 @@ def test_runs_page_stream_lists_runs_started_later(served: Served, workspace: Pa
         make_run(workspace, "echo later\n", name="later")
         (second,) = sse_messages(r, 1)
     assert sorted(x["title"] for x in second["data"]["runs"]) == ["demo", "later"]
+    shutil.rmtree(workspace / "later")  # gpuswarm clean, or rm -r: it goes from the page
+    wait_for(lambda: [x["title"] for x in served.get("/api/runs")["runs"]] == ["demo"], 10, 0.1)
 
 
 # -- the task table ----------------------------------------------------------------------------

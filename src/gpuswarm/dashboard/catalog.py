@@ -98,7 +98,7 @@ class Catalog:
             runs, exps = self._found()
         except OSError:
             return False
-        added = False
+        added = self._forget_removed()
         for folder in exps:
             eid = ident("x", folder)
             if eid in self.experiments:
@@ -118,6 +118,17 @@ class Catalog:
             with self.lock:
                 self.version += 1
         return added
+
+    def _forget_removed(self) -> bool:
+        """Drop the runs and experiments whose folder is gone (``gpuswarm clean``, rm -r)."""
+        with self.lock:
+            gone = [rid for rid, h in self.runs.items() if not h.paths.run_json.exists()]
+            gone_x = [x for x, h in self.experiments.items() if not h.paths.config.exists()]
+            for rid in gone:
+                del self.runs[rid]
+            for x in gone_x:
+                del self.experiments[x]
+        return bool(gone or gone_x)
 
     def _experiment(self, eid: str, folder: Path) -> ExperimentHub:
         cfg = load_settings(ExpPaths(folder.parent.parent.parent, folder))

@@ -80,6 +80,7 @@ class Dashboard:
         self.ready = asyncio.Event()
         self._scanned = 0.0
         self._lines_at = 0.0
+        self._complaints: dict[str, str] = {}
         self.page = _asset("index.html")
         self.assets = {name: _asset(name) for name in STATIC}
 
@@ -97,14 +98,31 @@ class Dashboard:
         if lines:
             self._lines_at = now
         for hub in runs:
-            if hub.poll() or (lines and hub.watchers and hub.live and hub.lines_changed()):
+            try:
+                changed = hub.poll() or bool(
+                    lines and hub.watchers and hub.live and hub.lines_changed()
+                )
+            except OSError as exc:  # one unreadable run must not stall the others
+                self._complain(hub.id, exc)
+                continue
+            if changed:
                 fired.update((hub.id, "*"))
                 if hub.experiment:
                     fired.add(hub.experiment)
         for exp in exps:
-            if exp.poll():
-                fired.update((exp.id, "*"))
+            try:
+                if exp.poll():
+                    fired.update((exp.id, "*"))
+            except (OSError, ValueError) as exc:
+                self._complain(exp.id, exc)
         return fired
+
+    def _complain(self, key: str, exc: BaseException) -> None:
+        """Say once per run what keeps it from being followed (it is retried every tick)."""
+        text = f"{key}: {exc}"
+        if self._complaints.get(key) != text:
+            self._complaints[key] = text
+            print(f"gpuswarm dashboard: {text}", file=sys.stderr)
 
     async def poller(self) -> None:
         assert self.signal is not None
