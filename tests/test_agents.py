@@ -527,3 +527,37 @@ def test_check_agent_reports_what_is_missing(
         check_agent(shipped_preset("codex"))
     fake_cli(tmp_path / "bin", "codex", "Logged in using ChatGPT")
     assert check_agent(shipped_preset("codex")).endswith("agent codex: logged in")
+
+
+def test_defaults_agent_merges_with_the_task_agent(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        "defaults:\n  agent: {preset: codex, model: gpt-5-codex, env: {A: '1'}}\n"
+        "tasks:\n"
+        "  - {name: a, command: 'true', agent: {prompt: one, env: {B: '2'}}}\n"
+        "  - {name: b, command: 'true', agent: {prompt: two, model: o3}}\n"
+    )
+    a, b = load_config(cfg).tasks
+    assert isinstance(a.command, str) and isinstance(b.command, str)
+    assert "codex exec" in a.command and "--model gpt-5-codex" in a.command
+    assert a.env["A"] == "1" and a.env["B"] == "2"
+    assert "codex exec" in b.command and "--model o3" in b.command
+
+
+def test_docker_agent_program_is_never_a_host_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    _exe(home / ".local/bin/cursor-agent", "#!/bin/sh\n")  # found here, in a find: place
+    cfg = tmp_path / "run.yaml"
+    body = "tasks:\n  - {name: a, command: 'true', agent: {preset: cursor, prompt: p}}\n"
+    cfg.write_text(body)
+    local = load_config(cfg)
+    assert str(home / ".local/bin/cursor-agent") in str(local.tasks[0].command)
+    cfg.write_text("backend: docker\ndocker: {image: img}\n" + body)
+    docker = load_config(cfg)
+    assert str(home) not in str(docker.tasks[0].command)
+    assert " cursor-agent -p " in str(docker.tasks[0].command)
+    assert "gs_prog=cursor-agent\n" in docker.config.preflight[0]

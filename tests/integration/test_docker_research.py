@@ -35,7 +35,7 @@ def test_a_research_round_runs_every_variant_in_a_container(
     res = gpuswarm(
         "research", "init", "-C", repo, "--tag", tag, "--edit", "train.py",
         "--protect", "prepare.py", "--command", "python3 train.py", "--gpus", "sim:2",
-        "--timeout", "20s", "--linger", "2s", "--json",
+        "--timeout", "20s", "--linger", "2s", "--json", "--baseline-repeats", "1",
         "--backend", "docker", "--image", docker_image,
         "--mount", "/usr:/usr:ro", "--network", "none",
     )  # fmt: skip

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 from cli_driver import CliResult
-from integration_support import git, make_research_repo, research_ledger, research_results
+from integration_support import (
+    edit_constant,
+    git,
+    make_research_repo,
+    research_ledger,
+    research_results,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -205,6 +211,19 @@ def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) ->
         assert "BASE moves on wins on A100 only" in first["reason"], first
     else:
         assert first["status"] == "keep", first
+    # a second variant: where BASE moved (on an A100), a result on the H100 waits for a run of
+    # the new BASE there, queued for it
+    edit_constant(repo, "LR", "0.046")  # train.py follows BASE: 0.04 or 0.045
+    second = try_and_wait(gpuswarm, repo, "LR 0.046")
+    finished = {e["id"]: e for e in research_ledger(repo, TAG) if e["ev"] == "finished"}
+    log = research(gpuswarm, repo, "log")["variants"]
+    if first["status"] == "keep" and finished[second["id"]]["accelerator"] == "H100":
+        wanted = [v for v in log if v["description"] == "baseline (wanted on H100)"]
+        assert wanted and wanted[0]["commit"] == first["commit"], log
+        assert "BASE moves on wins on A100 only" in second["reason"], second
+    elif finished[second["id"]]["accelerator"] == "A100":
+        assert second["status"] == "keep", second  # 0.9016 beats 0.9025 and 0.91 alike
+
     status = research(gpuswarm, repo, "status")
     platforms = {p["platform"]: p for p in status["platforms"]}
     assert set(platforms) == {"A100", "H100"}

@@ -16,6 +16,7 @@ from gpuswarm.research import rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, replay
 from gpuswarm.research.policy import Decision, decide
+from gpuswarm.research.readouts import shown
 from gpuswarm.research.replay import parse_spec, replay_decisions
 from gpuswarm.research.settle import tsv_row
 
@@ -197,14 +198,21 @@ def test_a_memory_blow_up_needs_a_meaningful_gain(tmp_path: Path) -> None:
     assert one(decide(cfg(vram_share=0.05), led.state())).status == "discard"
 
 
-def test_memory_comes_from_the_record_when_the_log_has_none(tmp_path: Path) -> None:
-    led = Ledger(tmp_path)
-    led.baselines(1.0)
-    led.run(0.999, mb=90000.0)
-    for e in led.events:
-        if e["ev"] == "finished":
-            e["summary"] = {}  # no peak_vram_mb: printed by nobody; memory_gb (measured) stays
-    assert "memory +100%" in one(decide(cfg(), led.state())).note
+def test_memory_is_measured_else_recorded_else_printed(tmp_path: Path) -> None:
+    """The peak a run is judged by: a measured one (the GPU sampler), else ``memory_gb`` (the
+    memory pattern's line), else the summary block's ``peak_vram_mb``."""
+    for where in ("measured", "recorded", "printed"):
+        led = Ledger(tmp_path)
+        led.baselines(1.0)
+        led.run(0.999, mb=90000.0)
+        fin = led.events[-1]
+        if where == "measured":  # the sampler saw twice what the script printed
+            fin.update(peak_vram_mb=90000.0, memory_gb=43.9, summary={"peak_vram_mb": 45000.0})
+        elif where == "printed":
+            fin["memory_gb"] = None
+        else:
+            fin["summary"] = {}
+        assert "memory +100%" in one(decide(cfg(), led.state())).note, where
 
 
 # -- noise ---------------------------------------------------------------------------------------
@@ -219,7 +227,9 @@ def test_a_noisy_identical_rerun_is_not_kept(tmp_path: Path) -> None:
     commit = f"{3:040x}"
     led.run(1.012, kind="confirm", commit=commit, origin=v)
     led.run(1.018, kind="confirm", commit=commit, origin=v)
-    d = one(decide(cfg(), led.state()))
+    st = led.state()
+    assert shown(st, st.variants[v])["reason"] == "confirming: 2/2 re-runs in (v0004, v0005)"
+    d = one(decide(cfg(), st))
     assert d.id == v and d.status == "discard"
     assert d.reason.startswith("not confirmed: mean of 3 runs 1.008333")
     assert d.note == "not confirmed by 3 runs"

@@ -39,9 +39,11 @@ def find_program(preset: AgentPreset, path: str | None = None) -> str | None:
     return None
 
 
-def program_for(preset: AgentPreset) -> str:
-    """The program to run: where it was found, else as configured (its preflight says)."""
-    return find_program(preset) or str(Path(preset.program).expanduser())
+def program_for(preset: AgentPreset, *, here: bool = True) -> str:
+    """The program to run: where it was found, else as configured (its preflight says).
+    ``here=False`` (the agent runs in a container): as configured, never a path of this host."""
+    found = find_program(preset) if here else None
+    return found or str(Path(preset.program).expanduser())
 
 
 def agent_argv(
@@ -116,6 +118,7 @@ def task_script(
     evaluate: list[str] | str,
     *,
     evaluate_shell: bool,
+    here: bool = True,
 ) -> str:
     """The ``/bin/sh`` script of a task with ``agent:``: write the prompt into the workspace,
     copy the task folder in (``copy_from``), run the agent in its workdir under its timeout, then
@@ -142,7 +145,7 @@ def task_script(
             f'mkdir -p -- "$gs_workdir" && cp -pR -- {src} "$gs_workdir/" || '
             f"{{ echo {why} >&2; exit 2; }}"
         )
-    program = program_for(preset)
+    program = program_for(preset, here=here)
     words = agent_argv(
         preset,
         program,
@@ -190,12 +193,12 @@ def _shell_word(word: str) -> str:
 
 
 # -- preflight ---------------------------------------------------------------------------------
-def preflight_script(preset: AgentPreset) -> str:
+def preflight_script(preset: AgentPreset, *, here: bool = True) -> str:
     """A ``/bin/sh`` check that the agent is installed and logged in, run once per slot (with
     the slot's HOME and variables) before anything is claimed. It prints what it found and
     exits 0, or names what is missing and how to fix it (exit 127: not installed, 1: no login)."""
     name = preset.preset
-    program = program_for(preset)
+    program = program_for(preset, here=here)
     install = f"; install it: {preset.install}" if preset.install else ""
     st = preset.status
     hint = f"; {st.hint}" if st.hint else ""

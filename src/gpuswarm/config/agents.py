@@ -19,6 +19,18 @@ from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH, unknown_placeholders
 
 
+def merge_agent(base: AgentUse | None, over: AgentUse | None) -> AgentUse | None:
+    """``defaults.agent`` under a task's ``agent``: the fields the task sets win (``env``
+    merges); ``agent: NAME`` on a task sets only its preset."""
+    if base is None or over is None:
+        return over if over is not None else base
+    data = {k: getattr(base, k) for k in base.model_fields_set}
+    data.update({k: getattr(over, k) for k in over.model_fields_set})
+    if base.env and over.env:
+        data["env"] = {**base.env, **over.env}
+    return AgentUse.model_validate(data)
+
+
 def resolve_use(use: AgentUse, loc: Locator, path: PathKey) -> AgentPreset:
     """The preset of ``use`` with its overrides; a located ConfigError when it is wrong."""
     try:
@@ -49,10 +61,17 @@ def check_agent_templates(use: AgentUse, known: set[str], loc: Locator, path: Pa
 
 
 def agent_command(
-    opts: TaskOptions, command: list[str] | str, loc: Locator, path: PathKey, var_names: set[str]
+    opts: TaskOptions,
+    command: list[str] | str,
+    loc: Locator,
+    path: PathKey,
+    var_names: set[str],
+    *,
+    backend: str = "local",
 ) -> tuple[str, TaskOptions]:
     """The script of a task with ``agent:`` and its options (``shell: true``, the preset's
-    variables under the task's own)."""
+    variables under the task's own). In a container (``backend: docker``) the program is the
+    preset's as written, found on the image's PATH, never a path of this host."""
     use = opts.agent
     assert use is not None
     preset = resolve_use(use, loc, path)
@@ -63,7 +82,8 @@ def agent_command(
             "the agent needs its instructions: add prompt: (the text) or prompt_file: (a file, "
             'e.g. "{task_dir}/prompt.md")',
         )
-    script = task_script(use, preset, command, evaluate_shell=opts.shell)
+    here = backend != "docker"
+    script = task_script(use, preset, command, evaluate_shell=opts.shell, here=here)
     env = {**preset.env, **opts.env}
     return script, opts.model_copy(update={"shell": True, "env": env})
 
@@ -99,7 +119,7 @@ def with_agents(config: RunConfig) -> RunConfig:
                     provision.append(ProvisionEntry(src=str(src), dest=dest))
     preflight = list(config.preflight)
     for preset in presets.values():
-        script = preflight_script(preset)
+        script = preflight_script(preset, here=config.backend != "docker")
         if script not in preflight:
             preflight.append(script)
     update: dict[str, object] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-from gpuswarm.config.agents import agent_command
+from gpuswarm.config.agents import agent_command, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
     Instance,
@@ -45,11 +45,13 @@ def task_id_for(name: str) -> str:
 
 
 def merge_options(defaults: TaskOptions, entry: TaskOptions) -> TaskOptions:
-    """``defaults`` overridden by the fields ``entry`` sets; env dicts merge (entry wins)."""
+    """``defaults`` overridden by the fields ``entry`` sets; env dicts merge (entry wins), and
+    so do the fields of ``agent`` (a task's prompt under the defaults' preset and model)."""
     data = {name: getattr(defaults, name) for name in TaskOptions.model_fields}
     for name in entry.model_fields_set & set(TaskOptions.model_fields):
         data[name] = getattr(entry, name)
     data["env"] = {**defaults.env, **entry.env}
+    data["agent"] = merge_agent(defaults.agent, entry.agent)
     return TaskOptions.model_construct(**data)
 
 
@@ -238,7 +240,7 @@ def _expand_entry(
     _check_templates(entry, opts, var_names, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
-        command, opts = agent_command(opts, command, loc, path, var_names)
+        command, opts = agent_command(opts, command, loc, path, var_names, backend=config.backend)
     fields = config_refs(entry, opts)
     if fields and entry.glob is None:
         raise loc.error(

@@ -256,8 +256,8 @@ def _validated(merged: dict[str, Any]) -> ExperimentConfig:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
-            f"{str(e['msg']).removeprefix('Value error, ')}"
+            (f"{'.'.join(str(p) for p in e['loc'])}: " if e["loc"] else "")
+            + str(e["msg"]).removeprefix("Value error, ")
             for e in exc.errors()
         )
         raise ResearchError(problems) from None

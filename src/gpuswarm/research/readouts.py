@@ -12,7 +12,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
-from gpuswarm.research.journal import ExperimentState, append, replay
+from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -54,7 +54,7 @@ def wait(
             state = exp.settle()
             watch.progressed()
     state = exp.settle()
-    finished = [state.variants[t].view() for t in targets if state.variants[t].finished]
+    finished = [shown(state, state.variants[t]) for t in targets if state.variants[t].finished]
     if finished:
         append(exp.paths, "seen", ids=[v["id"] for v in finished])
     return {
@@ -63,6 +63,18 @@ def wait(
         "waiting": [t for t in targets if state.variants[t].finished is None],
         "timed_out": any(state.variants[t].finished is None for t in targets),
     }
+
+
+def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
+    """``v.view()``; a finished variant waiting for its confirmation re-runs says so."""
+    out = v.view()
+    runs = rules.confirmations(state, v)
+    if v.decision is None and v.finished is not None and runs and v.kind != "confirm":
+        done = sum(1 for c in runs if c.finished is not None)
+        out["reason"] = (
+            f"confirming: {done}/{len(runs)} re-runs in ({', '.join(c.id for c in runs)})"
+        )
+    return out
 
 
 def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
@@ -94,7 +106,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
                 "elapsed": round(now - run["since"], 1) if run else None,
             }
         )
-    undecided = [v.view() for v in state.undecided() if v.finished is not None]
+    undecided = [shown(state, v) for v in state.undecided() if v.finished is not None]
     return {
         **_headline(exp, state),
         "best_recorded": best_recorded(exp.cfg, state),

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from gpuswarm.research.experiment import ExperimentConfig
 
 AMOUNT_FIELDS = ("gain_per_line", "vram_gain", "equal_within")
-BASELINE_TRIES_PER_PLATFORM = 3  # baseline runs of one BASE before a platform is given up
+BASELINE_TRIES_PER_PLATFORM = 3  # baseline runs of one BASE before a platform is given up...
 
 
 # -- settings -----------------------------------------------------------------------------------
@@ -89,14 +89,18 @@ def ok_metric(v: Variant) -> float | None:
 
 
 def peak_mb(v: Variant) -> float | None:
-    """Peak GPU memory of a run in MB: measured (the sampler) or printed (``peak_vram_mb``),
-    else the recorded ``memory_gb``."""
+    """Peak GPU memory of a run in MB: a measured peak where the record has one, else the
+    recorded ``memory_gb`` (the ``--memory-regex`` line, ``peak_vram_mb:`` by default), else a
+    ``peak_vram_mb`` of the summary block."""
     fin = v.finished or {}
-    for value in (fin.get("peak_vram_mb"), (fin.get("summary") or {}).get("peak_vram_mb")):
-        if isinstance(value, int | float) and value > 0:
-            return float(value)
+    measured = fin.get("peak_vram_mb")
+    if isinstance(measured, int | float) and measured > 0:
+        return float(measured)
     gb = fin.get("memory_gb")
-    return float(gb) * 1024 if isinstance(gb, int | float) and gb > 0 else None
+    if isinstance(gb, int | float) and gb > 0:
+        return float(gb) * 1024
+    printed = (fin.get("summary") or {}).get("peak_vram_mb")
+    return float(printed) if isinstance(printed, int | float) and printed > 0 else None
 
 
 def platforms(state: ExperimentState) -> list[str]:
@@ -353,7 +357,7 @@ def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None
     base_runs = baseline_runs(state)
     if any(v.finished is None for v in base_runs):
         return None
-    if len(base_runs) >= BASELINE_TRIES_PER_PLATFORM * len(platforms(state)):
+    if len(base_runs) >= baseline_tries(state):
         return None
     measured = {platform_of(v) for v in runs_of(state, state.base, None)}
     for v in state.undecided():
@@ -364,6 +368,13 @@ def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None
     return None
 
 
+def baseline_tries(state: ExperimentState) -> int:
+    """...or, where there are more GPUs, one more than them: an idle runner hands the next task
+    to the GPU free longest, so a run for every GPU in turn reaches each model."""
+    gpus = sum(state.gpu_models.values())
+    return max(BASELINE_TRIES_PER_PLATFORM * len(platforms(state)), gpus + 1)
+
+
 def baseline_runs(state: ExperimentState) -> list[Variant]:
     return [v for v in state.variants.values() if v.kind == "baseline" and v.commit == state.base]
 
@@ -372,7 +383,7 @@ def baseline_given_up(state: ExperimentState, platform: str) -> bool:
     """Enough baseline runs of BASE landed elsewhere: ``platform`` is not waited for."""
     base_runs = baseline_runs(state)
     done = all(v.finished is not None for v in base_runs)
-    many = len(base_runs) >= BASELINE_TRIES_PER_PLATFORM * len(platforms(state))
+    many = len(base_runs) >= baseline_tries(state)
     return done and many and not runs_of(state, state.base, platform)
 
 

@@ -151,7 +151,7 @@ def show_config(d: dict[str, Any]) -> None:
     for key, (old, new) in d["changed"].items():
         click.echo(f"changed {key}: {old!r} -> {new!r}")
     for key, value in d["settings"].items():
-        click.echo(f"{key:<15} {value}")
+        click.echo(f"{key:<17} {value}")
     click.echo(f"settings: {d['file']}")
 
 
