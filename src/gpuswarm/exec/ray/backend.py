@@ -58,6 +58,9 @@ class GoneHandle:
     def cancel(self, *, hard: bool = False) -> None:
         pass
 
+    def pids(self) -> list[int]:
+        return []
+
 
 def run_key_of(run_dir: str) -> str:
     """The run's name in Ray (actor names): its folder name and a hash of its path."""

@@ -79,6 +79,9 @@ class RayHandle:
     def end_if_clean(self) -> AttemptEnd | None:
         return self._end
 
+    def pids(self) -> list[int]:
+        return []  # its processes are on its node, not on this host (the VRAM sampler's)
+
     def cancel(self, *, hard: bool = False) -> None:
         if self._end is not None:
             return
