@@ -201,3 +201,17 @@ def test_the_node_s_copy_of_a_log_is_freed_once_delivered(tmp_path: Path) -> Non
     assert freed == 1 << 20 and log.stat().st_size == (1 << 20) + 4  # offsets stay
     assert log.stat().st_blocks * 512 < 1 << 19  # the delivered megabyte is off the disk
     assert log.read_bytes()[-4:] == b"tail"
+
+
+@pytest.mark.slow
+def test_run_on_a_cluster_that_is_not_there_is_bad_input(tmp_path: Path) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuswarm", "run", "--backend", "ray", "--ray-address",
+         "127.0.0.1:1", "--workspace", str(tmp_path / "ws"), str(cmds)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--ray-address" in out.stderr and "127.0.0.1:1" in out.stderr
+    assert not (tmp_path / "ws").exists()  # nothing was made

@@ -221,10 +221,13 @@ class RayBackend:
         return frozenset(self._kept)
 
     def leftovers(self, run_dir: str) -> list[int | str]:
-        names: list[int | str] = [
-            n for n, _ in run_actors(self.ray, run_key_of(run_dir), self.cfg.namespace)
-        ]
-        return [*self._local.leftovers(run_dir), *names]
+        """The run's actors Ray still has (``gpuswarm check``); none when the cluster is gone
+        (a head that died took them with it)."""
+        try:
+            found = run_actors(self.ray, run_key_of(run_dir), self.cfg.namespace)
+        except BackendError:
+            found = []
+        return [*self._local.leftovers(run_dir), *(name for name, _ in found)]
 
     def close(self) -> None:
         if self._pool is not None:

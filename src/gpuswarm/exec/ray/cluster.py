@@ -10,6 +10,7 @@ more characters, as slot labels show it);
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ def connect(address: str, namespace: str) -> Any:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    _reachable(address)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         ray.init(
@@ -54,6 +56,22 @@ def connect(address: str, namespace: str) -> Any:
             "others) or give its address with --ray-address HOST:PORT"
         ) from None
     return ray
+
+
+def _reachable(address: str, timeout: float = 3.0) -> None:
+    """A HOST:PORT that accepts no connection fails now, not after Ray's minutes of retries
+    (a head that is gone: ``check`` and ``resume`` say so at once)."""
+    if address == "auto":
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise BackendError(
+            f"ray.address {address}: nothing answers there ({exc}); start the cluster "
+            "(`ray start --head`) or give its address with --ray-address HOST:PORT"
+        ) from None
 
 
 @dataclass(frozen=True)
