@@ -190,6 +190,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
 @click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
 @click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
+@click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -205,6 +206,7 @@ def resume(
     as_json: bool,
     strict: bool,
     share_gpus: bool,
+    ray_address: str | None,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
 
@@ -233,6 +235,7 @@ def resume(
             allow_change=allow_config_change,
             output=Output(quiet=quiet, live=not plain, report=not no_report),
             share_gpus=share_gpus,
+            ray_address=ray_address,
         )
     _finish(report, as_json, strict)
 

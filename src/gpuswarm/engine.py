@@ -46,6 +46,7 @@ from gpuswarm.runsetup import (
     resolve_provisions,
     run_info,
     setup_from_info,
+    with_ray_address,
 )
 from gpuswarm.store.leases import (
     attach,
@@ -179,9 +180,12 @@ def resume_run(
     allow_change: bool,
     output: Output,
     share_gpus: bool = False,
+    ray_address: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     setup = setup_from_info(info, gpus_spec)
+    if ray_address is not None:  # the cluster moved (a new head after a head loss)
+        setup = with_ray_address(setup, ray_address)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,18 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         per_task,
         per_gpu,
     )
+
+
+def with_ray_address(setup: Setup, address: str) -> Setup:
+    """``resume --ray-address``: the run's ray settings on another cluster address."""
+    if setup.backend != "ray":
+        raise ConfigError(f"--ray-address: this run's backend is {setup.backend}, not ray")
+    base = setup.ray.model_dump() if setup.ray is not None else {}
+    try:
+        ray = RayConfig.model_validate({**base, "address": address})
+    except ValidationError as exc:
+        raise ConfigError(f"--ray-address: {exc.errors()[0]['msg']}") from None
+    return replace(setup, ray=ray)
 
 
 def ray_of(info: dict[str, Any]) -> RayConfig | None:
