@@ -215,3 +215,16 @@ def test_run_on_a_cluster_that_is_not_there_is_bad_input(tmp_path: Path) -> None
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--ray-address" in out.stderr and "127.0.0.1:1" in out.stderr
     assert not (tmp_path / "ws").exists()  # nothing was made
+
+
+def test_resume_on_another_cluster_address() -> None:
+    from gpuswarm.core.errors import ConfigError
+    from gpuswarm.runsetup import Setup, with_ray_address
+
+    ray_setup = Setup([], Path(), False, (), {}, backend="ray", ray=RayConfig(ship="always"))
+    moved = with_ray_address(ray_setup, "10.0.0.9:6379")
+    assert moved.ray == RayConfig(address="10.0.0.9:6379", ship="always")
+    with pytest.raises(ConfigError, match="--ray-address"):
+        with_ray_address(ray_setup, "nohost")
+    with pytest.raises(ConfigError, match="not ray"):
+        with_ray_address(Setup([], Path(), False, (), {}), "10.0.0.9:6379")
