@@ -362,7 +362,9 @@ def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None
     measured = {platform_of(v) for v in runs_of(state, state.base, None)}
     for v in state.undecided():
         p = platform_of(v)
-        judged = v.kind != "baseline" and v.parent == state.base and ok_metric(v) is not None
+        # async judges every result against BASE; rounds against its parent (BASE or older)
+        against_base = state.mode == "async" or v.parent == state.base
+        judged = v.kind in ("variant", "combo") and against_base and ok_metric(v) is not None
         if judged and p not in measured:
             return p
     return None
