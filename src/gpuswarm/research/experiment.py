@@ -4,7 +4,7 @@ replay into a State are ``journal.py``).
 An experiment lives in ``<repo>/.gpuswarm/research/<tag>/`` (git ignores it through
 ``.git/info/exclude``)::
 
-    experiment.json   the settings given to ``research init`` (never rewritten)
+    experiment.json   the settings (``research init``; changed only by ``research config``)
     ledger.jsonl      append-only, fsynced: one JSON line per event; the state is its replay
     results.tsv       the seed's five columns, one row per decided experiment (rendered)
     queue/run_*/      the core run whose tasks are the variants (a variant run is a task)
