@@ -5,7 +5,7 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control (see each module's
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem (see each module's
 docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
 ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
 section, "Queue control", the others in "Results"; a run updates only the sections of what it
@@ -30,6 +30,7 @@ from typing import Any
 import control
 import cpu
 import docker_overhead
+import gpu_memory
 import latency
 import report
 import research_util
@@ -46,6 +47,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "research": research_util.run,
     "docker": docker_overhead.run,
     "control": control.run,
+    "gpumem": gpu_memory.run,  # issue 19: GPU memory packing vs one task per GPU
 }
 
 

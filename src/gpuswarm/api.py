@@ -219,6 +219,7 @@ class Attempt:
     reason: str | None = None
     host: str | None = None  # the machine it ran on (as slot ids spell it)
     accelerator: str | None = None  # its GPUs' model ("NVIDIA H100 80GB HBM3", "sim")
+    peak_vram_mb: int | None = None  # measured by the VRAM sampler (None: not measured)
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -245,6 +246,7 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         reason=last.reason,
         host=last.host,
         accelerator=last.accelerator,
+        peak_vram_mb=last.peak_vram_mb,
     )
 
 

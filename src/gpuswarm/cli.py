@@ -94,6 +94,7 @@ def cli() -> None:
 @click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
+@click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
 @click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
 @click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
@@ -115,6 +116,7 @@ def run(
     shell: bool,
     timeout: str | None,
     max_attempts: int | None,
+    gpu_memory: str | None,
     quiet: bool,
     plain: bool,
     no_report: bool,
@@ -136,7 +138,9 @@ def run(
     stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
     with stoppable():
-        defaults = TaskOptions.from_cli(timeout=timeout, max_attempts=max_attempts)
+        defaults = TaskOptions.from_cli(
+            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory
+        )
         loaded = _load_source(
             source, shell=shell, name=name, workspace=workspace, defaults=defaults
         ).with_backend(

@@ -47,6 +47,7 @@ def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")
+@click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @_JSON
 def add(
     run_dir: Path,
@@ -55,6 +56,7 @@ def add(
     timeout: str | None,
     max_attempts: int | None,
     priority: int | None,
+    gpu_memory: str | None,
     as_json: bool,
 ) -> None:
     """Append the tasks of SOURCE to RUN, live or stopped.
@@ -65,7 +67,7 @@ def add(
     """
     with stoppable():
         defaults = TaskOptions.from_cli(
-            timeout=timeout, max_attempts=max_attempts, priority=priority
+            timeout=timeout, max_attempts=max_attempts, priority=priority, gpu_memory=gpu_memory
         )
         loaded = load_source(source, shell=shell, defaults=defaults)
         data = add_tasks(run_dir, loaded)

@@ -293,8 +293,8 @@ def _supervise(
                 ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
             hold.end_init()
-            shown = reporter(paths, queue, ledger, setup.slots, output)
             sup = Supervisor(paths, queue, ledger, cfg, backend)
+            shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop()), shown:
                 try:

@@ -6,6 +6,7 @@ stopped. Every function here is a view: none changes the queue.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -33,9 +34,15 @@ class Output:
 
 
 def reporter(
-    paths: RunPaths, queue: DirQueue, ledger: Ledger, slots: list[Slot], output: Output
+    paths: RunPaths,
+    queue: DirQueue,
+    ledger: Ledger,
+    slots: list[Slot],
+    output: Output,
+    gpu_stats: Callable[[], dict[str, str]] | None = None,
 ) -> AbstractContextManager[None]:
-    """Subscribe the terminal output to the journal: a live table, lines, or nothing."""
+    """Subscribe the terminal output to the journal: a live table, lines, or nothing.
+    ``gpu_stats``: the supervisor's per-slot GPU line (its VRAM sampler's), else NVML's."""
     if output.quiet:
         return nullcontext()
     stream = output.stream or sys.stderr
@@ -52,7 +59,7 @@ def reporter(
         state,
         paths.attempt_log,
         title=paths.root.name,
-        gpu_stats=gpu_sampler(slots),
+        gpu_stats=gpu_stats if gpu_stats is not None else gpu_sampler(slots),
         paused=paused_now(paths),
     )
     ledger.subscribe(view)

@@ -23,7 +23,7 @@ from gpuswarm.core.redact import redact_tree
 from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.placement.devices import GpuSet
-from gpuswarm.placement.gpus import Slot, parse_gpu_spec, plan_slots
+from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
@@ -60,7 +60,7 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
         "vendor": gpus.vendor.value,
         "gpu_ids": list(gpus.ids),
         "gpus_per_task": cfg.gpus_per_task,
-        "tasks_per_gpu": cfg.tasks_per_gpu,
+        "tasks_per_gpu": max((s.share + 1 for s in slots), default=cfg.tasks_per_gpu),
         "slot_count": len(slots),
         "home": {
             "isolate": bool(home and home.isolate),
@@ -82,6 +82,9 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         "breaker_window": rel.breaker.window,
         "breaker_cooldown": rel.breaker.cooldown,
         "max_log_bytes": int(rel.max_log_mb * (1 << 20)),
+        # issue 19: an undeclared task's share of its GPU (the tasks_per_gpu the config set)
+        "gpu_share": cfg.tasks_per_gpu if "tasks_per_gpu" in cfg.model_fields_set else 1,
+        "release_timeout": rel.gpu_release_timeout,
     }
 
 
@@ -183,8 +186,23 @@ def check_backend_ready(loaded: LoadedConfig) -> None:
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
     gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
-    slots = plan_slots(gpus, loaded.config.gpus_per_task, loaded.config.tasks_per_gpu)
+    slots = plan_slots(gpus, loaded.config.gpus_per_task, tasks_per_gpu(loaded, gpus))
     return gpus, slots
+
+
+def tasks_per_gpu(loaded: LoadedConfig, gpus: GpuSet) -> int:
+    """Slots per GPU: the config's ``tasks_per_gpu`` when it sets one (a hard cap); else, when
+    tasks declare ``gpu_memory`` (issue 19), as many as the smallest need fits on the smallest
+    GPU (:func:`memory_slots`); else 1."""
+    cfg = loaded.config
+    if "tasks_per_gpu" in cfg.model_fields_set or cfg.gpus_per_task > 1:
+        return cfg.tasks_per_gpu
+    tasks = loaded.tasks
+    if isinstance(tasks, list):
+        needs = [t.gpu_memory_mb for t in tasks if t.gpu_memory_mb]
+    else:  # a command list: one template for every line
+        needs = [tasks[0].gpu_memory_mb] if len(tasks) and tasks[0].gpu_memory_mb else []
+    return memory_slots(needs, [g.memory_mb for g in gpus.gpus if g.memory_mb])
 
 
 def check_backend(loaded: LoadedConfig) -> None:

@@ -149,3 +149,29 @@ def test_a_hard_cancel_kills_the_container_at_once(tmp_path: Path, docker_image:
     finally:
         backend.close()
     assert containers(run) == []
+
+
+def test_pids_are_the_host_pids_of_every_process_of_the_container(
+    tmp_path: Path, docker_image: str
+) -> None:
+    """What the VRAM sampler attributes GPU processes by (issue 19): the container's processes,
+    a child of its command included, by their host pids; none once it ended."""
+    run = tmp_path / "run"
+    backend = backend_for(run, docker_image)
+    try:
+        handle = backend.launch(spec_for(run, "sleep 1000 & echo $! > kid; wait"))
+        wait_running(run)
+        kid = run / "tasks/t/kid"
+        deadline = time.monotonic() + 30
+        while not kid.exists() or not kid.read_text().strip():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        pids = handle.pids()
+        assert len(pids) >= 2 and all(p > 1 for p in pids)
+        cmdlines = [Path(f"/proc/{p}/cmdline").read_bytes() for p in pids]
+        assert any(c.startswith(b"sleep\0") for c in cmdlines), cmdlines  # the child, as seen
+        handle.cancel(hard=True)  # from the host
+        handle.wait()
+        assert handle.pids() == []
+    finally:
+        backend.close()

@@ -22,6 +22,8 @@
                                             # failed within 60s (0 failures = never)
       max_log_mb: 256          # each attempt's output.log keeps head + latest output under this
                                # (a finite number, at most 1048576 = 1 TiB)
+      gpu_release_timeout: 30s # an ended attempt's GPU takes no task until its memory is freed
+                               # (NVML); still held after this long: reported, skipped
     preflight: [nvidia-smi]    # shell commands once per slot before it claims anything
     after_all: python aggregate.py   # one shell command once every task has ended
     backend: local             # what runs each attempt: local (default) or docker
@@ -63,6 +65,8 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 - ``env``: NAME -> string (numbers are turned into strings). ``cwd``: a folder, relative to the
   config's folder unless it starts with a placeholder (``"{workspace}"``); default: that folder.
 - ``gpus``: GPUs the task needs, 1..gpus_per_task. ``shell``: run the command with ``/bin/sh -c``.
+- ``gpu_memory``: the GPU memory the task needs (``20G``, ``512M``; binary units). Tasks share a
+  GPU while their needs fit (``tasks_per_gpu``, when set, caps how many); see docs/gpu-memory.md.
 - ``done_when``: a path relative to the task workspace that must exist and parse (YAML/JSON) for the
   task to count as done. ``metrics``: name -> regex with exactly one capture group.
 - ``agent``: a coding agent's CLI run over the task folder before ``command`` (the evaluation):

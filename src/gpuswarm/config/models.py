@@ -28,6 +28,7 @@ from gpuswarm.config.values import (
     Duration,
     EnvName,
     EnvValue,
+    GpuMemory,
     HomePath,
     MetricPattern,
     NonEmpty,
@@ -66,6 +67,8 @@ class TaskOptions(BaseModel):
     grace: Duration | None = None
     skip_exit_code: int | None = Field(default=None, ge=1, le=255)  # this exit ends it skipped
     agent: AgentUseField | None = None  # issue 20: a coding agent's CLI runs before the command
+    # issue 19: the GPU memory it needs (MiB); placement packs tasks on a GPU while they fit
+    gpu_memory: GpuMemory | None = None
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -212,6 +215,8 @@ class Reliability(BaseModel):
     max_log_mb: float = Field(  # each output.log stays under this size
         default=256.0, gt=0, le=MAX_LOG_MB, allow_inf_nan=False
     )
+    # issue 19: an ended attempt's GPU waits at most this long for its memory to be freed
+    gpu_release_timeout: Duration = 30.0
 
 
 class MountEntry(BaseModel):
@@ -356,6 +361,7 @@ class TaskSpec(BaseModel):
     vars: dict[str, str] = Field(default_factory=dict)
     skip_exit_code: int | None = None
     skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
+    gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
 
 
 def default_name(command: str | list[str]) -> str:

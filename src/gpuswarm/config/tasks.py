@@ -92,6 +92,7 @@ def make_spec(
         vars=dict(instance.vars),
         skip_exit_code=opts.skip_exit_code,
         skip_reason=instance.skip,
+        gpu_memory_mb=opts.gpu_memory,
     )
 
 

@@ -162,3 +162,31 @@ def _non_empty(text: str) -> str:
 
 
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
+
+
+# -- GPU memory sizes (issue 19) --------------------------------------------------------------
+GPU_MEMORY_HELP = "write a size with its unit, e.g. 20G, 512M, 1.5T (binary: 1G = 1024M)"
+MAX_GPU_MEMORY_MB = 64 << 20  # 64 TiB: larger is a typo
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([KMGT])(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def parse_gpu_memory(value: object) -> int:
+    """MiB from ``"20G"``, ``"20GB"``, ``"20GiB"``, ``"512M"``, ``"1.5T"`` (binary units, as
+    nvidia-smi counts). A bare number is refused: ``20`` could mean GiB or MiB."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{quote(value)} is not a memory size; {GPU_MEMORY_HELP}")
+    if isinstance(value, int | float) or _NUMBER.match(value):
+        raise ValueError(f"{quote(value)} has no unit; {GPU_MEMORY_HELP}")
+    match = _SIZE.match(value) if len(value) <= 32 else None
+    if not match:
+        raise ValueError(f"{quote(value)} is not a memory size; {GPU_MEMORY_HELP}")
+    mb = math.ceil(float(match.group(1)) * _SIZE_MB[match.group(2).upper()])
+    if mb <= 0:
+        raise ValueError(f"{quote(value)} is no memory; {GPU_MEMORY_HELP}")
+    if mb > MAX_GPU_MEMORY_MB:
+        raise ValueError(f"{quote(value)} is larger than any GPU (64T); {GPU_MEMORY_HELP}")
+    return mb
+
+
+GpuMemory = Annotated[int, BeforeValidator(parse_gpu_memory)]

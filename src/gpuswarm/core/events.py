@@ -41,6 +41,11 @@ class Ev(str, Enum):
     JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
     CONTROL = "control"  # a person's request (cancel, retry, pause, priority, add) applied
     ADDED = "added"  # tasks appended to a run (gpuswarm add)
+    # issue 19: an ended attempt's processes still hold its GPU past the release wait (gpu,
+    # task, attempt, pids, mb, reason): the GPU is skipped until ``gpu_freed``
+    GPU_HELD = "gpu_held"
+    GPU_FREED = "gpu_freed"
+    GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

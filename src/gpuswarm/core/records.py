@@ -29,6 +29,11 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "interrupted": (bool,),
     "host": (str,),
     "accelerator": (str,),
+    # GPU use (issue 19): the VRAM sampler's measurements
+    "peak_vram_mb": (int,),
+    "mean_vram_mb": (int,),
+    "peak_gpu_util": (int,),
+    "mean_gpu_util": (int,),
 }
 _TASK_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,),

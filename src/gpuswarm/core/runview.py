@@ -20,6 +20,7 @@ from typing import Any
 from gpuswarm.core.events import (
     WAITING,
     Control,
+    Ev,
     Event,
     Finished,
     Other,
@@ -86,6 +87,8 @@ class RunView:
     added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
     paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
     paused_slots: set[str] = field(default_factory=set)
+    held_gpus: dict[int, str] = field(default_factory=dict)  # GPU -> why it takes no task (19)
+    waiting_room: dict[str, str] = field(default_factory=dict)  # task -> why it waits (19)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -133,8 +136,18 @@ class RunView:
             self._control(e)
         elif isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
-        elif isinstance(e, Other) and e.name == ADDED:
+        elif isinstance(e, Other):
+            self._other(e)
+
+    def _other(self, e: Other) -> None:
+        if e.name == ADDED:
             self._added(e)
+        elif e.name in (Ev.GPU_HELD.value, Ev.GPU_FREED.value):
+            self._gpu_held(e)
+        elif e.name == Ev.GPU_WAIT.value:
+            task, why = e.extra.get("task"), e.extra.get("reason")
+            if isinstance(task, str) and isinstance(why, str):
+                self.waiting_room[task] = why
 
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
@@ -142,6 +155,19 @@ class RunView:
         if isinstance(count, int) and not isinstance(count, bool) and count > 0:
             self.counts[PENDING] = self.counts.get(PENDING, 0) + count
             self.added += count
+
+    def _gpu_held(self, e: Other) -> None:
+        """A GPU an ended attempt still holds (skipped), or freed again."""
+        gpu = e.extra.get("gpu")
+        if not isinstance(gpu, int) or isinstance(gpu, bool):
+            return
+        if e.name == Ev.GPU_FREED.value:
+            self.held_gpus.pop(gpu, None)
+            return
+        reason = e.extra.get("reason")
+        why = reason if isinstance(reason, str) else f"GPU {gpu} is still held"
+        self.held_gpus[gpu] = why
+        self.failures.append(why)
 
     def _health(self, e: Quarantined | Unquarantined) -> None:
         if isinstance(e, Quarantined):
@@ -163,6 +189,7 @@ class RunView:
 
     def _started(self, e: Started) -> None:
         self._move(PENDING, RUNNING)
+        self.waiting_room.pop(e.task, None)
         row = self.slots.setdefault(e.slot, SlotRow())
         row.task, row.name, row.attempt = e.task, e.name, e.attempt
         row.since = e.ts if e.ts is not None else time.time()

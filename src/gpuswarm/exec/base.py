@@ -142,6 +142,11 @@ class Handle(Protocol):
     def cancel(self, *, hard: bool = False) -> None:
         """Stop it: soft = TERM, grace, KILL (done by :meth:`wait`); hard = KILL now."""
 
+    def pids(self) -> list[int]:
+        """The host pids of the attempt's processes now: its process tree (local), its
+        container's processes (docker); [] once it ended or where they cannot be known. From
+        any thread; never blocks long. The VRAM sampler attributes GPU processes by them."""
+
 
 class Backend(Protocol):
     """Runs attempts. One per supervisor (or per recovery); not shared between runs."""

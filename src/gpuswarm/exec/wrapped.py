@@ -47,6 +47,9 @@ class NoWakeHandle:
     def wait(self) -> AttemptEnd:
         return self._inner.wait()
 
+    def pids(self) -> list[int]:
+        return self._inner.pids()
+
     def cancel(self, *, hard: bool = False) -> None:
         self._inner.cancel(hard=hard)
 

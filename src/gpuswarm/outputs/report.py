@@ -19,6 +19,7 @@ from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
+from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
 from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
@@ -54,13 +55,16 @@ class _Scan:
         self.cancelled: list[Row] = []
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
+        self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
         for state, _, data in reader.everything():
             row = row_for(state, data)
             self.rows.append(row)
+            retried = oom_retries(str(row.values["task"]), data)
             self.bars += bars_from_descriptor(data, state.value)
             task_env = data.env
             if task_env:
                 self.env[str(row.values["task"])] = dict(task_env)
+            self.oom_retries += [(t, n, p, self.redact(t, why)) for t, n, p, why in retried]
             if state is State.SKIPPED:
                 self.skipped.append(row)
             elif state is State.CANCELLED:
@@ -306,6 +310,7 @@ def write_report(
     body = (
         _header(paths, summary, info, stats)
         + _quarantines(summary)
+        + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())
         + _fields(summary.get("fields") or {})
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image

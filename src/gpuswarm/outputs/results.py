@@ -21,7 +21,17 @@ from gpuswarm.core.records import why_unreadable
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
-FIXED_COLUMNS = ("task", "name", "state", "attempts", "gpus", "seconds", "exit", "reason")
+FIXED_COLUMNS = (
+    "task",
+    "name",
+    "state",
+    "attempts",
+    "gpus",
+    "seconds",
+    "exit",
+    "reason",
+    "peak_vram_mb",  # issue 19: the last attempt's measured peak GPU memory ("": not measured)
+)
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
 
 
@@ -56,6 +66,7 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
         "seconds": round(float(last.duration), 3) if last and last.duration is not None else "",
         "exit": _exit_text(last),
         "reason": desc.reason or (last.reason if last else None) or "",
+        "peak_vram_mb": last.peak_vram_mb if last and last.peak_vram_mb is not None else "",
     }
     row.busy = desc.busy_seconds
     row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
@@ -222,7 +233,26 @@ def summarize(
         "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
         "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
+        "gpu_memory": gpu_memory_stats(rows),
     }
+
+
+def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:
+    """Measured peak GPU memory over the tasks (issue 19): how many were measured, the peaks'
+    max / mean / median (MiB), and the tasks whose reason says an OOM retry was sized."""
+    peaks = [
+        float(p)
+        for r in rows
+        if isinstance(p := r.values.get("peak_vram_mb"), int) and not isinstance(p, bool)
+    ]
+    out: dict[str, Any] = {"measured": len(peaks), "of_total": len(rows)}
+    if peaks:
+        out["peak_vram_mb"] = {
+            "max": max(peaks),
+            "mean": round(statistics.fmean(peaks), 1),
+            "median": statistics.median(peaks),
+        }
+    return out
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:

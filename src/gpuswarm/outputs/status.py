@@ -107,6 +107,12 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "eta": _eta(reader, counts["pending"], counts["running"], slots) if live else None,
         "corrupt": reader.corrupt(),
         "quarantined": _quarantined(reader, live),
+        "gpus_held": [{"gpu": g, "reason": why} for g, why in sorted(reader.held_gpus().items())],
+        "waiting_for_gpu": (
+            [{"task": t, "reason": why} for t, why in sorted(reader.waiting_for_gpu().items())]
+            if live
+            else []
+        ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
     }
 

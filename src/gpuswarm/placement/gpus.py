@@ -7,8 +7,11 @@ that order (the backends and their parsers: :mod:`gpuswarm.placement.probes`; th
 ``CUDA_VISIBLE_DEVICES`` (NVIDIA) or ``ROCR_VISIBLE_DEVICES`` (AMD) set, e.g. in a Slurm job,
 ``auto`` keeps only the GPUs listed there, read as host ids or GPU UUID (prefixes), and explicit
 ids are checked against that set. An empty value counts as unset; one that cannot be mapped
-(``MIG-...``, an absent id) is refused. :func:`plan_slots` makes one slot per group of
-``gpus_per_task`` consecutive GPUs, ``tasks_per_gpu`` times over; one worker runs per slot.
+(an absent id) is refused. MIG instances (``MIG-...``) are devices of their own where NVML lists
+them (:mod:`gpuswarm.placement.nvml`), found there by UUID and given to attempts by UUID.
+``auto:free`` keeps the GPUs without a compute process (:func:`free_gpus`). :func:`plan_slots`
+makes one slot per group of ``gpus_per_task`` consecutive GPUs, ``tasks_per_gpu`` times over;
+one worker runs per slot.
 
 Environment of one attempt (:func:`isolation_env`), replacing the supervisor's values:
 
@@ -31,14 +34,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuswarm.config.values import parse_gpu_memory
 from gpuswarm.core.errors import GpuSpecError
-from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int
+from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int, format_ids
+from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.placement.probes import Runner, find_gpus, run_tool
 
 SIM_MAX = 1024
 SPEC_FORMS = (
-    "use 'auto', GPU ids such as '0,1,2', ranges such as '0-3' or '0,2-3', "
-    "or 'sim:N' to simulate N GPUs ('sim:2xA100,2xH100': named ones)"
+    "use 'auto' (or 'auto:free': GPUs without another process), GPU ids such as '0,1,2', "
+    "ranges such as '0-3' or '0,2-3', or 'sim:N' to simulate N GPUs ('sim:2xA100,2xH100': "
+    "named ones)"
 )
 NO_GPU_MESSAGE = (
     "no GPU was found by NVML, nvidia-smi, amd-smi or rocm-smi; "
@@ -129,34 +135,88 @@ def discover(
 _SIM_GROUP_RE = re.compile(r"([0-9]+)\s*[xX]\s*([A-Za-z0-9][A-Za-z0-9 ._-]{0,63})")
 
 
+def _sim_memory(spec: str, text: str) -> tuple[str, int | None]:
+    """``text`` without its ``@SIZE`` suffix, and that size in MiB (None: none given)."""
+    head, at, size = text.partition("@")
+    if not at:
+        return text, None
+    try:
+        return head.strip(), parse_gpu_memory(size.strip())
+    except ValueError as exc:
+        raise GpuSpecError(
+            f"--gpus {spec}: {exc} (a simulated GPU's memory: sim:4@80G, sim:2xH100@80G)"
+        ) from None
+
+
 def _sim_gpus(spec: str, count_text: str) -> GpuSet:
     """``sim:N`` (N GPUs named ``sim``) or ``sim:2xA100,2xH100`` (named groups: a simulated
-    cluster of two GPU models, e.g. to try per-platform research baselines)."""
-    count = as_int(count_text)
-    if count is not None or "x" not in count_text.lower():
+    cluster of two GPU models, e.g. to try per-platform research baselines). Each may carry a
+    memory size (``sim:4@80G``, ``sim:2xA100@40G,2xH100@80G``, issue 19): placement by
+    ``gpu_memory`` then packs by it (nothing is measured on a simulated GPU)."""
+    grouped = "x" in count_text.lower()
+    plain, memory = (count_text, None) if grouped else _sim_memory(spec, count_text)
+    count = as_int(plain)
+    if count is not None or not grouped:
         if count is None or not 1 <= count <= SIM_MAX:
             raise GpuSpecError(
                 f"--gpus {spec}: the number of simulated GPUs must be a whole number from 1 to "
                 f"{SIM_MAX}, e.g. --gpus sim:4 (or named: sim:2xA100,2xH100)"
             )
-        gpus = tuple(Gpu(i, "sim", Vendor.SIM) for i in range(count))
-        return GpuSet(Vendor.SIM, gpus, f"sim:{count}")
-    names: list[str] = []
+        gpus = tuple(Gpu(i, "sim", Vendor.SIM, memory_mb=memory) for i in range(count))
+        return GpuSet(Vendor.SIM, gpus, f"sim:{count}{_at(memory)}")
+    found: list[tuple[str, int | None]] = []
     groups: list[str] = []
     for token in (t.strip() for t in count_text.split(",")):
-        m = _SIM_GROUP_RE.fullmatch(token)
+        bare, memory = _sim_memory(spec, token)
+        m = _SIM_GROUP_RE.fullmatch(bare)
         if not m or not 1 <= int(m[1]) <= SIM_MAX:
             raise GpuSpecError(
                 f"--gpus {spec}: {token!r} is not a group of simulated GPUs; write NxNAME "
                 "groups, e.g. --gpus sim:2xA100,2xH100 (N from 1, a name of letters, digits, "
-                "'.', '_', '-')"
+                "'.', '_', '-'; @80G: its memory)"
             )
-        names += [m[2].strip()] * int(m[1])
-        groups.append(f"{int(m[1])}x{m[2].strip()}")
-    if len(names) > SIM_MAX:
+        found += [(m[2].strip(), memory)] * int(m[1])
+        groups.append(f"{int(m[1])}x{m[2].strip()}{_at(memory)}")
+    if len(found) > SIM_MAX:
         raise GpuSpecError(f"--gpus {spec}: at most {SIM_MAX} simulated GPUs")
-    gpus = tuple(Gpu(i, name, Vendor.SIM) for i, name in enumerate(names))
+    gpus = tuple(Gpu(i, name, Vendor.SIM, memory_mb=mb) for i, (name, mb) in enumerate(found))
     return GpuSet(Vendor.SIM, gpus, f"sim:{','.join(groups)}")
+
+
+def _at(memory: int | None) -> str:
+    if memory is None:
+        return ""
+    return f"@{memory // 1024}G" if memory % 1024 == 0 else f"@{memory}M"
+
+
+def free_gpus(found: GpuSet, query_fn: Callable[[str], GpuQuery | None]) -> GpuSet:
+    """The GPUs of ``found`` without a compute process (``--gpus auto:free``)."""
+    query = query_fn(found.vendor.value)
+    if query is None:
+        raise GpuSpecError(
+            f"--gpus auto:free: the processes of {found.describe()} cannot be seen (no NVML or "
+            "amdsmi here); pass --gpus auto, or name the GPUs with --gpus 0,1"
+        )
+    busy: dict[int, list[int]] = {}
+    unreadable: list[int] = []
+    try:
+        for gpu in found.gpus:
+            procs = query.sample(gpu.uuid or gpu.index).procs
+            if procs is None:
+                unreadable.append(gpu.index)
+            elif procs:
+                busy[gpu.index] = sorted(p.pid for p in procs)
+    finally:
+        query.close()
+    keep = tuple(g for g in found.gpus if g.index not in busy and g.index not in unreadable)
+    if not keep:
+        used = "; ".join(f"GPU {i}: pids {', '.join(map(str, p))}" for i, p in busy.items())
+        blind = f"; GPUs {format_ids(unreadable)}: process list unreadable" if unreadable else ""
+        raise GpuSpecError(
+            f"--gpus auto:free: every GPU is in use ({used or 'none free'}{blind}); wait for "
+            "them, or pass --gpus auto to share them"
+        )
+    return GpuSet(found.vendor, keep, "auto:free")
 
 
 def _parse_ids(spec: str) -> list[int]:
@@ -197,17 +257,26 @@ def _hidden_hint(found: GpuSet) -> str:
     return f" ({var}={value} in gpuswarm's environment hides the others)" if value else ""
 
 
-def parse_gpu_spec(spec: str, *, discover_fn: Callable[[], GpuSet] = discover) -> GpuSet:
+def parse_gpu_spec(
+    spec: str,
+    *,
+    discover_fn: Callable[[], GpuSet] = discover,
+    query_fn: Callable[[str], GpuQuery | None] = open_query,
+) -> GpuSet:
     """Turn a ``--gpus`` value into the GPUs to use, in the order given.
 
-    ``auto`` discovers; ``sim:N`` simulates N GPUs without discovery; ``0,1``, ``0-3`` and
-    ``0,2-3`` name host ids, which must exist (checked with ``discover_fn``) and be distinct.
+    ``auto`` discovers; ``auto:free`` keeps the discovered GPUs no compute process uses now
+    (asked through ``query_fn``: NVML, amdsmi); ``sim:N`` simulates N GPUs without discovery;
+    ``0,1``, ``0-3`` and ``0,2-3`` name host ids, which must exist (checked with
+    ``discover_fn``) and be distinct.
     """
     text = spec.strip()
     if not text:
         raise GpuSpecError(f"--gpus is empty; {SPEC_FORMS}")
     if text.lower() == "auto":
         return discover_fn()
+    if text.lower() == "auto:free":
+        return free_gpus(discover_fn(), query_fn)
     sim = _SIM_RE.fullmatch(text)
     if sim:
         return _sim_gpus(text, sim[1])
@@ -247,6 +316,18 @@ def plan_slots(gpus: GpuSet, gpus_per_task: int = 1, tasks_per_gpu: int = 1) -> 
     ]
 
 
+MAX_PACKED = 16  # slots per GPU that memory packing makes when tasks_per_gpu is not set
+
+
+def memory_slots(needs: Sequence[int], totals: Sequence[int]) -> int:
+    """Slots per GPU for tasks that declare ``gpu_memory`` (MiB ``needs``) on GPUs of
+    ``totals`` MiB: as many of the smallest need as the smallest GPU holds (1..16); 1 when
+    either is unknown (then memory decides nothing: a simulated GPU has no size)."""
+    if not needs or not totals:
+        return 1
+    return max(1, min(MAX_PACKED, min(totals) // min(needs)))
+
+
 def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str, str]:
     """Environment variables that confine one attempt to its GPUs (see the module docstring).
 
@@ -270,11 +351,20 @@ def isolation_env(slot: Slot, gpu_ids: Sequence[int] | None = None) -> dict[str,
         env["CUDA_VISIBLE_DEVICES"] = logical
         env["GPU_DEVICE_ORDINAL"] = logical
     else:
-        env["CUDA_VISIBLE_DEVICES"] = host
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(slot, ids)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if slot.vendor is Vendor.SIM:
         env["GPUSWARM_SIMULATED"] = "1"
     return env
+
+
+def cuda_visible(slot: Slot, ids: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of ``ids``: host ids, or UUIDs where one is a MIG instance
+    (CUDA finds a MIG instance by its ``MIG-...`` UUID only)."""
+    devices = slot.devices_of(ids)
+    if any((d.uuid or "").startswith("MIG-") for d in devices):
+        return ",".join(d.uuid or str(d.index) for d in devices)
+    return ",".join(str(i) for i in ids)
 
 
 def renumbered_env(vendor: Vendor, count: int) -> dict[str, str]:

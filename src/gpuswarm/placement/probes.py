@@ -7,8 +7,6 @@ tool counts as "found nothing", so the next backend is asked.
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import re
 import shutil
@@ -17,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 from gpuswarm.placement.devices import Gpu, Vendor, as_int
+from gpuswarm.placement.nvml import NvmlQuery
 
 Runner: TypeAlias = Callable[[list[str]], "str | None"]
 
@@ -51,44 +50,19 @@ def run_tool(argv: list[str]) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace").strip()
-    return str(value).strip()
-
-
 # -- NVML
-def _nvml_gpu(nvml: Any, index: int, errors: tuple[type[BaseException], ...]) -> Gpu:
-    handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    name = _text(nvml.nvmlDeviceGetName(handle))
-    uuid: str | None = None
-    memory_mb: int | None = None
-    with contextlib.suppress(*errors):
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle)) or None
-    with contextlib.suppress(*errors):
-        memory_mb = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
-    return Gpu(index, name or "NVIDIA GPU", Vendor.NVIDIA, uuid, memory_mb)
-
-
 def nvml_gpus(nvml: Any = None) -> list[Gpu]:
-    """GPUs NVML reports; [] when pynvml is missing or NVML fails (no driver, no GPU)."""
-    if nvml is None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError:
-            return []
-    errors: tuple[type[BaseException], ...] = (getattr(nvml, "NVMLError", OSError), OSError)
-    try:
-        nvml.nvmlInit()
-    except errors:
+    """GPUs NVML reports, MIG instances in place of their parent (:mod:`.nvml`); [] when pynvml
+    is missing or NVML fails (no driver, no GPU)."""
+    query = NvmlQuery.open(nvml)
+    if query is None:
         return []
     try:
-        return [_nvml_gpu(nvml, i, errors) for i in range(int(nvml.nvmlDeviceGetCount()))]
-    except errors:
-        return []
+        return [
+            Gpu(d.index, d.name, Vendor.NVIDIA, d.uuid, d.memory_mb, d.pci) for d in query.devices()
+        ]
     finally:
-        with contextlib.suppress(*errors):
-            nvml.nvmlShutdown()
+        query.close()
 
 
 # -- tool output parsers

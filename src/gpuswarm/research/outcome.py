@@ -41,7 +41,6 @@ def outcome(
         return None
     log = last.log
     metric = last.metrics.get(cfg.metric)
-    memory = last.metrics.get("peak_vram_mb")
     text = log_tail(log, max_lines=400, max_bytes=1 << 20) if log else ""
     reason = _crash_reason(cfg, last, metric, text)
     protect = protected_changes(paths, cfg, v) + protected_data_changes(paths, cfg)
@@ -50,7 +49,7 @@ def outcome(
     return {
         "ok": reason is None,
         "metric": float(metric) if reason is None and metric is not None else None,
-        "memory_gb": round(float(memory) / 1024, 1) if isinstance(memory, int | float) else None,
+        "memory_gb": memory_gb(last.metrics.get("peak_vram_mb"), last.peak_vram_mb),
         "reason": reason,
         "summary": summary_fields(log) if log else {},
         "gpu": ",".join(str(g) for g in last.gpus),
@@ -65,6 +64,14 @@ def outcome(
         "log_path": str(log.resolve()) if log else None,
         "tail": "\n".join(text.splitlines()[-15:]) if reason else "",
     }
+
+
+def memory_gb(printed: Any, measured: int | None) -> float | None:
+    """GiB of GPU memory for the results row: what the script printed (``peak_vram_mb:``), else
+    what gpuswarm's VRAM sampler measured (issue 19), else None (not measured)."""
+    if isinstance(printed, bool) or not isinstance(printed, int | float):
+        printed = measured
+    return round(float(printed) / 1024, 1) if isinstance(printed, int | float) else None
 
 
 def _crash_reason(cfg: ExperimentConfig, last: api.Attempt, metric: Any, text: str) -> str | None:

@@ -56,6 +56,7 @@ from gpuswarm.store.names import (
 )
 
 Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
+CLAIM_WINDOW = 64  # names a placement predicate may refuse in one claim (then: none fits now)
 
 
 @dataclass
@@ -138,24 +139,44 @@ class DirQueue(QueueFolders):
         with self._lock:
             heapq.heappush(self._heap, name)
 
-    def claim(self, owner: str, slot: int) -> Claimed | None:
-        """Move the next pending descriptor to running/ under a lease; None if none is left."""
+    def claim(
+        self, owner: str, slot: int, accept: Callable[[str], bool] | None = None
+    ) -> Claimed | None:
+        """Move the next pending descriptor to running/ under a lease; None if none is left.
+
+        ``accept(name)``: a placement predicate (issue 19: does the task fit this slot's GPU
+        now?). A refused name stays pending and in the heap; the next ones in claim order are
+        asked instead, :data:`CLAIM_WINDOW` at most per claim (then None: nothing fits now)."""
         rescanned = False
-        while True:
-            with self._lock:
-                if not self._loaded or self._added_mark() != self._added_seen:
-                    self._refill()  # first claim, or tasks were added: one stat per claim
-                    rescanned = True
-                elif not self._heap and not rescanned:
-                    self._refill()
-                    rescanned = True
-                if not self._heap:
-                    return None
-                name = heapq.heappop(self._heap)
-            claimed = self._try_claim(name, owner, slot)
-            if claimed is not None:
-                faults.point("queue.claimed")
-                return claimed
+        refused: list[str] = []
+        try:
+            while True:
+                with self._lock:
+                    if not self._loaded or self._added_mark() != self._added_seen:
+                        self._refill()  # first claim, or tasks were added: one stat per claim
+                        rescanned = True
+                        refused.clear()  # the scan put them back
+                    elif not self._heap and not rescanned:
+                        self._refill()
+                        rescanned = True
+                        refused.clear()
+                    if not self._heap:
+                        return None
+                    name = heapq.heappop(self._heap)
+                if accept is not None and not accept(name):
+                    refused.append(name)
+                    if len(refused) >= CLAIM_WINDOW:
+                        return None
+                    continue
+                claimed = self._try_claim(name, owner, slot)
+                if claimed is not None:
+                    faults.point("queue.claimed")
+                    return claimed
+        finally:
+            if refused:
+                with self._lock:
+                    for name in refused:
+                        heapq.heappush(self._heap, name)
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
         src = self.paths.state_dir("pending") / name

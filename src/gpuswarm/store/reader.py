@@ -14,6 +14,8 @@ attempt that had not started).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from gpuswarm.store.quarantines import read_quarantines
 
 #: A watch reads the whole journal for the slot list only when it is smaller than this.
 SLOTS_SCAN_BYTES = 8 << 20
+HELD_SCAN_BYTES = 256 << 20  # gpu_held lines are looked for in this much of the journal
 
 
 def attempt_number(desc: Descriptor) -> int:
@@ -224,6 +227,30 @@ class RunReader:
             if isinstance(event, SupervisorStarted):
                 labels += [s for s in event.slots if s not in labels]
         return labels
+
+    def held_gpus(self) -> dict[int, str]:
+        """GPUs an ended attempt still holds (issue 19: ``gpu_held`` not followed by a
+        ``gpu_freed``) -> why; from the journal's lines that name them (bounded read)."""
+        return self._gpu_view().held_gpus
+
+    def waiting_for_gpu(self) -> dict[str, str]:
+        """Pending tasks that were first in line and fit no GPU (``gpu_wait``) -> why."""
+        pending = {task_id_of(base_name(n)) for n in self.names(State.PENDING)}
+        waits = self._gpu_view().waiting_room
+        return {task: why for task, why in waits.items() if task in pending}
+
+    def _gpu_view(self) -> RunView:
+        view = RunView({})
+        try:
+            with self.paths.events.open("rb") as f:
+                data = f.read(HELD_SCAN_BYTES)
+        except OSError:
+            return view
+        for line in data.split(b"\n"):
+            if b'"gpu_held"' in line or b'"gpu_freed"' in line or b'"gpu_wait"' in line:
+                with contextlib.suppress(ValueError):
+                    view.apply(json.loads(line))
+        return view
 
     def view(self) -> RunView:
         """A :class:`RunView` of the run as its folders stand now (one look, when a watch

@@ -30,6 +30,7 @@ from gpuswarm.store.control import Request
 from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import LiveAttempt, Shared
 from gpuswarm.supervise.controls import move_cancelled
+from gpuswarm.supervise.packing import sized_oom_retry, with_usage
 
 MAX_BACKOFF_SECONDS = 600.0
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
@@ -108,7 +109,7 @@ class Committer:
     def commit(self, live: LiveAttempt, end: AttemptEnd) -> None:
         """Judge the attempt and move its task on, durably (descriptor, event, rename)."""
         run = self.run
-        record = record_of(end, live.slot, live.gpu_ids, live.attempt)
+        record = with_usage(record_of(end, live.slot, live.gpu_ids, live.attempt), live.usage)
         cap_log(run.paths.attempt_log(live.task_id, live.attempt), run.cfg.max_log_bytes)
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
@@ -125,7 +126,7 @@ class Committer:
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
                 self.hand_back(live.claimed, live.task, record)
                 return
-            self._finish(live.claimed, live.task, outcome)
+            self._finish(live.claimed, live.task, outcome, live.reserved_mb)
         except LeaseLostError:
             run.lease_lost(live.task_id, live.attempt, "its outcome is not committed")
 
@@ -148,13 +149,17 @@ class Committer:
         live.claimed.desc.add_attempt(record)
         move_cancelled(run.queue, run.ledger, live.claimed, reqs, run.cfg.owner, live.slot.label)
 
-    def _finish(self, claimed: Claimed, task: TaskSpec, outcome: Outcome) -> None:
+    def _finish(
+        self, claimed: Claimed, task: TaskSpec, outcome: Outcome, reserved: int | None = None
+    ) -> None:
         run = self.run
         desc = claimed.desc
-        desc.add_attempt(outcome.record)
         state = outcome.state
+        retry = state is State.FAILED and desc.attempts_used + 1 < task.max_attempts
+        if retry and outcome.record.oom:  # issue 19: the retry reserves more GPU memory
+            outcome = sized_oom_retry(desc, outcome, reserved)
+        desc.add_attempt(outcome.record)
         used = desc.attempts_used
-        retry = state is State.FAILED and used < task.max_attempts
         delay = self.backoff(used) if retry and not run.stopping.is_set() else 0
         ended = state is State.SKIPPED or (state is State.FAILED and not retry)
         desc.reason = outcome.reason if ended else None

@@ -19,6 +19,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Handle
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot
+from gpuswarm.placement.vram import Usage
 from gpuswarm.store.control import Paused, Request
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import Claimed, DirQueue
@@ -49,6 +50,11 @@ class SupervisorConfig:
     # the environment attempts start from (a slot's home over it); the engine passes the
     # supervisor's own, read once at the top (in-process callers get it by default)
     base_env: Mapping[str, str] = field(default_factory=_environ)
+    # issue 19, GPU memory: sample VRAM through NVML / amdsmi; an undeclared task reserves
+    # 1/gpu_share of its GPU; an ended attempt's GPU waits this long for its memory to be freed
+    vram: bool = True
+    gpu_share: int = 1
+    release_timeout: float = 30.0
 
 
 @dataclass
@@ -68,6 +74,8 @@ class LiveAttempt:
     fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
     cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
+    usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
+    reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
 
 
 @dataclass

@@ -55,6 +55,7 @@ from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
+from gpuswarm.supervise.packing import GpuPlacement
 from gpuswarm.supervise.quarantine import Quarantine
 
 __all__ = ["LiveAttempt", "Supervisor", "SupervisorConfig"]
@@ -92,6 +93,7 @@ class Supervisor:
         self.committer = Committer(self.shared)
         self.quarantine = Quarantine(self.shared)
         self.keeper = Keeper(self.shared, self.backend, self.committer, self.quarantine.cooling)
+        self.gpus = GpuPlacement(self.shared, cfg.slots)  # VRAM sampler, reservations (19)
         self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
@@ -108,6 +110,7 @@ class Supervisor:
     def run(self) -> None:
         """Run every slot until the queue is drained or a stop is requested."""
         self.backend.open()
+        self.gpus.start()
         self.keeper.control.refresh_pause()  # a paused run claims nothing from the start
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
@@ -128,6 +131,7 @@ class Supervisor:
         self.keeper.stop(keeper)
         self.committer.release_delayed(everything=True)
         self.backend.close()
+        self.gpus.close()
         self.ledger.emit(
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
@@ -215,16 +219,20 @@ class Supervisor:
                 seen = -1  # a poll interval is over: look at pending/ again
 
     def _fill(self, free: deque[Slot]) -> bool:
-        """Claim and launch for free slots; True when at least one got a task."""
+        """Claim and launch for free slots; True when at least one got a task. Which slots
+        may claim what (GPU memory, a GPU still releasing) is :mod:`.packing`'s."""
         got = False
+        self.gpus.begin_pass()
         while free and not self.stopping.is_set():
-            slot = free[0]
-            if self.shared.holds(slot):  # paused: the next free slot that is not
-                slot = next((s for s in free if not self.shared.holds(s)), slot)
-                if self.shared.holds(slot):
-                    return got
-            claimed = self.queue.claim(self.cfg.owner, slot.index)
+            claimed = None
+            with self.gpus.claiming():  # this host's other supervisors wait meanwhile
+                for slot in self.gpus.candidates(free, self.shared.holds):
+                    claimed = self.queue.claim(self.cfg.owner, slot.index, self.gpus.accept(slot))
+                    if claimed is not None:
+                        self.gpus.reserve(slot, claimed)  # before its CUDA context exists
+                        break
             if claimed is None:
+                self.gpus.none_fit()
                 return got
             free.remove(slot)
             got = True
@@ -247,6 +255,8 @@ class Supervisor:
             return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
         if self._paused_with_work():  # the keeper wakes us when the pause changes; the
             return True, IDLE_POLL_SECONDS  # look: other supervisors may empty pending/
+        if self.gpus.waiting():  # tasks wait for GPU memory (the sampler wakes us on room)
+            return True, IDLE_POLL_SECONDS
         return False, None
 
     def _paused_with_work(self) -> bool:
@@ -356,6 +366,8 @@ class Supervisor:
     def _start(self, slot: Slot, claimed: Claimed, free: deque[Slot]) -> None:
         """Launch the claimed task on ``slot`` and watch it (or settle it at once)."""
         task = task_of(self.shared, claimed)
+        if task is None or self.stopping.is_set():
+            self.gpus.unreserve(slot, claimed)
         if task is None:
             free.appendleft(slot)
             return
@@ -379,6 +391,7 @@ class Supervisor:
             plan.values,
         )
         self.live[slot.index] = live
+        self.gpus.launched(live)
         self.ledger.emit(
             Ev.STARTED,
             task=task.id,
@@ -404,6 +417,7 @@ class Supervisor:
         """The attempt has ended: its slot is free; its outcome is committed by a committer
         thread (the loop never waits for a disk), or right here in a waiter thread."""
         self.live.pop(live.slot.index, None)
+        live.usage = self.gpus.ended(live)
         if slow:
             self.committer.commit(live, end)
         else:

@@ -53,6 +53,14 @@ def _running_table(running: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _held_gpus(con: Console, data: dict[str, Any]) -> None:
+    """GPUs an ended attempt still holds (issue 19): skipped until their memory is freed."""
+    for held in data.get("gpus_held", []):
+        con.print(f"[red]GPU HELD[/] {escape(inert(str(held.get('reason', ''))))}")
+    for wait in data.get("waiting_for_gpu", [])[:5]:
+        con.print(f"[yellow]waiting[/] {escape(inert(str(wait.get('reason', ''))))}")
+
+
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
     state = data.get("state") or ("live" if data["live"] else "not running")
@@ -82,6 +90,7 @@ def print_status(data: dict[str, Any]) -> None:
                 con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
         con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+    _held_gpus(con, data)
     for q in data.get("quarantined", []):
         slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
         con.print(f"[red]QUARANTINED[/] {slot}: {why}")
@@ -117,7 +126,7 @@ def print_report(report: RunReport) -> None:
     s = report.summary
     counts = s["counts"]
     con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
-    for line in field_lines(s.get("fields", {})):
+    for line in field_lines(s.get("fields", {})) + gpu_memory_lines(s.get("gpu_memory")):
         con.print("  " + line, markup=False)
     for reason, n in s.get("failure_reasons", [])[:5]:
         con.print(inert(f"  {n} failed: {reason}"), markup=False)
@@ -141,6 +150,21 @@ def print_report(report: RunReport) -> None:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
     elif not s["complete"]:
         con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
+
+
+def gpu_memory_lines(stats: Any) -> list[str]:
+    """``peak GPU memory: max 7.9 GiB, median 3.1 GiB (12/12 tasks measured)`` (issue 19)."""
+    if not isinstance(stats, dict) or not stats.get("measured"):
+        return []
+    peaks = stats.get("peak_vram_mb") or {}
+    try:
+        top, mid = float(peaks["max"]) / 1024, float(peaks["median"]) / 1024
+    except (KeyError, TypeError, ValueError):
+        return []
+    return [
+        f"peak GPU memory: max {top:.1f} GiB, median {mid:.1f} GiB "
+        f"({stats['measured']}/{stats.get('of_total', '?')} tasks measured)"
+    ]
 
 
 def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:

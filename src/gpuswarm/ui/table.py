@@ -10,7 +10,6 @@ second); elsewhere those columns are left out.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from rich.text import Text
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.redact import inert, redact_shapes
 from gpuswarm.core.runview import RunView, SlotRow
+from gpuswarm.placement.nvml import open_query
 
 REFRESH_PER_SECOND = 4
 
@@ -76,6 +76,7 @@ class LiveView:
             failures = list(self.state.failures)
             eta = self.state.eta(now)
             note = self.state.note
+            waits = list(self.state.waiting_room.values())[-1:]  # issue 19: the first in line
             quarantined = dict(self.state.quarantined)
             run_paused, slots_paused = self.state.paused, frozenset(self.state.paused_slots)
         if self.paused is not None:
@@ -104,6 +105,8 @@ class LiveView:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
         if note:
             parts.append(Text(note, style="yellow"))
+        for why in waits:
+            parts.append(Text(inert(why), style="yellow"))
         return Group(*parts)
 
     def _table(
@@ -165,17 +168,14 @@ def shown(view: LiveView, console: Console | None = None) -> Iterator[None]:
 
 
 def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
-    """Per-slot ``util% mem`` from NVML (sampled at most once a second), or None without it.
-
-    Simulated GPUs never use it: their ids are not the machine's."""
+    """Per-slot ``util% used/total`` from NVML (:mod:`gpuswarm.placement.nvml`, sampled at most
+    once a second), or None without it (``gpuswarm watch``; a live run shows its supervisor's
+    sampler instead). Simulated GPUs never use it: their ids are not the machine's."""
     if not slots or any(getattr(s, "vendor", None) is None for s in slots):
         return None
-    if str(getattr(slots[0].vendor, "value", "")) != "nvidia":
-        return None
-    try:
-        pynvml: Any = importlib.import_module("pynvml")
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver, no GPU: the columns are optional
+    vendor = str(getattr(slots[0].vendor, "value", ""))
+    query = open_query(vendor) if vendor in ("nvidia", "amd") else None
+    if query is None:
         return None
     cache: dict[str, Any] = {"at": 0.0, "data": {}}
 
@@ -186,12 +186,11 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
         data = {}
         for slot in slots:
             parts = []
-            for gid in slot.gpu_ids:
-                with contextlib.suppress(Exception):
-                    h = pynvml.nvmlDeviceGetHandleByIndex(gid)
-                    util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
-                    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                    parts.append(f"{util}% {int(mem.used) >> 30}/{int(mem.total) >> 30}G")
+            for gpu in slot.devices_of(slot.gpu_ids):
+                look = query.sample(gpu.uuid or gpu.index)
+                if look.used_mb is not None and look.total_mb:
+                    util = f"{look.util}% " if look.util is not None else ""
+                    parts.append(f"{util}{look.used_mb / 1024:.1f}/{look.total_mb / 1024:.0f}G")
             data[slot.label] = " ".join(parts)
         cache.update(at=now, data=data)
         return data

@@ -18,8 +18,10 @@ from typing import Any, TextIO
 from gpuswarm.core.events import (
     Control,
     Corrupt,
+    Ev,
     Event,
     Finished,
+    Other,
     Quarantined,
     Requeued,
     Shutdown,
@@ -57,6 +59,12 @@ def paused_now(paths: RunPaths, every: float = 0.5) -> Callable[[], tuple[bool, 
 
 
 WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
+
+
+_GPU_LINES = {  # GPU memory events worth a line (issue 19), with their prefix
+    Ev.GPU_HELD.value: "GPU HELD: ",
+    Ev.GPU_WAIT.value: "waiting: ",
+}
 
 
 class PlainReporter:
@@ -121,6 +129,8 @@ class PlainReporter:
             what = e.task or (f"slot {e.slot}" if e.slot else "the run")
             to = f" -> {e.state}" if e.state else ""
             return f"{stamp} {e.slot or '':<8} {e.request} {what}{to} (by {e.by or '?'})"
+        if isinstance(e, Other) and e.name in _GPU_LINES:  # issue 19: GPU memory
+            return f"{stamp} {'':<8} {_GPU_LINES[e.name]}{e.extra.get('reason') or ''}"
         return None
 
     def _finished(self, stamp: str, e: Finished) -> str:

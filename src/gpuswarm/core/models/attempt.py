@@ -36,6 +36,11 @@ class AttemptRecord:
     host: str | None = None  # the machine it ran on, as slot ids spell it (``<host>-gpu3``)
     accelerator: str | None = None  # its GPUs' name ("NVIDIA H100 80GB HBM3", "sim")
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
+    # -- GPU use, measured by the VRAM sampler (placement/vram.py); None: not measured -----
+    peak_vram_mb: int | None = None  # the most GPU memory its processes held at once
+    mean_vram_mb: int | None = None  # their mean over the attempt's looks
+    peak_gpu_util: int | None = None  # utilisation % of its GPUs (shared where packed)
+    mean_gpu_util: int | None = None
 
     # constructors ------------------------------------------------------------------------
     @classmethod
@@ -168,6 +173,10 @@ class AttemptRecord:
             get("host"),
             get("accelerator"),
             extra,
+            peak_vram_mb=get("peak_vram_mb"),
+            mean_vram_mb=get("mean_vram_mb"),
+            peak_gpu_util=get("peak_gpu_util"),
+            mean_gpu_util=get("mean_gpu_util"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -212,8 +221,19 @@ class AttemptRecord:
             out["metrics"] = self.metrics
         if self.interrupted:
             out["interrupted"] = True
+        self._put_gpu_use(out)
         if self.extra:
             out.update(self.extra)
+
+    def _put_gpu_use(self, out: dict[str, Any]) -> None:
+        if self.peak_vram_mb is not None:
+            out["peak_vram_mb"] = self.peak_vram_mb
+        if self.mean_vram_mb is not None:
+            out["mean_vram_mb"] = self.mean_vram_mb
+        if self.peak_gpu_util is not None:
+            out["peak_gpu_util"] = self.peak_gpu_util
+        if self.mean_gpu_util is not None:
+            out["mean_gpu_util"] = self.mean_gpu_util
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")

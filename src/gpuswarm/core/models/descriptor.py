@@ -181,6 +181,21 @@ class Descriptor:
         at = self.raw.pop("retry_at", None)
         return float(at) if at is not None else None
 
+    # GPU memory (issue 19) -----------------------------------------------------------------
+    @property
+    def gpu_memory_mb(self) -> int | None:
+        """The GPU memory its next attempt reserves, raised after a CUDA out-of-memory end
+        (None: the task's own ``gpu_memory``, or none)."""
+        mb = self.raw.get("gpu_memory_mb")
+        return mb if isinstance(mb, int) and not isinstance(mb, bool) and mb > 0 else None
+
+    @gpu_memory_mb.setter
+    def gpu_memory_mb(self, mb: int | None) -> None:
+        if mb is None:
+            self.raw.pop("gpu_memory_mb", None)
+        else:
+            self.raw["gpu_memory_mb"] = int(mb)
+
     # attempts ----------------------------------------------------------------------------
     @property
     def attempts(self) -> list[AttemptRecord]:

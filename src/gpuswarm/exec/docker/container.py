@@ -33,7 +33,7 @@ from gpuswarm.core.errors import BackendError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
-from gpuswarm.exec.docker.client import ContainerState, DockerCLI, signal_container
+from gpuswarm.exec.docker.client import ContainerState, DockerCLI, host_pids, signal_container
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.spawn import verdict
 
@@ -70,6 +70,7 @@ class ContainerAttempt:
         self._hard = False
         self._main_killed = False
         self._notes: list[str] = []
+        self._init_pid: int | None = None  # the container's init on the host (pids())
         self._wait_lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -115,6 +116,22 @@ class ContainerAttempt:
 
     def end_if_clean(self) -> AttemptEnd | None:
         return self._end
+
+    def pids(self) -> list[int]:
+        """The host pids of the container's processes (its pid namespace, init included); the
+        init's pid is asked of docker once. [] before it runs, once it ended, or where its
+        namespace is out of sight (a daemon on another host)."""
+        if self._end is not None:
+            return []
+        if self._init_pid is None:
+            try:
+                state = self._cli.inspect(self.name)
+            except BackendError:
+                return []
+            if state is None or not state.running or state.pid <= 0:
+                return []
+            self._init_pid = state.pid
+        return host_pids(self._init_pid)
 
     def cancel(self, *, hard: bool = False) -> None:
         """Soft: TERM, grace, KILL (done by :meth:`wait`); hard: KILL now. Never blocks."""

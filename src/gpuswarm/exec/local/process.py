@@ -44,6 +44,7 @@ from gpuswarm.exec.local.tree import (
     _Stat,
     _token_of,
     _wait_until,
+    shared_descendants,
 )
 from gpuswarm.exec.local.waiter import AttemptState
 
@@ -178,6 +179,18 @@ class Attempt(AttemptState):
             if self._wake is not None:
                 with contextlib.suppress(OSError):
                     os.write(self._wake[1], b"x")
+
+    def pids(self) -> list[int]:
+        """The main process and every process below it, with escapees an earlier snapshot of
+        the tree saw (a double fork re-parents them to us); [] once it ended. Any thread."""
+        if self._end is not None or self.pid is None:
+            return []
+        roots = [] if self._reaped else [self.pid]
+        for pid, proc in list(self._seen.items()):
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    roots.append(pid)
+        return sorted(shared_descendants(roots)) if roots else []
 
     @property
     def cancelled(self) -> bool:

@@ -119,11 +119,36 @@ def _token_of(pid: int) -> str | None:
         return None
 
 
-def _descendants(roots: Iterable[int]) -> set[int]:
-    """``roots`` and every process below them, from one pass over the process table."""
+def _children_table() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for proc in psutil.process_iter(["ppid"]):
         kids.setdefault(proc.info["ppid"], []).append(proc.pid)
+    return kids
+
+
+_SHARED_TABLE_SECONDS = 0.2
+_shared_table: tuple[float, dict[int, list[int]]] = (-1.0, {})
+_shared_lock = threading.Lock()
+
+
+def shared_descendants(roots: Iterable[int]) -> set[int]:
+    """:func:`_descendants` from a process table at most 0.2 s old, shared by every caller:
+    the VRAM sampler asks each live attempt for its pids in one look (``Handle.pids``), and one
+    pass over /proc serves them all. Never for killing: that reads the table fresh."""
+    global _shared_table
+    with _shared_lock:
+        now = time.monotonic()
+        if now - _shared_table[0] > _SHARED_TABLE_SECONDS:
+            _shared_table = (now, _children_table())
+        kids = _shared_table[1]
+    return _descendants(roots, kids)
+
+
+def _descendants(roots: Iterable[int], kids: dict[int, list[int]] | None = None) -> set[int]:
+    """``roots`` and every process below them, from one pass over the process table (or the
+    parent -> children table ``kids`` given)."""
+    if kids is None:
+        kids = _children_table()
     out: set[int] = set()
     stack = list(roots)
     while stack:

@@ -1,0 +1,473 @@
+"""GPU memory in the claim path (issue 19): the VRAM sampler's owner, the reservations of our
+attempts, and the placement predicate the slot loop hands :meth:`DirQueue.claim`.
+
+- **Measured.** Every launched attempt is watched by the sampler
+  (:class:`gpuswarm.placement.vram.VramSampler`) with its handle's ``pids``; its end hands the
+  attempt's :class:`~gpuswarm.placement.vram.Usage` to the committer (its record).
+- **Reserved from launch.** A task reserves its need on its GPUs the moment it is claimed,
+  before its CUDA context exists, so tasks claimed in the same pass never double-book: claims
+  happen one after the other in the loop thread, each seeing the ones before. The other
+  supervisors of this host see them too (:class:`~gpuswarm.placement.hostbook.HostBook`: each
+  publishes what it takes per GPU; a whole claim is made under the host's guard lock). The
+  need is the descriptor's raised ``gpu_memory_mb`` (after an out-of-memory end), else the
+  task's declared ``gpu_memory``; a running attempt whose processes hold more than its
+  reservation counts with what it holds (plus :data:`MARGIN`). A task that declares nothing
+  reserves ``1/gpu_share`` of its GPU (``gpu_share`` = the ``tasks_per_gpu`` the config set;
+  1: the whole GPU, today's one task per GPU) and ignores foreign memory, as before.
+- **Fits.** A declared need fits a GPU when ``total - foreign - ours >= need``: memory held by
+  processes that are not this run's counts as used; a task that fits nowhere waits (the loop
+  claims again when room appears: an attempt ends, a GPU is released, a foreign process exits).
+  A need larger than the GPU's whole memory waits for nothing: it fits when the GPU is empty of
+  ours (it may run alone and fail, never wait forever).
+- **Released before reuse.** A GPU with an ended attempt whose processes still hold memory
+  takes no task until NVML shows them gone; past the sampler's ``release_timeout`` it is
+  reported held (event ``gpu_held``) and skipped until it is free (``gpu_freed``).
+- **OOM.** :func:`oom_retry_need` sizes the next attempt of a task that ended in CUDA
+  out-of-memory: 1.25x its observed peak (or its reservation), never less than it had.
+
+Without a GPU query (simulated GPUs, no driver) nothing is measured, totals come from discovery
+(``memory_mb``, where known), and a GPU of unknown size fits every need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from gpuswarm.core.events import Ev
+from gpuswarm.core.models import AttemptRecord, Descriptor, State
+from gpuswarm.exec.plan import Outcome
+from gpuswarm.placement.devices import Gpu, Vendor
+from gpuswarm.placement.gpus import Slot
+from gpuswarm.placement.hostbook import HostBook
+from gpuswarm.placement.nvml import GpuQuery, open_query
+from gpuswarm.placement.vram import GpuState, Usage, VramSampler
+from gpuswarm.store.queue import Claimed
+
+if TYPE_CHECKING:
+    from gpuswarm.supervise.context import LiveAttempt, Shared
+
+MARGIN = 0.10  # an attempt holding more than it reserved counts with 10% more than it holds
+OOM_FACTOR = 1.25  # an out-of-memory retry reserves 1.25x the peak it reached
+BACKFILL_LIMIT_SECONDS = 120.0  # a task passed over this long holds back the ones behind it
+
+__all__ = ["GpuPlacement", "oom_retry_need", "with_usage"]
+
+
+def attempt_key(task_id: str, attempt: int) -> str:
+    return f"{task_id}/{attempt}"
+
+
+def with_usage(record: AttemptRecord, usage: Usage | None) -> AttemptRecord:
+    """The record with what the sampler measured (unchanged when nothing was)."""
+    if usage is None:
+        return record
+    return record.but(
+        peak_vram_mb=usage.peak_mb,
+        mean_vram_mb=usage.mean_mb,
+        peak_gpu_util=usage.peak_util,
+        mean_gpu_util=usage.mean_util,
+    )
+
+
+def oom_retry_need(record: AttemptRecord, reserved_mb: int | None) -> int | None:
+    """What the retry of an out-of-memory attempt reserves: 1.25x its observed peak (or of its
+    reservation where nothing was measured), never less than it had; None: no figure at all."""
+    base = max(record.peak_vram_mb or 0, reserved_mb or 0)
+    if base <= 0:
+        return None
+    return max(math.ceil(base * OOM_FACTOR), reserved_mb or 0)
+
+
+def sized_oom_retry(desc: Descriptor, outcome: Outcome, reserved: int | None) -> Outcome:
+    """A CUDA out-of-memory end with attempts left: its retry reserves :func:`oom_retry_need`
+    (saved in the descriptor: it waits for a GPU with that much room), and its reason says so."""
+    record = outcome.record
+    need = oom_retry_need(record, reserved or desc.gpu_memory_mb)
+    if need is None:
+        return outcome
+    desc.gpu_memory_mb = need
+    if record.peak_vram_mb:
+        seen = f"{OOM_FACTOR:g}x its measured peak of {gib(record.peak_vram_mb)}"
+    else:
+        seen = f"{OOM_FACTOR:g}x its reservation of {gib(reserved or 0)}: no peak measured"
+    why = f"{outcome.reason}: the retry reserves {gib(need)} of GPU memory ({seen})"
+    return Outcome(outcome.state, why, record.but(reason=why))
+
+
+def gib(mb: int) -> str:
+    return f"{mb / 1024:.1f} GiB"
+
+
+class GpuPlacement:
+    """The run's GPUs as the slot loop places tasks on them (see the module docstring)."""
+
+    def __init__(
+        self, run: Shared, slots: Sequence[Slot], query: GpuQuery | bool | None = True
+    ) -> None:
+        self.run = run
+        self.share = max(1, run.cfg.gpu_share)
+        self.gpus: dict[int, Gpu] = {}
+        for slot in slots:
+            for gpu in slot.devices_of(slot.gpu_ids):
+                self.gpus.setdefault(gpu.index, gpu)
+        self.vendor = slots[0].vendor if slots else Vendor.SIM
+        self._lock = threading.Lock()
+        self._reserved: dict[int, dict[str, int]] = {g: {} for g in self.gpus}
+        self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
+        self._refused = False  # the last fill pass found tasks that fit nowhere now
+        self._waiting: dict[str, float] = {}  # pending name -> when it first found no room
+        self._head: tuple[Descriptor, int | None] | None = None  # this pass's first refused
+        self._totals: dict[int, int] = {}  # GPU -> its memory as NVML says (MiB)
+        self.sampler: VramSampler | None = None
+        self.book: HostBook | None = None  # other supervisors' reservations on this host
+        if query is True:
+            query = _query_for(self.vendor, run.cfg.vram)
+        self._packing = any(g.memory_mb for g in self.gpus.values())
+        if isinstance(query, bool) or query is None:
+            return
+        self.sampler = VramSampler(
+            query,
+            list(self.gpus.values()),
+            release_timeout=run.cfg.release_timeout,
+            on_change=run.more_work,
+            on_held=self._held,
+            on_freed=self._freed,
+            on_tick=self._publish_now,
+        )
+        self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
+        self._packing = True
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.book is not None:
+            self.book.close()
+
+    def _held(self, gpu: int, key: str, pids: tuple[int, ...], mb: int) -> None:
+        task, _, attempt = key.rpartition("/")
+        timeout = self.run.cfg.release_timeout
+        self.run.ledger.emit(
+            Ev.GPU_HELD,
+            gpu=gpu,
+            task=task,
+            attempt=int(attempt),
+            pids=list(pids),
+            mb=mb,
+            reason=(
+                f"GPU {gpu} still holds {mb} MiB of {key} ({len(pids)} process(es)) "
+                f"{timeout:.0f}s after it ended: skipped until it is freed"
+            ),
+        )
+
+    def _freed(self, gpu: int, key: str) -> None:
+        task, _, attempt = key.rpartition("/")
+        self.run.ledger.emit(Ev.GPU_FREED, gpu=gpu, task=task, attempt=int(attempt))
+        self.run.more_work()
+
+    # -- the loop's side --------------------------------------------------------------------------
+    def candidates(self, free: Iterable[Slot], holds: Callable[[Slot], bool]) -> list[Slot]:
+        """Free slots to claim for, best first: not paused, not on a GPU still releasing an
+        ended attempt (or held), one per GPU group (its siblings would see the same room)."""
+        out: list[Slot] = []
+        seen: set[tuple[int, ...]] = set()
+        blocked = self._blocked()
+        for slot in free:
+            if holds(slot) or slot.gpu_ids in seen or blocked.intersection(slot.gpu_ids):
+                continue
+            seen.add(slot.gpu_ids)
+            out.append(slot)
+        if blocked and not out:
+            self._refused = True  # a slot waits for a release: the loop must not end
+        if not self.packing:
+            return out[:1]
+        room = self._rooms()
+        out.sort(key=lambda s: -min(room.get(g, math.inf) for g in s.gpu_ids))
+        return out
+
+    @property
+    def packing(self) -> bool:
+        """Whether claims ask :meth:`accept`: GPU memory is known (NVML, or a size given).
+        Otherwise (``sim:N``, no driver) the loop claims as it always did, nothing reserved."""
+        return self._packing
+
+    def begin_pass(self) -> None:
+        self._refused = False
+        self._head = None
+
+    def none_fit(self) -> None:
+        """No free slot could take a task this pass: say why the first in line waits (once per
+        task: the live table shows it until it starts)."""
+        head, self._head = self._head, None
+        if head is not None:
+            self._tell_waiting(*head)
+
+    def waiting(self) -> bool:
+        """The last fill pass left tasks pending that fit nowhere now (or a GPU releasing):
+        the loop waits for room instead of ending."""
+        return self._refused and self.run.queue.counts()[State.PENDING] > 0
+
+    def accept(self, slot: Slot) -> Callable[[str], bool] | None:
+        """The claim predicate of ``slot`` for one claim: does pending task ``name`` fit its
+        GPUs now? Tasks that do not are passed over (a smaller one behind may fit), unless one
+        has waited :data:`BACKFILL_LIMIT_SECONDS` for room on a GPU of this slot it could fit:
+        then nothing behind it is placed there (the GPU drains until it fits: no starvation)."""
+        if not self.packing:
+            return None
+        held_back = False
+
+        def fits(name: str) -> bool:
+            nonlocal held_back
+            if held_back:
+                return False
+            desc = self.run.queue.read_desc(State.PENDING, name)
+            if desc is None:
+                return True  # gone (another claimer) or unreadable: the claim deals with it
+            need = need_of(desc)
+            if self.fits(slot.gpu_ids, need, declared_of(desc)):
+                self._waiting.pop(name, None)
+                if self._head is not None and self._head[0].id == desc.id:
+                    self._head = None  # it found room on another GPU after all
+                return True
+            self._refused = True
+            now = time.monotonic()
+            if self._head is None and name not in self._waiting:
+                self._head = (desc, need)  # journaled if no slot of this pass takes anything
+            since = self._waiting.setdefault(name, now)
+            if len(self._waiting) > 10_000:  # names claimed elsewhere meanwhile: start afresh
+                self._waiting = {name: since}
+            held_back = now - since >= BACKFILL_LIMIT_SECONDS and self._could_fit(slot, need)
+            return False
+
+        return fits
+
+    def _tell_waiting(self, desc: Descriptor, need: int | None) -> None:
+        """Journal once that a task first in line fits no GPU now (the live table shows it)."""
+        rooms = self._rooms()
+        best = max(rooms.values(), default=0)
+        what = f"{gib(need)} of GPU memory" if need else "a whole GPU"
+        self.run.ledger.emit(
+            Ev.GPU_WAIT,
+            task=desc.id,
+            need_mb=need,
+            room_mb=best,
+            reason=f"{desc.id} waits for {what} (the most free now: {gib(max(0, best))})",
+        )
+
+    def _could_fit(self, slot: Slot, need: int | None) -> bool:
+        """Whether ``need`` would fit ``slot``'s GPUs once our attempts there ended (their
+        whole memory but what foreign processes hold)."""
+        if need is None:
+            return True
+        states = self._states()
+        for gpu in slot.gpu_ids:
+            total = self._total(gpu)
+            foreign = states[gpu].foreign_mb if gpu in states else 0
+            if total is not None and need > total - foreign:
+                return False
+        return True
+
+    def fits(self, gpu_ids: Sequence[int], need: int | None, declared: bool = True) -> bool:
+        """Whether a task needing ``need`` MiB (None: no figure) fits on ``gpu_ids`` now. An
+        undeclared task (``declared`` False) also takes its ``1/gpu_share`` of each GPU from
+        our reservations; a need (declared, or raised after an OOM) must fit the room left."""
+        rooms = self._rooms(gpu_ids)
+        largest = max((t for g in self.gpus if (t := self._total(g))), default=0)
+        with self._lock:
+            for gpu in gpu_ids:
+                total = self._total(gpu)
+                if total is None:
+                    continue
+                reserved = self._reserved.get(gpu, {})
+                if not declared and sum(reserved.values()) + total // self.share > total:
+                    return False
+                if need is None:
+                    continue
+                if need > largest:  # larger than every GPU: alone on one, or not at all
+                    if reserved:
+                        return False
+                    continue
+                if rooms.get(gpu, total) < need:
+                    return False
+        return True
+
+    def claiming(self) -> AbstractContextManager[object]:
+        """Hold while claiming and reserving: no other supervisor of this host places a task
+        between this one's look at the room and its reservation."""
+        return self.book.guard() if self.book is not None else contextlib.nullcontext()
+
+    def reserve(self, slot: Slot, claimed: Claimed) -> None:
+        """Reserve the claimed task's need on ``slot``'s GPUs now, before anything runs (its
+        CUDA context comes later): the next claim, here or in another supervisor, sees it."""
+        if not self._packing:
+            return  # nothing to place by: no reservation (the hot path of sim runs)
+        desc = claimed.desc
+        key = attempt_key(claimed.task_id, desc.next_attempt)
+        need, declared = need_of(desc), declared_of(desc)
+        with self._lock:
+            self._need[key] = need
+            for gpu in slot.gpu_ids:
+                total = self._total(gpu)
+                share = total // self.share if total and not declared else 0
+                self._reserved.setdefault(gpu, {})[key] = max(need or 0, share)
+        self._publish(slot.gpu_ids)
+
+    def unreserve(self, slot: Slot, claimed: Claimed) -> None:
+        """The claimed task did not start (a stop came first, it did not parse)."""
+        self._drop(attempt_key(claimed.task_id, claimed.desc.next_attempt), slot.gpu_ids)
+
+    def launched(self, live: LiveAttempt) -> None:
+        """Watch ``live`` (reserved at its claim) with its handle's pids."""
+        key = attempt_key(live.task_id, live.attempt)
+        with self._lock:
+            live.reserved_mb = self._need.get(key)
+        if self.sampler is not None:
+            self.sampler.watch(key, live.gpu_ids, live.handle.pids)
+
+    def _drop(self, key: str, gpus: Sequence[int]) -> None:
+        with self._lock:
+            for gpu in gpus:
+                self._reserved.get(gpu, {}).pop(key, None)
+            self._need.pop(key, None)
+        self._publish(gpus)
+
+    def _publish_now(self) -> None:
+        """After a look (sampler thread): what ours hold now, unless the guard is busy."""
+        self._publish(None, wait=False)
+
+    def _publish(self, gpus: Iterable[int] | None = None, *, wait: bool = True) -> None:
+        """Tell the host's other supervisors what ours take on ``gpus`` (all: None)."""
+        if self.book is None:
+            return
+        states = self._states()
+        for gpu in self.gpus if gpus is None else gpus:
+            state = states.get(gpu)
+            held = dict(state.ours_mb) if state is not None else {}
+            with self._lock:
+                reserved = dict(self._reserved.get(gpu, {}))
+            self.book.publish(gpu, _taken(reserved, held), sum(held.values()), wait=wait)
+
+    def ended(self, live: LiveAttempt) -> Usage | None:
+        """``live`` ended: its reservation is dropped (what its processes still hold counts
+        until the sampler sees it released); what it used."""
+        key = attempt_key(live.task_id, live.attempt)
+        usage = self.sampler.end(key) if self.sampler is not None else None
+        self._drop(key, live.slot.gpu_ids)
+        return usage
+
+    def reserved(self, task_id: str, attempt: int) -> int | None:
+        with self._lock:
+            return self._need.get(attempt_key(task_id, attempt))
+
+    # -- arithmetic ------------------------------------------------------------------------------
+    def _total(self, gpu: int) -> int | None:
+        """The GPU's memory: NVML's figure once seen (kept: it never changes), else
+        discovery's (None: unknown)."""
+        known = self._totals.get(gpu)
+        if known is not None:
+            return known
+        state = self._states().get(gpu)
+        if state is not None and state.total_mb:
+            self._totals[gpu] = state.total_mb
+            return state.total_mb
+        found = self.gpus.get(gpu)
+        return found.memory_mb if found is not None else None
+
+    def _states(self) -> dict[int, GpuState]:
+        return self.sampler.snapshot() if self.sampler is not None else {}
+
+    def _rooms(self, gpus: Iterable[int] | None = None) -> dict[int, int]:
+        """GPU -> MiB a declared need may still take: total - foreign - ours (each attempt of
+        ours with the larger of its reservation and what it holds + margin), of ``gpus``
+        (all: None)."""
+        states = self._states()
+        out: dict[int, int] = {}
+        with self._lock:
+            for gpu in self.gpus if gpus is None else gpus:
+                total = self._total(gpu)
+                if total is None:
+                    continue
+                state = states.get(gpu)
+                held = dict(state.ours_mb) if state is not None else {}
+                ours = _taken(self._reserved.get(gpu, {}), held)
+                foreign = state.foreign_mb if state is not None else 0
+                out[gpu] = total - foreign - ours
+        if self.book is not None:
+            for gpu in out:
+                taken, theirs = self.book.others(gpu)  # theirs: part of "foreign" above
+                foreign = states[gpu].foreign_mb if gpu in states else 0
+                out[gpu] += foreign - max(0, foreign - theirs) - taken
+        return out
+
+    def _blocked(self) -> set[int]:
+        """GPUs that take no task now: an ended attempt's processes still hold memory there."""
+        if self.sampler is None:
+            return set()
+        return {g for g in self.gpus if self.sampler.releasing(g)}
+
+    # -- views -----------------------------------------------------------------------------------
+    def slot_stats(self) -> dict[str, str]:
+        """Slot label -> ``util% used/total`` of its GPUs and what its attempt holds (the
+        live table's gpu column); empty without a sampler."""
+        if self.sampler is None:
+            return {}
+        states = self.sampler.snapshot()
+        live = {i: attempt_key(a.task_id, a.attempt) for i, a in list(self.run.live.items())}
+        out: dict[str, str] = {}
+        for slot in self.run.cfg.slots:
+            parts = [gpu_text(states[g]) for g in slot.gpu_ids if g in states]
+            key = live.get(slot.index)
+            mb = self.sampler.current_mb(key) if key is not None else None
+            if mb:
+                parts.append(f"task {mb / 1024:.1f}G")
+            out[slot.label] = " ".join(p for p in parts if p)
+        return out
+
+
+def gpu_text(state: GpuState) -> str:
+    """``42% 12.3/80G`` (utilisation where known, memory used / total)."""
+    if state.used_mb is None or not state.total_mb:
+        return ""
+    util = f"{state.util}% " if state.util is not None else ""
+    return f"{util}{state.used_mb / 1024:.1f}/{state.total_mb / 1024:.0f}G"
+
+
+def _taken(reserved: dict[str, int], held: dict[str, int]) -> int:
+    """What our attempts take on a GPU: each the larger of its reservation and what its
+    processes hold (+ the margin); an ended one still holding memory counts with that."""
+    total = 0
+    for key in reserved.keys() | held.keys():
+        now = held.get(key, 0)
+        total += max(reserved.get(key, 0), math.ceil(now * (1 + MARGIN)) if now else 0)
+    return total
+
+
+def need_of(desc: Descriptor) -> int | None:
+    """What a task's next attempt reserves: the raised need after an OOM, else declared."""
+    raised = desc.gpu_memory_mb
+    if raised is not None:
+        return raised
+    declared = desc.task.get("gpu_memory_mb")
+    return declared if isinstance(declared, int) and declared > 0 else None
+
+
+def declared_of(desc: Descriptor) -> bool:
+    """Whether the task itself declares ``gpu_memory`` (else it takes its GPU share)."""
+    declared = desc.task.get("gpu_memory_mb")
+    return isinstance(declared, int) and declared > 0
+
+
+def _query_for(vendor: Vendor, enabled: bool) -> GpuQuery | None:
+    if not enabled or vendor is Vendor.SIM:
+        return None
+    return open_query(vendor.value)
