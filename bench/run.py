@@ -5,10 +5,11 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem (see each module's
-docstring for what is measured and how). Prints one table and writes ``<out>/latest.json`` and
-``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control rows in their own
-section, "Queue control", the others in "Results"; a run updates only the sections of what it
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem, dashboard (see
+each module's docstring for what is measured and how). Prints one table and writes
+``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control
+rows in their own section, "Queue control", the dashboard's in "Dashboard", the others in
+"Results"; a run updates only the sections of what it
 ran). Peers that are not installed are reported as skipped, and so is docker where no engine
 answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
@@ -29,6 +30,7 @@ from typing import Any
 
 import control
 import cpu
+import dashboard
 import docker_overhead
 import gpu_memory
 import latency
@@ -48,6 +50,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "docker": docker_overhead.run,
     "control": control.run,
     "gpumem": gpu_memory.run,  # issue 19: GPU memory packing vs one task per GPU
+    "dashboard": dashboard.run,
 }
 
 
@@ -88,8 +91,10 @@ def _update_doc(rows: list[Row], machine: dict[str, str], info: dict[str, Any], 
     others into "Results"; a section whose benchmarks did not run is left as it is."""
     doc = REPO / "BENCHMARKS.md"
     ours = [r for r in rows if r.bench == control.BENCH]
-    others = [r for r in rows if r.bench != control.BENCH]
+    dash = [r for r in rows if r.bench == dashboard.BENCH]  # its own section too
+    others = [r for r in rows if r.bench not in (control.BENCH, dashboard.BENCH)]
     parts = [(others, report.BEGIN, report.END), (ours, report.CONTROL_BEGIN, report.CONTROL_END)]
+    parts.append((dash, dashboard.BEGIN, dashboard.END))
     for part, begin, end in parts:
         if not part:
             continue

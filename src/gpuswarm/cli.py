@@ -65,6 +65,7 @@ class _Commands(click.Group):
 
     lazy: ClassVar[dict[str, tuple[str, str]]] = {
         "research": ("gpuswarm.research.commands", "research"),
+        "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
         "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
     }
 

@@ -397,8 +397,9 @@ def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> dict[str, An
         except ValueError as exc:
             raise BadInputError(f"--slot: {exc}") from None
         request = "pause" if paused else "unpause"
-        if changed:
-            s.ledger.emit(Ev.CONTROL, request=request, slot=slot, by=s.me, applied_by=s.me)
+        if changed:  # a whole-run pause names no slot (a null slot is a line readers skip)
+            where = {"slot": slot} if slot is not None else {}
+            s.ledger.emit(Ev.CONTROL, request=request, **where, by=s.me, applied_by=s.me)
         now = control.paused(s.paths)
         return {
             "run": str(s.paths.root),

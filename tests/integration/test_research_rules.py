@@ -100,6 +100,7 @@ def row_of(repo: Path, message: str) -> list[str]:
     return rows[0]
 
 
+@pytest.mark.timeout(180)  # a dozen CLI calls: on a loaded 2-core machine, over a minute
 def test_simplicity_and_memory_rules(gpuswarm: Cli, tmp_path: Path) -> None:
     """A deletion with an equal metric is kept (a simplification); a tiny gain for 20 added
     lines is discarded with the reason; so is a tiny gain that doubles peak memory. The reason
@@ -153,6 +154,7 @@ def test_simplicity_and_memory_rules(gpuswarm: Cli, tmp_path: Path) -> None:
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
 def test_a_noisy_identical_rerun_is_not_kept(gpuswarm: Cli, tmp_path: Path) -> None:
     """Identical code measures 0.91 and 0.93 (the repeated baseline: the noise); a change of a
     comment measures 0.905, within the noise: it is re-run twice on the GPUs that are free,
@@ -188,6 +190,7 @@ def test_a_noisy_identical_rerun_is_not_kept(gpuswarm: Cli, tmp_path: Path) -> N
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
 def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) -> None:
     """sim:2xA100,1xH100: the first baseline runs on both models; a variant is compared with the
     baseline of the model it ran on (the H100 measures 0.1 lower for the same code), rows carry

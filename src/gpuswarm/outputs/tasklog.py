@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,10 +135,13 @@ class Ended:
 FollowItem = bytes | Hop | Ended
 
 
-def follow(target: LogTarget, poll: float = POLL) -> Iterator[FollowItem]:
+def follow(
+    target: LogTarget, poll: float = POLL, stop: Callable[[], bool] | None = None
+) -> Iterator[FollowItem]:
     """Follow the task's output from ``target``'s attempt on (the first attempt when it never
     started): the log's new bytes as they come, a :class:`Hop` when a later attempt's log
-    appears (a retry), and :class:`Ended` once the task has ended and its logs are drained."""
+    appears (a retry), and :class:`Ended` once the task has ended and its logs are drained.
+    ``stop``: asked before each wait; True ends the follow (its reader has gone)."""
     paths, task = target.paths, target.task
     reader = RunReader(paths)
     current: _LogReader | None = None
@@ -163,6 +166,8 @@ def follow(target: LogTarget, poll: float = POLL) -> Iterator[FollowItem]:
             hit = where(reader, task, hit)
             if hit is not None and task_ended(hit.state):
                 yield from _finish(reader, hit, current, number)
+                return
+            if stop is not None and stop():
                 return
             time.sleep(poll)
     finally:

@@ -172,6 +172,9 @@ class FileLock:
             self._fd = None
 
 
+LIVE_WAIT = 5.0  # seconds a supervisor waits for the live lock a probe holds for an instant
+
+
 def is_live(paths: RunPaths) -> bool:
     """Whether any supervisor holds the run's ``live`` lock."""
     if not paths.live_lock.exists():
@@ -217,7 +220,10 @@ def attach(paths: RunPaths, *, exclusive_start: bool) -> Iterator[Attachment]:
                 f"{paths.root} is live: supervisor {_live_owners(paths)} is running it; watch it "
                 f"with 'gpuswarm status {paths.root}', add GPUs with 'gpuswarm work', or stop it"
             )
-        hold.live.acquire(exclusive=False)
+        # a reader's liveness probe (is_live: status, watch, the dashboard every second) holds
+        # the lock exclusively for an instant: wait it out, never run without the lock
+        if not hold.live.acquire(exclusive=False, wait=LIVE_WAIT):
+            raise RunLockedError(f"{paths.root}: its live lock stayed taken; retry")
         yield hold
     finally:
         hold.init.release()

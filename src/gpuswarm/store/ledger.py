@@ -101,13 +101,54 @@ def tail_events(path: Path, max_bytes: int = 1 << 20) -> list[dict[str, Any]]:
     return out
 
 
+def read_range(path: Path, start: int, end: int) -> list[dict[str, Any]] | None:
+    """The events of the complete lines in bytes ``[start, end)`` of a journal (a reader
+    resuming at an offset it was given); None when ``start`` is no line's first byte or the
+    range is past the journal's end (another journal, or a wrong offset)."""
+    if not 0 <= start <= end:
+        return None
+    try:
+        with path.open("rb") as fh:
+            if start > 0:
+                fh.seek(start - 1)
+                if fh.read(1) != b"\n":
+                    return None
+            data = fh.read(end - start)
+    except FileNotFoundError:
+        return None
+    if len(data) != end - start or (data and not data.endswith(b"\n")):
+        return None
+    out: list[dict[str, Any]] = []
+    for raw in data.split(b"\n")[:-1]:
+        event = parse_event(raw)
+        if event is not None:
+            out.append(event)
+    return out
+
+
 class EventTail:
     """New complete lines of a journal since the last call (reads only what was appended)."""
 
-    def __init__(self, path: Path, *, from_end: bool = True) -> None:
+    def __init__(self, path: Path, *, from_end: bool = True, start: int | None = None) -> None:
         self.path = path
-        self.offset = path.stat().st_size if from_end and path.exists() else 0
+        if start is not None:  # a reader resuming where it stopped (a line's first byte)
+            self.offset = start
+        else:
+            self.offset = path.stat().st_size if from_end and path.exists() else 0
         self._partial = b""
+
+    @property
+    def position(self) -> int:
+        """The offset just after the last complete line returned: where a reader that stops
+        now resumes (a line still being written is read again whole)."""
+        return self.offset - len(self._partial)
+
+    def grew(self) -> bool:
+        """Whether the journal holds bytes not read yet (one stat: an idle follower's cost)."""
+        try:
+            return self.path.stat().st_size != self.offset
+        except FileNotFoundError:
+            return False
 
     def poll(self) -> list[dict[str, Any]]:
         try:

@@ -34,6 +34,15 @@ class Follower:
         self.view: RunView = self.reader.view()
         self._tail = EventTail(paths.events, from_end=True)
 
+    @property
+    def position(self) -> int:
+        """The journal offset the view has folded up to (after its last complete line)."""
+        return self._tail.position
+
+    def grew(self) -> bool:
+        """Whether the journal has lines not folded yet (one stat)."""
+        return self._tail.grew()
+
     def poll(self) -> list[Event | dict[str, Any]]:
         """Fold the lines appended since the last call; each one's typed event, or the raw
         line when it is of the wrong shape (skipped)."""

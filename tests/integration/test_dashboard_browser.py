@@ -1,0 +1,254 @@
+"""The dashboard in a real browser (Debian's chromium driven by Playwright), against real runs:
+``gpuswarm run`` and ``gpuswarm research`` in subprocesses on simulated GPUs, and the real
+``gpuswarm dashboard`` CLI.
+
+One browser per module (``browser``); each test opens its own page. Runs wait for gate files
+the test creates, so nothing depends on timing; DOM changes are polled with generous timeouts.
+Screenshots of each page are written under the test's tmp folder (``shots/``) and copied to
+``$GPUSWARM_SHOTS_DIR`` when it is set.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_driver import CliProcess, CliResult, wait_for, wait_for_run
+from dashkit import (
+    REBIND_HOST,
+    Served,
+    browser_context,
+    require_browser,
+    screenshot,
+    start_dashboard,
+)
+from integration_support import edit_constant
+
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.reader import RunReader
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+Cli = Callable[..., CliResult]
+Popen = Callable[..., CliProcess]
+PY = sys.executable
+WAIT_MS = 15_000  # DOM polls: generous (a loaded 2-core CI machine), never a timing assertion
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    require_browser()
+    with browser_context(tmp_path_factory.mktemp("chromium-profile")) as ctx:
+        yield ctx
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    p = browser.new_page()
+    errors: list[str] = []
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield p
+    p.close()
+    assert not errors, errors  # no script error on any page
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """Start ``gpuswarm dashboard PATHS`` (the real CLI); stopped at teardown."""
+    started: list[Served] = []
+
+    def start(*paths: Path | str) -> Served:
+        served = start_dashboard(*paths, cwd=tmp_path, log_dir=tmp_path / "_dash_logs")
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        assert served.process is not None
+        served.process.kill_group()
+        served.close()
+
+
+def gated_commands(tmp_path: Path, *names: str) -> Path:
+    """A command list whose task i waits for gate file ``names[i]``, printing as it waits."""
+    lines = []
+    for name in names:
+        gate = shlex.quote(str(tmp_path / "gates" / name))
+        wait = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+        lines.append(f"echo waiting for {name}; {wait}; echo passed {name}")
+    (tmp_path / "gates").mkdir(exist_ok=True)
+    path = tmp_path / "tasks.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def open_run(page: Any, served: Served) -> str:
+    rid = wait_for(lambda: (r := served.get("/api/runs")["runs"]) and r[0]["id"], 20, 0.1)
+    page.goto(served.url)  # the token URL: the cookie, then the page without the token
+    page.wait_for_selector(f"[data-run='{rid}'] a", timeout=WAIT_MS)
+    page.click(f"[data-run='{rid}'] a")
+    page.wait_for_selector("[data-slot]", timeout=WAIT_MS)
+    return str(rid)
+
+
+def count_of(page: Any, state: str) -> int:
+    text = page.locator(f"#run-head [data-count='{state}'] b").inner_text(timeout=WAIT_MS)
+    return int(text)
+
+
+def test_live_run_lanes_and_counts_follow_the_journal(
+    tmp_path: Path,
+    gpuswarm_popen: Popen,
+    page: Any,
+    dashboard: Callable[..., Served],
+) -> None:
+    tasks = gated_commands(tmp_path, "g1", "g2", "g3")
+    runner = gpuswarm_popen("run", tasks, "--shell", "--gpus", "sim:2", "--workspace", "runs", "-q")
+    run = RunPaths(wait_for_run(tmp_path / "runs"))
+    served = dashboard(tmp_path / "runs")
+    page.goto(served.url)
+    page.wait_for_selector("[data-testid=runs-table] [data-state=live]", timeout=WAIT_MS)
+    screenshot(page, "runs", tmp_path / "shots")
+    open_run(page, served)
+    page.wait_for_function("document.querySelectorAll('.lane.busy').length === 2", timeout=WAIT_MS)
+    assert count_of(page, "running") == 2 and count_of(page, "pending") == 1
+    lane = page.locator(".lane[data-task='cmd-00001']")
+    lane.locator("[data-testid=last-line]").get_by_text("waiting for g1").wait_for(timeout=WAIT_MS)
+    (tmp_path / "gates" / "g1").touch()
+    t0 = time.monotonic()
+    # the slot that ran cmd-00001 takes cmd-00003; the counts say one is done
+    page.wait_for_selector(".lane[data-task='cmd-00003']", timeout=WAIT_MS)
+    page.wait_for_function(
+        "document.querySelector(\"#run-head [data-count='done'] b\").textContent === '1'",
+        timeout=WAIT_MS,
+    )
+    seen = time.monotonic() - t0
+    print(f"lane and counts updated {seen:.2f}s after the gate")  # reported, not asserted
+    page.wait_for_selector(".lane rect[data-outcome='done']", timeout=WAIT_MS)
+    page.wait_for_selector(
+        "[data-testid=task-table] tr[data-task='cmd-00001'] [data-state=done]", timeout=WAIT_MS
+    )
+    screenshot(page, "run", tmp_path / "shots")
+    (tmp_path / "gates" / "g2").touch()
+    (tmp_path / "gates" / "g3").touch()
+    assert runner.wait(60).returncode == 0
+    page.wait_for_function(
+        "document.querySelector(\"#run-head [data-count='done'] b\").textContent === '3'",
+        timeout=WAIT_MS,
+    )
+    page.wait_for_selector("#run-head [data-state=complete]", timeout=WAIT_MS)
+    assert RunReader(run).counts()["done"] == 3
+
+
+def test_cancel_button_ends_the_running_task_cancelled(
+    tmp_path: Path,
+    gpuswarm_popen: Popen,
+    page: Any,
+    dashboard: Callable[..., Served],
+) -> None:
+    tasks = gated_commands(tmp_path, "never")
+    runner = gpuswarm_popen("run", tasks, "--shell", "--gpus", "sim:1", "--workspace", "runs", "-q")
+    run = RunPaths(wait_for_run(tmp_path / "runs"))
+    served = dashboard(tmp_path / "runs")
+    open_run(page, served)
+    page.wait_for_selector(
+        ".lane[data-task='cmd-00001'] [data-action=cancel-lane]", timeout=WAIT_MS
+    )
+    page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
+    wait_for(lambda: RunReader(run).counts().get("cancelled") == 1, 30, 0.1, "cancelled")
+    assert RunReader(run).counts()["running"] == 0
+    page.wait_for_selector(
+        "[data-testid=task-table] tr[data-task='cmd-00001'] [data-state=cancelled]",
+        timeout=WAIT_MS,
+    )
+    page.wait_for_selector(".lane rect[data-outcome='cancelled']", timeout=WAIT_MS)
+    assert runner.wait(60).returncode == 0  # a cancelled task is no failure
+
+
+def test_research_result_appears_on_the_chart_and_in_the_table(
+    tmp_path: Path,
+    gpuswarm: Cli,
+    research_repo: Path,
+    page: Any,
+    dashboard: Callable[..., Served],
+) -> None:
+    repo = research_repo
+    init = gpuswarm(
+        "research", "init", "-C", repo, "--tag", "t", "--edit", "train.py",
+        "--command", f"{shlex.quote(PY)} train.py", "--gpus", "sim:2",
+        "--timeout", "20s", "--linger", "2s",
+    )  # fmt: skip
+    assert init.returncode == 0, init
+    served = dashboard(repo)
+    eid = wait_for(lambda: (x := served.get("/api/runs")["experiments"]) and x[0]["id"], 20, 0.1)
+    page.goto(served.url)
+    page.wait_for_selector(f"[data-exp='{eid}'] a", timeout=WAIT_MS)
+    page.click(f"[data-exp='{eid}'] a")
+    page.wait_for_selector("[data-testid=chart] svg[data-points='0']", timeout=WAIT_MS)
+    assert gpuswarm("research", "baseline", "-C", repo).returncode == 0
+    assert gpuswarm("research", "wait", "-C", repo, timeout=60).returncode == 0
+    page.wait_for_selector("[data-testid=chart] svg[data-points='1']", timeout=WAIT_MS)
+    page.wait_for_selector("[data-testid=exp-rows] tr[data-variant='v0001']", timeout=WAIT_MS)
+    edit_constant(repo, "LR", "0.05")
+    tried = gpuswarm("research", "try", "-C", repo, "-m", "lr 0.05 <b>bold</b>")
+    assert tried.returncode == 0, tried
+    assert gpuswarm("research", "wait", "-C", repo, timeout=60).returncode == 0
+    page.wait_for_selector("[data-testid=chart] svg[data-points='2']", timeout=WAIT_MS)
+    row = page.locator("[data-testid=exp-rows] tr[data-variant='v0002']")
+    row.wait_for(timeout=WAIT_MS)
+    assert "lr 0.05 <b>bold</b>" in row.inner_text()  # a description is text, never HTML
+    assert page.locator("[data-testid=chart] circle[data-variant='v0002']").count() == 1
+    assert page.locator("[data-stat=best] b").inner_text() != "—"
+    row.click()
+    diff = page.locator("[data-testid=diff]")
+    diff.get_by_text("+LR = 0.05").wait_for(timeout=WAIT_MS)
+    screenshot(page, "experiment", tmp_path / "shots")
+
+
+def test_403_without_the_token_and_for_a_foreign_host(
+    tmp_path: Path,
+    gpuswarm: Cli,
+    page: Any,
+    dashboard: Callable[..., Served],
+) -> None:
+    (tmp_path / "tasks.txt").write_text("echo hi\n")
+    assert (
+        gpuswarm("run", "tasks.txt", "--gpus", "sim:1", "--workspace", "runs", "-q").returncode == 0
+    )
+    served = dashboard(tmp_path / "runs")
+    bare = page.goto(served.base + "/")
+    assert bare is not None and bare.status == 403
+    wrong = page.goto(served.base + "/?token=not-it")
+    assert wrong is not None and wrong.status == 403
+    rebind = page.goto(served.url.replace("127.0.0.1", REBIND_HOST))  # a name that points here
+    assert rebind is not None and rebind.status == 403
+    assert "not allowed" in page.content()
+    ok = page.goto(served.url)
+    assert ok is not None and ok.status == 200
+    page.wait_for_selector("[data-testid=runs-table]", timeout=WAIT_MS)
+
+
+def test_a_task_named_script_shows_as_text(
+    tmp_path: Path, gpuswarm: Cli, page: Any, dashboard: Callable[..., Served]
+) -> None:
+    hostile = "echo '<script>window.__pwned=1</script><img src=x onerror=window.__pwned=2>'"
+    (tmp_path / "tasks.txt").write_text(hostile + "\n")
+    res = gpuswarm("run", "tasks.txt", "--shell", "--gpus", "sim:1", "--workspace", "runs", "-q")
+    assert res.returncode == 0, res
+    served = dashboard(tmp_path / "runs")
+    open_run(page, served)
+    cell = page.locator("[data-testid=task-table] tr[data-task='cmd-00001'] td").nth(1)
+    cell.wait_for(timeout=WAIT_MS)
+    assert "<script>window.__pwned=1</script>" in cell.inner_text()
+    page.click("[data-testid=task-table] tr[data-task='cmd-00001'] a")
+    log = page.locator("[data-testid=log]")
+    log.get_by_text("the task ended: done").wait_for(timeout=WAIT_MS)
+    assert "<img src=x onerror=window.__pwned=2>" in log.inner_text()
+    assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    screenshot(page, "task", tmp_path / "shots")
