@@ -6,6 +6,7 @@ repeated first baseline). Each test judges by results.tsv, the ledger, ``wait``/
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -204,6 +205,10 @@ def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) ->
     baselines = [v for v in log if v["kind"] == "baseline"]
     models = {finished[v["id"]]["accelerator"] for v in baselines}
     assert models == {"A100", "H100"}, baselines  # one baseline (at least) per model
+    for v in baselines:  # each pinned to its model (its task's accelerator), none by chance
+        pinned = re.search(r" on (\w+)\)?$", v["description"])
+        assert pinned, v
+        assert finished[v["id"]]["accelerator"] == pinned[1], (v, finished[v["id"]])
     for v in baselines:
         expected = 0.91 if finished[v["id"]]["accelerator"] == "A100" else 0.81
         assert v["metric"] == pytest.approx(expected)

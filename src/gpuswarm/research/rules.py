@@ -347,8 +347,8 @@ def confirmations(state: ExperimentState, v: Variant) -> list[Variant]:
 
 def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None:
     """A platform with results to judge and no run of BASE on it (with several platforms):
-    one more baseline run is wanted (it runs on whichever GPU is free first; tried a few times
-    per platform). None: nothing wanted, or one is in flight."""
+    one more baseline run is wanted (pinned to that model by its task's ``accelerator``; tried
+    a few times per platform). None: nothing wanted, or one is in flight."""
     if not multi_platform(state):
         return None
     base_runs = baseline_runs(state)
@@ -368,8 +368,8 @@ def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None
 
 
 def baseline_tries(state: ExperimentState) -> int:
-    """...or, where there are more GPUs, one more than them: an idle runner hands the next task
-    to the GPU free longest, so a run for every GPU in turn reaches each model."""
+    """...or, where there are more GPUs, one more than them (each run is pinned to its model;
+    a run that fails or is cancelled there is tried again, this many runs in all)."""
     gpus = sum(state.gpu_models.values())
     return max(BASELINE_TRIES_PER_PLATFORM * len(platforms(state)), gpus + 1)
 
