@@ -486,6 +486,8 @@ Applied edit to train.py
 
 def test_answer_line() -> None:
     assert answer_line(shipped_preset("aider"), AIDER_OUT) == "lower DEPTH to 7"
+    wrapped = AIDER_OUT.replace("not the current", "not the\ncurrent")  # an 80-column note
+    assert answer_line(shipped_preset("aider"), wrapped) == "lower DEPTH to 7"
     claude = shipped_preset("claude-code")
     assert (
         answer_line(claude, "\n  Lowered DEPTH to 7.\n\nIt should help.\n") == "Lowered DEPTH to 7."

@@ -22,7 +22,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_tree
 from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
-from gpuswarm.placement.devices import GpuSet, Vendor
+from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.supervise.supervisor import SupervisorConfig
@@ -233,7 +233,25 @@ def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot
         return GpuSet(Vendor.NVIDIA, (), gpus_spec or loaded.config.gpus or "auto"), []
     gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
     slots = plan_slots(gpus, loaded.config.gpus_per_task, tasks_per_gpu(loaded, gpus))
+    check_accelerators(loaded, gpus)
     return gpus, slots
+
+
+def check_accelerators(loaded: LoadedConfig, gpus: GpuSet) -> None:
+    """A task's ``accelerator:`` must name a model among the run's GPUs (a task no slot may
+    take would wait forever): ConfigError naming the task and the models there are."""
+    found = loaded.tasks
+    tasks = found if isinstance(found, list) else [found[0]] if len(found) else []
+    names = sorted({g.name for g in gpus.gpus})
+    where = loaded.path or "the command list"
+    for task in tasks:
+        wanted = task.accelerator
+        if wanted and not any(model_matches(n, wanted) for n in names):
+            raise ConfigError(
+                f"{where}: task {task.name!r}: accelerator {wanted!r} is none of this "
+                f"run's GPUs ({', '.join(names)}); name one of them, or pick GPUs of that "
+                "model with --gpus"
+            )
 
 
 def tasks_per_gpu(loaded: LoadedConfig, gpus: GpuSet) -> int:

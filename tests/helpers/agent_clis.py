@@ -1,8 +1,8 @@
 """Where the real agent CLIs of the end-to-end tests are, and what to do when one is missing.
 
 ``.ci/run`` installs them (``install_agent_clis``) into ``$GPUSWARM_AGENT_CLIS`` (default
-``~/.cache/gpuswarm-ci/agents``): Claude Code and Codex from npm under ``npm/`` (``npm/bin/claude``,
-``npm/bin/codex``) and
+``~/.cache/gpuswarm-ci/agents``): Claude Code, Codex and Gemini CLI from npm under ``npm/``
+(``npm/bin/claude``, ``npm/bin/codex``, ``npm/bin/gemini``) and
 aider from PyPI into its own virtualenv ``aider/`` (``aider/bin/aider``), so aider's pinned
 dependencies never touch the test environment. A CLI on PATH counts too.
 
@@ -20,10 +20,16 @@ from pathlib import Path
 import pytest
 
 REQUIRE_ENV = "GPUSWARM_REQUIRE_AGENTS"
-PLACES = {"claude": "npm/bin/claude", "codex": "npm/bin/codex", "aider": "aider/bin/aider"}
+PLACES = {
+    "claude": "npm/bin/claude",
+    "codex": "npm/bin/codex",
+    "gemini": "npm/bin/gemini",
+    "aider": "aider/bin/aider",
+}
 INSTALL = {
     "claude": "npm install -g --prefix <dir>/npm @anthropic-ai/claude-code",
     "codex": "npm install -g --prefix <dir>/npm @openai/codex",
+    "gemini": "npm install -g --prefix <dir>/npm @google/gemini-cli",
     "aider": "a virtualenv <dir>/aider with aider-chat installed",
 }
 

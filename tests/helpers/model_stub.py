@@ -5,15 +5,21 @@
 - ``POST /v1/messages`` (Anthropic, as Claude Code calls it: streamed as server-sent events when
   the request says ``stream``, else one JSON message);
 - ``POST /v1/chat/completions`` (OpenAI, as aider calls it through litellm: streamed as
-  ``data:`` chunks ending in ``[DONE]``, or one JSON completion).
+  ``data:`` chunks ending in ``[DONE]``, or one JSON completion);
+- ``POST /v1/responses`` (OpenAI's Responses API, as Codex calls it: server-sent events);
+- ``POST /v1beta/models/<m>:streamGenerateContent`` (Gemini, as Gemini CLI calls it: ``data:``
+  chunks) and ``:generateContent`` (its side requests: its model router and checks get JSON
+  that fits the schema they ask for).
 
 What it answers comes from one :class:`EditRule`: a file to change, a regex to find in it and
 a function that gives the replacement, and the line to end with (the change's description).
 It edits through each CLI's own mechanism: to Claude Code it answers with a ``Read`` tool call,
 then an ``Edit`` tool call whose ``old_string`` is what the regex matched in the file the CLI
-read back, then the description; to aider it answers with one search/replace block of the file's
-matched line (aider applies it) and the description. When the regex matches nothing it answers
-only with text (the agent then changes nothing). Every request is kept in :attr:`requests`.
+read back, then the description; to Codex with ``cat`` and then ``apply_patch`` through its shell
+tool; to Gemini CLI with its ``read_file`` and ``replace`` tools; to aider with one
+search/replace block of the file's matched line (aider applies it) and the description. When
+the regex matches nothing it answers only with text (the agent then changes nothing). Every
+request is kept in :attr:`requests`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Json = dict[str, Any]
+Stream = Callable[[Json], Iterator[bytes]]
 
 
 @dataclass
@@ -62,24 +69,19 @@ class ModelStub:
                 body: Json = json.loads(self.rfile.read(size) or b"{}")
                 stub.requests.append({"path": self.path, "body": body})
                 stub.headers.append({k.lower(): v for k, v in self.headers.items()})
-                route = self.path.split("?", 1)[0]
-                if route.endswith("/v1/messages"):
-                    self._reply(body, stub.anthropic(body), anthropic_events)
-                elif route.endswith("/chat/completions"):
-                    self._reply(body, stub.openai(body), openai_chunks)
-                elif route.endswith("/v1/responses"):
-                    self._reply(body, stub.responses(body), responses_events)
-                else:
+                routed = stub.route(self.path.split("?", 1)[0], body)
+                if routed is None:
                     self._json(404, {"error": {"type": "not_found", "message": self.path}})
+                    return
+                message, stream = routed
+                self._reply(body, message, stream)
 
             def do_GET(self) -> None:
                 stub.requests.append({"path": self.path, "body": None})
                 self._json(404, {"error": {"type": "not_found", "message": self.path}})
 
-            def _reply(
-                self, body: Json, message: Json, stream: Callable[[Json], Iterator[bytes]]
-            ) -> None:
-                if not body.get("stream"):
+            def _reply(self, body: Json, message: Json, stream: Stream | None) -> None:
+                if stream is None or not (body.get("stream") or stream is gemini_events):
                     self._json(200, message)
                     return
                 self.send_response(200)
@@ -112,6 +114,22 @@ class ModelStub:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
+
+    def route(self, route: str, body: Json) -> tuple[Json, Stream | None] | None:
+        """The answer to a POST and how to stream it (None: not streamed), or None: 404."""
+        if route.endswith("/v1/messages"):
+            return self.anthropic(body), anthropic_events
+        if route.endswith("/chat/completions"):
+            return self.openai(body), openai_chunks
+        if route.endswith("/v1/responses"):
+            return self.responses(body), responses_events
+        if route.endswith(":streamGenerateContent"):
+            return self.gemini(body), gemini_events
+        if route.endswith(":generateContent"):
+            return gemini_json(body), None
+        if route.endswith(":countTokens"):
+            return {"totalTokens": 10}, None
+        return None
 
     # -- what to answer ---------------------------------------------------------------------
     def _find(self, text: str) -> re.Match[str] | None:
@@ -187,13 +205,38 @@ class ModelStub:
             return responses_message([function_call("exec_command", {"cmd": patch})])
         return responses_message([output_message(self.rule.description(match))])
 
+    def gemini(self, body: Json) -> Json:
+        """Gemini CLI: its read_file, then its replace of what matched, then the description."""
+        parts = [p for c in body.get("contents", []) for p in c.get("parts", [])]
+        results = [p["functionResponse"] for p in parts if "functionResponse" in p]
+        workdir = _gemini_workdir(body)
+        path = f"{workdir}/{self.rule.file}"
+        if not results:
+            return gemini_reply(
+                [{"functionCall": {"name": "read_file", "args": {"file_path": path}}}]
+            )
+        seen = json.dumps(results[0].get("response", {}))
+        match = self._find(json.loads(seen).get("output", seen) if seen.startswith("{") else seen)
+        if match is None:
+            return gemini_reply([{"text": "Nothing to change."}])
+        if len(results) == 1:
+            args = {
+                "file_path": path,
+                "old_string": match.group(0),
+                "new_string": self.rule.replace(match),
+                "instruction": "apply the change",
+            }
+            return gemini_reply([{"functionCall": {"name": "replace", "args": args}}])
+        return gemini_reply([{"text": self.rule.description(match)}])
+
     def main_requests(self) -> list[Json]:
         """The requests of the agent's own conversation (not a CLI's side requests)."""
         out = []
         for r in self.requests:
             body = r["body"] or {}
             if (
-                "chat/completions" in r["path"]
+                ":streamGenerateContent" in r["path"]
+                or "chat/completions" in r["path"]
                 or "/responses" in r["path"]
                 or any(t.get("name") == "Edit" for t in body.get("tools", []))
             ):
@@ -307,6 +350,64 @@ def responses_events(message: Json) -> Iterator[bytes]:
     yield _sse("response.completed", {"type": "response.completed", "response": message})
 
 
+# -- Gemini ---------------------------------------------------------------------------------------
+def gemini_reply(parts: list[Json]) -> Json:
+    return {
+        "candidates": [
+            {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+        ],
+        "usageMetadata": {
+            "promptTokenCount": 10,
+            "candidatesTokenCount": 10,
+            "totalTokenCount": 20,
+        },
+        "modelVersion": "stub",
+    }
+
+
+def gemini_events(message: Json) -> Iterator[bytes]:
+    yield f"data: {json.dumps(message)}\r\n\r\n".encode()
+
+
+def _from_schema(schema: Json) -> object:
+    kind = str(schema.get("type", "object")).lower()
+    if "enum" in schema:
+        return "user" if "user" in schema["enum"] else schema["enum"][0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: _from_schema(v) for k, v in props.items()}
+    if kind in ("number", "integer"):
+        return schema.get("minimum", 10)
+    if kind == "boolean":
+        return False
+    if kind == "array":
+        return []
+    return "ok"
+
+
+def gemini_json(body: Json) -> Json:
+    """A side request (its router, its next-speaker check): JSON that fits the schema asked."""
+    config = body.get("generationConfig", {})
+    schema = config.get("responseJsonSchema") or config.get("responseSchema")
+    text = json.dumps(_from_schema(schema)) if schema else "ok"
+    return gemini_reply([{"text": text}])
+
+
+def _gemini_workdir(body: Json) -> str:
+    texts = [str(p.get("text", "")) for c in body.get("contents", []) for p in c.get("parts", [])]
+    system = body.get("systemInstruction", {})
+    texts += (
+        [str(p.get("text", "")) for p in system.get("parts", [])]
+        if isinstance(system, dict)
+        else []
+    )
+    for text in texts:
+        found = re.search(r"Workspace Directories:\**\s*\n\s*-\s*(/\S+)", text)
+        if found:
+            return found.group(1)
+    raise AssertionError("no workspace directory in the request")
+
+
 # -- reading requests -----------------------------------------------------------------------------
 def _blocks(messages: list[Json]) -> Iterator[Json]:
     for m in messages:
@@ -344,4 +445,5 @@ def request_text(body: Json) -> str:
     parts = [_text(system) if not isinstance(system, str) else system]
     parts += [_text(m.get("content")) for m in body.get("messages", [])]
     parts += [_text(i.get("content")) for i in body.get("input", []) if isinstance(i, dict)]
+    parts += [_text(c.get("parts")) for c in body.get("contents", []) if isinstance(c, dict)]
     return "\n".join(parts)

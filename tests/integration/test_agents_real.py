@@ -1,15 +1,16 @@
 """Real agent CLIs, end to end, against a scripted model server on 127.0.0.1 (no network).
 
-Claude Code and Codex (npm) and aider (PyPI, in its own virtualenv) are the real programs; only
-the model is a stub (``tests/helpers/model_stub.py``): it answers Claude Code with its own
-``Read`` and ``Edit`` tool calls, Codex with its shell tool (``cat``, then ``apply_patch``) and
-aider with a search/replace block, so each CLI edits the file through its own edit mechanism.
+Claude Code, Codex and Gemini CLI (npm) and aider (PyPI, in its own virtualenv) are the real
+programs; only the model is a stub (``tests/helpers/model_stub.py``): it answers Claude Code with
+its own ``Read`` and ``Edit`` tool calls, Codex with its shell tool (``cat``, then
+``apply_patch``), Gemini CLI with its ``read_file`` and ``replace`` tools and aider with a
+search/replace block, so each CLI edits the file through its own edit mechanism.
 The CLIs are found by ``tests/helpers/agent_clis.py`` (installed by ``.ci/run``); without one a
 test skips here and fails under CI.
 
-- research: ``research loop --agent claude-code`` / ``--agent codex`` / ``--agent <aider preset
-  file>``: the CLI's edit is the variant gpuswarm runs and records (a results.tsv row, the answer
-  as description);
+- research: ``research loop --agent claude-code`` / ``codex`` / ``gemini`` / ``--agent <aider
+  preset file>``: the CLI's edit is the variant gpuswarm runs and records (a results.tsv row,
+  the answer as description);
   an agent that edits nothing is counted and capped; a CLI without a login stops the loop
   before anything starts;
 - batch: a task with ``agent:`` runs Claude Code (or Codex) over a copy of the task folder (its
@@ -200,6 +201,34 @@ def test_research_round_with_codex(
         assert "PROGRAM-MARKER" in request_text(first)
         assert first["reasoning"]["effort"] == "low"  # --agent-effort reached the model call
         assert {h.get("authorization") for h in stub.headers} == {f"Bearer {CODEX_KEY}"}
+
+
+@pytest.mark.timeout(180)
+def test_research_round_with_gemini(
+    gpuswarm: Cli, research_repo: Path, tmp_path: Path, home: Path
+) -> None:
+    gemini = require_cli("gemini")
+    (home / ".gemini").mkdir()  # the user's settings: an API key (a gateway: the stub's URL)
+    (home / ".gemini/settings.json").write_text(
+        '{"security": {"auth": {"selectedType": "gemini-api-key"}}}\n'
+    )
+    with ModelStub(LOWER_DEPTH) as stub:
+        env = {
+            "PATH": f"{gemini.parent}:/usr/bin:/bin",
+            "HOME": str(home),
+            "GEMINI_API_KEY": "stub-gemini-key",
+            "GOOGLE_GEMINI_BASE_URL": stub.url,
+        }
+        init(gpuswarm, research_repo, env)
+        try:
+            res = loop(gpuswarm, research_repo, env, "--agent", "gemini", "--program",
+                       str(program_md(tmp_path)))  # fmt: skip
+            assert res.returncode == 0, res
+            assert_agent_variant(research_repo, "lower DEPTH to 7")
+        finally:
+            stop(gpuswarm, research_repo, env)
+        assert any("PROGRAM-MARKER" in request_text(b) for b in stub.main_requests())
+        assert {h.get("x-goog-api-key") for h in stub.headers} == {"stub-gemini-key"}
 
 
 @pytest.mark.timeout(180)

@@ -372,7 +372,7 @@ def test_runner_sigkill_reruns_variants(gpuswarm: Cli, research_repo: Path) -> N
         baseline = [v["id"] for v in variant_events(repo).values() if v["kind"] == "baseline"]
         assert len(baseline) == 1
         want[baseline[0]] = expected_metric(0.04, 8)
-        wait_for(lambda: len(running_tasks(repo)) == 4, 20, what="4 variants running")
+        wait_for(lambda: len(running_tasks(repo)) == 4, 60, what="4 variants running")
         wait_for(lambda: len(run_processes(core_run(repo))) >= 4, 20, what="the tasks' processes")
         tasks = {p.pid for p in run_processes(core_run(repo))}
         (runner,) = wait_for(lambda: len(runner_procs(repo)) == 1 and runner_procs(repo), 10)

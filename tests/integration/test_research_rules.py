@@ -6,6 +6,7 @@ repeated first baseline). Each test judges by results.tsv, the ledger, ``wait``/
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -100,6 +101,7 @@ def row_of(repo: Path, message: str) -> list[str]:
     return rows[0]
 
 
+@pytest.mark.timeout(180)  # a dozen CLI calls: on a loaded 2-core machine, over a minute
 def test_simplicity_and_memory_rules(gpuswarm: Cli, tmp_path: Path) -> None:
     """A deletion with an equal metric is kept (a simplification); a tiny gain for 20 added
     lines is discarded with the reason; so is a tiny gain that doubles peak memory. The reason
@@ -153,6 +155,7 @@ def test_simplicity_and_memory_rules(gpuswarm: Cli, tmp_path: Path) -> None:
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
 def test_a_noisy_identical_rerun_is_not_kept(gpuswarm: Cli, tmp_path: Path) -> None:
     """Identical code measures 0.91 and 0.93 (the repeated baseline: the noise); a change of a
     comment measures 0.905, within the noise: it is re-run twice on the GPUs that are free,
@@ -188,6 +191,7 @@ def test_a_noisy_identical_rerun_is_not_kept(gpuswarm: Cli, tmp_path: Path) -> N
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
 def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) -> None:
     """sim:2xA100,1xH100: the first baseline runs on both models; a variant is compared with the
     baseline of the model it ran on (the H100 measures 0.1 lower for the same code), rows carry
@@ -201,6 +205,10 @@ def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) ->
     baselines = [v for v in log if v["kind"] == "baseline"]
     models = {finished[v["id"]]["accelerator"] for v in baselines}
     assert models == {"A100", "H100"}, baselines  # one baseline (at least) per model
+    for v in baselines:  # each pinned to its model (its task's accelerator), none by chance
+        pinned = re.search(r" on (\w+)\)?$", v["description"])
+        assert pinned, v
+        assert finished[v["id"]]["accelerator"] == pinned[1], (v, finished[v["id"]])
     for v in baselines:
         expected = 0.91 if finished[v["id"]]["accelerator"] == "A100" else 0.81
         assert v["metric"] == pytest.approx(expected)

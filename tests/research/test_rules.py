@@ -198,21 +198,23 @@ def test_a_memory_blow_up_needs_a_meaningful_gain(tmp_path: Path) -> None:
     assert one(decide(cfg(vram_share=0.05), led.state())).status == "discard"
 
 
-def test_memory_is_measured_else_recorded_else_printed(tmp_path: Path) -> None:
-    """The peak a run is judged by: a measured one (the GPU sampler), else ``memory_gb`` (the
-    memory pattern's line), else the summary block's ``peak_vram_mb``."""
-    for where in ("measured", "recorded", "printed"):
+def test_memory_is_the_rows_else_the_summary_blocks(tmp_path: Path) -> None:
+    """The peak a run is judged by: its row's ``memory_gb`` (printed, else measured by the VRAM
+    sampler: outcome.py), else the summary block's ``peak_vram_mb``; none: not weighed."""
+    for where in ("row", "summary", "none"):
         led = Ledger(tmp_path)
         led.baselines(1.0)
         led.run(0.999, mb=90000.0)
         fin = led.events[-1]
-        if where == "measured":  # the sampler saw twice what the script printed
-            fin.update(peak_vram_mb=90000.0, memory_gb=43.9, summary={"peak_vram_mb": 45000.0})
-        elif where == "printed":
+        if where != "row":
             fin["memory_gb"] = None
-        else:
+        if where == "none":
             fin["summary"] = {}
-        assert "memory +100%" in one(decide(cfg(), led.state())).note, where
+        d = one(decide(cfg(), led.state()))
+        if where == "none":
+            assert d.status == "keep", d
+        else:
+            assert "memory +100%" in d.note, where
 
 
 # -- noise ---------------------------------------------------------------------------------------
@@ -319,6 +321,35 @@ def test_a_platform_without_a_baseline_gets_one(tmp_path: Path) -> None:
     assert rules.baseline_wanted(cfg(), st) is None
     d = one(decide(cfg(), st))
     assert d.status == "discard" and d.reason.startswith("no baseline of BASE on H100")
+
+
+def keep_on_a100(led: Ledger, metric: float) -> str:
+    """A kept variant on an A100: BASE moves to it (it has run on no other model)."""
+    vid = led.run(metric, on="A100", decided="keep")
+    led.add("base", **{"from": BASE, "to": f"{led.n:040x}", "id": vid})
+    return vid
+
+
+def test_after_base_moves_a_result_on_another_model_waits_for_a_run_of_it_there(
+    tmp_path: Path,
+) -> None:
+    led = two_platforms(tmp_path)  # async: every result is judged against the current BASE
+    keep_on_a100(led, 0.9)
+    led.run(0.7, on="H100")  # made on the old BASE, finished after the keep
+    st = led.state()
+    assert decide(cfg(), st) == []
+    assert rules.baseline_wanted(cfg(), st) == "H100"
+
+
+def test_rounds_discard_a_result_whose_older_base_never_ran_on_its_model(tmp_path: Path) -> None:
+    led = Ledger(tmp_path, "rounds", models={"A100": 2, "H100": 1})
+    led.baselines(1.0, 1.0, on="A100")
+    keep_on_a100(led, 0.9)
+    stale = led.run(0.7, on="H100")
+    led.add("sealed", n=1)
+    d = one(decide(cfg(), led.state()))
+    assert (d.id, d.status) == (stale, "discard")
+    assert d.reason.startswith("measured on an older BASE that has no run on H100")
 
 
 def test_results_rows_carry_the_platform_when_there_are_several(tmp_path: Path) -> None:

@@ -263,8 +263,8 @@ def provision_sources(preset: AgentPreset) -> list[tuple[Path, str]]:
 
 def answer_line(preset: AgentPreset, stdout: str) -> str:
     """The change's description in what the agent printed: the first non-empty line of its
-    standard output (after the last line matching ``message_after``, skipping those matching
-    ``message_skip``)."""
+    standard output (after the last line matching ``message_after``, skipping the paragraphs that
+    start with a line matching ``message_skip``: notes the CLI prints, wrapped to its width)."""
     lines = [ln.strip() for ln in stdout.splitlines()]
     if preset.message_after is not None:
         marker = re.compile(preset.message_after)
@@ -272,4 +272,12 @@ def answer_line(preset: AgentPreset, stdout: str) -> str:
         if hits:
             lines = lines[hits[-1] + 1 :]
     skip = re.compile(preset.message_skip) if preset.message_skip else None
-    return next((ln for ln in lines if ln and not (skip and skip.search(ln))), "")
+    skipping = False
+    for line in lines:
+        if not line:
+            skipping = False  # a skipped note ends with its paragraph (it may be wrapped)
+        elif skip is not None and skip.search(line):
+            skipping = True
+        elif not skipping:
+            return line
+    return ""

@@ -70,6 +70,9 @@ class TaskOptions(BaseModel):
     agent: AgentUseField | None = None  # issue 20: a coding agent's CLI runs before the command
     # issue 19: the GPU memory it needs (MiB); placement packs tasks on a GPU while they fit
     gpu_memory: GpuMemory | None = None
+    # the GPU model it runs on, where a run has several: words of the GPU's name, any case
+    # ("H100", "A100 80GB"); slots of other models pass it by
+    accelerator: NonEmpty | None = Field(default=None, max_length=200)
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -402,6 +405,7 @@ class TaskSpec(BaseModel):
     skip_exit_code: int | None = None
     skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
     gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
+    accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
 
 
 def default_name(command: str | list[str]) -> str:

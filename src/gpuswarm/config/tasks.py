@@ -93,6 +93,7 @@ def make_spec(
         skip_exit_code=opts.skip_exit_code,
         skip_reason=instance.skip,
         gpu_memory_mb=opts.gpu_memory,
+        accelerator=opts.accelerator,
     )
 
 

@@ -60,3 +60,15 @@ def as_int(text: str) -> int | None:
     """A plain non-negative decimal (surrounding blanks allowed), else None."""
     text = text.strip()
     return int(text) if _INT_RE.fullmatch(text) else None
+
+
+def model_matches(name: str, wanted: str) -> bool:
+    """Whether a GPU named ``name`` is of the model a task asks for (``accelerator:``): every
+    word of ``wanted`` is a word of the name, in order, any case, a word ending at a space,
+    a dash or the end (``H100`` and ``h100 80gb`` match ``NVIDIA H100 80GB HBM3``, ``A100``
+    matches ``NVIDIA A100-SXM4-80GB``; ``A10`` does not match ``A100``)."""
+    words = wanted.split()
+    if not words:
+        return True
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    return re.search(rf"(?<![^\W_]){pattern}(?![^\W_])", name, re.IGNORECASE) is not None

@@ -78,7 +78,14 @@ def task_for(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> TaskSpec:
         max_attempts=1,
         priority=10 if v.kind == "baseline" else 0,
         metrics={cfg.metric: cfg.metric_pattern, "peak_vram_mb": cfg.memory_pattern},
+        accelerator=_platform(v),
     )
+
+
+def _platform(v: Variant) -> str | None:
+    """The GPU model a baseline run is pinned to (several models: one baseline per model)."""
+    wanted = v.meta.get("platform")
+    return wanted if isinstance(wanted, str) and wanted else None
 
 
 def enqueue(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> None:

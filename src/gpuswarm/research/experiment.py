@@ -4,15 +4,17 @@ replay into a State are ``journal.py``).
 An experiment lives in ``<repo>/.gpuswarm/research/<tag>/`` (git ignores it through
 ``.git/info/exclude``)::
 
-    experiment.json   the settings given to ``research init`` (never rewritten)
+    experiment.json   the settings (``research init``; changed only by ``research config``)
     ledger.jsonl      append-only, fsynced: one JSON line per event; the state is its replay
     results.tsv       the seed's five columns, one row per decided experiment (rendered)
     queue/run_*/      the core run whose tasks are the variants (a variant run is a task)
     variants/<id>/    the export of a variant's commit it runs in, removed once it is recorded
     lock, serve.lock  flocks: state changes; the background runner
 
-Events: ``variant`` (created: commit, parent, description, kind, round), ``finished`` (what the
-run produced), ``decided`` (keep / discard / crash and the results.tsv row), ``base`` (the
+Events: ``init`` (BASE, the GPU models of ``--gpus``), ``variant`` (created: commit, parent,
+description, kind, round), ``finished`` (what the run produced, on which host and GPU model),
+``decided`` (keep / discard / crash, the reason and the results.tsv row), ``config`` (settings
+changed by ``research config``, old and new), ``base`` (the
 branch moved), ``worktree`` (the user's editable files were restored to a BASE), ``sealed``
 (a round takes no more variants: ``wait`` or the loop said so), ``mode``, ``seen``. The row is
 journaled before the branch moves; recovery finishes a move a crash cut short.

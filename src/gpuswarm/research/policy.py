@@ -166,6 +166,10 @@ def _round_verdicts(
         verdict = rules.judge(cfg, state, v, v.parent, "best of its round")
         if verdict is not None:
             verdicts[v.id] = _platform_check(cfg, state, v, verdict)
+        elif v.parent != state.base:  # its older BASE never ran there, and never will now
+            p = rules.platform_of(v)
+            reason = f"measured on an older BASE that has no run on {p}: nothing to compare it with"
+            given_up.append(Decision(v.id, "discard", reason, note="no baseline on its platform"))
         elif (d := _no_baseline(state, v)) is not None:
             given_up.append(d)
     return verdicts, given_up

@@ -205,6 +205,7 @@ def log(exp: Experiment) -> dict[str, Any]:
                 "origin": v.origin,
                 "meta": v.meta,
                 "host": fin.get("host"),
+                "accelerator": fin.get("accelerator"),
                 "started": fin.get("started"),
                 "ended": fin.get("ended"),
                 "exit": fin.get("exit"),

@@ -11,22 +11,17 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 _FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--noise-confirm", "noise_confirm", int, "noise-aware: re-runs of a gain within the noise"),
-    ("--baseline-repeats", "baseline_repeats", int, "runs of the first baseline (0: 2/platform)"),
-    ("--gain-per-line", "gain_per_line", str, "gain each added line must bring (0.01% or 0.0001)"),
-    (
-        "--equal-within",
-        "equal_within",
-        str,
-        "'equal' for a simplification without a noise estimate",
-    ),
-    ("--vram-share", "vram_share", float, "a keep raising peak memory by more than this share..."),
-    ("--vram-gain", "vram_gain", str, "...must gain at least this (0.5% or 0.005)"),
+    ("--noise-confirm", "noise_confirm", int, "re-runs of a gain within the noise (default 2)"),
+    ("--baseline-repeats", "baseline_repeats", int, "first baseline runs (0: 2 per GPU model)"),
+    ("--gain-per-line", "gain_per_line", str, "gain per added line (0.01%; units: 0.0001)"),
+    ("--equal-within", "equal_within", str, "'equal' before a noise estimate (0.05%)"),
+    ("--vram-share", "vram_share", float, "a keep raising peak memory by more than this (0.1)"),
+    ("--vram-gain", "vram_gain", str, "...must gain at least this (0.5%; units: 0.005)"),
     (
         "--base-platform",
         "base_platform",
         str,
-        "whose wins move BASE: majority, any, or a GPU model",
+        "whose wins move BASE: majority (default), any, a model",
     ),
 )
 

@@ -89,15 +89,12 @@ def ok_metric(v: Variant) -> float | None:
 
 
 def peak_mb(v: Variant) -> float | None:
-    """Peak GPU memory of a run in MB: a measured peak where the record has one, else the
-    recorded ``memory_gb`` (the ``--memory-regex`` line, ``peak_vram_mb:`` by default), else a
-    ``peak_vram_mb`` of the summary block."""
+    """Peak GPU memory of a run in MB, as its results row has it (``memory_gb``: the script's
+    ``peak_vram_mb:`` line, else the peak gpuswarm's VRAM sampler measured), else a
+    ``peak_vram_mb`` of the log's summary block."""
     fin = v.finished or {}
-    measured = fin.get("peak_vram_mb")
-    if isinstance(measured, int | float) and measured > 0:
-        return float(measured)
     gb = fin.get("memory_gb")
-    if isinstance(gb, int | float) and gb > 0:
+    if isinstance(gb, int | float) and not isinstance(gb, bool) and gb > 0:
         return float(gb) * 1024
     printed = (fin.get("summary") or {}).get("peak_vram_mb")
     return float(printed) if isinstance(printed, int | float) and printed > 0 else None
@@ -350,8 +347,8 @@ def confirmations(state: ExperimentState, v: Variant) -> list[Variant]:
 
 def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None:
     """A platform with results to judge and no run of BASE on it (with several platforms):
-    one more baseline run is wanted (it runs on whichever GPU is free first; tried a few times
-    per platform). None: nothing wanted, or one is in flight."""
+    one more baseline run is wanted (pinned to that model by its task's ``accelerator``; tried
+    a few times per platform). None: nothing wanted, or one is in flight."""
     if not multi_platform(state):
         return None
     base_runs = baseline_runs(state)
@@ -362,15 +359,17 @@ def baseline_wanted(cfg: ExperimentConfig, state: ExperimentState) -> str | None
     measured = {platform_of(v) for v in runs_of(state, state.base, None)}
     for v in state.undecided():
         p = platform_of(v)
-        judged = v.kind != "baseline" and v.parent == state.base and ok_metric(v) is not None
+        # async judges every result against BASE; rounds against its parent (BASE or older)
+        against_base = state.mode == "async" or v.parent == state.base
+        judged = v.kind in ("variant", "combo") and against_base and ok_metric(v) is not None
         if judged and p not in measured:
             return p
     return None
 
 
 def baseline_tries(state: ExperimentState) -> int:
-    """...or, where there are more GPUs, one more than them: an idle runner hands the next task
-    to the GPU free longest, so a run for every GPU in turn reaches each model."""
+    """...or, where there are more GPUs, one more than them (each run is pinned to its model;
+    a run that fails or is cancelled there is tried again, this many runs in all)."""
     gpus = sum(state.gpu_models.values())
     return max(BASELINE_TRIES_PER_PLATFORM * len(platforms(state)), gpus + 1)
 

@@ -48,9 +48,15 @@ def _baseline_needed(state: ExperimentState) -> bool:
 
 
 def _queue_baselines(exp: Experiment, state: ExperimentState, repeat: int) -> list[Variant]:
+    """``repeat`` runs of BASE; with several GPU models, dealt to the models in turn, each run
+    pinned to its model (its task's ``accelerator``), so every model gets its own baseline."""
+    models = sorted(state.gpu_models) if len(state.gpu_models) > 1 else []
     out = []
     for i in range(repeat):
         text = "baseline" if repeat == 1 else f"baseline (repeat {i + 1}/{repeat})"
+        model = models[i % len(models)] if models else None
+        if model is not None:
+            text += f" on {model}"
         out.append(
             variants.record(
                 exp.paths,
@@ -61,6 +67,7 @@ def _queue_baselines(exp: Experiment, state: ExperimentState, repeat: int) -> li
                 parent=state.base,
                 description=text,
                 source="baseline",
+                meta={"platform": model} if model is not None else None,
             )
         )
     return out

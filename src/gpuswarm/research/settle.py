@@ -60,8 +60,8 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
 
 def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     """With several GPU models, a variant is compared with BASE's runs on its own model: queue
-    one more baseline run when a result waits on a model BASE has not run on yet (it goes to
-    the first GPU free: a run that lands on a measured model is one more repeat there)."""
+    one more baseline run when a result waits on a model BASE has not run on yet, pinned to
+    that model (its task's ``accelerator``: only that model's slots claim it)."""
     if cfg.policy == "manual":
         return
     platform = rules.baseline_wanted(cfg, state)
@@ -76,6 +76,7 @@ def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: Experiment
         parent=state.base,
         description=f"baseline (wanted on {rules.short_platform(platform)})",
         source="baseline",
+        meta={"platform": platform},
     )
     executor.enqueue(paths, cfg, v)
     runner.ensure_runner(paths, cfg)

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.research import executor, session
+from gpuswarm.research import executor, rules, session
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
@@ -171,9 +171,11 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
         follower.poll()
         best = "-" if s.best is None else f"{s.best:.6f}"
         kept = sum(1 for r in s.rows if r[3] == "keep")
+        est = rules.noise(s) if exp.cfg.policy == "noise-aware" else None
+        noise = f"  noise sd {est.sigma:.6f}" if est is not None else ""
         header["text"] = (
             f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
-            f"{len(s.rows)} experiments, {kept} kept  mode {opts.mode}"
+            f"{len(s.rows)} experiments, {kept} kept  mode {opts.mode}{noise}"
         )
 
     view = LiveView(

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.exec.plan import Outcome
-from gpuswarm.placement.devices import Gpu, Vendor
+from gpuswarm.placement.devices import Gpu, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostbook import HostBook
 from gpuswarm.placement.nvml import GpuQuery, open_query
@@ -129,6 +129,8 @@ class GpuPlacement:
         if query is True:
             query = _query_for(self.vendor, run.cfg.vram)
         self._packing = any(g.memory_mb for g in self.gpus.values())
+        # several GPU models: a task's ``accelerator:`` picks its slots (every claim asks)
+        self.mixed = len({g.name.casefold() for g in self.gpus.values()}) > 1
         if isinstance(query, bool) or query is None:
             return
         self.sampler = VramSampler(
@@ -190,7 +192,7 @@ class GpuPlacement:
         if blocked and not out:
             self._refused = True  # a slot waits for a release: the loop must not end
         if not self.packing:
-            return out[:1]
+            return out if self.mixed else out[:1]  # mixed: each model's slot asks in turn
         room = self._rooms()
         out.sort(key=lambda s: -min(room.get(g, math.inf) for g in s.gpu_ids))
         return out
@@ -222,9 +224,10 @@ class GpuPlacement:
         GPUs now? Tasks that do not are passed over (a smaller one behind may fit), unless one
         has waited :data:`BACKFILL_LIMIT_SECONDS` for room on a GPU of this slot it could fit:
         then nothing behind it is placed there (the GPU drains until it fits: no starvation)."""
-        if not self.packing:
+        if not self.packing and not self.mixed:
             return None
         held_back = False
+        names = [g.name for g in slot.devices_of(slot.gpu_ids)]
 
         def fits(name: str) -> bool:
             nonlocal held_back
@@ -233,6 +236,11 @@ class GpuPlacement:
             desc = self.run.queue.read_desc(State.PENDING, name)
             if desc is None:
                 return True  # gone (another claimer) or unreadable: the claim deals with it
+            wanted = accelerator_of(desc)
+            if wanted and not all(model_matches(n, wanted) for n in names):
+                return False  # another model's slot takes it (not a wait for room)
+            if not self.packing:
+                return True
             need = need_of(desc)
             if self.fits(slot.gpu_ids, need, declared_of(desc)):
                 self._waiting.pop(name, None)
@@ -459,6 +467,12 @@ def need_of(desc: Descriptor) -> int | None:
         return raised
     declared = desc.task.get("gpu_memory_mb")
     return declared if isinstance(declared, int) and declared > 0 else None
+
+
+def accelerator_of(desc: Descriptor) -> str | None:
+    """The GPU model the task asks for (``accelerator:``), or None."""
+    wanted = desc.task.get("accelerator")
+    return wanted if isinstance(wanted, str) and wanted.strip() else None
 
 
 def declared_of(desc: Descriptor) -> bool:
