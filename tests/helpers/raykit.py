@@ -53,6 +53,7 @@ class LocalRayCluster:
 
         self.tmp = tmp
         os.environ["RAY_TMPDIR"] = str(tmp)
+        os.environ["GPUSWARM_RAY_SCRATCH"] = str(tmp / "scratch")  # the actors' node folders
         ray: Any = ray_module
         self.cluster: Any = Cluster(
             initialize_head=True,
@@ -105,3 +106,4 @@ class LocalRayCluster:
             self.ray.shutdown()
         self.cluster.shutdown()
         os.environ.pop("RAY_TMPDIR", None)
+        os.environ.pop("GPUSWARM_RAY_SCRATCH", None)
