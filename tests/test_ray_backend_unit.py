@@ -228,3 +228,28 @@ def test_resume_on_another_cluster_address() -> None:
         with_ray_address(ray_setup, "nohost")
     with pytest.raises(ConfigError, match="not ray"):
         with_ray_address(Setup([], Path(), False, (), {}), "10.0.0.9:6379")
+
+
+def test_a_task_lost_three_times_in_a_row_is_judged_not_requeued() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from gpuswarm.core.models import AttemptRecord, EndKind
+    from gpuswarm.exec.base import AttemptEnd
+    from gpuswarm.supervise.committer import _lost_again
+
+    lost = AttemptEnd(EndKind.LOST, None, None, "lost: node left", False, 0.0, 1.0, None, 0)
+
+    def live(kinds: list[EndKind]) -> Any:
+        records = [AttemptRecord.lost(n=i + 1, slot="s", reason="x") for i, _ in enumerate(kinds)]
+        records = [r.but(kind=k.value) for r, k in zip(records, kinds, strict=True)]
+        return cast(
+            Any, SimpleNamespace(claimed=SimpleNamespace(desc=SimpleNamespace(attempts=records)))
+        )
+
+    assert _lost_again(live([]), lost)
+    assert _lost_again(live([EndKind.LOST]), lost)
+    assert _lost_again(live([EndKind.LOST, EndKind.EXITED]), lost)
+    assert not _lost_again(live([EndKind.LOST, EndKind.LOST]), lost)  # the third in a row
+    exited = AttemptEnd(EndKind.EXITED, 0, None, "exit 0", False, 0.0, 1.0, 1, 0)
+    assert not _lost_again(live([]), exited)

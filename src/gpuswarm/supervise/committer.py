@@ -117,7 +117,7 @@ class Committer:
             if live.cancel is not None:
                 self._cancelled(live, end, record)
                 return
-            if end.kind in (EndKind.CANCELLED, EndKind.LOST):  # LOST: its node left (ray)
+            if end.kind is EndKind.CANCELLED or _lost_again(live, end):
                 why = "lost" if end.kind is EndKind.LOST else "interrupted"
                 self.hand_back(live.claimed, live.task, record, why)
                 return
@@ -265,6 +265,21 @@ class Committer:
     def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
         ledger = self.run.ledger
         return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
+
+
+MAX_LOST = 3  # a task whose node left this many times in a row fails (it may be what kills it)
+
+
+def _lost_again(live: LiveAttempt, end: AttemptEnd) -> bool:
+    """Whether a ``lost`` attempt (its node left the cluster: backend ray) goes back to
+    pending/ without counting against ``max_attempts``, like a supervisor's crash: yes, unless
+    its last MAX_LOST - 1 attempts were lost too; then it is judged a failed attempt (a task
+    that brings its node down would otherwise be requeued forever)."""
+    if end.kind is not EndKind.LOST:
+        return False
+    recent = live.claimed.desc.attempts[-(MAX_LOST - 1) :]
+    lost = [a for a in recent if a.kind == EndKind.LOST.value]
+    return len(lost) < MAX_LOST - 1
 
 
 def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:
