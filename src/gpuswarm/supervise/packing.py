@@ -130,7 +130,8 @@ class GpuPlacement:
             query = _query_for(self.vendor, run.cfg.vram)
         self._packing = any(g.memory_mb for g in self.gpus.values())
         # several GPU models: a task's ``accelerator:`` picks its slots (every claim asks)
-        self.mixed = len({g.name.casefold() for g in self.gpus.values()}) > 1
+        self._models = {g.name.casefold() for g in self.gpus.values()}
+        self.mixed = len(self._models) > 1
         if isinstance(query, bool) or query is None:
             return
         self.sampler = VramSampler(
@@ -182,12 +183,16 @@ class GpuPlacement:
         """Free slots to claim for, best first: not paused, not on a GPU still releasing an
         ended attempt (or held), one per GPU group (its siblings would see the same room)."""
         out: list[Slot] = []
-        seen: set[tuple[int, ...]] = set()
+        seen: set[tuple[str, tuple[int, ...]]] = set()  # (its node: a cluster's, GPUs)
         blocked = self._blocked()
         for slot in free:
-            if holds(slot) or slot.gpu_ids in seen or blocked.intersection(slot.gpu_ids):
+            if not self.mixed:  # a cluster's slots come and go: a node of another model
+                self._models.update(g.name.casefold() for g in slot.devices)
+                self.mixed = len(self._models) > 1
+            group = (slot.host, slot.gpu_ids)
+            if holds(slot) or group in seen or blocked.intersection(slot.gpu_ids):
                 continue
-            seen.add(slot.gpu_ids)
+            seen.add(group)
             out.append(slot)
         if blocked and not out:
             self._refused = True  # a slot waits for a release: the loop must not end
