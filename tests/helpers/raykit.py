@@ -2,7 +2,9 @@
 
 ``ray.cluster_utils.Cluster`` starts a separate raylet per node; each node gets fake GPU
 resources (``num_gpus=2``: Ray assigns GPU ids and sets each actor's ``CUDA_VISIBLE_DEVICES``
-as on real GPUs), ``RAY_TMPDIR`` lies in the test's temp folder, and the health check is fast
+as on real GPUs), ``RAY_TMPDIR`` is a short temp folder of the test's own (removed with the
+cluster: under pytest-xdist the test's temp path is so long that Ray's socket paths under it
+pass AF_UNIX's 107 bytes and the head never starts), and the health check is fast
 (as Ray's own node-death tests set it) so a removed node is declared dead within about a second.
 
 :func:`require_ray` skips a test without Ray locally, and fails it instead in CI
@@ -15,6 +17,8 @@ import contextlib
 import importlib.util
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,7 +56,9 @@ class LocalRayCluster:
         from ray.cluster_utils import Cluster
 
         self.tmp = tmp
-        os.environ["RAY_TMPDIR"] = str(tmp)
+        # <RAY_TMPDIR>/ray/session_<date>_<pid>/sockets/plasma_store must stay under 107 bytes
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="gsray-"))
+        os.environ["RAY_TMPDIR"] = str(self.ray_tmp)
         os.environ["GPUSWARM_RAY_SCRATCH"] = str(tmp / "scratch")  # the actors' node folders
         ray: Any = ray_module
         self.cluster: Any = Cluster(
@@ -105,5 +111,6 @@ class LocalRayCluster:
         with contextlib.suppress(Exception):
             self.ray.shutdown()
         self.cluster.shutdown()
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
         os.environ.pop("RAY_TMPDIR", None)
         os.environ.pop("GPUSWARM_RAY_SCRATCH", None)
