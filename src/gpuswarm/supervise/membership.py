@@ -91,10 +91,11 @@ class SlotSync:
         if self.membership is not None:
             self.membership.watch(self.run.wakeup)
 
-    def sync(self, free: deque[Slot]) -> None:
-        """Apply what changed since the last pass to ``free`` (the loop's thread)."""
+    def sync(self, free: deque[Slot]) -> list[Slot]:
+        """Apply what changed since the last pass to ``free`` (the loop's thread); returns the
+        slots added."""
         if self.membership is None:
-            return
+            return []
         changes = self.membership.changes()
         run = self.run
         if changes.added:
@@ -114,3 +115,4 @@ class SlotSync:
                 free.remove(slot)
         if changes.added or changes.retired:
             run.more_work()
+        return changes.added

@@ -182,13 +182,14 @@ class GpuPlacement:
     def candidates(self, free: Iterable[Slot], holds: Callable[[Slot], bool]) -> list[Slot]:
         """Free slots to claim for, best first: not paused, not on a GPU still releasing an
         ended attempt (or held), one per GPU group (its siblings would see the same room)."""
+        if not self.packing and not self.mixed and self.sampler is None:
+            # nothing to place by (sim:N, a cluster of one model): the first free slot
+            # that is not paused, as the loop claimed before placement existed
+            return next(([s] for s in free if not holds(s)), [])
         out: list[Slot] = []
         seen: set[tuple[str, tuple[int, ...]]] = set()  # (its node: a cluster's, GPUs)
         blocked = self._blocked()
         for slot in free:
-            if not self.mixed:  # a cluster's slots come and go: a node of another model
-                self._models.update(g.name.casefold() for g in slot.devices)
-                self.mixed = len(self._models) > 1
             group = (slot.host, slot.gpu_ids)
             if holds(slot) or group in seen or blocked.intersection(slot.gpu_ids):
                 continue
@@ -201,6 +202,13 @@ class GpuPlacement:
         room = self._rooms()
         out.sort(key=lambda s: -min(room.get(g, math.inf) for g in s.gpu_ids))
         return out
+
+    def add_slots(self, slots: Iterable[Slot]) -> None:
+        """Slots that joined (a cluster's node): a node of another model makes the run mixed,
+        so ``accelerator:`` is asked from then on."""
+        for slot in slots:
+            self._models.update(g.name.casefold() for g in slot.devices)
+        self.mixed = len(self._models) > 1
 
     @property
     def packing(self) -> bool:

@@ -200,7 +200,7 @@ class Supervisor:
         while True:
             self._collect_returns(free)
             self.quarantine.back_in_rotation(free)
-            self.slot_sync.sync(free)
+            self.gpus.add_slots(self.slot_sync.sync(free))
             if self.stopping.is_set():
                 self._hand_all_to_waiters()
                 if self._slow == 0 and not self.committer.busy():
