@@ -94,6 +94,7 @@ class Shared:
     live: dict[int, LiveAttempt] = field(default_factory=dict)  # slot index -> its attempt
     errors: list[BaseException] = field(default_factory=list)
     paused: Paused = field(default_factory=lambda: Paused(False, frozenset()))  # the keeper's
+    ended_by: str | None = None  # why the backend stopped the run (its cluster is gone)
 
     def holds(self, slot: Slot) -> bool:
         """Whether ``slot`` is paused now (the run, or the slot: it claims nothing)."""

@@ -5,7 +5,9 @@ loop applies them once per pass (:meth:`SlotSync.sync`, on its own thread, so ``
 lock): a new slot gets its registration in ``.parallel/slots/`` (the timeline's lanes), its
 base environment and a place among the free slots; a retired slot (its node left) leaves the
 free slots and never comes back, while its running attempt ends ``lost`` through its handle;
-each change is one ``slots`` event. Local and docker have no membership: nothing happens here.
+each change is one ``slots`` event. A backend that cannot go on (``fatal``: the cluster's
+head is gone) stops the run warm, with its reason (``Shared.ended_by``). Local and docker
+have no membership: nothing happens here.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class SlotSync:
         if self.retired:
             for slot in [s for s in free if s.label in self.retired]:
                 free.remove(slot)
+        if changes.fatal and run.ended_by is None:
+            run.ended_by = changes.fatal
+            run.request_stop()  # warm: what still runs ends (lost) and goes back to the queue
+            run.ledger.emit(Ev.SLOTS, change="backend_lost", reason=changes.fatal)
         if changes.added or changes.retired:
             run.more_work()
         return changes.added

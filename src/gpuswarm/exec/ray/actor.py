@@ -31,6 +31,7 @@ from typing import Any
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.tree import become_subreaper
+from gpuswarm.exec.ray.guard import Guard
 from gpuswarm.exec.ray.wire import (
     Staged,
     TooLarge,
@@ -105,6 +106,7 @@ class SlotActor:
         self._runs: dict[str, _Run] = {}
         self._cond = threading.Condition()
         self._node_env = dict(os.environ)
+        self._guard = Guard()  # before the subreaper: the guard must not be in our tree
         become_subreaper()
 
     # -- who and where ---------------------------------------------------------------------------
@@ -137,7 +139,10 @@ class SlotActor:
                 timeout=timeout,
                 grace=10.0,
             )
-            end = Attempt.launch(spec).wait()
+            attempt = Attempt.launch(spec)
+            self._guard.watch(attempt.token, attempt.pid, spec.grace)
+            end = attempt.wait()
+            self._guard.unwatch(attempt.token)
             rc = end.returncode if end.ok or end.returncode is not None else -1
             with contextlib.suppress(OSError):
                 tail = log.read_bytes()[-SETUP_TAIL:].decode(errors="replace")
@@ -171,6 +176,7 @@ class SlotActor:
         with contextlib.suppress(FileNotFoundError):
             staged.spec.log_path.unlink()
         attempt = Attempt.launch(staged.spec)
+        self._guard.watch(attempt.token, attempt.pid, staged.spec.grace)
         workspace = str(data["env"].get("GPUSWARM_TASK_WORKSPACE", ""))
         identity = dict(data.get("identity") or {})
         run = _Run(token, staged, attempt, identity, str(data["log"]), workspace)
@@ -181,6 +187,7 @@ class SlotActor:
 
     def _wait(self, run: _Run) -> None:
         end = run.attempt.wait()
+        self._guard.unwatch(run.attempt.token)
         if run.staged.task_dir is not None:
             try:
                 run.files = collect_outputs(run.staged.task_dir, self._max_result)
