@@ -94,21 +94,37 @@ def test_a_process_that_ignores_term_is_killed_after_the_grace(
     assert _gone([proc.pid])
 
 
-def test_guard_process_ends_the_attempt_when_its_actor_side_goes(
+def test_guard_process_ends_the_attempt_when_its_actor_dies(
     trees: list[subprocess.Popen[bytes]],
 ) -> None:
-    """The real guard process: the actor's end of the pipe closes (as when the actor dies),
-    and the guard, not a child of ours, ends the attempt it was told of."""
-    guard = Guard()
-    assert guard.running
+    """The real guard, started by a process that plays the actor: that process dies as Ray
+    ends an actor whose raylet is gone (its direct children SIGKILLed, then itself), and the
+    guard -- not among those children -- ends the attempt it was told of."""
     proc, pids = _tree("tok-g")
     trees.append(proc)
-    guard.watch("tok-g", proc.pid, 0.5)
-    children = {c.pid for c in psutil.Process().children()}
-    cmdlines = [" ".join(psutil.Process(c).cmdline()) for c in children if psutil.pid_exists(c)]
-    assert not any("gpuswarm.exec.ray.guard" in c for c in cmdlines)  # double-forked away
-    assert guard._pipe is not None
-    guard._pipe.close()  # the actor is gone (its guard's first process was waited for)
+    actor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from gpuswarm.exec.ray.guard import Guard\n"
+            "g = Guard()\n"
+            f"g.watch('tok-g', {proc.pid}, 0.5)\n"
+            "print('running' if g.running else 'no guard', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert actor.stdout is not None
+    try:
+        assert actor.stdout.readline().strip() == b"running"
+        kids = psutil.Process(actor.pid).children()
+        for kid in kids:  # what Ray's worker exit does (kill_child_processes_on_worker_exit)
+            kid.kill()
+        actor.kill()
+        actor.wait(10)
+    finally:
+        actor.stdout.close()
     proc.wait(15)
     assert _gone(pids), pids
 

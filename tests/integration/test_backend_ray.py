@@ -167,6 +167,49 @@ def test_staged_attempts_send_their_outputs_home_under_the_limit(
     assert cluster.wait_no_actors() == []
 
 
+def test_a_node_without_the_run_folder_gets_the_slot_home_and_keeps_it(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    """``home.isolate`` with ``ship: always``: the slot's private HOME, provisioned on the
+    driver, is shipped once to the node, which keeps it for the slot's next attempts (as a
+    local slot's HOME is kept), and drops it at the run's end."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "tool.cfg").write_text("token-free setting\n")
+    ws = tmp_path / "ws"
+    step = (
+        'sh -c \'cat "$HOME/.config/tool.cfg" > "$GPUSWARM_TASK_WORKSPACE/cfg.txt"; '
+        'echo x >> "$HOME/count"; wc -l < "$HOME/count" > "$GPUSWARM_TASK_WORKSPACE/n.txt"; '
+        'echo "$HOME" > "$GPUSWARM_TASK_WORKSPACE/home.txt"\''
+    )
+    config = tmp_path / "cfg" / "run.yaml"
+    config.write_text(
+        "backend: ray\n"
+        f"ray: {{address: '{cluster.address}', ship: always}}\n"
+        "gpus: 1\n"  # one slot: both tasks run on it, one after the other
+        "home: {isolate: true, provision: [{src: tool.cfg, dest: .config/tool.cfg}]}\n"
+        f"workspace: {ws}\n"
+        "tasks:\n"
+        f"  - {{name: first, command: {json.dumps(step)}}}\n"
+        f"  - {{name: second, command: {json.dumps(step)}}}\n"
+    )
+    result = gpuswarm("run", "--plain", "--no-report", config, timeout=120)
+    assert result.returncode == 0, result
+    run = find_runs(ws)[0]
+    counts = {}
+    for task in ("first", "second"):
+        folder = run / "tasks" / task
+        assert (folder / "cfg.txt").read_text() == "token-free setting\n"  # provisioned
+        home = (folder / "home.txt").read_text().strip()
+        assert "gpuswarm-ray" in home and not home.startswith(str(run))  # the node's copy
+        counts[task] = int((folder / "n.txt").read_text())
+    assert sorted(counts.values()) == [1, 2]  # the second attempt found the first's file
+    slot_home = next((run / "homes").iterdir())
+    assert not (slot_home / "count").exists()  # the driver's copy is not written by the node
+    scratch = Path(os.environ["GPUSWARM_RAY_SCRATCH"]) / "gpuswarm-ray"
+    assert list(scratch.glob(f"{run.name}-*/homes")) == []  # dropped at the run's end
+    assert cluster.wait_no_actors() == []
+
+
 def _events(run: Path, ev: str) -> list[dict[str, Any]]:
     return [e for e in read_events(run) if e.get("ev") == ev]
 

@@ -55,6 +55,9 @@ class SupervisorConfig:
     vram: bool = True
     gpu_share: int = 1
     release_timeout: float = 30.0
+    # the ``preflight:`` commands: the engine runs them on the slots there are at the start; a
+    # cluster's slots that join later run them before they claim anything (supervise.membership)
+    preflight: tuple[str, ...] = ()
 
 
 @dataclass

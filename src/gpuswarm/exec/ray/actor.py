@@ -36,6 +36,7 @@ from gpuswarm.exec.ray.wire import (
     Staged,
     TooLarge,
     collect_outputs,
+    home_dir,
     needs_tree,
     node_spec,
     sees_run_folder,
@@ -154,24 +155,38 @@ class SlotActor:
     def has_tree(self, key: str) -> bool:
         return (self._scratch / "trees" / key).is_dir()
 
-    def start(self, data: dict[str, Any], tree: bytes | None = None) -> dict[str, Any]:
-        """Launch the attempt (idempotent by token). ``need_tree``: send the shipped folder."""
+    def start(
+        self, data: dict[str, Any], tree: bytes | None = None, home: bytes | None = None
+    ) -> dict[str, Any]:
+        """Launch the attempt (idempotent by token). ``need_tree`` / ``need_home``: send the
+        shipped folder / the slot's HOME (a node without the run folder, once each)."""
         token = str(data["token"])
         with self._cond:
             if token in self._runs:
                 return {"pid": self._runs[token].attempt.pid, "started": True}
         shared = data["ship"] != "always" and sees_run_folder(str(data["root"]), str(data["probe"]))
-        if not shared and needs_tree(data) and not data.get("tree"):
-            return {"need_tree": True}
         tree_dir: Path | None = None
-        if data.get("tree"):
+        need_tree = not shared and needs_tree(data) and not data.get("tree")
+        if not shared and data.get("tree"):
             tree_dir = self._scratch / "trees" / str(data["tree"][0])
             if not tree_dir.is_dir():
                 if tree is None:
-                    return {"need_tree": True}
-                tree_dir.parent.mkdir(parents=True, exist_ok=True)
-                unpack_tree(tree, tree_dir)
-        staged = node_spec(data, self._node_env, self._scratch, tree_dir)
+                    need_tree = True
+                else:
+                    tree_dir.parent.mkdir(parents=True, exist_ok=True)
+                    unpack_tree(tree, tree_dir)
+        slot_home = None if shared else home_dir(data, self._scratch)
+        need_home = False
+        if slot_home is not None and not slot_home.is_dir():
+            if home is None:
+                need_home = True
+            else:
+                slot_home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                unpack_tree(home, slot_home)
+                slot_home.chmod(0o700)
+        if need_tree or need_home:
+            return {"need_tree": need_tree, "need_home": need_home}
+        staged = node_spec(data, self._node_env, self._scratch, tree_dir, slot_home)
         staged.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             staged.spec.log_path.unlink()
@@ -268,9 +283,9 @@ class SlotActor:
             ]
 
     def cleanup(self) -> None:
-        """The driver is done for now: shipped trees, stages and logs go (the per-node setup's
-        mark stays: a resumed run does not set the node up again)."""
-        for name in ("trees", "stage", "logs"):
+        """The driver is done for now: shipped trees, slot HOMEs, stages and logs go (the
+        per-node setup's mark stays: a resumed run does not set the node up again)."""
+        for name in ("trees", "homes", "stage", "logs"):
             shutil.rmtree(self._scratch / name, ignore_errors=True)
 
     def stop_all(self, grace: float) -> int:

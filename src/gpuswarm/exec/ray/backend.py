@@ -166,6 +166,11 @@ class RayBackend:
                 self._trees[cwd] = (key, self.ray.put(blob))
             return self._trees[cwd]
 
+    def home_for(self, home: Path) -> bytes:
+        """A slot's private HOME packed for a node that does not see the run folder (its
+        provisioned files; TooLarge past ray.max_ship_mb)."""
+        return pack_tree(home, int(self.cfg.max_ship_mb * MB))[1]
+
     def end_leftovers(
         self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
     ) -> Leftovers:

@@ -144,12 +144,16 @@ class RayHandle:
         actor = self._rs.actor
         try:
             res = self._get(actor.start.remote(data), START_TIMEOUT)
-            if res.get("need_tree"):
-                key, blob = backend.tree_for(self._spec)
-                tree = (key, str(self._spec.cwd))
-                data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
-                data = self._with_shared(data)
-                res = self._get(actor.start.remote(data, blob), START_TIMEOUT)
+            if res.get("need_tree") or res.get("need_home"):
+                blob = home = None
+                if res.get("need_tree"):
+                    key, blob = backend.tree_for(self._spec)
+                    tree = (key, str(self._spec.cwd))
+                    data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
+                    data = self._with_shared(data)
+                if res.get("need_home"):
+                    home = backend.home_for(Path(str(data["home"])))
+                res = self._get(actor.start.remote(data, blob, home), START_TIMEOUT)
         except RayTaskError as exc:  # the node could not stage it (a full disk, a bad tree)
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             return self._failed(f"its node could not start it: {str(cause).splitlines()[-1]}")
