@@ -21,14 +21,14 @@ def _run(tmp_path: Path, backend: str, events: list[dict[str, Any]]) -> api.RunP
 
 
 def test_a_cluster_run_counts_the_slots_its_supervisor_has_now(tmp_path: Path) -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"ev": "supervisor_started", "slots": ["a-gpu0", "a-gpu1"]},
         {"ev": "slots", "change": "joined", "slots": ["b-gpu0", "b-gpu1", "b-gpu2"]},
         {"ev": "slots", "change": "left", "slots": ["a-gpu0", "a-gpu1"]},
         {"ev": "slots", "change": "preflight_failed", "slots": ["b-gpu2"]},
     ]
     assert api.slot_count(_run(tmp_path / "1", "ray", events)) == 2
-    stopped = [*events, {"ev": "supervisor_stopped"}]  # none live: as planned
+    stopped: list[dict[str, Any]] = [*events, {"ev": "supervisor_stopped"}]  # none live: planned
     assert api.slot_count(_run(tmp_path / "2", "ray", stopped)) == 4
     assert api.slot_count(_run(tmp_path / "3", "ray", [])) == 4  # none started yet
 
