@@ -314,7 +314,7 @@ class SlotPool:
                     )
             self._pending.retired.extend(retired)
         added = self._add_nodes()
-        return bool(retired or added)
+        return bool(gone or added)  # a node gone: its `left` is news even with no slot left
 
     def _watch_head(self, head: tuple[str, int]) -> None:
         """The head's GCS port, probed each second on a thread of its own (a call into Ray
