@@ -1,0 +1,205 @@
+"""``backend: ray`` across a real network partition: node B is another host in a network namespace
+(its own address, host name and ports, on the far end of a veth pair), and the link is cut
+while B's slots run tasks.
+
+What a user with two boxes relies on: B's slots are named after B; when B drops off the network
+its slots leave the run and its running tasks are requeued (``lost``) and done once elsewhere;
+B's attempts, still running on the far side of the cut (zombies), can never commit, even once
+the link is back; and they do not run on for ever (a node whose actors died ends their attempts).
+
+Root only (``ip netns``, veth, ``unshare -u``): skipped without root, run in CI (as root).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cli_driver import CliProcess, CliResult, pid_running, read_events, wait_for, wait_for_run
+from integration_support import run_processes
+from netns import NODE_HOSTNAME, NetnsCluster, require_netns
+from raykit import require_ray
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.ray,
+    pytest.mark.timeout(150),
+    pytest.mark.xdist_group("ray"),
+]
+
+TASKS = 4  # two slots on each node: every task starts at once, two of them on node B
+HEAD_SLEEP = 8
+ZOMBIE_SHORT = 8  # B's gpu0 attempt: ends on its own while the link is cut
+ZOMBIE_LONG = 300  # B's gpu1 attempt: runs past the test unless its dead node's guard ends it
+GUARD_WITHIN = 60.0
+
+
+@pytest.fixture
+def topology(tmp_path: Path) -> Iterator[NetnsCluster]:
+    require_ray()
+    require_netns()
+    made = NetnsCluster(tmp_path / "scratch")
+    try:
+        made.start()
+        yield made
+    finally:
+        made.close()
+
+
+def _task(rows: Path, ends: Path) -> str:
+    """Records (task, attempt, slot, host, pid) as it starts and again as it ends; sleeps by
+    where it runs (see the constants)."""
+    record = 'echo "$GPUSWARM_TASK_ID $GPUSWARM_ATTEMPT $GPUSWARM_SLOT_ID $h $$"'
+    script = (
+        f'h=$(hostname); s={HEAD_SLEEP}; case "$h/$GPUSWARM_SLOT_ID" in '
+        f"{NODE_HOSTNAME}/*gpu0) s={ZOMBIE_SHORT};; {NODE_HOSTNAME}/*gpu1) s={ZOMBIE_LONG};; "
+        f"esac; {record} >> {rows}; sleep $s; {record} >> {ends}"
+    )
+    return f"sh -c '{script}'"
+
+
+def _lines(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    return [line.split() for line in path.read_text().splitlines() if line.strip()]
+
+
+def _events(run: Path, ev: str, **match: Any) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in read_events(run)
+        if e.get("ev") == ev and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
+def _done_record(run: Path) -> dict[str, Any]:
+    """What the run holds as its outcome: summary counts, each done descriptor, the journal."""
+    done = {
+        p.name: json.loads(p.read_text()) for p in sorted((run / ".parallel" / "done").glob("*"))
+    }
+    return {
+        "summary": json.loads((run / "summary.json").read_text())["counts"],
+        "done": done,
+        "events": (run / "events.jsonl").read_bytes(),
+        "results": (run / "results.tsv").read_bytes(),
+    }
+
+
+def test_cut_off_node_leaves_its_tasks_run_once_elsewhere_its_zombies_never_commit(
+    topology: NetnsCluster,
+    tmp_path: Path,
+    gpuswarm: Callable[..., CliResult],
+    gpuswarm_popen: Callable[..., CliProcess],
+) -> None:
+    net = topology
+    # node B is another host: its own address and name, as Ray lists it
+    nodes = {n["NodeManagerAddress"]: n for n in net.query()["nodes"] if n["Alive"]}
+    assert set(nodes) == {net.head_ip, net.node_ip}, nodes
+    assert nodes[net.node_ip]["NodeManagerHostname"] == NODE_HOSTNAME
+    assert nodes[net.head_ip]["NodeManagerHostname"] != NODE_HOSTNAME
+    b_id = str(nodes[net.node_ip]["NodeID"])
+
+    rows, ends = tmp_path / "rows.txt", tmp_path / "ends.txt"
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("".join(_task(rows, ends) + "\n" for _ in range(TASKS)))
+    ws = tmp_path / "ws"
+    proc = gpuswarm_popen(
+        "run", "--backend", "ray", "--ray-address", net.address, "--plain", "--no-report",
+        "--workspace", ws, cmds,
+    )  # fmt: skip
+    run = wait_for_run(ws, timeout=60)
+    started = wait_for(lambda: _events(run, "supervisor_started"), timeout=60)
+    b_slots = {s for s in started[0]["slots"] if b_id[:6] in s}
+    assert b_slots == {f"{NODE_HOSTNAME}-{b_id[:6]}-gpu{k}" for k in range(2)}, started
+
+    def b_rows() -> list[list[str]]:
+        return [r for r in _lines(rows) if r[3] == NODE_HOSTNAME]
+
+    wait_for(lambda: len(b_rows()) == 2, timeout=60, what="both of node B's slots running")
+    status = gpuswarm("status", run, "--json", timeout=60)
+    assert status.returncode == 0, status
+    running = {r["slot"] for r in json.loads(status.stdout)["running"]}
+    assert b_slots <= running  # status names B's slots after B
+    on_b = {r[0]: r for r in b_rows()}
+    assert {r[2] for r in on_b.values()} == b_slots
+    zombie_pids = {int(r[4]) for r in on_b.values()}
+
+    cut_at = time.monotonic()
+    net.cut()
+    lost = wait_for(
+        lambda: len(_events(run, "requeued", reason="lost")) >= 2 and _events(run, "requeued"),
+        timeout=30,
+    )
+    requeued_in = time.monotonic() - cut_at
+    assert {e["task"] for e in lost} == set(on_b)  # B's tasks, and only those
+    # the zombies: B's attempts run on, cut off from the run
+    assert all(pid_running(pid) for pid in zombie_pids), zombie_pids
+    left = wait_for(lambda: _events(run, "slots", change="left"), timeout=30)
+    noticed = time.monotonic() - cut_at
+    assert left[0]["node"] == b_id and set(left[0]["slots"]) == b_slots
+
+    # the short zombie ends on its own while cut off (its outcome waits on its node, for no one)
+    wait_for(
+        lambda: any(r[3] == NODE_HOSTNAME for r in _lines(ends)),
+        timeout=ZOMBIE_SHORT + 10,
+        what="node B's short attempt to end",
+    )
+    net.restore()  # mid-run: B's raylet and actors can reach the head again
+    result = proc.wait(timeout=90)
+    assert result.returncode == 0, result
+
+    record = _done_record(run)
+    assert record["summary"]["done"] == TASKS
+    done = [e["task"] for e in _events(run, "finished", state="done")]
+    assert len(done) == TASKS and len(set(done)) == TASKS  # each task done once
+    head_host = nodes[net.head_ip]["NodeManagerHostname"]
+    for name, desc in record["done"].items():
+        attempts = desc["attempts"]
+        if desc["id"] in on_b:  # lost on B, then run to its end on the head
+            assert [a["kind"] for a in attempts] == ["lost", "exited"], (name, attempts)
+            assert [a["host"] for a in attempts] == [NODE_HOSTNAME, head_host], attempts
+            assert attempts[0]["slot"] == on_b[desc["id"]][2]
+        else:
+            assert [a["kind"] for a in attempts] == ["exited"], (name, attempts)
+    actors = [a for a in net.query()["actors"] if a.startswith("gpuswarm/")]
+    assert actors == []  # no actor of the run remains
+
+    # B's attempts are gone soon after the cut: the short one ended, the long one is ended by
+    # its node once its actor died.
+    # NOTE: needs the node-side guard (a slot actor's attempts end when the actor dies, its
+    # raylet gone); until that is on main the long zombie's tree outlives its dead actor (Ray
+    # ends the actor's direct child, `sh`, and its `sleep` runs on) and this fails.
+    def on_node_b() -> list[psutil.Process]:
+        inside = set(net.namespace_pids())
+        return [p for p in run_processes(run) if p.pid in inside]
+
+    wait_for(
+        lambda: not on_node_b(),
+        timeout=max(1.0, GUARD_WITHIN - (time.monotonic() - cut_at)),
+        interval=0.5,
+        what=f"node B's attempts to be gone within {GUARD_WITHIN}s of the cut: "
+        + "; ".join(f"{p.pid} {' '.join(p.cmdline())}" for p in on_node_b()),
+    )
+    gone_in = time.monotonic() - cut_at
+    # nothing a zombie did, cut off or with the link back, changed the run
+    assert _done_record(run) == record
+    assert [r[0] for r in _lines(ends) if r[3] == NODE_HOSTNAME] == [
+        r[0] for r in on_b.values() if r[2].endswith("gpu0")
+    ]  # the short zombie reached its end; the long one never did
+    for task in on_b:  # and its task ran to its end once more, on the head: counted once
+        assert [r[3] for r in _lines(ends) if r[0] == task][-1] == head_host
+    check = gpuswarm("check", run, "--json", timeout=90)
+    assert check.returncode == 0 and json.loads(check.stdout)["consistent"], check
+    print(
+        f"requeued {requeued_in:.1f}s, left {noticed:.1f}s, B's attempts gone {gone_in:.1f}s "
+        f"after the cut; the run took {result.seconds:.1f}s"
+    )
+    # the journal says B left when Ray declared it dead, not at the loop's next pass
+    # NOTE: fails today: see the report (slots.py SlotPool._look)
+    order = [e.get("change", e["ev"]) for e in read_events(run) if e["ev"] in ("slots", "finished")]
+    assert order.index("left") < order.index("finished"), order
