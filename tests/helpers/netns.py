@@ -1,33 +1,38 @@
 """Two Ray nodes that are really two hosts to each other, on one machine: network namespaces.
 
-The head runs in the root namespace on the root end of a veth pair (``10.213.N.1/30``); node B
-runs in a network namespace of its own on the other end (``10.213.N.2``), under a UTS namespace
-of its own too (``unshare -u``: its host name is :data:`NODE_HOSTNAME`), so Ray, the slot
-actors and gpuswarm see another host, at another address, with its own ports. Cutting the link
-(:meth:`NetnsCluster.cut`: the root end down, or every packet between them dropped) is a
-network partition: node B's processes go on running, cut off from the head; the head's health
-check declares the node dead, and node B's raylet gives up on the head after
-:data:`NODE_RECONNECT_S`.
+The head runs in the root namespace on the root end of a veth pair (``10.213.N.1/30``, N free
+and picked under a lock); node B runs in a network namespace of its own on the other end
+(``10.213.N.2``), in a UTS namespace of its own too (``unshare -u``: its host name is
+:data:`NODE_HOSTNAME`), so Ray, the slot actors and gpuswarm see another host, at another
+address, with its own ports (the head's are free ones: another Ray of the machine is left
+alone). :meth:`NetnsCluster.cut` partitions them (every packet over the link dropped, or the
+link down) and :meth:`NetnsCluster.restore` heals it: node B's processes go on running, cut off;
+the head's fast health check (raykit's ``FAST_HEALTH``) declares the node dead within about a
+second, and node B's raylet gives up on the head after :data:`NODE_RECONNECT_S` (gRPC
+keepalives of a second let it see a silent head at all).
 
-Everything of one cluster carries the tag ``gsnn<pid>`` (names of the namespace and veth ends,
-the ``/30``, ``GPUSWARM_NETNS_TAG`` in the environment of every process of both nodes), so
-:meth:`NetnsCluster.close` ends exactly its own processes (never ``ray stop``: that ends every
-Ray of the machine), deletes the namespace and link and removes its temp folder, whatever state
-the test left them in.
+Everything of one cluster carries its tag ``gsnn<pid>x<k>`` (the namespace's and links' names,
+``GPUSWARM_NETNS_TAG`` in the environment of every process of both nodes, the temp folder in
+Ray's command lines), so :meth:`NetnsCluster.close` ends exactly its own processes (never
+``ray stop``: that ends every Ray of the machine), deletes the namespace and link and removes its
+temp folder, whatever state the test left them in.
 
 Nothing here joins the cluster from the test process (Ray's C++ ends a driver whose head goes):
-:meth:`NetnsCluster.query` asks from a subprocess.
+:meth:`NetnsCluster.query` asks from a short-lived subprocess.
 
-:func:`require_netns` skips a test that cannot make namespaces (not root, no ``ip``); in CI
-(``CI=true``) or under ``GPUSWARM_REQUIRE_RAY=1`` a missing ``ip`` or a failing ``ip netns add``
-as root fails it instead.
+:func:`require_netns` skips a test that cannot make namespaces (not root, no ``ip``/``nft``);
+in CI (``CI=true``) or under ``GPUSWARM_REQUIRE_RAY=1`` a missing tool or a failing
+``ip netns add`` as root fails it instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -48,6 +53,9 @@ TAG_ENV = "GPUSWARM_NETNS_TAG"
 NODE_HOSTNAME = "gs-node-b"
 NODE_RECONNECT_S = 5  # node B's raylet gives up on an unreachable head after this
 GPUS_PER_NODE = 2
+SUBNET = "10.213"  # SUBNET.N.1 the head, SUBNET.N.2 node B
+_LOCK = Path(tempfile.gettempdir()) / "gpuswarm-netns.lock"
+_made = itertools.count()
 # node B's processes: a raylet whose head went silent (a cut, not a closed connection) learns it
 # from gRPC keepalives within about 2 s, then gives up after NODE_RECONNECT_S (measured here:
 # gone about 9 s after a cut; without the keepalives it ran on for minutes)
@@ -63,12 +71,14 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def require_netns() -> None:
-    """Skip without root or ``ip netns`` (fail instead where CI asks for the Ray tests)."""
+    """Skip without root, ``ip netns`` or ``nft`` (fail instead where CI asks for the Ray
+    tests: as root, a missing tool is the machine's fault, not a reason to pass)."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root (ip netns, veth, unshare -u)")
     why = None
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        why = "`ip` (iproute2) or `unshare` (util-linux) is not installed"
+    missing = [t for t in ("ip", "unshare", "nft") if shutil.which(t) is None]
+    if missing:
+        why = f"{', '.join(missing)} not installed (iproute2, util-linux, nftables)"
     else:
         probe = f"gsnn-probe-{os.getpid()}"
         made = _ip("netns", "add", probe, check=False)
@@ -89,6 +99,18 @@ def _free_port(host: str) -> int:
         return port
 
 
+def _free_subnet() -> int:
+    """N of a ``SUBNET.N.0/30`` no address of the root namespace is in (from the pid's on)."""
+    shown = _ip("-o", "-4", "addr", "show").stdout
+    used = {int(m) for m in re.findall(rf"inet {re.escape(SUBNET)}\.(\d+)\.", shown)}
+    start = os.getpid() % 250
+    for k in range(250):
+        n = (start + k) % 250 + 1
+        if n not in used:
+            return n
+    raise AssertionError(f"every {SUBNET}.N.0/30 is in use: {sorted(used)}")
+
+
 def _ray_bin() -> str:
     found = Path(sys.executable).parent / "ray"
     return str(found) if found.exists() else "ray"
@@ -97,14 +119,13 @@ def _ray_bin() -> str:
 class NetnsCluster:
     """A Ray head here and node B in namespace :attr:`ns`, each with 2 fake GPUs."""
 
-    def __init__(self, scratch: Path, subnet: int | None = None) -> None:
-        self.tag = f"gsnn{os.getpid()}"
-        n = os.getpid() % 250 + 1 if subnet is None else subnet
+    def __init__(self, scratch: Path) -> None:
+        # <= 15 characters with a suffix: the kernel's limit for a link's name
+        self.tag = f"gsnn{os.getpid()}x{next(_made) % 10}"
         self.ns = f"{self.tag}-b"
-        self.veth_root = f"{self.tag}r"  # <= 15 characters: the kernel's limit for a name
+        self.veth_root = f"{self.tag}r"
         self.veth_node = f"{self.tag}b"
-        self.head_ip = f"10.213.{n}.1"
-        self.node_ip = f"10.213.{n}.2"
+        self.head_ip = self.node_ip = ""  # the /30 is chosen when the link is made
         self.hostname = NODE_HOSTNAME
         self.scratch = scratch  # the actors' node folders (GPUSWARM_RAY_SCRATCH)
         # <temp>/session_<date>_<pid>/sockets/plasma_store must stay under AF_UNIX's 107 bytes
@@ -148,7 +169,11 @@ class NetnsCluster:
         _ip("netns", "add", self.ns)
         _ip("link", "add", self.veth_root, "type", "veth", "peer", "name", self.veth_node)
         _ip("link", "set", self.veth_node, "netns", self.ns)
-        _ip("addr", "add", f"{self.head_ip}/30", "dev", self.veth_root)
+        with _LOCK.open("a") as lock:  # two test processes never pick the same /30
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            n = _free_subnet()
+            self.head_ip, self.node_ip = f"{SUBNET}.{n}.1", f"{SUBNET}.{n}.2"
+            _ip("addr", "add", f"{self.head_ip}/30", "dev", self.veth_root)
         _ip("link", "set", self.veth_root, "up")
         inside = ("netns", "exec", self.ns, "ip")
         _ip(*inside, "addr", "add", f"{self.node_ip}/30", "dev", self.veth_node)
@@ -279,8 +304,16 @@ class NetnsCluster:
 
     # -- processes ------------------------------------------------------------------------------
     def processes(self) -> list[psutil.Process]:
-        """Every live process of both nodes (and whatever they started)."""
-        return env_processes(TAG_ENV, self.tag)
+        """Every live process of both nodes and whatever they started: those with the tag in
+        their environment, in node B's namespace, or naming the temp folder (Ray's own)."""
+        found = {p.pid: p for p in env_processes(TAG_ENV, self.tag)}
+        inside = set(self.namespace_pids())
+        for proc in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                ours = proc.pid in inside or str(self.tmp) in " ".join(proc.info["cmdline"] or ())
+                if ours and proc.pid != os.getpid() and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.setdefault(proc.pid, proc)
+        return list(found.values())
 
     def namespace_pids(self) -> list[int]:
         done = _ip("netns", "pids", self.ns, check=False)
@@ -295,7 +328,6 @@ class NetnsCluster:
                     os.killpg(proc.pid, signal.SIGKILL)
         for _ in range(3):  # what they started may start more while we kill
             procs = self.processes()
-            procs += [psutil.Process(p) for p in self.namespace_pids() if psutil.pid_exists(p)]
             if not procs:
                 break
             kill_processes(procs)
