@@ -111,6 +111,30 @@ def _free_subnet() -> int:
     raise AssertionError(f"every {SUBNET}.N.0/30 is in use: {sorted(used)}")
 
 
+def sweep_stale() -> int:
+    """Remove what a test process that was killed outright left (its pid is gone): the
+    namespaces and links named after it, every process they hold or tagged by it, its temp
+    folders. How many namespaces it removed."""
+    names = _ip("netns", "list", check=False).stdout.split()
+    stale = {
+        m.group(1)
+        for name in names
+        if (m := re.fullmatch(r"(gsnn(\d+)x\d)-b", name)) and not psutil.pid_exists(int(m[2]))
+    }
+    for tag in stale:
+        pids = _ip("netns", "pids", f"{tag}-b", check=False).stdout.split()
+        procs = env_processes(TAG_ENV, tag)
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(int(pid)))
+        kill_processes(procs)
+        _ip("link", "delete", f"{tag}r", check=False)
+        _ip("netns", "delete", f"{tag}-b", check=False)
+        for folder in Path(tempfile.gettempdir()).glob(f"{tag}-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+    return len(stale)
+
+
 def _ray_bin() -> str:
     found = Path(sys.executable).parent / "ray"
     return str(found) if found.exists() else "ray"
@@ -165,6 +189,7 @@ class NetnsCluster:
         self.wait_nodes(2, timeout)
 
     def _link(self) -> None:
+        sweep_stale()
         self.close_network()  # a previous process of this pid's (never another test's)
         _ip("netns", "add", self.ns)
         _ip("link", "add", self.veth_root, "type", "veth", "peer", "name", self.veth_node)
