@@ -1,13 +1,21 @@
 """``backend: ray`` across a real network partition: node B is another host in a network namespace
-(its own address, host name and ports, on the far end of a veth pair), and the link is cut
-while B's slots run tasks.
+(its own address, host name and ports, on the far end of a veth pair; tests/helpers/netns.py),
+and the link is cut while B's slots run tasks.
 
 What a user with two boxes relies on: B's slots are named after B; when B drops off the network
 its slots leave the run and its running tasks are requeued (``lost``) and done once elsewhere;
 B's attempts, still running on the far side of the cut (zombies), can never commit, even once
 the link is back; and they do not run on for ever (a node whose actors died ends their attempts).
 
-Root only (``ip netns``, veth, ``unshare -u``): skipped without root, run in CI (as root).
+The story (4 tasks, 2 slots per node, all started at once): the cut comes while both of B's
+attempts run; B's short attempt then ends on its own, cut off (its outcome waits on its node
+for a driver that no longer asks), and the link comes back mid-run, while the head runs B's
+requeued tasks: a healed link must change nothing (restoring it after the run proves less: no
+driver is left to fool). B's long attempt would sleep past the test: only its node's guard
+(an actor that died takes its attempts with it) ends it.
+
+Root only (``ip netns``, veth, ``unshare -u``, ``nft``): skipped without root, run in CI (as
+root; a missing tool there fails it).
 """
 
 from __future__ import annotations
