@@ -30,6 +30,7 @@ from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
 )
 from gpuswarm.core.paths import resolve_run_dir
+from gpuswarm.core.signals import leave
 from gpuswarm.engine import (
     resume_run,
     start_run,
@@ -279,7 +280,7 @@ def _finish(report: RunReport, as_json: bool, strict: bool = False) -> NoReturn:
         from gpuswarm.ui.printers import print_report  # rich, loaded only to print
 
         print_report(report)
-    sys.exit(report.exit_code)
+    leave(report.exit_code, hard=report.stopped_by is not None)
 
 
 @cli.command()

@@ -297,6 +297,8 @@ def _supervise(
                     queue, ledger, retry_failed=retry_failed, backend=backend, applied_by=owner
                 )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
+            if mode == "resume":
+                _remember_ray_address(paths, ledger, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -336,7 +338,25 @@ def _supervise(
             except OSError as exc:  # the journal's last fsync: the disk may be full
                 if not disk_full(exc):
                     raise
-    return RunReport(paths, summary, interrupted=sup.stopping.is_set(), recovered=recovered)
+    stopped = sup.stopping.is_set()
+    return RunReport(
+        paths, summary, interrupted=stopped, recovered=recovered, stopped_by=sup.shared.ended_by
+    )
+
+
+def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
+    """``resume --ray-address``: the cluster's new address goes into run.json (under the run
+    lock), so that the next ``resume`` finds the cluster without the flag."""
+    if setup.ray is None:
+        return
+    _, info = open_run(paths.root)
+    ray = (info.get("config") or {}).get("ray") or {}
+    if ray.get("address", "auto") == setup.ray.address:
+        return
+    before = ray.get("address", "auto")
+    info.setdefault("config", {})["ray"] = {**ray, "address": setup.ray.address}
+    atomic_write_json(paths.run_json, info)
+    ledger.emit(Ev.SLOTS, change="moved", address=setup.ray.address, before=before)
 
 
 def _registered_slots(
@@ -355,7 +375,9 @@ def _aggregate(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """summary.json and results.tsv of the run as the supervisor left it, and its run.json."""
     _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
-    extra = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
+    extra: dict[str, Any] = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
+    if sup.shared.ended_by:
+        extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
     summary = write_outputs(paths, queue, info, (started, time.time()), extra)
     ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
     return summary, info

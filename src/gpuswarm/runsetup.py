@@ -133,6 +133,7 @@ class Setup:
             **extra,
             backend=self.backend,
             base_env=dict(os.environ),  # read once, here: the attempts start from it
+            preflight=self.preflight,
         )
 
 

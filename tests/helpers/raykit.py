@@ -51,7 +51,9 @@ def require_ray() -> None:
 class LocalRayCluster:
     """A head and ``nodes - 1`` workers, each with 2 fake GPUs; the test process connects."""
 
-    def __init__(self, tmp: Path, nodes: int = 3) -> None:
+    def __init__(self, tmp: Path, nodes: int = 3, *, connect: bool = True) -> None:
+        """``connect=False``: the test process stays out of it (a test that kills the head:
+        Ray ends every driver of a head that is gone, the pytest worker too)."""
         import ray as ray_module
         from ray.cluster_utils import Cluster
 
@@ -68,8 +70,16 @@ class LocalRayCluster:
         self.workers = [self.cluster.add_node(**NODE_ARGS) for _ in range(nodes - 1)]
         self.cluster.wait_for_nodes()
         self.address: str = self.cluster.address
-        ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
+        self.connected = connect
+        if connect:
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.ERROR)
         self.ray = ray
+
+    def kill_head(self) -> None:
+        """The head dies at once (its GCS and raylet SIGKILLed), and every Ray process it
+        left behind with it (the agents Ray does not take down), as a crashed machine."""
+        self.cluster.remove_node(self.cluster.head_node, allow_graceful=False)
+        kill_processes_under(self.ray_tmp)
 
     def add_node(self) -> Any:
         node = self.cluster.add_node(**NODE_ARGS)
@@ -108,9 +118,28 @@ class LocalRayCluster:
             time.sleep(0.2)
 
     def shutdown(self) -> None:
+        if self.connected:
+            with contextlib.suppress(Exception):
+                self.ray.shutdown()
         with contextlib.suppress(Exception):
-            self.ray.shutdown()
-        self.cluster.shutdown()
+            self.cluster.shutdown()
+        kill_processes_under(self.ray_tmp)
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
         os.environ.pop("RAY_TMPDIR", None)
         os.environ.pop("GPUSWARM_RAY_SCRATCH", None)
+
+
+def kill_processes_under(folder: Path) -> int:
+    """SIGKILL every process whose command line names ``folder`` (a node's session: its
+    raylet, agents, workers); how many there were."""
+    import psutil
+
+    mark = str(folder)
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(mark in part for part in proc.info["cmdline"] or ()):
+                proc.kill()
+                found.append(proc)
+    psutil.wait_procs(found, timeout=5)
+    return len(found)

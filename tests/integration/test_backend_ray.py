@@ -46,11 +46,21 @@ def _commands(path: Path, lines: list[str]) -> Path:
 
 
 def _probe(seconds: float) -> str:
-    """A task that records where it ran and what it saw, then sleeps."""
+    """A task that records where it ran, what it saw, its pid and its child's (a sleep it
+    waits for: Ray kills only an actor's direct children, the guard the rest)."""
     return (
-        'sh -c \'echo "$GPUSWARM_TASK_ID $GPUSWARM_SLOT_ID cuda=$CUDA_VISIBLE_DEVICES" '
-        f'>> "$GPUSWARM_RUN_DIR/../seen.txt"; sleep {seconds}\''
+        f"sh -c 'sleep {seconds} & "
+        'echo "$GPUSWARM_TASK_ID $GPUSWARM_SLOT_ID cuda=$CUDA_VISIBLE_DEVICES $$ $!" '
+        '>> "$GPUSWARM_RUN_DIR/../seen.txt"; wait\''
     )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is gone too
+    except OSError:
+        return False
 
 
 def _seen(workspace: Path) -> list[list[str]]:
@@ -84,7 +94,7 @@ def test_tasks_spread_over_every_node_each_sees_one_gpu(
     assert len(slots) == 6  # six slots at once: one per GPU of the cluster
     nodes = {label.split("-")[-2] for label in slots}
     assert nodes == {n[:6] for n in cluster.node_ids()}  # every node ran a task
-    for _, label, cuda in seen:
+    for _, label, cuda, *_ in seen:
         gpu = label.rsplit("-gpu", 1)[1]
         assert cuda == f"cuda={gpu}"  # one GPU each: the one Ray gave its slot
     run = find_runs(ws)[0]
@@ -157,6 +167,49 @@ def test_staged_attempts_send_their_outputs_home_under_the_limit(
     assert cluster.wait_no_actors() == []
 
 
+def test_a_node_without_the_run_folder_gets_the_slot_home_and_keeps_it(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    """``home.isolate`` with ``ship: always``: the slot's private HOME, provisioned on the
+    driver, is shipped once to the node, which keeps it for the slot's next attempts (as a
+    local slot's HOME is kept), and drops it at the run's end."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "tool.cfg").write_text("token-free setting\n")
+    ws = tmp_path / "ws"
+    step = (
+        'sh -c \'cat "$HOME/.config/tool.cfg" > "$GPUSWARM_TASK_WORKSPACE/cfg.txt"; '
+        'echo x >> "$HOME/count"; wc -l < "$HOME/count" > "$GPUSWARM_TASK_WORKSPACE/n.txt"; '
+        'echo "$HOME" > "$GPUSWARM_TASK_WORKSPACE/home.txt"\''
+    )
+    config = tmp_path / "cfg" / "run.yaml"
+    config.write_text(
+        "backend: ray\n"
+        f"ray: {{address: '{cluster.address}', ship: always}}\n"
+        "gpus: 1\n"  # one slot: both tasks run on it, one after the other
+        "home: {isolate: true, provision: [{src: tool.cfg, dest: .config/tool.cfg}]}\n"
+        f"workspace: {ws}\n"
+        "tasks:\n"
+        f"  - {{name: first, command: {json.dumps(step)}}}\n"
+        f"  - {{name: second, command: {json.dumps(step)}}}\n"
+    )
+    result = gpuswarm("run", "--plain", "--no-report", config, timeout=120)
+    assert result.returncode == 0, result
+    run = find_runs(ws)[0]
+    counts = {}
+    for task in ("first", "second"):
+        folder = run / "tasks" / task
+        assert (folder / "cfg.txt").read_text() == "token-free setting\n"  # provisioned
+        home = (folder / "home.txt").read_text().strip()
+        assert "gpuswarm-ray" in home and not home.startswith(str(run))  # the node's copy
+        counts[task] = int((folder / "n.txt").read_text())
+    assert sorted(counts.values()) == [1, 2]  # the second attempt found the first's file
+    slot_home = next((run / "homes").iterdir())
+    assert not (slot_home / "count").exists()  # the driver's copy is not written by the node
+    scratch = Path(os.environ["GPUSWARM_RAY_SCRATCH"]) / "gpuswarm-ray"
+    assert list(scratch.glob(f"{run.name}-*/homes")) == []  # dropped at the run's end
+    assert cluster.wait_no_actors() == []
+
+
 def _events(run: Path, ev: str) -> list[dict[str, Any]]:
     return [e for e in read_events(run) if e.get("ev") == ev]
 
@@ -178,6 +231,11 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     cluster.remove_node(node)  # mid-task: its attempts are lost and run again elsewhere
     result = proc.wait(timeout=120)
     assert result.returncode == 0, result
+    # what ran on the removed node ended with its slot actors (their guards): the shells and
+    # the sleeps under them, which Ray itself leaves running
+    pids = [int(p) for row in _seen(ws) if prefix in row[1] for p in row[3:]]
+    assert pids
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=20, what=f"{pids} gone")
     left = [e for e in _events(run, "slots") if e.get("change") == "left"]
     assert left and left[0]["node"] == node.node_id
     requeued = {e["task"] for e in _events(run, "requeued") if e.get("reason") == "lost"}

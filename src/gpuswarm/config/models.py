@@ -309,6 +309,9 @@ class RayConfig(BaseModel):
     max_result_mb: float = Field(default=16.0, gt=0)  # what an attempt's folder sends home at most
     setup: NonEmpty | None = None  # run once per node before its first attempt (uv sync, data)
     setup_timeout: Duration = 3600.0
+    # the head not answering this long: the run stops, its in-flight attempts lost and queued
+    # again (below Ray's gcs_rpc_server_reconnect_timeout_s, 60 s, after which Ray ends drivers)
+    head_timeout: Duration = 30.0
 
     @field_validator("address")
     @classmethod

@@ -194,6 +194,9 @@ class RunView:
         if isinstance(e, Shutdown):
             self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
             return
+        if e.change == "backend_lost":  # after its shutdown: the note says why
+            self.note = f"stopping: {e.extra.get('reason') or 'the cluster is gone'}"
+            return
         for label in e.slots:
             if e.change == "joined":
                 self.slots.setdefault(label, SlotRow())

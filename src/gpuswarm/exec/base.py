@@ -210,9 +210,12 @@ class SlotChanges:
     retired: list[str] = field(default_factory=list)  # slot labels (their node left)
     adopted: list[Adopted] = field(default_factory=list)
     notes: list[dict[str, object]] = field(default_factory=list)  # journaled as ``slots``
+    # the backend cannot go on (a cluster whose head is gone): the run stops warm, its
+    # in-flight attempts end ``lost`` and go back to the queue, `resume` goes on from there
+    fatal: str | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.retired or self.adopted or self.notes)
+        return bool(self.added or self.retired or self.adopted or self.notes or self.fatal)
 
 
 class Membership(Protocol):

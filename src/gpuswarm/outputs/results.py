@@ -309,9 +309,12 @@ class RunReport:
     interrupted: bool
     recovered: dict[str, int] | None = None
     strict: bool = False  # --strict: a cancelled task makes the exit code 1
+    stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
 
     @property
     def exit_code(self) -> int:
+        if self.stopped_by:
+            return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
         if self.interrupted:
             return EXIT_INTERRUPTED
         after = self.summary.get("after_all")

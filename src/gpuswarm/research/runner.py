@@ -15,6 +15,7 @@ import sys
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.signals import leave
 from gpuswarm.research.executor import run_paths
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 
@@ -81,6 +82,8 @@ def serve(paths: ExpPaths, cfg: ExperimentConfig) -> int:
             if not mine:
                 return 0  # another runner has it
             report = api.serve(run, stream=sys.stderr)  # research writes its own report
+            if report.stopped_by is not None:  # its cluster is gone: see core.signals.leave
+                leave(report.exit_code, hard=True)
             if report.interrupted:
                 return report.exit_code
         # the lock is free: a variant queued before this look is ours, after it, its queuer's

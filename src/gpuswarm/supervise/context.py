@@ -55,6 +55,9 @@ class SupervisorConfig:
     vram: bool = True
     gpu_share: int = 1
     release_timeout: float = 30.0
+    # the ``preflight:`` commands: the engine runs them on the slots there are at the start; a
+    # cluster's slots that join later run them before they claim anything (supervise.membership)
+    preflight: tuple[str, ...] = ()
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Shared:
     live: dict[int, LiveAttempt] = field(default_factory=dict)  # slot index -> its attempt
     errors: list[BaseException] = field(default_factory=list)
     paused: Paused = field(default_factory=lambda: Paused(False, frozenset()))  # the keeper's
+    ended_by: str | None = None  # why the backend stopped the run (its cluster is gone)
 
     def holds(self, slot: Slot) -> bool:
         """Whether ``slot`` is paused now (the run, or the slot: it claims nothing)."""

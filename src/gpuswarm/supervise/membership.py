@@ -5,7 +5,10 @@ loop applies them once per pass (:meth:`SlotSync.sync`, on its own thread, so ``
 lock): a new slot gets its registration in ``.parallel/slots/`` (the timeline's lanes), its
 base environment and a place among the free slots; a retired slot (its node left) leaves the
 free slots and never comes back, while its running attempt ends ``lost`` through its handle;
-each change is one ``slots`` event. Local and docker have no membership: nothing happens here.
+each change is one ``slots`` event. With ``preflight:``, a slot that joins runs it first (on a
+thread: the loop goes on) and joins the free slots only once it passed. A backend that cannot
+go on (``fatal``: the cluster's head is gone) stops the run warm, with its reason
+(``Shared.ended_by``). Local and docker have no membership: nothing happens here.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Lease, State
 from gpuswarm.exec.base import Adopted, Backend, membership_of
@@ -24,6 +28,7 @@ from gpuswarm.store.leases import register_named_slots
 from gpuswarm.store.names import task_id_of
 from gpuswarm.supervise.context import LiveAttempt, Shared
 from gpuswarm.supervise.launch import task_of
+from gpuswarm.supervise.preflight import run_preflight
 
 
 class SlotSync:
@@ -42,6 +47,10 @@ class SlotSync:
         self.adopt = adopt
         self.retired: set[str] = set()
         self.slots: dict[str, Slot] = {s.label: s for s in run.cfg.slots}
+        self.backend = backend
+        self._checked: list[tuple[Slot, str | None]] = []  # preflight ends: (slot, failure)
+        self._checked_lock = threading.Lock()
+        self.checking: set[str] = set()  # joined slots whose preflight runs
 
     def _adopt(self, found: Adopted, free: deque[Slot]) -> None:
         """Wait for an attempt a dead supervisor started (recovery left its task in running/
@@ -98,10 +107,16 @@ class SlotSync:
             return []
         changes = self.membership.changes()
         run = self.run
-        if changes.added:
+        if run.cfg.preflight and changes.added:
+            self._preflight(changes.added)  # they join the free slots once it passed
+            added = []
+        else:
+            added = changes.added
+        added = [*added, *self._passed()]
+        if added:
             cfg = run.cfg
-            register_named_slots(run.paths, cfg.owner, changes.added, cfg.lease_ttl)
-            for slot in changes.added:
+            register_named_slots(run.paths, cfg.owner, added, cfg.lease_ttl)
+            for slot in added:
                 self.homes[slot.index] = self.slot_env(slot)
                 self.slots[slot.label] = slot
                 free.append(slot)
@@ -113,6 +128,60 @@ class SlotSync:
         if self.retired:
             for slot in [s for s in free if s.label in self.retired]:
                 free.remove(slot)
-        if changes.added or changes.retired:
+        if changes.fatal and run.ended_by is None:
+            run.ended_by = changes.fatal
+            run.request_stop()  # warm: what still runs ends (lost) and goes back to the queue
+            run.ledger.emit(Ev.SLOTS, change="backend_lost", reason=changes.fatal)
+        if added or changes.retired:
             run.more_work()
-        return changes.added
+        return added
+
+    # -- preflight of the slots that join ------------------------------------------------------
+    def _preflight(self, slots: list[Slot]) -> None:
+        """The ``preflight:`` commands on each joined slot, on a thread of its own (a node's
+        checks never hold the loop); the slot claims nothing until they passed, and a slot
+        that failed them never does (one ``slots`` event ``preflight_failed`` says why)."""
+        for slot in slots:
+            self.checking.add(slot.label)
+            threading.Thread(
+                target=self._check, args=(slot,), name=f"preflight-{slot.label}", daemon=True
+            ).start()
+
+    def _check(self, slot: Slot) -> None:
+        cfg = self.run.cfg
+        failure: str | None = None
+        try:
+            run_preflight(
+                self.run.paths,
+                [slot],
+                cfg.preflight,
+                cwd=cfg.base_dir,
+                isolate=cfg.isolate_home,
+                provisions=cfg.provisions,
+                base_env=cfg.base_env,
+                backend=self.backend,
+            )
+        except PreflightError as exc:
+            failure = str(exc).split("\n(log:", 1)[0]  # (its "no task was started" is untrue)
+        except Exception as exc:  # its node died meanwhile: the slot is gone anyway
+            failure = f"preflight on {slot.label} could not run: {exc}"
+        with self._checked_lock:
+            self._checked.append((slot, failure))
+        self.run.wakeup()
+
+    def _passed(self) -> list[Slot]:
+        """The joined slots whose preflight ended since the last pass that passed it (and
+        are still there); a ``slots`` event for every one."""
+        with self._checked_lock:
+            done, self._checked = self._checked, []
+        passed = []
+        for slot, failure in done:
+            self.checking.discard(slot.label)
+            if failure is not None:
+                self.run.ledger.emit(
+                    Ev.SLOTS, change="preflight_failed", slots=[slot.label], reason=failure
+                )
+            elif slot.label not in self.retired:
+                self.run.ledger.emit(Ev.PREFLIGHT, ok=True, slots=[slot.label])
+                passed.append(slot)
+        return passed

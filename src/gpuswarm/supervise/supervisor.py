@@ -265,6 +265,8 @@ class Supervisor:
             return True, IDLE_POLL_SECONDS  # look: other supervisors may empty pending/
         if self.gpus.waiting():  # tasks wait for GPU memory (the sampler wakes us on room)
             return True, IDLE_POLL_SECONDS
+        if self.slot_sync.checking and self.queue.counts()[State.PENDING] > 0:
+            return True, IDLE_POLL_SECONDS  # joined slots run their preflight (then wake us)
         return False, None
 
     def _paused_with_work(self) -> bool:

@@ -146,7 +146,10 @@ def print_report(report: RunReport) -> None:
     html = report.paths.report_html
     if html.is_file():
         con.print(f"report:  {html}")
-    if report.interrupted:
+    if report.stopped_by:
+        con.print(inert(f"stopped: {report.stopped_by}"), markup=False)
+        con.print(f"finish with: gpuswarm resume {report.paths.root}")
+    elif report.interrupted:
         con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
     elif not s["complete"]:
         con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")

@@ -31,10 +31,12 @@ from typing import Any
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.tree import become_subreaper
+from gpuswarm.exec.ray.guard import Guard
 from gpuswarm.exec.ray.wire import (
     Staged,
     TooLarge,
     collect_outputs,
+    home_dir,
     needs_tree,
     node_spec,
     sees_run_folder,
@@ -105,6 +107,7 @@ class SlotActor:
         self._runs: dict[str, _Run] = {}
         self._cond = threading.Condition()
         self._node_env = dict(os.environ)
+        self._guard = Guard()  # before the subreaper: the guard must not be in our tree
         become_subreaper()
 
     # -- who and where ---------------------------------------------------------------------------
@@ -137,7 +140,10 @@ class SlotActor:
                 timeout=timeout,
                 grace=10.0,
             )
-            end = Attempt.launch(spec).wait()
+            attempt = Attempt.launch(spec)
+            self._guard.watch(attempt.token, attempt.pid, spec.grace)
+            end = attempt.wait()
+            self._guard.unwatch(attempt.token)
             rc = end.returncode if end.ok or end.returncode is not None else -1
             with contextlib.suppress(OSError):
                 tail = log.read_bytes()[-SETUP_TAIL:].decode(errors="replace")
@@ -149,28 +155,43 @@ class SlotActor:
     def has_tree(self, key: str) -> bool:
         return (self._scratch / "trees" / key).is_dir()
 
-    def start(self, data: dict[str, Any], tree: bytes | None = None) -> dict[str, Any]:
-        """Launch the attempt (idempotent by token). ``need_tree``: send the shipped folder."""
+    def start(
+        self, data: dict[str, Any], tree: bytes | None = None, home: bytes | None = None
+    ) -> dict[str, Any]:
+        """Launch the attempt (idempotent by token). ``need_tree`` / ``need_home``: send the
+        shipped folder / the slot's HOME (a node without the run folder, once each)."""
         token = str(data["token"])
         with self._cond:
             if token in self._runs:
                 return {"pid": self._runs[token].attempt.pid, "started": True}
         shared = data["ship"] != "always" and sees_run_folder(str(data["root"]), str(data["probe"]))
-        if not shared and needs_tree(data) and not data.get("tree"):
-            return {"need_tree": True}
         tree_dir: Path | None = None
-        if data.get("tree"):
+        need_tree = not shared and needs_tree(data) and not data.get("tree")
+        if not shared and data.get("tree"):
             tree_dir = self._scratch / "trees" / str(data["tree"][0])
             if not tree_dir.is_dir():
                 if tree is None:
-                    return {"need_tree": True}
-                tree_dir.parent.mkdir(parents=True, exist_ok=True)
-                unpack_tree(tree, tree_dir)
-        staged = node_spec(data, self._node_env, self._scratch, tree_dir)
+                    need_tree = True
+                else:
+                    tree_dir.parent.mkdir(parents=True, exist_ok=True)
+                    unpack_tree(tree, tree_dir)
+        slot_home = None if shared else home_dir(data, self._scratch)
+        need_home = False
+        if slot_home is not None and not slot_home.is_dir():
+            if home is None:
+                need_home = True
+            else:
+                slot_home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                unpack_tree(home, slot_home)
+                slot_home.chmod(0o700)
+        if need_tree or need_home:
+            return {"need_tree": need_tree, "need_home": need_home}
+        staged = node_spec(data, self._node_env, self._scratch, tree_dir, slot_home)
         staged.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             staged.spec.log_path.unlink()
         attempt = Attempt.launch(staged.spec)
+        self._guard.watch(attempt.token, attempt.pid, staged.spec.grace)
         workspace = str(data["env"].get("GPUSWARM_TASK_WORKSPACE", ""))
         identity = dict(data.get("identity") or {})
         run = _Run(token, staged, attempt, identity, str(data["log"]), workspace)
@@ -181,6 +202,7 @@ class SlotActor:
 
     def _wait(self, run: _Run) -> None:
         end = run.attempt.wait()
+        self._guard.unwatch(run.attempt.token)
         if run.staged.task_dir is not None:
             try:
                 run.files = collect_outputs(run.staged.task_dir, self._max_result)
@@ -261,9 +283,9 @@ class SlotActor:
             ]
 
     def cleanup(self) -> None:
-        """The driver is done for now: shipped trees, stages and logs go (the per-node setup's
-        mark stays: a resumed run does not set the node up again)."""
-        for name in ("trees", "stage", "logs"):
+        """The driver is done for now: shipped trees, slot HOMEs, stages and logs go (the
+        per-node setup's mark stays: a resumed run does not set the node up again)."""
+        for name in ("trees", "homes", "stage", "logs"):
             shutil.rmtree(self._scratch / name, ignore_errors=True)
 
     def stop_all(self, grace: float) -> int:

@@ -11,6 +11,7 @@ when a run asks for ``backend: ray`` (see docs/cluster.md).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import secrets
@@ -88,7 +89,7 @@ class RayBackend:
     @property
     def ray(self) -> Any:
         if self._ray is None:
-            self._ray = connect(self.cfg.address, self.cfg.namespace)
+            self._ray = connect(self.cfg.address, self.cfg.namespace, self.cfg.head_timeout)
         return self._ray
 
     @property
@@ -110,8 +111,9 @@ class RayBackend:
         if self._pool is not None:
             self._pool.retire(label, why)
 
-    def node_dead(self, node_id: str) -> bool:
-        return self._pool is not None and self._pool.node_dead(node_id)
+    def node_dead(self, node_id: str) -> str | None:
+        """Why node ``node_id``'s attempts are lost (None: it is alive)."""
+        return self._pool.node_dead(node_id) if self._pool is not None else None
 
     # -- the Backend protocol --------------------------------------------------------------------
     def check(self) -> None:
@@ -163,6 +165,11 @@ class RayBackend:
                 key, blob = pack_tree(Path(cwd), int(self.cfg.max_ship_mb * MB))
                 self._trees[cwd] = (key, self.ray.put(blob))
             return self._trees[cwd]
+
+    def home_for(self, home: Path) -> bytes:
+        """A slot's private HOME packed for a node that does not see the run folder (its
+        provisioned files; TooLarge past ray.max_ship_mb)."""
+        return pack_tree(home, int(self.cfg.max_ship_mb * MB))[1]
 
     def end_leftovers(
         self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
@@ -236,7 +243,12 @@ class RayBackend:
         if self.options.run_dir:
             with contextlib.suppress(OSError):
                 (Path(self.options.run_dir) / ".parallel" / PROBE_NAME).unlink()
-        if self._ray is not None:
+        lost = self._pool is not None and self._pool.lost is not None
+        if self._ray is not None and lost:
+            # a head that is gone: nothing to leave, and Ray's own leaving (its exit hook)
+            # waits for it for half a minute before the process may end
+            atexit.unregister(self._ray.shutdown)
+        elif self._ray is not None:
             with contextlib.suppress(Exception):
                 self._ray.shutdown()
             self._ray = None

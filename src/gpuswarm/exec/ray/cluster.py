@@ -34,13 +34,17 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(address: str, namespace: str) -> Any:
-    """Join the cluster at ``address`` as its driver (idempotent in a process)."""
+def connect(address: str, namespace: str, head_timeout: float = 30.0) -> Any:
+    """Join the cluster at ``address`` as its driver (idempotent in a process). Ray ends a
+    driver whose head is gone for ``gcs_rpc_server_reconnect_timeout_s``: kept well past
+    ``head_timeout``, so that the driver notices first and stops the run itself."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
     _reachable(address)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    reconnect = max(60, int(head_timeout) + 30)
+    os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(reconnect))
     try:
         ray.init(
             address=address,

@@ -32,6 +32,10 @@ START_TIMEOUT = 120.0
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+class _Gone(Exception):
+    """The attempt's node died (or the head is gone) while a call to its actor was out."""
+
+
 class RayHandle:
     def __init__(
         self,
@@ -138,20 +142,37 @@ class RayHandle:
         root, probe, ship = backend.options.run_dir, backend.probe, backend.cfg.ship
         data = self._with_shared(wire(self._spec, root=root, probe=probe, ship=ship))
         actor = self._rs.actor
-        ray = self._ray()
         try:
-            res = ray.get(actor.start.remote(data), timeout=START_TIMEOUT)
-            if res.get("need_tree"):
-                key, blob = backend.tree_for(self._spec)
-                tree = (key, str(self._spec.cwd))
-                data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
-                data = self._with_shared(data)
-                res = ray.get(actor.start.remote(data, blob), timeout=START_TIMEOUT)
+            res = self._get(actor.start.remote(data), START_TIMEOUT)
+            if res.get("need_tree") or res.get("need_home"):
+                blob = home = None
+                if res.get("need_tree"):
+                    key, blob = backend.tree_for(self._spec)
+                    tree = (key, str(self._spec.cwd))
+                    data = wire(self._spec, root=root, probe=probe, ship=ship, tree=tree)
+                    data = self._with_shared(data)
+                if res.get("need_home"):
+                    home = backend.home_for(Path(str(data["home"])))
+                res = self._get(actor.start.remote(data, blob, home), START_TIMEOUT)
         except RayTaskError as exc:  # the node could not stage it (a full disk, a bad tree)
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             return self._failed(f"its node could not start it: {str(cause).splitlines()[-1]}")
         self._pid = res.get("pid")
         return None
+
+    def _get(self, ref: Any, timeout: float) -> dict[str, Any]:
+        """``ray.get`` of an actor call, given up early when its node dies meanwhile."""
+        from ray.exceptions import GetTimeoutError
+
+        ray = self._ray()
+        deadline = time.monotonic() + timeout
+        while not ray.wait([ref], timeout=TICK * 4)[0]:
+            if why := self._backend.node_dead(self._rs.node.node_id):
+                raise _Gone(why)
+            if time.monotonic() > deadline:
+                raise GetTimeoutError(f"no answer within {timeout:.0f} s")
+        got: dict[str, Any] = ray.get(ref)
+        return got
 
     def _with_shared(self, data: dict[str, Any]) -> dict[str, Any]:
         """``ray.shared_path`` as ``$GPUSWARM_SHARED_PATH`` (large artifacts go there)."""
@@ -189,6 +210,8 @@ class RayHandle:
 
         try:
             return self._start()
+        except _Gone as gone:
+            return self._gone(str(gone))
         except TooLarge as exc:
             return self._failed(str(exc))
         except RayActorError:
@@ -202,21 +225,24 @@ class RayHandle:
         from ray.exceptions import ActorUnavailableError, RayActorError
 
         ray = self._ray()
+        node = self._rs.node.node_id
         dead = self._backend.node_dead
         while True:
+            if why := dead(node):
+                return self._gone(why)
             if self._cancelled:
                 self._send_cancel()
             ref = self._rs.actor.poll.remote(self._spec.token, offset, POLL_SECONDS)
             while not ray.wait([ref], timeout=TICK)[0]:
                 if self._cancelled:
                     self._send_cancel()
-                if dead(self._rs.node.node_id):
-                    return self._lost("Ray declared its node dead")
+                if why := dead(node):
+                    return self._gone(why)
             try:
                 res: dict[str, Any] = ray.get(ref)
             except ActorUnavailableError:  # for a moment (a network blip), or for good
-                if dead(self._rs.node.node_id):
-                    return self._lost("Ray declared its node dead")
+                if why := dead(node):
+                    return self._gone(why)
                 time.sleep(0.2)
                 continue
             except RayActorError:
@@ -224,6 +250,12 @@ class RayHandle:
             if not res.get("known"):
                 return self._lost("its slot actor does not know the attempt", retire=False)
             return res
+
+    def _gone(self, why: str) -> AttemptEnd:
+        """Its node is dead, or the head is gone while the node may still run it: ended on
+        the node now where it still answers (else its guard ends it with the actor)."""
+        self._send_cancel(force=True)
+        return self._lost(why)
 
     def _finish(self, res: dict[str, Any], fd: int) -> AttemptEnd:
         e = res["end"]

@@ -12,7 +12,9 @@ its slots; the slot loop picks both up through :meth:`SlotPool.changes`.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
 WATCH_SECONDS = 0.5
+HEAD_PROBE_SECONDS = 1.0  # a TCP connect to the head's GCS port, at most this long, each second
 READY_TIMEOUT = 60.0  # a node's actors not up by then (its GPUs are another run's): no slot
 ACTOR_THREADS = 8  # start, poll, cancel, forget of one slot may overlap
 
@@ -68,7 +71,8 @@ class SlotPool:
         self.lock = threading.Lock()
         self.by_label: dict[str, RaySlot] = {}
         self.nodes: dict[str, Node] = {}  # node id -> node with slots of ours
-        self.dead: set[str] = set()
+        self.dead: dict[str, str] = {}  # node id -> why its attempts are lost
+        self.lost: str | None = None  # the head is gone: why (the run must stop)
         self.labels_of: dict[str, list[str]] = {}  # node id -> every slot it had
         self._next_index = 0
         self._gpus_used = 0
@@ -76,6 +80,7 @@ class SlotPool:
         self._wakeup: Callable[[], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._head_thread: threading.Thread | None = None
         self._cls: Any = None
         self._kept: dict[str, tuple[str, dict[str, Any]]] = {}
         self._backend: Any = None
@@ -115,6 +120,12 @@ class SlotPool:
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="ray-nodes", daemon=True)
             self._thread.start()
+        head = head_address(self.ray, self.cfg.address)
+        if self._head_thread is None and head is not None:
+            self._head_thread = threading.Thread(
+                target=self._watch_head, args=(head,), name="ray-head", daemon=True
+            )
+            self._head_thread.start()
 
     def changes(self) -> SlotChanges:
         with self.lock:
@@ -126,9 +137,11 @@ class SlotPool:
         with self.lock:
             return self.by_label.get(label)
 
-    def node_dead(self, node_id: str) -> bool:
+    def node_dead(self, node_id: str) -> str | None:
+        """Why the attempts of node ``node_id`` are lost (Ray declared it dead, or the head is
+        gone); None while it is alive."""
         with self.lock:
-            return node_id in self.dead
+            return self.dead.get(node_id)
 
     def all(self) -> list[RaySlot]:
         with self.lock:
@@ -271,6 +284,8 @@ class SlotPool:
     # -- watching --------------------------------------------------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_SECONDS):
+            if self.lost is not None:
+                return
             try:
                 changed = self._look()
             except Exception:  # the head is unreachable for a moment: look again
@@ -282,9 +297,11 @@ class SlotPool:
         alive = alive_ids(self.ray)
         retired: list[str] = []
         with self.lock:
+            if self.lost is not None:
+                return False
             gone = [n for n in self.nodes if n not in alive and n not in self.dead]
             for node_id in gone:
-                self.dead.add(node_id)
+                self.dead[node_id] = "Ray declared its node dead"
                 node = self.nodes.pop(node_id)
                 labels = self.labels_of.get(node_id, [])
                 for label in labels:
@@ -298,6 +315,41 @@ class SlotPool:
             self._pending.retired.extend(retired)
         added = self._add_nodes()
         return bool(retired or added)
+
+    def _watch_head(self, head: tuple[str, int]) -> None:
+        """The head's GCS port, probed each second on a thread of its own (a call into Ray
+        blocks while the head is gone): not answering for ``ray.head_timeout``, the head is
+        lost: every slot goes, every node's attempts are lost, and the run stops (``fatal``)."""
+        down_since: float | None = None
+        while not self._stop.wait(HEAD_PROBE_SECONDS if down_since is None else 0.25):
+            if _answers(head):
+                down_since = None
+                continue
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= self.cfg.head_timeout:
+                self._head_lost(head, now - down_since)
+                return
+
+    def _head_lost(self, head: tuple[str, int], after: float) -> None:
+        where = f"{head[0]}:{head[1]}"
+        why = (
+            f"the Ray head at {where} stopped answering ({after:.0f} s, ray.head_timeout): "
+            "every attempt in flight is lost and back in the queue; start the cluster again "
+            "and run `gpuswarm resume RUN --ray-address HEAD:PORT` (the new head's address)"
+        )
+        with self.lock:
+            self.lost = why
+            labels = list(self.by_label)
+            for node_id in [*self.nodes, *(rs.node.node_id for rs in self.by_label.values())]:
+                self.dead.setdefault(node_id, f"the Ray head at {where} is gone")
+            self.by_label.clear()
+            self.nodes.clear()
+            self._pending.retired.extend(labels)
+            self._pending.notes.append({"change": "left", "node": None, "slots": labels})
+            self._pending.fatal = why
+        if self._wakeup is not None:
+            self._wakeup()
 
     def retire(self, label: str, why: str) -> None:
         """Take a slot out now (its actor died: it would fail every attempt until the node is
@@ -320,8 +372,11 @@ class SlotPool:
             self._wakeup()
 
     def close(self) -> None:
-        """Stop watching and kill every actor of the run (nothing of it remains)."""
+        """Stop watching and kill every actor of the run (nothing of it remains; with the head
+        gone, Ray took them with it, and a call into it would block)."""
         self._stop.set()
+        if self.lost is not None:
+            return
         if self._thread is not None:
             self._thread.join(5)
         slots = self.all()
@@ -364,3 +419,25 @@ def kill_run_actors(ray: Any, run_key: str, namespace: str) -> int:
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
     return len(found)
+
+
+def head_address(ray: Any, configured: str) -> tuple[str, int] | None:
+    """The head's GCS host and port, which the driver probes (None where it cannot tell: the
+    head's health is then Ray's alone)."""
+    text = ""
+    with contextlib.suppress(Exception):
+        text = str(ray.get_runtime_context().gcs_address or "")
+    if not text and configured != "auto":
+        text = configured.removeprefix("ray://")
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _answers(head: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(head, timeout=HEAD_PROBE_SECONDS).close()
+    except OSError:
+        return False
+    return True

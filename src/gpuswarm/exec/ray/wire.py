@@ -52,8 +52,12 @@ def wire(
     tree: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The attempt as the actor receives it. ``root``: the run folder on the driver; ``probe``:
-    the nonce the driver wrote into it; ``tree``: (key, folder) of a shipped copy of its cwd."""
+    the nonce the driver wrote into it; ``tree``: (key, folder) of a shipped copy of its cwd;
+    ``home``: the slot's private HOME (``home.isolate``: a folder of the run), which a node
+    that does not see the run folder gets a copy of, its own for the slot from then on."""
+    home = spec.env.get("HOME", "")
     return {
+        "home": home if home.startswith(root.rstrip("/") + "/") else None,
         "argv": list(spec.argv),
         "env": attempt_env(spec),
         "cwd": str(spec.cwd),
@@ -104,11 +108,25 @@ def _mapper(pairs: list[tuple[str, str]]) -> Any:
     return map_text
 
 
+def home_dir(data: Mapping[str, Any], scratch: Path) -> Path | None:
+    """Where the slot's shipped HOME lives on a node that does not see the run folder (one per
+    slot, kept across its attempts); None when it has no private HOME or ``ship: never``."""
+    home = data.get("home")
+    if not home or data["ship"] == "never":
+        return None
+    return scratch / "homes" / hashlib.sha256(str(home).encode()).hexdigest()[:16]
+
+
 def node_spec(
-    data: Mapping[str, Any], base_env: Mapping[str, str], scratch: Path, tree: Path | None
+    data: Mapping[str, Any],
+    base_env: Mapping[str, str],
+    scratch: Path,
+    tree: Path | None,
+    home: Path | None = None,
 ) -> Staged:
     """The attempt's spec on this node: in place where the node sees the run folder (and
-    ``ship`` is not ``always``), else its paths mapped into a fresh stage under ``scratch``."""
+    ``ship`` is not ``always``), else its paths mapped into a fresh stage under ``scratch``
+    (the slot's HOME to ``home``, its node copy, when there is one)."""
     token = str(data["token"])
     safe = hashlib.sha256(token.encode()).hexdigest()[:16]
     log = scratch / "logs" / f"{safe}.log"
@@ -131,14 +149,16 @@ def node_spec(
     pairs = [(root, str(stage))]
     if tree is not None and data.get("tree"):
         pairs.insert(0, (str(data["tree"][1]), str(tree)))
+    if home is not None and data.get("home"):
+        pairs.insert(0, (str(data["home"]), str(home)))
     map_text = _mapper(pairs)
     task_dir = Path(map_text(str(env.get("GPUSWARM_TASK_WORKSPACE", root))))
     task_dir.mkdir(parents=True, exist_ok=True)
     mapped_cwd = Path(map_text(cwd))
     mapped_cwd.mkdir(parents=True, exist_ok=True)
-    home = map_text(env.get("HOME", ""))
-    if home.startswith(str(stage) + "/"):  # a slot's private HOME (home.isolate): made empty
-        Path(home).mkdir(parents=True, exist_ok=True, mode=0o700)
+    mapped_home = map_text(env.get("HOME", ""))
+    if mapped_home.startswith(str(stage) + "/"):  # a private HOME not shipped (ship: never)
+        Path(mapped_home).mkdir(parents=True, exist_ok=True, mode=0o700)
     spec = LaunchSpec(
         argv=[map_text(a) for a in data["argv"]],
         env={k: map_text(v) for k, v in env.items()},
