@@ -87,22 +87,28 @@ def _events(run: Path, ev: str, **match: Any) -> list[dict[str, Any]]:
     ]
 
 
-class _Deaths(threading.Thread):
-    """When each of ``pids`` ended (seconds after :attr:`since`), watched from a thread."""
+class _Watch(threading.Thread):
+    """From the cut on: when each attempt shell of ``pids`` ended, and when the last process of
+    the run in node B's namespace (a shell's children too) was gone, in seconds after the cut."""
 
-    def __init__(self, pids: set[int]) -> None:
+    def __init__(self, pids: set[int], on_node_b: Callable[[], list[psutil.Process]]) -> None:
         super().__init__(daemon=True)
         self.pids = set(pids)
+        self.on_node_b = on_node_b
         self.since = time.monotonic()
         self.ended: dict[int, float] = {}
+        self.all_gone: float | None = None
         self.start()
 
     def run(self) -> None:
-        while self.pids - set(self.ended) and time.monotonic() - self.since < 2 * GUARD_WITHIN:
+        while self.all_gone is None and time.monotonic() - self.since < 2 * GUARD_WITHIN:
+            now = round(time.monotonic() - self.since, 1)
             for pid in self.pids - set(self.ended):
                 if not pid_running(pid):
-                    self.ended[pid] = round(time.monotonic() - self.since, 1)
-            time.sleep(0.2)
+                    self.ended[pid] = now
+            if len(self.ended) == len(self.pids) and not self.on_node_b():
+                self.all_gone = now
+            time.sleep(0.25)
 
 
 def _described(proc: psutil.Process) -> str:
@@ -165,8 +171,12 @@ def test_cut_off_node_leaves_its_tasks_run_once_elsewhere_its_zombies_never_comm
     assert {r[2] for r in on_b.values()} == b_slots
     zombie_pids = {int(r[4]) for r in on_b.values()}
 
-    shells = _Deaths(zombie_pids)
-    cut_at = shells.since = time.monotonic()
+    def on_node_b() -> list[psutil.Process]:  # the run's processes in node B's namespace
+        inside = set(net.namespace_pids())
+        return [p for p in run_processes(run) if p.pid in inside]
+
+    watch = _Watch(zombie_pids, on_node_b)
+    cut_at = watch.since = time.monotonic()
     net.cut()
     lost = wait_for(
         lambda: len(_events(run, "requeued", reason="lost")) >= 2 and _events(run, "requeued"),
@@ -208,24 +218,17 @@ def test_cut_off_node_leaves_its_tasks_run_once_elsewhere_its_zombies_never_comm
     actors = [a for a in net.query()["actors"] if a.startswith("gpuswarm/")]
     assert actors == []  # no actor of the run remains
 
-    # B's attempts are gone soon after the cut: the short one ended, the long one is ended by
-    # its node once its actor died.
-    # NOTE: needs the node-side guard (a slot actor's attempts end when the actor dies, its
-    # raylet gone); until that is on main the long zombie's tree outlives its dead actor (Ray
-    # ends the actor's direct child, `sh`, and its `sleep` runs on) and this fails.
-    def on_node_b() -> list[psutil.Process]:
-        inside = set(net.namespace_pids())
-        return [p for p in run_processes(run) if p.pid in inside]
-
+    # B's attempts, whole trees, are gone soon after the cut: the short one ended by itself,
+    # the long one was ended by its node's guard when its slot actor died with the raylet (Ray
+    # itself ends only an actor's direct children: the `sleep` of its shell would run on)
     deadline = cut_at + GUARD_WITHIN
-    while on_node_b() and time.monotonic() < deadline:
-        time.sleep(0.5)
+    while watch.all_gone is None and time.monotonic() < deadline:
+        time.sleep(0.25)
     survivors = [_described(p) for p in on_node_b()]
-    assert not survivors, (
+    assert watch.all_gone is not None and not survivors, (
         f"node B's attempts still there {GUARD_WITHIN}s after the cut: {survivors}; "
-        f"their shells {sorted(zombie_pids)} ended {shells.ended} s after the cut"
+        f"their shells {sorted(zombie_pids)} ended {watch.ended} s after the cut"
     )
-    gone_in = time.monotonic() - cut_at
     # nothing a zombie did, cut off or with the link back, changed the run
     assert _done_record(run) == record
     assert [r for r in _lines(ends) if r[3] == NODE_HOSTNAME] in ([short], [])  # never the long
@@ -234,10 +237,13 @@ def test_cut_off_node_leaves_its_tasks_run_once_elsewhere_its_zombies_never_comm
     check = gpuswarm("check", run, "--json", timeout=90)
     assert check.returncode == 0 and json.loads(check.stdout)["consistent"], check
     print(
-        f"requeued {requeued_in:.1f}s, left {noticed:.1f}s, B's shells ended {shells.ended}, "
-        f"B's attempts gone {gone_in:.1f}s after the cut; the run took {result.seconds:.1f}s"
+        f"after the cut: requeued {requeued_in:.1f}s, left {noticed:.1f}s, B's shells ended "
+        f"{sorted(watch.ended.values())}, all of B's attempts gone {watch.all_gone}s; "
+        f"the run took {result.seconds:.1f}s"
     )
-    # the journal says B left when Ray declared it dead, not at the loop's next pass
-    # NOTE: fails today: see the report (slots.py SlotPool._look)
+    # the journal says B left when Ray declared it dead (docs/cluster.md: the driver sees it
+    # within half a second), not at the slot loop's next pass: when the handles had already
+    # retired B's slots (their actors died first), SlotPool._look still owes the loop a wake-up
+    # for the `left` note it queued; without it the note waits for some attempt to end
     order = [e.get("change", e["ev"]) for e in read_events(run) if e["ev"] in ("slots", "finished")]
     assert order.index("left") < order.index("finished"), order
