@@ -56,9 +56,10 @@ GPUS_PER_NODE = 2
 SUBNET = "10.213"  # SUBNET.N.1 the head, SUBNET.N.2 node B
 _LOCK = Path(tempfile.gettempdir()) / "gpuswarm-netns.lock"
 _made = itertools.count()
-# node B's processes: a raylet whose head went silent (a cut, not a closed connection) learns it
-# from gRPC keepalives within about 2 s, then gives up after NODE_RECONNECT_S (measured here:
-# gone about 9 s after a cut; without the keepalives it ran on for minutes)
+# node B's processes: a raylet whose head went silent (packets dropped, no connection closed)
+# learns it from gRPC keepalives within about 2 s, then gives up after NODE_RECONNECT_S
+# (measured here: gone about 9 s after the cut; with Ray's defaults it ran on for 183 s, and its
+# slot actors with it, so their attempts too, guard or not)
 NODE_ENV = {
     "RAY_gcs_rpc_server_reconnect_timeout_s": str(NODE_RECONNECT_S),
     "RAY_grpc_client_keepalive_time_ms": "1000",
