@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -253,3 +254,69 @@ def test_a_task_lost_three_times_in_a_row_is_judged_not_requeued() -> None:
     assert not _lost_again(live([EndKind.LOST, EndKind.LOST]), lost)  # the third in a row
     exited = AttemptEnd(EndKind.EXITED, 0, None, "exit 0", False, 0.0, 1.0, 1, 0)
     assert not _lost_again(live([]), exited)
+
+
+class _NoCluster:
+    """Stands for the ``ray`` module where only the runtime context is asked."""
+
+    def __init__(self, gcs: str) -> None:
+        self.gcs = gcs
+
+    def get_runtime_context(self) -> object:
+        return type("Ctx", (), {"gcs_address": self.gcs})()
+
+
+def test_the_head_probed_is_the_client_server_of_a_ray_url_else_the_gcs() -> None:
+    from gpuswarm.exec.ray.slots import head_address
+
+    assert head_address(_NoCluster("10.0.0.1:6379"), "auto") == ("10.0.0.1", 6379)
+    # Ray Client: the GCS is the cluster's, maybe out of reach; its server is what answers us
+    assert head_address(_NoCluster("10.9.9.9:6379"), "ray://head.example:10001") == (
+        "head.example",
+        10001,
+    )
+    assert head_address(_NoCluster(""), "10.0.0.2:6380") == ("10.0.0.2", 6380)
+    assert head_address(_NoCluster(""), "auto") is None  # not known: Ray's own check only
+
+
+def test_a_head_that_stops_answering_is_fatal_after_head_timeout() -> None:
+    """A real listening socket plays the head's GCS port; once it is closed, the watch of the
+    head declares every node's attempts lost, retires every slot and reports ``fatal``."""
+    import socket
+    import threading
+
+    from gpuswarm.exec.ray.slots import RaySlot, SlotPool
+    from gpuswarm.placement.devices import Vendor
+    from gpuswarm.placement.gpus import Slot
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    pool = SlotPool(
+        None,
+        RayConfig(head_timeout=0.5),
+        "run-1",
+        gpus_per_task=1,
+        tasks_per_gpu=1,
+        gpu_filter=GpuFilter(),
+        max_result=1 << 20,
+    )
+    node = _node("b", "nodeb12345")
+    slot = Slot(0, (0,), Vendor.NVIDIA, ident="b-nodeb1-gpu0")
+    pool.by_label[slot.label] = RaySlot(slot, node, object(), "gpuswarm/run-1/nodeb/0")
+    pool.nodes[node.node_id] = node
+    watcher = threading.Thread(target=pool._watch_head, args=(("127.0.0.1", port),))
+    watcher.start()
+    try:
+        time.sleep(1.5)  # answering: nothing happens
+        assert pool.lost is None and not pool.changes()
+        server.close()  # the head is gone
+        watcher.join(15)
+        assert not watcher.is_alive()
+    finally:
+        pool._stop.set()
+        server.close()
+    assert pool.lost is not None and "stopped answering" in pool.lost
+    assert pool.node_dead(node.node_id) == f"the Ray head at 127.0.0.1:{port} is gone"
+    changes = pool.changes()
+    assert changes.fatal == pool.lost and changes.retired == [slot.label]
+    assert pool.get(slot.label) is None

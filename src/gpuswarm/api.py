@@ -30,7 +30,7 @@ from gpuswarm.exec.local import host_processes
 from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.runoutput import Output
-from gpuswarm.runsetup import setup_from_info
+from gpuswarm.runsetup import backend_of, setup_from_info
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
@@ -158,9 +158,30 @@ def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
 
 
 def slot_count(run: RunPaths) -> int:
-    """How many slots the run was planned with (one task each at a time)."""
+    """How many slots the run has (one task each at a time): as planned, or for a cluster's
+    run (``backend: ray``, whose nodes join and leave) the slots its last supervisor has now,
+    from the journal (as planned when none has started yet)."""
     _, info = open_run(run.root)
-    return int(info.get("slot_count", 1))
+    planned = int(info.get("slot_count", 1))
+    if backend_of(info) != "ray":
+        return planned
+    live: set[str] | None = None
+    for e in read_journal(run.events):
+        ev, slots = e.get("ev"), e.get("slots")
+        labels = {str(s) for s in slots} if isinstance(slots, list) else set()
+        if ev == "supervisor_started":
+            live = set(labels)
+        elif ev == "slots" and live is not None:
+            change = e.get("change")
+            if change == "joined":
+                live |= labels
+            elif change in ("left", "retired", "preflight_failed"):
+                live -= labels
+            elif change == "backend_lost":
+                live = set()
+        elif ev == "supervisor_stopped":
+            live = None
+    return max(1, len(live)) if live else planned
 
 
 # -- submitting and withdrawing ----------------------------------------------------------------

@@ -30,6 +30,7 @@ from gpuswarm.research.settle import seal_round, settle_locked
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
+SLOT_COUNT_SECONDS = 10.0  # async: the run's slots counted again this often (a cluster's change)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class _Run:
         self.exp, self.proposer, self.opts, self.say = exp, proposer, opts, say
         self.stop, self.tick = stop, tick
         self.slots = executor.slot_count(exp.paths, exp.cfg)
+        self.slots_at = time.monotonic()
         self.deadline = None if opts.duration is None else time.monotonic() + opts.duration
         self.already = _started(state)
         self.made = 0
@@ -152,11 +154,14 @@ class _Run:
     def _propose(self, state: ExperimentState, budget: int | None, can: bool) -> None:
         rounds = self.opts.mode == "rounds"
         if rounds and can and not self.round_open and not state.in_flight():
+            self._count_slots(every=0.0)  # a round as wide as the GPUs there are now
             self.round_left = self.slots if budget is None else min(self.slots, budget)
             self.round_open = self.round_left > 0  # a new round: the last one is decided
         if not can:
             self.round_left = 0  # stopped, out of budget or ideas: the round is what it is
         room = self.opts.proposers - len(self.proposing)
+        if not rounds:
+            self._count_slots(every=SLOT_COUNT_SECONDS)
         want = self.round_left if rounds else _wanted(self.opts, state, self.slots)
         if not rounds:
             want -= len(self.proposing)
@@ -167,6 +172,13 @@ class _Run:
             with flocked(self.exp.paths.lock):  # the round is complete: decide it when in
                 seal_round(self.exp.paths, settle_locked(self.exp.paths, self.exp.cfg))
             self.round_open = False
+
+    def _count_slots(self, every: float) -> None:
+        """The run's slots again (a cluster's nodes join and leave), at most every ``every``
+        seconds (it reads the run's journal)."""
+        if time.monotonic() - self.slots_at >= every:
+            self.slots = executor.slot_count(self.exp.paths, self.exp.cfg)
+            self.slots_at = time.monotonic()
 
     def close(self) -> None:
         for f in self.proposing:

@@ -422,13 +422,15 @@ def kill_run_actors(ray: Any, run_key: str, namespace: str) -> int:
 
 
 def head_address(ray: Any, configured: str) -> tuple[str, int] | None:
-    """The head's GCS host and port, which the driver probes (None where it cannot tell: the
-    head's health is then Ray's alone)."""
-    text = ""
-    with contextlib.suppress(Exception):
-        text = str(ray.get_runtime_context().gcs_address or "")
+    """What the driver probes for the head: the Ray Client server of a ``ray://`` address (the
+    GCS behind it may be out of the driver's reach), else the head's GCS host and port; None
+    where it cannot tell (the head's health is then Ray's alone)."""
+    text = configured.removeprefix("ray://") if configured.startswith("ray://") else ""
+    if not text:
+        with contextlib.suppress(Exception):
+            text = str(ray.get_runtime_context().gcs_address or "")
     if not text and configured != "auto":
-        text = configured.removeprefix("ray://")
+        text = configured
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         return None
