@@ -143,3 +143,29 @@ def test_a_lost_membership_stops_the_run_warm_with_its_reason(tmp_path: Path) ->
     # the journal's last word before the stop is why (views show it as the run's note)
     changes = [e.get("change") or e["ev"] for e in read_events(paths.events)]
     assert changes.index("shutdown") < changes.index("backend_lost")
+
+
+def test_a_joined_slot_is_named_with_its_node_where_its_task_runs(tmp_path: Path) -> None:
+    """``status`` reads a lease's slot from the supervisor's owner file: a slot that joined
+    later is in it too, and its task is shown on the slot's node, not the driver's host."""
+    from gpuswarm.store.leases import write_owner_file
+    from gpuswarm.store.reader import RunReader
+
+    release = tmp_path / "release"
+    wait = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"
+    joined = [replace(s, index=7, host="node-b") for s in _slots(1, "b")]
+    sup, paths = _supervisor(
+        tmp_path, [_task("t0", wait), _task("t1", wait)], _slots(1, "a"), Scripted(joined)
+    )
+    write_owner_file(paths, "test:1:1", {"slots": ["a-gpu0"]})
+    runner = threading.Thread(target=sup.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(sup.live) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        rows = {r.slot: r.host for r in RunReader(paths).running()}
+    finally:
+        release.touch()
+        runner.join(30)
+    assert rows == {"a-gpu0": "test", "b-gpu0": "node-b"}

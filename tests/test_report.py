@@ -145,6 +145,11 @@ def test_report_content(run: tuple[RunPaths, Path]) -> None:
     assert "run_" in page and paths.root.name in page and "sim:3" in page
     assert "finished with failures" in page and "GPU busy" in page
     assert "not shown" not in page  # 8 rows: no cap note
+    # one row per slot, with the machine it is on (a cluster's node, this host here)
+    slots = page.split("<h2>Slots</h2>", 1)[1].split("<h2>", 1)[0]
+    host = host_slug()
+    for gpu in range(3):
+        assert f"<td>{host}-gpu{gpu}</td><td>{host}</td>" in slots, slots
 
 
 def test_timeline_png_is_valid(run: tuple[RunPaths, Path]) -> None:

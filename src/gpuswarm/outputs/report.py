@@ -22,7 +22,13 @@ from gpuswarm.core.redact import redact_text
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
-from gpuswarm.outputs.timeline import Bar, bars_from_descriptor, idle_stats, timeline_png
+from gpuswarm.outputs.timeline import (
+    Bar,
+    bars_from_descriptor,
+    idle_stats,
+    lane_key,
+    timeline_png,
+)
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import plan_slots
 from gpuswarm.store.queue import DirQueue
@@ -56,9 +62,11 @@ class _Scan:
         self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
         self.base_env = dict(os.environ)
         self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
+        self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
         for state, _, data in reader.everything():
             row = row_for(state, data)
             self.rows.append(row)
+            self._count_slots(data)
             retried = oom_retries(str(row.values["task"]), data)
             self.bars += bars_from_descriptor(data, state.value)
             task_env = data.env
@@ -79,6 +87,20 @@ class _Scan:
                     task=fail["task"], state="corrupt", attempts=0, reason=fail.get("reason", "")
                 )
                 self.rows.append(row)
+
+    def _count_slots(self, data: Descriptor) -> None:
+        for att in data.attempts:
+            if not att.slot:
+                continue
+            one = self.slots.setdefault(
+                str(att.slot), {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
+            )
+            if att.host:
+                one["hosts"].add(str(att.host))
+            one["attempts"] += 1
+            one["exited"] += att.kind == "exited" and att.returncode == 0
+            if att.started is not None and att.ended is not None:
+                one["busy"] += max(0.0, float(att.ended) - float(att.started))
 
     def redact(self, task: object, text: object) -> str:
         own = self.env.get(str(task))
@@ -220,6 +242,23 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     )
 
 
+def _slots(scan: _Scan, lanes: Sequence[str]) -> str:
+    """One row per slot the run has had: the machine it is on (a cluster's node), its
+    attempts, how many exited 0, its busy time."""
+    labels = sorted({*lanes, *scan.slots}, key=lane_key)
+    if not labels:
+        return ""
+    table = []
+    for label in labels:
+        one = scan.slots.get(label) or {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
+        host = ", ".join(sorted(one["hosts"])) if one["hosts"] else ""
+        table.append([label, host, one["attempts"], one["exited"], _seconds(one["busy"])])
+    return (
+        "<h2>Slots</h2>\n<p class=note>every slot the run has had, with the machine it is on"
+        "</p>\n" + html_table(["slot", "node", "attempts", "exit 0", "busy"], table) + "\n"
+    )
+
+
 def _failures(scan: _Scan) -> str:
     def order(sd: tuple[str, Descriptor]) -> tuple[bool, str]:
         return sd[0] != State.FAILED.value, sd[1].id if sd[1].has_id else "None"
@@ -315,6 +354,7 @@ def write_report(
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image
         + "\n"
+        + _slots(scan, lanes)
         + _failures(scan)
         + _skipped(scan)
         + _tasks(scan, paths.results_tsv.name)

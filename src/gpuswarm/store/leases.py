@@ -55,6 +55,22 @@ def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Pat
     return path
 
 
+def add_owner_slots(paths: RunPaths, owner: str, slots: list[Slot]) -> None:
+    """Slots that joined a live supervisor (a cluster's node): their labels go into its owner
+    file by slot index, so a lease on one names its slot (status, watch, reclaim)."""
+    path = owner_file(paths, owner)
+    try:
+        with path.open("rb") as fh:
+            info = json.loads(fh.read(1 << 20))
+    except (OSError, ValueError):
+        return
+    if not isinstance(info, dict):
+        return
+    labels = info.get("labels") if isinstance(info.get("labels"), dict) else {}
+    labels.update({str(s.index): s.label for s in slots})
+    atomic_write_json(path, {**info, "labels": labels})
+
+
 def owner_alive(paths: RunPaths, owner: str, lease_ttl: float, now: float | None = None) -> bool:
     """Whether the supervisor ``owner`` still holds its leases."""
     parts = owner.split(":")
@@ -76,31 +92,51 @@ def slot_label(paths: RunPaths, owner: str, index: int) -> str:
         return "reclaimer"  # a reclaimer's lease (``@owner@-1.x``): no slot runs it
     try:
         with owner_file(paths, owner).open("rb") as fh:
-            slots = json.loads(fh.read()).get("slots", [])
-        return str(slots[index])
+            info = json.loads(fh.read())
+        joined = info.get("labels") or {}  # slots that joined later (add_owner_slots)
+        if str(index) in joined:
+            return str(joined[str(index)])
+        return str(info.get("slots", [])[index])
     except (OSError, ValueError, IndexError, TypeError, AttributeError):
         return f"slot {index}"
 
 
-def _take_slot_id(paths: RunPaths, ident: str, owner: str, lease_ttl: float) -> bool:
-    """Register ``ident`` for ``owner`` (O_EXCL), or take over a registration of a dead owner."""
+def _take_slot_id(
+    paths: RunPaths, ident: str, owner: str, lease_ttl: float, host: str = ""
+) -> bool:
+    """Register ``ident`` for ``owner`` (O_EXCL), or take over a registration of a dead owner.
+    The file holds the owner, then (a cluster's slot) the host the slot is on."""
     path = paths.slot_file(ident)
+    body = owner.encode() + b"\n" + (host.encode() + b"\n" if host else b"")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except FileExistsError:
         try:
-            holder = path.read_text().strip()
+            holder = path.read_text().split("\n", 1)[0].strip()
         except OSError:
             holder = ""
         if holder == owner:
+            if host:
+                atomic_write_bytes(path, body)
             return True
         if holder and owner_alive(paths, holder, lease_ttl):
             return False
-        atomic_write_bytes(path, owner.encode() + b"\n")  # under the init lock: no race
+        atomic_write_bytes(path, body)  # under the init lock: no race
         return True
     with os.fdopen(fd, "wb") as fh:
-        fh.write(owner.encode() + b"\n")
+        fh.write(body)
     return True
+
+
+def slot_host(paths: RunPaths, ident: str) -> str | None:
+    """The host a cluster's slot is on (its registration's second line); None for a slot of
+    the supervisor's own host, or one not registered."""
+    try:
+        with open(paths.slot_file(ident), "rb") as fh:
+            lines = fh.read(4096).decode(errors="replace").splitlines()
+    except (OSError, ValueError):
+        return None
+    return lines[1].strip() or None if len(lines) > 1 else None
 
 
 def register_slots(paths: RunPaths, owner: str, slots: list[Slot], lease_ttl: float) -> list[Slot]:
@@ -135,7 +171,7 @@ def register_named_slots(
     ``.parallel/slots/``, taking over a dead holder's registration (a resumed run)."""
     paths.slots.mkdir(exist_ok=True)
     for slot in slots:
-        _take_slot_id(paths, slot.label, owner, lease_ttl)
+        _take_slot_id(paths, slot.label, owner, lease_ttl, slot.host)
     return slots
 
 

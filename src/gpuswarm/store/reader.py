@@ -27,7 +27,7 @@ from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.store.folders import QueueFolders
-from gpuswarm.store.leases import is_live, registered_slot_ids, slot_label
+from gpuswarm.store.leases import is_live, registered_slot_ids, slot_host, slot_label
 from gpuswarm.store.ledger import read_events, tail_events
 from gpuswarm.store.names import lease_of, task_id_of
 from gpuswarm.store.quarantines import read_quarantines
@@ -66,6 +66,7 @@ class Running:
     since: float  # the claim time (the file's mtime)
     log: Path | None  # the running attempt's log; None while waiting or without an id
     retry_at: float | None  # set while a retry waits out its backoff
+    node: str | None = None  # the host of a cluster's slot (not the supervisor's)
 
     @property
     def waiting(self) -> bool:
@@ -81,6 +82,9 @@ class Running:
 
     @property
     def host(self) -> str | None:
+        """Where it runs: its slot's node (a cluster's), else its supervisor's host."""
+        if self.node:
+            return self.node
         return self.owner.split(":", 1)[0] if self.owner else None
 
 
@@ -188,16 +192,18 @@ class RunReader:
         log = None
         if desc is not None and desc.has_id and retry_at is None:
             log = self.paths.attempt_log(desc.id, attempt)
+        slot = slot_label(self.paths, *lease) if lease else None
         return Running(
             file=name,
             task=self.task_id(name, desc),
             desc=desc,
             owner=lease[0] if lease else None,
-            slot=slot_label(self.paths, *lease) if lease else None,
+            slot=slot,
             attempt=attempt,
             since=since,
             log=log,
             retry_at=retry_at,
+            node=slot_host(self.paths, slot) if slot and lease else None,
         )
 
     def slot_ids(self) -> list[str]:

@@ -24,7 +24,7 @@ from gpuswarm.core.models import Lease, State
 from gpuswarm.exec.base import Adopted, Backend, membership_of
 from gpuswarm.exec.plan import values_for
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.store.leases import register_named_slots
+from gpuswarm.store.leases import add_owner_slots, register_named_slots
 from gpuswarm.store.names import task_id_of
 from gpuswarm.supervise.context import LiveAttempt, Shared
 from gpuswarm.supervise.launch import task_of
@@ -116,6 +116,7 @@ class SlotSync:
         if added:
             cfg = run.cfg
             register_named_slots(run.paths, cfg.owner, added, cfg.lease_ttl)
+            add_owner_slots(run.paths, cfg.owner, added)  # a lease names its slot
             for slot in added:
                 self.homes[slot.index] = self.slot_env(slot)
                 self.slots[slot.label] = slot
