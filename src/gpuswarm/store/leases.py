@@ -66,7 +66,8 @@ def add_owner_slots(paths: RunPaths, owner: str, slots: list[Slot]) -> None:
         return
     if not isinstance(info, dict):
         return
-    labels = info.get("labels") if isinstance(info.get("labels"), dict) else {}
+    found = info.get("labels")
+    labels: dict[str, str] = dict(found) if isinstance(found, dict) else {}
     labels.update({str(s.index): s.label for s in slots})
     atomic_write_json(path, {**info, "labels": labels})
 
