@@ -169,3 +169,41 @@ def test_a_joined_slot_is_named_with_its_node_where_its_task_runs(tmp_path: Path
         release.touch()
         runner.join(30)
     assert rows == {"a-gpu0": "test", "b-gpu0": "node-b"}
+
+
+class Timed(Scripted):
+    """A membership that plays ``script``: (seconds after watch, slots added, labels retired)."""
+
+    def __init__(self, script: list[tuple[float, list[Slot], list[str]]]) -> None:
+        super().__init__([])
+        self.script = script
+
+    def watch(self, wakeup: Callable[[], None]) -> None:
+        self.wakeup = wakeup
+
+        def play() -> None:
+            started = time.monotonic()
+            for at, added, retired in self.script:
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                with self.lock:
+                    self.pending.added.extend(added)
+                    self.pending.retired.extend(retired)
+                wakeup()
+
+        threading.Thread(target=play, daemon=True).start()
+
+
+def test_a_run_whose_nodes_all_left_waits_for_one_to_join(tmp_path: Path) -> None:
+    """Every slot gone with tasks still pending (a cluster's only node dropped out, the head
+    still there): the run waits, says so, and goes on when a node joins; it does not end."""
+    first = _slots(1, "a")
+    later = [replace(s, index=5) for s in _slots(1, "b")]
+    tasks = [_task(f"t{i}", "import time; time.sleep(0.3)") for i in range(4)]
+    member = Timed([(0.1, [], ["a-gpu0"]), (2.0, later, [])])
+    sup, paths = _supervisor(tmp_path, tasks, first, member)
+    sup.run()
+    done = [e["task"] for e in _ev(paths, "finished") if e["state"] == "done"]
+    assert sorted(done) == ["t0", "t1", "t2", "t3"]
+    assert "b-gpu0" in {e["slot"] for e in _ev(paths, "started")}
+    waiting = [e for e in _ev(paths, "slots") if e["change"] == "waiting"]
+    assert len(waiting) == 1 and "waiting for one to join" in waiting[0]["reason"]

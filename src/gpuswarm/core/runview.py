@@ -197,6 +197,11 @@ class RunView:
         if e.change == "backend_lost":  # after its shutdown: the note says why
             self.note = f"stopping: {e.extra.get('reason') or 'the cluster is gone'}"
             return
+        if e.change == "waiting":
+            self.note = str(e.extra.get("reason") or "waiting for a node to join")
+            return
+        if e.change == "joined" and self.note.startswith("no slot left"):
+            self.note = ""
         for label in e.slots:
             if e.change == "joined":
                 self.slots.setdefault(label, SlotRow())

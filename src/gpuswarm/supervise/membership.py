@@ -51,6 +51,7 @@ class SlotSync:
         self._checked: list[tuple[Slot, str | None]] = []  # preflight ends: (slot, failure)
         self._checked_lock = threading.Lock()
         self.checking: set[str] = set()  # joined slots whose preflight runs
+        self._waiting = False  # a `waiting` event was written (no slot left)
 
     def _adopt(self, found: Adopted, free: deque[Slot]) -> None:
         """Wait for an attempt a dead supervisor started (recovery left its task in running/
@@ -114,6 +115,7 @@ class SlotSync:
             added = changes.added
         added = [*added, *self._passed()]
         if added:
+            self._waiting = False
             cfg = run.cfg
             register_named_slots(run.paths, cfg.owner, added, cfg.lease_ttl)
             add_owner_slots(run.paths, cfg.owner, added)  # a lease names its slot
@@ -136,6 +138,26 @@ class SlotSync:
         if added or changes.retired:
             run.more_work()
         return added
+
+    def waiting_for_slots(self) -> bool:
+        """A cluster's run with tasks to do and none of its slots left (every node gone, the
+        head still there): it waits for a node to join instead of ending (one ``slots`` event
+        ``waiting`` says so) -- a GPU that drops out must not end the run."""
+        run = self.run
+        if self.membership is None or run.ended_by is not None or run.stopping.is_set():
+            return False
+        if set(self.slots) - self.retired or self.checking:
+            return False
+        if run.queue.counts()[State.PENDING] == 0:
+            return False
+        if not self._waiting:
+            self._waiting = True
+            run.ledger.emit(
+                Ev.SLOTS,
+                change="waiting",
+                reason="no slot left (every node of the run is gone): waiting for one to join",
+            )
+        return True
 
     # -- preflight of the slots that join ------------------------------------------------------
     def _preflight(self, slots: list[Slot]) -> None:

@@ -267,6 +267,8 @@ class Supervisor:
             return True, IDLE_POLL_SECONDS
         if self.slot_sync.checking and self.queue.counts()[State.PENDING] > 0:
             return True, IDLE_POLL_SECONDS  # joined slots run their preflight (then wake us)
+        if self.slot_sync.waiting_for_slots():  # a cluster's nodes all gone: one may join
+            return True, IDLE_POLL_SECONDS
         return False, None
 
     def _paused_with_work(self) -> bool:
