@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -320,3 +321,94 @@ def test_a_head_that_stops_answering_is_fatal_after_head_timeout() -> None:
     changes = pool.changes()
     assert changes.fatal == pool.lost and changes.retired == [slot.label]
     assert pool.get(slot.label) is None
+
+
+class _Ref:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+class _FakeActor:
+    def __init__(self, host: str, gpu: int) -> None:
+        info = {"host": host, "node": "", "gpus": [gpu], "pid": 1}
+        self.info = type("M", (), {"remote": staticmethod(lambda: _Ref(info))})()
+
+
+class _FakeRay:
+    """The slice of ``ray`` the slot pool uses, over a node list the test edits: actors are
+    made at once, each given the next GPU of its node."""
+
+    def __init__(self, listed: list[dict[str, object]]) -> None:
+        self.listed = listed
+        self.next_gpu: dict[str, int] = {}
+
+    def nodes(self) -> list[dict[str, object]]:
+        return self.listed
+
+    def remote(self, cls: object) -> object:
+        fake = self
+
+        class Options:
+            def __init__(self, **kw: object) -> None:
+                strategy: Any = kw["scheduling_strategy"]
+                self.node = str(strategy.node_id)
+
+            def remote(self, *args: object) -> _FakeActor:
+                gpu = fake.next_gpu.get(self.node, 0)
+                fake.next_gpu[self.node] = gpu + 1
+                host = next(
+                    str(n["NodeManagerHostname"]) for n in fake.listed if n["NodeID"] == self.node
+                )
+                return _FakeActor(host, gpu)
+
+        return type("Cls", (), {"options": staticmethod(lambda **kw: Options(**kw))})()
+
+    def wait(self, refs: list[_Ref], **kw: object) -> tuple[list[_Ref], list[_Ref]]:
+        return refs, []
+
+    def get(self, ref: _Ref, timeout: float | None = None) -> object:
+        return ref.value
+
+    def kill(self, actor: object, no_restart: bool = True) -> None:
+        pass
+
+
+def _listed(host: str, node_id: str) -> dict[str, object]:
+    return {
+        "NodeID": node_id,
+        "Alive": True,
+        "NodeManagerHostname": host,
+        "NodeManagerAddress": "10.0.0.9",
+        "Resources": {"GPU": 2.0},
+    }
+
+
+def test_gpus_n_gives_a_waiting_node_the_gpus_a_dead_node_freed() -> None:
+    """``--gpus 2`` on a cluster of two 2-GPU nodes: the first node's slots; when it dies the
+    other node (skipped while the count was reached) gets them. With every node gone the
+    pool may grow again (a joining node gets slots); with a live node of its own, not."""
+    pytest.importorskip("ray")
+    from gpuswarm.exec.ray.slots import SlotPool
+
+    a, b = _listed("a", "a" * 56), _listed("b", "b" * 56)  # 28-byte hex ids, as Ray makes
+    fake = _FakeRay([a, b])
+    pool = SlotPool(
+        fake,
+        RayConfig(),
+        "run-1",
+        gpus_per_task=1,
+        tasks_per_gpu=1,
+        gpu_filter=parse_filter("2"),
+        max_result=1 << 20,
+    )
+    first = pool.initial_slots()
+    assert sorted(s.label for s in first) == ["a-aaaaaa-gpu0", "a-aaaaaa-gpu1"]
+    assert not pool.may_grow()
+    fake.listed = [b]  # node a dies
+    assert pool._look()
+    changes = pool.changes()
+    assert sorted(changes.retired) == ["a-aaaaaa-gpu0", "a-aaaaaa-gpu1"]
+    assert sorted(s.label for s in changes.added) == ["b-bbbbbb-gpu0", "b-bbbbbb-gpu1"]
+    fake.listed = []  # and b: nothing of the run's is alive, a node that joins gets slots
+    pool._look()
+    assert pool.may_grow()

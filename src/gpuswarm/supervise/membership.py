@@ -148,6 +148,9 @@ class SlotSync:
             return False
         if set(self.slots) - self.retired or self.checking:
             return False
+        may_grow = getattr(self.membership, "may_grow", None)
+        if may_grow is not None and not may_grow():
+            return False  # (a live node whose actors died gets no new ones: the run ends)
         if run.queue.counts()[State.PENDING] == 0:
             return False
         if not self._waiting:

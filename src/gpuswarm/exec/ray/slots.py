@@ -137,6 +137,13 @@ class SlotPool:
         with self.lock:
             return self.by_label.get(label)
 
+    def may_grow(self) -> bool:
+        """Whether a node joining would give the run slots again: the head is there and no
+        node of the run's is alive (all of them left). Not when a live node's actors died:
+        that node gets no new ones."""
+        with self.lock:
+            return self.lost is None and not self.nodes
+
     def node_dead(self, node_id: str) -> str | None:
         """Why the attempts of node ``node_id`` are lost (Ray declared it dead, or the head is
         gone); None while it is alive."""
@@ -175,9 +182,7 @@ class SlotPool:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         count = self._slots_of(node)
-        if count == 0:
-            with self.lock:
-                self.nodes[node.node_id] = node
+        if count == 0:  # (--gpus N reached): looked at again when a node's GPUs come free
             return []
         self._gpus_used += (count // self.per_gpu) * self.per_task
         cls = self._actor_class()
