@@ -173,3 +173,18 @@ def test_watch_follows_a_run_in_another_process(tmp_path: Path) -> None:
     assert "\x1b[" not in out  # not a terminal: plain lines
     assert "done   cmd-" in out and "no supervisor running" in out
     assert "failed 1" in out.splitlines()[-1]
+
+
+def test_a_live_run_s_view_takes_the_queue_s_counts_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task another process added (``gpuswarm add``) or cancelled is in no event this
+    supervisor emitted: the view takes the queue's counts again every RECOUNT_SECONDS."""
+    import gpuswarm.ui.table as table
+
+    monkeypatch.setattr(table, "RECOUNT_SECONDS", 0.0)
+    state = ViewState({"pending": 3, "running": 0, "done": 0, "failed": 0})
+    folders = {"pending": 5, "running": 0, "done": 0, "failed": 0, "cancelled": 1}
+    view = LiveView(state, lambda t, n: tmp_path / "log", title="run_x", recount=lambda: folders)
+    frame = _frame(view)
+    assert "pending 5" in frame and "cancelled 1" in frame

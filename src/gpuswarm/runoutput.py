@@ -61,6 +61,7 @@ def reporter(
         title=paths.root.name,
         gpu_stats=gpu_stats if gpu_stats is not None else gpu_sampler(slots),
         paused=paused_now(paths),
+        recount=lambda: {s.value: n for s, n in queue.counts().items()},
     )
     ledger.subscribe(view)
     return shown(view)

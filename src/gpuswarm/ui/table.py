@@ -28,6 +28,7 @@ from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.placement.nvml import open_query
 
 REFRESH_PER_SECOND = 4
+RECOUNT_SECONDS = 2.0  # a live run's view takes the queue's counts again this often
 
 
 def clock(seconds: float | None) -> str:
@@ -57,9 +58,14 @@ class LiveView:
         header: Callable[[], str] | None = None,
         gpu_stats: Callable[[], dict[str, str]] | None = None,
         paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
+        recount: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.state = state
         self.paused = paused  # (run, slots) paused now; None: as the journal says
+        # the queue's counts now (its folders), taken over every RECOUNT_SECONDS: a live run's
+        # view hears only its own supervisor's events, not another process's add or cancel
+        self.recount = recount
+        self._counted = time.monotonic()
         self.log_of = log_of
         self.title = title
         self.header = header
@@ -70,6 +76,12 @@ class LiveView:
 
     def render(self) -> RenderableType:
         now = time.time()
+        if self.recount is not None and time.monotonic() - self._counted >= RECOUNT_SECONDS:
+            self._counted = time.monotonic()
+            with contextlib.suppress(OSError):
+                fresh = self.recount()
+                with self.state.lock:
+                    self.state.counts.update(fresh)
         with self.state.lock:
             rows = sorted(self.state.slots.items(), key=lambda kv: _natural(kv[0]))
             counts = dict(self.state.counts)
