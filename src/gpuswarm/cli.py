@@ -1,70 +1,45 @@
-"""The ``gpuswarm`` command line: parse, call, print. Nothing else lives here."""
+"""The ``gpuswarm`` command line: parse, call, print. Nothing else lives here.
+
+Every command is loaded when it is asked for (:class:`_Commands`): ``gpuswarm --version`` or
+``status`` does not import the engine, the config models or the backends of ``run``."""
 
 from __future__ import annotations
 
 import importlib
-import json
-import sys
-from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import ClassVar
 
 import click
 
 from gpuswarm import __version__
-from gpuswarm.cli_control import COMMANDS as CONTROL_COMMANDS
-from gpuswarm.cli_runs import (
-    check,
-    clean_cmd,
-    logs_cmd,
-    ls_cmd,
-    report_cmd,
-    status,
-    unquarantine,
-    watch_cmd,
-)
-from gpuswarm.cli_support import stoppable
-from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
-from gpuswarm.config.models import TaskOptions
-from gpuswarm.core.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_INTERRUPTED,
-)
-from gpuswarm.core.paths import resolve_run_dir
-from gpuswarm.core.signals import leave
-from gpuswarm.engine import (
-    resume_run,
-    start_run,
-    work_run,
-)
-from gpuswarm.outputs.results import RunReport
-from gpuswarm.runoutput import Output
-from gpuswarm.store.runs import latest_run
-from gpuswarm.ui.terminal import is_terminal
 
-YAML_SUFFIXES = (".yaml", ".yml")
-
-
-def _load_source(
-    source: str, *, shell: bool, name: str | None, workspace: str | None, defaults: TaskOptions
-) -> LoadedConfig:
-    if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        loaded = load_config(Path(source))
-    elif source == "-":
-        loaded = load_command_list(
-            None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
-        )
-    else:
-        loaded = load_command_list(
-            Path(source), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
-        )
-    return loaded.with_overrides(name=name, workspace=Path(workspace) if workspace else None)
+_SUPERVISE = "gpuswarm.cli_supervise"
+_RUNS = "gpuswarm.cli_runs"
+_CONTROL = "gpuswarm.cli_control"
 
 
 class _Commands(click.Group):
-    """The top-level group; ``research`` (git, proposers, plots) is imported only when used,
-    so ``gpuswarm run`` starts without it."""
+    """The top-level group: each command's module is imported when the command is asked for
+    (``research``: git, proposers, plots; ``dashboard``: Starlette; ``run``: the engine)."""
 
     lazy: ClassVar[dict[str, tuple[str, str]]] = {
+        "run": (_SUPERVISE, "run"),
+        "resume": (_SUPERVISE, "resume"),
+        "work": (_SUPERVISE, "work"),
+        "demo": (_SUPERVISE, "demo"),
+        "status": (_RUNS, "status"),
+        "watch": (_RUNS, "watch_cmd"),
+        "logs": (_RUNS, "logs_cmd"),
+        "ls": (_RUNS, "ls_cmd"),
+        "report": (_RUNS, "report_cmd"),
+        "check": (_RUNS, "check"),
+        "clean": (_RUNS, "clean_cmd"),
+        "unquarantine": (_RUNS, "unquarantine"),
+        "add": (_CONTROL, "add"),
+        "cancel": (_CONTROL, "cancel"),
+        "retry": (_CONTROL, "retry"),
+        "pause": (_CONTROL, "pause"),
+        "unpause": (_CONTROL, "unpause"),
+        "priority": (_CONTROL, "priority"),
         "research": ("gpuswarm.research.commands", "research"),
         "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
         "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
@@ -85,251 +60,6 @@ class _Commands(click.Group):
 @click.version_option(__version__, prog_name="gpuswarm")
 def cli() -> None:
     """Keep every GPU of a machine busy with long, independent jobs, and lose none of them."""
-
-
-@cli.command()
-@click.argument("source")
-@click.option("--gpus", help="auto | 0,1,2 | 0-3 | sim:N  (default: the config's, else auto)")
-@click.option("--name", help="run name (default: the config's name or the file's stem)")
-@click.option("--workspace", help="folder runs go to: <workspace>/<name>/run_<timestamp>/")
-@click.option("--suffix", help="appended to the run folder's name")
-@click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
-@click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
-@click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
-@click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
-@click.option(
-    "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
-)
-@click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
-@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
-@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
-@click.option("--network", help="docker: the containers' --network (e.g. none)")
-@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
-@click.option(
-    "--ray-address",
-    help="ray: the cluster to join: auto, HOST:PORT or ray://HOST:PORT (implies --backend ray)",
-)
-def run(
-    source: str,
-    gpus: str | None,
-    name: str | None,
-    workspace: str | None,
-    suffix: str | None,
-    shell: bool,
-    timeout: str | None,
-    max_attempts: int | None,
-    gpu_memory: str | None,
-    quiet: bool,
-    plain: bool,
-    no_report: bool,
-    as_json: bool,
-    strict: bool,
-    share_gpus: bool,
-    backend: str | None,
-    image: str | None,
-    docker_args: tuple[str, ...],
-    mounts: tuple[str, ...],
-    network: str | None,
-    pass_env: tuple[str, ...],
-    ray_address: str | None,
-) -> None:
-    """Run the tasks of SOURCE over the GPUs.
-
-    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin.
-    Exit code: 0 when every task is done (or skipped, or cancelled by hand: with --strict a
-    cancelled task is 1), 1 when any is failed or unfinished, 2 for bad input, 130 when
-    stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
-    """
-    with stoppable():
-        defaults = TaskOptions.from_cli(
-            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory
-        )
-        loaded = (
-            _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
-            .with_backend(
-                backend,
-                image=image,
-                args=docker_args,
-                mounts=mounts,
-                network=network,
-                pass_env=pass_env,
-            )
-            .with_ray(ray_address)
-        )
-        output = Output(quiet=quiet, live=not plain, report=not no_report)
-        report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
-    _finish(report, as_json, strict)
-
-
-@cli.command()
-@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
-@click.option(
-    "--latest",
-    is_flag=True,
-    help="resume the newest run under --workspace, of any name unless --name is given",
-)
-@click.option("--name", help="with --latest: only runs of this name")
-@click.option(
-    "--workspace",
-    default="runs",
-    show_default=True,
-    help="where runs are (for --latest or a bare run name)",
-)
-@click.option("--gpus", help="GPUs to use now (default: the run's)")
-@click.option("--no-retry-failed", is_flag=True, help="leave failed tasks failed")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
-@click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
-@click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
-def resume(
-    run_dir: Path | None,
-    latest: bool,
-    name: str | None,
-    workspace: str,
-    gpus: str | None,
-    no_retry_failed: bool,
-    config_path: Path | None,
-    allow_config_change: bool,
-    quiet: bool,
-    plain: bool,
-    no_report: bool,
-    as_json: bool,
-    strict: bool,
-    share_gpus: bool,
-    ray_address: str | None,
-) -> None:
-    """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
-
-    RUN_DIR is the run folder, any path inside it, or its bare name (run_20260702_041903),
-    looked up under --workspace.
-    """
-    if (run_dir is None) == (not latest):
-        click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    with stoppable():
-        if latest:
-            target = latest_run(Path(workspace), name)
-            if not quiet:  # --latest without --name takes the newest run of any name: say which
-                what = f"runs named {name!r}" if name else "runs of any name (--name to choose)"
-                shown = target.resolve()
-                click.echo(f"gpuswarm: resuming {shown}, the newest of the {what}", err=True)
-        else:
-            assert run_dir is not None
-            target = resolve_run_dir(run_dir, Path(workspace))  # also a bare run_<stamp> name
-        new_config = load_config(config_path) if config_path else None
-        report = resume_run(
-            target,
-            gpus,
-            retry_failed=not no_retry_failed,
-            new_config=new_config,
-            allow_change=allow_config_change,
-            output=Output(quiet=quiet, live=not plain, report=not no_report),
-            share_gpus=share_gpus,
-            ray_address=ray_address,
-        )
-    _finish(report, as_json, strict)
-
-
-@cli.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--gpus", required=True, help="the GPUs this supervisor adds (auto | 4,5 | sim:N)")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
-def work(
-    run_dir: Path,
-    gpus: str,
-    quiet: bool,
-    plain: bool,
-    no_report: bool,
-    as_json: bool,
-    strict: bool,
-    share_gpus: bool,
-) -> None:
-    """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
-
-    The new supervisor claims from the same queue and takes over tasks of supervisors that died
-    (their leases expire). It stops when nothing is left to claim.
-    """
-    with stoppable():
-        output = Output(quiet=quiet, live=not plain, report=not no_report)
-        report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
-    _finish(report, as_json, strict)
-
-
-def _finish(report: RunReport, as_json: bool, strict: bool = False) -> NoReturn:
-    report.strict = strict  # cancelled tasks: exit 0 unless --strict
-    if as_json:
-        payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
-        click.echo(json.dumps(payload, indent=1))
-    else:
-        from gpuswarm.ui.printers import print_report  # rich, loaded only to print
-
-        print_report(report)
-    leave(report.exit_code, hard=report.stopped_by is not None)
-
-
-@cli.command()
-@click.option(
-    "--dir",
-    "where",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="where to make the demo repository (default: a new temp folder)",
-)
-@click.option("--experiments", default=20, show_default=True, help="variants to try")
-@click.option("--budget", default=4.0, show_default=True, help="training seconds per run")
-@click.option("--gpus", default="sim:4", show_default=True, help="sim:N, or real GPUs")
-@click.option("--seed", type=int, help="the mutate proposer's seed")
-@click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
-@click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")
-def demo(
-    where: Path | None,
-    experiments: int,
-    budget: float,
-    gpus: str,
-    seed: int | None,
-    plain: bool,
-    as_json: bool,
-) -> None:
-    """The whole product in a minute or two: an autonomous research loop on simulated GPUs.
-
-    A scratch git repo with a tiny numpy language model; the built-in mutate proposer tries
-    variants of its hyper-parameters, one per GPU, and keeps those that lower val_bpb.
-    """
-    with stoppable():
-        live = not (plain or as_json) and is_terminal(sys.stderr)
-        say = (lambda _: None) if as_json else (lambda text: click.echo(text, err=True))
-        from gpuswarm.demo import DemoOptions, run_demo  # loaded only when asked for
-
-        opts = DemoOptions(where, experiments, budget, gpus, seed, live)
-        data = run_demo(opts, say)
-    if as_json:
-        click.echo(json.dumps(data, indent=1, default=str))
-    else:
-        from gpuswarm.ui.printers import print_demo  # rich, loaded only to print
-
-        print_demo(data)
-    sys.exit(EXIT_INTERRUPTED if data["left_running"] else 0)
-
-
-for _command in (status, unquarantine, check, ls_cmd, report_cmd, watch_cmd, *CONTROL_COMMANDS):
-    cli.add_command(_command)
-cli.add_command(logs_cmd)
-cli.add_command(clean_cmd)
 
 
 def main() -> None:

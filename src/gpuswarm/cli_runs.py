@@ -17,7 +17,6 @@ from gpuswarm.cli_support import fail, stoppable
 from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
 from gpuswarm.core.models import State
-from gpuswarm.engine import check_run_dir, write_run_report
 from gpuswarm.outputs.clean import (
     Candidate,
     find_candidates,
@@ -74,6 +73,8 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
     """
     try:
+        from gpuswarm.engine import check_run_dir  # the engine: only for the commands that use it
+
         report = check_run_dir(run_dir, repair=repair)
     except GpuswarmError as exc:
         fail(exc)
@@ -105,6 +106,8 @@ def ls_cmd(workspace: Path, as_json: bool) -> None:
 def report_cmd(run_dir: Path) -> None:
     """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
     with stoppable():
+        from gpuswarm.engine import write_run_report
+
         path = write_run_report(run_dir)
     click.echo(str(path))
 
