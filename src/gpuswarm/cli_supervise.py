@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -30,6 +31,24 @@ from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal
 
 YAML_SUFFIXES = (".yaml", ".yml")
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_SUPERVISING = (  # the options of every command that supervises a run, in their help order
+    click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary"),
+    click.option("--plain", is_flag=True, help="one line per event, even on a terminal"),
+    click.option("--no-report", is_flag=True, help="skip report.html and timeline.png"),
+    click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON"),
+    click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too"),
+    click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds"),
+)
+
+
+def _supervising(command: _F) -> _F:
+    for option in reversed(_SUPERVISING):
+        command = option(command)
+    return command
 
 
 def _load_source(
@@ -58,12 +77,7 @@ def _load_source(
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
+@_supervising
 @click.option(
     "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
 )
@@ -146,12 +160,7 @@ def run(
 @click.option("--no-retry-failed", is_flag=True, help="leave failed tasks failed")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
+@_supervising
 @click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
 def resume(
     run_dir: Path | None,
@@ -205,12 +214,7 @@ def resume(
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--gpus", required=True, help="the GPUs this supervisor adds (auto | 4,5 | sim:N)")
-@click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary")
-@click.option("--plain", is_flag=True, help="one line per event, even on a terminal")
-@click.option("--no-report", is_flag=True, help="skip report.html and timeline.png")
-@click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON")
-@click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too")
-@click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds")
+@_supervising
 def work(
     run_dir: Path,
     gpus: str,

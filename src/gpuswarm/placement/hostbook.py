@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from gpuswarm.placement.hostlock import lock_dir
+from gpuswarm.placement.hostlock import held_by, lock_dir
 
 _SEQ = itertools.count(1)
 
@@ -141,22 +141,10 @@ class HostBook:
 
 def _read_held(path: Path) -> tuple[int, int] | None:
     """(mb, used) of a file a live supervisor holds; None (and the file removed) for a leftover."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
+    data = held_by(path)
+    if data is None:
         return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                data = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            except ValueError:
-                return (0, 0)
-            mb, used = data.get("mb", 0), data.get("used", 0)
-            ok = isinstance(mb, int) and isinstance(used, int)
-            return (max(0, mb), max(0, used)) if ok else (0, 0)
-        path.unlink(missing_ok=True)  # its supervisor died
-        return None
-    finally:
-        os.close(fd)
+    mb, used = data.get("mb", 0), data.get("used", 0)
+    if not isinstance(mb, int) or not isinstance(used, int):
+        return (0, 0)
+    return max(0, mb), max(0, used)

@@ -63,11 +63,11 @@ def gpu_keys(vendor: str, ids: Iterable[int]) -> list[str]:
     return sorted({f"{vendor}-{i}" for i in ids})
 
 
-def _held_by(path: Path) -> dict[str, object] | None:
-    """The holder's record when a live process holds ``path``; None (and the file removed) when
-    its lock is free (its holder is gone)."""
+def held_by(path: Path) -> dict[str, object] | None:
+    """The holder's record when a live process holds ``path`` ({} when unreadable); None (and
+    the file removed) when its lock is free (its holder is gone). Never follows a link."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -143,7 +143,7 @@ def _refuse_if_busy(folder: Path, keys: list[str], run: str) -> None:
     for key in keys:
         with contextlib.suppress(FileNotFoundError):
             for entry in sorted((folder / key).iterdir()):
-                holder = _held_by(entry)
+                holder = held_by(entry)
                 if holder is None:
                     continue
                 other = str(holder.get("run") or "")
