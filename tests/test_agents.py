@@ -61,13 +61,16 @@ def test_every_agent_of_the_issue_is_shipped() -> None:
     [
         (
             "claude-code",
-            ["claude", "-p", "--permission-mode", "acceptEdits", "--output-format", "text",
-             "--no-session-persistence", "--model", "opus", "--effort", "high"],
+            ["claude", "-p", "--permission-mode", "bypassPermissions", "--output-format", "text",
+             "--no-session-persistence", "--input-format", "text", "--model", "opus", "--effort",
+             "high"],
         ),
         (
             "codex",
-            ["codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write", "--color",
-             "never", "-C", "/w", "--model", "opus", "-c", "model_reasoning_effort=high", "-"],
+            ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
+             "--skip-git-repo-check", "--ephemeral", "-c", "features.memories=false", "--color",
+             "never", "-C", "/w", "--model", "opus", "-c", "model_reasoning_effort=high", "--",
+             "-"],
         ),
         (
             "opencode",
@@ -91,7 +94,7 @@ def test_argv_with_model_and_effort(name: str, expected: list[str]) -> None:
 def test_argv_of_prompt_as_argument_presets() -> None:
     assert argv_of("cursor", model="gpt-5") == [
         "cursor-agent", "-p", "--force", "--trust", "--output-format", "text", "--workspace",
-        "/w", "--model", "gpt-5", "PROMPT",
+        "/w", "--model", "gpt-5", "--", "PROMPT",
     ]  # fmt: skip
     assert argv_of("gemini") == [
         "gemini", "--yolo", "--skip-trust", "--output-format", "text", "--prompt", "PROMPT",
@@ -447,7 +450,7 @@ def test_config_isolate_false_is_kept(tmp_path: Path, monkeypatch: pytest.Monkey
     [
         ("{preset: aider, prompt: x}", "list them in agent.files"),
         ("codexx", "'codexx' is not a preset"),
-        ("{preset: codex}", r"add prompt: \(the text\) or prompt_file:"),
+        ("{preset: codex}", r"add prompt: \(the text\), prompt: {template: FILE} or prompt_file:"),
         ("{preset: codex, prompt: 'fix {nope}'}", "unknown placeholder {nope}"),
     ],
 )

@@ -38,7 +38,7 @@ def test_agents_list_show_and_check(gpuswarm: Cli, tmp_path: Path) -> None:
 
     res = gpuswarm("agents", "show", "claude-code", "--model", "opus", env=env)
     assert res.returncode == 0, res
-    assert res.stdout.startswith("claude-code: claude -p --permission-mode acceptEdits")
+    assert res.stdout.startswith("claude-code: claude -p --permission-mode bypassPermissions")
     assert "--model opus" in res.stdout
     assert "login file (copied): ~/.claude/settings.json" in res.stdout
     assert "login file (absent): ~/.claude/.credentials.json" in res.stdout
