@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuswarm.agents.preset import AgentPreset, AgentUse
+from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
 
 STATUS_TIMEOUT = 60  # seconds a login check may take
 KILL_AFTER = 10  # seconds between the agent's TERM at its timeout and its KILL
@@ -129,6 +129,8 @@ def task_script(
     name = preset.preset
     workdir = '"$PWD"' if use.workdir is None else _q(use.workdir)  # default: the task's cwd
     lines = ["set -u", f"gs_prompt={_q(prompt_path)}", f"gs_workdir={workdir}"]
+    if isinstance(use.prompt, PromptTemplate):
+        raise ValueError("a prompt template is read first (its text is the prompt)")
     if use.prompt is not None:
         lines.append(f"printf '%s\\n' {_q(use.prompt)} > \"$gs_prompt\" || exit 2")
     elif use.prompt_file is not None:

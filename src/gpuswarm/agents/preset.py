@@ -37,6 +37,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([dhms])")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 MAX_TIMEOUT = 7 * 86400.0
+DEFAULT_TIMEOUT = 3600.0  # AgentKernelArena's agents: timeout_seconds 3600
 
 #: Placeholders of ``args`` (and where they may stand).
 WHOLE_WORD = ("{prompt}", "{files}", "{options}")
@@ -114,7 +115,7 @@ class AgentPreset(BaseModel):
     effort: str | None = None
     effort_args: list[str] = Field(default_factory=list)
     extra_args: list[str] = Field(default_factory=list)
-    timeout: Seconds = 1800.0
+    timeout: Seconds = DEFAULT_TIMEOUT
     env: dict[str, str] = Field(default_factory=dict)
     pass_env: EnvNames = Field(default_factory=list)
     provision: list[PresetFile] = Field(default_factory=list)
@@ -170,6 +171,26 @@ class AgentPreset(BaseModel):
         return out + list(self.extra_args)
 
 
+class PromptTemplate(BaseModel):
+    """``prompt: {template: prompt.md}``: the prompt is this file (relative to the config's
+    folder), its placeholders (``{config.<field>}``, ``{task_dir}``...) rendered per task."""
+
+    model_config = _STRICT
+
+    template: str
+
+
+def _prompt_value(value: object) -> object:
+    if isinstance(value, dict):
+        if set(value) != {"template"} or not isinstance(value["template"], str):
+            raise ValueError(
+                "prompt is the text, or {template: FILE} (a file of the config's folder, e.g. "
+                "{template: prompt.md}); got a mapping with " + ", ".join(map(str, value))
+            )
+        return PromptTemplate(template=value["template"])
+    return value
+
+
 def _as_use(value: object) -> object:
     if isinstance(value, str):
         return {"preset": value}
@@ -204,7 +225,9 @@ class AgentUse(BaseModel):
     message_after: str | None = None
     message_skip: str | None = None
     # batch tasks
-    prompt: str | None = None  # the prompt's text (placeholders are rendered at launch)
+    # the prompt's text, or {template: FILE}: a file of the config's folder (placeholders of
+    # both are rendered per task at launch)
+    prompt: Annotated[str | PromptTemplate | None, BeforeValidator(_prompt_value)] = None
     prompt_file: str | None = None  # or a file holding it (a path; placeholders allowed)
     workdir: str | None = None  # where the agent works (default: the task's cwd)
     copy_from: str | None = None  # copied into workdir before each attempt (e.g. {task_dir})

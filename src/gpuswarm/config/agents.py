@@ -11,12 +11,20 @@ files that exist on this host, one preflight check per agent (installed, logged 
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 from gpuswarm.agents.command import preflight_script, provision_sources, task_script
-from gpuswarm.agents.preset import AgentPreset, AgentUse
+from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
 from gpuswarm.config.models import ProvisionEntry, RunConfig, TaskOptions
 from gpuswarm.config.yamlload import Locator, PathKey
 from gpuswarm.core.errors import ConfigError
-from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH, unknown_placeholders
+from gpuswarm.core.placeholders import CONFIG_PREFIX, PLACEHOLDERS_AT_LAUNCH, unknown_placeholders
+
+MAX_TEMPLATE_BYTES = 64 << 10  # a prompt template; the task's /bin/sh -c script holds it, and
+# one argument of a program is at most 128 KiB (Linux MAX_ARG_STRLEN)
+ANY_CONFIG_FIELD = CONFIG_PREFIX + "*"  # in ``known``: a glob entry's {config.<field>} is allowed
 
 
 def merge_agent(base: AgentUse | None, over: AgentUse | None) -> AgentUse | None:
@@ -46,18 +54,95 @@ def resolve_use(use: AgentUse, loc: Locator, path: PathKey) -> AgentPreset:
     return preset
 
 
+def _unknown(template: str, known: set[str]) -> list[str]:
+    """The placeholders of ``template`` not in ``known``; a glob entry's ``{config.<field>}``
+    (``config.*`` in ``known``) is checked against each matched config when it is read."""
+    bad = unknown_placeholders(template, known)
+    if ANY_CONFIG_FIELD in known:
+        bad = [k for k in bad if not k.startswith(CONFIG_PREFIX)]
+    return bad
+
+
+def _unknown_message(key: str, known: set[str]) -> str:
+    names = ", ".join("{" + k + "}" for k in sorted(known))
+    only_glob = (
+        " ({config.<field>} reads the config.yaml a glob: entry matched: only glob tasks have it)"
+        if key.startswith(CONFIG_PREFIX)
+        else ""
+    )
+    return (
+        f"unknown placeholder {{{key}}}{only_glob}; known: {names}; write {{{{ and }}}} for "
+        "literal braces"
+    )
+
+
 def check_agent_templates(use: AgentUse, known: set[str], loc: Locator, path: PathKey) -> None:
     """Refuse an unknown ``{placeholder}`` in the agent's prompt or folders."""
     for field in ("prompt", "prompt_file", "workdir", "copy_from"):
         value = getattr(use, field)
-        bad = [] if value is None else unknown_placeholders(value, known)
+        bad = _unknown(value, known) if isinstance(value, str) else []
         if bad:
-            names = ", ".join("{" + k + "}" for k in sorted(known))
-            raise loc.error(
-                (*path, "agent", field),
-                f"unknown placeholder {{{bad[0]}}}; known: {names}; write {{{{ and }}}} for "
-                "literal braces",
-            )
+            raise loc.error((*path, "agent", field), _unknown_message(bad[0], known))
+
+
+def read_template(
+    template: PromptTemplate, base_dir: Path, known: set[str], loc: Locator, where: PathKey
+) -> str:
+    """The text of ``prompt: {template: FILE}``: FILE relative to the config's folder (never
+    outside it), a UTF-8 text file of at most :data:`MAX_TEMPLATE_BYTES`, whose placeholders
+    are all known. A located ConfigError (exit 2) naming the field otherwise."""
+    field = (*where, "template")
+    name = template.template
+    if not name.strip():
+        raise loc.error(field, "is empty; name the prompt's file, e.g. {template: prompt.md}")
+    if "{" in name or "}" in name:
+        raise loc.error(
+            field,
+            f"{name!r}: a template is one file for every task of the entry, so its path takes "
+            'no placeholders; a file per task, read as it is: prompt_file: "{task_dir}/prompt.md"',
+        )
+    if name.startswith("~") or Path(name).is_absolute():
+        raise loc.error(field, f"{name!r}: write the file's path relative to the config's folder")
+    root = base_dir.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise loc.error(field, f"{name!r} is outside the config's folder {root}; keep it there")
+    text = _read_bounded(path, name, root, loc, field)
+    bad = _unknown(text, known)
+    if bad:
+        line = text[: max(text.find("{" + bad[0]), 0)].count("\n") + 1
+        raise loc.error(field, f"{path}:{line}: {_unknown_message(bad[0], known)}")
+    return text
+
+
+def _read_bounded(path: Path, name: str, root: Path, loc: Locator, field: PathKey) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise loc.error(
+            field, f"{name!r}: no such file {path} (the path is relative to the config's folder)"
+        ) from None
+    except OSError as exc:
+        raise loc.error(field, f"{name!r}: cannot open {path} ({exc.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise loc.error(field, f"{name!r}: {path} is not a regular file")
+        data = os.read(fd, MAX_TEMPLATE_BYTES + 1)  # a regular file: read whole, or bounded
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise loc.error(
+            field,
+            f"{name!r}: {path} is larger than {MAX_TEMPLATE_BYTES >> 10} KiB; keep the template "
+            "short and let it name the long files the agent reads",
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise loc.error(field, f"{name!r}: {path} is not UTF-8 text ({exc.reason})") from None
+    if "\0" in text:
+        raise loc.error(field, f"{name!r}: {path} holds a NUL byte; it is not a text file")
+    return text.removesuffix("\n")  # the prompt file ends with one newline (printf adds it)
 
 
 def agent_command(
@@ -68,24 +153,34 @@ def agent_command(
     var_names: set[str],
     *,
     backend: str = "local",
+    base_dir: Path | None = None,
+    own: AgentUse | None = None,
 ) -> tuple[str, TaskOptions]:
     """The script of a task with ``agent:`` and its options (``shell: true``, the preset's
-    variables under the task's own). In a container (``backend: docker``) the program is the
-    preset's as written, found on the image's PATH, never a path of this host."""
+    variables under the task's own, ``agent.prompt`` the text of its template). In a container
+    (``backend: docker``) the program is the preset's as written, found on the image's PATH,
+    never a path of this host. ``own``: the entry's own ``agent:`` (a ``prompt:`` it does not
+    set came from ``defaults``); a template is relative to ``base_dir``."""
     use = opts.agent
     assert use is not None
     preset = resolve_use(use, loc, path)
-    check_agent_templates(use, set(PLACEHOLDERS_AT_LAUNCH) | var_names, loc, path)
+    known = set(PLACEHOLDERS_AT_LAUNCH) | var_names
+    check_agent_templates(use, known, loc, path)
     if use.prompt is None and use.prompt_file is None:
         raise loc.error(
             (*path, "agent"),
-            "the agent needs its instructions: add prompt: (the text) or prompt_file: (a file, "
-            'e.g. "{task_dir}/prompt.md")',
+            "the agent needs its instructions: add prompt: (the text), prompt: {template: FILE} "
+            'or prompt_file: (a file, e.g. "{task_dir}/prompt.md")',
         )
+    if isinstance(use.prompt, PromptTemplate):
+        mine = own is not None and "prompt" in own.model_fields_set
+        where = (*path, "agent", "prompt") if mine else ("defaults", "agent", "prompt")
+        text = read_template(use.prompt, base_dir or Path.cwd(), known, loc, where)
+        use = use.model_copy(update={"prompt": text})
     here = backend != "docker"
     script = task_script(use, preset, command, evaluate_shell=opts.shell, here=here)
     env = {**preset.env, **opts.env}
-    return script, opts.model_copy(update={"shell": True, "env": env})
+    return script, opts.model_copy(update={"shell": True, "env": env, "agent": use})
 
 
 def _uses(config: RunConfig) -> list[AgentUse]:

@@ -205,10 +205,14 @@ def excluded_by(match: Path, patterns: list[str], base_dir: Path) -> str | None:
 # -- fields of the matched config.yaml ({config.<field>}) ------------------------------------------
 def config_refs(entry: TaskEntry, opts: TaskOptions) -> list[str]:
     """The ``config.<field>`` placeholders an entry uses (command, name, env, cwd, done_when,
-    timeout), in order of first use."""
+    timeout, its agent's prompt and folders), in order of first use."""
     texts = [entry.command] if isinstance(entry.command, str) else list(entry.command)
     texts += [t for t in (entry.name, opts.cwd, opts.done_when) if t is not None]
     texts += list(opts.env.values())
+    if opts.agent is not None:  # its prompt (a template's text), prompt_file and folders
+        agent = opts.agent
+        texts += [t for t in (agent.prompt, agent.prompt_file, agent.workdir, agent.copy_from)
+                  if isinstance(t, str)]  # fmt: skip
     if isinstance(opts.timeout, str):
         texts.append(opts.timeout)
     found: list[str] = []

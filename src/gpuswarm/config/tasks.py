@@ -242,7 +242,10 @@ def _expand_entry(
     _check_templates(entry, opts, var_names, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
-        command, opts = agent_command(opts, command, loc, path, var_names, backend=config.backend)
+        command, opts = agent_command(
+            opts, command, loc, path, var_names, backend=config.backend, base_dir=base_dir,
+            own=entry.agent,
+        )  # fmt: skip
     fields = config_refs(entry, opts)
     if fields and entry.glob is None:
         raise loc.error(
