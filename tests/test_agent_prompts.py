@@ -151,14 +151,19 @@ def test_a_template_is_rendered_per_task_from_its_config(tmp_path: Path) -> None
     ]
 
 
-def test_a_config_field_in_a_prompt_string(tmp_path: Path) -> None:
-    agent = '{preset: claude-code, prompt: "tune {config.kernel} of {config.source}"}'
+def test_config_fields_in_a_prompt_string_and_the_agents_folders(tmp_path: Path) -> None:
+    agent = (
+        '{preset: claude-code, prompt: "tune {config.kernel} of {config.source}", '
+        'copy_from: "{task_dir}", workdir: "{workspace}/{config.kernel}"}'
+    )
     cfg = make_tree(tmp_path, GOOD, agent=agent)
-    seen = run_tasks(tmp_path, cfg)
-    assert sorted(seen.values()) == [
-        "tune $(touch pwned) it's `x` of gemm.hip\n",
-        "tune softmax of softmax.hip\n",
-    ]
+    seen = run_tasks(tmp_path, cfg)  # keyed by the folder the agent ran in
+    assert seen == {
+        "$(touch pwned) it's `x`": "tune $(touch pwned) it's `x` of gemm.hip\n",
+        "softmax": "tune softmax of softmax.hip\n",
+    }, seen
+    assert (tmp_path / "ws/tasks-softmax/softmax/config.yaml").is_file()  # copied in
+    assert not list(tmp_path.rglob("pwned"))
 
 
 def test_a_template_in_defaults_serves_every_entry(tmp_path: Path) -> None:
