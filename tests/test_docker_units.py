@@ -199,10 +199,10 @@ def config(**docker: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("docker", "message"),
     [
-        ({"args": ["-v", "/a:/b"]}, "give folders in mounts"),
-        ({"args": ["--volume=/a:/b"]}, "give folders in mounts"),
-        ({"args": ["-e", "X=1"]}, "set by gpuswarm itself"),
-        ({"args": ["--rm"]}, "set by gpuswarm itself"),
+        ({"args": ["-v", "/a:/b"]}, "give host folders in docker.mounts"),
+        ({"args": ["--volume=/a:/b"]}, "give host folders in docker.mounts"),
+        ({"args": ["-e", "X=1"]}, "docker.pass_env"),
+        ({"args": ["--rm"]}, "gpuswarm sets it itself"),
         ({"args": ["--hostname=ghp_" + "a" * 36]}, "secret"),
         ({"mounts": [{"src": "/a", "dest": "relative"}]}, "absolute path"),
         ({"shm_size": "lots"}, "is not a size"),

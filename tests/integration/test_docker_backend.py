@@ -402,14 +402,31 @@ def test_a_run_argument_docker_refuses_fails_the_attempt_with_dockers_reason(
     cmds.write_text("true\n")
     res = gpuswarm(
         "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
-        *USR_CLI_ARGS, "--docker-arg=--gpuswarm-no-such-flag", cmds,
+        *USR_CLI_ARGS, "--docker-arg=--memory=gpuswarm-no-such-size", cmds,
     )  # fmt: skip
     assert res.returncode == 1, str(res)
     (run_dir,) = find_runs(tmp_path / "ws")
     reason = read_results(run_dir)["cmd-00001"]["reason"]
     # docker's own failure, told apart from the task's exit, with docker's words (its first
-    # line: "unknown flag: ...", not the usage hint after it)
-    assert "docker could not start" in reason and "gpuswarm-no-such-flag" in reason, reason
+    # line: 'invalid argument "..." for "-m, --memory" flag', not the usage hint after it)
+    assert "docker could not start" in reason and "gpuswarm-no-such-size" in reason, reason
+
+
+@pytest.mark.parametrize(
+    "arg", ["-v/:/host", "--mount=type=bind,source=/,destination=/host", "-u0", "-dt", "--nope"]
+)
+def test_a_refused_docker_arg_is_exit_2_before_anything_is_created(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str, arg: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        *USR_CLI_ARGS, f"--docker-arg={arg}", cmds,
+    )  # fmt: skip
+    assert res.returncode == 2, str(res)
+    assert repr(arg) in res.stderr and "Traceback" not in res.stderr, str(res)
+    _assert_nothing_created(tmp_path / "ws")
 
 
 def test_an_image_without_the_shell_says_so(
