@@ -4,6 +4,7 @@ sysfs tree for AMD's render nodes), the same-path binds and masks, and the docke
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,10 @@ from gpuswarm.exec.docker.argv import (
     RunArgs,
     container_name,
     masks_for,
+    name_pattern,
+    owner_key,
     run_argv,
+    run_key,
     same_path_binds,
 )
 from gpuswarm.exec.docker.devices import gpu_args, kfd_pci, render_node
@@ -174,9 +178,16 @@ def test_a_path_with_a_comma_is_one_csv_field_of_mount() -> None:
     assert mount == 'type=bind,"source=/a,b","destination=/a,b"'
 
 
-def test_container_names_are_docker_safe() -> None:
-    name = container_name("run_2026 x/gpumode softmax/3", "ab12")
-    assert name == "gpuswarm-run_2026-x-gpumode-softmax-3-ab12"
+def test_container_names_are_docker_safe_and_carry_the_run_and_owner_keys() -> None:
+    name = container_name("run_2026 x/gpumode softmax/3", "ab12", run_dir="/r/x", owner="h:1:2")
+    keys = f"{run_key('/r/x')}-{owner_key('h:1:2')}"
+    assert re.fullmatch(r"[0-9a-f]{12}-[0-9a-f]{8}", keys)
+    assert name == f"gpuswarm-{keys}-run_2026-x-gpumode-softmax-3-ab12"
+    assert re.match(name_pattern(run_dir="/r/x"), name)
+    assert re.match(name_pattern(owner="h:1:2"), name)
+    assert re.match(name_pattern(run_dir="/r/x", owner="h:1:2"), name)
+    assert not re.match(name_pattern(run_dir="/r/y"), name)
+    assert not re.match(name_pattern(owner="h:1:3"), name)
 
 
 def test_same_path_binds_drop_folders_inside_another() -> None:

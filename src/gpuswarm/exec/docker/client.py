@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,7 +55,7 @@ class ContainerState:
 
 @dataclass(frozen=True)
 class Listed:
-    """One container ``docker ps`` found by label."""
+    """One container ``docker ps`` found (by name or label)."""
 
     name: str
     state: str
@@ -160,13 +161,20 @@ class DockerCLI:
 
     def listed(self, label: str, value: str) -> list[Listed]:
         """Every container (running or not) labelled ``<LABEL>.<label>=<value>``."""
+        return self._ps(f"label={LABEL}.{label}={value}")
+
+    def named(self, pattern: str) -> list[Listed]:
+        """Every container (running or not) whose name matches regular expression ``pattern``
+        from its start (checked here again: docker's name filter also matches inside)."""
+        start = re.compile(pattern)
+        return [c for c in self._ps(f"name=^/?{pattern}") if start.match(c.name)]
+
+    def _ps(self, where: str) -> list[Listed]:
         keys = ("task", "kind", "attempt", "slot")
         fields = "\t".join(
             ["{{.Names}}", "{{.State}}", *(f'{{{{.Label "{LABEL}.{k}"}}}}' for k in keys)]
         )
-        code, out, err = self.call(
-            ["ps", "--all", "--filter", f"label={LABEL}.{label}={value}", "--format", fields]
-        )
+        code, out, err = self.call(["ps", "--all", "--filter", where, "--format", fields])
         if code != 0:
             raise BackendError(f"docker ps: {_first_line(err)}")
         found = []
