@@ -299,6 +299,8 @@ def _print_clean(found: list[Candidate], workspace: Path, older_than: str, yes: 
         line = f"{c.run}  {c.state}  idle {_age(c.age_s)}  {_size(c.bytes)}"
         if yes:
             line = f"removed {line}" if c.removed else f"kept {line}: {c.kept_because}"
+        if not yes and c.kept_because:
+            line = f"{line}: kept, {c.kept_because}"
         click.echo(line if yes else f"  {line}")
     if yes:
         freed = sum(c.bytes for c in found if c.removed)

@@ -202,3 +202,43 @@ def test_clean_removes_only_the_old_finished_run(
 
     bad = gpuswarm("clean", "--older-than", "soon")
     assert bad.returncode == 2 and "--older-than" in bad.stderr, str(bad)
+
+
+def _run_in(gpuswarm: Cli, tmp_path: Path, workspace: Path, name: str) -> Path:
+    cmds = tmp_path / f"{name}.txt"
+    cmds.write_text("echo hello\n")
+    res = gpuswarm("run", "--gpus", "sim:1", "-q", "--no-report", "--workspace", workspace,
+                   "--name", name, cmds)  # fmt: skip
+    assert res.returncode == 0, str(res)
+    (run,) = (workspace / name).glob("run_*")
+    _age(run, 40)
+    return run
+
+
+def test_clean_never_follows_a_link_out_of_the_workspace(tmp_path: Path, gpuswarm: Cli) -> None:
+    """Issue 30: a name folder linked out of the workspace (ws/linkedname -> ../outside/c) and a
+    run folder that is a link (ws/real/run_x -> outside/d/run_y) are reported as kept, never
+    renamed, measured or removed; the real old run beside them goes."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    real = _run_in(gpuswarm, tmp_path, ws, "real")
+    far_c = _run_in(gpuswarm, tmp_path, outside, "c")
+    far_d = _run_in(gpuswarm, tmp_path, outside, "d")
+    (ws / "linkedname").symlink_to(Path("..") / "outside" / "c")
+    linked_run = ws / "real" / "run_20000101_000000_linked"
+    linked_run.symlink_to(far_d)
+    before = sorted(str(p) for p in outside.rglob("*"))
+
+    dry = gpuswarm("clean", ws, "--older-than", "30d")
+    assert dry.returncode == 0 and "symbolic link" in dry.stdout, str(dry)
+    res = gpuswarm("clean", ws, "--older-than", "30d", "--yes", "--json")
+    assert res.returncode == 1, str(res)  # some runs were kept
+    rows = {Path(r["run"]).name: r for r in json.loads(res.stdout)}
+    assert rows[real.name]["removed"] is True
+    for kept in (far_c.name, linked_run.name):
+        assert rows[kept]["removed"] is False, rows
+        assert "symbolic link" in rows[kept]["kept_because"], rows
+    assert not real.exists()
+    assert far_c.is_dir() and far_d.is_dir() and linked_run.is_symlink()
+    assert sorted(str(p) for p in outside.rglob("*")) == before  # nothing outside changed
+    hidden = [p.name for p in ws.rglob(".*") if ".removing-" in p.name]
+    assert hidden == [], hidden
