@@ -24,7 +24,15 @@ from gpuswarm.outputs.clean import (
     remove_candidates,
 )
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
-from gpuswarm.outputs.tasklog import Hop, LogTarget, follow, iter_log, read_text, task_log
+from gpuswarm.outputs.tasklog import (
+    Hop,
+    LogTarget,
+    Unreadable,
+    follow,
+    iter_log,
+    read_text,
+    task_log,
+)
 from gpuswarm.store.lookup import task_ended
 
 
@@ -195,6 +203,13 @@ def _follow(target: LogTarget, as_json: bool) -> NoReturn:
             printer.data(item)
         elif isinstance(item, Hop):
             printer.hop(item)
+        elif isinstance(item, Unreadable):
+            click.echo(
+                f"gpuswarm: the log of task {target.task} (attempt {item.attempt}), {item.log}, "
+                f"{item.why}: it is not read (the task replaced its log)",
+                err=True,
+            )
+            sys.exit(1)
         else:
             printer.ended(item.state)
             if not printer.started:

@@ -242,3 +242,25 @@ def test_clean_never_follows_a_link_out_of_the_workspace(tmp_path: Path, gpuswar
     assert sorted(str(p) for p in outside.rglob("*")) == before  # nothing outside changed
     hidden = [p.name for p in ws.rglob(".*") if ".removing-" in p.name]
     assert hidden == [], hidden
+
+
+@pytest.mark.parametrize(
+    ("plant", "kind"), [("ln -s /etc/hostname", "symlink"), ("mkfifo", "FIFO")]
+)
+def test_follow_of_a_log_the_task_replaced_says_why_and_fails(
+    tmp_path: Path, gpuswarm: Cli, plant: str, kind: str
+) -> None:
+    """Issue 30: a task that swapped its output.log for a symlink or a FIFO left ``logs -f``
+    silent with exit 0; now it exits 1 naming the file and why, never reading or blocking."""
+    cmds = tmp_path / "cmds.txt"
+    log = "attempt-$GPUSWARM_ATTEMPT/output.log"
+    swap = f'cd "$GPUSWARM_TASK_WORKSPACE" && rm -f {log} && {plant} {log}'
+    cmds.write_text(f"sh -c 'echo before; {swap}'\n")
+    res = gpuswarm("run", "--gpus", "sim:1", "-q", "--no-report", "--name", "swap", cmds)
+    assert res.returncode == 0, str(res)
+    run = _only_run(tmp_path / "runs", "swap")
+    path = RunPaths(run).attempt_log("cmd-00001", 1)
+    for args in (["-f"], ["-f", "--json"]):
+        out = gpuswarm("logs", run, "cmd-00001", *args, timeout=30)
+        assert out.returncode == 1, str(out)
+        assert str(path) in out.stderr and kind in out.stderr, str(out)
