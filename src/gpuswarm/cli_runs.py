@@ -282,7 +282,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     Finished: no supervisor on it and no task in running/ (complete, with failures, stopped or
     unfinished); a crashed run is kept (its supervisor died: see 'gpuswarm status'), and a live
     run is never removed (checked right before each removal). Idle: since the newest change of
-    its summary.json or events.jsonl. Exit 1 when a run could not be removed.
+    its summary.json or events.jsonl. Only real folders inside WORKSPACE are removed: a run
+    that is a symbolic link, or under a name folder that is one, is listed as kept and left
+    alone. Exit 1 when a run could not be removed.
     """
     try:
         seconds = parse_duration(older_than)
