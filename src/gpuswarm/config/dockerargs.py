@@ -184,12 +184,18 @@ def refusal(args: list[str]) -> str | None:
         options = parse(args)
     except DockerArgsError as exc:
         return f"args: {exc}"
-    for opt in options:
-        why = REFUSED.get(opt.name)
-        if why is not None:
-            spelled = "" if opt.written.startswith(f"--{opt.name}") else f" (--{opt.name})"
-            return f"args: {_q(opt.written)}{spelled} is refused: {why}"
-    return None
+    first = next((o for o in options if o.name in REFUSED), None)
+    if first is None:
+        return None
+    # every refused option of that argument (a bundle such as -itv/:/host holds several)
+    names = [o.name for o in options if o.written == first.written and o.name in REFUSED]
+    spelled = (
+        ""
+        if first.written.startswith(f"--{first.name}") and len(names) == 1
+        else (" (" + ", ".join(f"--{n}" for n in names) + ")")
+    )
+    why = "; ".join(dict.fromkeys(REFUSED[n] for n in names))
+    return f"args: {_q(first.written)}{spelled} is refused: {why}"
 
 
 def _q(text: str) -> str:
