@@ -198,8 +198,29 @@ def test_same_path_binds_drop_folders_inside_another() -> None:
 def test_the_queue_and_other_homes_are_masked_where_a_bind_reaches_them() -> None:
     run = Path("/base/runs/x/run_1")
     own_home = run / "homes/h-gpu0"
-    assert masks_for(run, [run / "tasks/t", own_home], [own_home]) == []
-    assert masks_for(run, [Path("/base")], [own_home]) == [run / ".parallel", run / "homes"]
+    same = [Bind(run / "tasks/t"), Bind(own_home)]
+    assert masks_for(run, same, [own_home]) == []
+    assert masks_for(run, [Bind(Path("/base"))], [own_home]) == [run / ".parallel", run / "homes"]
+
+
+def test_the_queue_is_masked_where_a_mount_shows_it_under_another_path() -> None:
+    """Issue 30: ``mounts: [{src: /, dest: /host}]`` showed the queue at /host<run>/.parallel
+    (the mask was put at the host path only)."""
+    run = Path("/base/runs/x/run_1")
+    host = Path("/host") / run.relative_to("/")
+    got = masks_for(run, [Bind(Path("/"), Path("/host"))], [])
+    assert got == [host / ".parallel", host / "homes"]
+    got = masks_for(run, [Bind(run, Path("/r"), read_only=True)], [])
+    assert got == [Path("/r/.parallel"), Path("/r/homes")]
+    assert masks_for(run, [Bind(run / "tasks", Path("/t"))], []) == []
+
+
+def test_masks_follow_a_mount_source_that_is_a_symlink(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "x" / "run_1"
+    run.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "runs")  # docker mounts what the link leads to
+    got = masks_for(run, [Bind(tmp_path / "link", Path("/data"))], [])
+    assert got == [Path("/data/x/run_1/.parallel"), Path("/data/x/run_1/homes")]
 
 
 # -- the docker: settings ----------------------------------------------------------------------

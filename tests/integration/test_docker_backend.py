@@ -292,6 +292,39 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         assert log.split() == ["0"], (task, log)
 
 
+def test_the_queue_is_masked_where_a_mount_shows_it_under_another_path(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    """Issue 30: with ``mounts: [{src: <a folder above the run>, dest: /host}]`` the queue was
+    masked at its host path only: at /host/.../.parallel a task saw the other task pending and
+    could write into pending/."""
+    peek = (
+        "q=$(echo /host/ws/peek/run_*/.parallel); "
+        'ls -A "$q/pending" | wc -l > {workspace}/seen.txt; '
+        "ls -A $(echo /host/ws/peek/run_*/homes) | wc -l > {workspace}/homes.txt; "
+        'touch "$q/pending/planted.json" 2>/dev/null; true'
+    )
+    config = write_config(
+        tmp_path,
+        {
+            "name": "peek",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image, {"src": str(tmp_path), "dest": "/host"}),
+            "tasks": [{"name": f"t{i}", "shell": True, "command": peek} for i in (1, 2)],
+        },
+    )
+    res = gpuswarm("run", "--no-report", config)
+    assert res.returncode == 0, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    assert task_states(run_dir) == {"t1": "done", "t2": "done"}
+    # t1 ran while t2 was pending: an empty mask is all it saw
+    assert (run_dir / "tasks" / "t1" / "seen.txt").read_text().split() == ["0"]
+    assert (run_dir / "tasks" / "t1" / "homes.txt").read_text().split() == ["0"]
+    assert list((run_dir / ".parallel").rglob("planted.json")) == []
+
+
 # -- 4. preflight runs inside the slot's container -------------------------------------------------
 def test_preflight_runs_inside_the_slots_container(
     tmp_path: Path, gpuswarm: Cli, docker_image: str

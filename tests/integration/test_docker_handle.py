@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -196,7 +197,7 @@ def test_orphans_are_found_by_their_names_whatever_their_labels_say(
     refused at load since; set here past validation) is still found by resume (``run``) and by a
     reclaim of its dead owner (``owner``), and removed before either requeues its task."""
     run = tmp_path / "run"
-    dead = f"dead-{tmp_path.name}"
+    dead = f"dead-{uuid.uuid4().hex}"  # unique like a supervisor's (host:pid:start)
     forged = ["--label", f"gpuswarm.run={tmp_path / 'elsewhere'}", "--label", "gpuswarm.owner=x"]
     first = backend_for(run, docker_image, owner=dead)
     assert first.settings is not None
@@ -211,7 +212,7 @@ def test_orphans_are_found_by_their_names_whatever_their_labels_say(
         assert containers(run) == []  # its labels do not name this run
         assert handle.pid is not None
         os.kill(handle.pid, signal.SIGKILL)  # the supervisor's client dies; the container runs on
-        later = backend_for(run, docker_image, owner=f"later-{tmp_path.name}")
+        later = backend_for(run, docker_image, owner=f"later-{uuid.uuid4().hex}")
         try:
             before = [n for n, _ in _named(mine)]
             if by == "run":

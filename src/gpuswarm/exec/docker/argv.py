@@ -119,16 +119,23 @@ def same_path_binds(paths: Iterable[Path]) -> list[Bind]:
     return [Bind(p) for p in out]
 
 
-def masks_for(run_dir: Path, sources: Iterable[Path], keep: Iterable[Path]) -> list[Path]:
-    """Folders of the run a container must not see: its queue (``.parallel``) and the other
-    slots' homes, wherever a bind (``sources``) reaches them; ``keep`` (the slot's own home)
-    is bound again over the mask."""
-    hidden = [run_dir / ".parallel", run_dir / "homes"]
-    kept = list(keep)
-    out = []
-    for folder in hidden:
-        if folder in kept:
-            continue
-        if any(folder == s or folder.is_relative_to(s) for s in sources):
-            out.append(folder)
+def masks_for(run_dir: Path, binds: Iterable[Bind], keep: Iterable[Path]) -> list[Path]:
+    """Where, inside the container, the folders of the run it must not see are: its queue
+    (``.parallel``) and the other slots' homes, wherever a bind reaches them, at the bind's
+    destination (``docker.mounts: [{src: /, dest: /host}]`` shows the queue at
+    ``/host<run>/.parallel``). Paths are compared resolved, as docker resolves a bind's
+    source. ``keep`` (the slot's own home, bound again over the mask) is never masked."""
+    real_run = run_dir.resolve()
+    kept = set(keep)
+    out: list[Path] = []
+    for bind in binds:
+        src = bind.src.resolve()
+        dest = bind.dest or bind.src
+        for name in (".parallel", "homes"):
+            real = real_run / name
+            if not (real == src or real.is_relative_to(src)):
+                continue
+            at = dest / real.relative_to(src)
+            if at not in kept and at not in out:
+                out.append(at)
     return out

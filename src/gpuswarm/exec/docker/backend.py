@@ -119,8 +119,7 @@ class DockerBackend:
         run_dir = Path(self.options.run_dir) if self.options.run_dir else None
         user_binds = [Bind(self._source(m.src), Path(m.dest), m.read_only) for m in settings.mounts]
         ours = same_path_binds([*spec.binds, spec.cwd])
-        sources = [b.src for b in (*ours, *user_binds)]
-        masks = masks_for(run_dir, sources, spec.binds) if run_dir else []
+        masks = masks_for(run_dir, [*ours, *user_binds], spec.binds) if run_dir else []
         # a bind a mask covers (the slot's HOME under the cwd's bind) is mounted again over the
         # mask: docker mounts the deeper path last
         ours += [

@@ -156,7 +156,8 @@ class DockerCLI:
         if not names:
             return
         code, _, err = self.call(["rm", "--force", *names])
-        if code != 0 and "no such container" not in err.lower():
+        gone = ("no such container", "is already in progress")  # or being removed by another
+        if code != 0 and not any(g in err.lower() for g in gone):
             raise BackendError(f"docker rm {' '.join(names)}: {_first_line(err)}")
 
     def listed(self, label: str, value: str) -> list[Listed]:
