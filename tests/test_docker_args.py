@@ -77,6 +77,8 @@ REFUSED = [
     (["--cidfile", "/tmp/c"], "cidfile"),
     (["--restart=always"], "restart"),
     (["--help"], "help"),
+    (["--pid=host"], "pid"),
+    (["--pid", "container:other"], "pid"),
     (["--cap-add=SYS_PTRACE", "-m64g", "-e", "X=1"], "env"),  # after allowed ones
 ]
 

@@ -79,6 +79,8 @@ REFUSED = {
     "restart": "gpuswarm retries a task itself (max_attempts); docker restarting its container "
     "would run the task again behind its back",
     "help": "docker would print its help and run nothing",
+    "pid": "gpuswarm ends an attempt by signalling every process of the container's own pid "
+    "namespace: sharing the host's (or another container's) would signal every process there",
 }
 
 
