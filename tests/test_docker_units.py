@@ -23,6 +23,7 @@ from gpuswarm.exec.docker.argv import (
     run_key,
     same_path_binds,
 )
+from gpuswarm.exec.docker.client import host_pids
 from gpuswarm.exec.docker.devices import gpu_args, kfd_pci, render_node
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import renumbered_env
@@ -254,3 +255,10 @@ def test_backend_and_block_go_together() -> None:
         RunConfig.model_validate({"docker": {"image": "i"}, "tasks": [{"command": "x"}]})
     cfg = RunConfig.model_validate(config(mounts=[{"src": "/a", "dest": "/a"}]))
     assert isinstance(cfg.docker, DockerConfig) and cfg.docker.mounts[0].read_only is False
+
+
+def test_a_container_in_the_hosts_pid_namespace_has_no_host_pids_to_signal() -> None:
+    """A container sharing this process's pid namespace (``--pid host``, refused in args since
+    issue 30): "every process of its namespace" would be every process of the host."""
+    assert host_pids(os.getpid()) == []
+    assert host_pids(1 << 30) == []  # no such process

@@ -194,9 +194,13 @@ def _first_line(text: str) -> str:
 
 def host_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
     """The host pids of every process in the pid namespace of ``init_pid`` (a container's init),
-    init included; [] when that namespace cannot be read (a daemon on another host)."""
+    init included; [] when that namespace cannot be read (a daemon on another host) or is this
+    process's own (a container sharing the host's: its processes are not told apart from every
+    other one, so only its init is signalled, through docker)."""
     try:
         target = (proc / str(init_pid) / "ns" / "pid").stat().st_ino
+        if target == (proc / "self" / "ns" / "pid").stat().st_ino:
+            return []
     except OSError:
         return []
     pids = []
