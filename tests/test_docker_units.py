@@ -4,6 +4,7 @@ sysfs tree for AMD's render nodes), the same-path binds and masks, and the docke
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,13 @@ from gpuswarm.exec.docker.argv import (
     RunArgs,
     container_name,
     masks_for,
+    name_pattern,
+    owner_key,
     run_argv,
+    run_key,
     same_path_binds,
 )
+from gpuswarm.exec.docker.client import host_pids
 from gpuswarm.exec.docker.devices import gpu_args, kfd_pci, render_node
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import renumbered_env
@@ -174,9 +179,16 @@ def test_a_path_with_a_comma_is_one_csv_field_of_mount() -> None:
     assert mount == 'type=bind,"source=/a,b","destination=/a,b"'
 
 
-def test_container_names_are_docker_safe() -> None:
-    name = container_name("run_2026 x/gpumode softmax/3", "ab12")
-    assert name == "gpuswarm-run_2026-x-gpumode-softmax-3-ab12"
+def test_container_names_are_docker_safe_and_carry_the_run_and_owner_keys() -> None:
+    name = container_name("run_2026 x/gpumode softmax/3", "ab12", run_dir="/r/x", owner="h:1:2")
+    keys = f"{run_key('/r/x')}-{owner_key('h:1:2')}"
+    assert re.fullmatch(r"[0-9a-f]{12}-[0-9a-f]{8}", keys)
+    assert name == f"gpuswarm-{keys}-run_2026-x-gpumode-softmax-3-ab12"
+    assert re.match(name_pattern(run_dir="/r/x"), name)
+    assert re.match(name_pattern(owner="h:1:2"), name)
+    assert re.match(name_pattern(run_dir="/r/x", owner="h:1:2"), name)
+    assert not re.match(name_pattern(run_dir="/r/y"), name)
+    assert not re.match(name_pattern(owner="h:1:3"), name)
 
 
 def test_same_path_binds_drop_folders_inside_another() -> None:
@@ -187,8 +199,29 @@ def test_same_path_binds_drop_folders_inside_another() -> None:
 def test_the_queue_and_other_homes_are_masked_where_a_bind_reaches_them() -> None:
     run = Path("/base/runs/x/run_1")
     own_home = run / "homes/h-gpu0"
-    assert masks_for(run, [run / "tasks/t", own_home], [own_home]) == []
-    assert masks_for(run, [Path("/base")], [own_home]) == [run / ".parallel", run / "homes"]
+    same = [Bind(run / "tasks/t"), Bind(own_home)]
+    assert masks_for(run, same, [own_home]) == []
+    assert masks_for(run, [Bind(Path("/base"))], [own_home]) == [run / ".parallel", run / "homes"]
+
+
+def test_the_queue_is_masked_where_a_mount_shows_it_under_another_path() -> None:
+    """Issue 30: ``mounts: [{src: /, dest: /host}]`` showed the queue at /host<run>/.parallel
+    (the mask was put at the host path only)."""
+    run = Path("/base/runs/x/run_1")
+    host = Path("/host") / run.relative_to("/")
+    got = masks_for(run, [Bind(Path("/"), Path("/host"))], [])
+    assert got == [host / ".parallel", host / "homes"]
+    got = masks_for(run, [Bind(run, Path("/r"), read_only=True)], [])
+    assert got == [Path("/r/.parallel"), Path("/r/homes")]
+    assert masks_for(run, [Bind(run / "tasks", Path("/t"))], []) == []
+
+
+def test_masks_follow_a_mount_source_that_is_a_symlink(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "x" / "run_1"
+    run.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "runs")  # docker mounts what the link leads to
+    got = masks_for(run, [Bind(tmp_path / "link", Path("/data"))], [])
+    assert got == [Path("/data/x/run_1/.parallel"), Path("/data/x/run_1/homes")]
 
 
 # -- the docker: settings ----------------------------------------------------------------------
@@ -199,10 +232,10 @@ def config(**docker: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("docker", "message"),
     [
-        ({"args": ["-v", "/a:/b"]}, "give folders in mounts"),
-        ({"args": ["--volume=/a:/b"]}, "give folders in mounts"),
-        ({"args": ["-e", "X=1"]}, "set by gpuswarm itself"),
-        ({"args": ["--rm"]}, "set by gpuswarm itself"),
+        ({"args": ["-v", "/a:/b"]}, "give host folders in docker.mounts"),
+        ({"args": ["--volume=/a:/b"]}, "give host folders in docker.mounts"),
+        ({"args": ["-e", "X=1"]}, "docker.pass_env"),
+        ({"args": ["--rm"]}, "gpuswarm sets it itself"),
         ({"args": ["--hostname=ghp_" + "a" * 36]}, "secret"),
         ({"mounts": [{"src": "/a", "dest": "relative"}]}, "absolute path"),
         ({"shm_size": "lots"}, "is not a size"),
@@ -222,3 +255,10 @@ def test_backend_and_block_go_together() -> None:
         RunConfig.model_validate({"docker": {"image": "i"}, "tasks": [{"command": "x"}]})
     cfg = RunConfig.model_validate(config(mounts=[{"src": "/a", "dest": "/a"}]))
     assert isinstance(cfg.docker, DockerConfig) and cfg.docker.mounts[0].read_only is False
+
+
+def test_a_container_in_the_hosts_pid_namespace_has_no_host_pids_to_signal() -> None:
+    """A container sharing this process's pid namespace (``--pid host``, refused in args since
+    issue 30): "every process of its namespace" would be every process of the host."""
+    assert host_pids(os.getpid()) == []
+    assert host_pids(1 << 30) == []  # no such process

@@ -56,9 +56,9 @@ def host(tmp_path: Path) -> Path:
     outside = tmp_path / "outside"
     (outside / "private").mkdir(parents=True)
     (outside / "private" / "id_rsa").write_text("PRIVATE KEY")
-    (outside / "shared.txt").write_text("shared")
-    (gcloud / "link_to_file").symlink_to(outside / "shared.txt")
-    (gcloud / "link_to_dir").symlink_to(outside / "private")
+    (gcloud / "shared.txt").write_text("shared")
+    (gcloud / "link_to_file").symlink_to("shared.txt")  # links inside the provisioned folder
+    (gcloud / "link_to_dir").symlink_to(gcloud / "configurations")
     (gcloud / "dangling").symlink_to(outside / "missing")
     os.mkfifo(gcloud / "fifo")
     return root
@@ -206,6 +206,7 @@ def test_folder_copy_modes_and_symlink_rules(tmp_path: Path, host: Path) -> None
         "configurations": ("dir", 0o700),
         "configurations/config_default": ("file", 0o600),
         "credentials.db": ("file", 0o600),
+        "shared.txt": ("file", 0o600),
         "link_to_file": ("file", 0o600),  # copied as the regular file it points to
     }  # link_to_dir, dangling and fifo are skipped
     assert mode(copy) == 0o700
@@ -235,6 +236,7 @@ def test_reprovision_replaces_copies(tmp_path: Path, host: Path) -> None:
         "configurations",
         "configurations/config_default",
         "added",
+        "shared.txt",
         "link_to_file",
     }
     assert mode(home / ".config" / "gcloud") == 0o700
@@ -294,6 +296,8 @@ def test_unreadable_source_file_is_a_config_error(shared_tmp: Path) -> None:
     secret = shared_tmp / "secret"
     secret.write_text("x")
     secret.chmod(0o000)
+    if os.geteuid() == 0:
+        os.chown(secret, NOBODY, NOBODY)  # the user's own file, unreadable by its mode
 
     def body() -> None:
         with pytest.raises(ConfigError, match="cannot read provision file"):
@@ -473,3 +477,44 @@ def test_redact_text_without_secrets_is_unchanged() -> None:
     text = "nothing to hide"
     assert redact_text(text, {"PATH": "nothing"}) == text
     assert redact_text(text, {}) == text
+
+
+# -- issue 30: nothing from outside the provisioned tree, nothing of another user
+@pytest.mark.parametrize("target", ["private/id_rsa", "private"])
+def test_a_link_out_of_a_provisioned_folder_refuses_it_naming_the_link(
+    tmp_path: Path, host: Path, target: str
+) -> None:
+    gcloud = host / ".config" / "gcloud"
+    (gcloud / "configurations" / "key").symlink_to(tmp_path / "outside" / target)
+    home = tmp_path / "slot-0"
+    with pytest.raises(ConfigError) as err:
+        prepare_home(home, provisions(host))
+    text = str(err.value)
+    assert str(gcloud / "configurations" / "key") in text
+    assert str(tmp_path / "outside" / target) in text and "outside the provisioned" in text
+    assert err.value.exit_code == EXIT_BAD_INPUT
+    assert "PRIVATE KEY" not in str(tree(home))
+    assert not (home / ".config" / "gcloud").exists()
+    assert [p for p in tree(home) if ".tmp-" in p] == []  # no half-made copy left
+
+
+def test_a_link_to_a_system_file_is_refused(tmp_path: Path, host: Path) -> None:
+    (host / ".config" / "gcloud" / "shadow").symlink_to("/etc/passwd")
+    with pytest.raises(ConfigError, match="/etc/passwd, outside the provisioned folder"):
+        prepare_home(tmp_path / "slot-0", provisions(host))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+@pytest.mark.parametrize("which", ["file", "in_folder"])
+def test_a_file_of_another_user_is_refused_naming_it(
+    tmp_path: Path, host: Path, which: str
+) -> None:
+    """Root reads anyone's files whatever their modes: owning them is what is checked."""
+    gcloud = host / ".config" / "gcloud"
+    theirs = host / ".codex" / "auth.json" if which == "file" else gcloud / "credentials.db"
+    os.chown(theirs, NOBODY, NOBODY)
+    home = tmp_path / "slot-0"
+    with pytest.raises(ConfigError, match="not to you") as err:
+        prepare_home(home, provisions(host))
+    assert str(theirs) in str(err.value) and f"uid {NOBODY}" in str(err.value)
+    assert not (home / ".codex" / "auth.json").exists()

@@ -24,7 +24,15 @@ from gpuswarm.outputs.clean import (
     remove_candidates,
 )
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
-from gpuswarm.outputs.tasklog import Hop, LogTarget, follow, iter_log, read_text, task_log
+from gpuswarm.outputs.tasklog import (
+    Hop,
+    LogTarget,
+    Unreadable,
+    follow,
+    iter_log,
+    read_text,
+    task_log,
+)
 from gpuswarm.store.lookup import task_ended
 
 
@@ -195,6 +203,13 @@ def _follow(target: LogTarget, as_json: bool) -> NoReturn:
             printer.data(item)
         elif isinstance(item, Hop):
             printer.hop(item)
+        elif isinstance(item, Unreadable):
+            click.echo(
+                f"gpuswarm: the log of task {target.task} (attempt {item.attempt}), {item.log}, "
+                f"{item.why}: it is not read (the task replaced its log)",
+                err=True,
+            )
+            sys.exit(1)
         else:
             printer.ended(item.state)
             if not printer.started:
@@ -267,7 +282,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     Finished: no supervisor on it and no task in running/ (complete, with failures, stopped or
     unfinished); a crashed run is kept (its supervisor died: see 'gpuswarm status'), and a live
     run is never removed (checked right before each removal). Idle: since the newest change of
-    its summary.json or events.jsonl. Exit 1 when a run could not be removed.
+    its summary.json or events.jsonl. Only real folders inside WORKSPACE are removed: a run
+    that is a symbolic link, or under a name folder that is one, is listed as kept and left
+    alone. Exit 1 when a run could not be removed.
     """
     try:
         seconds = parse_duration(older_than)
@@ -299,6 +316,8 @@ def _print_clean(found: list[Candidate], workspace: Path, older_than: str, yes: 
         line = f"{c.run}  {c.state}  idle {_age(c.age_s)}  {_size(c.bytes)}"
         if yes:
             line = f"removed {line}" if c.removed else f"kept {line}: {c.kept_because}"
+        if not yes and c.kept_because:
+            line = f"{line}: kept, {c.kept_because}"
         click.echo(line if yes else f"  {line}")
     if yes:
         freed = sum(c.bytes for c in found if c.removed)

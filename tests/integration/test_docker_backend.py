@@ -292,6 +292,39 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         assert log.split() == ["0"], (task, log)
 
 
+def test_the_queue_is_masked_where_a_mount_shows_it_under_another_path(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    """Issue 30: with ``mounts: [{src: <a folder above the run>, dest: /host}]`` the queue was
+    masked at its host path only: at /host/.../.parallel a task saw the other task pending and
+    could write into pending/."""
+    peek = (
+        "q=$(echo /host/ws/peek/run_*/.parallel); "
+        'ls -A "$q/pending" | wc -l > {workspace}/seen.txt; '
+        "ls -A $(echo /host/ws/peek/run_*/homes) | wc -l > {workspace}/homes.txt; "
+        'touch "$q/pending/planted.json" 2>/dev/null; true'
+    )
+    config = write_config(
+        tmp_path,
+        {
+            "name": "peek",
+            "workspace": "ws",
+            "gpus": "sim:1",
+            "backend": "docker",
+            "docker": docker_block(docker_image, {"src": str(tmp_path), "dest": "/host"}),
+            "tasks": [{"name": f"t{i}", "shell": True, "command": peek} for i in (1, 2)],
+        },
+    )
+    res = gpuswarm("run", "--no-report", config)
+    assert res.returncode == 0, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    assert task_states(run_dir) == {"t1": "done", "t2": "done"}
+    # t1 ran while t2 was pending: an empty mask is all it saw
+    assert (run_dir / "tasks" / "t1" / "seen.txt").read_text().split() == ["0"]
+    assert (run_dir / "tasks" / "t1" / "homes.txt").read_text().split() == ["0"]
+    assert list((run_dir / ".parallel").rglob("planted.json")) == []
+
+
 # -- 4. preflight runs inside the slot's container -------------------------------------------------
 def test_preflight_runs_inside_the_slots_container(
     tmp_path: Path, gpuswarm: Cli, docker_image: str
@@ -402,14 +435,31 @@ def test_a_run_argument_docker_refuses_fails_the_attempt_with_dockers_reason(
     cmds.write_text("true\n")
     res = gpuswarm(
         "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
-        *USR_CLI_ARGS, "--docker-arg=--gpuswarm-no-such-flag", cmds,
+        *USR_CLI_ARGS, "--docker-arg=--memory=gpuswarm-no-such-size", cmds,
     )  # fmt: skip
     assert res.returncode == 1, str(res)
     (run_dir,) = find_runs(tmp_path / "ws")
     reason = read_results(run_dir)["cmd-00001"]["reason"]
     # docker's own failure, told apart from the task's exit, with docker's words (its first
-    # line: "unknown flag: ...", not the usage hint after it)
-    assert "docker could not start" in reason and "gpuswarm-no-such-flag" in reason, reason
+    # line: 'invalid argument "..." for "-m, --memory" flag', not the usage hint after it)
+    assert "docker could not start" in reason and "gpuswarm-no-such-size" in reason, reason
+
+
+@pytest.mark.parametrize(
+    "arg", ["-v/:/host", "--mount=type=bind,source=/,destination=/host", "-u0", "-dt", "--nope"]
+)
+def test_a_refused_docker_arg_is_exit_2_before_anything_is_created(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str, arg: str
+) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text("true\n")
+    res = gpuswarm(
+        "run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--image", docker_image,
+        *USR_CLI_ARGS, f"--docker-arg={arg}", cmds,
+    )  # fmt: skip
+    assert res.returncode == 2, str(res)
+    assert repr(arg) in res.stderr and "Traceback" not in res.stderr, str(res)
+    _assert_nothing_created(tmp_path / "ws")
 
 
 def test_an_image_without_the_shell_says_so(

@@ -5,9 +5,11 @@ label, and secrets reach the container by name only."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from dockerkit import USR_MOUNT, containers, docker
 from gpuswarm.config.models import DockerConfig
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import BackendOptions, LaunchSpec
+from gpuswarm.exec.docker.argv import name_pattern
 from gpuswarm.exec.docker.backend import DockerBackend
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -175,3 +178,53 @@ def test_pids_are_the_host_pids_of_every_process_of_the_container(
         assert handle.pids() == []
     finally:
         backend.close()
+
+
+def _named(pattern: str) -> list[tuple[str, str]]:
+    """(name, state) of every container whose name starts with ``pattern`` (a regex)."""
+    out = docker(
+        "ps", "--all", "--filter", f"name=^/?{pattern}", "--format", "{{.Names}} {{.State}}"
+    )
+    rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+    return [(n, s) for n, s in rows if re.match(pattern, n)]
+
+
+@pytest.mark.parametrize("by", ["run", "owner"])
+def test_orphans_are_found_by_their_names_whatever_their_labels_say(
+    tmp_path: Path, docker_image: str, by: str
+) -> None:
+    """Issue 30: a container whose labels say another run and owner (``--label`` in docker.args,
+    refused at load since; set here past validation) is still found by resume (``run``) and by a
+    reclaim of its dead owner (``owner``), and removed before either requeues its task."""
+    run = tmp_path / "run"
+    dead = f"dead-{uuid.uuid4().hex}"  # unique like a supervisor's (host:pid:start)
+    forged = ["--label", f"gpuswarm.run={tmp_path / 'elsewhere'}", "--label", "gpuswarm.owner=x"]
+    first = backend_for(run, docker_image, owner=dead)
+    assert first.settings is not None
+    first.settings = first.settings.model_copy(update={"args": forged})
+    mine = name_pattern(run_dir=str(run))
+    try:
+        handle = first.launch(spec_for(run, "trap '' TERM; sleep 1000"))
+        deadline = time.monotonic() + 30
+        while "running" not in {s for _, s in _named(mine)}:
+            assert time.monotonic() < deadline, "the container never ran"
+            time.sleep(0.05)
+        assert containers(run) == []  # its labels do not name this run
+        assert handle.pid is not None
+        os.kill(handle.pid, signal.SIGKILL)  # the supervisor's client dies; the container runs on
+        later = backend_for(run, docker_image, owner=f"later-{uuid.uuid4().hex}")
+        try:
+            before = [n for n, _ in _named(mine)]
+            if by == "run":
+                found = later.end_leftovers(run_dir=str(run), grace=0.5)
+            else:
+                found = later.end_leftovers(owner=dead, grace=0.5)
+            assert [str(i) for i in found.ids] == before and len(before) == 1
+            assert found.killed == 1 and found.tasks == frozenset({"t"}), found
+            assert _named(mine) == []  # gone before anything could be requeued
+        finally:
+            later.close()
+    finally:
+        for name, _ in _named(mine):
+            docker("rm", "--force", name, check=False)
+        first.close()

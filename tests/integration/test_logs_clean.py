@@ -202,3 +202,65 @@ def test_clean_removes_only_the_old_finished_run(
 
     bad = gpuswarm("clean", "--older-than", "soon")
     assert bad.returncode == 2 and "--older-than" in bad.stderr, str(bad)
+
+
+def _run_in(gpuswarm: Cli, tmp_path: Path, workspace: Path, name: str) -> Path:
+    cmds = tmp_path / f"{name}.txt"
+    cmds.write_text("echo hello\n")
+    res = gpuswarm("run", "--gpus", "sim:1", "-q", "--no-report", "--workspace", workspace,
+                   "--name", name, cmds)  # fmt: skip
+    assert res.returncode == 0, str(res)
+    (run,) = (workspace / name).glob("run_*")
+    _age(run, 40)
+    return run
+
+
+def test_clean_never_follows_a_link_out_of_the_workspace(tmp_path: Path, gpuswarm: Cli) -> None:
+    """Issue 30: a name folder linked out of the workspace (ws/linkedname -> ../outside/c) and a
+    run folder that is a link (ws/real/run_x -> outside/d/run_y) are reported as kept, never
+    renamed, measured or removed; the real old run beside them goes."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    real = _run_in(gpuswarm, tmp_path, ws, "real")
+    far_c = _run_in(gpuswarm, tmp_path, outside, "c")
+    far_d = _run_in(gpuswarm, tmp_path, outside, "d")
+    (ws / "linkedname").symlink_to(Path("..") / "outside" / "c")
+    linked_run = ws / "real" / "run_20000101_000000_linked"
+    linked_run.symlink_to(far_d)
+    before = sorted(str(p) for p in outside.rglob("*"))
+
+    dry = gpuswarm("clean", ws, "--older-than", "30d")
+    assert dry.returncode == 0 and "symbolic link" in dry.stdout, str(dry)
+    res = gpuswarm("clean", ws, "--older-than", "30d", "--yes", "--json")
+    assert res.returncode == 1, str(res)  # some runs were kept
+    rows = {Path(r["run"]).name: r for r in json.loads(res.stdout)}
+    assert rows[real.name]["removed"] is True
+    for kept in (far_c.name, linked_run.name):
+        assert rows[kept]["removed"] is False, rows
+        assert "symbolic link" in rows[kept]["kept_because"], rows
+    assert not real.exists()
+    assert far_c.is_dir() and far_d.is_dir() and linked_run.is_symlink()
+    assert sorted(str(p) for p in outside.rglob("*")) == before  # nothing outside changed
+    hidden = [p.name for p in ws.rglob(".*") if ".removing-" in p.name]
+    assert hidden == [], hidden
+
+
+@pytest.mark.parametrize(
+    ("plant", "kind"), [("ln -s /etc/hostname", "symlink"), ("mkfifo", "FIFO")]
+)
+def test_follow_of_a_log_the_task_replaced_says_why_and_fails(
+    tmp_path: Path, gpuswarm: Cli, plant: str, kind: str
+) -> None:
+    """Issue 30: a task that swapped its output.log for a symlink or a FIFO left ``logs -f``
+    silent with exit 0; now it exits 1 naming the file and why, never reading or blocking."""
+    cmds = tmp_path / "cmds.txt"
+    log = "attempt-$GPUSWARM_ATTEMPT/output.log"
+    swap = f'cd "$GPUSWARM_TASK_WORKSPACE" && rm -f {log} && {plant} {log}'
+    cmds.write_text(f"sh -c 'echo before; {swap}'\n")
+    res = gpuswarm("run", "--gpus", "sim:1", "-q", "--no-report", "--name", "swap", cmds)
+    assert res.returncode == 0, str(res)
+    run = _only_run(tmp_path / "runs", "swap")
+    path = RunPaths(run).attempt_log("cmd-00001", 1)
+    for args in (["-f"], ["-f", "--json"]):
+        out = gpuswarm("logs", run, "cmd-00001", *args, timeout=30)
+        assert out.returncode == 1, str(out)
+        assert str(path) in out.stderr and kind in out.stderr, str(out)

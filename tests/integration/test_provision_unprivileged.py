@@ -136,3 +136,53 @@ def test_an_unprivileged_task_can_refresh_its_provisioned_credentials(nobody_dir
     assert stat.S_IMODE(slot_home.stat().st_mode) == 0o700
     # the source: not a byte, mode or mtime changed, nothing added
     assert _digest(user_home) == before
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run gpuswarm as another user",
+)
+@pytest.mark.parametrize("planted", ["link_out", "not_mine"])
+def test_a_link_out_of_claude_or_a_file_of_another_user_is_refused(
+    nobody_dir: Path, planted: str
+) -> None:
+    """Issue 30: ``~/.claude/x -> <another user's id_rsa>`` was copied into every slot HOME (the
+    user here can read it: setpriv keeps the read bypass, as root's own runs have). Now the run
+    is exit 2 before anything is claimed, naming the file; no slot HOME holds the key."""
+    user_home = nobody_dir / "home"
+    claude = user_home / ".claude"
+    claude.mkdir(parents=True)
+    (claude / "settings.json").write_text("{}")
+    other = nobody_dir / "other-user"
+    other.mkdir()
+    (other / "id_rsa").write_text("OTHER USER'S PRIVATE KEY")
+    (other / "id_rsa").chmod(0o600)  # root's: another user's file
+    _as_nobody(user_home, claude, claude / "settings.json")
+    if planted == "link_out":
+        (claude / "key").symlink_to(other / "id_rsa")
+        os.lchown(claude / "key", NOBODY, NOBODY)
+    else:
+        (claude / "key").write_text("OTHER USER'S PRIVATE KEY")  # root's file in the user's tree
+    config = nobody_dir / "agent.yaml"
+    config.write_text(
+        "name: agents\nworkspace: ws\ngpus: sim:1\n"
+        f"home:\n  isolate: true\n  provision:\n    - {{src: {claude}, dest: .claude}}\n"
+        "tasks:\n  - {name: agent, command: 'true'}\n"
+    )
+    _as_nobody(config)
+    proc = subprocess.run(
+        cli_argv(
+            "run", "-q", "--no-report", config, prefix=[*SETPRIV, sys.executable, "-m", "gpuswarm"]
+        ),
+        cwd=nobody_dir,
+        env=cli_env({"HOME": str(user_home)}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        check=False,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert str(claude / "key") in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    holders = {p for p in nobody_dir.rglob("*") if p.is_file() and b"PRIVATE KEY" in p.read_bytes()}
+    assert holders <= {other / "id_rsa", claude / "key"}, holders  # no copy anywhere

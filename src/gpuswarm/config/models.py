@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from gpuswarm.agents.preset import AgentUseField
+from gpuswarm.config import dockerargs
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.values import (
     IDENT,
@@ -246,12 +247,6 @@ class MountEntry(BaseModel):
 
 GpuFlags = Literal["auto", "nvidia", "amd", "cdi", "none"]
 _SHM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$")
-# docker run options that gpuswarm sets itself: given in args they would break its guarantees
-_OWN_DOCKER_FLAGS = (
-    "--rm", "-d", "--detach", "--name", "--user", "-u", "--log-driver", "--init",
-    "--workdir", "-w", "--env", "-e", "--env-file", "-i", "-t", "--tty",
-    "--interactive", "--pull", "--cidfile", "-a", "--attach", "-v", "--volume",
-)  # fmt: skip
 
 
 class DockerConfig(BaseModel):
@@ -271,24 +266,14 @@ class DockerConfig(BaseModel):
     def _checked(self) -> DockerConfig:
         if self.shm_size is not None and not _SHM_SIZE.match(self.shm_size):
             raise ValueError(f"shm_size {quote(self.shm_size)} is not a size; write e.g. 16g")
-        for arg in self.args:
-            flag = arg.split("=", 1)[0]
-            if flag in ("-v", "--volume"):
-                raise ValueError(
-                    f"args: {quote(arg)}: give folders in mounts: ({{src, dest, read_only}}); "
-                    "docker's -v silently creates a missing source as root"
-                )
-            if flag in _OWN_DOCKER_FLAGS:
-                raise ValueError(
-                    f"args: {quote(arg)} is set by gpuswarm itself (it names, labels, attaches "
-                    "and runs every container as you); remove it. Environment variables go by "
-                    "name: add the name to pass_env, or set it in the task's env:"
-                )
         if redact_tree(self.args) != self.args or redact_tree(self.image) != self.image:
             raise ValueError(
                 "args look like they carry a secret (a token, a password in a URL); pass "
                 "secrets by name with pass_env, never on a command line"
             )
+        why = dockerargs.refusal(self.args)  # read as docker reads them: any spelling
+        if why is not None:
+            raise ValueError(why)
         return self
 
 

@@ -11,9 +11,12 @@ because agents (Claude Code, Cursor, Codex) refresh tokens and keep state there.
 never written, linked or mounted: a copy is bytes, so a task cannot change the host's original,
 and it is written under a temporary name and renamed into place, so a half-copied credential is
 never visible. Each supervisor start provisions afresh from the source (a refreshed token lives
-in the slot's copy until then). Inside a provisioned folder, symlinks are copied as the
-file they point to when that is a regular file and skipped otherwise (links to folders, dangling
-links, devices, FIFOs): a copy never descends into a folder outside the source. Symlinks that a
+in the slot's copy until then). Inside a provisioned folder, a symlink to a regular file of the
+same folder is copied as that file; links to folders, dangling links, devices and FIFOs are
+skipped; a link that leads out of the provisioned folder (``~/.claude/x -> ~/.ssh/id_rsa`` or
+``/etc/shadow``) refuses the provisioning (ConfigError naming the link and its target), and so
+does a file the invoking user does not own (as root, file modes would let it read anyone's): a
+copy holds only the user's own files from the tree they named. Symlinks that a
 task left inside the slot HOME on the way to a cache folder or a provision are removed (never
 followed) before anything is written, so re-provisioning cannot write into the host's files.
 
@@ -23,7 +26,9 @@ logs and messages; they live in :mod:`gpuswarm.core.redact` (by name and by valu
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import shutil
 import stat
 from collections.abc import Sequence
@@ -140,20 +145,103 @@ def _real_dir(home: Path, rel: str) -> Path:
     return path
 
 
-def _read_regular(path: Path) -> bytes | None:
-    """Contents of ``path`` (following a symlink) if it is a regular file, else None."""
+def _read_regular(path: Path, *, follow: bool = True, shown: str = "") -> bytes | None:
+    """Contents of ``path`` if it is a regular file of the invoking user, else None (``follow``:
+    through a final symlink). A file of another user is a ConfigError naming it (``shown``: how
+    it was reached, e.g. through a link)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    if not follow:
+        flags |= os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except PermissionError as exc:
         raise ConfigError(f"cannot read provision file {path}: {exc.strerror}") from exc
-    except OSError:  # dangling link, link loop, vanished file
+    except OSError:  # dangling link, link loop (or a link where none was), vanished file
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         return None
+    try:
+        _owned(path, st, shown)
+    except ConfigError:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as fh:
         return fh.read()
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _owned(path: Path, st: os.stat_result, shown: str = "") -> None:
+    if stat.S_ISREG(st.st_mode) and st.st_uid != os.geteuid():
+        raise ConfigError(
+            f"provision source {shown or path} belongs to {_user(st.st_uid)}, not to you "
+            f"({_user(os.geteuid())}): gpuswarm copies only your own files into slot HOMEs; "
+            "remove it from what is provisioned, or copy it to a file of yours"
+        )
+
+
+def _vet(src: Path) -> None:
+    """Refuse (ConfigError) before anything is written what the copy of ``src`` would refuse:
+    a link out of the provisioned folder, a file of another user. The copy checks again on
+    what it opens."""
+    if not src.is_dir():
+        with contextlib.suppress(OSError):
+            _owned(src, src.stat())
+        return
+    root = Path(os.path.realpath(src))
+    stack = [src]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # the copy says why
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                target = _inside(path, root)
+                if target is not None:
+                    with contextlib.suppress(OSError):
+                        _owned(target, target.stat(), f"{path} (-> {target})")
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(path)
+            else:
+                with contextlib.suppress(OSError):
+                    _owned(path, entry.stat(follow_symlinks=False))
+
+
+def _inside(link: Path, root: Path) -> Path | None:
+    """Where a symlink in provisioned folder ``root`` leads (None: nowhere, it dangles); a
+    ConfigError naming both when that is out of ``root``."""
+    target = Path(os.path.realpath(link))
+    if not os.path.lexists(target):
+        return None
+    if not target.is_relative_to(root):
+        raise ConfigError(
+            f"provision source {link} is a symlink to {target}, outside the provisioned folder "
+            f"{root}: gpuswarm copies nothing from outside it into slot HOMEs; remove the link, "
+            f"or provision {target} itself (home.provision: {{src, dest}})"
+        )
+    return target
+
+
+def _linked(link: Path, root: Path) -> bytes | None:
+    """The file a symlink in provisioned folder ``root`` stands for: its bytes when it is a
+    regular file inside ``root``; None when it is dangling or no regular file (a folder, a
+    FIFO); a ConfigError naming both when it leads out of ``root``."""
+    target = _inside(link, root)
+    if target is None:
+        return None
+    if target.is_dir():
+        return None  # never descended into: a link to a folder is skipped
+    return _read_regular(target, follow=False, shown=f"{link} (-> {target})")
 
 
 COPY_FILE_MODE = 0o600  # private to the slot's user, writable: agents refresh their tokens
@@ -166,18 +254,23 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 # -- copies
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Fill ``dst`` from ``src``: folders 0700, files 0600 (private, writable by the task)."""
+def _copy_tree(src: Path, dst: Path, root: Path) -> None:
+    """Fill ``dst`` from ``src`` (in provisioned folder ``root``, links resolved): folders
+    0700, files 0600 (private, writable by the task)."""
     dst.mkdir(mode=COPY_DIR_MODE)
     try:
         entries = sorted(os.scandir(src), key=lambda e: e.name)
     except PermissionError as exc:
         raise ConfigError(f"cannot read provision folder {src}: {exc.strerror}") from exc
     for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            _copy_tree(Path(entry.path), dst / entry.name)
+        path = Path(entry.path)
+        if entry.is_symlink():
+            data = _linked(path, root)
+        elif entry.is_dir(follow_symlinks=False):
+            _copy_tree(path, dst / entry.name, root)
             continue
-        data = _read_regular(Path(entry.path))
+        else:
+            data = _read_regular(path, follow=False)
         if data is not None:
             _write_private(dst / entry.name, data)
     dst.chmod(COPY_DIR_MODE)
@@ -195,7 +288,11 @@ def _remove_leftovers(target: Path) -> None:
 def _provision_folder(src: Path, target: Path) -> None:
     tmp = target.parent / f".tmp-{target.name}.{os.getpid()}"
     old = target.parent / f".old-{target.name}.{os.getpid()}"
-    _copy_tree(src, tmp)
+    try:
+        _copy_tree(src, tmp, Path(os.path.realpath(src)))
+    except BaseException:
+        _remove(tmp)  # a refused or failed copy leaves nothing half-made
+        raise
     if os.path.lexists(target):
         target.rename(old)
     tmp.rename(target)
@@ -238,6 +335,8 @@ def prepare_home(home: Path, provisions: Sequence[Provision]) -> dict[str, str]:
     """
     home = home.absolute()
     dests = _check_provisions(provisions)
+    for prov in provisions:
+        _vet(prov.src)
     _make_home(home)
     env = {"HOME": str(home)}
     for var, rel in CACHE_DIRS.items():

@@ -6,6 +6,10 @@ Finished: no supervisor on it and nothing in running/: complete, finished with f
 stopped (Ctrl-C) or unfinished. A crashed run (its supervisor died: tasks left in running/, or no
 summary) is kept: ``status`` and ``resume`` are what it needs. Last activity: the newest of
 summary.json's and events.jsonl's modification times (run.json's when it has neither).
+
+Only real folders inside the workspace it was given are removed: a run that is a symbolic link,
+or that is reached through one (a name folder linked elsewhere), is reported as kept, never
+renamed, measured or removed (:func:`outside_reason`).
 """
 
 from __future__ import annotations
@@ -105,6 +109,27 @@ def lease_ttl(paths: RunPaths) -> float:
         return DEFAULT_LEASE_TTL
 
 
+def outside_reason(run: Path, workspace: Path) -> str | None:
+    """Why ``run`` (as listed under ``workspace``) is no real folder inside it: a symbolic link
+    on the way from the workspace (the run itself or its name folder), or a path that leaves
+    it. None when clean may remove it."""
+    try:
+        rel = run.relative_to(workspace)
+    except ValueError:
+        return f"it is not inside the workspace {workspace}"
+    path = workspace
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink():
+            return (
+                f"{path} is a symbolic link: clean never follows one, nor removes anything "
+                f"outside {workspace}"
+            )
+    if not run.resolve().is_relative_to(workspace.resolve()):
+        return f"it is not inside the workspace {workspace}"
+    return None
+
+
 def find_candidates(
     workspace: Path, older_than: float, now: float | None = None
 ) -> list[Candidate]:
@@ -119,7 +144,9 @@ def find_candidates(
         age = now - last_activity(paths)
         if age <= older_than or in_use(paths, lease_ttl(paths)):
             continue
-        out.append(Candidate(paths.root, row["state"], age, disk_bytes(paths.root)))
+        why = outside_reason(paths.root, workspace)
+        size = disk_bytes(paths.root) if why is None else 0  # never measured through a link
+        out.append(Candidate(paths.root, row["state"], age, size, kept_because=why))
     return sorted(out, key=lambda c: (-c.age_s, str(c.run)))
 
 
@@ -127,6 +154,8 @@ def remove_candidates(candidates: list[Candidate], older_than: float) -> None:
     """Remove each candidate unless a supervisor came to it meanwhile or it was active since it
     was found (``kept_because``)."""
     for cand in candidates:
+        if cand.kept_because is not None:  # a link, or outside the workspace: never touched
+            continue
         paths = RunPaths(cand.run)
 
         def active(paths: RunPaths = paths) -> str | None:
@@ -142,7 +171,11 @@ def finish_half_removed(workspace: Path) -> list[Path]:
     """Delete what earlier removals left when they were cut short (never a run: hidden names)."""
     if not workspace.is_dir():
         return []
-    names = [p for p in workspace.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    names = [
+        p
+        for p in workspace.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    ]
     done = []
     for parent in (workspace, *names):
         for folder in half_removed(parent):

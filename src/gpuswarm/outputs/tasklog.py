@@ -5,7 +5,9 @@ task is retried.
 A log is a file the task controls: it is opened with ``O_NOFOLLOW | O_NONBLOCK`` (never through a
 symlink, never a FIFO: :func:`gpuswarm.core.taskfiles.open_regular`) and read in bounded chunks,
 only the bytes not read yet. The open descriptor stays on the log the supervisor writes even if
-the task replaces the name.
+the task replaces the name. A log that is no regular file when it is opened (the task replaced it
+by a symlink or a FIFO) is never read nor waited on: :func:`follow` says so (:class:`Unreadable`)
+and ``gpuswarm logs -f`` exits 1 naming the file and why.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.taskfiles import open_regular, read_tail
+from gpuswarm.core.taskfiles import UnsafeFile, open_regular, read_tail
 from gpuswarm.store.lookup import TaskHit, locate, resolve_task, task_ended
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -132,7 +134,17 @@ class Ended:
     state: str
 
 
-FollowItem = bytes | Hop | Ended
+@dataclass(frozen=True)
+class Unreadable:
+    """Attempt ``attempt``'s log is no regular file (``why``: a task replaced it by a symlink
+    or a FIFO): it was not opened through, and none of it is read."""
+
+    attempt: int
+    log: Path
+    why: str
+
+
+FollowItem = bytes | Hop | Ended | Unreadable
 
 
 def follow(
@@ -156,6 +168,13 @@ def follow(
                     continue
             later = [n for n in reader.attempt_numbers(task) if n > number]
             opened, n = _open_first(paths, task, later)
+            if isinstance(opened, Unreadable):
+                if current is not None:
+                    yield from _drain(current)
+                    current.close()
+                current, number = None, n
+                yield opened
+                continue
             if opened is not None:
                 if current is not None:
                     yield from _drain(current)
@@ -193,6 +212,9 @@ def _finish(
         opened = _open(reader.paths, hit.id, n)
         if opened is None:
             continue
+        if isinstance(opened, Unreadable):
+            yield opened
+            continue
         try:
             yield Hop(n, opened.path)
             yield from _drain(opened)
@@ -206,7 +228,9 @@ def _drain(log: _LogReader) -> Iterator[bytes]:
         yield data
 
 
-def _open_first(paths: RunPaths, task: str, numbers: list[int]) -> tuple[_LogReader | None, int]:
+def _open_first(
+    paths: RunPaths, task: str, numbers: list[int]
+) -> tuple[_LogReader | Unreadable | None, int]:
     """The first of attempts ``numbers`` whose log opens; one that does not open is passed over
     only when a later attempt exists (so it will never be written)."""
     for i, n in enumerate(numbers):
@@ -216,10 +240,13 @@ def _open_first(paths: RunPaths, task: str, numbers: list[int]) -> tuple[_LogRea
     return None, 0
 
 
-def _open(paths: RunPaths, task: str, n: int) -> _LogReader | None:
-    """Attempt ``n``'s log, opened; None while it is not there yet (its folder is made first)
-    or when it is no regular file (a task replaced it by a symlink or a FIFO)."""
+def _open(paths: RunPaths, task: str, n: int) -> _LogReader | Unreadable | None:
+    """Attempt ``n``'s log, opened; None while it is not there yet (its folder is made first);
+    :class:`Unreadable` when it is no regular file (a task replaced it by a symlink or a FIFO)."""
+    path = paths.attempt_log(task, n)
     try:
-        return _LogReader(paths.attempt_log(task, n))
+        return _LogReader(path)
+    except UnsafeFile as exc:
+        return Unreadable(n, path, exc.strerror or str(exc))
     except OSError:
         return None

@@ -1,7 +1,8 @@
 """Removing whole run folders (``gpuswarm clean``), never a live one.
 
 A run is first renamed to a hidden ``.<name>.removing-<pid>`` beside it (one rename: from then on
-it is no run to any command, even if the removal is cut short), then deleted. The liveness check
+it is no run to any command, even if the removal is cut short), then deleted. A run folder that
+is a symbolic link is never renamed (nor is anything through one deleted). The liveness check
 is made right before the rename, holding the run's init lock (a supervisor attaching waits for
 it): no supervisor holds the ``live`` lock and no owner shows a heartbeat.
 """
@@ -19,6 +20,7 @@ from gpuswarm.store.leases import FileLock, is_live, owner_alive
 
 REMOVING = ".removing-"
 DEFAULT_LEASE_TTL = 30.0
+LINKED = "it is a symbolic link (never followed: clean removes only real run folders)"
 
 
 def in_use(paths: RunPaths, lease_ttl: float = DEFAULT_LEASE_TTL) -> bool:
@@ -45,6 +47,8 @@ def remove_run(
 ) -> str | None:
     """Remove the run folder unless a supervisor may be on it (or ``keep``, asked under the
     lock, says why not); None when removed, else why not."""
+    if paths.root.is_symlink():  # before its lock: that file would be made through the link
+        return LINKED
     lock = FileLock(paths.lock)
     try:
         if not lock.acquire(exclusive=True):
@@ -59,6 +63,9 @@ def remove_run(
             return why
         hidden = removing_name(paths.root)
         os.rename(paths.root, hidden)
+        if hidden.is_symlink():  # replaced by a link since the look: put back, untouched
+            os.rename(hidden, paths.root)
+            return LINKED
     except OSError as exc:
         return f"it cannot be renamed away ({exc.strerror})"
     finally:
@@ -77,7 +84,7 @@ def half_removed(parent: Path) -> list[Path]:
     out = []
     for entry in entries:
         pid = entry.name.rsplit(REMOVING, 1)[-1]
-        if pid.isdigit() and not pid_alive(int(pid)) and entry.is_dir():
+        if pid.isdigit() and not pid_alive(int(pid)) and entry.is_dir() and not entry.is_symlink():
             out.append(entry)
     return out
 

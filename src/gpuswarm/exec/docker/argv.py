@@ -11,6 +11,7 @@ a command line). Folders are bind-mounted with ``--mount`` (which refuses a miss
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pathlib import Path
 from gpuswarm.exec.docker.client import LABEL
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_RUN_KEY = 12
+_OWNER_KEY = 8
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,32 @@ def _csv(field: str) -> str:
     return field
 
 
-def container_name(token: str, suffix: str) -> str:
-    """``gpuswarm-<run>-<task>-<n>-<suffix>`` from the attempt's token (``run/task/n``), in the
-    characters docker allows in a name, short enough to read."""
+def run_key(run_dir: str) -> str:
+    """The run's part of its containers' names: 12 hex digits of the run folder's sha256."""
+    return hashlib.sha256(run_dir.encode()).hexdigest()[:_RUN_KEY]
+
+
+def owner_key(owner: str) -> str:
+    """The supervisor's part of its containers' names: 8 hex digits of its owner id's sha256."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:_OWNER_KEY]
+
+
+def container_name(token: str, suffix: str, *, run_dir: str = "", owner: str = "") -> str:
+    """``gpuswarm-<run key>-<owner key>-<run>-<task>-<n>-<suffix>``: the keys (:func:`run_key`,
+    :func:`owner_key`) are what resume, a reclaim and the end of a run find the containers by
+    (``--name`` is gpuswarm's alone: refused in ``docker.args``); the rest, from the attempt's
+    token (``run/task/n``) in the characters docker allows, is for people to read."""
+    keys = f"{run_key(run_dir)}-{owner_key(owner)}"
     text = _NAME_BAD.sub("-", token.replace("/", "-")).strip("-.")[:80]
-    return f"gpuswarm-{text}-{suffix}" if text else f"gpuswarm-{suffix}"
+    return f"gpuswarm-{keys}-{text}-{suffix}" if text else f"gpuswarm-{keys}-{suffix}"
+
+
+def name_pattern(*, run_dir: str | None = None, owner: str | None = None) -> str:
+    """The regular expression the names of run ``run_dir``'s (or supervisor ``owner``'s)
+    containers match from their start (docker's ``--filter name=`` and Python's re alike)."""
+    run = run_key(run_dir) if run_dir is not None else f"[0-9a-f]{{{_RUN_KEY}}}"
+    own = owner_key(owner) if owner is not None else f"[0-9a-f]{{{_OWNER_KEY}}}"
+    return f"gpuswarm-{run}-{own}-"
 
 
 def same_path_binds(paths: Iterable[Path]) -> list[Bind]:
@@ -95,16 +119,23 @@ def same_path_binds(paths: Iterable[Path]) -> list[Bind]:
     return [Bind(p) for p in out]
 
 
-def masks_for(run_dir: Path, sources: Iterable[Path], keep: Iterable[Path]) -> list[Path]:
-    """Folders of the run a container must not see: its queue (``.parallel``) and the other
-    slots' homes, wherever a bind (``sources``) reaches them; ``keep`` (the slot's own home)
-    is bound again over the mask."""
-    hidden = [run_dir / ".parallel", run_dir / "homes"]
-    kept = list(keep)
-    out = []
-    for folder in hidden:
-        if folder in kept:
-            continue
-        if any(folder == s or folder.is_relative_to(s) for s in sources):
-            out.append(folder)
+def masks_for(run_dir: Path, binds: Iterable[Bind], keep: Iterable[Path]) -> list[Path]:
+    """Where, inside the container, the folders of the run it must not see are: its queue
+    (``.parallel``) and the other slots' homes, wherever a bind reaches them, at the bind's
+    destination (``docker.mounts: [{src: /, dest: /host}]`` shows the queue at
+    ``/host<run>/.parallel``). Paths are compared resolved, as docker resolves a bind's
+    source. ``keep`` (the slot's own home, bound again over the mask) is never masked."""
+    real_run = run_dir.resolve()
+    kept = set(keep)
+    out: list[Path] = []
+    for bind in binds:
+        src = bind.src.resolve()
+        dest = bind.dest or bind.src
+        for name in (".parallel", "homes"):
+            real = real_run / name
+            if not (real == src or real.is_relative_to(src)):
+                continue
+            at = dest / real.relative_to(src)
+            if at not in kept and at not in out:
+                out.append(at)
     return out

@@ -1,11 +1,12 @@
 """The ``docker`` backend: the Backend seam over containers (see :mod:`gpuswarm.exec.docker`).
 
-One container per attempt, labelled with its run, owner, task, attempt and slot, so that a
-resume, a reclaim of a dead owner, ``gpuswarm check --repair`` and the end of a run find and
-remove what is left of it by label. The slot's private HOME (always made: it holds the caches
-the seed's long-lived worker keeps) and the task's workspace are bind-mounted at their host
-paths, so logs, completion files and metrics are found exactly as for local attempts; the run's
-queue is never visible inside.
+One container per attempt, named with keys of its run and owner (``argv.container_name``) and
+labelled with its run, owner, task, attempt and slot, so that a resume, a reclaim of a dead
+owner, ``gpuswarm check --repair`` and the end of a run find and remove what is left of it by
+name (which only gpuswarm sets) and by label (an older gpuswarm's). The slot's private HOME
+(always made: it holds the caches the seed's long-lived worker keeps) and the task's workspace
+are bind-mounted at their host paths, so logs, completion files and metrics are found exactly as
+for local attempts; the run's queue is never visible inside.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from gpuswarm.exec.docker.argv import (
     RunArgs,
     container_name,
     masks_for,
+    name_pattern,
     run_argv,
     same_path_binds,
 )
-from gpuswarm.exec.docker.client import DockerCLI, signal_container
+from gpuswarm.exec.docker.client import DockerCLI, Listed, signal_container
 from gpuswarm.exec.docker.container import ContainerAttempt
 from gpuswarm.exec.docker.devices import gpu_args
 from gpuswarm.exec.local.backend import LocalBackend
@@ -99,7 +101,9 @@ class DockerBackend:
     # -- one attempt -----------------------------------------------------------------------------
     def launch(self, spec: LaunchSpec) -> ContainerAttempt:
         settings = self._require()
-        name = container_name(spec.token, uuid.uuid4().hex[:8])
+        name = container_name(
+            spec.token, uuid.uuid4().hex[:8], run_dir=self.options.run_dir, owner=self.options.owner
+        )
         env = dict(spec.env)
         names = set(spec.own_env) | set(settings.pass_env) | {"USER", "LOGNAME"}
         names -= {*_CLIENT_VARS, *_CLIENT_VARS_TLS}
@@ -115,8 +119,7 @@ class DockerBackend:
         run_dir = Path(self.options.run_dir) if self.options.run_dir else None
         user_binds = [Bind(self._source(m.src), Path(m.dest), m.read_only) for m in settings.mounts]
         ours = same_path_binds([*spec.binds, spec.cwd])
-        sources = [b.src for b in (*ours, *user_binds)]
-        masks = masks_for(run_dir, sources, spec.binds) if run_dir else []
+        masks = masks_for(run_dir, [*ours, *user_binds], spec.binds) if run_dir else []
         # a bind a mask covers (the slot's HOME under the cwd's bind) is mounted again over the
         # mask: docker mounts the deeper path last
         ours += [
@@ -162,11 +165,12 @@ class DockerBackend:
         self, *, run_dir: str | None = None, owner: str | None = None, grace: float = 10.0
     ) -> Leftovers:
         """The containers of run ``run_dir`` (resume) or of supervisor ``owner`` (a reclaim):
-        TERM to every process of the running ones, ``grace``, then removed (SIGKILL)."""
-        label, value = ("run", run_dir) if run_dir is not None else ("owner", owner)
-        if value is None:
+        TERM to every process of the running ones, ``grace``, then removed (SIGKILL). When
+        this returns none of them runs: one still running after its removal is a BackendError
+        (the caller requeues nothing: a task never runs beside its old container)."""
+        if run_dir is None and owner is None:
             raise ValueError("end_leftovers: give run_dir or owner")
-        found = self.cli.listed(label, value)
+        found = self._ours(run_dir=run_dir, owner=owner)
         if not found:
             return Leftovers([], frozenset(), 0)
         running = [c for c in found if c.running]
@@ -177,7 +181,22 @@ class DockerBackend:
         )
         self._term([c.name for c in running], grace)
         self.cli.remove([c.name for c in found])
+        alive = [c.name for c in self._ours(run_dir=run_dir, owner=owner) if c.running]
+        if alive:
+            raise BackendError(
+                f"docker: container(s) {', '.join(alive)} still run after `docker rm --force`; "
+                "nothing was requeued: remove them (docker rm --force NAME) and try again"
+            )
         return Leftovers([c.name for c in found], tasks, len(running))
+
+    def _ours(self, *, run_dir: str | None = None, owner: str | None = None) -> list[Listed]:
+        """Run ``run_dir``'s (else supervisor ``owner``'s) containers: by the keys in their
+        names, which only gpuswarm gives (``--name`` is refused in docker.args; labels are
+        not trusted to find them), and by label (containers of an older gpuswarm)."""
+        by_name = self.cli.named(name_pattern(run_dir=run_dir, owner=owner))
+        label, value = ("run", run_dir) if run_dir is not None else ("owner", owner or "")
+        names = {c.name for c in by_name}
+        return by_name + [c for c in self.cli.listed(label, value) if c.name not in names]
 
     def _term(self, names: Sequence[str], grace: float) -> None:
         if not names or grace <= 0:
@@ -192,7 +211,7 @@ class DockerBackend:
 
     def leftovers(self, run_dir: str) -> list[int | str]:
         """The names of run ``run_dir``'s containers that are still there (``check``)."""
-        return [c.name for c in self.cli.listed("run", run_dir)]
+        return [c.name for c in self._ours(run_dir=run_dir)]
 
     def close(self) -> None:
         """After the last attempt: this supervisor's containers that are still there go."""
@@ -201,7 +220,7 @@ class DockerBackend:
             if remover is not None:
                 remover.close()  # every ended attempt's container removed
             if self.options.owner:
-                strays = self.cli.listed("owner", self.options.owner)
+                strays = self._ours(owner=self.options.owner)
                 self.cli.remove([c.name for c in strays])
         finally:
             self._local.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,7 +55,7 @@ class ContainerState:
 
 @dataclass(frozen=True)
 class Listed:
-    """One container ``docker ps`` found by label."""
+    """One container ``docker ps`` found (by name or label)."""
 
     name: str
     state: str
@@ -155,18 +156,26 @@ class DockerCLI:
         if not names:
             return
         code, _, err = self.call(["rm", "--force", *names])
-        if code != 0 and "no such container" not in err.lower():
+        gone = ("no such container", "is already in progress")  # or being removed by another
+        if code != 0 and not any(g in err.lower() for g in gone):
             raise BackendError(f"docker rm {' '.join(names)}: {_first_line(err)}")
 
     def listed(self, label: str, value: str) -> list[Listed]:
         """Every container (running or not) labelled ``<LABEL>.<label>=<value>``."""
+        return self._ps(f"label={LABEL}.{label}={value}")
+
+    def named(self, pattern: str) -> list[Listed]:
+        """Every container (running or not) whose name matches regular expression ``pattern``
+        from its start (checked here again: docker's name filter also matches inside)."""
+        start = re.compile(pattern)
+        return [c for c in self._ps(f"name=^/?{pattern}") if start.match(c.name)]
+
+    def _ps(self, where: str) -> list[Listed]:
         keys = ("task", "kind", "attempt", "slot")
         fields = "\t".join(
             ["{{.Names}}", "{{.State}}", *(f'{{{{.Label "{LABEL}.{k}"}}}}' for k in keys)]
         )
-        code, out, err = self.call(
-            ["ps", "--all", "--filter", f"label={LABEL}.{label}={value}", "--format", fields]
-        )
+        code, out, err = self.call(["ps", "--all", "--filter", where, "--format", fields])
         if code != 0:
             raise BackendError(f"docker ps: {_first_line(err)}")
         found = []
@@ -185,9 +194,13 @@ def _first_line(text: str) -> str:
 
 def host_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
     """The host pids of every process in the pid namespace of ``init_pid`` (a container's init),
-    init included; [] when that namespace cannot be read (a daemon on another host)."""
+    init included; [] when that namespace cannot be read (a daemon on another host) or is this
+    process's own (a container sharing the host's: its processes are not told apart from every
+    other one, so only its init is signalled, through docker)."""
     try:
         target = (proc / str(init_pid) / "ns" / "pid").stat().st_ino
+        if target == (proc / "self" / "ns" / "pid").stat().st_ino:
+            return []
     except OSError:
         return []
     pids = []
