@@ -145,6 +145,8 @@ class RunView:
             self._added(e)
         elif e.name in (Ev.GPU_HELD.value, Ev.GPU_FREED.value):
             self._gpu_held(e)
+        elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
+            self.note = str(e.extra.get("reason") or "halted")
         elif e.name == Ev.GPU_WAIT.value:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):
