@@ -84,9 +84,7 @@ def test_the_plain_total_follows_the_queue(tmp_path: Path) -> None:
     assert lines[-1].endswith("[1/1501 done]"), lines
 
 
-def _report(
-    tmp_path: Path, summary: dict[str, Any], *, interrupted: bool = False
-) -> RunReport:
+def _report(tmp_path: Path, summary: dict[str, Any], *, interrupted: bool = False) -> RunReport:
     return RunReport(RunPaths(tmp_path / "r"), summary, interrupted=interrupted)
 
 
