@@ -107,3 +107,19 @@ def test_the_end_line_says_how_the_run_ended(tmp_path: Path) -> None:
     )
     done = {"counts": {"done": 3}, "complete": True, "state": "complete"}
     assert end_line(_report(tmp_path, done)) == ""
+
+
+def test_watch_lines_count_tasks_the_journal_says_were_added() -> None:
+    view = RunView({"pending": 1, "running": 0, "done": 0, "failed": 0})
+    reporter = PlainReporter(view=view, stream=io.StringIO())  # watch: it folds the journal
+    for raw in (
+        {"ev": "added", "count": 2},  # `gpuswarm add` of another process, in the journal
+        {"ev": "started", "task": "t", "attempt": 1, "slot": "g0"},
+        {"ev": "finished", "task": "t", "attempt": 1, "slot": "g0", "state": "done"},
+    ):
+        event = view.apply(raw)
+        assert event is not None
+        reporter.show(event)
+    out = reporter.stream
+    assert isinstance(out, io.StringIO)
+    assert out.getvalue().splitlines()[-1].endswith("[1/3 done]")
