@@ -123,3 +123,13 @@ def test_watch_lines_count_tasks_the_journal_says_were_added() -> None:
     out = reporter.stream
     assert isinstance(out, io.StringIO)
     assert out.getvalue().splitlines()[-1].endswith("[1/3 done]")
+
+
+def test_the_live_view_keeps_saying_why_a_halt_now_stops_the_run() -> None:
+    view = RunView({"pending": 3})
+    reason = "halt: 1 task failed (halt now,fail=1): running tasks are stopped and put back"
+    view.apply({"ev": "halted", "spec": "now,fail=1", "reason": reason})
+    view.apply({"ev": "shutdown", "mode": "warm"})
+    assert view.note == reason
+    view.apply({"ev": "shutdown", "mode": "cold"})  # Ctrl-C again: killing everything
+    assert view.note == ""

@@ -194,7 +194,8 @@ class RunView:
         """A stop's note; a cluster's node that joined (its slots shown) or left (its idle
         slots go; a running one stays until its attempt ends ``lost``)."""
         if isinstance(e, Shutdown):
-            self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+            if not (e.mode == "warm" and self.note.startswith("halt:")):  # a halt now: its why
+                self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
             return
         if e.change == "backend_lost":  # after its shutdown: the note says why
             self.note = f"stopping: {e.extra.get('reason') or 'the cluster is gone'}"
