@@ -84,8 +84,11 @@ def test_the_plain_total_follows_the_queue(tmp_path: Path) -> None:
     assert lines[-1].endswith("[1/1501 done]"), lines
 
 
-def _report(tmp_path: Path, summary: dict[str, Any], *, interrupted: bool = False) -> RunReport:
-    return RunReport(RunPaths(tmp_path / "r"), summary, interrupted=interrupted)
+def _report(
+    tmp_path: Path, summary: dict[str, Any], *, interrupted: bool = False, halted: str = ""
+) -> RunReport:
+    paths = RunPaths(tmp_path / "r")
+    return RunReport(paths, summary, interrupted=interrupted, halted=halted or None)
 
 
 def test_the_end_line_says_how_the_run_ended(tmp_path: Path) -> None:
@@ -107,6 +110,13 @@ def test_the_end_line_says_how_the_run_ended(tmp_path: Path) -> None:
     )
     done = {"counts": {"done": 3}, "complete": True, "state": "complete"}
     assert end_line(_report(tmp_path, done)) == ""
+    halt = "halt: 2 tasks failed (halt soon,fail=2)"
+    left = {"counts": {"failed": 2, "pending": 5}, "complete": False, "state": "stopped"}
+    assert end_line(_report(tmp_path, left, halted=halt)) == (
+        f"stopped by {halt}: 5 pending; finish with: gpuswarm resume {root}"
+    )
+    # the last task met the rule: nothing was left, the run is finished with failures
+    assert end_line(_report(tmp_path, failed, halted=halt)).startswith("finished with failures")
 
 
 def test_watch_lines_count_tasks_the_journal_says_were_added() -> None:

@@ -163,9 +163,10 @@ def end_line(report: RunReport) -> str:
     counts = s.get("counts") or {}
     pending, failed = int(counts.get("pending", 0)), int(counts.get("failed", 0))
     resume = f"gpuswarm resume {root}"
-    if report.stopped_by or report.halted or report.interrupted:
-        why = report.stopped_by or report.halted or s.get("stopped_by") or "a stop"
-        back = int(s.get("requeued") or 0)
+    back = int(s.get("requeued") or 0)
+    halted = report.halted if pending + back else None  # met by the last task: all ran
+    if report.stopped_by or halted or report.interrupted:
+        why = report.stopped_by or halted or s.get("stopped_by") or "a stop"
         put = f"{back} running task{'s' if back != 1 else ''} put back in the queue, "
         put = put if back else ""
         return f"stopped by {why}: {put}{max(0, pending - back)} pending; finish with: {resume}"
