@@ -3,6 +3,7 @@ the config loader and the backends load with them, not with every ``gpuswarm`` c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from gpuswarm.cli_support import stoppable
+from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import (
@@ -35,6 +37,17 @@ YAML_SUFFIXES = (".yaml", ".yml")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
+
+def _halt_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--halt SPEC`` checked now (exit 2 naming the flag); ``never`` is kept as such."""
+    if value is None:
+        return None
+    try:
+        return canonical_halt(value) or "never"
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 _SUPERVISING = (  # the options of every command that supervises a run, in their help order
     click.option("-q", "--quiet", is_flag=True, help="no per-task lines, only the summary"),
     click.option("--plain", is_flag=True, help="one line per event, even on a terminal"),
@@ -42,6 +55,11 @@ _SUPERVISING = (  # the options of every command that supervises a run, in their
     click.option("--json", "as_json", is_flag=True, help="print the final summary as JSON"),
     click.option("--strict", is_flag=True, help="exit 1 when a task was cancelled too"),
     click.option("--share-gpus", is_flag=True, help="run even on GPUs another live run holds"),
+    click.option(
+        "--halt",
+        callback=_halt_flag,
+        help=f"stop early, as GNU parallel's --halt ({HALT_HELP}); over the run's halt:",
+    ),
 )
 
 
@@ -106,6 +124,7 @@ def run(
     as_json: bool,
     strict: bool,
     share_gpus: bool,
+    halt: str | None,
     backend: str | None,
     image: str | None,
     docker_args: tuple[str, ...],
@@ -137,6 +156,9 @@ def run(
             )
             .with_ray(ray_address)
         )
+        if halt is not None:  # the run's own from now on (run.json): a resume keeps it
+            config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
+            loaded = dataclasses.replace(loaded, config=config)
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)
@@ -177,6 +199,7 @@ def resume(
     as_json: bool,
     strict: bool,
     share_gpus: bool,
+    halt: str | None,
     ray_address: str | None,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
@@ -207,6 +230,7 @@ def resume(
             output=Output(quiet=quiet, live=not plain, report=not no_report),
             share_gpus=share_gpus,
             ray_address=ray_address,
+            halt=halt,
         )
     _finish(report, as_json, strict)
 
@@ -224,6 +248,7 @@ def work(
     as_json: bool,
     strict: bool,
     share_gpus: bool,
+    halt: str | None,
 ) -> None:
     """Attach more GPUs to a run (live or not), or another host on a shared filesystem.
 
@@ -232,7 +257,7 @@ def work(
     """
     with stoppable():
         output = Output(quiet=quiet, live=not plain, report=not no_report)
-        report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus)
+        report = work_run(run_dir, gpus, output=output, share_gpus=share_gpus, halt=halt)
     _finish(report, as_json, strict)
 
 

@@ -46,6 +46,7 @@ from gpuswarm.runsetup import (
     resolve_provisions,
     run_info,
     setup_from_info,
+    with_halt,
     with_ray_address,
 )
 from gpuswarm.store.leases import (
@@ -181,9 +182,10 @@ def resume_run(
     output: Output,
     share_gpus: bool = False,
     ray_address: str | None = None,
+    halt: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
-    setup = setup_from_info(info, gpus_spec)
+    setup = with_halt(setup_from_info(info, gpus_spec), halt)
     if ray_address is not None:  # the cluster moved (a new head after a head loss)
         setup = with_ray_address(setup, ray_address)
     if new_config is not None:
@@ -200,11 +202,16 @@ def resume_run(
 
 
 def work_run(
-    run_dir: Path, gpus_spec: str, *, output: Output, share_gpus: bool = False
+    run_dir: Path,
+    gpus_spec: str,
+    *,
+    output: Output,
+    share_gpus: bool = False,
+    halt: str | None = None,
 ) -> RunReport:
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
-    setup = setup_from_info(info, gpus_spec)
+    setup = with_halt(setup_from_info(info, gpus_spec), halt)
     if setup.backend == "ray":
         raise ConfigError(
             f"{paths.root}: a Ray run has one driver (its slot actors are the run's); nodes "
@@ -320,7 +327,7 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg, backend)
             shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
-            with on_stop_signals(lambda: sup.request_stop()), shown:
+            with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     sup.run()
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
@@ -338,9 +345,15 @@ def _supervise(
             except OSError as exc:  # the journal's last fsync: the disk may be full
                 if not disk_full(exc):
                     raise
-    stopped = sup.stopping.is_set()
+    halted = sup.halt.reason
+    stopped = sup.stopping.is_set() and halted is None  # a halt now stops through it too
     return RunReport(
-        paths, summary, interrupted=stopped, recovered=recovered, stopped_by=sup.shared.ended_by
+        paths,
+        summary,
+        interrupted=stopped,
+        recovered=recovered,
+        stopped_by=sup.shared.ended_by,
+        halted=halted,
     )
 
 
@@ -378,6 +391,12 @@ def _aggregate(
     extra: dict[str, Any] = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
     if sup.shared.ended_by:
         extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
+    elif sup.halt.reason:  # issue 28: the halt rule was met ("halt: 3 tasks failed ...")
+        extra.update(stopped=True, stopped_by=sup.halt.reason)
+    elif sup.stopping.is_set() and sup.shared.stop_cause:
+        extra["stopped_by"] = sup.shared.stop_cause  # Ctrl-C (SIGINT), SIGTERM
+    if sup.stopping.is_set():
+        extra["requeued"] = sup.shared.requeued  # running tasks the stop put back
     summary = write_outputs(paths, queue, info, (started, time.time()), extra)
     ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
     return summary, info

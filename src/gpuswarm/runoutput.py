@@ -47,8 +47,12 @@ def reporter(
         return nullcontext()
     stream = output.stream or sys.stderr
     counts = queue.counts()
+
+    def recount() -> dict[str, int]:
+        return {s.value: n for s, n in queue.counts().items()}
+
     if not (output.live and is_terminal(stream)):
-        ledger.subscribe(PlainReporter(counts, stream))
+        ledger.subscribe(PlainReporter(counts, stream, recount=recount))
         return nullcontext()
     from gpuswarm.ui.table import LiveView, gpu_sampler, shown  # rich: here
 
@@ -61,7 +65,7 @@ def reporter(
         title=paths.root.name,
         gpu_stats=gpu_stats if gpu_stats is not None else gpu_sampler(slots),
         paused=paused_now(paths),
-        recount=lambda: {s.value: n for s, n in queue.counts().items()},
+        recount=recount,
     )
     ledger.subscribe(view)
     return shown(view)

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm import __version__
+from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
@@ -85,6 +86,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         # issue 19: an undeclared task's share of its GPU (the tasks_per_gpu the config set)
         "gpu_share": cfg.tasks_per_gpu if "tasks_per_gpu" in cfg.model_fields_set else 1,
         "release_timeout": rel.gpu_release_timeout,
+        "halt": cfg.halt,  # issue 28: every session's, unless --halt says otherwise
     }
 
 
@@ -171,6 +173,18 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
         per_task,
         per_gpu,
     )
+
+
+def with_halt(setup: Setup, halt: str | None) -> Setup:
+    """``--halt`` over the run's ``halt:`` for this session (``never``: none); the run's own
+    (run.json) checked, a bad one named."""
+    if halt is not None:
+        return replace(setup, settings={**setup.settings, "halt": canonical_halt(halt)})
+    try:
+        canonical_halt(setup.settings.get("halt") or "never")
+    except ValueError as exc:
+        raise RunDirError(f"run.json: settings.halt is not valid ({exc})") from None
+    return setup
 
 
 def with_ray_address(setup: Setup, address: str) -> Setup:

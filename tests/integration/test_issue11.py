@@ -621,11 +621,13 @@ def test_a_resume_with_a_fresh_budget_counts_attempts_from_1(tmp_path: Path, gpu
         },
     )
     first = gpuswarm("run", config, "--plain")
-    assert "(attempt 1/2)" in first.stderr, first
+    assert "(attempt 1, 1/2 of max_attempts used)" in first.stderr, first
     run = only_run(tmp_path / "runs")
     again = gpuswarm("resume", run, "--plain")
     assert again.returncode == 1, again
-    assert "(attempt 1/2)" in again.stderr and "3/2" not in again.stderr, again
+    # the attempt keeps its own number (attempt-3/); the fresh budget counts from 1 (issue 28)
+    assert "(attempt 3, 1/2 of max_attempts used)" in again.stderr, again
+    assert "3/2" not in again.stderr, again
 
 
 def _wait_until_idle(pid: int, timeout: float = 30.0) -> None:

@@ -25,6 +25,7 @@ from pydantic import (
 from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.config import dockerargs
 from gpuswarm.config.errors import flag_error
+from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.values import (
     IDENT,
     Duration,
@@ -337,6 +338,8 @@ class RunConfig(BaseModel):
     backend: NonEmpty = "local"  # what runs the attempts: local, docker, wrapped; see exec.base
     docker: DockerConfig | None = None  # backend: docker's settings
     ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
+    # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
+    halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
 
     @model_validator(mode="after")
     def _ray(self) -> RunConfig:

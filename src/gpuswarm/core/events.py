@@ -47,6 +47,7 @@ class Ev(str, Enum):
     GPU_HELD = "gpu_held"
     GPU_FREED = "gpu_freed"
     GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
+    HALTED = "halted"  # issue 28: the halt rule was met (spec, when, count, reason)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

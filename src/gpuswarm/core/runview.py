@@ -145,6 +145,8 @@ class RunView:
             self._added(e)
         elif e.name in (Ev.GPU_HELD.value, Ev.GPU_FREED.value):
             self._gpu_held(e)
+        elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
+            self.note = str(e.extra.get("reason") or "halted")
         elif e.name == Ev.GPU_WAIT.value:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):
@@ -192,7 +194,8 @@ class RunView:
         """A stop's note; a cluster's node that joined (its slots shown) or left (its idle
         slots go; a running one stays until its attempt ends ``lost``)."""
         if isinstance(e, Shutdown):
-            self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
+            if not (e.mode == "warm" and self.note.startswith("halt:")):  # a halt now: its why
+                self.note = "stopping: Ctrl-C again kills at once" if e.mode == "warm" else ""
             return
         if e.change == "backend_lost":  # after its shutdown: the note says why
             self.note = f"stopping: {e.extra.get('reason') or 'the cluster is gone'}"

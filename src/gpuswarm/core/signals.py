@@ -13,11 +13,22 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 
+def signal_text(signum: int) -> str:
+    """How a person names a stop signal: ``Ctrl-C (SIGINT)``, ``SIGTERM``."""
+    name = signal.Signals(signum).name
+    return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
+
+
 @contextmanager
-def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
-    """Call ``callback`` on each SIGINT/SIGTERM while the block runs (main thread only)."""
+def on_stop_signals(
+    callback: Callable[[], None], *, named: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Call ``callback`` on each SIGINT/SIGTERM while the block runs (main thread only);
+    ``named`` first gets the signal's :func:`signal_text`."""
 
     def handler(signum: int, frame: object) -> None:
+        if named is not None:
+            named(signal_text(signum))
         callback()
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

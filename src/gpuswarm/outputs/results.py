@@ -310,9 +310,13 @@ class RunReport:
     recovered: dict[str, int] | None = None
     strict: bool = False  # --strict: a cancelled task makes the exit code 1
     stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
+    halted: str | None = None  # the halt rule stopped it (issue 28): its reason
 
     @property
     def exit_code(self) -> int:
+        if self.halted:  # tasks are left: 1 when one failed (a fail= halt), 0 when the
+            failed = (self.summary.get("counts") or {}).get(State.FAILED.value, 0)
+            return EXIT_UNFINISHED if failed else EXIT_OK  # halt found what it waited for
         if self.stopped_by:
             return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
         if self.interrupted:

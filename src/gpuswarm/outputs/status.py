@@ -42,6 +42,7 @@ def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
             "retry_at": r.retry_at,
         }
         for r in reader.running()
+        if not r.ending  # ended, its outcome being committed: its slot runs the next one
     ]
 
 
@@ -55,7 +56,8 @@ def _failures(reader: RunReader, limit: int = MAX_FAILURES) -> list[dict[str, An
             {
                 "task": task_id,
                 "name": desc.name,
-                "attempts": desc.attempt_count,
+                "attempts": desc.counted_count,  # as results.tsv counts them
+                "interrupted": desc.attempt_count - desc.counted_count,  # not counted
                 "reason": desc.reason or "",
                 "log": str(log) if log else None,
                 "log_tail": _redacted_tail(log, desc),
@@ -125,8 +127,18 @@ def _hint(paths: RunPaths, state: str) -> str:
             f"finish it with: gpuswarm resume {paths.root}"
         )
     if state in (STOPPED, UNFINISHED, WITH_FAILURES):
-        return f"finish it with: gpuswarm resume {paths.root}"
+        why = _stopped_by(paths) if state == STOPPED else None  # a halt, Ctrl-C, a lost head
+        return f"{f'stopped by {why}; ' if why else ''}finish it with: gpuswarm resume {paths.root}"
     return ""
+
+
+def _stopped_by(paths: RunPaths) -> str | None:
+    try:
+        summary = read_json(paths.summary_json)
+    except (OSError, ValueError):
+        return None
+    why = summary.get("stopped_by") if isinstance(summary, dict) else None
+    return why if isinstance(why, str) and why else None
 
 
 def _quarantined(reader: RunReader, live: bool) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,9 @@ class Running:
     log: Path | None  # the running attempt's log; None while waiting or without an id
     retry_at: float | None  # set while a retry waits out its backoff
     node: str | None = None  # the host of a cluster's slot (not the supervisor's)
+    # its attempt has ended and the outcome is being committed: its slot claimed the next task
+    # already (a newer claim holds the same slot); it runs nowhere (issue 28)
+    ending: bool = False
 
     @property
     def waiting(self) -> bool:
@@ -182,7 +185,12 @@ class RunReader:
             except FileNotFoundError:
                 continue  # moved on meanwhile
             out.append(self._running(name, since))
-        return sorted(out, key=lambda r: (r.slot is None, r.slot or ""))
+        out.sort(key=lambda r: (r.slot is None, r.slot or "", r.since))
+        newest = {r.slot: r for r in out if r.slot is not None and not r.waiting}  # one a slot
+        return [
+            replace(r, ending=True) if not r.waiting and newest.get(r.slot or "", r) is not r else r
+            for r in out
+        ]
 
     def _running(self, name: str, since: float) -> Running:
         desc = self.read(State.RUNNING, name)
@@ -266,6 +274,8 @@ class RunReader:
         for label in self.slot_labels():
             view.slots.setdefault(label, SlotRow())
         for r in self.running():
+            if r.ending:  # its outcome is being committed: the journal moves it on
+                continue
             if r.waiting:  # its next attempt has not started: pending, as the journal says
                 counts[State.RUNNING.value] -= 1
                 counts[State.PENDING.value] += 1

@@ -40,8 +40,9 @@ Committable = tuple[LiveAttempt, AttemptEnd]
 
 
 class Committer:
-    def __init__(self, run: Shared) -> None:
+    def __init__(self, run: Shared, on_ended: Callable[[State], None] | None = None) -> None:
         self.run = run
+        self._on_ended = on_ended  # a task ended (done, failed, skipped): the halt counts
         self._queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
@@ -66,6 +67,11 @@ class Committer:
     def busy(self) -> bool:
         with self.run.lock:
             return self._commits > 0
+
+    def uncommitted(self) -> int:
+        """Outcomes the loop handed over (or is about to) that are not committed yet."""
+        with self.run.lock:
+            return self._commits
 
     def waiting(self) -> bool:
         """Whether a retry waits out its backoff, or is on its way to pending/ (the loop does
@@ -193,6 +199,8 @@ class Committer:
             run.queue.move(claimed, State.PENDING if retry else state, announce)
         if retry and delay <= 0:
             run.more_work()
+        if not retry and self._on_ended is not None:
+            self._on_ended(state)
 
     def backoff(self, used: int) -> float:
         base = self.run.cfg.retry_backoff
@@ -208,9 +216,21 @@ class Committer:
         """A stop interrupted this task (or its node left: ``lost``): back to pending/, not
         counted as a failed attempt."""
         if record is not None:
-            claimed.desc.add_attempt(record.but(interrupted=True))
+            claimed.desc.add_attempt(record.but(interrupted=True, reason=self._why(record)))
         claimed.desc.note_interrupted()
         self.run.queue.move(claimed, State.PENDING, self._requeued(claimed, reason, "running"))
+        with self.run.lock:
+            self.run.requeued += 1
+
+    def _why(self, record: AttemptRecord) -> str | None:
+        """An interrupted attempt's reason: what stopped it, never "cancelled" (its task is
+        back in the queue, not cancelled): ``interrupted by Ctrl-C (SIGINT) (stopped by
+        SIGTERM); back in the queue``."""
+        cause = self.run.stop_cause
+        if cause is None or not self.run.stopping.is_set():
+            return record.reason  # a node that left (lost): its own reason
+        how = (record.reason or "").removeprefix("cancelled").strip(" ()")
+        return f"interrupted by {cause}{f' ({how})' if how else ''}; back in the queue"
 
     # -- retries waiting out their backoff ---------------------------------------------------------
     def cancel_waiting(self, task_id: str, reqs: list[Request]) -> bool:

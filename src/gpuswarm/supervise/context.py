@@ -58,6 +58,8 @@ class SupervisorConfig:
     # the ``preflight:`` commands: the engine runs them on the slots there are at the start; a
     # cluster's slots that join later run them before they claim anything (supervise.membership)
     preflight: tuple[str, ...] = ()
+    # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
+    halt: str | None = None
 
 
 @dataclass
@@ -98,6 +100,13 @@ class Shared:
     errors: list[BaseException] = field(default_factory=list)
     paused: Paused = field(default_factory=lambda: Paused(False, frozenset()))  # the keeper's
     ended_by: str | None = None  # why the backend stopped the run (its cluster is gone)
+    stop_cause: str | None = None  # what asked for the stop: "Ctrl-C (SIGINT)", "SIGTERM", a halt
+    requeued: int = 0  # running tasks a stop put back in the queue (the end-of-run line)
+
+    def stopped_by(self, cause: str) -> None:
+        """The first stop's cause (a signal, a halt); later ones (Ctrl-C again) keep it."""
+        if self.stop_cause is None:
+            self.stop_cause = cause
 
     def holds(self, slot: Slot) -> bool:
         """Whether ``slot`` is paused now (the run, or the slot: it claims nothing)."""

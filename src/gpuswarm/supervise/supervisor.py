@@ -19,13 +19,11 @@ attempts. The second is cold: everything is SIGKILLed at once, then handed back 
 Control (:mod:`.controls`, applied by the keeper): a cancelled attempt goes to a waiter like a
 stopped one and its task ends ``cancelled``; a paused slot (``gpuswarm pause [--slot S]``) claims
 nothing while its running attempt goes on. A supervisor with nothing running, some of whose
-slots are paused while pending/ still holds tasks, does not end as if the run were done: it
-waits until the pause is lifted (the keeper wakes it), pending/ is empty (other supervisors took
-the tasks: it looks every few seconds, one folder listing) or it is stopped (Ctrl-C). The
-choice: a person who paused a run (say, its credits ran out) expects to unpause it and see it go
-on, not to find its supervisor gone and have to resume it; a ``gpuswarm run`` with everything
-paused keeps waiting, and Ctrl-C ends it as usual (the run resumes later). A pause of slots it
-does not have is not its business.
+slots are paused while pending/ still holds tasks, waits (it does not end as if the run were
+done) until the pause is lifted (the keeper wakes it), pending/ is empty (it looks every few
+seconds) or it is stopped: a person who paused a run expects to unpause it and see it go on.
+The halt (:mod:`.halt`): ``soon`` claims nothing more and ends once what runs has ended;
+``now`` is a warm stop.
 """
 
 from __future__ import annotations
@@ -53,6 +51,7 @@ from gpuswarm.store.names import lease_of
 from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
+from gpuswarm.supervise.halt import Halt
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
 from gpuswarm.supervise.membership import SlotSync
@@ -91,7 +90,9 @@ class Supervisor:
         self.cold = False
         self._lock = self.shared.lock
         self._generation = 0  # bumped when tasks may have come back to pending/
-        self.committer = Committer(self.shared)
+        self.halt = Halt(cfg.halt, queue, ledger, on_soon=self._wakeup, on_now=self._stop)
+        self._gated = False  # the halt held a claim back until outcomes are committed
+        self.committer = Committer(self.shared, on_ended=self.halt.ended)
         self.quarantine = Quarantine(self.shared)
         self.keeper = Keeper(self.shared, self.backend, self.committer, self.quarantine.cooling)
         # a cluster's GPUs are on its nodes: this host's NVML knows none of them (issue 16)
@@ -163,7 +164,9 @@ class Supervisor:
             live.handle.cancel(hard=self.cold)
         self._wakeup()
 
-    def _stop(self) -> None:
+    def _stop(self, cause: str | None = None) -> None:
+        if cause is not None:  # halt now: the warm stop a Ctrl-C takes, the halt its cause
+            self.shared.stopped_by(cause)
         self.request_stop()
 
     def _wakeup(self) -> None:
@@ -201,15 +204,16 @@ class Supervisor:
             self._collect_returns(free)
             self.quarantine.back_in_rotation(free)
             self.gpus.add_slots(self.slot_sync.sync(free))
-            if self.stopping.is_set():
-                self._hand_all_to_waiters()
-                if self._slow == 0 and not self.committer.busy():
+            if self.stopping.is_set() or self.halt.draining:  # halt soon: what runs ends
+                if self.stopping.is_set():
+                    self._hand_all_to_waiters()
+                if not self._by_fd and self._slow == 0 and not self.committer.busy():
                     return
-                self._sleep(None)
+                self._sleep(self._timeout(None))
                 continue
             with self._lock:
                 generation = self._generation
-            if free and generation != seen:
+            if free and (generation != seen or self._gated):
                 seen = generation
                 if self._fill(free):
                     seen = -1  # a slot got a task: the next free slot may claim at once
@@ -229,9 +233,12 @@ class Supervisor:
     def _fill(self, free: deque[Slot]) -> bool:
         """Claim and launch for free slots; True when at least one got a task. Which slots
         may claim what (GPU memory, a GPU still releasing) is :mod:`.packing`'s."""
-        got = False
+        got = self._gated = False
         self.gpus.begin_pass()
         while free and not self.stopping.is_set():
+            if not self.halt.may_claim(self.committer.uncommitted()):
+                self._gated = True  # the committer wakes the loop once they are committed
+                return got
             claimed = None
             with self.gpus.claiming():  # this host's other supervisors wait meanwhile
                 for slot in self.gpus.candidates(free, self.shared.holds):

@@ -42,8 +42,9 @@ def paused_text(paused: dict[str, Any]) -> str:
 def _running_table(running: list[dict[str, Any]]) -> Table:
     table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
     for r in running:
+        waits = r.get("retry_at") is not None  # a retry waiting out its backoff runs nowhere
         table.add_row(
-            str(r["slot"]),
+            f"({r['slot']}: retry waits)" if waits else str(r["slot"]),
             str(r.get("owner") or "?").rsplit(":", 1)[0],  # host:pid
             inert(r["task"]),
             str(r["attempt"]),
@@ -83,7 +84,7 @@ def print_status(data: dict[str, Any]) -> None:
     for f in data["failures"]:
         con.print(
             f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
-            f"({f['attempts']} attempts)"
+            f"({f['attempts']} attempts{_interrupted(f)})"
         )
         if f["log_tail"]:
             for line in f["log_tail"].splitlines()[-5:]:
@@ -102,6 +103,12 @@ def print_status(data: dict[str, Any]) -> None:
                 f"{escape(data['run'])} {escape(str(q.get('slot')))}",
                 markup=False,
             )
+
+
+def _interrupted(failure: dict[str, Any]) -> str:
+    """`` + 1 interrupted``: attempts a stop handed back (numbered, not counted)."""
+    n = int(failure.get("interrupted") or 0)
+    return f" + {n} interrupted" if n else ""
 
 
 def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
@@ -130,11 +137,11 @@ def print_report(report: RunReport) -> None:
         con.print("  " + line, markup=False)
     for reason, n in s.get("failure_reasons", [])[:5]:
         con.print(inert(f"  {n} failed: {reason}"), markup=False)
-    for f in s["failures"][:10]:
+    failed = [f for f in s["failures"] if f["state"] == "failed"]  # left ones: one line below
+    for f in failed[:10]:
         con.print(inert(f"  {f['state']} {f['task']}: {f['reason']}"), markup=False)
-    not_done = int(s.get("not_done", len(s["failures"])))  # the true count, not the list's
-    if not_done > 10:
-        con.print(f"  ... and {not_done - 10} more (see results.tsv)")
+    if int(counts.get("failed", len(failed))) > 10:  # the true count, not the list's
+        con.print(f"  ... and {int(counts['failed']) - 10} more (see results.tsv)")
     for q in s.get("quarantined", []):
         con.print(inert(f"  quarantined {q['slot']}: {q['reason']}"), markup=False)
     after = s.get("after_all")
@@ -146,13 +153,32 @@ def print_report(report: RunReport) -> None:
     html = report.paths.report_html
     if html.is_file():
         con.print(f"report:  {html}")
-    if report.stopped_by:
-        con.print(inert(f"stopped: {report.stopped_by}"), markup=False)
-        con.print(f"finish with: gpuswarm resume {report.paths.root}")
-    elif report.interrupted:
-        con.print(f"stopped; finish with: gpuswarm resume {report.paths.root}")
-    elif not s["complete"]:
-        con.print(f"unfinished; retry with: gpuswarm resume {report.paths.root}")
+    if line := end_line(report):
+        con.print(inert(line), markup=False)
+
+
+def end_line(report: RunReport) -> str:
+    """The run's last line: how it ended and what to do (one block, never one per task)."""
+    s, root = report.summary, report.paths.root
+    counts = s.get("counts") or {}
+    pending, failed = int(counts.get("pending", 0)), int(counts.get("failed", 0))
+    resume = f"gpuswarm resume {root}"
+    back = int(s.get("requeued") or 0)
+    halted = report.halted if pending + back else None  # met by the last task: all ran
+    if report.stopped_by or halted or report.interrupted:
+        why = report.stopped_by or halted or s.get("stopped_by") or "a stop"
+        put = f"{back} running task{'s' if back != 1 else ''} put back in the queue, "
+        put = put if back else ""
+        return f"stopped by {why}: {put}{max(0, pending - back)} pending; finish with: {resume}"
+    state = s.get("state")
+    if state == "finished with failures":  # every task ran: nothing is unfinished
+        return (
+            f"finished with failures: {failed} failed (see the reasons above); run them "
+            f"again with: {resume}"
+        )
+    if not s.get("complete"):
+        return f"unfinished: {pending} pending; finish with: {resume}"
+    return ""
 
 
 def gpu_memory_lines(stats: Any) -> list[str]:

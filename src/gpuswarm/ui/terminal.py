@@ -8,6 +8,7 @@ builds on the same events.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -58,12 +59,14 @@ def paused_now(paths: RunPaths, every: float = 0.5) -> Callable[[], tuple[bool, 
     return read
 
 
+RECOUNT_SECONDS = 2.0  # a live run's plain lines take the queue's counts again this often
 WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
 
 
 _GPU_LINES = {  # GPU memory events worth a line (issue 19), with their prefix
     Ev.GPU_HELD.value: "GPU HELD: ",
     Ev.GPU_WAIT.value: "waiting: ",
+    Ev.HALTED.value: "",  # issue 28: "halt: 3 tasks failed (halt soon,fail=3): no new ..."
 }
 
 
@@ -71,7 +74,10 @@ class PlainReporter:
     """Prints ``HH:MM:SS slot event task detail [done/total]`` lines.
 
     As a ledger listener (``reporter(event)``) it folds each event into its own view first;
-    given the ``view`` a caller folds itself (``watch``), it only prints (:meth:`show`)."""
+    given the ``view`` a caller folds itself (``watch``), it only prints (:meth:`show`).
+    ``recount``: the queue's counts now (a live run's supervisor hears only its own events,
+    not another process's ``add``): the ``[done/total]`` total follows the queue; done and
+    failed are what this supervisor's events say."""
 
     def __init__(
         self,
@@ -79,11 +85,14 @@ class PlainReporter:
         stream: TextIO | None = None,
         *,
         view: RunView | None = None,
+        recount: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         counts = counts or {}
         self.view = view or RunView({s.value: counts.get(s, 0) for s in State})
-        self.total = self.view.total
         self.stream = stream or sys.stderr
+        self.recount = recount
+        self._counted: float | None = None
+        self._tasks = self.view.total
         self._lock = threading.Lock()
 
     def __call__(self, raw: dict[str, Any]) -> None:
@@ -91,6 +100,17 @@ class PlainReporter:
         if event is not None:  # a line of the wrong shape: every reader skips it
             self.view.apply_event(event)
             self.show(event)
+
+    def _total(self) -> int:
+        """The run's task count: the queue's (a sum over its folders, which no move in flight
+        changes), taken again every RECOUNT_SECONDS; the view's without ``recount``."""
+        if self.recount is None:
+            return self.view.total
+        if self._counted is None or time.monotonic() - self._counted >= RECOUNT_SECONDS:
+            self._counted = time.monotonic()
+            with contextlib.suppress(OSError):
+                self._tasks = sum(self.recount().values())
+        return self._tasks
 
     def show(self, event: Event) -> None:
         line = self._line(event)
@@ -102,9 +122,10 @@ class PlainReporter:
             self.stream.flush()
 
     def _progress(self) -> str:
-        c = self.view.counts
+        with self.view.lock:
+            c = dict(self.view.counts)
         extra = f", {c.get('failed', 0)} failed" if c.get("failed") else ""
-        return f"[{c.get('done', 0)}/{self.total} done{extra}]"
+        return f"[{c.get('done', 0)}/{self._total()} done{extra}]"
 
     def _line(self, e: Event) -> str | None:
         stamp = time.strftime("%H:%M:%S", time.localtime(e.ts if e.ts is not None else time.time()))
@@ -144,10 +165,13 @@ class PlainReporter:
             return f"{stamp} {e.slot:<8} cancel {e.task} {why} {self._progress()}"
         if e.retry:
             wait = f", again in {e.retry_in:g}s" if e.retry_in else ""
-            used = e.used if e.used is not None else e.attempt  # a resume grants a fresh budget
+            # the attempt's own number (its start line's, its attempt-<n>/ folder), then the
+            # budget: interrupted attempts and a resume's fresh budget make them differ
+            n = f"attempt {e.attempt}, " if e.attempt is not None else ""
+            used = e.used if e.used is not None else e.attempt
+            of = e.max_attempts if e.max_attempts is not None else "?"
             return (
-                f"{stamp} {e.slot:<8} retry  {e.task} {why} (attempt {used}/"
-                f"{e.max_attempts if e.max_attempts is not None else '?'}{wait}) "
-                f"{self._progress()}"
+                f"{stamp} {e.slot:<8} retry  {e.task} {why} ({n}{used}/{of} of max_attempts "
+                f"used{wait}) {self._progress()}"
             )
         return f"{stamp} {e.slot:<8} FAILED {e.task} {why} {secs} {self._progress()}"
