@@ -391,15 +391,16 @@ def load_command_list(
     source: Path | None,
     text: str | None = None,
     *,
-    shell: bool = False,
+    shell: bool = True,
     base_dir: Path,
     name: str | None = None,
     defaults: TaskOptions | None = None,
 ) -> LoadedConfig:
     """Tasks from a GNU-parallel style list: one command per line.
 
-    Blank lines and lines starting with ``#`` are skipped. Each line is split with shlex, or run by
-    ``/bin/sh -c`` with ``shell`` (or ``defaults.shell``). Task ids are ``cmd-<line number>``
+    Blank lines and lines starting with ``#`` are skipped. Each line is run by ``/bin/sh -c``
+    (GNU parallel's way), or split into arguments (shlex rules) when ``shell`` is False
+    (``--no-shell``). Task ids are ``cmd-<line number>``
     (zero padded to at least 5 digits), names the line cut to 60 characters. ``source`` None means
     stdin (read unless ``text`` is given). The run name defaults to the file's stem or ``stdin``.
     """
@@ -407,7 +408,7 @@ def load_command_list(
     if text is None:
         text = _read_text(source, label) if source is not None else read_stdin()
     base = defaults or TaskOptions()
-    opts = base.model_copy(update={"shell": shell or base.shell})
+    opts = base.model_copy(update={"shell": shell})
     lines = _command_lines(text)
     if not lines:
         raise ConfigError(
