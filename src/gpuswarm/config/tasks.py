@@ -350,13 +350,14 @@ def _keeps_first(
     fields = _differences(spec, first)
     if not fields:
         return True  # the same task twice: one task
+    line = loc.line(first_path)
+    at = f" (line {line})" if line is not None else ""
     raise loc.error(
         path,
-        f"{inst.label} selects the task folder {inst.unit}, which {format_path(first_path)} "
-        f"({loc.where(first_path)}) selects already, with other settings ({', '.join(fields)}); "
-        "a folder is one task: narrow one glob or exclude: the folder from one entry, or give "
-        'one a name: of its own (e.g. "v2-{task_rel}") to run it twice',
-        show_path=False,
+        f"the task folder {inst.vars.get('task_rel', inst.unit)} is selected already by "
+        f"{format_path(first_path)}{at}, with other settings ({', '.join(fields)}); a folder "
+        "is one task: narrow one glob or exclude: the folder from one entry, or give one a "
+        'name: of its own (e.g. "v2-{task_rel}") to run it twice',
     )
 
 
