@@ -66,7 +66,8 @@ def add(
 ) -> None:
     """Append the tasks of SOURCE to RUN, live or stopped.
 
-    SOURCE is a YAML config (only its tasks: are used), a command list, or '-' for stdin.
+    SOURCE is a YAML config (only its tasks: are used), a command list, or '-' for stdin (each
+    line of a list run with /bin/sh -c unless --no-shell).
     Ids that the run has already get a suffix (-2, -3, ...); live supervisors see the new tasks
     at their next claim, in priority order.
     """

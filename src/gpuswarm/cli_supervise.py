@@ -121,7 +121,8 @@ def run(
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
-    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin.
+    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin,
+    each line run with /bin/sh -c (--no-shell: split into arguments, no shell).
     Exit code: 0 when every task is done (or skipped, or cancelled by hand: with --strict a
     cancelled task is 1), 1 when any is failed or unfinished, 2 for bad input, 130 when
     stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
