@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
 from gpuswarm.core.placeholders import (
@@ -10,6 +16,7 @@ from gpuswarm.core.placeholders import (
     find_placeholders,
     render,
     render_shell,
+    shell_split,
 )
 
 
@@ -77,3 +84,28 @@ def test_config_fallbacks_render_when_the_field_is_missing() -> None:
     shell = "echo {config.a|x; y} '{config.a|$(z)}' {config.a|d!raw}"
     assert render_shell(shell, {}) == "echo 'x; y' '$(z)' d"  # fallbacks are values: quoted
     assert blank_placeholders("a {config.a|b|c} {{ ${X} {lr!raw}") == "a _ _ ${X} _"
+
+
+# every character /bin/sh treats specially on one line, and some it does not ('\n' and '\r'
+# are left out: a YAML string may break an argv over lines, which shell_split reads as blanks)
+_SHELLISH = st.text(alphabet=" \t'\"\\ab=$;`{}|&<>()*?#~-.,:!%@[]^", max_size=12)
+_EMPTY = tempfile.mkdtemp(prefix="gs-shellsyntax-")  # no file for a glob such as [ab] to match
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SHELLISH)
+def test_what_needs_no_shell_splits_as_sh_would(text: str) -> None:
+    """Where shell_syntax finds nothing, /bin/sh gives the program exactly the words of the
+    argv split: refusing the rest is what keeps a YAML string from a silent argv run."""
+    if shell_syntax(text) is not None or unclosed_quote(text) is not None:
+        return
+    try:
+        words = shell_split(text)
+    except ValueError:  # a trailing backslash: refused at load with the quoting message
+        return
+    script = f"set -- {text}\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": _EMPTY}
+    out = subprocess.run(
+        ["/bin/sh", "-c", script], cwd=_EMPTY, env=env, capture_output=True, check=True
+    )
+    assert out.stdout.decode().split("\0")[:-1] == words, text
