@@ -103,7 +103,7 @@ def test_what_needs_no_shell_splits_as_sh_would(text: str) -> None:
         words = shell_split(text)
     except ValueError:  # a trailing backslash: refused at load with the quoting message
         return
-    script = f"set -- {text}\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done"
+    script = f'set -- {text}\nfor a in "$@"; do printf \'%s\\0\' "$a"; done'
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": _EMPTY}
     out = subprocess.run(
         ["/bin/sh", "-c", script], cwd=_EMPTY, env=env, capture_output=True, check=True
