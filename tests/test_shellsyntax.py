@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -89,12 +89,17 @@ def test_config_fallbacks_render_when_the_field_is_missing() -> None:
 # every character /bin/sh treats specially on one line, and some it does not ('\n' and '\r'
 # are left out: a YAML string may break an argv over lines, which shell_split reads as blanks)
 _SHELLISH = st.text(alphabet=" \t'\"\\ab=$;`{}|&<>()*?#~-.,:!%@[]^", max_size=12)
-_EMPTY = tempfile.mkdtemp(prefix="gs-shellsyntax-")  # no file for a glob such as [ab] to match
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with no file for a glob such as ``[ab]`` to match."""
+    return tmp_path_factory.mktemp("empty")
 
 
 @settings(max_examples=300, deadline=None)
-@given(_SHELLISH)
-def test_what_needs_no_shell_splits_as_sh_would(text: str) -> None:
+@given(text=_SHELLISH)
+def test_what_needs_no_shell_splits_as_sh_would(empty: Path, text: str) -> None:
     """Where shell_syntax finds nothing, /bin/sh gives the program exactly the words of the
     argv split: refusing the rest is what keeps a YAML string from a silent argv run."""
     if shell_syntax(text) is not None or unclosed_quote(text) is not None:
@@ -104,8 +109,8 @@ def test_what_needs_no_shell_splits_as_sh_would(text: str) -> None:
     except ValueError:  # a trailing backslash: refused at load with the quoting message
         return
     script = f'set -- {text}\nfor a in "$@"; do printf \'%s\\0\' "$a"; done'
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": _EMPTY}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(empty)}
     out = subprocess.run(
-        ["/bin/sh", "-c", script], cwd=_EMPTY, env=env, capture_output=True, check=True
+        ["/bin/sh", "-c", script], cwd=empty, env=env, capture_output=True, check=True
     )
     assert out.stdout.decode().split("\0")[:-1] == words, text
