@@ -5,7 +5,7 @@ way it naturally does; each is timed end to end (wall clock of the whole command
 the median is kept:
 
 - gpuswarm: ``python -m gpuswarm run -q --no-report --gpus sim:8 --workspace W cmds.txt``
-  (each line split with shlex and exec'd, no shell; a durable run folder per run)
+  (each line run with ``/bin/sh -c``, as the peers do; a durable run folder per run)
 - xargs (the process-spawn floor; no GPU assignment, no durability):
   ``xargs -d '\\n' -P 8 -I{} sh -c {} < cmds.txt``
 - GNU parallel with the usual GPU recipe:

@@ -252,7 +252,7 @@ def test_with_overrides(tmp_path: Path) -> None:
 def test_shlex_split_keeps_quoted_args_and_does_not_run_a_shell(tmp_path: Path) -> None:
     text = """
 tasks:
-  - {name: q, command: "python x.py --msg 'hello world' | tee ${HOME}/o"}
+  - {name: q, command: "python x.py --msg 'hello world' | tee ${HOME}/o", shell: false}
   - {name: s, command: "python x.py --msg 'hello world' | tee ${HOME}/o", shell: true}
 """
     tasks = by_id(load(tmp_path, text))
@@ -428,10 +428,13 @@ COMMANDS = (
 
 def test_command_list(tmp_path: Path) -> None:
     path = write(tmp_path, COMMANDS, "cmds.txt")
-    loaded = load_command_list(path, base_dir=tmp_path)
+    loaded = load_command_list(path, base_dir=tmp_path)  # each line through /bin/sh -c
     assert [t.id for t in loaded.tasks] == ["cmd-00002", "cmd-00004", "cmd-00006"]
-    assert loaded.tasks[1].command == ["python", "train.py", "--msg", "a b"]
-    assert loaded.tasks[2].command == ["echo", "{workspace}", "|", "tee", "log"]
+    assert all(t.shell for t in loaded.tasks)
+    assert loaded.tasks[2].command == "echo {workspace} | tee log"
+    argv = load_command_list(path, shell=False, base_dir=tmp_path).tasks  # --no-shell
+    assert not argv[1].shell and argv[1].command == ["python", "train.py", "--msg", "a b"]
+    assert argv[2].command == ["echo", "{workspace}", "|", "tee", "log"]
     assert loaded.tasks[1].name == "python train.py --msg 'a b'"
     assert (loaded.name, loaded.path, loaded.base_dir) == ("cmds", path, tmp_path.resolve())
     assert loaded.workspace == tmp_path.resolve() / "runs"
@@ -518,14 +521,14 @@ def test_command_list_reads_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO("echo hi\n"))
-    assert load_command_list(None, base_dir=tmp_path).tasks[0].command == ["echo", "hi"]
+    assert load_command_list(None, base_dir=tmp_path).tasks[0].command == "echo hi"
 
 
 def test_command_list_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_command_list(None, "echo ok\n\necho 'oops\n", base_dir=tmp_path)
+        load_command_list(None, "echo ok\n\necho 'oops\n", shell=False, base_dir=tmp_path)
     assert str(info.value).startswith("<stdin>:3: cannot split the command")
-    assert "pass --shell" in str(info.value) and "fix the quoting" in str(info.value)
+    assert "drop --no-shell" in str(info.value) and "fix the quoting" in str(info.value)
     with pytest.raises(ConfigError, match=r"^cmds\.txt: no commands .*one command per line"):
         load_command_list(Path("cmds.txt"), "# nothing\n\n", base_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"^<stdin>:2: unknown placeholder \{lr\}"):

@@ -163,6 +163,27 @@ def test_actions_change_the_queue(served: Served, run: api.RunPaths) -> None:
     assert tasks["rows"][0]["id"] == "cmd-00003"  # priority 7 runs first: the queue's order
 
 
+def test_added_commands_run_through_a_shell_unless_unticked(
+    served: Served, run: api.RunPaths, workspace: Path
+) -> None:
+    """Issue 28: the "Add tasks" box's lines run with /bin/sh -c by default, as a command list
+    on the command line does; ``shell: false`` keeps the argv split."""
+    rid = run_id(served)
+    path = f"/api/runs/{rid}/actions/add"
+    piped = "echo hello | tr a-z A-Z > {workspace}/out.txt\n"
+    assert served.post(path, {"commands": piped}).json()["ids"] == ["cmd-00001-2"]
+    r = served.post(path, {"commands": "echo plain > {workspace}/no.txt\n", "shell": False})
+    assert r.json()["ids"] == ["cmd-00001-3"]
+    r = served.post(path, {"commands": "true\n", "shell": "yes"})
+    assert r.status_code == 400 and "shell" in r.json()["error"]
+    res = run_cli("resume", run.root, "--gpus", "sim:1", "-q", "--no-report", cwd=workspace)
+    assert res.returncode == 0, res
+    assert (run.root / "tasks/cmd-00001-2/out.txt").read_text() == "HELLO\n"
+    argv = run.root / "tasks/cmd-00001-3"
+    assert not (argv / "no.txt").exists()
+    assert "plain > " in (argv / "attempt-1/output.log").read_text()
+
+
 def test_a_run_pause_is_a_journal_line_readers_fold(run: api.RunPaths) -> None:
     """A pause of the whole run was journaled with ``slot: null``, a line of the wrong shape
     that every reader skipped: watch and the dashboard never showed the run paused."""

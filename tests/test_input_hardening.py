@@ -123,7 +123,7 @@ def test_a_2mb_command_loads(tmp_path: Path) -> None:
     path = _config(tmp_path, f"tasks:\n  - command: 'echo {arg} \"{words}\"'\n")
     tasks = load_config(path).tasks
     assert tasks[0].command == ["echo", arg, words]
-    lines = load_command_list(None, f"echo {arg}\n", base_dir=tmp_path).tasks
+    lines = load_command_list(None, f"echo {arg}\n", shell=False, base_dir=tmp_path).tasks
     assert lines[0].command == ["echo", arg]
 
 
@@ -350,11 +350,7 @@ def test_command_names_carry_no_token(tmp_path: Path) -> None:
     names = [t.name for t in load_config(path).tasks]
     assert names == ["python3 -c pass --api-key ***", "git clone https://bob:***@example.com/r.git"]
     lines = load_command_list(None, "echo --token abcdefgh\n", base_dir=tmp_path).tasks
-    assert lines[0].name == "echo --token ***" and lines[0].command == [
-        "echo",
-        "--token",
-        "abcdefgh",
-    ]
+    assert lines[0].name == "echo --token ***" and lines[0].command == "echo --token abcdefgh"
 
 
 # -- 12: inert terminal text --------------------------------------------------------------------

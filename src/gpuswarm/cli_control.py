@@ -43,7 +43,12 @@ def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 @click.command()
 @_RUN
 @click.argument("source")
-@click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
+@click.option(
+    "--shell/--no-shell",
+    default=True,
+    help="command list: run each line with /bin/sh -c (the default), or split it into "
+    "arguments and run the program without a shell",
+)
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")
@@ -61,7 +66,8 @@ def add(
 ) -> None:
     """Append the tasks of SOURCE to RUN, live or stopped.
 
-    SOURCE is a YAML config (only its tasks: are used), a command list, or '-' for stdin.
+    SOURCE is a YAML config (only its tasks: are used), a command list, or '-' for stdin (each
+    line of a list run with /bin/sh -c unless --no-shell).
     Ids that the run has already get a suffix (-2, -3, ...); live supervisors see the new tasks
     at their next claim, in priority order.
     """

@@ -91,7 +91,12 @@ def _load_source(
 @click.option("--name", help="run name (default: the config's name or the file's stem)")
 @click.option("--workspace", help="folder runs go to: <workspace>/<name>/run_<timestamp>/")
 @click.option("--suffix", help="appended to the run folder's name")
-@click.option("--shell", is_flag=True, help="command list: run each line with /bin/sh -c")
+@click.option(
+    "--shell/--no-shell",
+    default=True,
+    help="command list: run each line with /bin/sh -c (the default), or split it into "
+    "arguments and run the program without a shell",
+)
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
@@ -135,7 +140,8 @@ def run(
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
-    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin.
+    SOURCE is a YAML config (.yaml/.yml) or a command list: one command per line, '-' for stdin,
+    each line run with /bin/sh -c (--no-shell: split into arguments, no shell).
     Exit code: 0 when every task is done (or skipped, or cancelled by hand: with --strict a
     cancelled task is 1), 1 when any is failed or unfinished, 2 for bad input, 130 when
     stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').

@@ -446,7 +446,7 @@ def test_explicit_argv_shell_env_and_placeholders(tmp_path: Path) -> None:
         {
             "defaults": {"env": {"A": "from-defaults", "B": "from-defaults", "D": 7}},
             "tasks": [
-                {"name": "noshell", "command": "echo a > made_by_noshell"},
+                {"name": "noshell", "command": "echo a > made_by_noshell", "shell": False},
                 {"name": "withshell", "command": "echo a > made_by_shell", "shell": True},
                 {
                     "name": "argv",
@@ -474,7 +474,7 @@ def test_explicit_argv_shell_env_and_placeholders(tmp_path: Path) -> None:
     rows = results(run)
     assert {r["state"] for r in rows.values()} == {"done"}
 
-    # a string command is split, not run by a shell: '>' is an argument to echo
+    # shell: false: a string command is split, not run by a shell: '>' is an argument to echo
     assert not (tmp_path / "made_by_noshell").exists()
     assert "a > made_by_noshell" in (run / "tasks/noshell/attempt-1/output.log").read_text()
     # shell: true runs /bin/sh -c in the config's folder
@@ -1040,6 +1040,7 @@ def test_command_list_from_stdin_without_shell_splits(tmp_path: Path) -> None:
         "sim:1",
         "--workspace",
         "ws",
+        "--no-shell",
         "-",
         cwd=tmp_path,
         stdin="echo 'quoted arg' > not-created.txt\n",

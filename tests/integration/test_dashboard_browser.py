@@ -233,6 +233,28 @@ def test_403_without_the_token_and_for_a_foreign_host(
     page.wait_for_selector("[data-testid=runs-table]", timeout=WAIT_MS)
 
 
+def test_the_add_box_runs_lines_through_a_shell_by_default(
+    tmp_path: Path, gpuswarm: Cli, page: Any, dashboard: Callable[..., Served]
+) -> None:
+    """Issue 28: the "Add tasks" box's lines run with /bin/sh -c unless its box is unticked,
+    as a command list on the command line does."""
+    (tmp_path / "tasks.txt").write_text("true\n")
+    res = gpuswarm("run", "tasks.txt", "--gpus", "sim:1", "--workspace", "runs", "-q")
+    assert res.returncode == 0, res
+    served = dashboard(tmp_path / "runs")
+    open_run(page, served)
+    page.get_by_role("button", name="Add tasks…").click()
+    shell = page.locator("#add-box input[name=shell]")
+    assert shell.is_checked()  # the default: /bin/sh -c
+    page.fill("#add-box textarea", "echo hello | tr a-z A-Z > {workspace}/out.txt")
+    page.get_by_role("button", name="Add to the queue").click()
+    page.get_by_text("added 1 task(s)").wait_for(timeout=WAIT_MS)
+    run_dir = next((tmp_path / "runs").glob("*/run_*"))
+    res = gpuswarm("resume", run_dir, "-q", "--no-report")
+    assert res.returncode == 0, res
+    assert (run_dir / "tasks/cmd-00001-2/out.txt").read_text() == "HELLO\n"
+
+
 def test_a_task_named_script_shows_as_text(
     tmp_path: Path, gpuswarm: Cli, page: Any, dashboard: Callable[..., Served]
 ) -> None:

@@ -80,7 +80,7 @@ def command_tasks(
             )
         if "{" in line or "}" in line:
             check_template(line, allowed, where, (), "the command")
-        command = split_command(line, opts.shell, where, (), shell_hint="pass --shell")
+        command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")
         name = redact_shapes(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))
     first = make_spec(

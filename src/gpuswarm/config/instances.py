@@ -160,7 +160,7 @@ def _glob_instances(
     base_dir: Path,
     loc: Locator,
     tasks_root: Path,
-    fields: list[str],
+    fields: list[FieldUse],
 ) -> list[Instance]:
     path: PathKey = ("tasks", index, "glob")
     _, matches = _glob_matches(entry.glob or "", base_dir, loc, path)
@@ -203,7 +203,21 @@ def excluded_by(match: Path, patterns: list[str], base_dir: Path) -> str | None:
 
 
 # -- fields of the matched config.yaml ({config.<field>}) ------------------------------------------
-def config_refs(entry: TaskEntry, opts: TaskOptions) -> list[str]:
+@dataclass(frozen=True)
+class FieldUse:
+    """How an entry uses one field of its matched configs: ``{config.<field>}``."""
+
+    key: str  # "config.a.b"
+    required: bool  # some use has no ``|default``: a config without the field is refused
+    scalar: bool  # used as the timeout: a list cannot go there
+    shown: str  # the first use as written, for messages: "{config.a.b}"
+
+    @property
+    def field(self) -> str:
+        return self.key[len(CONFIG_PREFIX) :]
+
+
+def config_refs(entry: TaskEntry, opts: TaskOptions) -> list[FieldUse]:
     """The ``config.<field>`` placeholders an entry uses (command, name, env, cwd, done_when,
     timeout, its agent's prompt and folders), in order of first use."""
     texts = [entry.command] if isinstance(entry.command, str) else list(entry.command)
@@ -213,14 +227,21 @@ def config_refs(entry: TaskEntry, opts: TaskOptions) -> list[str]:
         agent = opts.agent
         texts += [t for t in (agent.prompt, agent.prompt_file, agent.workdir, agent.copy_from)
                   if isinstance(t, str)]  # fmt: skip
+    uses = [(text, False) for text in texts]
     if isinstance(opts.timeout, str):
-        texts.append(opts.timeout)
-    found: list[str] = []
-    for text in texts:
-        for ref in CONFIG_REF.findall(text):
-            if ref not in found:
-                found.append(ref)
-    return found
+        uses.append((opts.timeout, True))
+    found: dict[str, FieldUse] = {}
+    for text, is_timeout in uses:
+        for match in CONFIG_REF.finditer(text):
+            key, default = match.group(1), match.group(2)
+            first = found.get(key)
+            found[key] = FieldUse(
+                key,
+                default is None or (first is not None and first.required),
+                is_timeout or (first is not None and first.scalar),
+                first.shown if first is not None else match.group(0),
+            )
+    return list(found.values())
 
 
 def _matched_config(task_file: Path) -> Path:
@@ -231,12 +252,13 @@ def _matched_config(task_file: Path) -> Path:
     return (task_file if task_file.is_dir() else task_file.parent) / "config.yaml"
 
 
-def _config_fields(task_file: Path, refs: list[str], index: int) -> dict[str, str]:
-    """``{"config.<field>": value}`` for each reference, read from the matched config."""
+def _config_fields(task_file: Path, refs: list[FieldUse], index: int) -> dict[str, str]:
+    """``{"config.<field>": value}`` for each reference, read from the matched config; a field
+    the config lacks is left out when every use has a ``|default``."""
     if not refs:
         return {}
     source = _matched_config(task_file)
-    used = f"used by tasks[{index}] as {{{refs[0]}}}"
+    used = f"used by tasks[{index}] as {refs[0].shown}"
     try:
         text = source.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -245,37 +267,61 @@ def _config_fields(task_file: Path, refs: list[str], index: int) -> dict[str, st
     out: dict[str, str] = {}
     for ref in refs:
         value: object = data
-        for key in ref[len(CONFIG_PREFIX) :].split("."):
+        for key in ref.field.split("."):
             value = value.get(key) if isinstance(value, dict) else None
-        shown = "{" + ref + "}"
-        if value is None:
+        if value is not None:
+            out[ref.key] = _field_text(value, ref, source, index)
+        elif ref.required:
             raise ConfigError(
-                f"{source}: has no field {ref[len(CONFIG_PREFIX) :]!r} (used by tasks[{index}] "
-                f"as {shown}); add it to that file, or narrow the glob"
-            )
-        if isinstance(value, bool):
-            out[ref] = "true" if value else "false"
-        elif isinstance(value, int | float | str):
-            out[ref] = str(value)
-        else:
-            raise ConfigError(
-                f"{source}: field {ref[len(CONFIG_PREFIX) :]!r} is a {type(value).__name__}, "
-                f"not a string or number (used by tasks[{index}] as {shown}); point at a "
-                "scalar field"
+                f"{source}: has no field {ref.field!r} (used by tasks[{index}] as {ref.shown}); "
+                f"add it to that file, give a fallback ({{{ref.key}|<default>}}), or narrow "
+                "the glob"
             )
     return out
 
 
+def _field_text(value: object, ref: FieldUse, source: Path, index: int) -> str:
+    """A field's value as placeholder text: a scalar as written, a list its items joined with
+    spaces (not where one value must go: the timeout)."""
+    where = f"used by tasks[{index}] as {ref.shown}"
+    if isinstance(value, list) and not ref.scalar:
+        if all(isinstance(item, str | int | float) for item in value):
+            return " ".join(_scalar_text(item) for item in value)
+        raise ConfigError(
+            f"{source}: field {ref.field!r} is a list of more than strings and numbers ({where});"
+            " point at a scalar field or a list of scalars"
+        )
+    if isinstance(value, str | int | float):
+        return _scalar_text(value)
+    if isinstance(value, list):
+        raise ConfigError(
+            f"{source}: field {ref.field!r} is a list, but it is used as the timeout of "
+            f"tasks[{index}], which needs one duration; point the timeout at a scalar field"
+        )
+    raise ConfigError(
+        f"{source}: field {ref.field!r} is a {type(value).__name__}, not a string or number "
+        f"({where}); point at a scalar field"
+    )
+
+
+def _scalar_text(value: str | int | float) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def instance_timeout(inst: Instance, timeout: str, index: int) -> float:
-    """A ``timeout: "{config.<field>}"`` of one matched task, as seconds."""
+    """A ``timeout: "{config.<field>}"`` (or ``"{config.<field>|1h}"``) of one matched task,
+    as seconds."""
     value = render(timeout, inst.vars)
     source = _matched_config(Path(inst.vars["task_file"]))
+    match = CONFIG_REF.search(timeout)
+    field = match.group(1)[len(CONFIG_PREFIX) :] if match else timeout
     try:
         return parse_duration(value)
     except ValueError as exc:
         raise ConfigError(
-            f"{source}: field {timeout.strip('{}')[len(CONFIG_PREFIX) :]!r} is used as the "
-            f"timeout of tasks[{index}]: {exc}"
+            f"{source}: field {field!r} is used as the timeout of tasks[{index}]: {exc}"
         ) from None
 
 
@@ -285,7 +331,7 @@ def instances(
     base_dir: Path,
     loc: Locator,
     tasks_root: Path | None = None,
-    fields: list[str] | None = None,
+    fields: list[FieldUse] | None = None,
 ) -> list[Instance]:
     if entry.matrix is not None:
         return _matrix_instances(entry, index, loc)

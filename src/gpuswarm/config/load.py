@@ -44,8 +44,8 @@
     tasks:
       - name: baseline                           # explicit task
         command: python train.py --lr 0.1        # a string is split like a shell would (shlex),
-      - name: shelly                             # but NOT run by one ...
-        command: "python a.py | tee out.txt"
+      - name: shelly                             # but NOT run by one (shell syntax in it is
+        command: "python a.py | tee out.txt"     # exit 2) ...
         shell: true                              # ... unless shell: true (/bin/sh -c)
       - name: argv
         command: [python, train.py, --lr, "0.2"] # or an argv list, used as is
@@ -79,14 +79,15 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
 Task entries: exactly one kind per entry, and every entry needs ``command``:
 
 - explicit: ``name`` defaults to the command itself, cut to 60 characters;
-- ``glob``: one task per selected folder, however the globs overlap (sorted; ``**`` searches
-  subfolders; a matched folder is the task folder itself, a matched file stands for its folder
-  unless the entry matched several files of it: then each is a task). Values: ``task_file`` (the
-  match, absolute), ``task_dir`` (its folder), ``task_rel`` (task_dir relative to
-  ``tasks_root``, default the config's folder, whatever glob matched it, e.g.
-  ``tasks/gpumode/softmax``; ``<folder>/<stem>`` for one of several files), and
-  ``{config.<field>}`` (``{config.a.b}`` nested): a field of the matched ``config.yaml`` (the
-  match itself when it is YAML), also usable as ``timeout: "{config.performance_timeout}"``;
+- ``glob``: one task per selected folder (two entries that select one: one task when they
+  agree or one excludes it, else exit 2; sorted; ``**`` searches subfolders; a matched folder
+  is the task folder, a matched file stands for its folder unless the entry matched several
+  files of it: then each is a task). Values: ``task_file`` (the match), ``task_dir`` (its
+  folder), ``task_rel`` (task_dir relative to ``tasks_root``, default the config's folder,
+  e.g. ``tasks/gpumode/softmax``; ``<folder>/<stem>`` for one of several files), and
+  ``{config.<field>}`` (``{config.a.b}`` nested; ``{config.<field>|default}`` when a config
+  may lack it; a list: its items joined by spaces): a field of the matched ``config.yaml``,
+  also usable as ``timeout: "{config.performance_timeout}"``;
 - ``matrix``: values ``{key}`` for each combination.
 
 For glob and matrix entries, a ``name`` that uses none of the entry's values is a prefix:
@@ -391,15 +392,16 @@ def load_command_list(
     source: Path | None,
     text: str | None = None,
     *,
-    shell: bool = False,
+    shell: bool = True,
     base_dir: Path,
     name: str | None = None,
     defaults: TaskOptions | None = None,
 ) -> LoadedConfig:
     """Tasks from a GNU-parallel style list: one command per line.
 
-    Blank lines and lines starting with ``#`` are skipped. Each line is split with shlex, or run by
-    ``/bin/sh -c`` with ``shell`` (or ``defaults.shell``). Task ids are ``cmd-<line number>``
+    Blank lines and lines starting with ``#`` are skipped. Each line is run by ``/bin/sh -c``
+    (GNU parallel's way), or split into arguments (shlex rules) when ``shell`` is False
+    (``--no-shell``). Task ids are ``cmd-<line number>``
     (zero padded to at least 5 digits), names the line cut to 60 characters. ``source`` None means
     stdin (read unless ``text`` is given). The run name defaults to the file's stem or ``stdin``.
     """
@@ -407,7 +409,7 @@ def load_command_list(
     if text is None:
         text = _read_text(source, label) if source is not None else read_stdin()
     base = defaults or TaskOptions()
-    opts = base.model_copy(update={"shell": shell or base.shell})
+    opts = base.model_copy(update={"shell": shell})
     lines = _command_lines(text)
     if not lines:
         raise ConfigError(

@@ -13,6 +13,7 @@ from typing import NoReturn
 from gpuswarm.config.agents import agent_command, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
+    FieldUse,
     Instance,
     config_refs,
     expanded_path,
@@ -26,6 +27,8 @@ from gpuswarm.config.models import (
     TaskOptions,
     TaskSpec,
 )
+from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
+from gpuswarm.config.values import parse_duration
 from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.paths import check_task_id, slugify
@@ -33,6 +36,8 @@ from gpuswarm.core.placeholders import (
     CONFIG_PREFIX,
     GLOB_VARS,
     PLACEHOLDERS_AT_LAUNCH,
+    find_placeholders,
+    render,
     shell_split,
     unknown_placeholders,
 )
@@ -127,6 +132,13 @@ def split_command(
     if shell:
         if isinstance(command, list):
             raise loc.error(path, "shell: true needs the command as one string; write it quoted")
+        quote = unclosed_quote(command)
+        if quote is not None:
+            raise loc.error(
+                path,
+                f"a {quote} quote is never closed, so /bin/sh would refuse the command; "
+                "fix the quoting",
+            )
         return command
     if isinstance(command, list):
         return list(command)
@@ -141,6 +153,25 @@ def split_command(
     if not argv:
         raise loc.error(path, "the command is empty; write the program and its arguments")
     return argv
+
+
+def _check_no_shell(entry: TaskEntry, config: RunConfig, loc: Locator, path: PathKey) -> None:
+    """Refuse a command string with shell syntax that no ``shell:`` says how to run: split
+    into arguments, its ``|`` or ``>`` would reach the program as plain characters (issue 28).
+    ``shell: false`` (on the entry or in defaults) says: split it, characters as they are."""
+    if not isinstance(entry.command, str):
+        return
+    if "shell" in entry.model_fields_set or "shell" in config.defaults.model_fields_set:
+        return
+    found = shell_syntax(entry.command)
+    if found is not None:
+        raise loc.error(
+            (*path, "command"),
+            f"the command uses shell syntax ({found}) but runs without a shell, so the "
+            "program would get those characters as plain words; set shell: true to run it "
+            "with /bin/sh -c, or write it as a list ([program, arg, ...]) or quote them to "
+            "pass them literally",
+        )
 
 
 ANY_CONFIG_FIELD = CONFIG_PREFIX + "*"  # in ``known``: a glob entry's {config.<field>} is allowed
@@ -240,6 +271,7 @@ def _expand_entry(
     _check_gpus(entry, opts, config, loc, path)
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
+    _check_no_shell(entry, config, loc, path)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
         command, opts = agent_command(
@@ -248,11 +280,7 @@ def _expand_entry(
         )  # fmt: skip
     fields = config_refs(entry, opts)
     if fields and entry.glob is None:
-        raise loc.error(
-            _origin(entry, path, "timeout") if isinstance(opts.timeout, str) else path,
-            f"{{{fields[0]}}} reads the config.yaml a glob: entry matched; only glob tasks can "
-            "use it",
-        )
+        opts, fields = _without_matched_config(entry, opts, fields, loc, path), []
     root = tasks_root_of(config, base_dir)
     out = []
     for inst in instances(entry, index, base_dir, loc, root, fields):
@@ -264,25 +292,87 @@ def _expand_entry(
     return out
 
 
+def _without_matched_config(
+    entry: TaskEntry, opts: TaskOptions, fields: list[FieldUse], loc: Locator, path: PathKey
+) -> TaskOptions:
+    """A task no glob matched has no config.yaml: a ``timeout: "{config.<field>|1h}"`` (from
+    ``defaults``, say) is its fallback; one without a fallback is refused."""
+    required = [f for f in fields if f.required]
+    if required or not isinstance(opts.timeout, str):
+        raise loc.error(
+            _origin(entry, path, "timeout") if isinstance(opts.timeout, str) else path,
+            f"{(required or fields)[0].shown} reads the config.yaml a glob: entry matched; only "
+            "glob tasks can use it (elsewhere, a fallback: {config.<field>|1h} is the value)",
+        )
+    return opts.model_copy(update={"timeout": parse_duration(render(opts.timeout, {}))})
+
+
 def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[TaskSpec]:
-    """All tasks of ``config`` in file order; refuses duplicate ids and oversized expansions."""
+    """All tasks of ``config`` in file order; refuses duplicate ids and oversized expansions.
+
+    Globs that select one folder under one id give one task: the same settings are one task,
+    a folder one entry excludes is the other's, and other settings are refused (issue 28)."""
     specs: list[TaskSpec] = []
-    seen: dict[str, tuple[Instance, PathKey]] = {}
+    seen: dict[str, tuple[Instance, PathKey, int]] = {}  # id -> instance, entry, index in specs
     for index, entry in enumerate(config.tasks):
+        path: PathKey = ("tasks", index)
         for spec, inst in _expand_entry(config, index, base_dir, loc):
-            if spec.id in seen:
-                if _same_folder(inst, seen[spec.id][0]):
-                    continue  # overlapping globs: one task per folder (the first entry's)
-                _duplicate(spec, inst, seen[spec.id], entry, loc, ("tasks", index))
-            seen[spec.id] = (inst, ("tasks", index))
-            specs.append(spec)
+            found = seen.get(spec.id)
+            if found is None:
+                seen[spec.id] = (inst, path, len(specs))
+                specs.append(spec)
+                continue
+            if not _same_folder(inst, found[0]):
+                _duplicate(spec, inst, found[:2], entry, loc, path)
+            if not _keeps_first(spec, specs[found[2]], inst, found[1], loc, path):
+                specs[found[2]] = spec
+                seen[spec.id] = (inst, path, found[2])
         if len(specs) > MAX_TASKS:
-            raise loc.error(("tasks", index), f"the config gives over {MAX_TASKS} tasks; split it")
+            raise loc.error(path, f"the config gives over {MAX_TASKS} tasks; split it")
     return specs
 
 
 def _same_folder(a: Instance, b: Instance) -> bool:
     return bool(a.unit) and a.unit == b.unit
+
+
+def _keeps_first(
+    spec: TaskSpec,
+    first: TaskSpec,
+    inst: Instance,
+    first_path: PathKey,
+    loc: Locator,
+    path: PathKey,
+) -> bool:
+    """Two glob entries selected one folder under one id: True keeps the first's task, False
+    takes the second's (the first excludes the folder); different settings are refused."""
+    if spec.skip_reason is not None:
+        return True
+    if first.skip_reason is not None:
+        return False
+    fields = _differences(spec, first)
+    if not fields:
+        return True  # the same task twice: one task
+    line = loc.line(first_path)
+    at = f" (line {line})" if line is not None else ""
+    raise loc.error(
+        path,
+        f"the task folder {inst.vars.get('task_rel', inst.unit)} is selected already by "
+        f"{format_path(first_path)}{at}, with other settings ({', '.join(fields)}); a folder "
+        "is one task: narrow one glob or exclude: the folder from one entry, or give one a "
+        'name: of its own (e.g. "v2-{task_rel}") to run it twice',
+    )
+
+
+def _differences(a: TaskSpec, b: TaskSpec) -> list[str]:
+    """The fields in which two specs of one folder differ (``vars``: only those used)."""
+    one, two = a.model_dump(), b.model_dump()
+    texts = [a.command] if isinstance(a.command, str) else list(a.command)
+    texts += [t for t in (a.cwd, a.done_when) if t is not None] + list(a.env.values())
+    used = {key for text in texts for key in find_placeholders(text)}
+    out = [key for key in one if key != "vars" and one[key] != two[key]]
+    out += [f"{{{key}}}" for key in sorted(used) if a.vars.get(key) != b.vars.get(key)]
+    return out
 
 
 def _duplicate(

@@ -61,8 +61,14 @@ def parse_duration(value: object) -> float:
 def _timeout(value: object) -> float | str | None:
     if value is None:
         return None
-    if isinstance(value, str) and CONFIG_REF.fullmatch(value.strip()):
-        return value.strip()  # a glob task's ``{config.field}``: resolved per matched file
+    ref = CONFIG_REF.fullmatch(value.strip()) if isinstance(value, str) else None
+    if ref is not None:  # a glob task's ``{config.field}``: resolved per matched file
+        if ref.group(2) is not None:  # its fallback must be a duration too: checked now
+            try:
+                parse_duration(ref.group(2))
+            except ValueError as exc:
+                raise ValueError(f"the fallback of {ref.group(0)}: {exc}") from None
+        return ref.group(0)
     try:
         return parse_duration(value)
     except ValueError as exc:

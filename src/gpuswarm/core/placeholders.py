@@ -5,6 +5,8 @@ Rules (the same at load time and at launch):
 - ``{key}`` (``key`` an identifier, or ``config.<field>`` in a glob task) is replaced by
   ``values[key]``; an unknown key is left as is (configs are checked at load time, so that only
   happens for hand-made templates);
+- ``{config.<field>|default}`` is ``default`` (any text without braces) when the matched
+  config has no such field (``values`` has no ``config.<field>``);
 - ``{{`` and ``}}`` produce literal ``{`` and ``}``;
 - ``${...}`` (a shell variable) is left untouched, braces and all;
 - any other brace (``{a,b}``, ``{"k": 1}``, ``\\d{2}``) is literal text;
@@ -44,21 +46,39 @@ GLOB_VARS = ("task_file", "task_dir", "task_rel")
 #: ``{config.KEY}`` (``{config.a.b}`` for nested keys): a field of a glob task's matched config.
 CONFIG_PREFIX = "config."
 
+_CONFIG_KEY = r"config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+"
 _TOKEN = re.compile(
     r"\$\{[^}]*\}|\{\{|\}\}"
-    r"|\{([A-Za-z_][A-Za-z0-9_]*|config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)(!raw)?\}"
+    r"|\{(?P<key>[A-Za-z_][A-Za-z0-9_]*"
+    r"|(?P<config>" + _CONFIG_KEY + r")(?:\|(?P<default>[^{}]*?))?)(?P<raw>!raw)?\}"
 )
-CONFIG_REF = re.compile(r"\{(config(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)+)\}")
+#: ``{config.KEY}``, ``{config.KEY|default}`` (with or without ``!raw``): groups key, default.
+CONFIG_REF = re.compile(r"\{(" + _CONFIG_KEY + r")(?:\|([^{}]*?))?(?:!raw)?\}")
 _LITERAL = {"{{": "{", "}}": "}"}
+
+
+def _key(match: re.Match[str]) -> str | None:
+    """The values key of a placeholder token (``config.x`` of ``{config.x|1h}``); None for
+    ``{{``, ``}}`` and ``${...}``."""
+    return match.group("config") or match.group("key")
+
+
+def _value(match: re.Match[str], values: Mapping[str, str]) -> str | None:
+    """The value of a placeholder: ``values[key]``, else its ``|default``; None: neither."""
+    key = _key(match)
+    if key is None:
+        return None
+    found = values.get(key)
+    return found if found is not None else match.group("default")
 
 
 def render(template: str, values: Mapping[str, str]) -> str:
     """Replace every known ``{key}`` of ``template``; see the module docstring for the rules."""
 
     def substitute(match: re.Match[str]) -> str:
-        key = match.group(1)
-        if key is not None:
-            return values.get(key, match.group(0))
+        value = _value(match, values)
+        if value is not None:
+            return value
         token = match.group(0)
         return _LITERAL.get(token, token)
 
@@ -74,16 +94,16 @@ def render_shell(template: str, values: Mapping[str, str]) -> str:
         literal = template[pos : match.start()]
         quote = _quote_state(literal, quote)
         out.append(literal)
-        key = match.group(1)
         token = match.group(0)
-        if key is None:
+        value = _value(match, values)
+        if _key(match) is None:
             out.append(_LITERAL.get(token, token))
-        elif key not in values:
+        elif value is None:
             out.append(token)
-        elif match.group(2):  # {key!raw}: spliced as shell code
-            out.append(values[key])
+        elif match.group("raw"):  # {key!raw}: spliced as shell code
+            out.append(value)
         else:
-            out.append(_shell_quoted(values[key], quote))
+            out.append(_shell_quoted(value, quote))
         pos = match.end()
     out.append(template[pos:])
     return "".join(out)
@@ -164,7 +184,7 @@ def find_placeholders(template: str) -> list[str]:
     """The ``{key}`` names used in ``template``, in order of first use, without escapes."""
     found: list[str] = []
     for match in _TOKEN.finditer(template):
-        key = match.group(1)
+        key = _key(match)
         if key is not None and key not in found:
             found.append(key)
     return found
@@ -179,3 +199,14 @@ def unknown_placeholders(template: str, known: Iterable[str]) -> list[str]:
 def escape_braces(text: str) -> str:
     """Make ``text`` render to itself (for text without ``${``): double every brace."""
     return text.replace("{", "{{").replace("}", "}}")
+
+
+def blank_placeholders(template: str) -> str:
+    """``template`` with each ``{key}``, ``{{`` and ``}}`` replaced by ``_`` (``${...}`` kept):
+    what a scan for shell syntax must look at (``{config.x|1h}`` holds no pipe)."""
+
+    def blank(match: re.Match[str]) -> str:
+        token = match.group(0)
+        return token if token.startswith("$") else "_"
+
+    return _TOKEN.sub(blank, template)

@@ -92,7 +92,7 @@ def priority(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str,
 
 def add(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     """A command list (one command per line, as ``gpuswarm add RUN LIST``), relative paths
-    from the run's base folder."""
+    from the run's base folder; each line run by ``/bin/sh -c`` unless ``shell`` is false."""
     text = body.get("commands")
     if not isinstance(text, str) or not text.strip():
         raise BadActionError("commands: give one command per line")
@@ -106,10 +106,11 @@ def add(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]
         max_attempts=_int(body, "max_attempts"),
         priority=_int(body, "priority"),
     )
+    shell = body.get("shell", True)  # like a command list on the command line (issue 28)
+    if not isinstance(shell, bool):
+        raise BadActionError("shell: true (run each line with /bin/sh -c) or false")
     base = Path(str(info.get("base_dir") or run))
-    loaded = load_command_list(
-        None, text, shell=body.get("shell") is True, base_dir=base, defaults=defaults
-    )
+    loaded = load_command_list(None, text, shell=shell, base_dir=base, defaults=defaults)
     return add_tasks(run, loaded)
 
 

@@ -416,7 +416,7 @@ function eventText(e) {
 function toggleAdd(box, rid) {
   if (box.firstChild) { clear(box); return; }
   const text = el('textarea', { name: 'commands', placeholder: 'one command per line, e.g.\npython train.py --lr 0.01', 'aria-label': 'commands' });
-  const shell = el('input', { type: 'checkbox', name: 'shell' });
+  const shell = el('input', { type: 'checkbox', name: 'shell', checked: true });
   const timeout = el('input', { name: 'timeout', placeholder: 'timeout (90s, 10m, 2h)', size: 16 });
   const attempts = el('input', { name: 'max_attempts', type: 'number', min: 1, placeholder: 'attempts', size: 6 });
   const prio = el('input', { name: 'priority', type: 'number', placeholder: 'priority', size: 6 });
