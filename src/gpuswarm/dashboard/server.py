@@ -178,10 +178,8 @@ class Dashboard:
         ]
 
     async def index(self, request: Request) -> Response:
-        meta = (
-            f'<meta name="gpuswarm-token" content="{self.guard.token}">'
-            f'<meta name="gpuswarm-read-only" content="{int(self.settings.read_only)}">'
-        )
+        meta = f'<meta name="gpuswarm-read-only" content="{int(self.settings.read_only)}">'
+        # the page is public (it holds nothing of a run): its script brings the session
         body = self.page.replace(b"<!--meta-->", meta.encode())
         return Response(body, media_type="text/html; charset=utf-8")
 
@@ -369,7 +367,8 @@ def _error(status: int, message: str) -> Response:
 
 
 def _num(value: str | None, default: int) -> int:
-    return int(value) if value is not None and value.isdigit() else default
+    found = sse.number(value)
+    return default if found is None else found
 
 
 def _stream(body: AsyncIterator[bytes]) -> Response:

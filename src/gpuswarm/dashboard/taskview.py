@@ -197,7 +197,7 @@ def parse_resume(value: str | None) -> tuple[int, int] | None:
     """A log stream's ``Last-Event-ID`` (``<attempt>:<offset>``)."""
     if not value or ":" not in value:
         return None
-    a, _, b = value.partition(":")
-    if not (a.isdigit() and b.isdigit()) or int(a) < 1:
+    a, b = (sse.number(part) for part in value.partition(":")[::2])
+    if a is None or b is None or a < 1:
         return None
-    return int(a), int(b)
+    return a, b
