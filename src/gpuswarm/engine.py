@@ -240,7 +240,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
             queue.update_pending(known[task_id][1], dump)
     _, info = open_run(paths.root)
     info["fingerprint"] = spec_hash(loaded)
-    info["config"] = redact_config(loaded.config.model_dump(mode="json"))
+    info["config"] = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
     return added

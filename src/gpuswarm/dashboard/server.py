@@ -274,7 +274,9 @@ class Dashboard:
     async def task(self, request: Request) -> Response:
         await self._ready()
         hub = self._hub(request)
-        data = await run_in_threadpool(task_detail, hub.paths, request.path_params["tid"])
+        data = await run_in_threadpool(
+            task_detail, hub.paths, request.path_params["tid"], hub.redactor
+        )
         return _json(
             {**data, "run": hub.id, "run_title": hub.title, "read_only": self.settings.read_only}
         )
@@ -284,7 +286,9 @@ class Dashboard:
         assert self.signal is not None
         hub = self._hub(request)
         resume = parse_resume(request.headers.get("last-event-id"))
-        pump = await run_in_threadpool(LogPump, hub.paths, request.path_params["tid"], resume)
+        pump = await run_in_threadpool(
+            LogPump, hub.paths, request.path_params["tid"], resume, hub.redactor
+        )
         return _stream(log_stream(pump, self.signal))
 
     async def action(self, request: Request) -> Response:
