@@ -12,6 +12,7 @@ import pytest
 
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.core import redact
+from gpuswarm.core.events import Ev
 from gpuswarm.core.redact import REDACTED, Redactor, name_redactor, redact_shapes
 from gpuswarm.core.secretvalues import (
     FILE_MAX,
@@ -20,6 +21,7 @@ from gpuswarm.core.secretvalues import (
     run_redactor,
     values_in_text,
 )
+from gpuswarm.store.ledger import Ledger
 
 
 @pytest.mark.parametrize(
@@ -147,3 +149,12 @@ def test_names_are_redacted_like_commands_at_load(
     assert all("value" not in t.id and "json-in-name" not in t.id for t in tasks)
     lines = load_command_list(None, "echo sup-name-value\n", base_dir=tmp_path).tasks
     assert lines[0].name == "echo ***" and lines[0].command == ["echo", "sup-name-value"]
+
+
+def test_a_supervisors_journal_redacts_reasons_and_names(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl", redact=Redactor(["leaked-4242"]).text)
+    ledger.emit(Ev.FINISHED, task="t", slot="s", reason='exit 0 but {"token": "x1"} leaked-4242')
+    ledger.emit(Ev.STARTED, task="t", attempt=1, slot="s", name="n leaked-4242")
+    ledger.close()
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "leaked-4242" not in text and "x1" not in text and text.count(REDACTED) == 3

@@ -60,9 +60,11 @@ class LiveView:
         gpu_stats: Callable[[], dict[str, str]] | None = None,
         paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
         recount: Callable[[], dict[str, int]] | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.state = state
-        self.redactor = Redactor.of_env(os.environ)  # this supervisor's secrets, then shapes
+        # the run's redactor (run_redactor); else this process's secrets, then shapes
+        self.redactor = redactor if redactor is not None else Redactor.of_env(os.environ)
         self.paused = paused  # (run, slots) paused now; None: as the journal says
         # the queue's counts now (its folders), taken over every RECOUNT_SECONDS: a live run's
         # view hears only its own supervisor's events, not another process's add or cancel
