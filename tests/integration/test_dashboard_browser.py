@@ -278,6 +278,10 @@ def test_another_local_server_gets_nothing_that_pauses_cancels_or_adds(
     page.wait_for_selector("[data-testid=runs-table] [data-run]", timeout=WAIT_MS)
     rid = page.get_attribute("[data-testid=runs-table] [data-run]", "data-run")
     assert "token" not in page.url and "session" not in page.url
+    page.go_back()  # the token URL is no entry of the history: before the page, the blank one
+    assert page.url == "about:blank"
+    page.go_forward()
+    assert page.url == served.base + "/"
     other = ThreadingHTTPServer(("127.0.0.1", 0), _Listener)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     _Listener.seen = []
