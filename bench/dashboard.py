@@ -130,9 +130,10 @@ def _client(url: str) -> Any:
     m = re.match(r"http://([^/]+):(\d+)/\?token=(\S+)", url)
     assert m, url
     port, token = m.group(2), m.group(3)
-    return httpx.Client(
-        base_url=f"http://127.0.0.1:{port}", cookies={f"gpuswarm_dashboard_{port}": token}
-    )
+    base = f"http://127.0.0.1:{port}"
+    login = httpx.get(f"{base}/", params={"token": token}, follow_redirects=False)
+    session = login.headers["location"].partition("#session=")[2]  # as the page takes it
+    return httpx.Client(base_url=base, headers={"X-Gpuswarm-Session": session})
 
 
 def _run_id(client: Any) -> str:

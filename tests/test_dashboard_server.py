@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from cli_driver import run_cli, wait_for
-from dashkit import Served, serve_here, sse_messages, start_dashboard
+from dashkit import Served, exchange, serve_here, sse_messages, start_dashboard
 
 from gpuswarm import api
 from gpuswarm.config.load import load_command_list
@@ -75,23 +75,82 @@ def run_id(s: Served) -> str:
 
 
 # -- the guard ---------------------------------------------------------------------------------
-def test_token_becomes_an_httponly_strict_cookie(served: Served) -> None:
-    bare = served.client(cookie=False)
-    assert bare.get("/").status_code == 403
+def test_token_is_exchanged_for_a_session_no_cookie_carries(served: Served) -> None:
+    bare = served.client(session=False)
+    page = bare.get("/")  # the page, script and style are public: the package's files
+    assert page.status_code == 200 and served.token not in page.text
+    assert bare.get("/static/app.js").status_code == 200
     assert bare.get("/api/runs").status_code == 403
-    assert bare.get("/static/app.js").status_code == 403
+    old_cookie = f"gpuswarm_dashboard_{served.port}={served.token}"  # what it used to be
+    assert bare.get("/api/runs", headers={"Cookie": old_cookie}).status_code == 403
     assert bare.get("/?token=wrong").status_code == 403
     r = bare.get(f"/?token={served.token}")
-    assert r.status_code == 303 and r.headers["location"] == "/"
-    cookie = r.headers["set-cookie"]
-    assert f"gpuswarm_dashboard_{served.port}={served.token}" in cookie
-    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
-    page = bare.get("/")  # the client kept the cookie
-    assert page.status_code == 200
+    assert r.status_code == 303
+    session = r.headers["location"].removeprefix("/#session=")
+    assert session != r.headers["location"] and served.token not in r.headers["location"]
+    cookie = r.headers["set-cookie"]  # the old token cookie is expired, no new one is set
+    assert cookie.startswith(f"gpuswarm_dashboard_{served.port}=;") and "Max-Age=0" in cookie
+    assert served.token not in cookie and session not in cookie
+    assert bare.get("/api/runs", headers={"X-Gpuswarm-Session": session}).status_code == 200
+    assert bare.get("/api/runs", headers={"X-Gpuswarm-Session": served.token}).status_code == 403
+    # an EventSource cannot set headers: ?session= counts for a stream's GET only
+    assert bare.get(f"/api/runs?session={session}").status_code == 403
+    with bare.stream(
+        "GET", f"/api/events/runs?session={session}", headers={"Accept": "text/event-stream"}
+    ) as stream:
+        assert stream.status_code == 200
     assert page.headers["content-security-policy"].startswith("default-src 'self'")
     assert page.headers["x-content-type-options"] == "nosniff"
     assert "<script" in page.text and 'src="/static/app.js"' in page.text
     assert "onclick" not in page.text and "<style" not in page.text  # nothing inline for CSP
+
+
+def test_each_opening_of_the_url_is_its_own_session(served: Served) -> None:
+    first, second = exchange(served.base, served.token), exchange(served.base, served.token)
+    assert first != second
+    for session in (first, second):
+        r = httpx.get(f"{served.base}/api/runs", headers={"X-Gpuswarm-Session": session})
+        assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("/", "/"),
+        ("/x", "/x"),
+        ("//evil.example/x", "/"),
+        ("/\\evil.example/x", "/"),
+        ("/%5Cevil.example", "/"),
+        ("/%2F%2Fevil.example", "/"),
+        ("/a%20b", "/a%20b"),
+    ],
+)
+def test_the_login_redirect_stays_on_this_server(served: Served, path: str, location: str) -> None:
+    with httpx.Client(base_url=served.base) as c:
+        request = c.build_request("GET", f"{served.base}/?token={served.token}")
+        request.url = request.url.copy_with(raw_path=f"{path}?token={served.token}".encode())
+        r = c.send(request, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    assert r.headers["location"].partition("#")[0] == location
+
+
+def test_a_5000_digit_last_event_id_is_ignored(served: Served) -> None:
+    rid = run_id(served)
+    c = served.client(timeout=15)
+    for bad in ("9" * 5000, "\u00b2", "1" * 19):  # int("²") raises too
+        sent = [(b"last-event-id", bad.encode("latin-1"))]
+        with c.stream("GET", f"/api/runs/{rid}/events", headers=sent) as r:
+            assert r.status_code == 200
+            (fresh,) = sse_messages(r, 1)
+        assert fresh["event"] == "snapshot"
+        with c.stream(
+            "GET",
+            f"/api/runs/{rid}/tasks/cmd-00001/log",
+            headers=[(b"last-event-id", f"1:{bad}".encode("latin-1"))],
+        ) as r:
+            assert r.status_code == 200
+    r = c.get(f"/api/runs/{rid}/tasks", params={"limit": "9" * 5000, "offset": "\u00b2"})
+    assert r.status_code == 200 and len(r.json()["rows"]) == 3
 
 
 def test_foreign_host_is_refused_even_with_the_token(served: Served) -> None:
@@ -105,10 +164,13 @@ def test_foreign_host_is_refused_even_with_the_token(served: Served) -> None:
     assert c.get("/api/runs", headers={"Host": "127.0.0.1:1"}).status_code == 403  # other port
 
 
-def test_actions_need_the_token_header_and_this_origin(served: Served, run: api.RunPaths) -> None:
+def test_actions_need_the_session_header_and_this_origin(served: Served, run: api.RunPaths) -> None:
     rid = run_id(served)
     path = f"/api/runs/{rid}/actions/pause"
-    assert served.post(path, {}, **{"X-Gpuswarm-Token": ""}).status_code == 403
+    assert served.post(path, {}, **{"X-Gpuswarm-Session": ""}).status_code == 403
+    assert served.post(path, {}, **{"X-Gpuswarm-Session": served.token}).status_code == 403
+    with_query = served.post(f"{path}?session={served.session}", {}, **{"X-Gpuswarm-Session": ""})
+    assert with_query.status_code == 403  # the query never authorises an action
     assert served.post(path, {}, Origin="").status_code == 403
     assert served.post(path, {}, Origin="http://evil.example").status_code == 403
     assert served.post(path, {}, Origin=f"http://localhost:{served.port}").status_code == 403

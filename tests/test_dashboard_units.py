@@ -17,7 +17,8 @@ from gpuswarm.core.events import Ev, Finished
 from gpuswarm.dashboard import sse
 from gpuswarm.dashboard.gpustats import GpuStats
 from gpuswarm.dashboard.runhub import outcome_of, slot_place
-from gpuswarm.dashboard.security import Guard, split_host
+from gpuswarm.dashboard.security import MAX_SESSIONS, Guard, local_location, split_host
+from gpuswarm.dashboard.taskview import parse_resume
 from gpuswarm.store.ledger import Ledger, read_range
 
 
@@ -46,6 +47,43 @@ def test_origin_must_be_this_server_under_its_host() -> None:
     assert not g.origin_ok("null", "127.0.0.1:8123")
     assert not g.origin_ok(None, "127.0.0.1:8123")
     assert g.token_ok("t") and not g.token_ok("T") and not g.token_ok(None)
+
+
+def test_sessions_are_minted_by_login_and_bounded() -> None:
+    g = Guard(token="t", port=8123)
+    assert not g.session_ok("t") and not g.session_ok("") and not g.session_ok(None)
+    first = g.login()
+    assert g.session_ok(first) and first != "t" and len(first) >= 40
+    assert not g.session_ok(first[:-1]) and not g.session_ok(first + "x")
+    later = [g.login() for _ in range(MAX_SESSIONS)]
+    assert not g.session_ok(first)  # the oldest went first
+    assert all(g.session_ok(s) for s in later) and len(set(later)) == MAX_SESSIONS
+
+
+def test_login_redirect_goes_only_to_a_path_of_this_server() -> None:
+    assert local_location("/", {"token": "t"}) == "/"
+    assert local_location("/x", {"token": "t", "a": "1"}) == "/x?a=1"
+    assert local_location("/run/a b", {}) == "/run/a%20b"
+    for path in (
+        "//evil.example/x",
+        "/\\evil.example/x",
+        "/x\\y",
+        "http://evil.example/",
+        "evil.example",
+        "",
+        "///x",
+    ):
+        assert local_location(path, {"token": "t"}) == "/", path
+    assert "\n" not in local_location("/x\r\nSet-Cookie: a=b", {})  # no header injection
+
+
+def test_client_numbers_are_bounded_ascii_digits() -> None:
+    assert sse.number("12") == 12 and sse.number(" 7 ") == 7
+    for bad in ("9" * 5000, "9" * 19, "\u00b2", "\u0663", "-1", "1e3", "", None):
+        assert sse.number(bad) is None, bad
+    assert sse.last_event_id("9" * 5000) is None
+    assert parse_resume("1:" + "9" * 5000) is None and parse_resume("9" * 5000 + ":1") is None
+    assert parse_resume("2:10") == (2, 10) and parse_resume("0:10") is None
 
 
 def test_split_host() -> None:

@@ -24,6 +24,7 @@ from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
@@ -247,7 +248,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
             queue.update_pending(known[task_id][1], dump)
     _, info = open_run(paths.root)
     info["fingerprint"] = spec_hash(loaded)
-    info["config"] = redact_config(loaded.config.model_dump(mode="json"))
+    info["config"] = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
     return added
@@ -295,7 +296,8 @@ def _supervise(
     if mode != "run":  # a new run checked it before it was created (check_backend_ready)
         backend.check()  # before anything is claimed: the daemon answers, the image is there
     with attach(paths, exclusive_start=mode == "resume") as hold:
-        ledger = Ledger(paths.events)
+        _, snapshot = open_run(paths.root)
+        ledger = Ledger(paths.events, redact=run_redactor(snapshot).text)  # reasons, names
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         try:
             if mode == "resume":

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from gpuswarm.core.errors import DiskFullError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import write_outputs
 from gpuswarm.placement.gpus import Slot
@@ -66,6 +67,7 @@ def reporter(
         gpu_stats=gpu_stats if gpu_stats is not None else gpu_sampler(slots),
         paused=paused_now(paths),
         recount=recount,
+        redactor=run_redactor(open_run(paths.root)[1]),
     )
     ledger.subscribe(view)
     return shown(view)

@@ -20,7 +20,8 @@ from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import redact_tree
+from gpuswarm.core.redact import SHAPES
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
@@ -43,8 +44,20 @@ def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
     return tuple(out)
 
 
-def redact_config(value: Any) -> Any:
-    return redact_tree(value)  # env by name and shape, commands and every string by shape
+RESUME_READS = ("preflight", "after_all", "docker", "ray", "backend")  # by shape only
+
+
+def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:
+    """A config dump fit for run.json: the run's redactor (this process's secrets, every env's,
+    the provisioned files'): env by name, value and shape, commands and strings by value and
+    shape. The settings a resume reads back (``RESUME_READS``) are redacted by shape only, as
+    before: a secret's value that happens to be part of an image name must not change it."""
+    if not isinstance(value, dict):
+        return SHAPES.tree(value)
+    redactor = run_redactor(config=value, base_dir=base_dir)
+    return {
+        k: (SHAPES if k in RESUME_READS else redactor).tree({k: v})[k] for k, v in value.items()
+    }
 
 
 def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
@@ -68,7 +81,7 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
             "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
         },
         "settings": _settings(cfg),
-        "config": redact_config(cfg.model_dump(mode="json")),
+        "config": redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
         "task_count": len(loaded.tasks),
         "hosts": [socket.gethostname()],
     }

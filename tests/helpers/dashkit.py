@@ -40,10 +40,20 @@ CHROMIUM_FLAGS = [
 REBIND_HOST = "rebind.example"  # resolves to 127.0.0.1 in the test browser: a DNS rebinding
 
 
+def exchange(base: str, token: str) -> str:
+    """The session the login redirect gives for the URL's token (as the page takes it from
+    the fragment of ``Location: /#session=...``)."""
+    r = httpx.get(f"{base}/", params={"token": token}, follow_redirects=False, timeout=10)
+    assert r.status_code == 303, r.text
+    found = re.fullmatch(r"/#session=([A-Za-z0-9_-]+)", r.headers["location"])
+    assert found, r.headers["location"]
+    return found.group(1)
+
+
 @dataclass
 class Served:
-    """A dashboard being served: its URL with the token, and an HTTP client that has the
-    cookie (as a browser has it after opening the URL)."""
+    """A dashboard being served: its URL with the token, and HTTP clients that send the
+    session (as the page does after opening the URL)."""
 
     url: str
     token: str
@@ -51,25 +61,28 @@ class Served:
     stop: Any = None
     process: CliProcess | None = None
     clients: list[httpx.Client] = field(default_factory=list)
+    _session: str = ""
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def cookie(self) -> dict[str, str]:
-        return {f"gpuswarm_dashboard_{self.port}": self.token}
+    def session(self) -> str:
+        if not self._session:
+            self._session = exchange(self.base, self.token)
+        return self._session
 
-    def client(self, *, cookie: bool = True, timeout: float = 10.0) -> httpx.Client:
-        c = httpx.Client(
-            base_url=self.base, cookies=self.cookie if cookie else None, timeout=timeout
-        )
+    def client(self, *, session: bool = True, timeout: float = 10.0) -> httpx.Client:
+        headers = {"X-Gpuswarm-Session": self.session} if session else None
+        c = httpx.Client(base_url=self.base, headers=headers, timeout=timeout)
         self.clients.append(c)
         return c
 
     def post(self, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-        sent = {"X-Gpuswarm-Token": self.token, "Origin": self.base, **headers}
-        return self.client().post(path, json=body, headers={k: v for k, v in sent.items() if v})
+        sent = {"X-Gpuswarm-Session": self.session, "Origin": self.base, **headers}
+        c = self.client(session=False)
+        return c.post(path, json=body, headers={k: v for k, v in sent.items() if v})
 
     def get(self, path: str) -> Any:
         r = self.client().get(path)

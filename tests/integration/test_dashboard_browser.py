@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 from cli_driver import CliProcess, CliResult, wait_for, wait_for_run
 from dashkit import (
@@ -30,6 +33,7 @@ from dashkit import (
 from integration_support import edit_constant
 
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store import control
 from gpuswarm.store.reader import RunReader
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -221,8 +225,11 @@ def test_403_without_the_token_and_for_a_foreign_host(
         gpuswarm("run", "tasks.txt", "--gpus", "sim:1", "--workspace", "runs", "-q").returncode == 0
     )
     served = dashboard(tmp_path / "runs")
-    bare = page.goto(served.base + "/")
-    assert bare is not None and bare.status == 403
+    bare = page.goto(served.base + "/")  # the public page, but no session: nothing of a run
+    assert bare is not None and bare.status == 200
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    page.wait_for_selector("[data-testid=no-session]", timeout=WAIT_MS)
     wrong = page.goto(served.base + "/?token=not-it")
     assert wrong is not None and wrong.status == 403
     rebind = page.goto(served.url.replace("127.0.0.1", REBIND_HOST))  # a name that points here
@@ -231,6 +238,88 @@ def test_403_without_the_token_and_for_a_foreign_host(
     ok = page.goto(served.url)
     assert ok is not None and ok.status == 200
     page.wait_for_selector("[data-testid=runs-table]", timeout=WAIT_MS)
+    assert page.url == served.base + "/"  # the token and the session left the address bar
+    page.goto(served.base + "/#/")  # later visits: the session is this origin's
+    page.wait_for_selector("[data-testid=runs-table]", timeout=WAIT_MS)
+
+
+class _Listener(BaseHTTPRequestHandler):
+    """Another server on 127.0.0.1 (a notebook, a dev server): keeps what browsers send it."""
+
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(dict(self.headers.items()))
+        body = b"<!doctype html><title>another server</title><p>hello</p>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_another_local_server_gets_nothing_that_pauses_cancels_or_adds(
+    tmp_path: Path,
+    gpuswarm_popen: Popen,
+    page: Any,
+    dashboard: Callable[..., Served],
+) -> None:
+    """The browser opened the dashboard's URL, then a page of another server on 127.0.0.1
+    (cookies ignore ports): whatever it received, replayed to the dashboard with a forged
+    Origin, reads nothing and changes nothing."""
+    tasks = gated_commands(tmp_path, "gate", "gate")
+    runner = gpuswarm_popen("run", tasks, "--shell", "--gpus", "sim:1", "--workspace", "runs", "-q")
+    run = RunPaths(wait_for_run(tmp_path / "runs"))
+    served = dashboard(tmp_path / "runs")
+    page.goto(served.url)
+    page.wait_for_selector("[data-testid=runs-table] [data-run]", timeout=WAIT_MS)
+    rid = page.get_attribute("[data-testid=runs-table] [data-run]", "data-run")
+    assert "token" not in page.url and "session" not in page.url
+    page.go_back()  # the token URL is no entry of the history: before the page, the blank one
+    assert page.url == "about:blank"
+    page.go_forward()
+    assert page.url == served.base + "/"
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Listener)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    _Listener.seen = []
+    try:
+        page.goto(f"http://127.0.0.1:{other.server_address[1]}/")
+        page.wait_for_selector("text=hello", timeout=WAIT_MS)
+        assert page.evaluate("localStorage.getItem('gpuswarm-session')") is None
+    finally:
+        other.shutdown()
+        other.server_close()
+    assert _Listener.seen  # the page (and its icon): every header the browser sent there
+    assert served.token not in str(_Listener.seen)
+    cookie = "; ".join({h["Cookie"] for h in _Listener.seen if h.get("Cookie")})
+    secrets = [c.partition("=")[2] for c in cookie.split("; ") if c] or [""]
+    refused = []
+    with httpx.Client(base_url=served.base, timeout=10) as c:
+        for secret in secrets:
+            forged = {
+                "Cookie": cookie,
+                "Origin": served.base,
+                "X-Gpuswarm-Token": secret,
+                "X-Gpuswarm-Session": secret,
+            }
+            for action, body in (
+                ("pause", {}),
+                ("cancel", {"tasks": ["cmd-00001", "cmd-00002"]}),
+                ("add", {"commands": f"touch {tmp_path / 'added'}\n"}),
+            ):
+                path = f"/api/runs/{rid}/actions/{action}?session={secret}"
+                refused.append(c.post(path, json=body, headers=forged).status_code)
+            refused.append(c.get("/api/runs", headers=forged).status_code)
+    assert set(refused) == {403}, refused
+    counts = RunReader(run).counts()
+    assert not control.paused(run).run and counts.get("cancelled", 0) == 0
+    assert counts.get("running") == 1 and counts.get("pending") == 1  # nothing added
+    (tmp_path / "gates" / "gate").touch()
+    assert runner.wait(60).returncode == 0
+    assert not (tmp_path / "added").exists()
 
 
 def test_the_add_box_runs_lines_through_a_shell_by_default(

@@ -19,7 +19,7 @@ from gpuswarm.config.models import TaskOptions, TaskSpec
 from gpuswarm.config.tasks import check_template, make_spec, split_command
 from gpuswarm.config.yamlload import Locator
 from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH
-from gpuswarm.core.redact import redact_shapes
+from gpuswarm.core.redact import name_redactor
 
 NAME_MAX = 60
 Row = tuple[str, str, list[str] | str]  # id, name, command
@@ -72,6 +72,7 @@ def command_tasks(
     width = max(5, len(str(lines[-1][0])))
     allowed = set(PLACEHOLDERS_AT_LAUNCH)
     rows: list[Row] = []
+    names = name_redactor(opts.env)
     for number, line in lines:
         where = Locator(source, {(): number})
         if "\0" in line:
@@ -81,7 +82,7 @@ def command_tasks(
         if "{" in line or "}" in line:
             check_template(line, allowed, where, (), "the command")
         command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")
-        name = redact_shapes(line)[:NAME_MAX]  # names are written and shown: no tokens
+        name = names.name(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))
     first = make_spec(
         Instance(rows[0][1], {}, f"line {lines[0][0]}"),
@@ -90,6 +91,7 @@ def command_tasks(
         grace=grace,
         base_dir=base_dir,
         task_id=rows[0][0],
+        names=names,
     )
     return CommandTasks(first.model_dump(mode="json"), rows)
 

@@ -104,7 +104,8 @@ shell code (without a shell both forms give the value as it is).
 Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, nesting deeper than 64
 levels, aliases that add over 1,000,000 values or refer to themselves, and ``~user`` for a user
 this machine does not know are refused with the file, line and field. Task names (and the ids
-made from them) are redacted by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
+made from them) are redacted like commands: the values of this process's and the task's
+secret-looking variables, and by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
 
 The task id is the name made a safe file name (``gpumode/softmax`` -> ``gpumode-softmax``); ids must
 be unique. Every error names the file, line and field, and says how to fix it.
@@ -139,7 +140,7 @@ from gpuswarm.config.tasks import expand_entries, task_id_for
 from gpuswarm.config.values import expand_user
 from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, quote
 from gpuswarm.core.errors import ConfigError
-from gpuswarm.core.redact import redact_shapes
+from gpuswarm.core.redact import name_redactor
 
 COMMANDS_IN_SNAPSHOT = 1000  # a longer command list is summarised in run.json's config
 
@@ -371,8 +372,9 @@ def _command_config(
         shown = lines
     else:  # run.json names the source; the queue holds every command
         shown = [(0, f"{len(lines)} commands from {source}, the first: {lines[0][1]}")]
+    names = name_redactor(opts.env)
     entries = [
-        {"name": redact_shapes(line)[:NAME_MAX], "command": line, "shell": opts.shell}
+        {"name": names.name(line)[:NAME_MAX], "command": line, "shell": opts.shell}
         for _, line in shown
     ]
     data = {

@@ -41,7 +41,7 @@ from gpuswarm.core.placeholders import (
     shell_split,
     unknown_placeholders,
 )
-from gpuswarm.core.redact import redact_shapes
+from gpuswarm.core.redact import Redactor, name_redactor
 
 
 def task_id_for(name: str) -> str:
@@ -75,11 +75,14 @@ def make_spec(
     grace: float,
     base_dir: Path,
     task_id: str | None = None,
+    names: Redactor | None = None,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given).
 
-    The name is redacted by shape (a name made of a command must not carry its token)."""
-    name = redact_shapes(instance.name).replace("\0", "")  # an env value cannot hold NUL
+    The name is redacted like a command (``names``, else :func:`name_redactor` of the task's
+    env): by the secret values of this process and of the task's env, and by shape."""
+    names = names if names is not None else name_redactor(opts.env)
+    name = names.name(instance.name).replace("\0", "")  # an env value cannot hold NUL
     return TaskSpec(
         id=task_id or task_id_for(name),
         name=name,
@@ -283,12 +286,14 @@ def _expand_entry(
         opts, fields = _without_matched_config(entry, opts, fields, loc, path), []
     root = tasks_root_of(config, base_dir)
     out = []
+    names = name_redactor(opts.env)  # one per entry: its instances share the env
     for inst in instances(entry, index, base_dir, loc, root, fields):
         own = opts
         if isinstance(opts.timeout, str):
             timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
-        out.append((make_spec(inst, command, own, grace=config.grace, base_dir=base_dir), inst))
+        spec = make_spec(inst, command, own, grace=config.grace, base_dir=base_dir, names=names)
+        out.append((spec, inst))
     return out
 
 

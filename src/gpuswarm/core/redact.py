@@ -10,10 +10,18 @@ the live view and the plain lines) goes through one of these functions:
   appears in a text (:func:`redact_text`);
 - **by shape** (:func:`redact_shapes`), whatever the name: the password of a URL
   (``https://user:***@host``), the value after a secret-looking option (``--api-key ***``,
-  ``--token=***``, ``--password ***``), a secret-looking ``NAME=value`` assignment, the
-  credentials of an ``Authorization:`` / ``X-Api-Key:`` / ``Cookie:`` header, and common token
-  formats (OpenAI ``sk-...``, GitHub ``ghp_...``/``github_pat_...``, Slack ``xox.-...``, AWS
-  ``AKIA...``, Hugging Face ``hf_...``, GitLab ``glpat-...``, Google ``AIza...``, JWTs).
+  ``--token=***``, ``--password ***``), a secret-looking ``NAME=value`` assignment, a JSON,
+  Python or YAML pair under a secret-looking key (``"api_key": "***"``, ``'token': '***'``,
+  ``password: ***``), the credentials of an ``Authorization:`` / ``X-Api-Key:`` / ``Cookie:``
+  header, and common token formats (OpenAI ``sk-...``, GitHub ``ghp_...``/``github_pat_...``,
+  Slack ``xox.-...``, AWS ``AKIA...``, Hugging Face ``hf_...``, GitLab ``glpat-...``, Google
+  ``AIza...``, JWTs).
+
+:class:`Redactor` is the one redactor of a run: the secret values it is fed (the environment of
+the process that writes or shows, every task's own env, the values in the files a run
+provisions: :mod:`gpuswarm.core.secretvalues`) compiled into one pattern, once, then the shapes.
+Every output of a run goes through one: run.json, events' names, results.tsv, summary.json,
+report.html, ``status``, the live view and the dashboard.
 
 The queue itself (``.parallel/``, mode 0700) keeps the real command and env: a resume must run
 them. :func:`inert` shows text from a task (log lines, reasons) with control characters as
@@ -24,8 +32,9 @@ visible escapes (``\\x1b``), so that a task's output cannot drive the terminal o
 from __future__ import annotations
 
 import functools
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 REDACTED = "***"
@@ -80,8 +89,27 @@ _USER_OPTION = re.compile(r"(?<![\w-])(-u|--user|--proxy-user)(=|[ \t]+)([^\s:'\
 _ASSIGNMENT = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)(=)(\"[^\"]*\"|'[^']*'|[^\s'\"]+)")
 
 
+# "token": "X", 'api_key': 'X' (JSON, a Python dict); the key decides (is_secret_name)
+_QUOTED_PAIR = re.compile(
+    r"""(["'])([A-Za-z_][A-Za-z0-9_.\-]{0,80})\1([ \t]*:[ \t]*)"""
+    r"""("(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[^\s,}\]'"]+)"""
+)
+# password: X as a YAML line (the rest of the line) or inline in a text (one word)
+_YAML_LINE = re.compile(
+    r"(?m)^([ \t]*(?:-[ \t]+)?)([A-Za-z_][A-Za-z0-9_.\-]{0,80})([ \t]*:[ \t]+)"
+    r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s#'\"][^\n]*?)(?=[ \t]+#|[ \t]*$)"
+)
+_INLINE_PAIR = re.compile(
+    r"(?<![\w.\-])([A-Za-z_][A-Za-z0-9_.\-]{0,80})([ \t]*:[ \t]+)(\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)"
+)
+_NUMBER = re.compile(r"[-+]?[0-9][0-9.eE+-]*")
+_SCHEMES = frozenset({"bearer", "basic", "token", "bot", "digest", "negotiate"})
+
+
+@functools.lru_cache(maxsize=8192)
 def is_secret_name(name: str) -> bool:
-    """True for variable names that usually hold secrets (``HF_TOKEN``, ``OPENAI_API_KEY``...)."""
+    """True for variable names that usually hold secrets (``HF_TOKEN``, ``OPENAI_API_KEY``...).
+    Cached: every task's env asks about the same few names."""
     return _SECRET_RE.search(name) is not None
 
 
@@ -111,12 +139,42 @@ def _header(match: re.Match[str]) -> str:
     return match.group(1) + match.group(2) + (match.group(3) or "") + REDACTED
 
 
+def _pair_value_hidden(key: str, value: str) -> bool:
+    bare = value.strip("'\"")
+    return (
+        _option_name_secret(key)
+        and bare.lower() not in _PLAIN_VALUES
+        and bare != REDACTED
+        and bare.split(" ", 1)[0].lower() not in _SCHEMES  # "Authorization: Bearer ***"
+        and (value[:1] in "'\"" or _NUMBER.fullmatch(value) is None)  # "tokens_used": 12
+    )
+
+
+def _pair(key: int, value: int) -> Any:
+    def sub(match: re.Match[str]) -> str:
+        if not _pair_value_hidden(match.group(key), match.group(value)):
+            return match.group(0)
+        start, end = match.span(value)
+        base = match.start()
+        text = match.group(0)
+        return text[: start - base] + _hide_quoted(match.group(value)) + text[end - base :]
+
+    return sub
+
+
+_quoted_pair, _yaml_line, _inline_pair = _pair(2, 4), _pair(2, 4), _pair(1, 3)
+
+
 def redact_shapes(text: str) -> str:
     """``text`` with secrets that look like secrets replaced by ``***`` (see the module doc)."""
     if not text:
         return text
     text = _URL_CREDENTIALS.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     text = _HEADER.sub(_header, text)
+    if ":" in text:
+        text = _QUOTED_PAIR.sub(_quoted_pair, text)
+        text = _YAML_LINE.sub(_yaml_line, text)
+        text = _INLINE_PAIR.sub(_inline_pair, text)
     if "-" in text:
         text = _OPTION.sub(_option, text)
         text = _USER_OPTION.sub(
@@ -163,10 +221,131 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+ALTERNATION_MAX = 64  # more values: one trie-shaped pattern (an alternation of 2,000 is 20x slower)
+
+
+def _trie(values: Iterable[str]) -> str:
+    """One regex of ``values`` as a trie (shared prefixes once; longer matches first)."""
+    root: dict[str, Any] = {}
+    for value in values:
+        node = root
+        for ch in value:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        out = []
+        while len(node) == 1 and "" not in node:  # a chain: no group
+            ((ch, node),) = node.items()
+            out.append(re.escape(ch))
+        kids = sorted(k for k in node if k)
+        if not kids:
+            return "".join(out)
+        alts = [re.escape(k) + build(node[k]) for k in kids]
+        inner = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return "".join(out) + ("(?:" + inner + ")?" if "" in node else inner)
+
+    return build(root)
+
+
 @functools.lru_cache(maxsize=64)
 def _secret_pattern(values: frozenset[str]) -> re.Pattern[str]:
+    if len(values) > ALTERNATION_MAX:
+        return re.compile(_trie(values))
     ordered = sorted(values, key=len, reverse=True)  # a secret containing another goes first
     return re.compile("|".join(re.escape(v) for v in ordered))
+
+
+def usable_secret(value: str) -> bool:
+    return len(value) >= MIN_SECRET_LEN and value.lower() not in _PLAIN_VALUES
+
+
+def env_secret_values(env: Mapping[str, Any] | None) -> set[str]:
+    """The values of ``env``'s secret-looking variables, as given and stripped (>= 4 chars;
+    ``true``, ``false``, ``none``, ``null`` are no secrets)."""
+    return {
+        v
+        for k, raw in (env or {}).items()
+        if isinstance(raw, str) and is_secret_name(k)
+        for v in (raw, raw.strip())
+        if usable_secret(v)
+    }
+
+
+class Redactor:
+    """Secret values blanked (one pattern, compiled once per set of values), then shapes.
+
+    Build one per run (:func:`gpuswarm.core.secretvalues.run_redactor`) and use it for every
+    output; :meth:`including` adds a task's own env (the same object when it adds nothing)."""
+
+    __slots__ = ("_pattern", "values")
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self.values = frozenset(v for v in values if usable_secret(v))
+        self._pattern = _secret_pattern(self.values) if self.values else None
+
+    @classmethod
+    def of_env(cls, *envs: Mapping[str, Any] | None) -> Redactor:
+        return cls(set().union(*(env_secret_values(e) for e in envs)))
+
+    def including(self, *envs: Mapping[str, Any] | None, values: Iterable[str] = ()) -> Redactor:
+        extra = set().union(*(env_secret_values(e) for e in envs), values)
+        extra = {v for v in extra if usable_secret(v)} - self.values
+        return Redactor(self.values | extra) if extra else self
+
+    def text(self, text: str) -> str:
+        """``text`` with every secret value replaced, then redacted by shape."""
+        if not text:
+            return text
+        if self._pattern is not None:
+            text = self._pattern.sub(REDACTED, text)
+        return redact_shapes(text)
+
+    def name(self, name: str) -> str:
+        """A task name (shown and written everywhere: redacted like a command)."""
+        return self.text(name)
+
+    def command(self, command: str | list[str]) -> str | list[str]:
+        if isinstance(command, list):
+            return [self.text(a) for a in redact_argv(command)]
+        return self.text(command)
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Secret-named values are ``***``, the others redacted by value and shape."""
+        return {
+            k: REDACTED if v and is_secret_name(k) else self.text(v) if isinstance(v, str) else v
+            for k, v in env.items()
+        }
+
+    def tree(self, value: Any) -> Any:
+        """A JSON-like value: ``env`` mappings by :meth:`env`, ``command`` values by
+        :meth:`command`, every other string by :meth:`text` (keys too)."""
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            for k, v in value.items():
+                key = self.text(k) if isinstance(k, str) else k
+                if k == "env" and isinstance(v, dict):
+                    out[key] = self.env(v)
+                elif k == "command" and isinstance(v, list | str) and _all_str(v):
+                    out[key] = self.command(v)
+                elif isinstance(v, str) and isinstance(k, str) and _pair_value_hidden(k, v):
+                    out[key] = REDACTED  # {"api_key": "..."} in a result file, as in a text
+                else:
+                    out[key] = self.tree(v)
+            return out
+        if isinstance(value, list | tuple):
+            return [self.tree(v) for v in value]
+        return self.text(value) if isinstance(value, str) else value
+
+
+SHAPES = Redactor()  # no values: shapes only
+
+
+def name_redactor(env: Mapping[str, Any] | None = None) -> Redactor:
+    """The redactor of task names as they are made (at load: every output copies a name):
+    this process's secret variables, the tasks' own ``env``, and shapes. Make one per batch
+    of tasks that share ``env``: it compiles its pattern once."""
+    return Redactor.of_env(os.environ, env)
 
 
 def redact_text(text: str, env: Mapping[str, str]) -> str:
@@ -175,34 +354,13 @@ def redact_text(text: str, env: Mapping[str, str]) -> str:
     Values are matched as given and stripped of surrounding whitespace; ``true``, ``false``,
     ``none`` and ``null`` are left alone so that flags do not blank out ordinary words.
     """
-    values = {
-        v
-        for k, raw in env.items()
-        if is_secret_name(k)
-        for v in (raw, raw.strip())
-        if len(v) >= MIN_SECRET_LEN and v.lower() not in _PLAIN_VALUES
-    }
-    if values:
-        text = _secret_pattern(frozenset(values)).sub(REDACTED, text)
-    return redact_shapes(text)
+    return Redactor.of_env(env).text(text)
 
 
 def redact_tree(value: Any) -> Any:
     """A JSON-like config dump fit for run.json: ``env`` mappings by :func:`redact_env`,
     ``command`` values by :func:`redact_command`, every other string by shape."""
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            if k == "env" and isinstance(v, dict):
-                out[k] = redact_env(v)
-            elif k == "command" and isinstance(v, list | str):
-                out[k] = redact_command(v) if _all_str(v) else redact_tree(v)
-            else:
-                out[k] = redact_tree(v)
-        return out
-    if isinstance(value, list):
-        return [redact_tree(v) for v in value]
-    return redact_shapes(value) if isinstance(value, str) else value
+    return SHAPES.tree(value)
 
 
 def _all_str(value: str | list[Any]) -> bool:

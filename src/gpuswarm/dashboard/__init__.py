@@ -8,7 +8,8 @@ are the ``dashboard`` extra and load only when the command runs.
 
 - ``command.py``  the click command (imports nothing of the web stack until it runs)
 - ``server.py``   the Starlette app, its routes, the poller, uvicorn and its shutdown
-- ``security.py`` token -> cookie, Host allowlist, Origin check for actions, CSP headers
+- ``security.py`` the URL's token -> a session (no cookie), Host allowlist, Origin check for
+  actions, CSP headers
 - ``sse.py``      Server-Sent Events: framing, wake-ups, streams
 - ``catalog.py``  the runs and experiments under the PATHs, found again as new ones appear
 - ``runhub.py``   one run followed: lanes, Gantt bars, snapshots and updates by journal offset

@@ -33,8 +33,9 @@ from gpuswarm.core.events import (
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import inert, redact_shapes, redact_tree
+from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.core.runview import RunView
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.dashboard.gpustats import GpuStats
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.results import shown_counts
@@ -92,10 +93,10 @@ def slot_place(label: str) -> tuple[str, list[int]]:
     return m.group("host"), [int(g) for g in m.group("gpus").split("+")]
 
 
-def public_event(raw: dict[str, Any]) -> dict[str, Any]:
-    """A journal line as a page gets it: strings redacted by shape (events hold no
-    environments; a reason may quote a command line)."""
-    out: dict[str, Any] = redact_tree(raw)
+def public_event(raw: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """A journal line as a page gets it: strings redacted by the run's redactor (events hold
+    no environments; a reason may quote a command line)."""
+    out: dict[str, Any] = redactor.tree(raw)
     return out
 
 
@@ -115,6 +116,9 @@ class RunHub:
         self.paths = paths
         _, self.info = open_run(paths.root)
         self.title = title or str(self.info.get("name") or paths.root.name)
+        # the one redactor of everything this run shows: this process's secrets, the
+        # provisioned files' (run.json), and a task's own env where a page shows that task
+        self.redactor = run_redactor(self.info)
         self.experiment = ""  # the id of the experiment whose core run this is
         self.watchers = 0  # pages following it now (their lanes' last lines are refreshed)
         self.lock = threading.RLock()
@@ -130,7 +134,7 @@ class RunHub:
         self.state = self._state()
         self._live_checked = time.monotonic()
         self._summary = _mtime(paths.summary_json)
-        self.tasks = TaskIndex(self.follower.reader)
+        self.tasks = TaskIndex(self.follower.reader, self.redactor)
         threading.Thread(target=self.tasks.warm, name="task-index", daemon=True).start()
         self.gpus = GpuStats(str(self.info.get("vendor") or ""), host_slug())
         self._lines: dict[str, tuple[int, str]] = {}
@@ -149,7 +153,7 @@ class RunHub:
             self._bar(event)
             if isinstance(event, Finished) and event.state == State.DONE.value and event.ts:
                 self.view.finished_times.append(event.ts)
-            self.feed.append(public_event(event.to_json()))
+            self.feed.append(public_event(event.to_json(), self.redactor))
         if events and events[0].ts is not None and self.view.finished_times:
             self.view.started = min(events[0].ts, self.view.finished_times[0])
         running = {(label, row.task) for label, row in self.view.slots.items() if row.task}
@@ -199,7 +203,7 @@ class RunHub:
                 self.tasks.apply(event)
                 if isinstance(event, Control) and event.request in ("pause", "unpause"):
                     self.paused = paused_now(self.paths)  # read the flags again now
-                shown = public_event(event.to_json())
+                shown = public_event(event.to_json(), self.redactor)
                 batch.events.append(shown)
                 self.feed.append(shown)
             self.position = batch.end
@@ -280,7 +284,7 @@ class RunHub:
         raws = read_range(self.paths.events, pos, end)
         if raws is None:
             return None
-        return end, [public_event(r) for r in raws if decode(r) is not None]
+        return end, [public_event(r, self.redactor) for r in raws if decode(r) is not None]
 
     def header(self) -> dict[str, Any]:
         """The run's line on the runs page: state, counts, progress, ETA."""
@@ -313,7 +317,7 @@ class RunHub:
         run_paused, paused_slots = self.paused()
         with self.view.lock:
             rows = {label: row for label, row in self.view.slots.items()}
-            failures = [inert(redact_shapes(f)) for f in self.view.failures]
+            failures = [inert(self.redactor.text(f)) for f in self.view.failures]
             quarantined = dict(self.view.quarantined)
         stats = self.gpus.sample()
         slots = []
@@ -326,7 +330,7 @@ class RunHub:
                     "host": host,
                     "gpus": gpus,
                     "task": row.task,
-                    "name": inert(redact_shapes(row.name)),
+                    "name": inert(self.redactor.name(row.name)),
                     "attempt": row.attempt,
                     "since": row.since if row.task else None,
                     "timeout": row.timeout if row.task else None,
@@ -387,7 +391,7 @@ class RunHub:
         key = f"{task}\0{attempt}\0{mtime}"
         if cached is not None and cached[0] == hash(key):
             return cached[1]
-        line = inert(redact_shapes(log_tail(log, max_lines=1, max_bytes=4096).strip()))[:400]
+        line = inert(self.redactor.text(log_tail(log, max_lines=1, max_bytes=4096).strip()))[:400]
         self._lines[label] = (hash(key), line)
         return line
 

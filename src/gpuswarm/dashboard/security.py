@@ -1,14 +1,26 @@
 """Who may talk to the dashboard: one ASGI middleware in front of every route.
 
+The threat model (docs/dashboard.md, "Security"): other programs on this machine may listen on
+127.0.0.1 too (a notebook, a dev server, another user's listener), and a browser sends a
+cookie to every port of a host. So no cookie authorises anything here: a cookie of this
+dashboard would reach those servers, and they could replay it.
+
 - **Host allowlist** (DNS rebinding): the Host header must be an IP literal (a rebinding attack
   needs a name it controls), ``localhost``, this machine's names when bound beyond loopback, or
   a name given with ``--allow-host``. Anything else is 403 before anything else is looked at.
-- **Token**: the URL printed at start carries ``?token=``; a request with it gets the token as
-  an HttpOnly, SameSite=Strict cookie (named after the port: cookies ignore ports) and a
-  redirect to the same URL without it. Every other request needs the cookie: 403 otherwise.
-- **Actions** (every method but GET/HEAD): the token again in ``X-Gpuswarm-Token`` (the page
-  has it from its own HTML; another origin can read neither) and an ``Origin`` that is this
-  server's; no CORS headers are ever sent, so no other origin can read an answer.
+- **The URL's token is exchanged once per visit**: ``GET /?token=T`` (the URL printed at start)
+  mints a random *session* and answers 303 to the same path without the token, the session in
+  the fragment (``/#session=S``: a fragment is never sent to any server). The page moves it to
+  its origin's ``localStorage`` (an origin includes the port: no other server's page can read
+  it) and drops it from the address bar and history (``history.replaceState``). The redirect
+  goes only to a path of this server (``/x``; never ``//host``, ``/\\host`` or a scheme).
+- **Every API request needs the session** in ``X-Gpuswarm-Session`` (an EventSource, which
+  cannot set headers, sends it as ``?session=`` on its GET; only a request that asks for
+  ``text/event-stream`` may). The page and its script and style are public: they are the
+  package's files and hold nothing of a run.
+- **Actions** (every method but GET/HEAD): the session header (the query never counts) and an
+  ``Origin`` that is this server's; no CORS headers are ever sent, so no other origin can read
+  an answer.
 - **Headers** on every answer: ``Content-Security-Policy: default-src 'self'`` (no inline script,
   no other origin), nosniff, no referrer, no framing, no caching.
 """
@@ -18,13 +30,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 import secrets
 import socket
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -32,7 +45,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-TOKEN_HEADER = "x-gpuswarm-token"
+SESSION_HEADER = "x-gpuswarm-session"
+SESSION_QUERY = "session"
+MAX_SESSIONS = 64  # one per opening of the URL; the oldest goes first
 CSP = (
     "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'self'"
@@ -47,6 +62,12 @@ HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 SAFE_METHODS = ("GET", "HEAD")
+PUBLIC = re.compile(r"/(?:static/[A-Za-z0-9._-]+)?")  # the page, its script, style and icon
+# a path of this server: "/" then no second "/" or "\" (a browser reads "//x" and "/\x" as
+# another host); quoted first, so only these characters remain
+_LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
+_PATH_SAFE = "/-._~!$&'()*+,;=:@"
+NO_SESSION = "no session: open the URL with ?token= that `gpuswarm dashboard` printed"
 
 
 def new_token() -> str:
@@ -78,15 +99,28 @@ def loopback(address: str) -> bool:
         return address == "localhost"
 
 
+def local_location(path: str, query: dict[str, str]) -> str:
+    """Where the login redirect may go: ``path`` (and the query but ``token``) when it is a
+    path of this server, else ``/``; never another host (``//h``, ``/\\h``, ``http:...``)."""
+    if not path.startswith("/") or path[1:2] in ("/", "\\") or "\\" in path:
+        return "/"
+    quoted = quote(path, safe=_PATH_SAFE)
+    if _LOCAL_PATH.fullmatch(quoted) is None:
+        return "/"
+    rest = {k: v for k, v in query.items() if k not in ("token", SESSION_QUERY)}
+    return quoted + (f"?{urlencode(rest)}" if rest else "")
+
+
 @dataclass
 class Guard:
-    """The dashboard's security settings (one per server)."""
+    """The dashboard's security settings (one per server) and its sessions."""
 
     token: str
     port: int
     bind: str = "127.0.0.1"
     allow_hosts: Iterable[str] = ()
     names: set[str] = field(default_factory=set)
+    sessions: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.names = {"localhost", *(h.lower() for h in self.allow_hosts)}
@@ -96,7 +130,8 @@ class Guard:
                     self.names.add(name.lower())
 
     @property
-    def cookie(self) -> str:
+    def legacy_cookie(self) -> str:
+        """The cookie older versions set (it held the token): expired at each login."""
         return f"gpuswarm_dashboard_{self.port}"
 
     def host_ok(self, value: str) -> bool:
@@ -109,6 +144,22 @@ class Guard:
 
     def token_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+
+    def login(self) -> str:
+        """A new session (the URL's token was right)."""
+        session = secrets.token_urlsafe(32)
+        self.sessions[session] = None
+        while len(self.sessions) > MAX_SESSIONS:
+            self.sessions.popitem(last=False)
+        return session
+
+    def session_ok(self, given: str | None) -> bool:
+        if not given:
+            return False
+        found = False
+        for known in self.sessions:  # constant time per session: no early exit
+            found |= hmac.compare_digest(given.encode(), known.encode())
+        return found
 
     def origin_ok(self, origin: str | None, host: str) -> bool:
         """An action's Origin: this server, under the Host it was asked by."""
@@ -142,6 +193,25 @@ async def _answer(
     await send({"type": "http.response.body", "body": data})
 
 
+def _refusal(scope: Scope, headers: dict[str, str], query: dict[str, str], g: Guard) -> str:
+    """Why a request (past the Host check and the login) is refused; "" when it may pass."""
+    method = scope["method"]
+    if method in SAFE_METHODS and PUBLIC.fullmatch(scope.get("path", "")):
+        return ""
+    session = headers.get(SESSION_HEADER)
+    if (
+        session is None
+        and method in SAFE_METHODS
+        and "text/event-stream" in headers.get("accept", "")
+    ):
+        session = query.get(SESSION_QUERY)
+    if not g.session_ok(session):
+        return NO_SESSION
+    if method not in SAFE_METHODS and not g.origin_ok(headers.get("origin"), headers["host"]):
+        return "an action must come from this dashboard's page"
+    return ""
+
+
 class GuardMiddleware:
     """The checks above, in that order, then security headers on whatever the app answers."""
 
@@ -155,7 +225,7 @@ class GuardMiddleware:
             return
         g = self.guard
         headers = _headers(scope)
-        host = headers.get("host", "")
+        host = headers.setdefault("host", "")
         if not g.host_ok(host):
             await _answer(send, 403, {"error": f"host {host!r} is not allowed"})
             return
@@ -168,28 +238,10 @@ class GuardMiddleware:
                 return
             await self._login(scope, send, query)
             return
-        cookies = SimpleCookie()
-        try:
-            cookies.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header: as if none was sent
-            cookies = SimpleCookie()
-        jar = cookies.get(g.cookie)
-        if not g.token_ok(jar.value if jar is not None else None):
-            await _answer(
-                send,
-                403,
-                {"error": "no token: open the URL with ?token= that the dashboard printed"},
-            )
+        why = _refusal(scope, headers, query, g)
+        if why:
+            await _answer(send, 403, {"error": why})
             return
-        if scope["method"] not in SAFE_METHODS:
-            if not g.token_ok(headers.get(TOKEN_HEADER)):
-                await _answer(send, 403, {"error": f"an action needs the {TOKEN_HEADER} header"})
-                return
-            if not g.origin_ok(headers.get("origin"), host):
-                await _answer(
-                    send, 403, {"error": "an action must come from this dashboard's page"}
-                )
-                return
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -199,17 +251,16 @@ class GuardMiddleware:
         await self.app(scope, receive, with_headers)
 
     async def _login(self, scope: Scope, send: Send, query: dict[str, str]) -> None:
-        """The token in the URL becomes a cookie; the browser goes on without it in the URL."""
-        rest = {k: v for k, v in query.items() if k != "token"}
-        location = scope.get("path", "/") + (f"?{urlencode(rest)}" if rest else "")
-        cookie = f"{self.guard.cookie}={self.guard.token}; HttpOnly; SameSite=Strict; Path=/"
+        """The token in the URL becomes a session in the fragment of a redirect without it."""
+        location = f"{local_location(scope.get('path', '/'), query)}#session={self.guard.login()}"
+        expire = f"{self.guard.legacy_cookie}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict"
         await send(
             {
                 "type": "http.response.start",
                 "status": 303,
                 "headers": [
                     (b"location", location.encode()),
-                    (b"set-cookie", cookie.encode()),
+                    (b"set-cookie", expire.encode()),
                     (b"content-length", b"0"),
                     *HEADERS,
                 ],

@@ -178,10 +178,8 @@ class Dashboard:
         ]
 
     async def index(self, request: Request) -> Response:
-        meta = (
-            f'<meta name="gpuswarm-token" content="{self.guard.token}">'
-            f'<meta name="gpuswarm-read-only" content="{int(self.settings.read_only)}">'
-        )
+        meta = f'<meta name="gpuswarm-read-only" content="{int(self.settings.read_only)}">'
+        # the page is public (it holds nothing of a run): its script brings the session
         body = self.page.replace(b"<!--meta-->", meta.encode())
         return Response(body, media_type="text/html; charset=utf-8")
 
@@ -276,7 +274,9 @@ class Dashboard:
     async def task(self, request: Request) -> Response:
         await self._ready()
         hub = self._hub(request)
-        data = await run_in_threadpool(task_detail, hub.paths, request.path_params["tid"])
+        data = await run_in_threadpool(
+            task_detail, hub.paths, request.path_params["tid"], hub.redactor
+        )
         return _json(
             {**data, "run": hub.id, "run_title": hub.title, "read_only": self.settings.read_only}
         )
@@ -286,7 +286,9 @@ class Dashboard:
         assert self.signal is not None
         hub = self._hub(request)
         resume = parse_resume(request.headers.get("last-event-id"))
-        pump = await run_in_threadpool(LogPump, hub.paths, request.path_params["tid"], resume)
+        pump = await run_in_threadpool(
+            LogPump, hub.paths, request.path_params["tid"], resume, hub.redactor
+        )
         return _stream(log_stream(pump, self.signal))
 
     async def action(self, request: Request) -> Response:
@@ -369,7 +371,8 @@ def _error(status: int, message: str) -> Response:
 
 
 def _num(value: str | None, default: int) -> int:
-    return int(value) if value is not None and value.isdigit() else default
+    found = sse.number(value)
+    return default if found is None else found
 
 
 def _stream(body: AsyncIterator[bytes]) -> Response:

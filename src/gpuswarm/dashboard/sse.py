@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,11 +30,20 @@ def comment(text: str = "") -> bytes:
     return f": {text}\n\n".encode()
 
 
-def last_event_id(value: str | None) -> int | None:
-    """The journal offset a reconnecting page resumes from; None when absent or malformed."""
-    if value is None or not value.strip().isdigit():
+_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits only (str.isdigit takes "²"), < 2**63
+
+
+def number(value: str | None) -> int | None:
+    """A non-negative number a client sent (a header, a query value); None when absent,
+    malformed or longer than 18 digits (``int()`` of 5,000 digits raises: never a 500)."""
+    if value is None or _NUMBER.fullmatch(value.strip()) is None:
         return None
     return int(value.strip())
+
+
+def last_event_id(value: str | None) -> int | None:
+    """The journal offset a reconnecting page resumes from; None when absent or malformed."""
+    return number(value)
 
 
 class Signal:

@@ -21,7 +21,7 @@ from typing import Any
 from gpuswarm.core.events import WAITING, Control, Event, Finished, Other, Recovered, Requeued
 from gpuswarm.core.events import Started as StartedEvent
 from gpuswarm.core.models import State, base_name
-from gpuswarm.core.redact import inert, redact_shapes
+from gpuswarm.core.redact import SHAPES, Redactor, inert
 from gpuswarm.outputs.results import row_for
 from gpuswarm.store.names import PRIORITY_LIMIT, descriptor_name, task_id_of
 from gpuswarm.store.reader import RunReader
@@ -44,7 +44,8 @@ class Entry:
 class TaskIndex:
     """Task id -> where it is; pages of it sorted and filtered (thread-safe)."""
 
-    def __init__(self, reader: RunReader) -> None:
+    def __init__(self, reader: RunReader, redactor: Redactor = SHAPES) -> None:
+        self.redactor = redactor
         self.reader = reader
         self.lock = threading.Lock()
         self.entries: dict[str, Entry] | None = None  # None until the first page is asked for
@@ -219,14 +220,14 @@ class TaskIndex:
             rows.append(
                 {
                     "id": entry.id,
-                    "name": inert(redact_shapes(desc.name)),
+                    "name": inert(self.redactor.name(desc.name)),
                     "state": _state_of(entry),
                     "priority": desc.priority,
                     "attempts": values["attempts"],
                     "max_attempts": desc.max_attempts,
                     "seconds": values["seconds"],
                     "exit": values["exit"],
-                    "reason": inert(redact_shapes(str(values["reason"] or "")))[:300],
+                    "reason": inert(self.redactor.text(str(values["reason"] or "")))[:300],
                 }
             )
         return rows

@@ -18,7 +18,7 @@ from typing import Any
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import inert, redact_command, redact_shapes, redact_text, redact_tree
+from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.dashboard import sse
 from gpuswarm.outputs.tasklog import Ended, Hop, LogTarget, follow
 from gpuswarm.store.lookup import locate
@@ -32,7 +32,7 @@ class NoSuchTaskError(BadInputError):
     """The page asks for a task the run does not have."""
 
 
-def _attempt(a: Any) -> dict[str, Any]:
+def _attempt(a: Any, redactor: Redactor) -> dict[str, Any]:
     return {
         "n": a.n,
         "slot": a.slot,
@@ -43,44 +43,46 @@ def _attempt(a: Any) -> dict[str, Any]:
         "kind": a.kind,
         "returncode": a.returncode,
         "signal": a.signal,
-        "reason": inert(redact_shapes(a.reason or "")),
+        "reason": inert(redactor.text(a.reason or "")),
         "oom": bool(a.oom),
         "interrupted": a.interrupted,
-        "metrics": redact_tree(a.metrics or {}),
+        "metrics": redactor.tree(a.metrics or {}),
     }
 
 
-def task_detail(paths: RunPaths, task: str) -> dict[str, Any]:
-    """Everything the task page shows but the log."""
+def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> dict[str, Any]:
+    """Everything the task page shows but the log (redacted by the run's ``redactor`` and the
+    task's own env)."""
     reader = RunReader(paths)
     hit = locate(reader, task)
     if hit is None:
         raise NoSuchTaskError(f"task {task!r}: this run has no such task")
     desc = reader.read(hit.state, hit.file) or Descriptor({"id": task, "task": {}})
     desc.default_id(task)
+    redactor = redactor.including(desc.env)
     running = next((r for r in reader.running() if r.task == task), None)
     last = desc.last_counted
     spec = desc.task
     command = spec.get("command")
     return {
         "id": task,
-        "name": inert(redact_shapes(desc.name)),
+        "name": inert(redactor.name(desc.name)),
         "state": State.PENDING.value if running and running.waiting else hit.state.value,
         "waiting": bool(running and running.waiting),
         "retry_at": running.retry_at if running else None,
-        "reason": inert(redact_shapes(desc.reason or "")),
+        "reason": inert(redactor.text(desc.reason or "")),
         "priority": desc.priority,
         "max_attempts": desc.max_attempts,
         "used": desc.attempts_used,
         "timeout": desc.timeout,
-        "command": redact_command(command) if isinstance(command, str | list) else None,
-        "cwd": spec.get("cwd"),
+        "command": redactor.command(command) if isinstance(command, str | list) else None,
+        "cwd": redactor.text(str(spec["cwd"])) if spec.get("cwd") else None,
         "running": None
         if running is None or running.waiting
         else {"slot": running.slot, "since": running.since, "attempt": running.attempt},
-        "attempts": [_attempt(a) for a in desc.attempts],
-        "metrics": redact_tree((last.metrics if last else None) or {}),
-        "result": redact_tree(desc.result or {}),
+        "attempts": [_attempt(a, redactor) for a in desc.attempts],
+        "metrics": redactor.tree((last.metrics if last else None) or {}),
+        "result": redactor.tree(desc.result or {}),
         "logs": reader.attempt_numbers(task),
         "env": sorted(desc.env),  # names only: values may be secrets
     }
@@ -97,7 +99,9 @@ class _Chunk:
 class LogPump:
     """A thread following one task's logs into an asyncio queue (the page's stream)."""
 
-    def __init__(self, paths: RunPaths, task: str, resume: tuple[int, int] | None) -> None:
+    def __init__(
+        self, paths: RunPaths, task: str, resume: tuple[int, int] | None, redactor: Redactor
+    ) -> None:
         self.paths = paths
         self.task = task
         self.resume = resume
@@ -107,14 +111,14 @@ class LogPump:
         if hit is None:
             raise NoSuchTaskError(f"task {task!r}: this run has no such task")
         desc = reader.read(hit.state, hit.file)
-        self.env = dict(desc.env) if desc is not None else {}
+        self.redactor = redactor.including(desc.env if desc is not None else None)
         first = resume[0] if resume else 1
         self.target = LogTarget(paths, task, hit.state.value, first, None, reader.live())
 
     def _clean(self, data: bytes) -> str:
         lines = data.decode("utf-8", errors="replace").split("\n")
         shown = [next((p for p in reversed(line.split("\r")) if p), "") for line in lines]
-        return inert(redact_text("\n".join(shown), self.env), keep_newlines=True)
+        return inert(self.redactor.text("\n".join(shown)), keep_newlines=True)
 
     def run(self, put: Callable[[_Chunk], None]) -> None:
         """Follow until the task ended and its logs are read, or :attr:`stop` is set. Only
@@ -197,7 +201,7 @@ def parse_resume(value: str | None) -> tuple[int, int] | None:
     """A log stream's ``Last-Event-ID`` (``<attempt>:<offset>``)."""
     if not value or ":" not in value:
         return None
-    a, _, b = value.partition(":")
-    if not (a.isdigit() and b.isdigit()) or int(a) < 1:
+    a, b = (sse.number(part) for part in value.partition(":")[::2])
+    if a is None or b is None or a < 1:
         return None
-    return int(a), int(b)
+    return a, b

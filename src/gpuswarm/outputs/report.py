@@ -9,7 +9,6 @@ the rest. The page's pieces (escaping, tables, the sort script) are ``outputs/ht
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,11 @@ from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import redact_text
+from gpuswarm.core.redact import Redactor, env_secret_values
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
-from gpuswarm.outputs.results import FIXED_COLUMNS, Row, row_for
+from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -52,15 +52,16 @@ def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], 
 class _Scan:
     """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
 
-    def __init__(self, reader: RunReader, summary: Mapping[str, Any]) -> None:
+    def __init__(
+        self, reader: RunReader, summary: Mapping[str, Any], info: Mapping[str, Any]
+    ) -> None:
         self.reader = reader
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
         self.unfinished: list[tuple[str, Descriptor]] = []
         self.skipped: list[Row] = []
         self.cancelled: list[Row] = []
-        self.env: dict[str, dict[str, str]] = {}  # task id -> its own env, if it has one
-        self.base_env = dict(os.environ)
+        secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
         self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
         self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
         for state, _, data in reader.everything():
@@ -69,10 +70,9 @@ class _Scan:
             self._count_slots(data)
             retried = oom_retries(str(row.values["task"]), data)
             self.bars += bars_from_descriptor(data, state.value)
-            task_env = data.env
-            if task_env:
-                self.env[str(row.values["task"])] = dict(task_env)
-            self.oom_retries += [(t, n, p, self.redact(t, why)) for t, n, p, why in retried]
+            if data.env:
+                secrets |= env_secret_values(data.env)
+            self.oom_retries += retried
             if state is State.SKIPPED:
                 self.skipped.append(row)
             elif state is State.CANCELLED:
@@ -87,6 +87,9 @@ class _Scan:
                     task=fail["task"], state="corrupt", attempts=0, reason=fail.get("reason", "")
                 )
                 self.rows.append(row)
+        self.redactor: Redactor = run_redactor(info).including(values=secrets)
+        redact_rows(self.rows, self.redactor)
+        self.oom_retries = [(t, n, p, self.redact(t, why)) for t, n, p, why in self.oom_retries]
 
     def _count_slots(self, data: Descriptor) -> None:
         for att in data.attempts:
@@ -103,8 +106,7 @@ class _Scan:
                 one["busy"] += max(0.0, float(att.ended) - float(att.started))
 
     def redact(self, task: object, text: object) -> str:
-        own = self.env.get(str(task))
-        return redact_text(cell_text(text), {**self.base_env, **own} if own else self.base_env)
+        return self.redactor.text(cell_text(text))
 
 
 def _lanes(info: Mapping[str, Any]) -> list[str]:
@@ -222,8 +224,6 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     table = []
     for r in shown:
         cells: list[object] = [r.values.get(c) for c in FIXED_COLUMNS]
-        cells[1] = scan.redact(r.values["task"], cells[1])
-        cells[7] = scan.redact(r.values["task"], cells[7])
         table.append(
             cells + [r.metrics.get(c) for c in metric_cols] + [r.result.get(c) for c in result_cols]
         )
@@ -331,7 +331,7 @@ def write_report(
     paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
 ) -> Path:
     """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
-    scan = _Scan(RunReader(paths, queue), summary)
+    scan = _Scan(RunReader(paths, queue), summary, info)
     lanes = scan.reader.slot_ids() or _lanes(info)  # every slot id the run has had
     stats = idle_stats(scan.bars, lanes)
     name = str(info.get("name") or summary.get("name") or "")

@@ -18,6 +18,8 @@ from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
+from gpuswarm.core.redact import Redactor, env_secret_values
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
@@ -74,8 +76,11 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     return row
 
 
-def collect(queue: DirQueue) -> list[Row]:
+def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
+    """Every task's row, redacted by ``redactor`` and every task's own env (one pattern for
+    the run: the tasks' secret values are gathered first)."""
     rows: list[Row] = []
+    secrets: set[str] = set()
     for state in State:
         for name in queue.names(state):
             desc = queue.read_desc(state, name)
@@ -84,9 +89,33 @@ def collect(queue: DirQueue) -> list[Row]:
                 continue
             desc.default_id(task_id_of(name))
             rows.append(row_for(state, desc))
+            if desc.env:
+                secrets |= env_secret_values(desc.env)
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=lambda r: str(r.values["task"]))
+    if redactor is not None:
+        redact_rows(rows, redactor.including(values=secrets))
     return rows
+
+
+def _has_text(d: dict[str, Any]) -> bool:
+    return any(isinstance(v, str | dict | list) for v in d.values()) or any(
+        not k.isidentifier() or len(k) > 16 for k in d
+    )
+
+
+def redact_rows(rows: list[Row], redactor: Redactor) -> None:
+    """Names, reasons and the string fields (and keys) of metrics and results, in place: a
+    task writes its result file, and a name or a reason may quote a secret."""
+    for r in rows:
+        for key in ("name", "reason"):
+            value = r.values.get(key)
+            if isinstance(value, str) and value:
+                r.values[key] = redactor.text(value)
+        if r.metrics and _has_text(r.metrics):
+            r.metrics = redactor.tree(r.metrics)
+        if r.result and _has_text(r.result):
+            r.result = redactor.tree(r.result)
 
 
 def _unusable_row(queue: DirQueue, state: State, name: str) -> list[Row]:
@@ -291,10 +320,12 @@ def write_outputs(
     window: tuple[float, float] | None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write results.tsv and summary.json atomically; return the summary."""
-    rows = collect(queue)
+    """Write results.tsv and summary.json atomically (redacted by the run's redactor); return
+    the summary."""
+    redactor = run_redactor(run_info)
+    rows = collect(queue, redactor)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary = {**summarize(rows, run_info, window), **(extra or {})}
+    summary = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
     summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

@@ -6,7 +6,6 @@ of events.jsonl, and only running and (the latest) failed descriptors are read.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
@@ -17,7 +16,8 @@ from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, find_runs
-from gpuswarm.core.redact import redact_text
+from gpuswarm.core.redact import Redactor
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
@@ -46,7 +46,9 @@ def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
     ]
 
 
-def _failures(reader: RunReader, limit: int = MAX_FAILURES) -> list[dict[str, Any]]:
+def _failures(
+    reader: RunReader, redactor: Redactor, limit: int = MAX_FAILURES
+) -> list[dict[str, Any]]:
     out = []
     for name, found in reader.latest(State.FAILED, limit):
         desc = found if found is not None else Descriptor({"task": {}})
@@ -60,18 +62,17 @@ def _failures(reader: RunReader, limit: int = MAX_FAILURES) -> list[dict[str, An
                 "interrupted": desc.attempt_count - desc.counted_count,  # not counted
                 "reason": desc.reason or "",
                 "log": str(log) if log else None,
-                "log_tail": _redacted_tail(log, desc),
+                "log_tail": _redacted_tail(log, desc, redactor),
             }
         )
     return out
 
 
-def _redacted_tail(log: Path | None, desc: Descriptor) -> str:
-    """A log tail with the values of secret-looking variables (task's and ours) blanked."""
+def _redacted_tail(log: Path | None, desc: Descriptor, redactor: Redactor) -> str:
+    """A log tail redacted by the run's redactor and the task's own env."""
     if log is None or not log.exists():
         return ""
-    env = {**os.environ, **desc.env}
-    return redact_text(log_tail(log, max_lines=8), env)
+    return redactor.including(desc.env).text(log_tail(log, max_lines=8))
 
 
 def _eta(reader: RunReader, pending: int, running: int, slots: int) -> dict[str, Any]:
@@ -90,12 +91,12 @@ def _eta(reader: RunReader, pending: int, running: int, slots: int) -> dict[str,
 def run_status(run_dir: Path) -> dict[str, Any]:
     paths, info = open_run(run_dir)
     reader = RunReader(paths)
+    redactor = run_redactor(info)
     now = time.time()
     counts = shown_counts(reader.counts())
     slots = int(info.get("slot_count") or 1)
     live = reader.live()
-    return {
-        "run": str(paths.root),
+    shown = {
         "name": info.get("name", ""),
         "created": info.get("created"),
         "live": live,
@@ -105,7 +106,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "counts": counts,
         "total": sum(counts.values()),
         "running": _running(reader, now),
-        "failures": _failures(reader),
+        "failures": _failures(reader, redactor),
         "eta": _eta(reader, counts["pending"], counts["running"], slots) if live else None,
         "corrupt": reader.corrupt(),
         "quarantined": _quarantined(reader, live),
@@ -117,6 +118,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
     }
+    return {"run": str(paths.root), **redactor.tree(shown)}  # names, reasons: one redactor
 
 
 def _hint(paths: RunPaths, state: str) -> str:

@@ -22,14 +22,22 @@ from gpuswarm.core.fsutil import dumps_compact
 from gpuswarm.core.records import event_problem, parse_event
 
 Listener = Callable[[dict[str, Any]], None]
+TEXT_FIELDS = ("reason", "name")  # free text an event may carry (a name, a quoted file error)
 
 
 class Ledger:
     """Appends events; calls listeners (the terminal reporter) with each event."""
 
-    def __init__(self, path: Path, *, durable: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        durable: bool = True,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
         self.path = path
         self.durable = durable
+        self.redact = redact  # the run's redactor over TEXT_FIELDS (a supervisor's ledger)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
@@ -39,6 +47,11 @@ class Ledger:
         self._listeners.append(listener)
 
     def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
+        if self.redact is not None:
+            for key in TEXT_FIELDS:
+                value = fields.get(key)
+                if isinstance(value, str) and value:
+                    fields[key] = self.redact(value)
         record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
         faults.point("ledger.emit.before", **record)
         line = dumps_compact(record)

@@ -10,6 +10,7 @@ second); elsewhere those columns are left out.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuswarm.core.logs import log_tail
-from gpuswarm.core.redact import inert, redact_shapes
+from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.placement.nvml import open_query
 
@@ -59,8 +60,11 @@ class LiveView:
         gpu_stats: Callable[[], dict[str, str]] | None = None,
         paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
         recount: Callable[[], dict[str, int]] | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.state = state
+        # the run's redactor (run_redactor); else this process's secrets, then shapes
+        self.redactor = redactor if redactor is not None else Redactor.of_env(os.environ)
         self.paused = paused  # (run, slots) paused now; None: as the journal says
         # the queue's counts now (its folders), taken over every RECOUNT_SECONDS: a live run's
         # view hears only its own supervisor's events, not another process's add or cancel
@@ -162,7 +166,7 @@ class LiveView:
     def _last_line(self, row: SlotRow) -> str:
         tail = log_tail(self.log_of(row.task, row.attempt), max_lines=1, max_bytes=4096)
         # task output: no escape sequence for the terminal, no token or URL password on screen
-        return escape(inert(redact_shapes(tail.strip())))
+        return escape(inert(self.redactor.text(tail.strip())))
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from gpuswarm.core.events import Event
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.store.ledger import EventTail
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -55,11 +56,17 @@ class Follower:
 
 def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = False) -> int:
     """Follow the run until no supervisor is live; exit code 0 when every task is done."""
-    paths, _ = open_run(run_dir)
+    paths, info = open_run(run_dir)
     follower = Follower(paths)
     reader, state = follower.reader, follower.view
     listener = (
-        LiveView(state, paths.attempt_log, title=paths.root.name, paused=paused_now(paths))
+        LiveView(
+            state,
+            paths.attempt_log,
+            title=paths.root.name,
+            paused=paused_now(paths),
+            redactor=run_redactor(info),
+        )
         if is_terminal(stream) and not plain
         else None
     )

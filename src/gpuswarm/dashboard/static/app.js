@@ -3,12 +3,30 @@
 // textContent or an attribute set by the DOM API: never as HTML.
 'use strict';
 
-const TOKEN = metaContent('gpuswarm-token');
+// The session: the login redirect (the printed URL's token, exchanged once) brings it in the
+// fragment, #session=...; it is kept in this origin's localStorage (another port is another
+// origin: no other server's page can read it; no cookie carries it) and leaves the address bar.
+const SESSION_KEY = 'gpuswarm-session';
+const SESSION = takeSession();
+const NO_SESSION = 'No session: open the URL with ?token= that `gpuswarm dashboard` printed.';
 const READ_ONLY = metaContent('gpuswarm-read-only') === '1';
 const SVGNS = 'http://www.w3.org/2000/svg';
 const OUTCOMES = ['done', 'failed', 'timeout', 'retried', 'interrupted', 'cancelled', 'skipped', 'running'];
 const STATES = ['pending', 'running', 'done', 'failed', 'skipped', 'cancelled'];
 const WINDOWS = [[-1, 'fit'], [300, '5 min'], [1800, '30 min'], [7200, '2 h'], [0, 'all']];
+
+function takeSession() {
+  const m = /^#session=([A-Za-z0-9_-]+)$/.exec(location.hash);
+  if (m) {
+    history.replaceState(null, '', location.pathname + location.search);
+    try { localStorage.setItem(SESSION_KEY, m[1]); } catch (e) { /* no storage: this page only */ }
+    return m[1];
+  }
+  try { return localStorage.getItem(SESSION_KEY) || ''; } catch (e) { return ''; }
+}
+function withSession(path) {
+  return `${path}${path.includes('?') ? '&' : '?'}session=${encodeURIComponent(SESSION)}`;
+}
 
 function metaContent(name) {
   const m = document.querySelector(`meta[name="${name}"]`);
@@ -77,7 +95,7 @@ function noteServerTime(now) { if (now) clockSkew = now - Date.now() / 1000; }
 
 // -- talking to the server -----------------------------------------------------------------
 async function getJSON(path) {
-  const r = await fetch(path, { credentials: 'same-origin', headers: { Accept: 'application/json' } });
+  const r = await fetch(path, { headers: { Accept: 'application/json', 'X-Gpuswarm-Session': SESSION } });
   const data = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
   if (!r.ok) throw new Error(data.error || `HTTP ${r.status}`);
   return data;
@@ -85,8 +103,7 @@ async function getJSON(path) {
 async function post(path, body) {
   const r = await fetch(path, {
     method: 'POST',
-    credentials: 'same-origin',
-    headers: { 'Content-Type': 'application/json', 'X-Gpuswarm-Token': TOKEN },
+    headers: { 'Content-Type': 'application/json', 'X-Gpuswarm-Session': SESSION },
     body: JSON.stringify(body || {}),
   });
   const data = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
@@ -120,7 +137,7 @@ function describe(action, data) {
 // A live stream: an EventSource that marks the connection state; closed when the page goes.
 const streams = new Set();
 function stream(path, handlers) {
-  const es = new EventSource(path, { withCredentials: true });
+  const es = new EventSource(withSession(path)); // EventSource sends no header of ours
   const conn = document.getElementById('conn');
   es.onopen = () => { conn.textContent = 'live'; conn.className = 'conn live'; };
   es.onerror = () => { if (es.readyState !== EventSource.OPEN) { conn.textContent = 'reconnecting…'; conn.className = 'conn down'; } };
@@ -154,6 +171,7 @@ function page(...children) {
 // -- router --------------------------------------------------------------------------------
 function route() {
   leavePage();
+  if (!SESSION) { page(el('div', { class: 'notice error', 'data-testid': 'no-session', text: NO_SESSION })); return; }
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   try {
     if (parts[0] === 'run' && parts[2] === 'task' && parts[3]) taskPage(parts[1], parts.slice(3).join('/'));

@@ -1,0 +1,160 @@
+"""The one redactor (core/redact.py ``Redactor``) and where its secrets come from
+(core/secretvalues.py): JSON, Python and YAML pairs by key, values compiled once per run (a
+trie past 64 values), provisioned files read with limits, names redacted like commands."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuswarm.config.load import load_command_list, load_config
+from gpuswarm.core import redact
+from gpuswarm.core.events import Ev
+from gpuswarm.core.redact import REDACTED, Redactor, name_redactor, redact_shapes
+from gpuswarm.core.secretvalues import (
+    FILE_MAX,
+    provision_sources,
+    provisioned_values,
+    run_redactor,
+    values_in_text,
+)
+from gpuswarm.store.ledger import Ledger
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ('{"token": "abc123", "n": 1}', '{"token": "***", "n": 1}'),
+        ('{"api_key":"k-9","password": "p\\"w"}', '{"api_key":"***","password": "***"}'),
+        ("{'token': 'abc123', 'name': 'x'}", "{'token': '***', 'name': 'x'}"),
+        ('{"client_secret": 12ab}', '{"client_secret": ***}'),
+        ("token: abcdef", "token: ***"),
+        ("password: my pass phrase  # note", "password: ***  # note"),
+        ("  - api_key: 'q1w2'", "  - api_key: '***'"),
+        ("INFO your token: zz99 was used", "INFO your token: *** was used"),
+    ],
+)
+def test_json_python_and_yaml_pairs_by_key(text: str, shown: str) -> None:
+    assert redact_shapes(text) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"tokens_used": 12, "max_tokens": 512, "token_count": 5, "auth": true}',
+        "Tokenizer: bert-base",
+        "time: 12:30:00",
+        "name: ok",
+        "Authorization: Bearer ***",
+        '"password": "***"',
+    ],
+)
+def test_pairs_that_hold_no_secret_are_kept(text: str) -> None:
+    assert redact_shapes(text) == text
+
+
+def test_values_then_shapes_and_trees() -> None:
+    r = Redactor(["s3cr3t-value", "abc", "true"])  # under 4 characters and flags: no secrets
+    assert r.values == frozenset({"s3cr3t-value"})
+    assert r.text("x s3cr3t-value y --token zz abc true") == "x *** y --token *** abc true"
+    assert r.command(["run", "--key=s3cr3t-value", "s3cr3t-value"]) == ["run", "--key=***", "***"]
+    tree = {"api_key": "plain", "n": 1, "note": "has s3cr3t-value", "env": {"HF_TOKEN": "x"}}
+    assert r.tree(tree) == {
+        "api_key": REDACTED,
+        "n": 1,
+        "note": "has ***",
+        "env": {"HF_TOKEN": REDACTED},
+    }
+    assert r.tree({"s3cr3t-value": 1}) == {"***": 1}  # a result key is shown too
+
+
+def test_including_adds_a_tasks_env_and_compiles_once() -> None:
+    base = Redactor.of_env({"SUPERVISOR_TOKEN": "sup-value-1", "PATH": "/usr/bin"})
+    assert base.including({"PATH": "/bin"}) is base  # nothing secret: the same redactor
+    assert base.including({"HF_TOKEN": "sup-value-1"}) is base  # nothing new
+    redact._secret_pattern.cache_clear()
+    tasks = [base.including({"MY_API_KEY": "task-value-2"}) for _ in range(2000)]
+    assert redact._secret_pattern.cache_info().misses == 1  # one pattern for 2,000 tasks
+    assert tasks[0].text("sup-value-1 task-value-2") == "*** ***"
+
+
+def test_many_values_use_one_trie_that_prefers_the_longest() -> None:
+    values = [f"secret-{i:04d}-{'x' * (i % 7)}" for i in range(300)] + ["abcd", "abcdef"]
+    r = Redactor(values)
+    assert len(r.values) > redact.ALTERNATION_MAX
+    text = " ".join(values) + " abcdefg keep-this"
+    assert r.text(text) == " ".join([REDACTED] * len(values)) + " ***g keep-this"
+
+
+def test_values_in_provisioned_files() -> None:
+    doc = {"oauth": {"access_token": "tok-1234", "expires": 3600}, "user": "bob", "id": 7}
+    assert values_in_text(json.dumps(doc)) == {"tok-1234"}
+    assert values_in_text("hf_abcdefghijklmnop\n") == {"hf_abcdefghijklmnop"}  # a token file
+    dotenv = "export API_KEY='k-1234'\nPATH=/bin\npassword: pw-5678\nuser = bob\n"
+    assert values_in_text(dotenv) == {"k-1234", "pw-5678"}
+    assert values_in_text("[1, 2") == set()  # not JSON, no pairs
+
+
+def test_provisioned_files_are_read_with_limits(tmp_path: Path) -> None:
+    folder = tmp_path / "login"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "auth.json").write_text('{"token": "in-folder-1234"}')
+    (folder / "sub" / "creds").write_text("secret_key = nested-5678\n")
+    (folder / "big.json").write_text('{"token": "too-big-0000"}' + " " * FILE_MAX)
+    outside = tmp_path / "other-user-key"
+    outside.write_text("not-provisioned-9999")
+    (folder / "link").symlink_to(outside)  # a link is not followed
+    os.mkfifo(folder / "fifo")  # never blocks
+    assert provisioned_values([folder, tmp_path / "missing"]) == {"in-folder-1234", "nested-5678"}
+
+
+def test_run_redactor_takes_this_process_and_the_provisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "cred.json").write_text('{"refresh_token": "prov-4321"}')
+    monkeypatch.setenv("SUPERVISOR_TOKEN", "sup-8765")
+    info = {"base_dir": str(tmp_path), "home": {"provision": [{"src": "cred.json", "dest": "x"}]}}
+    assert provision_sources(info, base=str(tmp_path)) == [tmp_path / "cred.json"]
+    r = run_redactor(info, {"OWN_SECRET": "own-1111"})
+    assert r.text("prov-4321 sup-8765 own-1111 fine") == "*** *** *** fine"
+    config = {
+        "defaults": {"env": {"DB_PASSWORD": "cfg-2222"}},
+        "tasks": [{"command": "x cfg-2222"}],
+    }
+    assert run_redactor(config=config).tree(config)["tasks"] == [{"command": "x ***"}]
+
+
+def test_names_are_redacted_like_commands_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUPERVISOR_TOKEN", "sup-name-value")
+    assert (
+        name_redactor({"MY_API_KEY": "own-name-value"}).name(
+            "train sup-name-value own-name-value --token zz"
+        )
+        == "train *** *** --token ***"
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "defaults: {env: {MY_API_KEY: own-name-value}}\n"
+        "tasks:\n  - {name: 'a-sup-name-value', command: 'true'}\n"
+        "  - {name: 'b-own-name-value', command: 'true'}\n"
+        "  - {name: 'c {\"token\": \"json-in-name\"}', command: 'true'}\n"
+    )
+    tasks = load_config(cfg).tasks
+    assert [t.name for t in tasks] == ["a-***", "b-***", 'c {"token": "***"}']
+    assert all("value" not in t.id and "json-in-name" not in t.id for t in tasks)
+    lines = load_command_list(None, "echo sup-name-value\n", base_dir=tmp_path).tasks
+    assert lines[0].name == "echo ***" and lines[0].command == ["echo", "sup-name-value"]
+
+
+def test_a_supervisors_journal_redacts_reasons_and_names(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "events.jsonl", redact=Redactor(["leaked-4242"]).text)
+    ledger.emit(Ev.FINISHED, task="t", slot="s", reason='exit 0 but {"token": "x1"} leaked-4242')
+    ledger.emit(Ev.STARTED, task="t", attempt=1, slot="s", name="n leaked-4242")
+    ledger.close()
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "leaked-4242" not in text and "x1" not in text and text.count(REDACTED) == 3
