@@ -16,21 +16,17 @@ What each does on a live and on a stopped run:
 - cancel: a pending task ends cancelled at once (this command applies it); a running one gets a
   durable request the supervisor holding it applies on its next tick (``--wait`` blocks until it
   left running/). On a stopped run the request waits for the resume (recovery applies it). A task
-  that has ended already is left as it is (a note, exit 0: nothing to do). The request is bound
-  to the attempt under way (or the retry waiting out its backoff): when that attempt ends with an
-  outcome before the request is applied, the request is dropped as too late (journaled), so it
-  never cancels a later retry.
+  that has ended already is left as it is (a note, exit 0: nothing to do). The request is for
+  the attempt under way (``store.control.too_late``): it never cancels a later retry.
 - retry: failed / cancelled tasks back to pending with a fresh attempt budget (history kept),
-  their leftover cancel requests dropped. Nothing is started: a run without a live supervisor is
+  their cancel requests dropped. Nothing is started: a run without a live supervisor is
   finished with ``gpuswarm resume``.
 - pause / unpause: the run's (or one slot's) pause flag; running tasks go on.
 - priority: a pending task's new priority (its claim order). A running task's priority cannot
   change (it applies to pending tasks only): exit 2 saying so.
 
-add, retry, unpause and priority touch the run's ``added`` marker: every live supervisor of the
-run, on any host, stats it on its keeper's quick look (:mod:`gpuswarm.supervise.keeper`, four
-times a second) and looks at pending/ again, so an idle slot starts the new work within a second
-even while its other slots run long tasks.
+add, retry, unpause and priority touch the run's ``added`` marker: the keeper of every live
+supervisor, on any host, stats it four times a second and wakes its loop to claim.
 """
 
 from __future__ import annotations
@@ -282,7 +278,9 @@ def cancel_tasks(
         for tid in ids:
             state, name = known[tid]
             row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-            state, attempt = _cancel_one(s, tid, state, name, reason)
+            state, attempt = control.request_cancel(
+                s.queue, tid, state, name, reason, s.announce_cancel
+            )
             row["was"] = State.PENDING.value if state is State.CANCELLED else state.value
             if state is State.CANCELLED:
                 row["now"] = State.CANCELLED.value
@@ -306,40 +304,6 @@ def cancel_tasks(
     if wait is not None and asked and live:
         timed_out = not _wait_left_running(paths, asked, wait)
     return {"run": str(paths.root), "tasks": rows, "live": live, "timed_out": timed_out}
-
-
-LOOKS = 8  # a task seen moving between pending/ and running/ is looked for this often
-
-
-def _cancel_one(
-    s: _Session, tid: str, state: State, name: str, reason: str
-) -> tuple[State, int | None]:
-    """Cancel one task: pending -> cancelled now (CANCELLED); running -> a request bound to
-    the attempt its descriptor shows under way (RUNNING, that attempt's number: one that ends
-    before the request is applied drops it, never its retry); ended: that state, nothing done."""
-    for _ in range(LOOKS):
-        if state is State.PENDING:
-            if s.queue.cancel_pending(tid, reason, s.announce_cancel) is not None:
-                return State.CANCELLED, None
-        elif state is State.RUNNING:
-            desc = s.queue.read_desc(State.RUNNING, name)
-            if desc is not None:
-                attempt = desc.next_attempt  # a waiting retry: the retry it waits to run
-                control.put(s.paths, "cancel", tid, reason, attempt=attempt)
-                return State.RUNNING, attempt
-        else:
-            return state, None
-        state, name = _where(s.queue, tid, state)  # it moved on meanwhile: where to now?
-    control.put(s.paths, "cancel", tid, reason)  # never still: whichever attempt runs
-    return State.RUNNING, None
-
-
-def _where(queue: DirQueue, tid: str, was: State) -> tuple[State, str]:
-    for state in (State.RUNNING, State.PENDING, *ENDED):
-        for name in queue.names(state):
-            if task_id_of(name) == tid:
-                return state, name
-    return was, ""  # between two folders this instant (a hold): look again
 
 
 def _wait_left_running(paths: RunPaths, rows: list[dict[str, Any]], timeout: float) -> bool:
@@ -408,19 +372,19 @@ def retry_tasks(
 
 
 def _drop_requests(s: _Session, tasks: set[str]) -> None:
-    """Requests a retry makes moot: those of the tasks it requeues (made for an attempt that
-    has ended), dropped before the tasks are pending again and journaled as such."""
-    for req in control.requests(s.paths) if tasks else []:
-        if req.task in tasks and control.drop(s.paths, req):
-            s.ledger.emit(
-                Ev.CONTROL,
-                request=req.kind,
-                task=req.task,
-                by=req.by,
-                applied_by=s.me,
-                **({"attempt": req.attempt} if req.attempt is not None else {}),
-                dropped="too late: the task ended before it was applied; retried since",
-            )
+    """The requests of the tasks a retry requeues (made for an attempt that ended), dropped
+    before the tasks are pending again; journaled as such."""
+    for req in control.drop_requests(s.paths, tasks):
+        more = {"attempt": req.attempt} if req.attempt is not None else {}
+        s.ledger.emit(
+            Ev.CONTROL,
+            request=req.kind,
+            task=req.task,
+            by=req.by,
+            applied_by=s.me,
+            **more,
+            dropped="too late: the task ended before it was applied; retried since",
+        )
 
 
 def _retry_announce(s: _Session, frm: State) -> Callable[[Descriptor], object]:

@@ -29,18 +29,22 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
-from gpuswarm.core.models import Descriptor
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import DirQueue
 
 KINDS = ("cancel",)
 MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; more is not one of ours
 MAX_REQUESTS = 10_000  # read per tick at most (the rest wait for the next ticks)
 PAUSED = "paused"  # the whole run; paused@<slot-id>: one slot
+ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,54 @@ def requests(paths: RunPaths, cache: dict[str, Request | None] | None = None) ->
         for gone in set(cache) - set(names):  # dropped by someone: forget them
             del cache[gone]
     return out
+
+
+def drop_requests(paths: RunPaths, tasks: set[str]) -> list[Request]:
+    """Remove every request of ``tasks`` (a retry requeues them); returns those this call
+    removed."""
+    if not tasks:
+        return []
+    return [req for req in requests(paths) if req.task in tasks and drop(paths, req)]
+
+
+LOOKS = 8  # a task seen moving between pending/ and running/ is looked for this often
+
+
+def request_cancel(
+    queue: DirQueue,
+    task: str,
+    state: State,
+    name: str,
+    reason: str,
+    announce: Callable[[Descriptor], object],
+) -> tuple[State, int | None]:
+    """``gpuswarm cancel`` of one task (``state``/``name``: where it was seen): pending ->
+    cancelled now (CANCELLED, ``announce`` journals it); running -> a request bound to the
+    attempt its descriptor shows under way, or the retry it waits to run (RUNNING, that
+    attempt's number); ended -> that state, nothing done."""
+    for _ in range(LOOKS):
+        if state is State.PENDING:
+            if queue.cancel_pending(task, reason, announce) is not None:
+                return State.CANCELLED, None
+        elif state is State.RUNNING:
+            desc = queue.read_desc(State.RUNNING, name)
+            if desc is not None:
+                attempt = desc.next_attempt
+                put(queue.paths, "cancel", task, reason, attempt=attempt)
+                return State.RUNNING, attempt
+        else:
+            return state, None
+        state, name = _where(queue, task, state)  # it moved on meanwhile: where to now?
+    put(queue.paths, "cancel", task, reason)  # never still: whichever attempt runs
+    return State.RUNNING, None
+
+
+def _where(queue: DirQueue, task: str, was: State) -> tuple[State, str]:
+    for state in (State.RUNNING, State.PENDING, *ENDED):
+        for name in queue.names(state):
+            if task_id_of(name) == task:
+                return state, name
+    return was, ""  # between two folders this instant (a hold): look again
 
 
 def _read(path: Path) -> Request | None:
