@@ -421,15 +421,18 @@ class DirQueue(QueueFolders):
             desc = Descriptor.loads(held.read_bytes())
             reason = decide(desc)
         except BaseException:
-            os.replace(held, pending / name)
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(held, pending / name)
             raise
-        if reason is None:
-            os.replace(held, pending / name)  # pending as it was
+        cancel = pending / f"{HELD}cancel-{os.getpid()}-{name}"
+        try:  # (FileNotFoundError: a finish_holds of this process undid the look meanwhile)
+            os.replace(held, pending / name if reason is None else cancel)
+        except FileNotFoundError:
+            return None
+        if reason is None:  # pending as it was
             self.push(name)
             note_added(self.paths)  # a claimer that met the hold dropped the name: rescan
             return None
-        cancel = pending / f"{HELD}cancel-{os.getpid()}-{name}"
-        os.rename(held, cancel)
         return self._cancel_held(name, cancel, desc, reason, announce)
 
     def _cancel_held(
