@@ -471,8 +471,8 @@ class DirQueue(QueueFolders):
 
     def finish_holds(self, announce_cancel: Announce) -> int:
         """Holds a crash cut short (their writer is dead): a cancel is finished (journaled
-        again, written to cancelled/), a priority change is undone (the task is pending under
-        its old name). Returns how many were finished."""
+        again, written to cancelled/), a priority change or a cancel's look is undone (the
+        task is pending under its old name). Returns how many were finished."""
         pending = self.paths.state_dir("pending")
         done = 0
         for held_name in os.listdir(pending):
