@@ -160,7 +160,8 @@ def test_an_attempt_done_before_the_cancel_took_effect_stays_done(tmp_path: Path
     control.put(paths, "cancel", "ready")
     finish(runner)
     assert states(paths) == {"ready": "done"}
-    assert events(paths, "control") == []  # applied to nothing: just dropped
+    (ev,) = events(paths, "control")  # applied to nothing: dropped, journaled as too late
+    assert ev["dropped"].startswith("too late: attempt 1 was done") and "state" not in ev
     assert control.requests(paths) == []
 
 
@@ -210,7 +211,9 @@ def test_a_request_for_an_ended_task_is_dropped(tmp_path: Path) -> None:
     gate.touch()
     finish(runner)
     assert states(paths) == {"quick": "done", "busy": "done"}
-    assert events(paths, "control") == []
+    (ev,) = events(paths, "control")  # dropped: the task had ended; it moves nothing
+    assert ev["dropped"] == "too late: the task ended done before the cancel was applied"
+    assert "state" not in ev and ev["task"] == "quick"
 
 
 # -- pause -------------------------------------------------------------------------------------
@@ -309,8 +312,9 @@ def test_recovery_applies_cancel_requests_to_an_orphan_and_a_pending_task(tmp_pa
     (attempt,) = descriptor(paths, "orphan")["attempts"]
     assert attempt["kind"] == "lost" and attempt["interrupted"]
     controls = {e["task"]: e for e in events(paths, "control")}
-    assert set(controls) == {"orphan", "waiting"}
+    assert set(controls) == {"orphan", "waiting", "ended"}
     assert all(e["applied_by"] == "resumer:1:1" for e in controls.values())
+    assert controls["ended"]["dropped"].startswith("too late") and "state" not in controls["ended"]
     assert control.requests(paths) == []
     assert recover(queue, ledger, retry_failed=False)["cancelled"] == 0  # at most once
 

@@ -16,12 +16,17 @@ What each does on a live and on a stopped run:
 - cancel: a pending task ends cancelled at once (this command applies it); a running one gets a
   durable request the supervisor holding it applies on its next tick (``--wait`` blocks until it
   left running/). On a stopped run the request waits for the resume (recovery applies it). A task
-  that has ended already is left as it is (a note, exit 0: nothing to do).
-- retry: failed / cancelled tasks back to pending with a fresh attempt budget (history kept).
-  Nothing is started: a run without a live supervisor is finished with ``gpuswarm resume``.
+  that has ended already is left as it is (a note, exit 0: nothing to do). The request is for
+  the attempt under way (``store.control.too_late``): it never cancels a later retry.
+- retry: failed / cancelled tasks back to pending with a fresh attempt budget (history kept),
+  their cancel requests dropped. Nothing is started: a run without a live supervisor is
+  finished with ``gpuswarm resume``.
 - pause / unpause: the run's (or one slot's) pause flag; running tasks go on.
 - priority: a pending task's new priority (its claim order). A running task's priority cannot
   change (it applies to pending tasks only): exit 2 saying so.
+
+add, retry, unpause and priority touch the run's ``added`` marker: the keeper of every live
+supervisor, on any host, stats it four times a second and wakes its loop to claim.
 """
 
 from __future__ import annotations
@@ -271,22 +276,22 @@ def cancel_tasks(
         live = is_live(s.paths)
         rows: list[dict[str, Any]] = []
         for tid in ids:
-            state = known[tid][0]
+            state, name = known[tid]
             row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-            if state is State.PENDING:
-                if s.queue.cancel_pending(tid, reason, s.announce_cancel) is not None:
-                    row["now"] = State.CANCELLED.value
-                    rows.append(row)
-                    continue
-                state = State.RUNNING  # claimed this instant: ask its supervisor
-                row["was"] = state.value
-            if state is State.RUNNING:
-                control.put(s.paths, "cancel", tid, reason)
+            state, attempt = control.request_cancel(
+                s.queue, tid, state, name, reason, s.announce_cancel
+            )
+            row["was"] = State.PENDING.value if state is State.CANCELLED else state.value
+            if state is State.CANCELLED:
+                row["now"] = State.CANCELLED.value
+            elif state is State.RUNNING:
                 row["now"] = "cancel requested"
+                row["attempt"] = attempt
+                which = f"attempt {attempt}" if attempt is not None else "it"
                 row["note"] = (
-                    "its supervisor stops it within about a second"
+                    f"its supervisor stops {which} within about a second"
                     if live
-                    else "no supervisor is live: it ends cancelled when the run is resumed"
+                    else f"no supervisor is live: {which} ends cancelled when the run is resumed"
                 )
             else:
                 row["note"] = f"already {state.value}: nothing to do"
@@ -338,6 +343,7 @@ def retry_tasks(
         wanted |= {t for t, (st, _) in known.items() if failed and st is State.FAILED}
         wanted |= {t for t, (st, _) in known.items() if cancelled and st is State.CANCELLED}
         rows: list[dict[str, Any]] = []
+        _drop_requests(s, {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)})
         for tid in sorted(wanted):
             state, name = known[tid]
             row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
@@ -363,6 +369,22 @@ def retry_tasks(
 
     result: dict[str, Any] = _session(run_dir, body)
     return result
+
+
+def _drop_requests(s: _Session, tasks: set[str]) -> None:
+    """The requests of the tasks a retry requeues (made for an attempt that ended), dropped
+    before the tasks are pending again; journaled as such."""
+    for req in control.drop_requests(s.paths, tasks):
+        more = {"attempt": req.attempt} if req.attempt is not None else {}
+        s.ledger.emit(
+            Ev.CONTROL,
+            request=req.kind,
+            task=req.task,
+            by=req.by,
+            applied_by=s.me,
+            **more,
+            dropped="too late: the task ended before it was applied; retried since",
+        )
 
 
 def _retry_announce(s: _Session, frm: State) -> Callable[[Descriptor], object]:
@@ -396,6 +418,8 @@ def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> dict[str, An
             changed = (control.pause if paused else control.unpause)(s.paths, slot)
         except ValueError as exc:
             raise BadInputError(f"--slot: {exc}") from None
+        if changed and not paused:
+            note_added(s.paths)  # live supervisors look again now, not at their next tick
         request = "pause" if paused else "unpause"
         if changed:  # a whole-run pause names no slot (a null slot is a line readers skip)
             where = {"slot": slot} if slot is not None else {}

@@ -263,7 +263,9 @@ class Corrupt(_Event):
 class Control(_Event):
     """A person's request applied: ``request`` (cancel, retry, pause, unpause, priority) of
     ``task`` (or ``slot``; neither: the whole run), asked by ``by``, applied by ``applied_by``
-    (a supervisor's owner id, or the asking command itself when no supervisor was needed)."""
+    (a supervisor's owner id, or the asking command itself when no supervisor was needed).
+    A request dropped unapplied (its attempt ended first) names why in ``dropped`` and moves
+    nothing (no ``state``)."""
 
     kind: ClassVar[Ev] = Ev.CONTROL
     request: str
@@ -273,6 +275,8 @@ class Control(_Event):
     applied_by: str | None = None
     state: str | None = None  # where the task went (cancelled, pending)
     priority: int | None = None
+    attempt: int | None = None  # the attempt a cancel was made for (when it said)
+    dropped: str | None = None  # a request that did not apply, dropped: why (too late, retry)
 
 
 @dataclass(kw_only=True, slots=True)

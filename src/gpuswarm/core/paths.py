@@ -127,7 +127,8 @@ class RunPaths:
 
     @property
     def added_marker(self) -> Path:
-        """Touched whenever tasks are added to a run (live supervisors' claims rescan)."""
+        """Touched when tasks are added, retried, reprioritized or unpaused: live supervisors'
+        keepers stat it to wake their loops, their claims rescan pending/."""
         return self.parallel / "added"
 
     def state_dir(self, state: str) -> Path:

@@ -8,6 +8,13 @@ one holding the task applies: it stops the attempt, commits it ``cancelled`` and
 has ended anyway), so a crash at any point applies it at most once; a request nobody applies
 (its task's supervisor died) is applied by recovery (resume, reclaim, ``check --repair``).
 
+A request is bound to the attempt it was made for (``attempt``: the number of the attempt that
+ran, or the retry that waited, when it was asked): once that attempt or a later one has an
+outcome that counts (done, failed, skipped; an interrupted one has none), the request is too
+late (:func:`too_late`) and is dropped without doing anything, journaled as such. So a cancel
+that arrives as its attempt ends never cancels a retry of the task (automatic, or a person's
+``gpuswarm retry``). A request of an older version has no attempt and applies as before.
+
 Pause is a flag, not a request: ``paused`` (the whole run) and ``paused@<slot-id>`` (one slot).
 Supervisors claim nothing while it is there; running tasks go on.
 
@@ -22,17 +29,22 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import DirQueue
 
 KINDS = ("cancel",)
 MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; more is not one of ours
 MAX_REQUESTS = 10_000  # read per tick at most (the rest wait for the next ticks)
 PAUSED = "paused"  # the whole run; paused@<slot-id>: one slot
+ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,7 @@ class Request:
     by: str
     at: float
     reason: str = ""
+    attempt: int | None = None  # the attempt it was made for (None: any, an older request)
 
     def as_event(self) -> dict[str, Any]:
         return {"request": self.kind, "task": self.task, "by": self.by, "asked_at": self.at}
@@ -56,15 +69,21 @@ def asker() -> str:
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
 
 
-def put(paths: RunPaths, kind: str, task: str, reason: str = "") -> Request:
-    """Record a request durably; live supervisors apply it on their next tick."""
+def put(
+    paths: RunPaths, kind: str, task: str, reason: str = "", attempt: int | None = None
+) -> Request:
+    """Record a request durably; live supervisors apply it on their next tick. ``attempt``:
+    the attempt it is for (the running descriptor's ``next_attempt``), see :func:`too_late`."""
     if kind not in KINDS:
         raise ValueError(f"unknown control request {kind!r}")
     folder = paths.control
     folder.mkdir(exist_ok=True)
     name = f"{time.time_ns():020d}-{kind}-{uuid.uuid4().hex[:8]}.json"
-    req = Request(name, kind, task, asker(), time.time(), reason)
-    body = {"kind": kind, "task": task, "by": req.by, "at": req.at, "reason": reason}
+    req = Request(name, kind, task, asker(), time.time(), reason, attempt)
+    body: dict[str, Any] = {"kind": kind, "task": task, "by": req.by, "at": req.at}
+    body["reason"] = reason
+    if attempt is not None:
+        body["attempt"] = attempt
     atomic_write_bytes(folder / name, dumps_compact(body))
     return req
 
@@ -98,6 +117,54 @@ def requests(paths: RunPaths, cache: dict[str, Request | None] | None = None) ->
     return out
 
 
+def drop_requests(paths: RunPaths, tasks: set[str]) -> list[Request]:
+    """Remove every request of ``tasks`` (a retry requeues them); returns those this call
+    removed."""
+    if not tasks:
+        return []
+    return [req for req in requests(paths) if req.task in tasks and drop(paths, req)]
+
+
+LOOKS = 8  # a task seen moving between pending/ and running/ is looked for this often
+
+
+def request_cancel(
+    queue: DirQueue,
+    task: str,
+    state: State,
+    name: str,
+    reason: str,
+    announce: Callable[[Descriptor], object],
+) -> tuple[State, int | None]:
+    """``gpuswarm cancel`` of one task (``state``/``name``: where it was seen): pending ->
+    cancelled now (CANCELLED, ``announce`` journals it); running -> a request bound to the
+    attempt its descriptor shows under way, or the retry it waits to run (RUNNING, that
+    attempt's number); ended -> that state, nothing done."""
+    for _ in range(LOOKS):
+        if state is State.PENDING:
+            if queue.cancel_pending(task, reason, announce) is not None:
+                return State.CANCELLED, None
+        elif state is State.RUNNING:
+            desc = queue.read_desc(State.RUNNING, name)
+            if desc is not None:
+                attempt = desc.next_attempt
+                put(queue.paths, "cancel", task, reason, attempt=attempt)
+                return State.RUNNING, attempt
+        else:
+            return state, None
+        state, name = _where(queue, task, state)  # it moved on meanwhile: where to now?
+    put(queue.paths, "cancel", task, reason)  # never still: whichever attempt runs
+    return State.RUNNING, None
+
+
+def _where(queue: DirQueue, task: str, was: State) -> tuple[State, str]:
+    for state in (State.RUNNING, State.PENDING, *ENDED):
+        for name in queue.names(state):
+            if task_id_of(name) == task:
+                return state, name
+    return was, ""  # between two folders this instant (a hold): look again
+
+
 def _read(path: Path) -> Request | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -123,7 +190,23 @@ def _read(path: Path) -> Request | None:
     if not isinstance(at, int | float):
         return None
     reason = data.get("reason") if isinstance(data.get("reason"), str) else ""
-    return Request(path.name, kind, task, by, float(at), str(reason))
+    attempt = data.get("attempt")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        attempt = None
+    return Request(path.name, kind, task, by, float(at), str(reason), attempt)
+
+
+def too_late(req: Request, desc: Descriptor) -> str | None:
+    """Why ``req`` no longer applies to the task ``desc`` describes: the attempt it was made
+    for (or a later one) has an outcome that counts; None while it applies. ``desc`` holds the
+    attempts recorded so far (a live attempt's claimed descriptor: those before it)."""
+    if req.attempt is None:
+        return None
+    for number, record in enumerate(desc.attempts, start=1):
+        if number >= req.attempt and record.counted:
+            how = record.reason or record.kind or "an outcome"
+            return f"too late: attempt {number} ended ({how}) before the cancel was applied"
+    return None
 
 
 def drop(paths: RunPaths, req: Request) -> bool:

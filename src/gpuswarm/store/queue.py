@@ -10,7 +10,7 @@ Layout (under ``RunPaths.parallel``)::
     done/<rank><seq>_<task-id>.json                    finished successfully
     failed/<rank><seq>_<task-id>.json                  attempts used up
     skipped/, cancelled/                               ended, not failed (skip codes; a person)
-    pending/.held-<op>-<pid>-<name>                    a cancel / priority change in flight
+    pending/.held-<op>-<pid>-<name>                    a cancel / priority change / look in flight
     corrupt/<name>.<reason>                            unreadable descriptors, moved aside
 
 Every transition is one ``rename`` on one filesystem, so a descriptor is in exactly one state
@@ -403,7 +403,41 @@ class DirQueue(QueueFolders):
         if got is None:
             return None
         name, held = got
-        desc = Descriptor.loads(held.read_bytes())
+        return self._cancel_held(name, held, Descriptor.loads(held.read_bytes()), reason, announce)
+
+    def cancel_pending_if(
+        self, task_id: str, decide: Callable[[Descriptor], str | None], announce: Announce
+    ) -> Descriptor | None:
+        """:meth:`cancel_pending` when ``decide(desc)`` gives a reason (a request that still
+        applies to what the task is now); None: left pending as it was. The task is held as a
+        look first (a crash then undoes the hold: :meth:`finish_holds`), as a cancel only once
+        decided."""
+        got = self._hold(task_id, "look")
+        if got is None:
+            return None
+        name, held = got
+        pending = self.paths.state_dir("pending")
+        try:
+            desc = Descriptor.loads(held.read_bytes())
+            reason = decide(desc)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(held, pending / name)
+            raise
+        cancel = pending / f"{HELD}cancel-{os.getpid()}-{name}"
+        try:  # (FileNotFoundError: a finish_holds of this process undid the look meanwhile)
+            os.replace(held, pending / name if reason is None else cancel)
+        except FileNotFoundError:
+            return None
+        if reason is None:  # pending as it was
+            self.push(name)
+            note_added(self.paths)  # a claimer that met the hold dropped the name: rescan
+            return None
+        return self._cancel_held(name, cancel, desc, reason, announce)
+
+    def _cancel_held(
+        self, name: str, held: Path, desc: Descriptor, reason: str, announce: Announce
+    ) -> Descriptor:
         desc.mark_cancelled(reason)
         announce(desc)
         self._write_ended(State.CANCELLED, name, desc)
@@ -437,8 +471,8 @@ class DirQueue(QueueFolders):
 
     def finish_holds(self, announce_cancel: Announce) -> int:
         """Holds a crash cut short (their writer is dead): a cancel is finished (journaled
-        again, written to cancelled/), a priority change is undone (the task is pending under
-        its old name). Returns how many were finished."""
+        again, written to cancelled/), a priority change or a cancel's look is undone (the
+        task is pending under its old name). Returns how many were finished."""
         pending = self.paths.state_dir("pending")
         done = 0
         for held_name in os.listdir(pending):
@@ -459,7 +493,7 @@ class DirQueue(QueueFolders):
                 desc.mark_cancelled(desc.reason or "cancelled")
                 announce_cancel(desc)
                 self._write_ended(State.CANCELLED, name, desc)
-            elif op == "prio" and not any(
+            elif op in ("prio", "look") and not any(
                 task_id_of(n) == task_id_of(name) for n in os.listdir(pending) if visible(n)
             ):
                 os.replace(held, pending / name)  # the change is undone: pending as it was
@@ -481,13 +515,15 @@ def parse_hold(file_name: str) -> tuple[str, int, str] | None:
         return None
     op, _, rest = file_name[len(HELD) :].partition("-")
     pid, _, name = rest.partition("-")
-    if op not in ("cancel", "prio") or not pid.isdigit() or not name:
+    if op not in ("cancel", "prio", "look") or not pid.isdigit() or not name:
         return None
     return op, int(pid), name
 
 
 def note_added(paths: RunPaths) -> None:
-    """Tell live supervisors that pending/ has new tasks (their next claim rescans it)."""
+    """Tell live supervisors that pending/ has new work (tasks added, retried, reprioritized,
+    a pause lifted): their keepers see it within a quick look and wake the loop, whose next
+    claim rescans pending/."""
     marker = paths.added_marker
     now = time.time_ns()
     try:

@@ -25,11 +25,10 @@ from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
-from gpuswarm.store import control
 from gpuswarm.store.control import Request
 from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import LiveAttempt, Shared
-from gpuswarm.supervise.controls import move_cancelled
+from gpuswarm.supervise.controls import drop_late, move_cancelled, still_bound
 from gpuswarm.supervise.packing import sized_oom_retry, with_usage
 
 MAX_BACKOFF_SECONDS = 600.0
@@ -147,8 +146,9 @@ class Committer:
             outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
             if _done_in_stop(live.task, end, outcome):
                 self._finish(live.claimed, live.task, outcome)
+                why = f"too late: attempt {live.attempt} was done before the cancel took effect"
                 for req in reqs:  # applied to nothing: the task was done already
-                    control.drop(run.paths, req)
+                    drop_late(run.queue, run.ledger, req, why, run.cfg.owner)
                 return
             why = f"cancelled ({end.reason}; not done: {outcome.reason})"
             record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
@@ -239,7 +239,14 @@ class Committer:
         run = self.run
         with run.lock:
             hit = next((item for item in self._delayed if item[2].task_id == task_id), None)
-            if hit is None:
+        if hit is None:
+            return False
+        # the keeper's thread both releases retries and calls this: the hit stays put meanwhile
+        reqs = still_bound(run.queue, run.ledger, reqs, hit[2].desc, run.cfg.owner)
+        if not reqs:
+            return True  # made for the attempt before this retry: dropped as too late
+        with run.lock:
+            if hit not in self._delayed:
                 return False
             self._delayed.remove(hit)
             heapq.heapify(self._delayed)

@@ -21,6 +21,12 @@ A request nobody applies (its supervisor died) is applied by recovery: resume, t
 dead owner, ``check --repair`` (:func:`cancel_orphan`, :func:`settle_requests`). A crash at any
 point applies a request at most once: it is dropped only after its task's move is durable, and a
 request whose task has ended is dropped without doing anything.
+
+A cancel is bound to the attempt it was made for (:func:`gpuswarm.store.control.too_late`):
+wherever it is applied (our live attempt, a waiting retry, a pending task, an orphan in
+recovery), a request whose attempt already has an outcome that counts is dropped instead, with a
+``control`` event saying it came too late (:func:`still_bound`). A cancel racing its attempt's
+end thus never cancels the retry that follows.
 """
 
 from __future__ import annotations
@@ -72,13 +78,43 @@ def journal_cancel(
         by=req.by,
         applied_by=applied_by,
         state=State.CANCELLED.value,
+        attempt=req.attempt,
     )
 
 
-def emit_control(ledger: Ledger, **fields: str | None) -> None:
+def emit_control(ledger: Ledger, **fields: str | int | None) -> None:
     """Journal a ``control`` event; fields that are None are left out (a journal's ``slot``
     is always a string)."""
     ledger.emit(Ev.CONTROL, **{k: v for k, v in fields.items() if v is not None})
+
+
+def drop_late(queue: DirQueue, ledger: Ledger, req: Request, why: str, applied_by: str) -> None:
+    """Drop a request that no longer applies; journaled by whoever removed it (once)."""
+    if control.drop(queue.paths, req):
+        emit_control(
+            ledger,
+            request=req.kind,
+            task=req.task,
+            by=req.by,
+            applied_by=applied_by,
+            attempt=req.attempt,
+            dropped=why,
+        )
+
+
+def still_bound(
+    queue: DirQueue, ledger: Ledger, reqs: list[Request], desc: Descriptor, applied_by: str
+) -> list[Request]:
+    """The requests that still apply to the task as ``desc`` records it; the others (their
+    attempt has an outcome already) are dropped and journaled as too late."""
+    bound = []
+    for req in reqs:
+        why = control.too_late(req, desc)
+        if why is None:
+            bound.append(req)
+        else:
+            drop_late(queue, ledger, req, why, applied_by)
+    return bound
 
 
 def drop_all(queue: DirQueue, reqs: Iterable[Request]) -> None:
@@ -103,12 +139,20 @@ def move_cancelled(
 
 
 def cancel_pending(queue: DirQueue, ledger: Ledger, reqs: list[Request], applied_by: str) -> bool:
-    """Cancel the requests' task if it is pending (then drop them); False when it is not."""
-    req = reqs[0]
-    announce = journal_cancel(ledger, req, applied_by)
-    if queue.cancel_pending(req.task, reason_of(req), lambda _desc: announce()) is None:
+    """Cancel the requests' task if it is pending and they still apply to it (then drop them;
+    too late ones are dropped as such); False when it was not cancelled."""
+    bound: list[Request] = []
+
+    def decide(desc: Descriptor) -> str | None:
+        bound[:] = still_bound(queue, ledger, reqs, desc, applied_by)
+        return reason_of(bound[0]) if bound else None
+
+    def announce(_desc: Descriptor) -> None:
+        journal_cancel(ledger, bound[0], applied_by)()
+
+    if queue.cancel_pending_if(reqs[0].task, decide, announce) is None:
         return False
-    drop_all(queue, reqs)
+    drop_all(queue, bound)
     return True
 
 
@@ -137,8 +181,14 @@ def settle_requests(queue: DirQueue, ledger: Ledger, cancels: Cancels, applied_b
     count = 0
     for task, reqs in cancels.items():
         state = where.get(task, (None, ""))[0]
-        if state is State.PENDING and cancel_pending(queue, ledger, reqs, applied_by):
-            count += 1
+        if state is State.PENDING:
+            if cancel_pending(queue, ledger, reqs, applied_by):
+                count += 1
+        elif state in ENDED:
+            assert state is not None
+            why = f"too late: the task ended {state.value} before the cancel was applied"
+            for req in reqs:
+                drop_late(queue, ledger, req, why, applied_by)
         elif state is not State.RUNNING:  # running: an unreadable one, set aside later
             drop_all(queue, reqs)
     return count
@@ -201,6 +251,7 @@ class Controller:
     # -- cancel --------------------------------------------------------------------------------
     def apply_requests(self) -> None:
         run = self.run
+        me = run.cfg.owner
         cancels = cancel_requests(run.queue, self._read)
         if not cancels:
             self._misses.clear()
@@ -210,6 +261,8 @@ class Controller:
             live = next((a for a in list(run.live.values()) if a.task_id == task), None)
             if live is not None:
                 if live.cancel is None and not live.fenced:
+                    reqs = still_bound(run.queue, run.ledger, reqs, live.claimed.desc, me)
+                if reqs and live.cancel is None and not live.fenced:
                     live.cancel = reqs  # the committer commits its end as cancelled
                     live.handle.cancel()
                     run.wakeup()  # the loop hands it to a waiter: TERM, grace, KILL
@@ -234,8 +287,10 @@ class Controller:
                     drop_all(run.queue, reqs)
             elif state is State.PENDING:
                 cancel_pending(run.queue, run.ledger, reqs, run.cfg.owner)  # False: claimed
-            elif state is not None:
-                drop_all(run.queue, reqs)  # ended already: stale
+            elif state is not None:  # ended already: too late
+                for req in reqs:
+                    why = f"too late: the task ended {state.value} before the cancel was applied"
+                    drop_late(run.queue, run.ledger, req, why, run.cfg.owner)
             else:
                 self._missed(reqs)
 

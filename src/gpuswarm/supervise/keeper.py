@@ -6,6 +6,12 @@ fences attempts whose lease a reclaimer took, applies control requests and pause
 it syncs the journal, touches the owner file (the heartbeat) and reclaims the tasks of dead
 supervisors (in a thread of its own: killing a dead owner's stubborn leftovers takes a grace
 period, and the heartbeat must not wait for it).
+
+Between ticks it looks at the run's ``added`` marker every :data:`WAKE_LOOK` seconds (one
+``stat``): ``gpuswarm add``, ``retry``, ``unpause`` and ``priority`` touch it, from any process
+on any host that shares the run folder, and a change wakes the loop to claim again. The loop
+itself sleeps in ``poll()`` on its attempts' fds while they run, so without this a slot that
+went idle beside a long task would wait for that task's end to see new work.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from gpuswarm.supervise.controls import Controller
 from gpuswarm.supervise.recovery import reclaim_dead
 
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
+WAKE_LOOK = 0.25  # the ``added`` marker is looked at this often (a stat: new work to claim)
 
 
 class Keeper:
@@ -40,6 +47,7 @@ class Keeper:
         self.done = threading.Event()
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
+        self._mark = self._added_mark()  # the marker as the loop's first claim will see it
 
     def serve(self) -> None:
         """The keeper, started again after an error (a full disk: a retry that cannot be
@@ -71,7 +79,7 @@ class Keeper:
         beat_every = min(run.cfg.heartbeat, run.cfg.lease_ttl / 4)
         next_beat = next_reclaim = 0.0
         tick = min(1.0, beat_every)
-        while not self.done.wait(tick):
+        while not self._rest(tick):
             now = time.monotonic()
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self.committer.release_delayed(everything=run.stopping.is_set())
@@ -89,6 +97,33 @@ class Keeper:
                 if self._reclaimer is None or not self._reclaimer.is_alive():
                     self._reclaimer = threading.Thread(target=self._reclaim, daemon=True)
                     self._reclaimer.start()
+
+    def _rest(self, tick: float) -> bool:
+        """Wait out one tick, looking for new work every WAKE_LOOK seconds; True: stop."""
+        end = time.monotonic() + tick
+        while True:
+            left = end - time.monotonic()
+            if self.done.wait(max(0.0, min(left, WAKE_LOOK))):
+                return True
+            self._look_for_work()
+            if left <= WAKE_LOOK:
+                return False
+
+    def _added_mark(self) -> int | None:
+        try:
+            return self.run.paths.added_marker.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def _look_for_work(self) -> None:
+        """Tasks were added, retried, reprioritized or unpaused (the marker changed): the
+        pause flags are read again and the loop claims for its free slots."""
+        mark = self._added_mark()
+        if mark == self._mark:
+            return
+        self._mark = mark
+        self.control.refresh_pause()
+        self.run.more_work()
 
     def _check_leases(self) -> None:
         """Kill every attempt whose lease file is gone (a reclaimer renamed it away while this

@@ -43,6 +43,7 @@ from gpuswarm.supervise.controls import (
     finish_holds,
     move_cancelled,
     settle_requests,
+    still_bound,
 )
 
 
@@ -161,7 +162,9 @@ def _recover_running(
         return "corrupt"
     desc = claimed.desc
     reqs = cancels.pop(claimed.task_id, None)
-    if reqs is not None:
+    if reqs is not None:  # those made for an attempt that has its outcome are dropped
+        reqs = still_bound(queue, ledger, reqs, desc, applied_by)
+    if reqs:
         if _cancel_orphan(queue, ledger, claimed, reqs, applied_by):
             return "cancelled"
         cancels[claimed.task_id] = reqs  # its begun move ends it: dropped once it did
@@ -423,7 +426,9 @@ def _reclaim_one(
         return False
     desc = claimed.desc
     reqs = cancels.get(claimed.task_id)
-    if reqs is not None and _cancel_orphan(queue, ledger, claimed, reqs, me):
+    if reqs is not None:  # those made for an attempt that has its outcome are dropped
+        reqs = cancels[claimed.task_id] = still_bound(queue, ledger, reqs, desc, me)
+    if reqs and _cancel_orphan(queue, ledger, claimed, reqs, me):
         return False  # ended: nothing came back to pending/
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
         return True

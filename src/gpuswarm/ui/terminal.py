@@ -148,7 +148,7 @@ class PlainReporter:
             return f"{stamp} {'':<8} corrupt descriptor moved aside: {e.file}"
         if isinstance(e, Control):
             what = e.task or (f"slot {e.slot}" if e.slot else "the run")
-            to = f" -> {e.state}" if e.state else ""
+            to = f" -> {e.state}" if e.state else (f": {e.dropped}" if e.dropped else "")
             return f"{stamp} {e.slot or '':<8} {e.request} {what}{to} (by {e.by or '?'})"
         if isinstance(e, Other) and e.name in _GPU_LINES:  # issue 19: GPU memory
             return f"{stamp} {'':<8} {_GPU_LINES[e.name]}{e.extra.get('reason') or ''}"
