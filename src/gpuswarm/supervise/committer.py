@@ -267,19 +267,11 @@ class Committer:
         return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
 
-MAX_LOST = 3  # a task whose node left this many times in a row fails (it may be what kills it)
-
-
 def _lost_again(live: LiveAttempt, end: AttemptEnd) -> bool:
     """Whether a ``lost`` attempt (its node left the cluster: backend ray) goes back to
-    pending/ without counting against ``max_attempts``, like a supervisor's crash: yes, unless
-    its last MAX_LOST - 1 attempts were lost too; then it is judged a failed attempt (a task
-    that brings its node down would otherwise be requeued forever)."""
-    if end.kind is not EndKind.LOST:
-        return False
-    recent = live.claimed.desc.attempts[-(MAX_LOST - 1) :]
-    lost = [a for a in recent if a.kind == EndKind.LOST.value]
-    return len(lost) < MAX_LOST - 1
+    pending/ without counting against ``max_attempts``: the rule resume and reclaim keep too
+    (``Descriptor.lost_is_free``); otherwise it is judged a failed attempt."""
+    return end.kind is EndKind.LOST and live.claimed.desc.lost_is_free()
 
 
 def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:

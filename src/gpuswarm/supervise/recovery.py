@@ -26,6 +26,7 @@ from gpuswarm.core.errors import QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease, State
+from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside
@@ -159,7 +160,6 @@ def _recover_running(
     except QueueError:
         set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
         return "corrupt"
-    desc = claimed.desc
     reqs = cancels.pop(claimed.task_id, None)
     if reqs is not None:
         if _cancel_orphan(queue, ledger, claimed, reqs, applied_by):
@@ -170,20 +170,46 @@ def _recover_running(
     if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
     lease = Lease.parse(name)
+    owner = lease.owner if lease else "?"
     if claimed.task_id not in still_running and judge_orphan(
-        queue, ledger, claimed, f"its supervisor died ({lease.owner if lease else '?'})"
+        queue, ledger, claimed, f"its supervisor died ({owner})"
     ):
         return "judged_done"
-    record = AttemptRecord.lost(
-        n=desc.next_attempt,
-        slot=slot_label(queue.paths, lease.owner, lease.slot) if lease else "",
-        interrupted=True,
-        reason="its supervisor died" + (f" ({lease.owner})" if lease else ""),
-    )
-    desc.add_attempt(record)
-    desc.note_interrupted()
-    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
+    _requeue_lost(queue, ledger, claimed, owner, "interrupted")
     return "interrupted"
+
+
+def _requeue_lost(queue: DirQueue, ledger: Ledger, claimed: Claimed, owner: str, why: str) -> None:
+    """The attempt of a running task whose supervisor ``owner`` died is recorded ``lost`` by
+    the one rule resume, reclaim and the committer share (``Descriptor.lost_is_free``: a
+    supervisor's death is never the task's attempt): back to pending/ (event ``requeued``,
+    reason ``why``); to failed/ as ``abandoned`` only when it counted and used the last one."""
+    desc = claimed.desc
+    lease = Lease.parse(claimed.path.name)
+    label = "" if lease is None or lease.reclaimer else slot_label(queue.paths, owner, lease.slot)
+    n = desc.next_attempt
+    record = AttemptRecord.lost(n=n, slot=label, reason=f"its supervisor died ({owner})")
+    if desc.add_lost(record) or desc.attempts_used < desc.max_attempts:
+        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
+        return
+    desc.reason = reason = (
+        f"abandoned: lost with its supervisor {MAX_LOST} times in a row (the last: {owner}) "
+        "and its attempts are used up"
+    )
+    queue.move(
+        claimed,
+        State.FAILED,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="failed",
+            reason=reason,
+            seconds=0,
+            retry=False,
+        ),
+    )
 
 
 def _cancel_orphan(
@@ -363,8 +389,9 @@ def reclaim_dead(
 ) -> int:
     """Take back the tasks of supervisors that are gone; any live supervisor may call this.
 
-    Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
-    ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
+    Each reclaimed task's attempt is recorded lost by the rule resume keeps too (not counted:
+    a supervisor's death is never the task's attempt; see :func:`_requeue_lost`) and goes back
+    to pending/. The rename to our own lease arbitrates between
     supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
     A reclaimed task with a cancel request ends cancelled instead (journaled, applied by ``me``).
     """
@@ -421,7 +448,6 @@ def _reclaim_one(
     except QueueError:
         set_aside(queue, ledger, queue.running_path(mine), "unreadable running")
         return False
-    desc = claimed.desc
     reqs = cancels.get(claimed.task_id)
     if reqs is not None and _cancel_orphan(queue, ledger, claimed, reqs, me):
         return False  # ended: nothing came back to pending/
@@ -430,24 +456,5 @@ def _reclaim_one(
     judge = on_this_host(owner) and claimed.task_id not in still_running
     if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
-    desc.add_attempt(AttemptRecord.lost(n=desc.next_attempt, reason=f"its supervisor {owner} died"))
-    if desc.attempts_used < desc.max_attempts:
-        why = f"reclaimed from {owner}"
-        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
-        return True
-    desc.reason = reason = f"abandoned: its supervisor {owner} died and attempts are used up"
-    queue.move(
-        claimed,
-        State.FAILED,
-        lambda: ledger.emit(
-            Ev.FINISHED,
-            task=claimed.task_id,
-            attempt=desc.attempt_count,
-            slot="",
-            state="failed",
-            reason=reason,
-            seconds=0,
-            retry=False,
-        ),
-    )
+    _requeue_lost(queue, ledger, claimed, owner, f"reclaimed from {owner}")
     return True
