@@ -121,7 +121,7 @@ class Committer:
                 why = "lost" if end.kind is EndKind.LOST else "interrupted"
                 self.hand_back(live.claimed, live.task, record, why)
                 return
-            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            outcome = self._judge(live, end, record)
             if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
@@ -131,6 +131,13 @@ class Committer:
         except LeaseLostError:
             run.lease_lost(live.task_id, live.attempt, "its outcome is not committed")
 
+    def _judge(self, live: LiveAttempt, end: AttemptEnd, record: AttemptRecord) -> Outcome:
+        run = self.run
+        data = live.claimed.data
+        return judge(
+            run.paths, live.task, end, live.values, record, data, base_dir=run.cfg.base_dir
+        )
+
     def _cancelled(self, live: LiveAttempt, end: AttemptEnd, record: AttemptRecord) -> None:
         """A person cancelled this attempt: its task ends cancelled, the attempt recorded;
         unless it was done for sure before the cancel took effect (then done stands)."""
@@ -138,7 +145,7 @@ class Committer:
         reqs = live.cancel
         assert reqs is not None
         if end.kind is not EndKind.CANCELLED:
-            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            outcome = self._judge(live, end, record)
             if _done_in_stop(live.task, end, outcome):
                 self._finish(live.claimed, live.task, outcome)
                 for req in reqs:  # applied to nothing: the task was done already

@@ -14,24 +14,15 @@ drops the requests of tasks that ended; each applied cancel is journaled (``cont
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
-from pydantic import ValidationError
-
-from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease, State
 from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.placeholders import render
-from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import create_backend
-from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.control import Request
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ledger
@@ -45,6 +36,7 @@ from gpuswarm.supervise.controls import (
     move_cancelled,
     settle_requests,
 )
+from gpuswarm.supervise.orphans import judge_orphan
 
 
 class EndsLeftovers(Protocol):
@@ -300,76 +292,6 @@ def _retry_journaled(ledger: Ledger, frm: str = "failed") -> Callable[[Descripto
     return lambda desc: ledger.emit(
         Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm=frm
     )
-
-
-def _lease_time(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
-def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
-    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
-    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
-    written after the claim (the running file's time), parses: then it is done, not re-run.
-    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
-    """
-    desc = claimed.desc
-    try:
-        task = TaskSpec.model_validate(desc.task)
-    except ValidationError:
-        return False
-    claimed_at = _lease_time(claimed.path)
-    if task.done_when is None or claimed_at is None:
-        return False
-    paths = queue.paths
-    n = desc.next_attempt
-    values = {
-        **task.vars,
-        "workspace": str(paths.task_dir(task.id)),
-        "run_dir": str(paths.root),
-        "task_id": task.id,
-        "name": task.name,
-        "attempt": str(n),
-    }
-    rel = render(task.done_when, values)
-    if "{" in rel:
-        return False  # it names the slot or GPU, which the journal would have to tell
-    workspace = paths.task_dir(task.id)
-    try:
-        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
-        written = target.stat().st_mtime
-        result = flatten(read_completion(workspace, rel))
-    except (OSError, ResultFileError):
-        return False
-    if written < claimed_at - STALE_SLACK_SECONDS:
-        return False  # older than the claim: not this attempt's
-    lease = Lease.parse(claimed.path.name)
-    stamp = time.strftime("%H:%M:%S", time.localtime(written))
-    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
-    slot = slot_label(queue.paths, lease.owner, lease.slot) if lease and not lease.reclaimer else ""
-    desc.add_attempt(
-        AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
-    )
-    desc.result = result
-    desc.reason = None
-    queue.move(
-        claimed,
-        State.DONE,
-        lambda: ledger.emit(
-            Ev.FINISHED,
-            task=claimed.task_id,
-            attempt=n,
-            slot="",
-            state="done",
-            reason=reason,
-            seconds=round(max(0.0, written - claimed_at), 3),
-            retry=False,
-            judged=True,
-        ),
-    )
-    return True
 
 
 def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
