@@ -148,3 +148,84 @@ def test_a_copied_completion_file_is_not_judged_done_on_resume(
     assert [a["kind"] for a in attempts] == ["lost", "exited"], attempts
     assert "byte-identical" in attempts[-1]["reason"], attempts
     assert gpuswarm("check", run).returncode == 0
+
+
+# -- item 6: output printed while no supervisor reads reaches the log and the metrics ------------
+def _late_printer(tmp_path: Path, name: str, gpus: str) -> tuple[Path, Path]:
+    """A config whose one task waits for a go file, then prints its metric, writes its result
+    and exits: everything it prints comes after its supervisor is SIGKILLed."""
+    go = tmp_path / "go"
+    cmd = (
+        f"echo started; while [ ! -e {go} ]; do sleep 0.05; done; "
+        "echo 'speedup: 1.5'; echo 'ok: true' > {workspace}/r.yaml"
+    )
+    task = {"name": "late", "command": cmd, "shell": True, "done_when": "r.yaml"}
+    task["metrics"] = {"speedup": r"^speedup:\s*([0-9.]+)"}
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": name,
+            "gpus": gpus,
+            "reliability": {"lease_ttl": "2s"},
+            "tasks": [task],
+        },
+    )
+    return config, go
+
+
+def _assert_metric_reached_outputs(run: Path) -> None:
+    attempts = descriptor(run, "late")["attempts"]
+    assert attempts[-1]["kind"] == "orphan", attempts  # judged done, not re-run
+    assert attempts[-1].get("metrics") == {"speedup": 1.5}, attempts
+    log = (run / "tasks" / "late" / "attempt-1" / "output.log").read_text()
+    assert "started\n" in log and "speedup: 1.5\n" in log, log
+    tsv = (run / "results.tsv").read_text().splitlines()
+    header, row = tsv[0].split("\t"), tsv[1].split("\t")
+    assert row[header.index("speedup")] == "1.5", tsv
+    text = (run / "summary.json").read_text()
+    assert '"speedup"' in text and "1.5" in text, text
+
+
+def test_output_printed_after_a_supervisor_sigkill_reaches_the_log_on_resume(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    config, go = _late_printer(tmp_path, "late", "sim:1")
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    log = run / "tasks" / "late" / "attempt-1" / "output.log"
+    wait_for(lambda: log.exists() and "started" in log.read_text(), 30, what="the task's start")
+    proc.send(signal.SIGKILL)
+    proc.wait(30)
+    go.touch()  # it prints, writes its result and exits: no supervisor reads its pipe
+    wait_for(lambda: not env_processes("GPUSWARM_RUN_DIR", str(run)), 30, what="the task ends")
+    res = gpuswarm("resume", run, "--plain")
+    assert res.returncode == 0, res
+    assert task_states(run) == {"late": "done"}
+    _assert_metric_reached_outputs(run)
+    assert not env_processes("GPUSWARM_LOG_KEEPER_RUN", str(run)), "a keeper outlived resume"
+    assert gpuswarm("check", run).returncode == 0
+
+
+def test_output_printed_after_a_supervisor_sigkill_reaches_the_log_on_reclaim(
+    tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
+) -> None:
+    """The same through a `work` sibling that reclaims the dead `run`'s task (lease_ttl 2s)."""
+    config, go = _late_printer(tmp_path, "late2", "sim:1")
+    proc = gpuswarm_popen("run", config, "--plain")
+    run = wait_for_run(tmp_path / "runs")
+    log = run / "tasks" / "late" / "attempt-1" / "output.log"
+    wait_for(lambda: log.exists() and "started" in log.read_text(), 30, what="the task's start")
+    sibling = gpuswarm_popen("work", run, "--gpus", "sim:1", "--plain")
+    owners = run / ".parallel" / "owners"
+    wait_for(lambda: len(list(owners.iterdir())) >= 2, 30, what="the sibling joins")
+    sibling.send(signal.SIGSTOP)  # it reclaims only once the task has ended (no race)
+    proc.send(signal.SIGKILL)
+    proc.wait(30)
+    go.touch()
+    wait_for(lambda: not env_processes("GPUSWARM_RUN_DIR", str(run)), 30, what="the task ends")
+    sibling.send(signal.SIGCONT)
+    res = sibling.wait(60)
+    assert res.returncode == 0, res
+    assert task_states(run) == {"late": "done"}
+    _assert_metric_reached_outputs(run)
+    assert gpuswarm("check", run).returncode == 0

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import GpuswarmError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
+from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
 from gpuswarm.core.models import AttemptRecord, Lease, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.placeholders import render
@@ -75,9 +75,11 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
     stamp = time.strftime("%H:%M:%S", time.localtime(written))
     reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
     slot = slot_label(queue.paths, lease.owner, lease.slot) if lease and not lease.reclaimer else ""
-    desc.add_attempt(
-        AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
-    )
+    record = AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
+    # the log is whole: the dead supervisor's keeper moved what the task printed after its death
+    # (exec/local/keeper.py; the caller ended the attempts and waited for it)
+    metrics = parse_metrics(paths.attempt_log(task.id, n), task.metrics)
+    desc.add_attempt(record.but(metrics=metrics) if metrics else record)
     desc.result = result
     desc.reason = None
     queue.move(
