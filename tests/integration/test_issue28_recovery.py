@@ -113,6 +113,34 @@ def test_a_task_running_in_its_workspace_is_not_its_own_source(
     assert task_states(only_run(tmp_path / "runs")) == {"t": "done"}
 
 
+def test_a_task_copying_its_cwd_is_not_done(tmp_path: Path, gpuswarm: Gs) -> None:
+    """A task no glob matched: its source folder is its `cwd`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "r.yaml").write_text("ok: 1\n")
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "name": "cwdcopy",
+            "gpus": "sim:1",
+            "tasks": [
+                {
+                    "name": "t",
+                    "command": "cp -r . {workspace}/",
+                    "shell": True,
+                    "cwd": str(src),
+                    "done_when": "r.yaml",
+                }
+            ],
+        },
+    )
+    res = gpuswarm("run", config, "--plain")
+    assert res.returncode == 1, res
+    run = only_run(tmp_path / "runs")
+    assert task_states(run) == {"t": "failed"}
+    assert "byte-identical" in descriptor(run, "t")["attempts"][0]["reason"]
+
+
 def test_a_copied_completion_file_is_not_judged_done_on_resume(
     tmp_path: Path, gpuswarm: Gs, gpuswarm_popen: Popen
 ) -> None:

@@ -226,10 +226,11 @@ def source_folders(
     task: TaskSpec, values: dict[str, str], base_dir: Path | None, workspace: Path
 ) -> list[Path]:
     """The folders a task's files may be copied from: its glob match's folder (``task_dir``)
-    and its working folder (``cwd``, or ``base_dir``); none inside the workspace itself (a task
-    that runs in its workspace writes its result there)."""
+    and the ``cwd`` it sets; a task that no glob matched: its working folder (``cwd``, or
+    ``base_dir``). None inside the workspace itself (a task that runs in its workspace writes
+    its result there)."""
     found = [Path(task.vars["task_dir"])] if "task_dir" in task.vars else []
-    if task.cwd is not None or base_dir is not None:
+    if task.cwd is not None or (base_dir is not None and not found):
         found.append(render_cwd(task, values, base_dir or workspace))
     home = Path(os.path.realpath(workspace))
     out: list[Path] = []
