@@ -238,6 +238,7 @@ def pump_until_done(held: Held) -> None:
                     del sinks[fd]
                     _close((sink.read_fd, sink.log_fd))
     except _Stop:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it as it is
         for sink in sinks.values():
             _drain(sink)
             _close((sink.read_fd, sink.log_fd))
