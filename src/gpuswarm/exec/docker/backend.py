@@ -168,6 +168,7 @@ class DockerBackend:
             raise ValueError("end_leftovers: give run_dir or owner")
         found = self.cli.listed(label, value)
         if not found:
+            self._local.settle_keepers(run_dir=run_dir, owner=owner)
             return Leftovers([], frozenset(), 0)
         running = [c for c in found if c.running]
         tasks = frozenset(
@@ -177,6 +178,7 @@ class DockerBackend:
         )
         self._term([c.name for c in running], grace)
         self.cli.remove([c.name for c in found])
+        self._local.settle_keepers(run_dir=run_dir, owner=owner)  # the clients' logs are whole
         return Leftovers([c.name for c in found], tasks, len(running))
 
     def _term(self, names: Sequence[str], grace: float) -> None:

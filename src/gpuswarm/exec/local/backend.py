@@ -82,6 +82,13 @@ class LocalBackend:
         keeper.settle_keepers(keepers)  # what the attempts printed meanwhile is in their logs
         return Leftovers(list(pids), tasks, killed)
 
+    def settle_keepers(self, *, run_dir: str | None = None, owner: str | None = None) -> None:
+        """Wait for the log keepers of run ``run_dir``'s (or of ``owner``'s) dead supervisors
+        once their attempts were ended another way (docker: the containers removed)."""
+        var, value = (keeper.RUN_VAR, run_dir) if run_dir is not None else (keeper.OWNER_VAR, owner)
+        if value is not None:
+            keeper.settle_keepers(find_by_env(var, value))
+
     def leftovers(self, run_dir: str) -> list[int | str]:
         return list(find_by_env(RUN_VAR, run_dir))
 
