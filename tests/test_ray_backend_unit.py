@@ -236,7 +236,7 @@ def test_a_task_lost_three_times_in_a_row_is_judged_not_requeued() -> None:
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from gpuswarm.core.models import AttemptRecord, EndKind
+    from gpuswarm.core.models import AttemptRecord, Descriptor, EndKind
     from gpuswarm.exec.base import AttemptEnd
     from gpuswarm.supervise.committer import _lost_again
 
@@ -245,9 +245,8 @@ def test_a_task_lost_three_times_in_a_row_is_judged_not_requeued() -> None:
     def live(kinds: list[EndKind]) -> Any:
         records = [AttemptRecord.lost(n=i + 1, slot="s", reason="x") for i, _ in enumerate(kinds)]
         records = [r.but(kind=k.value) for r, k in zip(records, kinds, strict=True)]
-        return cast(
-            Any, SimpleNamespace(claimed=SimpleNamespace(desc=SimpleNamespace(attempts=records)))
-        )
+        desc = Descriptor({"attempts": [r.to_json() for r in records]})
+        return cast(Any, SimpleNamespace(claimed=SimpleNamespace(desc=desc)))
 
     assert _lost_again(live([]), lost)
     assert _lost_again(live([EndKind.LOST]), lost)

@@ -14,6 +14,7 @@ from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import State
+from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.engine import check_run_dir as check_run
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
@@ -62,7 +63,9 @@ def test_owner_liveness(tmp_path: Path) -> None:
     assert not owner_alive(paths, DEAD, lease_ttl=0.0)  # heartbeat too old
 
 
-def test_reclaim_counts_the_lost_attempt_and_abandons_when_used_up(tmp_path: Path) -> None:
+def test_reclaim_never_charges_a_supervisors_death(tmp_path: Path) -> None:
+    """Issue 28.5: a reclaimed task's lost attempt is free, as on resume (max_attempts 1 and a
+    dead owner: back to pending/, interrupted), by the one rule ``Descriptor.lost_is_free``."""
     paths = new_run(tmp_path, [spec("once"), spec("twice", max_attempts=2)])
     q = DirQueue(paths, durable=False)
     started(paths, q, DEAD, 2)
@@ -70,11 +73,32 @@ def test_reclaim_counts_the_lost_attempt_and_abandons_when_used_up(tmp_path: Pat
     assert reclaim_dead(q, ledger, owner_id(), lease_ttl=1.0) == 2
     assert reclaim_dead(q, ledger, owner_id(), lease_ttl=1.0) == 0
     ledger.close()
-    failed = dict(q.iter_state(State.FAILED))
-    pending = dict(q.iter_state(State.PENDING))
-    assert [d["id"] for d in failed.values()] == ["once"]
-    assert next(iter(failed.values()))["reason"].startswith("abandoned")
-    assert [d["attempts"][0]["kind"] for d in pending.values()] == ["lost"]
+    assert not dict(q.iter_state(State.FAILED))
+    pending = {d["id"]: d for _, d in q.iter_state(State.PENDING)}
+    assert sorted(pending) == ["once", "twice"]
+    for desc in pending.values():
+        (lost,) = desc["attempts"]
+        assert lost["kind"] == "lost" and lost["interrupted"] and DEAD in lost["reason"], lost
+        assert desc["interruptions"] == 1
+    assert check_run(paths.root)["consistent"]
+
+
+def test_the_third_lost_attempt_in_a_row_counts(tmp_path: Path) -> None:
+    """A task lost with its supervisor MAX_LOST times in a row (it may be what kills it) has
+    that attempt counted: with max_attempts 1 it ends failed ``abandoned``, saying why."""
+    paths = new_run(tmp_path, [spec("killer")])
+    q = DirQueue(paths, durable=False)
+    for round_ in range(MAX_LOST):
+        if round_:
+            assert len(dict(q.iter_state(State.PENDING))) == 1, round_
+        started(paths, q, DEAD, 1)
+        ledger = Ledger(paths.events)
+        assert reclaim_dead(q, ledger, owner_id(), lease_ttl=1.0) == 1
+        ledger.close()
+    (failed,) = dict(q.iter_state(State.FAILED)).values()
+    kinds = [(a["kind"], bool(a.get("interrupted"))) for a in failed["attempts"]]
+    assert kinds == [("lost", True)] * (MAX_LOST - 1) + [("lost", False)], kinds
+    assert failed["reason"].startswith("abandoned: lost with its supervisor 3 times in a row")
     assert check_run(paths.root)["consistent"]
 
 

@@ -206,3 +206,51 @@ def test_a_workspace_replaced_by_a_symlink_does_not_move_the_boundary(tmp_path: 
     ws.symlink_to(elsewhere)  # the task did: rm -rf $WS; ln -s elsewhere $WS
     with pytest.raises(ResultFileError, match="outside the task workspace"):
         read_completion(ws, "r.json")
+
+
+def test_a_source_file_is_compared_without_following_anything(tmp_path: Path) -> None:
+    """Issue 28.2: the completion file is compared with the one the task's source folder
+    ships; on the source side no symlink is followed (the folder on the way or the file), a
+    FIFO never blocks, and sizes are compared before any byte is read."""
+    from gpuswarm.core.taskfiles import open_beneath, same_bytes
+
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    (src / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (src / "sub" / "r.yaml").write_text("passed: true\n")
+    (elsewhere / "r.yaml").write_text("passed: true\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("passed: true\n")
+
+    def same(rel: str) -> bool:
+        a = os.open(mine, os.O_RDONLY)
+        try:
+            b = open_beneath(src, rel)
+            try:
+                return same_bytes(a, b, 1 << 20)
+            finally:
+                os.close(b)
+        finally:
+            os.close(a)
+
+    assert same("sub/r.yaml")
+    (src / "sub" / "r.yaml").write_text("passed: false\n")
+    assert not same("sub/r.yaml")  # same size, other bytes
+    (src / "linked").symlink_to(elsewhere)
+    (src / "link.yaml").symlink_to(elsewhere / "r.yaml")
+    for rel in ("linked/r.yaml", "link.yaml", "../elsewhere/r.yaml", "/etc/passwd", "a\0b"):
+        with pytest.raises(UnsafeFile):
+            same(rel)
+    os.mkfifo(src / "fifo.yaml")
+
+    def fifo() -> None:
+        with pytest.raises(UnsafeFile):
+            same("fifo.yaml")
+
+    _in_thread(fifo)
+    with pytest.raises(FileNotFoundError):
+        same("missing.yaml")
+    big = os.open(tmp_path / "big", os.O_RDWR | os.O_CREAT)
+    os.ftruncate(big, 2 << 20)
+    assert not same_bytes(big, big, 1 << 20)  # over the limit: never read, never "the same"
+    os.close(big)

@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps
 from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
@@ -254,6 +255,17 @@ class QueueMachine(RuleBasedStateMachine):
         if not sup.alive:
             self._start(sup)
 
+    def _lost(self, tid: str, data: dict[str, Any]) -> str:
+        """Where a dead supervisor's task goes, reclaimed or resumed: one rule (issue 28.5).
+        Its attempt is recorded lost, free (interrupted) unless the last MAX_LOST - 1 were
+        lost too; only a counted one that used the last attempt ends it failed."""
+        self.attempts[tid] += 1
+        kinds = [a.get("kind") for a in data["attempts"]][-(MAX_LOST - 1) :]
+        if kinds.count("lost") < MAX_LOST - 1:
+            return "pending"
+        used = Descriptor(data).attempts_used + 1
+        return "failed" if used >= self.max_attempts[tid] else "pending"
+
     @rule(i=st.integers(0, N_SUPS - 1))
     def reclaim(self, i: int) -> None:
         sup = self._live(i)
@@ -267,9 +279,7 @@ class QueueMachine(RuleBasedStateMachine):
             elif tid in self.begun:
                 expected[tid] = self.begun.pop(tid)  # reclaim finishes a begun move
             else:
-                self.attempts[tid] += 1  # the lost attempt, which counts
-                used = Descriptor(data).attempts_used + 1
-                expected[tid] = "failed" if used >= self.max_attempts[tid] else "pending"
+                expected[tid] = self._lost(tid, data)
         count = reclaim_dead(sup.queue, self.ledger, sup.owner, lease_ttl=TTL)
         assert count == len(expected), (count, expected)
         self.model.update(expected)
@@ -285,8 +295,7 @@ class QueueMachine(RuleBasedStateMachine):
             elif tid in self.begun:
                 self.model[tid] = self.begun.pop(tid)
             else:
-                self.model[tid] = "pending"
-                self.attempts[tid] += 1  # recorded lost (interrupted: does not count)
+                self.model[tid] = self._lost(tid, data)
         queue = DirQueue(self.paths, durable=False)
         moved = recover(queue, self.ledger, retry_failed=retry_failed, grace=0.1)
         pending = os.listdir(self.paths.parallel / "pending")

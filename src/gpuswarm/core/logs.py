@@ -15,7 +15,7 @@ import select
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gpuswarm.core.taskfiles import RDWR_FLAGS, open_regular, read_tail
 
@@ -191,6 +191,15 @@ class LogSink:
         return len(data)
 
 
+class Keeper(Protocol):
+    """Something that keeps each attempt's pipe and log while the pump owns them, so that what
+    a task prints after this process died still reaches its log (``exec.local.keeper``)."""
+
+    def hold(self, sink: LogSink) -> None: ...
+
+    def release(self, sink: LogSink) -> None: ...
+
+
 class LogPump:
     """One thread that moves every attempt's output from its pipe into its log file.
 
@@ -205,7 +214,8 @@ class LogPump:
     holds the write end until :meth:`finish`, so a task's exit is no hang-up event either.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keeper: Keeper | None = None) -> None:
+        self._keeper = keeper
         self._poller: Any = select.epoll() if _EPOLL else select.poll()
         self._sinks: dict[int, LogSink] = {}
         self._lock = threading.Lock()
@@ -225,6 +235,8 @@ class LogPump:
         with contextlib.suppress(OSError):  # room for what a task prints while nobody reads
             fcntl.fcntl(read_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
         sink = LogSink(read_fd, write_fd, log_fd, limit)
+        if self._keeper is not None:
+            self._keeper.hold(sink)
         with self._lock:
             self._sinks[read_fd] = sink
             self._poller.register(read_fd, _READABLE)
@@ -237,6 +249,8 @@ class LogPump:
         left outside our process tree is not read from then on). The pump thread stops
         watching it first, so closing the write end wakes nobody."""
         self._unwatch(sink)
+        if self._keeper is not None and not sink.closed:
+            self._keeper.release(sink)
         sink.close_write_end()
         with sink.lock:
             if sink.closed:

@@ -39,13 +39,14 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: Path | str, flags: int = READ_FLAGS) -> int:
-    """Open a regular file without blocking and without following a final symlink.
+def open_regular(path: Path | str, flags: int = READ_FLAGS, *, dir_fd: int | None = None) -> int:
+    """Open a regular file without blocking and without following a final symlink (``path``
+    relative to the folder open at ``dir_fd`` when given).
 
     Raises FileNotFoundError when it is missing, UnsafeFile when it is anything but a regular
     file (a symlink, a FIFO, a device, ...), OSError for other failures."""
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeFile(errno.ELOOP, "is a symlink (not followed)", str(path)) from None
@@ -96,6 +97,47 @@ def read_tail(path: Path | str, max_bytes: int) -> tuple[bytes, bool]:
         return b"", False
     finally:
         os.close(fd)
+
+
+def open_beneath(root: Path, rel: str) -> int:
+    """Open the regular file ``rel`` below the folder ``root`` without following any symlink
+    on the way (each folder opened ``O_NOFOLLOW`` from the one above it, the file by
+    :func:`open_regular`'s rules): for a folder a task may have written into, such as the
+    source folder it copies from. ``..``, an absolute ``rel`` or a NUL byte is UnsafeFile."""
+    parts = Path(rel).parts
+    if "\0" in rel or not parts or Path(rel).is_absolute() or ".." in parts:
+        raise UnsafeFile(errno.EINVAL, "is no plain path below its folder", rel)
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                below = os.open(part, dir_flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeFile(exc.errno, "has a symlink on its way", rel) from None
+                raise
+            os.close(fd)
+            fd = below
+        return open_regular(parts[-1], READ_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def same_bytes(a: int, b: int, limit: int) -> bool:
+    """Whether the regular files open at ``a`` and ``b`` hold the same bytes: their sizes first
+    (no read when they differ or pass ``limit``), then at most ``limit`` bytes of each."""
+    size = os.fstat(a).st_size
+    if size != os.fstat(b).st_size or size > limit:
+        return False
+    offset = 0
+    while offset < size:
+        chunk = min(1 << 20, size - offset)
+        left, right = os.pread(a, chunk, offset), os.pread(b, chunk, offset)
+        if left != right or not left:
+            return False
+        offset += len(left)
+    return True
 
 
 def inside(root: Path, rel: str) -> Path:

@@ -14,11 +14,17 @@ from typing import Any
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
-from gpuswarm.core.metrics import ResultFileError, flatten, parse_metrics, read_completion
+from gpuswarm.core.metrics import (
+    RESULT_MAX_BYTES,
+    ResultFileError,
+    flatten,
+    parse_metrics,
+    read_completion,
+)
 from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.core.paths import RunPaths, host_slug
 from gpuswarm.core.placeholders import render
-from gpuswarm.core.taskfiles import inside
+from gpuswarm.core.taskfiles import inside, open_beneath, open_regular, same_bytes
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.placement.gpus import Slot, isolation_env
 
@@ -180,8 +186,12 @@ def judge(
     values: dict[str, str],
     record: AttemptRecord,
     data: dict[str, Any],
+    *,
+    base_dir: Path | None = None,
 ) -> Outcome:
-    """Done = exit 0 and the completion file (if any) parses; its result lands in ``data``."""
+    """Done = exit 0 and the completion file (if any) parses and was written by this attempt
+    (see :func:`check_written`); its result lands in ``data``. ``base_dir``: where a task
+    without ``cwd`` runs (its source folder, unless a glob matched it one)."""
     record = record.but(metrics=parse_metrics(paths.attempt_log(task.id, record.n), task.metrics))
     if skipped(task, end):
         reason = f"skipped (exit {end.returncode} = skip_exit_code)"
@@ -193,7 +203,9 @@ def judge(
         rel = render(task.done_when, values)
         try:  # the task's own file: any problem with it fails this attempt, never the run
             result = flatten(read_completion(workspace, rel))
-            _written_since(inside(workspace, rel), end.started)
+            target = inside(workspace, rel)
+            _written_since(target, end.started)
+            check_written(target, rel, source_folders(task, values, base_dir, workspace))
         except ResultFileError as exc:
             reason = f"exit 0 but {exc}"
             return Outcome(State.FAILED, reason, record.but(reason=reason))
@@ -208,6 +220,54 @@ def skipped(task: TaskSpec, end: AttemptEnd) -> bool:
         and end.kind is EndKind.EXITED
         and end.returncode == task.skip_exit_code
     )
+
+
+def source_folders(
+    task: TaskSpec, values: dict[str, str], base_dir: Path | None, workspace: Path
+) -> list[Path]:
+    """The folders a task's files may be copied from: its glob match's folder (``task_dir``)
+    and the ``cwd`` it sets; a task that no glob matched: its working folder (``cwd``, or
+    ``base_dir``). None inside the workspace itself (a task that runs in its workspace writes
+    its result there)."""
+    found = [Path(task.vars["task_dir"])] if "task_dir" in task.vars else []
+    if task.cwd is not None or (base_dir is not None and not found):
+        found.append(render_cwd(task, values, base_dir or workspace))
+    home = Path(os.path.realpath(workspace))
+    out: list[Path] = []
+    for folder in found:
+        real = Path(os.path.realpath(folder))
+        if real != home and home not in real.parents and real not in out:
+            out.append(real)
+    return out
+
+
+def check_written(target: Path, rel: str, sources: list[Path]) -> None:
+    """ResultFileError when the completion file ``target`` (``rel`` in the workspace) is
+    byte-identical to the file at ``rel`` in one of the task's source folders: a copy of the
+    one the task folder ships (``cp -r {task_dir}/. {workspace}/`` gives it a new time), not
+    written by this attempt. Sizes are compared first; nothing on the source side is followed
+    (:func:`open_beneath`); a source file that cannot be read is no copy."""
+    try:
+        mine = open_regular(target)
+    except OSError:
+        return  # it parsed a moment ago; a task that removes it now is judged by what was read
+    try:
+        for folder in sources:
+            try:
+                theirs = open_beneath(folder, rel)
+            except OSError:
+                continue
+            try:
+                same = same_bytes(mine, theirs, RESULT_MAX_BYTES)
+            finally:
+                os.close(theirs)
+            if same:
+                raise ResultFileError(
+                    f"completion file {target.name} was not written by this attempt (it is "
+                    f"byte-identical to {folder / rel} in the task's source folder: a copy)"
+                )
+    finally:
+        os.close(mine)
 
 
 def _written_since(target: Path, started: float) -> None:

@@ -126,7 +126,7 @@ class Committer:
                 why = "lost" if end.kind is EndKind.LOST else "interrupted"
                 self.hand_back(live.claimed, live.task, record, why)
                 return
-            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            outcome = self._judge(live, end, record)
             if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
@@ -136,6 +136,13 @@ class Committer:
         except LeaseLostError:
             run.lease_lost(live.task_id, live.attempt, "its outcome is not committed")
 
+    def _judge(self, live: LiveAttempt, end: AttemptEnd, record: AttemptRecord) -> Outcome:
+        run = self.run
+        data = live.claimed.data
+        return judge(
+            run.paths, live.task, end, live.values, record, data, base_dir=run.cfg.base_dir
+        )
+
     def _cancelled(self, live: LiveAttempt, end: AttemptEnd, record: AttemptRecord) -> None:
         """A person cancelled this attempt: its task ends cancelled, the attempt recorded;
         unless it was done for sure before the cancel took effect (then done stands)."""
@@ -143,7 +150,7 @@ class Committer:
         reqs = live.cancel
         assert reqs is not None
         if end.kind is not EndKind.CANCELLED:
-            outcome = judge(run.paths, live.task, end, live.values, record, live.claimed.data)
+            outcome = self._judge(live, end, record)
             if _done_in_stop(live.task, end, outcome):
                 self._finish(live.claimed, live.task, outcome)
                 why = f"too late: attempt {live.attempt} was done before the cancel took effect"
@@ -294,19 +301,11 @@ class Committer:
         return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
 
-MAX_LOST = 3  # a task whose node left this many times in a row fails (it may be what kills it)
-
-
 def _lost_again(live: LiveAttempt, end: AttemptEnd) -> bool:
     """Whether a ``lost`` attempt (its node left the cluster: backend ray) goes back to
-    pending/ without counting against ``max_attempts``, like a supervisor's crash: yes, unless
-    its last MAX_LOST - 1 attempts were lost too; then it is judged a failed attempt (a task
-    that brings its node down would otherwise be requeued forever)."""
-    if end.kind is not EndKind.LOST:
-        return False
-    recent = live.claimed.desc.attempts[-(MAX_LOST - 1) :]
-    lost = [a for a in recent if a.kind == EndKind.LOST.value]
-    return len(lost) < MAX_LOST - 1
+    pending/ without counting against ``max_attempts``: the rule resume and reclaim keep too
+    (``Descriptor.lost_is_free``); otherwise it is judged a failed attempt."""
+    return end.kind is EndKind.LOST and live.claimed.desc.lost_is_free()
 
 
 def _done_in_stop(task: TaskSpec, end: AttemptEnd, outcome: Outcome) -> bool:

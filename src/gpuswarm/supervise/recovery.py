@@ -14,23 +14,15 @@ drops the requests of tasks that ended; each applied cancel is journaled (``cont
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
-from pydantic import ValidationError
-
-from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.metrics import ResultFileError, flatten, read_completion
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease, State
+from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.placeholders import render
-from gpuswarm.core.taskfiles import inside
 from gpuswarm.exec.base import create_backend
-from gpuswarm.exec.plan import STALE_SLACK_SECONDS
 from gpuswarm.store.control import Request
 from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ledger
@@ -45,6 +37,7 @@ from gpuswarm.supervise.controls import (
     settle_requests,
     still_bound,
 )
+from gpuswarm.supervise.orphans import judge_orphan
 
 
 class EndsLeftovers(Protocol):
@@ -160,7 +153,6 @@ def _recover_running(
     except QueueError:
         set_aside(queue, ledger, queue.paths.state_dir("running") / name, "unreadable running")
         return "corrupt"
-    desc = claimed.desc
     reqs = cancels.pop(claimed.task_id, None)
     if reqs is not None:  # those made for an attempt that has its outcome are dropped
         reqs = still_bound(queue, ledger, reqs, desc, applied_by)
@@ -173,20 +165,46 @@ def _recover_running(
     if _finish_begun_move(queue, ledger, claimed):
         return "recovered"
     lease = Lease.parse(name)
+    owner = lease.owner if lease else "?"
     if claimed.task_id not in still_running and judge_orphan(
-        queue, ledger, claimed, f"its supervisor died ({lease.owner if lease else '?'})"
+        queue, ledger, claimed, f"its supervisor died ({owner})"
     ):
         return "judged_done"
-    record = AttemptRecord.lost(
-        n=desc.next_attempt,
-        slot=slot_label(queue.paths, lease.owner, lease.slot) if lease else "",
-        interrupted=True,
-        reason="its supervisor died" + (f" ({lease.owner})" if lease else ""),
-    )
-    desc.add_attempt(record)
-    desc.note_interrupted()
-    queue.move(claimed, State.PENDING, _requeued(ledger, claimed, "interrupted", "running"))
+    _requeue_lost(queue, ledger, claimed, owner, "interrupted")
     return "interrupted"
+
+
+def _requeue_lost(queue: DirQueue, ledger: Ledger, claimed: Claimed, owner: str, why: str) -> None:
+    """The attempt of a running task whose supervisor ``owner`` died is recorded ``lost`` by
+    the one rule resume, reclaim and the committer share (``Descriptor.lost_is_free``: a
+    supervisor's death is never the task's attempt): back to pending/ (event ``requeued``,
+    reason ``why``); to failed/ as ``abandoned`` only when it counted and used the last one."""
+    desc = claimed.desc
+    lease = Lease.parse(claimed.path.name)
+    label = "" if lease is None or lease.reclaimer else slot_label(queue.paths, owner, lease.slot)
+    n = desc.next_attempt
+    record = AttemptRecord.lost(n=n, slot=label, reason=f"its supervisor died ({owner})")
+    if desc.add_lost(record) or desc.attempts_used < desc.max_attempts:
+        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
+        return
+    desc.reason = reason = (
+        f"abandoned: lost with its supervisor {MAX_LOST} times in a row (the last: {owner}) "
+        "and its attempts are used up"
+    )
+    queue.move(
+        claimed,
+        State.FAILED,
+        lambda: ledger.emit(
+            Ev.FINISHED,
+            task=claimed.task_id,
+            attempt=n,
+            slot="",
+            state="failed",
+            reason=reason,
+            seconds=0,
+            retry=False,
+        ),
+    )
 
 
 def _cancel_orphan(
@@ -279,76 +297,6 @@ def _retry_journaled(ledger: Ledger, frm: str = "failed") -> Callable[[Descripto
     )
 
 
-def _lease_time(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
-def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) -> bool:
-    """Judge the attempt of a task whose supervisor is gone by what it left, as resume would
-    judge any attempt: nothing of it runs any more (the caller checked) and its completion file,
-    written after the claim (the running file's time), parses: then it is done, not re-run.
-    The exit status of an orphan cannot be known, so a task without ``done_when`` is re-run.
-    """
-    desc = claimed.desc
-    try:
-        task = TaskSpec.model_validate(desc.task)
-    except ValidationError:
-        return False
-    claimed_at = _lease_time(claimed.path)
-    if task.done_when is None or claimed_at is None:
-        return False
-    paths = queue.paths
-    n = desc.next_attempt
-    values = {
-        **task.vars,
-        "workspace": str(paths.task_dir(task.id)),
-        "run_dir": str(paths.root),
-        "task_id": task.id,
-        "name": task.name,
-        "attempt": str(n),
-    }
-    rel = render(task.done_when, values)
-    if "{" in rel:
-        return False  # it names the slot or GPU, which the journal would have to tell
-    workspace = paths.task_dir(task.id)
-    try:
-        target = inside(workspace, rel)  # never outside the workspace (a planted symlink)
-        written = target.stat().st_mtime
-        result = flatten(read_completion(workspace, rel))
-    except (OSError, ResultFileError):
-        return False
-    if written < claimed_at - STALE_SLACK_SECONDS:
-        return False  # older than the claim: not this attempt's
-    lease = Lease.parse(claimed.path.name)
-    stamp = time.strftime("%H:%M:%S", time.localtime(written))
-    reason = f"finished after {why}: {target.name} written at {stamp} parses (exit status unknown)"
-    slot = slot_label(queue.paths, lease.owner, lease.slot) if lease and not lease.reclaimer else ""
-    desc.add_attempt(
-        AttemptRecord.orphan(n=n, slot=slot, started=claimed_at, ended=written, reason=reason)
-    )
-    desc.result = result
-    desc.reason = None
-    queue.move(
-        claimed,
-        State.DONE,
-        lambda: ledger.emit(
-            Ev.FINISHED,
-            task=claimed.task_id,
-            attempt=n,
-            slot="",
-            state="done",
-            reason=reason,
-            seconds=round(max(0.0, written - claimed_at), 3),
-            retry=False,
-            judged=True,
-        ),
-    )
-    return True
-
-
 def _finish_begun_retry(queue: DirQueue, ledger: Ledger, name: str) -> bool:
     """A failed task saved as ``pending`` (a retry a crash cut short after its save): journal
     it (again: the journal must never lag behind the folders) and finish the rename."""
@@ -366,8 +314,9 @@ def reclaim_dead(
 ) -> int:
     """Take back the tasks of supervisors that are gone; any live supervisor may call this.
 
-    Each reclaimed task counts the lost attempt: it goes back to pending/, or to failed/ as
-    ``abandoned`` when its attempts are used up. The rename to our own lease arbitrates between
+    Each reclaimed task's attempt is recorded lost by the rule resume keeps too (not counted:
+    a supervisor's death is never the task's attempt; see :func:`_requeue_lost`) and goes back
+    to pending/. The rename to our own lease arbitrates between
     supervisors reclaiming at once. Processes a dead owner left on this host are killed first.
     A reclaimed task with a cancel request ends cancelled instead (journaled, applied by ``me``).
     """
@@ -424,7 +373,6 @@ def _reclaim_one(
     except QueueError:
         set_aside(queue, ledger, queue.running_path(mine), "unreadable running")
         return False
-    desc = claimed.desc
     reqs = cancels.get(claimed.task_id)
     if reqs is not None:  # those made for an attempt that has its outcome are dropped
         reqs = cancels[claimed.task_id] = still_bound(queue, ledger, reqs, desc, me)
@@ -435,24 +383,5 @@ def _reclaim_one(
     judge = on_this_host(owner) and claimed.task_id not in still_running
     if judge and judge_orphan(queue, ledger, claimed, f"its supervisor {owner} died"):
         return True
-    desc.add_attempt(AttemptRecord.lost(n=desc.next_attempt, reason=f"its supervisor {owner} died"))
-    if desc.attempts_used < desc.max_attempts:
-        why = f"reclaimed from {owner}"
-        queue.move(claimed, State.PENDING, _requeued(ledger, claimed, why, "running"))
-        return True
-    desc.reason = reason = f"abandoned: its supervisor {owner} died and attempts are used up"
-    queue.move(
-        claimed,
-        State.FAILED,
-        lambda: ledger.emit(
-            Ev.FINISHED,
-            task=claimed.task_id,
-            attempt=desc.attempt_count,
-            slot="",
-            state="failed",
-            reason=reason,
-            seconds=0,
-            retry=False,
-        ),
-    )
+    _requeue_lost(queue, ledger, claimed, owner, f"reclaimed from {owner}")
     return True

@@ -6,8 +6,12 @@ import json
 from typing import Any
 
 from gpuswarm.core.models.attempt import AttemptRecord
-from gpuswarm.core.models.kinds import DESCRIPTOR_VERSION, RecordError, State
+from gpuswarm.core.models.kinds import DESCRIPTOR_VERSION, EndKind, RecordError, State
 from gpuswarm.core.records import descriptor_problem, parse_descriptor
+
+# the MAX_LOST-th lost attempt in a row counts: the task may be what brings its supervisor or
+# node down (it would be re-run for ever)
+MAX_LOST = 3
 
 
 class Descriptor:
@@ -213,6 +217,23 @@ class Descriptor:
 
     def add_attempt(self, record: AttemptRecord) -> None:
         self.raw.setdefault("attempts", []).append(record.to_json())
+
+    def lost_is_free(self) -> bool:
+        """The one rule for an attempt lost with what ran it (its supervisor killed, its ray
+        driver or node gone): it is never the task's attempt, so it does not count against
+        ``max_attempts``; unless the last MAX_LOST - 1 attempts were lost too (then it counts).
+        Resume, a reclaiming supervisor and the committer (a lost ray attempt) all ask this."""
+        recent = self.raw.get("attempts", [])[-(MAX_LOST - 1) :]
+        return sum(1 for a in recent if a.get("kind") == EndKind.LOST.value) < MAX_LOST - 1
+
+    def add_lost(self, record: AttemptRecord) -> bool:
+        """Record a lost attempt by :meth:`lost_is_free`: interrupted (and one more
+        interruption noted) when it is free. Returns whether it was."""
+        free = self.lost_is_free()
+        self.add_attempt(record.but(interrupted=free))
+        if free:
+            self.note_interrupted()
+        return free
 
     @property
     def counted_attempts(self) -> list[AttemptRecord]:

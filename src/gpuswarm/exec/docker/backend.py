@@ -172,6 +172,7 @@ class DockerBackend:
             raise ValueError("end_leftovers: give run_dir or owner")
         found = self._ours(run_dir=run_dir, owner=owner)
         if not found:
+            self._local.settle_keepers(run_dir=run_dir, owner=owner)
             return Leftovers([], frozenset(), 0)
         running = [c for c in found if c.running]
         tasks = frozenset(
@@ -187,6 +188,7 @@ class DockerBackend:
                 f"docker: container(s) {', '.join(alive)} still run after `docker rm --force`; "
                 "nothing was requeued: remove them (docker rm --force NAME) and try again"
             )
+        self._local.settle_keepers(run_dir=run_dir, owner=owner)  # the clients' logs are whole
         return Leftovers([c.name for c in found], tasks, len(running))
 
     def _ours(self, *, run_dir: str | None = None, owner: str | None = None) -> list[Listed]:

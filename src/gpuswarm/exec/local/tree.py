@@ -55,6 +55,7 @@ class _Registry:
         self.live: dict[int, Attempt] = {}
         self.launching = 0
         self.subreaper = False
+        self.helpers: set[int] = set()  # our own helper processes (the log keeper): no leftovers
 
 
 _REG = _Registry()
@@ -77,6 +78,17 @@ def become_subreaper() -> bool:
         return False
     _REG.subreaper = True
     return True
+
+
+def note_helper(pid: int) -> None:
+    """``pid`` is a helper of this supervisor (in its own session): never an attempt's escapee."""
+    with _REG.lock:
+        _REG.helpers.add(pid)
+
+
+def forget_helper(pid: int) -> None:
+    with _REG.lock:
+        _REG.helpers.discard(pid)
 
 
 # -- reading the process table ---------------------------------------------------------------------
@@ -215,10 +227,13 @@ def _candidates(owner: Attempt | None) -> _Scan:
     with _REG.lock:
         live = frozenset(pid for pid, att in _REG.live.items() if att is not owner)
         quiet = _REG.launching == 0
+        helpers = frozenset(_REG.helpers)
     my_sid = os.getsid(0)
     alive: list[tuple[int, _Stat]] = []
     for pid in kids:
-        if pid in live or (owner is not None and pid == owner.pid and not owner._reaped):
+        if pid in live or pid in helpers:
+            continue
+        if owner is not None and pid == owner.pid and not owner._reaped:
             continue
         st = _stat(pid)
         if st is None or st.sid == my_sid:  # gone, or one of the supervisor's own helpers
@@ -267,15 +282,24 @@ def find_by_env(name: str, value: str) -> list[int]:
     Used after a crash: a dead supervisor's attempts run on in their own sessions, re-parented
     away from us, and their environment is what still ties them to their run.
     """
-    found = []
+    return find_by_envs({name: value})[name]
+
+
+def find_by_envs(wanted: dict[str, str]) -> dict[str, list[int]]:
+    """For each ``name: value`` of ``wanted``, the pids (but ours) whose environment has it,
+    in one pass over the process table."""
+    found: dict[str, list[int]] = {name: [] for name in wanted}
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         try:
-            if proc.environ().get(name) == value:
-                found.append(proc.pid)
+            env = proc.environ()
         except (psutil.Error, OSError):
             continue
+        for name, value in wanted.items():
+            if env.get(name) == value:
+                found[name].append(proc.pid)
+                break
     return found
 
 
