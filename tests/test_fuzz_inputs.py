@@ -398,7 +398,12 @@ def test_cli_run_exits_0_1_or_2(data: Any) -> None:
     junk=st.one_of(st.just(b""), st.binary(max_size=8)),
 )
 def test_cli_command_list_exits_0_1_or_2(words: list[list[str]], junk: bytes) -> None:
-    lines = ["true " + " ".join(w) for w in words]  # argv, never a shell: nothing runs but true
+    # --no-shell: argv, never a shell, so nothing runs but true (a command list's lines run
+    # through /bin/sh by default, GNU-parallel style: there `$(touch PWNED)` is the user's code)
+    lines = ["true " + " ".join(w) for w in words]
     stdin = "\n".join(lines).encode("utf-8", "surrogatepass") + junk
     with _folder() as tmp:
-        _run_cli(Path(tmp), "run", "-", "--gpus", "sim:1", "-q", "--no-report", stdin=stdin)
+        _run_cli(
+            Path(tmp), "run", "-", "--no-shell", "--gpus", "sim:1", "-q", "--no-report",
+            stdin=stdin,
+        )  # fmt: skip
