@@ -268,6 +268,30 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
     emit(as_json, session.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
 
 
+@research.command("mutate")
+@click.option("--list", "listing", is_flag=True, required=True, help="the settings mutate finds")
+@click.option("--mutate", "include", multiple=True, help="only these settings (as loop's)")
+@click.option("--mutate-exclude", "exclude", multiple=True, help="never these (as loop's)")
+@experiment_options
+@handle_errors
+def mutate_cmd(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    listing: bool,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+) -> None:
+    """The numeric settings of BASE's editable files: which mutate would change (and to
+    what), and why each other one is skipped (state, logging, the time budget, ...)."""
+    from gpuswarm.research.proposers import MutateProposer
+
+    exp = session.Experiment.open(where, tag)
+    proposer = MutateProposer(exp.paths, exp.cfg, include=include, exclude=exclude)
+    state = exp.settle()
+    emit(as_json, {"base": state.base, "settings": proposer.survey(state)}, views.show_knobs)
+
+
 @research.command("config")
 @click.option("--command", "command", help="the training command (new variants)")
 @click.option("--shell/--no-shell", default=None, help="run the command through /bin/sh")

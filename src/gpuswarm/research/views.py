@@ -155,6 +155,21 @@ def show_config(d: dict[str, Any]) -> None:
     click.echo(f"settings: {d['file']}")
 
 
+def show_knobs(d: dict[str, Any]) -> None:
+    """``research mutate --list``: one line per setting, the knobs first."""
+    rows = sorted(d["settings"], key=lambda r: (not r["knob"], r["file"], r["line"]))
+    width = max((len(r["name"]) for r in rows), default=4)
+    knobs = sum(r["knob"] for r in rows)
+    click.echo(f"BASE {_short(d['base'])}: {knobs} of {len(rows)} numeric settings are knobs")
+    for r in rows:
+        where = f"{r['file']}:{r['line']}"
+        if r["knob"]:
+            tries = ", ".join(r["tries"][:4]) + (", ..." if len(r["tries"]) > 4 else "")
+            click.echo(f"  knob  {r['name']:<{width}} = {r['value']:<10} {where}  -> {tries}")
+        else:
+            click.echo(f"  skip  {r['name']:<{width}} = {r['value']:<10} {where}  {r['why']}")
+
+
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
     _files_line(d, always="files" in d)
