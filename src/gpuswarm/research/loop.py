@@ -7,6 +7,8 @@ for the slowest. The loop holds no state of its own: everything is in the experi
 and core run, so after a crash (even SIGKILL) running ``research loop`` again goes on where it
 was, and the runner keeps running variants meanwhile.
 
+One loop per experiment (``looplock.py``): a second is refused, exit 2, naming the first.
+
 Stops: the first SIGINT/SIGTERM stops proposing and waits for the variants in flight; the
 second leaves at once (the runner finishes them; the next research command records them).
 """
@@ -25,6 +27,7 @@ from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
 from gpuswarm.research.experiment import flocked
 from gpuswarm.research.journal import ExperimentState, append
+from gpuswarm.research.looplock import one_loop
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -61,6 +64,18 @@ def run_loop(
 ) -> dict[str, Any]:
     """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
     (the live view follows the runner's journal with it)."""
+    with one_loop(exp.paths, opts.mode):
+        return _run_loop(exp, proposer, opts, say, stop, tick)
+
+
+def _run_loop(
+    exp: session.Experiment,
+    proposer: Proposer,
+    opts: LoopOptions,
+    say: Callable[[str], None],
+    stop: LoopStop | None,
+    tick: Callable[[ExperimentState], None] | None,
+) -> dict[str, Any]:
     tick = tick or (lambda state: None)
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):

@@ -21,6 +21,7 @@ from gpuswarm.research.agent import AgentOptions, AgentProposer, check_agent, lo
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.looplock import ensure_free
 from gpuswarm.research.proposers import MutateProposer, Proposer
 from gpuswarm.ui.terminal import is_terminal
 
@@ -80,6 +81,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
     exp = session.Experiment.open(where, tag)
+    ensure_free(exp.paths)  # one loop per experiment: refused before anything is checked
     proposer: Proposer
     kind = kw["proposer"] or ("agent" if kw["agent_name"] or kw["agent_command"] else "mutate")
     if kind == "agent":
