@@ -253,9 +253,10 @@ def test_full_round_in_the_seeds_format(gpuswarm: Cli, research_repo: Path) -> N
     assert len(rows) == 6, rows
     for line in lines[1:]:
         assert ROW_RE.match(line), line
-    # baseline first, then the variants in the order they were decided (the ledger's order)
+    # baseline first, then the variants in experiment order (as the seed's file; issue 29.5),
+    # whatever order they were decided in
     decided = [e for e in ledger(repo, tag) if e["ev"] == "decided"]
-    assert [e["row"] for e in decided] == rows[1:]
+    assert [e["row"] for e in sorted(decided, key=lambda e: e["id"])] == rows[1:]
     assert decided[0]["id"] == "v0001"
     assert rows[1] == [base[:7], f"{base_val:.6f}", memory_gb(), "keep", "baseline"]
 
@@ -438,9 +439,10 @@ def test_manual_policy_keep_and_discard(gpuswarm: Cli, research_repo: Path) -> N
 
     dropped = ok_json(research(gpuswarm, repo, "discard", depth["id"], "--json"))
     assert dropped["status"] == "discard"
-    rows = research_results(repo, tag)
-    assert rows[-2][:4] == [lr["commit"][:7], f"{val_bpb(lr=0.05):.6f}", memory_gb(), "keep"]
-    assert rows[-1][:4] == [depth["commit"][:7], f"{val_bpb(depth=6):.6f}", memory_gb(6), "discard"]
+    rows = research_results(repo, tag)  # experiment order: baseline, lr, depth, crash
+    assert [r[3] for r in rows[1:]] == ["keep", "keep", "discard", "crash"]
+    assert rows[-3][:4] == [lr["commit"][:7], f"{val_bpb(lr=0.05):.6f}", memory_gb(), "keep"]
+    assert rows[-2][:4] == [depth["commit"][:7], f"{val_bpb(depth=6):.6f}", memory_gb(6), "discard"]
     assert git(repo, "rev-parse", f"autoresearch/{tag}") == lr["commit"]
 
     refused = research(gpuswarm, repo, "keep", crash["id"])

@@ -239,3 +239,44 @@ def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) ->
     assert platforms["A100"]["baseline"] == pytest.approx(0.91)
     assert platforms["H100"]["baseline"] == pytest.approx(0.81)
     research(gpuswarm, repo, "stop")
+
+
+@pytest.mark.timeout(120)
+def test_wait_returns_when_confirmations_decided_and_log_is_bounded(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5. A would-be keep is re-run twice; one ``wait`` returns only once the
+    re-runs decided it (not at its first run's end, "confirming 0/2"). results.tsv lists rows
+    in experiment order; ``log --json`` is bounded (--limit, --since)."""
+    noise = {"v0001": 0.0, "v0002": 0.02, "v0003": -0.005, "v0004": 0.012, "v0005": 0.018}
+    repo = make_repo(tmp_path, noise)
+    init(gpuswarm, repo)
+    edit(repo, "    y = x * 2\n", "    y = x * 2  # doubled\n")
+    vid = research(gpuswarm, repo, "try", "-m", "comment only")["id"]
+    waited = research(gpuswarm, repo, "wait")
+    done = {v["id"]: v for v in waited["finished"]}
+    assert done[vid]["status"] == "discard", waited
+    assert done[vid]["reason"].startswith("not confirmed"), waited
+    assert waited["waiting"] == []
+    kinds = [e["kind"] for e in research_ledger(repo, TAG) if e["ev"] == "variant"]
+    assert kinds == ["baseline", "baseline", "variant", "confirm", "confirm"]
+    ids = [r for r in research_results(repo, TAG)[1:]]
+    assert len(ids) == 5
+    # rows in experiment order: the confirmations after their variant, whatever finished first
+    assert "comment only (not confirmed" in ids[2][4] and "(confirmation 1/2)" in ids[3][4]
+
+    bounded = research(gpuswarm, repo, "log", "--limit", "2")
+    assert [v["id"] for v in bounded["variants"]] == ["v0004", "v0005"]
+    assert bounded["total"] == 5 and bounded["left_out"] == 3
+    since = research(gpuswarm, repo, "log", "--since", "v0003")
+    assert [v["id"] for v in since["variants"]] == ["v0004", "v0005"]
+    recent = research(gpuswarm, repo, "log", "--since", "1h")
+    assert len(recent["variants"]) == 5 and recent["left_out"] == 0
+    text = gpuswarm("research", "log", "-C", repo, "--limit", "1")
+    assert text.returncode == 0, str(text)
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("commit\tval_bpb") and len(lines) == 2
+    assert "(confirmation 2/2)" in lines[1]
+    bad = gpuswarm("research", "log", "-C", repo, "--since", "v0099", "--json")
+    assert bad.returncode == 2 and "no variant v0099" in bad.stderr
+    research(gpuswarm, repo, "stop")

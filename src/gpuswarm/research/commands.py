@@ -5,6 +5,7 @@ handling ``clikit.py``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -202,19 +203,36 @@ def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
     "replay",
     help="recompute the decisions with other settings: greedy, or noise-aware,noise_k=3,...",
 )
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    help=f"the last N variants (0: all)  [default: all as text, {readouts.LOG_LIMIT} with --json]",
+)
+@click.option("--since", help="only variants after this one (v0012) or this recent (30m, 2h)")
 @experiment_options
 @handle_errors
-def log(where: Path, tag: str | None, as_json: bool, replay: str | None) -> None:
+def log(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    replay: str | None,
+    limit: int | None,
+    since: str | None,
+) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
     exp = session.Experiment.open(where, tag)
     if replay is not None:
         emit(as_json, readouts.replayed(exp, replay), views.show_replay)
         return
-    data = readouts.log(exp)
+    if since is not None and not re.fullmatch(r"v\d{4,}", since):
+        since = str(flag_duration("--since", since))
     if as_json:
+        data = readouts.log(exp, readouts.LOG_LIMIT if limit is None else limit, since)
         click.echo(json.dumps(data, indent=1, default=str))
-    else:
+    elif limit is None and since is None:
         click.echo(exp.paths.results_tsv.read_text(), nl=False)
+    else:
+        click.echo(readouts.log_text(exp, limit, since), nl=False)
 
 
 @research.command()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,17 @@ class ExperimentState:
     @property
     def best(self) -> float | None:
         return self.base_metric.get(self.base)
+
+    def rows_in_order(self, only: Container[str] | None = None) -> list[list[str]]:
+        """results.tsv's rows in experiment order (the variants' order, as the seed's file
+        is), not in the order they were decided (async: whichever finished first); ``only``:
+        the rows of those variants."""
+        order = {vid: n for n, vid in enumerate(self.variants)}
+        pairs = sorted(
+            zip(self.row_ids, self.rows, strict=False),
+            key=lambda p: order.get(p[0], len(order)),
+        )
+        return [row for vid, row in pairs if only is None or vid in only]
 
     def next_id(self) -> str:
         return f"v{len(self.variants) + 1:04d}"

@@ -41,7 +41,7 @@ def wait(
     looked = 0.0
     watch = runner.RunnerWatch(exp.paths, exp.cfg)
     while True:
-        done = [t for t in targets if state.variants[t].finished is not None]
+        done = [t for t in targets if _settled(state, state.variants[t])]
         if (mode == "any" and done) or len(done) == len(targets):
             break
         if deadline is not None and time.monotonic() >= deadline:
@@ -50,19 +50,39 @@ def wait(
             watch.check()  # e.g. after `research stop` or a crash
             looked = time.monotonic()
         time.sleep(WAIT_POLL_SECONDS)
-        if executor.finished_ids(exp.paths, exp.cfg) & (set(targets) - set(done)):
+        if executor.finished_ids(exp.paths, exp.cfg) & _awaited(state, targets):
             state = exp.settle()
             watch.progressed()
     state = exp.settle()
-    finished = [shown(state, state.variants[t]) for t in targets if state.variants[t].finished]
+    settled = [t for t in targets if _settled(state, state.variants[t])]
+    finished = [shown(state, state.variants[t]) for t in settled]
     if finished:
         append(exp.paths, "seen", ids=[v["id"] for v in finished])
     return {
         **_headline(exp, state),
         "finished": finished,
-        "waiting": [t for t in targets if state.variants[t].finished is None],
-        "timed_out": any(state.variants[t].finished is None for t in targets),
+        "waiting": [t for t in targets if t not in settled],
+        "timed_out": len(settled) < len(targets),
     }
+
+
+def _settled(state: ExperimentState, v: Variant) -> bool:
+    """Finished, and not waiting for its confirmation re-runs: a would-be keep's wait ends
+    when the re-runs decided it, not when its first run ended."""
+    if v.finished is None:
+        return False
+    if v.decision is not None or v.kind == "confirm":
+        return True
+    return all(c.finished is not None for c in rules.confirmations(state, v))
+
+
+def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
+    """The runs whose end a wait for ``targets`` is waiting for: the targets and their
+    confirmation re-runs still in flight."""
+    out = {t for t in targets if state.variants[t].finished is None}
+    for t in targets:
+        out.update(c.id for c in rules.confirmations(state, state.variants[t]) if not c.finished)
+    return out
 
 
 def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
@@ -191,12 +211,41 @@ def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, An
     }
 
 
-def log(exp: Experiment) -> dict[str, Any]:
-    """Every variant with every field the ledger has: host, times, the summary block, diff
-    stats, the log tail and path, the decision and its reason, the proposer's notes."""
+LOG_LIMIT = 20  # `log --json` shows this many variants unless --limit says otherwise
+
+
+def log_selection(
+    state: ExperimentState, limit: int | None, since: str | None, now: float | None = None
+) -> tuple[list[Variant], int]:
+    """The variants ``research log`` shows (experiment order) and how many it leaves out:
+    those after ``since`` (a variant id, or a duration back from now in seconds as text),
+    then the last ``limit`` of them (None or 0: all)."""
+    chosen = list(state.variants.values())
+    if since is not None:
+        if re.fullmatch(r"v\d{4,}", since):
+            if since not in state.variants:
+                raise ResearchError(f"--since {since}: no variant {since} in this experiment")
+            ids = list(state.variants)
+            chosen = chosen[ids.index(since) + 1 :]
+        else:
+            start = (time.time() if now is None else now) - float(since)
+            chosen = [v for v in chosen if v.created >= start]
+    total = len(chosen)
+    if limit:
+        chosen = chosen[-limit:]
+    return chosen, total - len(chosen)
+
+
+def log(
+    exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
+) -> dict[str, Any]:
+    """The variants (the last ``limit``, those after ``since``) with every field the ledger
+    has: host, times, the summary block, diff stats, the log tail and path, the decision and
+    its reason, the proposer's notes; ``left_out`` counts the rest."""
     state = exp.settle()
+    chosen, left_out = log_selection(state, limit, since)
     out = []
-    for v in state.variants.values():
+    for v in chosen:
         fin = v.finished or {}
         out.append(
             {
@@ -217,7 +266,21 @@ def log(exp: Experiment) -> dict[str, Any]:
                 else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
             }
         )
-    return {**_headline(exp, state), "variants": out}
+    return {
+        **_headline(exp, state),
+        "variants": out,
+        "total": len(state.variants),
+        "left_out": left_out,
+    }
+
+
+def log_text(exp: Experiment, limit: int | None, since: str | None) -> str:
+    """results.tsv's header and the rows of the variants ``log_selection`` picks."""
+    state = exp.settle()
+    chosen = {v.id for v in log_selection(state, limit, since)[0]}
+    lines = exp.paths.results_tsv.read_text().splitlines(keepends=True)[:1]
+    lines += ["\t".join(row) + "\n" for row in state.rows_in_order(chosen)]
+    return "".join(lines)
 
 
 def plot(exp: Experiment, output: Path | None = None) -> Path:
@@ -230,7 +293,7 @@ def plot(exp: Experiment, output: Path | None = None) -> Path:
             status=r[3],
             description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
         )
-        for r in state.rows
+        for r in state.rows_in_order()
     ]
     return progress_png(
         rows,

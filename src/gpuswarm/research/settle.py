@@ -298,5 +298,5 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
 
 def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     header = [HEADER[0], cfg.metric, *HEADER[2:]]
-    lines = ["\t".join(header), *("\t".join(row) for row in state.rows)]
+    lines = ["\t".join(header), *("\t".join(row) for row in state.rows_in_order())]
     atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")
