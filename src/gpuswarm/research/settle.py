@@ -51,6 +51,7 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
+    _withdraw_moot_reruns(paths, cfg, state)
     _platform_baseline(paths, cfg, state)
     _remove_exports(paths, state)
     if not paths.results_tsv.exists():
@@ -139,6 +140,26 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
     _decided(paths, cfg, state, v, d.status, d.reason, metric, note=d.note)
     if d.status == "keep" and v.kind in ("variant", "combo"):
         _advance(paths, cfg, state, v)
+
+
+def _withdraw_moot_reruns(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
+    """Confirmation re-runs of a variant decided without them (discarded because another
+    variant moved BASE meanwhile, say) would hold GPUs for nothing: a queued one is taken out,
+    a running one is cancelled; each is journaled withdrawn (no results.tsv row)."""
+    for c in state.in_flight():
+        origin = state.variants.get(c.origin or "")
+        if c.kind != "confirm" or origin is None or origin.decision is None:
+            continue
+        if not executor.withdraw(paths, cfg, c.id):
+            executor.cancel(paths, cfg, c.id, f"re-run of {origin.id}, decided without it")
+        why = (
+            f"withdrawn: {origin.id} was decided ({origin.decision['status']}) before this "
+            "re-run ended"
+        )
+        c.finished = append(
+            paths, "finished", id=c.id, ok=False, metric=None, reason=why, withdrawn=True
+        )
+        c.decision = append(paths, "decided", id=c.id, status="withdrawn", reason=why, row=None)
 
 
 def _shown_metric(state: ExperimentState, commit: str) -> float:
