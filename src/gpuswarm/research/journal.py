@@ -43,6 +43,7 @@ class Variant:
     decision: dict[str, Any] | None = None
     seen: bool = False  # its result was shown by `research wait`
     meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
+    mode: str = ""  # the experiment's mode when it was made (rounds | async)
 
     @property
     def status(self) -> str:
@@ -142,6 +143,7 @@ def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:
         created=float(e["ts"]),
         origin=e.get("origin"),
         meta=e.get("meta") or {},
+        mode=state.mode,
     )
 
 

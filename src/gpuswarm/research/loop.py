@@ -26,6 +26,7 @@ from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
 from gpuswarm.research.experiment import flocked
+from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.looplock import one_loop
 from gpuswarm.research.proposers import Proposal, Proposer
@@ -302,8 +303,8 @@ def _report(
         if v.decision is None or v.id in seen:
             continue
         row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
-        new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
-        say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
+        new_base = " -> new BASE" if row[3] == "keep" and v.kind in CHANGES else ""
+        say(f"{v.id} {shown_status(state, v):<8} {row[1]} {row[4]}{new_base}")
         seen.add(v.id)
         shown.append(v.id)
     if shown:  # reported here: a later `research wait` does not print them again

@@ -12,7 +12,9 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
+from gpuswarm.research.figures import CHANGES, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
+from gpuswarm.research.plot import PlotRow
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -105,7 +107,8 @@ def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
         "best": state.best,
         "metric": exp.cfg.metric,
         "goal": exp.cfg.goal,
-        "mode": state.mode,
+        "mode": state.mode,  # the setting (what a manual `try` joins)
+        "modes": figures(state).modes,  # what the variants ran in (views print this)
         "round": state.round,
         "files": variants.files_case(exp.paths, exp.cfg, state),
     }
@@ -130,13 +133,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     return {
         **_headline(exp, state),
         "best_recorded": best_recorded(exp.cfg, state),
-        "experiments": len(state.rows),
-        "kept": sum(1 for r in state.rows if r[3] == "keep"),  # rows: baselines, re-runs too
-        "changes_kept": sum(
-            1
-            for v in state.variants.values()
-            if v.kind in ("variant", "combo") and v.status == "keep"
-        ),
+        **figures(state).view(),  # baseline, best, experiments, kept, ...: one definition
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
@@ -145,7 +142,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
                 "commit": r[0],
                 "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
                 "memory_gb": float(r[2]),
-                "status": r[3],
+                "status": "re-based" if rebased(state, state.variants[vid]) else r[3],
                 "description": r[4],
             }
             for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
@@ -283,20 +280,32 @@ def log_text(exp: Experiment, limit: int | None, since: str | None) -> str:
     return "".join(lines)
 
 
+def plot_rows(state: ExperimentState) -> list[PlotRow]:
+    """progress.png's points: results.tsv's rows in experiment order, each with BASE's metric
+    once it was decided (the running best) and whether it is a change."""
+    rows: list[PlotRow] = []
+    with_rows = set(state.row_ids)
+    for v in (v for vid, v in state.variants.items() if vid in with_rows):
+        r = list((v.decision or {}).get("row") or [])
+        after = (v.decision or {}).get("base_metric") or {}
+        rows.append(
+            PlotRow(
+                metric=None if r[3] == "crash" else float(r[1]),
+                status=r[3],
+                description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
+                base=None if after.get("value") is None else float(after["value"]),
+                change=v.kind in CHANGES,
+            )
+        )
+    return rows
+
+
 def plot(exp: Experiment, output: Path | None = None) -> Path:
-    from gpuswarm.research.plot import PlotRow, progress_png
+    from gpuswarm.research.plot import progress_png
 
     state = exp.settle()
-    rows = [
-        PlotRow(
-            metric=None if r[3] == "crash" else float(r[1]),
-            status=r[3],
-            description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
-        )
-        for r in state.rows_in_order()
-    ]
     return progress_png(
-        rows,
+        plot_rows(state),
         output or exp.paths.progress_png,
         metric=exp.cfg.metric,
         goal=exp.cfg.goal,

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from gpuswarm.research import executor, rules, session
+from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
@@ -60,7 +61,8 @@ def show_try(d: dict[str, Any]) -> None:
 
 def _headline(d: dict[str, Any]) -> str:
     best = _metric(d.get("best"))
-    return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {d['mode']}"
+    mode = d.get("modes") or d["mode"]
+    return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {mode}"
 
 
 def _files_line(d: dict[str, Any], always: bool = False) -> None:
@@ -80,7 +82,9 @@ def show_wait(d: dict[str, Any]) -> None:
 
 def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
-    click.echo(f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept  ({runner})")
+    click.echo(
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept  ({runner})"
+    )
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
         click.echo(
@@ -134,7 +138,7 @@ def show_replay(d: dict[str, Any]) -> None:
 
 def show_loop(d: dict[str, Any]) -> None:
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept "
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept "
         f"({d['made']} started by this loop)"
     )
     if d.get("exhausted"):
@@ -184,13 +188,13 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
 
     def tick(s: ExperimentState) -> None:
         follower.poll()
-        best = "-" if s.best is None else f"{s.best:.6f}"
-        kept = sum(1 for r in s.rows if r[3] == "keep")
+        f = figures(s)
+        best = "-" if f.best is None else f"{f.best:.6f}"
         est = rules.noise(s) if exp.cfg.policy == "noise-aware" else None
         noise = f"  noise sd {est.sigma:.6f}" if est is not None else ""
         header["text"] = (
             f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
-            f"{len(s.rows)} experiments, {kept} kept  mode {opts.mode}{noise}"
+            f"{f.experiments} experiments, {f.kept} changes kept  mode {opts.mode}{noise}"
         )
 
     view = LiveView(
