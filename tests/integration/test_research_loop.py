@@ -237,6 +237,8 @@ def test_loop_async_mutate_records_every_variant(gpuswarm: Cli, research_repo: P
         "12",
         "--seed",
         "1",
+        "--controls",  # the rows this test pins are the variants' (controls: test_research_drift)
+        "off",
         timeout=80,
     )
     try:
@@ -285,6 +287,8 @@ def test_loop_rounds_one_keep_per_round(gpuswarm: Cli, research_repo: Path) -> N
         "8",
         "--seed",
         "3",
+        "--controls",  # rounds of 4 variants (a control takes one of the 4: test_research_drift)
+        "off",
         timeout=80,
     )
     try:
@@ -566,6 +570,8 @@ def test_loop_agent_proposer(gpuswarm: Cli, research_repo: Path, tmp_path: Path)
         program,
         "--lookahead",
         "0",
+        "--controls",
+        "off",
         "--max-experiments",
         "2",
         timeout=80,

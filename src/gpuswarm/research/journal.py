@@ -85,6 +85,7 @@ class ExperimentState:
     worktree_base: str = ""
     pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
     gpu_models: dict[str, int] = field(default_factory=dict)  # at init: model -> GPU count
+    paired: bool = False  # decisions are paired with BASE control runs (a loop turned it on)
 
     @property
     def best(self) -> float | None:
@@ -207,6 +208,10 @@ def _on_mode(state: ExperimentState, e: dict[str, Any]) -> None:
     state.mode = e["mode"]
 
 
+def _on_controls(state: ExperimentState, e: dict[str, Any]) -> None:
+    state.paired = bool(e.get("paired", True))
+
+
 _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "init": _on_init,
     "variant": _on_variant,
@@ -217,4 +222,5 @@ _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "seen": _on_seen,
     "sealed": _on_sealed,
     "mode": _on_mode,
+    "controls": _on_controls,
 }

@@ -30,7 +30,7 @@ from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.looplock import one_loop
 from gpuswarm.research.proposers import Proposal, Proposer
-from gpuswarm.research.settle import seal_round, settle_locked
+from gpuswarm.research.settle import queue_control, seal_round, settle_locked
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
@@ -44,6 +44,8 @@ class LoopOptions:
     duration: float | None = None  # seconds
     lookahead: int | None = None  # async: variants queued beyond one per GPU (None: proposers)
     proposers: int = 1  # proposals made at the same time (e.g. several LLM agents)
+    controls: int | None = None  # BASE control runs: async every N variants (None: one per GPU
+    # slot's worth, i.e. every `slots` variants; 0: none); rounds: one per round unless 0
 
 
 @dataclass
@@ -84,6 +86,8 @@ def _run_loop(
         previous = state.mode
         if state.mode != opts.mode:
             append(exp.paths, "mode", mode=opts.mode)
+        if opts.controls != 0 and not state.paired:  # from now on, decisions are paired
+            append(exp.paths, "controls", paired=True, every=opts.controls)
     run = _Run(exp, proposer, opts, say, stop, tick, state)
     try:
         with on_stop_signals(stop.request):
@@ -159,6 +163,8 @@ class _Run:
         self.made = _started(state) - self.already
         budget = _budget(self.opts, self.made + len(self.proposing), self.deadline)
         can = not stop.soft.is_set() and budget != 0 and time.monotonic() >= self.idle_until
+        if can and self.opts.mode == "async" and self._control_due(state):
+            self._control("every " + str(self.control_every()) + " variants")
         self._propose(state, budget, can)
         if not state.in_flight() and not self.proposing:
             # stopped, budget spent, or the proposer has nothing more: the loop is over
@@ -173,6 +179,9 @@ class _Run:
             self._count_slots(every=0.0)  # a round as wide as the GPUs there are now
             self.round_left = self.slots if budget is None else min(self.slots, budget)
             self.round_open = self.round_left > 0  # a new round: the last one is decided
+            if self.round_open and self.opts.controls != 0 and state.best is not None:
+                self._control(f"round {state.round}")  # BASE beside the round's variants
+                self.round_left = max(1, min(self.round_left, self.slots - 1))
         if not can:
             self.round_left = 0  # stopped, out of budget or ideas: the round is what it is
         room = self.opts.proposers - len(self.proposing)
@@ -188,6 +197,27 @@ class _Run:
             with flocked(self.exp.paths.lock):  # the round is complete: decide it when in
                 seal_round(self.exp.paths, settle_locked(self.exp.paths, self.exp.cfg))
             self.round_open = False
+
+    def control_every(self) -> int:
+        return self.opts.controls or max(2, self.slots)
+
+    def _control_due(self, state: ExperimentState) -> bool:
+        """Async: a control run of BASE every ``control_every`` variants (the baselines are the
+        first period's); none before BASE has a metric, none with ``controls`` 0."""
+        if self.opts.controls == 0 or state.best is None:
+            return False
+        since = 0
+        for v in reversed(list(state.variants.values())):
+            if v.kind in ("control", "baseline"):
+                break
+            since += v.kind in CHANGES
+        return since >= self.control_every()
+
+    def _control(self, why: str) -> None:
+        with flocked(self.exp.paths.lock):
+            state = settle_locked(self.exp.paths, self.exp.cfg)
+            v = queue_control(self.exp.paths, self.exp.cfg, state, why)
+        self.say(f"queued {v.id} {v.commit[:7]}: {v.description}")
 
     def _count_slots(self, every: float) -> None:
         """The run's slots again (a cluster's nodes join and leave), at most every ``every``
@@ -287,8 +317,9 @@ def _queue_proposal(
 
 
 def _started(state: ExperimentState) -> int:
-    """Experiments made so far (variants and re-based combinations; baselines are extra)."""
-    return sum(1 for v in state.variants.values() if v.kind != "baseline")
+    """Experiments made so far (variants, re-runs and re-based combinations; baselines and
+    BASE's control runs are extra)."""
+    return sum(1 for v in state.variants.values() if v.kind not in ("baseline", "control"))
 
 
 def _recorded(state: ExperimentState) -> set[str]:

@@ -47,6 +47,14 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
 @click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
 @click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
+@click.option(
+    "--controls",
+    default="auto",
+    show_default=True,
+    metavar="auto|off|N",
+    help="BASE control runs that decisions are paired with: one per round; async: every N "
+    "variants (auto: one per GPU slot's worth)",
+)
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
 @click.option(
     "--mutate",
@@ -101,6 +109,7 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         duration=flag_duration("--for", kw["duration"]),
         lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
         proposers=max(1, kw["proposers"]),
+        controls=_controls(kw["controls"]),
     )
     if as_json:
         data = run_loop(exp, proposer, loop_opts, lambda _: None)
@@ -115,6 +124,17 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         raise ResearchError(f"the loop started nothing: {data['exhausted']}")
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _controls(text: str) -> int | None:
+    """``--controls``: auto -> None, off -> 0, N -> every N variants (N >= 1)."""
+    if text == "auto":
+        return None
+    if text == "off":
+        return 0
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ResearchError(f"--controls {text!r}: auto, off, or a number of variants (1 or more)")
 
 
 def agent_options(kw: dict[str, Any]) -> AgentOptions:

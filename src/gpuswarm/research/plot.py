@@ -81,8 +81,8 @@ def running_best(rows: Sequence[PlotRow], goal: str) -> tuple[list[int], list[fl
     xs: list[int] = []
     ys: list[float] = []
     for i, r in enumerate(rows, 1):
-        if not (_has_metric(r) and r.status == "keep"):
-            continue
+        if not (_has_metric(r) and r.status == "keep") or (r.base is None and not r.change):
+            continue  # a control or confirmation re-run says nothing new of BASE's metric
         assert r.metric is not None
         value = r.base if r.base is not None else r.metric
         if r.base is None and ys:

@@ -65,6 +65,8 @@ def decide(cfg: ExperimentConfig, state: ExperimentState) -> list[Decision]:
             out.append(Decision(v.id, "crash", str(v.finished.get("reason") or "crash")))
         elif v.kind == "baseline":
             out.append(Decision(v.id, "keep", "baseline"))
+        elif v.kind == "control":  # a re-run of BASE: the reference of its period
+            out.append(Decision(v.id, "keep", "control run of BASE"))
         elif v.kind == "confirm":
             origin = state.variants.get(v.origin or "")
             if origin is not None and origin.decision is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import executor, rules, runner, variants
+from gpuswarm.research import controls, executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.figures import CHANGES, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
@@ -75,15 +75,18 @@ def _settled(state: ExperimentState, v: Variant) -> bool:
         return False
     if v.decision is not None or v.kind == "confirm":
         return True
+    if controls.waits_for_control(state, v):
+        return False  # paired: decided once the control of its period is in
     return all(c.finished is not None for c in rules.confirmations(state, v))
 
 
 def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
-    """The runs whose end a wait for ``targets`` is waiting for: the targets and their
-    confirmation re-runs still in flight."""
+    """The runs whose end a wait for ``targets`` is waiting for: the targets, their
+    confirmation re-runs and BASE's control runs still in flight."""
     out = {t for t in targets if state.variants[t].finished is None}
     for t in targets:
         out.update(c.id for c in rules.confirmations(state, state.variants[t]) if not c.finished)
+    out.update(c.id for c in state.in_flight() if c.kind == "control")
     return out
 
 
@@ -152,6 +155,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         "timeout": exp.cfg.timeout,
         "policy": exp.cfg.policy,
         "noise": rules.noise_view(state),
+        "drift": [d.view() for d in controls.drift(state, exp.cfg.noise_k)],
         "platforms": platform_view(exp.cfg, state),
         **files_of(exp.paths),
     }

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
-from gpuswarm.research import rules
+from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.figures import figures, shown_status
 from gpuswarm.research.journal import ExperimentState
@@ -96,6 +96,9 @@ def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
         f"(equal within {esc(cfg.equal_within)} without a noise estimate); more than "
         f"{cfg.vram_share:.0%} more peak memory needs a gain of {esc(cfg.vram_gain)}</p>\n"
     )
+    for d in controls.drift(state, cfg.noise_k):
+        if d.moving:
+            text += f"<p class=warn>{esc(d.text(cfg.metric))}</p>\n"
     if not rules.multi_platform(state):
         return text
     rows = []

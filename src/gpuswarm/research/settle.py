@@ -14,7 +14,7 @@ import statistics
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import executor, exports, gitops, outcome, rules, runner, variants
+from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
@@ -53,6 +53,7 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
             apply(paths, cfg, state, d)
     _withdraw_moot_reruns(paths, cfg, state)
     _platform_baseline(paths, cfg, state)
+    _control_wanted(paths, cfg, state)
     _remove_exports(paths, state)
     if not paths.results_tsv.exists():
         write_tsv(paths, cfg, state)  # every decision rewrites it; this is for a fresh start
@@ -81,6 +82,33 @@ def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: Experiment
     )
     executor.enqueue(paths, cfg, v)
     runner.ensure_runner(paths, cfg)
+
+
+def queue_control(
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, why: str
+) -> Variant:
+    """Queue a control run: BASE again, the reference of the variants of its period."""
+    v = variants.record(
+        paths,
+        cfg,
+        state,
+        kind="control",
+        commit=state.base,
+        parent=state.base,
+        description=f"control: BASE {gitops.short(state.base)} ({why})",
+        source="control",
+    )
+    executor.enqueue(paths, cfg, v)
+    runner.ensure_runner(paths, cfg)
+    return v
+
+
+def _control_wanted(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
+    """With paired decisions, a result that waits for a BASE run of its own period (none ran
+    beside or after it: a keep just moved BASE, or the loop's cadence has not come round)
+    gets one now, so that no decision stalls."""
+    if cfg.policy != "manual" and controls.wanted(state):
+        queue_control(paths, cfg, state, "the period of a result that waits for one")
 
 
 def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
@@ -127,7 +155,7 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
         _confirm(paths, cfg, state, v, d.runs or cfg.confirm)
         return
     metric = None
-    if d.status == "keep" and v.kind != "confirm":
+    if d.status == "keep" and v.kind not in ("confirm", "control"):
         assert v.finished is not None
         if v.kind == "baseline" and rules.multi_platform(state):
             metric = {"commit": v.commit, "value": _shown_metric(state, v.commit)}

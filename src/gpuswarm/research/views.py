@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.research import executor, rules, session
+from gpuswarm.research import controls, executor, rules, session
 from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
@@ -94,6 +94,8 @@ def show_status(d: dict[str, Any]) -> None:
     for v in d["undecided"]:
         click.echo(f"  awaiting decision: {_variant_line(v)}")
     click.echo(noise_line(d))
+    for line in drift_lines(d.get("drift") or [], d["metric"]):
+        click.echo(line)
     for p in d.get("platforms") or []:
         moves = "moves BASE" if p["moves_base"] else "compared only"
         click.echo(
@@ -105,6 +107,13 @@ def show_status(d: dict[str, Any]) -> None:
         click.echo(f"  {'  '.join(cells)}  {r['status']:<8} {r['description']}")
     _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
+
+
+def drift_lines(drifts: list[dict[str, Any]], metric: str) -> list[str]:
+    """The drift of BASE's control runs where it is beyond the noise (controls.Drift.text)."""
+    return [
+        controls.Drift(**d).text(metric) for d in drifts if d["moving"]
+    ]
 
 
 def noise_line(d: dict[str, Any]) -> str:
@@ -190,8 +199,11 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
         follower.poll()
         f = figures(s)
         best = "-" if f.best is None else f"{f.best:.6f}"
-        est = rules.noise(s) if exp.cfg.policy == "noise-aware" else None
-        noise = f"  noise sd {est.sigma:.6f}" if est is not None else ""
+        est = rules.noise_view(s) if exp.cfg.policy == "noise-aware" else []
+        noise = f"  noise sd {est[0]['sigma']:.6f}" if est else ""
+        moved = [d for d in controls.drift(s, exp.cfg.noise_k) if d.moving]
+        if moved:
+            noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
         header["text"] = (
             f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
             f"{f.experiments} experiments, {f.kept} changes kept  mode {opts.mode}{noise}"
