@@ -197,6 +197,14 @@ def withdraw(run: RunPaths, task_id: str) -> bool:
     return DirQueue(run).withdraw(task_id)
 
 
+def cancel(run: RunPaths, task_id: str, reason: str) -> None:
+    """Cancel a task (a queued one now, a running one by its supervisor within about a
+    second; an ended one stays as it is): the queue verb ``gpuswarm cancel``'s."""
+    from gpuswarm import control_ops  # the queue verbs: loaded by the one caller that cancels
+
+    control_ops.cancel_tasks(run.root, [task_id], reason=reason, wait=None)
+
+
 def remove_cut_writes(run: RunPaths) -> int:
     """Temp files among the queued tasks whose writer is dead (writes a crash cut short; a
     supervisor may be re-queueing an attempt right now). Returns how many went."""

@@ -91,12 +91,4 @@ def run_demo(opts: DemoOptions, say: Any = print) -> dict[str, Any]:
             data = run_loop(exp, proposer, loop_opts, say)
     finally:
         runner.stop_runner(exp.paths, grace=10.0)
-    state = exp.settle()
-    first = next((v.commit for v in state.variants.values() if v.kind == "baseline"), None)
-    runs = [
-        float(v.finished["metric"])
-        for v in state.variants.values()
-        if v.kind == "baseline" and v.commit == first and v.finished and v.finished.get("ok")
-    ]  # the first baseline's runs (repeated for a noise estimate): their mean
-    baseline = sum(runs) / len(runs) if runs else None
-    return {**data, "repo": str(repo), "baseline": baseline}
+    return {**data, "repo": str(repo)}  # baseline, best, kept: research/figures.py

@@ -23,6 +23,7 @@ from cli_driver import CliResult, wait_for
 from integration_support import (
     edit_constant,
     git,
+    make_research_repo,
     research_results,
     run_processes,
     wait_no_run_processes,
@@ -252,9 +253,10 @@ def test_full_round_in_the_seeds_format(gpuswarm: Cli, research_repo: Path) -> N
     assert len(rows) == 6, rows
     for line in lines[1:]:
         assert ROW_RE.match(line), line
-    # baseline first, then the variants in the order they were decided (the ledger's order)
+    # baseline first, then the variants in experiment order (as the seed's file; issue 29.5),
+    # whatever order they were decided in
     decided = [e for e in ledger(repo, tag) if e["ev"] == "decided"]
-    assert [e["row"] for e in decided] == rows[1:]
+    assert [e["row"] for e in sorted(decided, key=lambda e: e["id"])] == rows[1:]
     assert decided[0]["id"] == "v0001"
     assert rows[1] == [base[:7], f"{base_val:.6f}", memory_gb(), "keep", "baseline"]
 
@@ -437,9 +439,10 @@ def test_manual_policy_keep_and_discard(gpuswarm: Cli, research_repo: Path) -> N
 
     dropped = ok_json(research(gpuswarm, repo, "discard", depth["id"], "--json"))
     assert dropped["status"] == "discard"
-    rows = research_results(repo, tag)
-    assert rows[-2][:4] == [lr["commit"][:7], f"{val_bpb(lr=0.05):.6f}", memory_gb(), "keep"]
-    assert rows[-1][:4] == [depth["commit"][:7], f"{val_bpb(depth=6):.6f}", memory_gb(6), "discard"]
+    rows = research_results(repo, tag)  # experiment order: baseline, lr, depth, crash
+    assert [r[3] for r in rows[1:]] == ["keep", "keep", "discard", "crash"]
+    assert rows[-3][:4] == [lr["commit"][:7], f"{val_bpb(lr=0.05):.6f}", memory_gb(), "keep"]
+    assert rows[-2][:4] == [depth["commit"][:7], f"{val_bpb(depth=6):.6f}", memory_gb(6), "discard"]
     assert git(repo, "rev-parse", f"autoresearch/{tag}") == lr["commit"]
 
     refused = research(gpuswarm, repo, "keep", crash["id"])
@@ -587,3 +590,25 @@ def test_report_is_self_contained_and_lists_every_experiment(
     assert "noise: sd 0.000000 (2 runs of 1 commit)" in html  # the noise estimate
     assert Path(files["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     gpuswarm("research", "stop", "-C", repo)
+
+
+# -- issue 29, item 6: research mutate --list ---------------------------------------------------
+def test_mutate_list_shows_knobs_and_why_others_are_skipped(
+    gpuswarm: Cli, tmp_path: Path, run_reaper: None
+) -> None:
+    nanogpt = Path(__file__).parents[1] / "data" / "research" / "nanogpt_train.py"
+    repo = make_research_repo(tmp_path / "nano", train_py=nanogpt.read_text())
+    ok_json(init(gpuswarm, repo, "knobs", "--json"))
+    data = ok_json(research(gpuswarm, repo, "mutate", "--list", "--json"))
+    rows = {r["name"]: r for r in data["settings"]}
+    for name in ("iter_num", "running_mfu", "best_val_loss", "training_time", "log_interval",
+                 "eval_iters", "time_budget"):
+        assert not rows[name]["knob"] and rows[name]["why"], rows[name]
+    assert rows["beta2"]["knob"] and all(0 < float(v) < 1 for v in rows["beta2"]["tries"])
+    assert rows["learning_rate"]["knob"] and rows["learning_rate"]["line"] > 0
+    text = research(gpuswarm, repo, "mutate", "--list")
+    assert text.returncode == 0, str(text)
+    assert "knob  learning_rate" in text.stdout
+    assert "skip  iter_num" in text.stdout and "state: assigned again in a loop" in text.stdout
+    only = ok_json(research(gpuswarm, repo, "mutate", "--list", "--mutate", "n_*", "--json"))
+    assert {r["name"] for r in only["settings"] if r["knob"]} == {"n_layer", "n_head", "n_embd"}

@@ -237,6 +237,8 @@ def test_loop_async_mutate_records_every_variant(gpuswarm: Cli, research_repo: P
         "12",
         "--seed",
         "1",
+        "--controls",  # the rows this test pins are the variants' (controls: test_research_drift)
+        "off",
         timeout=80,
     )
     try:
@@ -285,6 +287,8 @@ def test_loop_rounds_one_keep_per_round(gpuswarm: Cli, research_repo: Path) -> N
         "8",
         "--seed",
         "3",
+        "--controls",  # rounds of 4 variants (a control takes one of the 4: test_research_drift)
+        "off",
         timeout=80,
     )
     try:
@@ -352,6 +356,41 @@ def test_loop_sigkill_then_rerun_loses_nothing(
         stop(gpuswarm, repo)
     check = gpuswarm("check", core_run(repo))
     assert check.returncode == 0, check
+    assert_no_processes(repo)
+
+
+# -- issue 29, item 3: one loop per experiment -----------------------------------------------------
+@pytest.mark.timeout(90)
+def test_a_second_loop_is_refused_naming_the_first(
+    gpuswarm: Cli, gpuswarm_popen: Popen, research_repo: Path
+) -> None:
+    repo = research_repo
+    edit_constant(repo, "SLEEP", "1.0")
+    commit_all(repo, "slower runs")
+    init(gpuswarm, repo, mode="rounds")
+    first = gpuswarm_popen(
+        "research", "loop", "-C", repo, "--mode", "rounds", "--max-experiments", "6", "--seed", "3"
+    )
+    try:
+        wait_for(
+            lambda: len(variant_events(repo)) >= 2 or not first.alive(), 30, what="variants"
+        )
+        assert first.alive(), first.wait(1)
+        ledger_before = len(events(repo, "mode"))
+        second = gpuswarm("research", "loop", "-C", repo, "--max-experiments", "2", timeout=30)
+        assert second.returncode == 2, second
+        assert "already runs" in second.stderr and f"pid {first.pid}" in second.stderr, second
+        assert "rounds mode" in second.stderr, second
+        # the second changed nothing: no mode of its own, no variant
+        assert len(events(repo, "mode")) == ledger_before
+        done = first.wait(80)
+        assert done.returncode == 0, done
+        variants, _ = assert_nothing_lost(repo)
+        made = [v for v in variants.values() if v["kind"] == "variant"]
+        assert len(made) == 6, made
+        assert all(isinstance(v.get("round"), int) for v in made), made
+    finally:
+        stop(gpuswarm, repo)
     assert_no_processes(repo)
 
 
@@ -531,6 +570,8 @@ def test_loop_agent_proposer(gpuswarm: Cli, research_repo: Path, tmp_path: Path)
         program,
         "--lookahead",
         "0",
+        "--controls",
+        "off",
         "--max-experiments",
         "2",
         timeout=80,

@@ -9,12 +9,13 @@ import json
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_driver import CliResult
+from cli_driver import CliResult, env_processes
 from integration_support import (
     edit_constant,
     git,
@@ -238,4 +239,98 @@ def test_two_platforms_keep_separate_baselines(gpuswarm: Cli, tmp_path: Path) ->
     assert platforms["A100"]["moves_base"] and not platforms["H100"]["moves_base"]
     assert platforms["A100"]["baseline"] == pytest.approx(0.91)
     assert platforms["H100"]["baseline"] == pytest.approx(0.81)
+    research(gpuswarm, repo, "stop")
+
+
+@pytest.mark.timeout(120)
+def test_wait_returns_when_confirmations_decided_and_log_is_bounded(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5. A would-be keep is re-run twice; one ``wait`` returns only once the
+    re-runs decided it (not at its first run's end, "confirming 0/2"). results.tsv lists rows
+    in experiment order; ``log --json`` is bounded (--limit, --since)."""
+    noise = {"v0001": 0.0, "v0002": 0.02, "v0003": -0.005, "v0004": 0.012, "v0005": 0.018}
+    repo = make_repo(tmp_path, noise)
+    init(gpuswarm, repo)
+    edit(repo, "    y = x * 2\n", "    y = x * 2  # doubled\n")
+    vid = research(gpuswarm, repo, "try", "-m", "comment only")["id"]
+    waited = research(gpuswarm, repo, "wait")
+    done = {v["id"]: v for v in waited["finished"]}
+    assert done[vid]["status"] == "discard", waited
+    assert done[vid]["reason"].startswith("not confirmed"), waited
+    assert waited["waiting"] == []
+    kinds = [e["kind"] for e in research_ledger(repo, TAG) if e["ev"] == "variant"]
+    assert kinds == ["baseline", "baseline", "variant", "confirm", "confirm"]
+    ids = [r for r in research_results(repo, TAG)[1:]]
+    assert len(ids) == 5
+    # rows in experiment order: the confirmations after their variant, whatever finished first
+    assert "comment only (not confirmed" in ids[2][4] and "(confirmation 1/2)" in ids[3][4]
+
+    bounded = research(gpuswarm, repo, "log", "--limit", "2")
+    assert [v["id"] for v in bounded["variants"]] == ["v0004", "v0005"]
+    assert bounded["total"] == 5 and bounded["left_out"] == 3
+    since = research(gpuswarm, repo, "log", "--since", "v0003")
+    assert [v["id"] for v in since["variants"]] == ["v0004", "v0005"]
+    recent = research(gpuswarm, repo, "log", "--since", "1h")
+    assert len(recent["variants"]) == 5 and recent["left_out"] == 0
+    text = gpuswarm("research", "log", "-C", repo, "--limit", "1")
+    assert text.returncode == 0, str(text)
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("commit\tval_bpb") and len(lines) == 2
+    assert "(confirmation 2/2)" in lines[1]
+    bad = gpuswarm("research", "log", "-C", repo, "--since", "v0099", "--json")
+    assert bad.returncode == 2 and "no variant v0099" in bad.stderr
+    research(gpuswarm, repo, "stop")
+
+
+SLOW_RERUNS_PY = """\
+import os
+import time
+
+LR = 0.04
+NOISE = {"v0002": 0.02, "v0003": -0.005, "v0004": -0.05}
+SLEEP = {"v0003": 1.0, "v0004": 8.0, "v0005": 40.0, "v0006": 40.0}
+vid = os.environ.get("GPUSWARM_VARIANT", "")
+time.sleep(SLEEP.get(vid, 0.0))
+val = 0.9 + (LR - 0.05) ** 2 * 100 + NOISE.get(vid, 0.0)
+print(f"val_bpb: {val:.6f}")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_reruns_of_a_variant_discarded_meanwhile_are_withdrawn(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 2 (async). v0003 gains within the noise: two 40 s re-runs (v0005, v0006)
+    start; meanwhile v0004 wins and moves BASE, so v0003 is discarded: its re-runs are
+    withdrawn at once (their GPUs freed, no rows), and the reason says why, not "re-runs are
+    off" (noise_confirm is 2)."""
+    repo = make_research_repo(tmp_path / "repo", SLOW_RERUNS_PY)
+    init(gpuswarm, repo, gpus="sim:3")
+    edit(repo, "LR = 0.04\n", "LR = 0.04  # same\n")
+    noisy = research(gpuswarm, repo, "try", "-m", "comment only")["id"]
+    edit(repo, "LR = 0.04\n", "LR = 0.04  # the lucky one\n")
+    winner = research(gpuswarm, repo, "try", "-m", "lucky")["id"]
+    assert (noisy, winner) == ("v0003", "v0004")
+    while not env_processes("GPUSWARM_VARIANT", "v0005"):  # status settles: re-runs start
+        research(gpuswarm, repo, "status")
+        time.sleep(0.3)
+    done = {v["id"]: v for v in research(gpuswarm, repo, "wait", winner)["finished"]}
+    assert done[winner]["status"] == "keep", done
+    t0 = time.monotonic()
+    ledger = {e["id"]: e for e in research_ledger(repo, TAG) if e["ev"] == "decided"}
+    assert ledger[noisy]["status"] == "discard"
+    reason = ledger[noisy]["reason"]
+    assert "measured on an older BASE" in reason and "2 re-runs not needed now" in reason, reason
+    assert "re-runs are off" not in reason
+    for rerun in ("v0005", "v0006"):
+        assert ledger[rerun]["status"] == "withdrawn" and ledger[rerun]["row"] is None
+        assert f"{noisy} was decided (discard)" in ledger[rerun]["reason"]
+    while env_processes("GPUSWARM_VARIANT", "v0005") or env_processes("GPUSWARM_VARIANT", "v0006"):
+        assert time.monotonic() - t0 < 15, "the withdrawn re-runs still run"
+        time.sleep(0.2)
+    rows = research_results(repo, TAG)[1:]
+    assert [r[3] for r in rows] == ["keep", "keep", "discard", "keep"]  # no withdrawn rows
+    status = research(gpuswarm, repo, "status")
+    assert status["in_flight"] == []
     research(gpuswarm, repo, "stop")

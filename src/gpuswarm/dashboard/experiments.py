@@ -23,6 +23,7 @@ from gpuswarm.core.redact import inert, redact_shapes
 from gpuswarm.dashboard.runhub import RunHub
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, load_settings
+from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState, replay
 from gpuswarm.research.readouts import best_recorded
 
@@ -80,10 +81,8 @@ class ExperimentHub:
             "metric": self.cfg.metric,
             "goal": self.cfg.goal,
             "base": gitops.short(state.base) if state.base else "",
-            "best": state.best,
             "best_recorded": best,
-            "experiments": len(state.rows),
-            "kept": sum(1 for r in state.rows if r[3] == "keep"),
+            **figures(state).view(),  # baseline, best, experiments, kept: one definition
             "in_flight": len(state.in_flight()),
             "run": self.run_id,
             "live": bool(run and run.live),

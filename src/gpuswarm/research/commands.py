@@ -5,6 +5,7 @@ handling ``clikit.py``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -202,19 +203,36 @@ def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
     "replay",
     help="recompute the decisions with other settings: greedy, or noise-aware,noise_k=3,...",
 )
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    help=f"the last N variants (0: all)  [default: all as text, {readouts.LOG_LIMIT} with --json]",
+)
+@click.option("--since", help="only variants after this one (v0012) or this recent (30m, 2h)")
 @experiment_options
 @handle_errors
-def log(where: Path, tag: str | None, as_json: bool, replay: str | None) -> None:
+def log(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    replay: str | None,
+    limit: int | None,
+    since: str | None,
+) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
     exp = session.Experiment.open(where, tag)
     if replay is not None:
         emit(as_json, readouts.replayed(exp, replay), views.show_replay)
         return
-    data = readouts.log(exp)
+    if since is not None and not re.fullmatch(r"v\d{4,}", since):
+        since = str(flag_duration("--since", since))
     if as_json:
+        data = readouts.log(exp, readouts.LOG_LIMIT if limit is None else limit, since)
         click.echo(json.dumps(data, indent=1, default=str))
-    else:
+    elif limit is None and since is None:
         click.echo(exp.paths.results_tsv.read_text(), nl=False)
+    else:
+        click.echo(readouts.log_text(exp, limit, since), nl=False)
 
 
 @research.command()
@@ -266,6 +284,30 @@ def restore(where: Path, tag: str | None, as_json: bool) -> None:
     """Put the editable files back to BASE (drops your uncommitted edits of them)."""
     exp = session.Experiment.open(where, tag)
     emit(as_json, session.restore(exp), lambda d: click.echo(f"restored {', '.join(d['files'])}"))
+
+
+@research.command("mutate")
+@click.option("--list", "listing", is_flag=True, required=True, help="the settings mutate finds")
+@click.option("--mutate", "include", multiple=True, help="only these settings (as loop's)")
+@click.option("--mutate-exclude", "exclude", multiple=True, help="never these (as loop's)")
+@experiment_options
+@handle_errors
+def mutate_cmd(
+    where: Path,
+    tag: str | None,
+    as_json: bool,
+    listing: bool,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+) -> None:
+    """The numeric settings of BASE's editable files: which mutate would change (and to
+    what), and why each other one is skipped (state, logging, the time budget, ...)."""
+    from gpuswarm.research.proposers import MutateProposer
+
+    exp = session.Experiment.open(where, tag)
+    proposer = MutateProposer(exp.paths, exp.cfg, include=include, exclude=exclude)
+    state = exp.settle()
+    emit(as_json, {"base": state.base, "settings": proposer.survey(state)}, views.show_knobs)
 
 
 @research.command("config")

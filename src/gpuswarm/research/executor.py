@@ -107,6 +107,12 @@ def withdraw(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str) -> bool:
     return api.withdraw(run_paths(paths, cfg), variant_id)
 
 
+def cancel(paths: ExpPaths, cfg: ExperimentConfig, variant_id: str, reason: str) -> None:
+    """Stop a variant's task wherever it is (a running one: by its supervisor, within about
+    a second; an ended one is left as it is)."""
+    api.cancel(run_paths(paths, cfg), variant_id, reason)
+
+
 def remove_cut_writes(paths: ExpPaths, cfg: ExperimentConfig) -> int:
     """Queue writes a crash cut short (the runner may be re-queueing an attempt right now).
     Returns how many went."""

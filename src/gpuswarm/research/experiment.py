@@ -201,6 +201,11 @@ class ExpPaths:
         return self.root / "lock"
 
     @property
+    def loop_lock(self) -> Path:
+        """Held (flock) by the one ``research loop`` of the experiment; says who holds it."""
+        return self.root / "loop.lock"
+
+    @property
     def serve_lock(self) -> Path:
         return self.root / "serve.lock"
 

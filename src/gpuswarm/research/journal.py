@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +43,7 @@ class Variant:
     decision: dict[str, Any] | None = None
     seen: bool = False  # its result was shown by `research wait`
     meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
+    mode: str = ""  # the experiment's mode when it was made (rounds | async)
 
     @property
     def status(self) -> str:
@@ -84,10 +85,22 @@ class ExperimentState:
     worktree_base: str = ""
     pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
     gpu_models: dict[str, int] = field(default_factory=dict)  # at init: model -> GPU count
+    paired: bool = False  # decisions are paired with BASE control runs (a loop turned it on)
 
     @property
     def best(self) -> float | None:
         return self.base_metric.get(self.base)
+
+    def rows_in_order(self, only: Container[str] | None = None) -> list[list[str]]:
+        """results.tsv's rows in experiment order (the variants' order, as the seed's file
+        is), not in the order they were decided (async: whichever finished first); ``only``:
+        the rows of those variants."""
+        order = {vid: n for n, vid in enumerate(self.variants)}
+        pairs = sorted(
+            zip(self.row_ids, self.rows, strict=False),
+            key=lambda p: order.get(p[0], len(order)),
+        )
+        return [row for vid, row in pairs if only is None or vid in only]
 
     def next_id(self) -> str:
         return f"v{len(self.variants) + 1:04d}"
@@ -131,6 +144,7 @@ def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:
         created=float(e["ts"]),
         origin=e.get("origin"),
         meta=e.get("meta") or {},
+        mode=state.mode,
     )
 
 
@@ -194,6 +208,10 @@ def _on_mode(state: ExperimentState, e: dict[str, Any]) -> None:
     state.mode = e["mode"]
 
 
+def _on_controls(state: ExperimentState, e: dict[str, Any]) -> None:
+    state.paired = bool(e.get("paired", True))
+
+
 _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "init": _on_init,
     "variant": _on_variant,
@@ -204,4 +222,5 @@ _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "seen": _on_seen,
     "sealed": _on_sealed,
     "mode": _on_mode,
+    "controls": _on_controls,
 }

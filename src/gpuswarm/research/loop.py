@@ -7,6 +7,8 @@ for the slowest. The loop holds no state of its own: everything is in the experi
 and core run, so after a crash (even SIGKILL) running ``research loop`` again goes on where it
 was, and the runner keeps running variants meanwhile.
 
+One loop per experiment (``looplock.py``): a second is refused, exit 2, naming the first.
+
 Stops: the first SIGINT/SIGTERM stops proposing and waits for the variants in flight; the
 second leaves at once (the runner finishes them; the next research command records them).
 """
@@ -24,9 +26,11 @@ from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
 from gpuswarm.research.experiment import flocked
+from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
+from gpuswarm.research.looplock import one_loop
 from gpuswarm.research.proposers import Proposal, Proposer
-from gpuswarm.research.settle import seal_round, settle_locked
+from gpuswarm.research.settle import queue_control, seal_round, settle_locked
 
 POLL_SECONDS = 0.1
 IDLE_PROPOSER_SECONDS = 5.0  # a proposer with nothing to offer is asked again after this
@@ -40,6 +44,8 @@ class LoopOptions:
     duration: float | None = None  # seconds
     lookahead: int | None = None  # async: variants queued beyond one per GPU (None: proposers)
     proposers: int = 1  # proposals made at the same time (e.g. several LLM agents)
+    controls: int | None = None  # BASE control runs: async every N variants (None: one per GPU
+    # slot's worth, i.e. every `slots` variants; 0: none); rounds: one per round unless 0
 
 
 @dataclass
@@ -61,6 +67,18 @@ def run_loop(
 ) -> dict[str, Any]:
     """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
     (the live view follows the runner's journal with it)."""
+    with one_loop(exp.paths, opts.mode):
+        return _run_loop(exp, proposer, opts, say, stop, tick)
+
+
+def _run_loop(
+    exp: session.Experiment,
+    proposer: Proposer,
+    opts: LoopOptions,
+    say: Callable[[str], None],
+    stop: LoopStop | None,
+    tick: Callable[[ExperimentState], None] | None,
+) -> dict[str, Any]:
     tick = tick or (lambda state: None)
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):
@@ -68,6 +86,8 @@ def run_loop(
         previous = state.mode
         if state.mode != opts.mode:
             append(exp.paths, "mode", mode=opts.mode)
+        if opts.controls != 0 and not state.paired:  # from now on, decisions are paired
+            append(exp.paths, "controls", paired=True, every=opts.controls)
     run = _Run(exp, proposer, opts, say, stop, tick, state)
     try:
         with on_stop_signals(stop.request):
@@ -143,6 +163,8 @@ class _Run:
         self.made = _started(state) - self.already
         budget = _budget(self.opts, self.made + len(self.proposing), self.deadline)
         can = not stop.soft.is_set() and budget != 0 and time.monotonic() >= self.idle_until
+        if can and self.opts.mode == "async" and self._control_due(state):
+            self._control("every " + str(self.control_every()) + " variants")
         self._propose(state, budget, can)
         if not state.in_flight() and not self.proposing:
             # stopped, budget spent, or the proposer has nothing more: the loop is over
@@ -157,6 +179,9 @@ class _Run:
             self._count_slots(every=0.0)  # a round as wide as the GPUs there are now
             self.round_left = self.slots if budget is None else min(self.slots, budget)
             self.round_open = self.round_left > 0  # a new round: the last one is decided
+            if self.round_open and self.opts.controls != 0 and state.best is not None:
+                self._control(f"round {state.round}")  # BASE beside the round's variants
+                self.round_left = max(1, min(self.round_left, self.slots - 1))
         if not can:
             self.round_left = 0  # stopped, out of budget or ideas: the round is what it is
         room = self.opts.proposers - len(self.proposing)
@@ -172,6 +197,27 @@ class _Run:
             with flocked(self.exp.paths.lock):  # the round is complete: decide it when in
                 seal_round(self.exp.paths, settle_locked(self.exp.paths, self.exp.cfg))
             self.round_open = False
+
+    def control_every(self) -> int:
+        return self.opts.controls or max(2, self.slots)
+
+    def _control_due(self, state: ExperimentState) -> bool:
+        """Async: a control run of BASE every ``control_every`` variants (the baselines are the
+        first period's); none before BASE has a metric, none with ``controls`` 0."""
+        if self.opts.controls == 0 or state.best is None:
+            return False
+        since = 0
+        for v in reversed(list(state.variants.values())):
+            if v.kind in ("control", "baseline"):
+                break
+            since += v.kind in CHANGES
+        return since >= self.control_every()
+
+    def _control(self, why: str) -> None:
+        with flocked(self.exp.paths.lock):
+            state = settle_locked(self.exp.paths, self.exp.cfg)
+            v = queue_control(self.exp.paths, self.exp.cfg, state, why)
+        self.say(f"queued {v.id} {v.commit[:7]}: {v.description}")
 
     def _count_slots(self, every: float) -> None:
         """The run's slots again (a cluster's nodes join and leave), at most every ``every``
@@ -271,8 +317,9 @@ def _queue_proposal(
 
 
 def _started(state: ExperimentState) -> int:
-    """Experiments made so far (variants and re-based combinations; baselines are extra)."""
-    return sum(1 for v in state.variants.values() if v.kind != "baseline")
+    """Experiments made so far (variants, re-runs and re-based combinations; baselines and
+    BASE's control runs are extra)."""
+    return sum(1 for v in state.variants.values() if v.kind not in ("baseline", "control"))
 
 
 def _recorded(state: ExperimentState) -> set[str]:
@@ -287,8 +334,8 @@ def _report(
         if v.decision is None or v.id in seen:
             continue
         row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
-        new_base = " -> new BASE" if row[3] == "keep" and v.kind != "baseline" else ""
-        say(f"{v.id} {row[3]:<7} {row[1]} {row[4]}{new_base}")
+        new_base = " -> new BASE" if row[3] == "keep" and v.kind in CHANGES else ""
+        say(f"{v.id} {shown_status(state, v):<8} {row[1]} {row[4]}{new_base}")
         seen.add(v.id)
         shown.append(v.id)
     if shown:  # reported here: a later `research wait` does not print them again

@@ -21,6 +21,7 @@ from gpuswarm.research.agent import AgentOptions, AgentProposer, check_agent, lo
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.looplock import ensure_free
 from gpuswarm.research.proposers import MutateProposer, Proposer
 from gpuswarm.ui.terminal import is_terminal
 
@@ -46,6 +47,14 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--for", "duration", help="stop proposing after this long, e.g. 8h")
 @click.option("--lookahead", type=int, help="async: variants queued ahead (default: --proposers)")
 @click.option("--proposers", default=1, show_default=True, help="proposals made at once (agents)")
+@click.option(
+    "--controls",
+    default="auto",
+    show_default=True,
+    metavar="auto|off|N",
+    help="BASE control runs that decisions are paired with: one per round; async: every N "
+    "variants (auto: one per GPU slot's worth)",
+)
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
 @click.option(
     "--mutate",
@@ -80,6 +89,7 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Run autonomously: propose, run one variant per GPU, keep what improves. Ctrl-C stops."""
     exp = session.Experiment.open(where, tag)
+    ensure_free(exp.paths)  # one loop per experiment: refused before anything is checked
     proposer: Proposer
     kind = kw["proposer"] or ("agent" if kw["agent_name"] or kw["agent_command"] else "mutate")
     if kind == "agent":
@@ -99,6 +109,7 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         duration=flag_duration("--for", kw["duration"]),
         lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
         proposers=max(1, kw["proposers"]),
+        controls=_controls(kw["controls"]),
     )
     if as_json:
         data = run_loop(exp, proposer, loop_opts, lambda _: None)
@@ -113,6 +124,17 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         raise ResearchError(f"the loop started nothing: {data['exhausted']}")
     if data["left_running"]:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _controls(text: str) -> int | None:
+    """``--controls``: auto -> None, off -> 0, N -> every N variants (N >= 1)."""
+    if text == "auto":
+        return None
+    if text == "off":
+        return 0
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ResearchError(f"--controls {text!r}: auto, off, or a number of variants (1 or more)")
 
 
 def agent_options(kw: dict[str, Any]) -> AgentOptions:

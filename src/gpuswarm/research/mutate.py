@@ -4,9 +4,10 @@ Needs no LLM: each proposal nudges one or two hyperparameters (learning rates, w
 sizes, ...) by sensible factors and never repeats a variant already tried. The settings are
 found by ``numeric.py`` (module-level assignments of any case, ``2**19``-style expressions,
 tuples, ``@dataclass`` and ``add_argument`` defaults); what cannot matter is skipped where it
-can be told: a name used only inside ``print(...)``, an assignment a later one overrides, and
-(see :class:`Selection`) names a config file or a ``--name=value`` argument of the command
-overrides (nanoGPT's configurator pattern).
+can be told: state, logging and the time budget (``knobs.py``), an assignment a later one
+overrides, and (see :class:`Selection`) names a config file or a ``--name=value`` argument of
+the command overrides (nanoGPT's configurator pattern). Values stay in their known ranges
+(betas, dropout: [0, 1)); integers stay integers, sizes and rates keep their sign.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from random import Random
 
-from gpuswarm.research.numeric import Constant, constants, print_only, value_of
+from gpuswarm.research import knobs
+from gpuswarm.research.numeric import Constant, constants, parse, value_of
 
 _FLOAT_FACTORS = (0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2.0)
 _INT_FACTORS = (0.5, 0.75, 1.25, 1.5, 2.0)
@@ -44,8 +46,9 @@ class Selection:
         names = {c.name, c.name.split("[")[0], c.name.rsplit(".", 1)[-1], c.name.lstrip("-")}
         return any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names)
 
-    def allows(self, c: Constant, print_only: bool) -> bool:
-        """Whether ``c`` is a candidate; the reason it is not is noted in ``skipped``."""
+    def allows(self, c: Constant, not_knob: str | None) -> bool:
+        """Whether ``c`` is a candidate (``not_knob``: why the script's code says it is no
+        hyper-parameter); the reason it is not is noted in ``skipped``."""
         if self.exclude and self.matches(self.exclude, c):
             self.skipped[c.name] = "excluded"
             return False
@@ -55,8 +58,8 @@ class Selection:
         if base in self.overridden and c.path not in self.config_files:
             self.skipped[c.name] = "overridden at run time (config file or --name=value)"
             return False
-        if print_only:
-            self.skipped[c.name] = "used only in print()"
+        if not_knob:
+            self.skipped[c.name] = not_knob
             return False
         return True
 
@@ -115,9 +118,27 @@ def _power_candidates(literal: str) -> list[str]:
     return [f"{base}{op}{e}" for e in (exp - 1, exp + 1) if e >= 1]
 
 
+def _unit_candidates(c: Constant, scientific: bool) -> list[str]:
+    """A fraction in [0, 1) (a beta, a dropout): near 1 the distance to 1 moves (0.95 ->
+    0.975, 0.933), else the value; never out of the range."""
+    v = float(c.value)
+    if v == 0:
+        return list(_ZERO_FLOATS)
+    if v >= 0.5:
+        moved = [1 - (1 - v) * f for f in _FLOAT_FACTORS]
+    else:
+        moved = [v * f for f in _FLOAT_FACTORS]
+    digits = max(3, len(f"{1 - v:.6g}") - 1) if v >= 0.5 else 3
+    return [f"{x:.{digits}g}" if not scientific else _format_float(x, True) for x in moved]
+
+
 def neighbours(c: Constant) -> list[str]:
-    """Candidate new literals for ``c`` (deduplicated, never its current value)."""
-    if c.kind == "power":
+    """Candidate new literals for ``c`` (deduplicated, never its current value, inside the
+    range its name implies: ``knobs.bounds``)."""
+    bounds = knobs.bounds(c.name)
+    if bounds is not None and isinstance(c.value, float) and c.kind != "power":
+        candidates = _unit_candidates(c, "e" in c.literal.lower())
+    elif c.kind == "power":
         candidates = _power_candidates(c.literal)
     elif isinstance(c.value, float):
         if c.value == 0:
@@ -133,8 +154,12 @@ def neighbours(c: Constant) -> list[str]:
         candidates = [str(n) for n in _int_candidates(c.value)]
     out: list[str] = []
     for s in candidates:
-        if s not in out and value_of(s) != c.value:
-            out.append(s)
+        value = value_of(s)
+        if s in out or value is None or value == c.value:
+            continue
+        if bounds is not None and not bounds[0] <= value < bounds[1]:
+            continue
+        out.append(s)
     return out
 
 
@@ -145,9 +170,11 @@ def candidates(
     select = select or Selection()
     pool = []
     for path in sorted(files):
-        quiet = print_only(files[path])
+        tree = parse(files[path])
+        not_knobs = knobs.not_knobs(tree) if tree is not None else {}
         for c in constants(path, files[path]):
-            if select.allows(c, c.name.split("[")[0] in quiet) and (options := neighbours(c)):
+            why = not_knobs.get(c.name.split("[")[0])
+            if select.allows(c, why) and (options := neighbours(c)):
                 pool.append((c, options))
     return pool
 

@@ -1,8 +1,9 @@
 """Finding the numeric settings of source files, in the forms real training scripts use:
 module-level assignments of any case, ``2**19``-style expressions, tuples of numbers, numeric
 defaults of ``@dataclass`` fields and ``add_argument`` calls; and telling which cannot matter
-(used only in ``print(...)``, overridden by a later assignment, by a config file or a
-``--name=value`` argument of the command). ``mutate.py`` perturbs what is found here."""
+(overridden by a later assignment, by a config file or a ``--name=value`` argument of the
+command; ``knobs.py`` tells state, logging and the time budget apart). ``mutate.py``
+perturbs what is found here."""
 
 from __future__ import annotations
 
@@ -212,27 +213,6 @@ def _argparse_defaults(tree: ast.Module, finder: _Finder) -> None:
             for kw in node.keywords:
                 if kw.arg == "default":
                     finder.add(node.args[0].value, kw.value)
-
-
-def print_only(text: str) -> set[str]:
-    """Module-level names read somewhere, but only inside ``print(...)`` calls: changing them
-    cannot change what a run measures (e.g. a peak-FLOPS figure used in a progress line)."""
-    tree = parse(text)
-    if tree is None:
-        return set()
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "print"
-        ):
-            inside.update(id(n) for n in ast.walk(node))
-    used: dict[str, bool] = {}  # name -> read only in prints so far
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            used[node.id] = used.get(node.id, True) and id(node) in inside
-    return {name for name, only in used.items() if only}
 
 
 def command_overrides(command: str, tracked: Mapping[str, str]) -> tuple[set[str], set[str]]:

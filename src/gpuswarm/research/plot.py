@@ -36,6 +36,8 @@ class PlotRow:
     metric: float | None  # None for crashes
     status: str  # "keep" | "discard" | "crash"
     description: str
+    base: float | None = None  # BASE's metric once this row was decided (a keep's mean)
+    change: bool = True  # a change (variant, combo), not a baseline run or a re-run
 
 
 def _esc(text: str) -> str:
@@ -71,6 +73,40 @@ def _ylimits(kept: list[float], discarded: list[float], goal: str) -> tuple[floa
     return lo - pad * 1.6, hi + pad * (4.0 if goal == "max" else 2.5)
 
 
+def running_best(rows: Sequence[PlotRow], goal: str) -> tuple[list[int], list[float]]:
+    """The running best's steps (experiment numbers, values): BASE's metric after each kept
+    row where the ledger has it (a keep confirmed by re-runs: their mean, never the luckiest
+    run), else the best kept run so far."""
+    better = min if goal == "min" else max
+    xs: list[int] = []
+    ys: list[float] = []
+    for i, r in enumerate(rows, 1):
+        if not (_has_metric(r) and r.status == "keep") or (r.base is None and not r.change):
+            continue  # a control or confirmation re-run says nothing new of BASE's metric
+        assert r.metric is not None
+        value = r.base if r.base is not None else r.metric
+        if r.base is None and ys:
+            value = better(ys[-1], value)
+        xs.append(i)
+        ys.append(value)
+    return xs, ys
+
+
+def summary_line(
+    rows: Sequence[PlotRow], metric: str, goal: str, best_value: float | None = None
+) -> str:
+    """The chart's title: experiments, changes kept, BASE's best, crashes (research/figures.py
+    defines each as every other view does)."""
+    n = len(rows)
+    changes = sum(1 for r in rows if _has_metric(r) and r.status == "keep" and r.change)
+    out = f"{n} experiment{'s' if n != 1 else ''}, {changes} kept"
+    _, ys = running_best(rows, goal)
+    if ys:
+        out += f", best {_esc(metric)} {ys[-1] if best_value is None else best_value:.6f}"
+    crashed = sum(1 for r in rows if not _has_metric(r))
+    return out + (f", {crashed} crashed" if crashed else "")
+
+
 def _draw(
     ax: Axes, rows: Sequence[PlotRow], metric: str, goal: str, best_value: float | None = None
 ) -> str:
@@ -81,8 +117,6 @@ def _draw(
     xs_crash = [i for i, r in enumerate(rows, 1) if not _has_metric(r)]
     val = {i: float(r.metric) for i, r in enumerate(rows, 1) if r.metric is not None}
     kept, disc = [val[i] for i in xs_keep], [val[i] for i in xs_disc]
-    better = min if goal == "min" else max
-    summary = f"{n} experiment{'s' if n != 1 else ''}, {len(xs_keep)} kept"
     ax.set_xlim(0.3, n + 1 + 0.12 * n)  # room for the last labels (set first: labels are laid
     # out against it)
     if kept or disc:
@@ -113,10 +147,8 @@ def _draw(
             ax.scatter([i], [y], s=30, c=DISCARD_COLOR, marker="^" if up else "v", zorder=2)
             ax.annotate(f"{val[i]:.4g}", (i, y), (5, -3), "data", "offset points", fontsize=6)
     if kept:
-        best = [kept[0]]
-        for v in kept[1:]:
-            best.append(better(best[-1], v))
-        xs, ys = [*xs_keep, n], [*best, best[-1]]
+        xs_best, best = running_best(rows, goal)
+        xs, ys = [*xs_best, n], [*best, best[-1]]
         (step,) = ax.plot(xs, ys, c=KEEP_COLOR, lw=1.6, alpha=0.8, drawstyle="steps-post", zorder=3)
         step.set_label("running best")
         dots = ax.scatter(
@@ -130,15 +162,12 @@ def _draw(
             text.set(rotation_mode="anchor", color=DARK_GREEN, clip_on=True)
             labels.append(text)
         _drop_overlapping(ax, labels)
-        shown = best[-1] if best_value is None else best_value  # BASE's (a mean of repeats)
-        summary += f", best {_esc(metric)} {shown:.6f}"
     if xs_crash:
         ys = [0.02] * len(xs_crash)  # axes fraction: on the bottom edge, they have no metric
         tr = ax.get_xaxis_transform()
         marks = ax.scatter(xs_crash, ys, s=30, c=CRASH_COLOR, marker="x", lw=1.5, transform=tr)
         marks.set(clip_on=False, zorder=4, label=f"crash ({len(xs_crash)})")
-        summary += f", {len(xs_crash)} crashed"
-    return summary
+    return summary_line(rows, metric, goal, best_value)
 
 
 def _drop_overlapping(ax: Axes, labels: list[Any]) -> None:

@@ -65,6 +65,8 @@ def decide(cfg: ExperimentConfig, state: ExperimentState) -> list[Decision]:
             out.append(Decision(v.id, "crash", str(v.finished.get("reason") or "crash")))
         elif v.kind == "baseline":
             out.append(Decision(v.id, "keep", "baseline"))
+        elif v.kind == "control":  # a re-run of BASE: the reference of its period
+            out.append(Decision(v.id, "keep", "control run of BASE"))
         elif v.kind == "confirm":
             origin = state.variants.get(v.origin or "")
             if origin is not None and origin.decision is not None:
@@ -221,17 +223,29 @@ def _reruns(cfg: ExperimentConfig, kind: str) -> int:
     return cfg.confirm if kind == "win" else 0
 
 
-def _discard(state: ExperimentState, v: Variant, verdict: Verdict, suffix: str) -> Decision:
+def _discard(
+    state: ExperimentState, v: Variant, verdict: Verdict, suffix: str, *, reruns_off: bool = False
+) -> Decision:
+    """``v`` discarded by its verdict; ``reruns_off``: a gain within the noise that no re-run
+    may confirm (noise_confirm 0). Re-runs of ``v`` still queued or running are withdrawn
+    (settle.py) and the reason says so."""
     reason, note = verdict.reason + suffix, verdict.note
+    waiting = [c for c in rules.confirmations(state, v) if c.finished is None]
+    if waiting:
+        reason += f"; {_plural(len(waiting), 're-run')} not needed now: withdrawn"
     if verdict.runs > 1:
         runs = [v, *rules.confirmations(state, v)]
         mean = statistics.fmean([m for c in runs if (m := rules.ok_metric(c)) is not None])
         reason = f"not confirmed: mean of {verdict.runs} runs {mean:.6f}; {reason}"
         rule = verdict.kind == "lose" and note  # lines, memory or platform: that rule says it
         note = note if rule else f"not confirmed by {verdict.runs} runs"
-    elif verdict.kind == "noise":
+    elif verdict.kind == "noise" and reruns_off:
         reason += "; re-runs are off (noise_confirm 0)"
     return Decision(v.id, "discard", reason, note=note)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _settled(
@@ -242,7 +256,7 @@ def _settled(
     need = _reruns(cfg, verdict.kind)
     runs = rules.confirmations(state, v)
     if verdict.kind == "noise" and need == 0:
-        return _discard(state, v, verdict, "")
+        return _discard(state, v, verdict, "", reruns_off=True)
     if not runs:
         if need == 0:
             return Decision(v.id, "keep", verdict.reason, note=verdict.note)

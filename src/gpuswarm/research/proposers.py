@@ -116,6 +116,25 @@ class MutateProposer:
             )
         return found
 
+    def survey(self, state: ExperimentState) -> list[dict[str, Any]]:
+        """Every numeric setting of BASE's editable files, and whether mutate may change it
+        (``knob``) or why not (``why``): ``research mutate --list``."""
+        files = _base_files(self.paths, self.cfg, state.base)
+        select = self.selection(state.base, files)
+        kept = {(c.path, c.name): options for c, options in mutate.candidates(files, select)}
+        rows: list[dict[str, Any]] = []
+        for path in sorted(files):
+            for c in numeric.constants(path, files[path]):
+                options = kept.get((c.path, c.name))
+                why = None if options else select.skipped.get(c.name, "no value to move to")
+                if not options and self.include and not select.matches(self.include, c):
+                    why = "not named by --mutate"
+                rows.append(
+                    {"file": c.path, "line": c.line, "name": c.name, "value": c.literal,
+                     "knob": bool(options), "why": why, "tries": options or []}
+                )
+        return rows
+
     def propose(self, state: ExperimentState) -> Proposal | None:
         files = _base_files(self.paths, self.cfg, state.base)
         select = self.selection(state.base, files)

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import executor, rules, runner, variants
+from gpuswarm.research import controls, executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
+from gpuswarm.research.figures import CHANGES, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
+from gpuswarm.research.plot import PlotRow
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -41,7 +43,7 @@ def wait(
     looked = 0.0
     watch = runner.RunnerWatch(exp.paths, exp.cfg)
     while True:
-        done = [t for t in targets if state.variants[t].finished is not None]
+        done = [t for t in targets if _settled(state, state.variants[t])]
         if (mode == "any" and done) or len(done) == len(targets):
             break
         if deadline is not None and time.monotonic() >= deadline:
@@ -50,19 +52,42 @@ def wait(
             watch.check()  # e.g. after `research stop` or a crash
             looked = time.monotonic()
         time.sleep(WAIT_POLL_SECONDS)
-        if executor.finished_ids(exp.paths, exp.cfg) & (set(targets) - set(done)):
+        if executor.finished_ids(exp.paths, exp.cfg) & _awaited(state, targets):
             state = exp.settle()
             watch.progressed()
     state = exp.settle()
-    finished = [shown(state, state.variants[t]) for t in targets if state.variants[t].finished]
+    settled = [t for t in targets if _settled(state, state.variants[t])]
+    finished = [shown(state, state.variants[t]) for t in settled]
     if finished:
         append(exp.paths, "seen", ids=[v["id"] for v in finished])
     return {
         **_headline(exp, state),
         "finished": finished,
-        "waiting": [t for t in targets if state.variants[t].finished is None],
-        "timed_out": any(state.variants[t].finished is None for t in targets),
+        "waiting": [t for t in targets if t not in settled],
+        "timed_out": len(settled) < len(targets),
     }
+
+
+def _settled(state: ExperimentState, v: Variant) -> bool:
+    """Finished, and not waiting for its confirmation re-runs: a would-be keep's wait ends
+    when the re-runs decided it, not when its first run ended."""
+    if v.finished is None:
+        return False
+    if v.decision is not None or v.kind == "confirm":
+        return True
+    if controls.waits_for_control(state, v):
+        return False  # paired: decided once the control of its period is in
+    return all(c.finished is not None for c in rules.confirmations(state, v))
+
+
+def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
+    """The runs whose end a wait for ``targets`` is waiting for: the targets, their
+    confirmation re-runs and BASE's control runs still in flight."""
+    out = {t for t in targets if state.variants[t].finished is None}
+    for t in targets:
+        out.update(c.id for c in rules.confirmations(state, state.variants[t]) if not c.finished)
+    out.update(c.id for c in state.in_flight() if c.kind == "control")
+    return out
 
 
 def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
@@ -85,7 +110,8 @@ def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
         "best": state.best,
         "metric": exp.cfg.metric,
         "goal": exp.cfg.goal,
-        "mode": state.mode,
+        "mode": state.mode,  # the setting (what a manual `try` joins)
+        "modes": figures(state).modes,  # what the variants ran in (views print this)
         "round": state.round,
         "files": variants.files_case(exp.paths, exp.cfg, state),
     }
@@ -110,13 +136,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     return {
         **_headline(exp, state),
         "best_recorded": best_recorded(exp.cfg, state),
-        "experiments": len(state.rows),
-        "kept": sum(1 for r in state.rows if r[3] == "keep"),  # rows: baselines, re-runs too
-        "changes_kept": sum(
-            1
-            for v in state.variants.values()
-            if v.kind in ("variant", "combo") and v.status == "keep"
-        ),
+        **figures(state).view(),  # baseline, best, experiments, kept, ...: one definition
         "in_flight": in_flight,
         "undecided": undecided,
         "last": [
@@ -125,7 +145,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
                 "commit": r[0],
                 "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
                 "memory_gb": float(r[2]),
-                "status": r[3],
+                "status": "re-based" if rebased(state, state.variants[vid]) else r[3],
                 "description": r[4],
             }
             for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
@@ -135,6 +155,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         "timeout": exp.cfg.timeout,
         "policy": exp.cfg.policy,
         "noise": rules.noise_view(state),
+        "drift": [d.view() for d in controls.drift(state, exp.cfg.noise_k)],
         "platforms": platform_view(exp.cfg, state),
         **files_of(exp.paths),
     }
@@ -191,12 +212,41 @@ def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, An
     }
 
 
-def log(exp: Experiment) -> dict[str, Any]:
-    """Every variant with every field the ledger has: host, times, the summary block, diff
-    stats, the log tail and path, the decision and its reason, the proposer's notes."""
+LOG_LIMIT = 20  # `log --json` shows this many variants unless --limit says otherwise
+
+
+def log_selection(
+    state: ExperimentState, limit: int | None, since: str | None, now: float | None = None
+) -> tuple[list[Variant], int]:
+    """The variants ``research log`` shows (experiment order) and how many it leaves out:
+    those after ``since`` (a variant id, or a duration back from now in seconds as text),
+    then the last ``limit`` of them (None or 0: all)."""
+    chosen = list(state.variants.values())
+    if since is not None:
+        if re.fullmatch(r"v\d{4,}", since):
+            if since not in state.variants:
+                raise ResearchError(f"--since {since}: no variant {since} in this experiment")
+            ids = list(state.variants)
+            chosen = chosen[ids.index(since) + 1 :]
+        else:
+            start = (time.time() if now is None else now) - float(since)
+            chosen = [v for v in chosen if v.created >= start]
+    total = len(chosen)
+    if limit:
+        chosen = chosen[-limit:]
+    return chosen, total - len(chosen)
+
+
+def log(
+    exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
+) -> dict[str, Any]:
+    """The variants (the last ``limit``, those after ``since``) with every field the ledger
+    has: host, times, the summary block, diff stats, the log tail and path, the decision and
+    its reason, the proposer's notes; ``left_out`` counts the rest."""
     state = exp.settle()
+    chosen, left_out = log_selection(state, limit, since)
     out = []
-    for v in state.variants.values():
+    for v in chosen:
         fin = v.finished or {}
         out.append(
             {
@@ -217,23 +267,49 @@ def log(exp: Experiment) -> dict[str, Any]:
                 else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
             }
         )
-    return {**_headline(exp, state), "variants": out}
+    return {
+        **_headline(exp, state),
+        "variants": out,
+        "total": len(state.variants),
+        "left_out": left_out,
+    }
+
+
+def log_text(exp: Experiment, limit: int | None, since: str | None) -> str:
+    """results.tsv's header and the rows of the variants ``log_selection`` picks."""
+    state = exp.settle()
+    chosen = {v.id for v in log_selection(state, limit, since)[0]}
+    lines = exp.paths.results_tsv.read_text().splitlines(keepends=True)[:1]
+    lines += ["\t".join(row) + "\n" for row in state.rows_in_order(chosen)]
+    return "".join(lines)
+
+
+def plot_rows(state: ExperimentState) -> list[PlotRow]:
+    """progress.png's points: results.tsv's rows in experiment order, each with BASE's metric
+    once it was decided (the running best) and whether it is a change."""
+    rows: list[PlotRow] = []
+    with_rows = set(state.row_ids)
+    for v in (v for vid, v in state.variants.items() if vid in with_rows):
+        r = list((v.decision or {}).get("row") or [])
+        after = (v.decision or {}).get("base_metric") or {}
+        rows.append(
+            PlotRow(
+                metric=None if r[3] == "crash" else float(r[1]),
+                status=r[3],
+                description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
+                base=None if after.get("value") is None else float(after["value"]),
+                change=v.kind in CHANGES,
+            )
+        )
+    return rows
 
 
 def plot(exp: Experiment, output: Path | None = None) -> Path:
-    from gpuswarm.research.plot import PlotRow, progress_png
+    from gpuswarm.research.plot import progress_png
 
     state = exp.settle()
-    rows = [
-        PlotRow(
-            metric=None if r[3] == "crash" else float(r[1]),
-            status=r[3],
-            description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
-        )
-        for r in state.rows
-    ]
     return progress_png(
-        rows,
+        plot_rows(state),
         output or exp.paths.progress_png,
         metric=exp.cfg.metric,
         goal=exp.cfg.goal,

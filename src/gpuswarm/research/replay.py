@@ -26,7 +26,8 @@ from gpuswarm.research.journal import ExperimentState, apply_event
 from gpuswarm.research.policy import Decision, decide
 
 POLICIES = ("greedy", "noise-aware", "manual")
-_REPLAYED = ("init", "variant", "finished", "sealed", "mode")  # what the policy decided is not
+# what the policy decided is not replayed: it is decided anew
+_REPLAYED = ("init", "variant", "finished", "sealed", "mode", "controls")
 
 
 def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
-from gpuswarm.research import rules
+from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.figures import figures, shown_status
 from gpuswarm.research.journal import ExperimentState
 
-ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": ""}
+ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": ""}
 
 
 def write_research_report(
@@ -24,7 +25,7 @@ def write_research_report(
         fin = v.finished or {}
         dec = v.decision or {}
         diff = fin.get("diff") or {}
-        status = dec.get("status") or ("finished" if v.finished else "running")
+        status = shown_status(state, v) if dec else ("finished" if v.finished else "running")
         metric = fin.get("metric")
         seconds = fin.get("seconds")
         rows.append(
@@ -49,18 +50,11 @@ def write_research_report(
             )
     columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
     columns += ["gpu", "seconds", "reason"]
-    best = "-" if state.best is None else f"{state.best:.6f}"
-    baseline = next(
-        (v for v in state.variants.values() if v.kind == "baseline" and v.finished), None
-    )
-    base_metric = baseline.finished.get("metric") if baseline and baseline.finished else None
+    f = figures(state)
+    best = "-" if f.best is None else f"{f.best:.6f}"
     gain = ""
-    if base_metric is not None and state.best is not None:
-        gain = (
-            f" (baseline {float(base_metric):.6f}, change {state.best - float(base_metric):+.6f})"
-        )
-    kept = sum(1 for r in state.rows if r[3] == "keep")
-    crashed = sum(1 for r in state.rows if r[3] == "crash")
+    if f.baseline is not None and f.best is not None:
+        gain = f" (baseline {f.baseline:.6f}, change {f.best - f.baseline:+.6f})"
     image = (
         f'<img class="timeline" alt="progress" src="{png_data_uri(plot)}">'
         if plot is not None and plot.is_file()
@@ -69,9 +63,10 @@ def write_research_report(
     body = (
         f"<h1>autoresearch {esc(cfg.tag)}</h1>\n"
         f"<p>branch <code>{esc(cfg.branch)}</code> at <code>{esc(state.base[:7])}</code>; "
-        f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; {len(state.rows)} experiments, "
-        f"{kept} kept, {crashed} crashed; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, "
-        f"mode {esc(state.mode)}</p>\n"
+        f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; {f.experiments} experiments, "
+        f"{f.kept} changes kept, {f.crashed} crashed"
+        + (f", {f.rebased} re-based" if f.rebased else "")
+        + f"; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, mode {esc(f.modes)}</p>\n"
         + _rules_html(cfg, state)
         + f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
         f"{esc(', '.join(cfg.edit))}; protected {esc(', '.join(cfg.protect) or '-')}; "
@@ -101,6 +96,9 @@ def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
         f"(equal within {esc(cfg.equal_within)} without a noise estimate); more than "
         f"{cfg.vram_share:.0%} more peak memory needs a gain of {esc(cfg.vram_gain)}</p>\n"
     )
+    for d in controls.drift(state, cfg.noise_k):
+        if d.moving:
+            text += f"<p class=warn>{esc(d.text(cfg.metric))}</p>\n"
     if not rules.multi_platform(state):
         return text
     rows = []

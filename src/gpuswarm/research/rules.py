@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpuswarm.research import controls
 from gpuswarm.research.journal import ExperimentState, Variant
 
 if TYPE_CHECKING:
@@ -217,13 +218,18 @@ def noise(state: ExperimentState, platform: str | None = None) -> Noise | None:
 
 
 def noise_view(state: ExperimentState) -> list[dict[str, Any]]:
-    """The noise estimate per platform (one entry when there is one platform), for status."""
+    """The noise estimate per platform (one entry when there is one platform), for status:
+    the paired one (``paired: true``) once control runs give it."""
     out = []
     names = platforms(state)
+    paired = controls.in_use(state)
     for p in names if len(names) > 1 else [None]:
         est = noise(state, p)
-        if est is not None:
-            out.append({**est.view(), "platform": p or est.platform})
+        pair = controls.paired_noise(state, p or names[0]) if paired else None
+        if pair is not None:
+            out.append({**pair.view(), "runs": pair.periods, "groups": 1, "platform": p or ""})
+        elif est is not None:
+            out.append({**est.view(), "platform": p or est.platform, "paired": False})
     return out
 
 
@@ -252,19 +258,25 @@ def judge(
     cfg: ExperimentConfig, state: ExperimentState, v: Variant, against: str, why: str
 ) -> Verdict | None:
     """The rules' verdict on ``v`` (with its confirmation runs) against ``against``'s metric on
-    the platform of each run; None while ``v``'s platform has no measurement of ``against``."""
-    own = reference(state, against, platform_of(v))
+    the platform of each run (with control runs: against ``against``'s run of each run's own
+    period, controls.py); None while ``v``'s platform has no measurement of ``against``."""
+    paired = controls.in_use(state)
+    own = _reference_for(state, against, v, paired)
     if own is None:
         return None
     gains = []
     for run in [v, *confirmations(state, v)]:
-        ref, m = reference(state, against, platform_of(run)), ok_metric(run)
+        ref, m = _reference_for(state, against, run, paired), ok_metric(run)
+        if paired and ref is None and m is not None:
+            return None  # a re-run waits for the control of its own period
         if ref is not None and m is not None:
             gains.append(gain_of(cfg, m, ref))
     g, n = statistics.fmean(gains), len(gains)
     diff = (v.finished or {}).get("diff") or {}
     net = int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
-    est = noise(state, platform_of(v)) if cfg.policy == "noise-aware" else None
+    est = _noise_for(state, platform_of(v), paired) if cfg.policy == "noise-aware" else None
+    if paired and est is None and cfg.policy == "noise-aware":
+        return None  # paired: the noise is that of controls over time; two periods are needed
     margin = cfg.noise_k * est.sigma / math.sqrt(n) if est is not None else 0.0
     fewer = cfg.simplify and net < 0
     per_line = amount(cfg.gain_per_line, own)
@@ -304,6 +316,23 @@ def judge(
     if verdict.kind in ("win", "simplification"):
         verdict = _memory_check(cfg, state, v, against, own, verdict)
     return verdict
+
+
+def _reference_for(
+    state: ExperimentState, against: str, run: Variant, paired: bool
+) -> float | None:
+    if paired:
+        return controls.paired_reference(state, against, run)
+    return reference(state, against, platform_of(run))
+
+
+def _noise_for(state: ExperimentState, platform: str, paired: bool) -> Noise | None:
+    """The noise a verdict uses: paired, the spread of BASE's controls over time (None until
+    two periods ran); else the spread of repeated runs."""
+    if paired:
+        est = controls.paired_noise(state, platform)
+        return None if est is None else Noise(est.sigma, est.periods, 1, platform)
+    return noise(state, platform)
 
 
 def _equal(cfg: ExperimentConfig, est: Noise | None, ref: float, n: int) -> float:

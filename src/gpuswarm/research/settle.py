@@ -14,7 +14,7 @@ import statistics
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import executor, exports, gitops, outcome, rules, runner, variants
+from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
@@ -51,7 +51,9 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
+    _withdraw_moot_reruns(paths, cfg, state)
     _platform_baseline(paths, cfg, state)
+    _control_wanted(paths, cfg, state)
     _remove_exports(paths, state)
     if not paths.results_tsv.exists():
         write_tsv(paths, cfg, state)  # every decision rewrites it; this is for a fresh start
@@ -80,6 +82,33 @@ def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: Experiment
     )
     executor.enqueue(paths, cfg, v)
     runner.ensure_runner(paths, cfg)
+
+
+def queue_control(
+    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, why: str
+) -> Variant:
+    """Queue a control run: BASE again, the reference of the variants of its period."""
+    v = variants.record(
+        paths,
+        cfg,
+        state,
+        kind="control",
+        commit=state.base,
+        parent=state.base,
+        description=f"control: BASE {gitops.short(state.base)} ({why})",
+        source="control",
+    )
+    executor.enqueue(paths, cfg, v)
+    runner.ensure_runner(paths, cfg)
+    return v
+
+
+def _control_wanted(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
+    """With paired decisions, a result that waits for a BASE run of its own period (none ran
+    beside or after it: a keep just moved BASE, or the loop's cadence has not come round)
+    gets one now, so that no decision stalls."""
+    if cfg.policy != "manual" and controls.wanted(state):
+        queue_control(paths, cfg, state, "the period of a result that waits for one")
 
 
 def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
@@ -126,7 +155,7 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
         _confirm(paths, cfg, state, v, d.runs or cfg.confirm)
         return
     metric = None
-    if d.status == "keep" and v.kind != "confirm":
+    if d.status == "keep" and v.kind not in ("confirm", "control"):
         assert v.finished is not None
         if v.kind == "baseline" and rules.multi_platform(state):
             metric = {"commit": v.commit, "value": _shown_metric(state, v.commit)}
@@ -139,6 +168,26 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
     _decided(paths, cfg, state, v, d.status, d.reason, metric, note=d.note)
     if d.status == "keep" and v.kind in ("variant", "combo"):
         _advance(paths, cfg, state, v)
+
+
+def _withdraw_moot_reruns(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
+    """Confirmation re-runs of a variant decided without them (discarded because another
+    variant moved BASE meanwhile, say) would hold GPUs for nothing: a queued one is taken out,
+    a running one is cancelled; each is journaled withdrawn (no results.tsv row)."""
+    for c in state.in_flight():
+        origin = state.variants.get(c.origin or "")
+        if c.kind != "confirm" or origin is None or origin.decision is None:
+            continue
+        if not executor.withdraw(paths, cfg, c.id):
+            executor.cancel(paths, cfg, c.id, f"re-run of {origin.id}, decided without it")
+        why = (
+            f"withdrawn: {origin.id} was decided ({origin.decision['status']}) before this "
+            "re-run ended"
+        )
+        c.finished = append(
+            paths, "finished", id=c.id, ok=False, metric=None, reason=why, withdrawn=True
+        )
+        c.decision = append(paths, "decided", id=c.id, status="withdrawn", reason=why, row=None)
 
 
 def _shown_metric(state: ExperimentState, commit: str) -> float:
@@ -298,5 +347,5 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
 
 def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
     header = [HEADER[0], cfg.metric, *HEADER[2:]]
-    lines = ["\t".join(header), *("\t".join(row) for row in state.rows)]
+    lines = ["\t".join(header), *("\t".join(row) for row in state.rows_in_order())]
     atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")

@@ -57,8 +57,9 @@ def record(
         origin=origin,
         meta=meta or {},
     )
-    v = Variant(vid, kind, commit, parent, e["description"], state.round, source, e["ts"], origin)
-    v.meta = meta or {}
+    desc, ts = e["description"], e["ts"]
+    v = Variant(vid, kind, commit, parent, desc, int(e["round"]), source, ts, origin)
+    v.meta, v.mode = meta or {}, state.mode
     state.variants[vid] = v
     return v
 

@@ -8,7 +8,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from gpuswarm.research import executor, rules, session
+from gpuswarm.research import controls, executor, rules, session
+from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.proposers import Proposer
@@ -60,7 +61,8 @@ def show_try(d: dict[str, Any]) -> None:
 
 def _headline(d: dict[str, Any]) -> str:
     best = _metric(d.get("best"))
-    return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {d['mode']}"
+    mode = d.get("modes") or d["mode"]
+    return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {mode}"
 
 
 def _files_line(d: dict[str, Any], always: bool = False) -> None:
@@ -80,7 +82,9 @@ def show_wait(d: dict[str, Any]) -> None:
 
 def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
-    click.echo(f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept  ({runner})")
+    click.echo(
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept  ({runner})"
+    )
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
         click.echo(
@@ -90,6 +94,8 @@ def show_status(d: dict[str, Any]) -> None:
     for v in d["undecided"]:
         click.echo(f"  awaiting decision: {_variant_line(v)}")
     click.echo(noise_line(d))
+    for line in drift_lines(d.get("drift") or [], d["metric"]):
+        click.echo(line)
     for p in d.get("platforms") or []:
         moves = "moves BASE" if p["moves_base"] else "compared only"
         click.echo(
@@ -101,6 +107,13 @@ def show_status(d: dict[str, Any]) -> None:
         click.echo(f"  {'  '.join(cells)}  {r['status']:<8} {r['description']}")
     _files_line(d, always=True)
     click.echo(f"results: {d['results']}")
+
+
+def drift_lines(drifts: list[dict[str, Any]], metric: str) -> list[str]:
+    """The drift of BASE's control runs where it is beyond the noise (controls.Drift.text)."""
+    return [
+        controls.Drift(**d).text(metric) for d in drifts if d["moving"]
+    ]
 
 
 def noise_line(d: dict[str, Any]) -> str:
@@ -134,7 +147,7 @@ def show_replay(d: dict[str, Any]) -> None:
 
 def show_loop(d: dict[str, Any]) -> None:
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} kept "
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept "
         f"({d['made']} started by this loop)"
     )
     if d.get("exhausted"):
@@ -155,6 +168,21 @@ def show_config(d: dict[str, Any]) -> None:
     click.echo(f"settings: {d['file']}")
 
 
+def show_knobs(d: dict[str, Any]) -> None:
+    """``research mutate --list``: one line per setting, the knobs first."""
+    rows = sorted(d["settings"], key=lambda r: (not r["knob"], r["file"], r["line"]))
+    width = max((len(r["name"]) for r in rows), default=4)
+    knobs = sum(r["knob"] for r in rows)
+    click.echo(f"BASE {_short(d['base'])}: {knobs} of {len(rows)} numeric settings are knobs")
+    for r in rows:
+        where = f"{r['file']}:{r['line']}"
+        if r["knob"]:
+            tries = ", ".join(r["tries"][:4]) + (", ..." if len(r["tries"]) > 4 else "")
+            click.echo(f"  knob  {r['name']:<{width}} = {r['value']:<10} {where}  -> {tries}")
+        else:
+            click.echo(f"  skip  {r['name']:<{width}} = {r['value']:<10} {where}  {r['why']}")
+
+
 def show_decided(d: dict[str, Any]) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
     _files_line(d, always="files" in d)
@@ -169,13 +197,16 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
 
     def tick(s: ExperimentState) -> None:
         follower.poll()
-        best = "-" if s.best is None else f"{s.best:.6f}"
-        kept = sum(1 for r in s.rows if r[3] == "keep")
-        est = rules.noise(s) if exp.cfg.policy == "noise-aware" else None
-        noise = f"  noise sd {est.sigma:.6f}" if est is not None else ""
+        f = figures(s)
+        best = "-" if f.best is None else f"{f.best:.6f}"
+        est = rules.noise_view(s) if exp.cfg.policy == "noise-aware" else []
+        noise = f"  noise sd {est[0]['sigma']:.6f}" if est else ""
+        moved = [d for d in controls.drift(s, exp.cfg.noise_k) if d.moving]
+        if moved:
+            noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
         header["text"] = (
             f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
-            f"{len(s.rows)} experiments, {kept} kept  mode {opts.mode}{noise}"
+            f"{f.experiments} experiments, {f.kept} changes kept  mode {opts.mode}{noise}"
         )
 
     view = LiveView(

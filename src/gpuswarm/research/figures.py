@@ -1,0 +1,74 @@
+"""The experiment's headline numbers, defined once.
+
+Every view (the loop's and the demo's last lines, ``research status``, the live header,
+report.html, progress.png and the dashboard) takes these from :func:`figures`, so that no two
+of them disagree:
+
+- **baseline**: the first BASE's metric as the policy measured it (the mean of its repeated
+  baseline runs), not one of its runs;
+- **best**: BASE's metric now (a keep confirmed by re-runs: the mean of its runs), never the
+  luckiest single run (``best_recorded`` in status says what the best run measured);
+- **kept**: changes that became BASE (variants and re-based combinations); the results.tsv
+  rows marked ``keep`` also count baseline runs and confirmation re-runs;
+- **experiments**: results.tsv rows; **crashed**: rows marked ``crash``;
+- **re-based**: a would-be keep measured on an older BASE, measured again as a combination
+  (results.tsv says ``discard``, as the seed's three statuses allow; the views say re-based);
+- **modes**: the mode(s) the variants were made in (a loop's mode applies to that loop only,
+  so the experiment's setting afterwards may differ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuswarm.research.journal import ExperimentState, Variant
+
+CHANGES = ("variant", "combo")
+
+
+@dataclass(frozen=True)
+class Figures:
+    baseline: float | None
+    best: float | None
+    experiments: int
+    kept: int
+    crashed: int
+    rebased: int
+    modes: str
+
+    def view(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_base(state: ExperimentState) -> str | None:
+    """The commit the experiment started from (its first baseline's)."""
+    return next((v.commit for v in state.variants.values() if v.kind == "baseline"), None)
+
+
+def rebased(state: ExperimentState, v: Variant) -> bool:
+    """``v`` was a would-be keep measured again on BASE as a combination."""
+    return (
+        v.decision is not None
+        and v.decision.get("status") == "discard"
+        and any(c.kind == "combo" and c.origin == v.id for c in state.variants.values())
+    )
+
+
+def shown_status(state: ExperimentState, v: Variant) -> str:
+    """The status the views print: results.tsv's, with ``re-based`` for a re-based one."""
+    return "re-based" if rebased(state, v) else v.status
+
+
+def figures(state: ExperimentState) -> Figures:
+    first = first_base(state)
+    modes = list(dict.fromkeys(v.mode for v in state.variants.values() if v.kind in CHANGES))
+    return Figures(
+        baseline=None if first is None else state.base_metric.get(first),
+        best=state.best,
+        experiments=len(state.rows),
+        kept=sum(1 for v in state.variants.values() if v.kind in CHANGES and v.status == "keep"),
+        crashed=sum(1 for r in state.rows if r[3] == "crash"),
+        rebased=sum(1 for v in state.variants.values() if rebased(state, v)),
+        modes=", ".join(m for m in modes if m) or state.mode,
+    )
