@@ -155,7 +155,7 @@ def _recover_running(
         return "corrupt"
     reqs = cancels.pop(claimed.task_id, None)
     if reqs is not None:  # those made for an attempt that has its outcome are dropped
-        reqs = still_bound(queue, ledger, reqs, desc, applied_by)
+        reqs = still_bound(queue, ledger, reqs, claimed.desc, applied_by)
     if reqs:
         if _cancel_orphan(queue, ledger, claimed, reqs, applied_by):
             return "cancelled"
@@ -375,7 +375,7 @@ def _reclaim_one(
         return False
     reqs = cancels.get(claimed.task_id)
     if reqs is not None:  # those made for an attempt that has its outcome are dropped
-        reqs = cancels[claimed.task_id] = still_bound(queue, ledger, reqs, desc, me)
+        reqs = cancels[claimed.task_id] = still_bound(queue, ledger, reqs, claimed.desc, me)
     if reqs and _cancel_orphan(queue, ledger, claimed, reqs, me):
         return False  # ended: nothing came back to pending/
     if _requeue_waiting(queue, ledger, claimed) or _finish_begun_move(queue, ledger, claimed):
