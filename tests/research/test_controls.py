@@ -35,10 +35,10 @@ def test_a_run_waits_for_a_control_of_its_period() -> None:
     run(s, "v0001", "baseline", 1.00, 0, 10)
     v = run(s, "v0002", "variant", 0.89, 50, 60, commit="c" * 40)
     assert controls.paired_reference(s, BASE, v) is None  # BASE last ran long before it
-    assert controls.wanted(s)
+    assert controls.wanted(s) == "H100"  # a control is wanted on its GPU model
     pending = Variant("v0003", "control", BASE, BASE, "control", 1, "control", 55.0)
     s.variants["v0003"] = pending  # queued while it ran: the better pair, waited for
-    assert controls.paired_reference(s, BASE, v) is None and not controls.wanted(s)
+    assert controls.paired_reference(s, BASE, v) is None and controls.wanted(s) is None
 
 
 def test_simultaneous_runs_are_one_period_and_the_noise_is_over_time() -> None:
@@ -61,4 +61,4 @@ def test_simultaneous_runs_are_one_period_and_the_noise_is_over_time() -> None:
 def test_without_controls_nothing_is_paired() -> None:
     s = ExperimentState(base=BASE)
     run(s, "v0001", "baseline", 1.0, 0, 10)
-    assert not controls.in_use(s) and controls.drift(s, 2.0) == [] and not controls.wanted(s)
+    assert not controls.in_use(s) and controls.drift(s, 2.0) == [] and controls.wanted(s) is None

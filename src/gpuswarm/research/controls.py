@@ -114,13 +114,13 @@ def waits_for_control(state: ExperimentState, v: Variant) -> bool:
     return span is not None and not any((_span(r) or (0.0, 0.0))[1] >= span[0] for r in runs)
 
 
-def wanted(state: ExperimentState) -> bool:
-    """With paired decisions: a finished result waits for a BASE run of its own period and
-    none is in flight, so a control run of BASE is wanted now."""
+def wanted(state: ExperimentState) -> str | None:
+    """With paired decisions: the platform of a finished result that waits for a BASE run of
+    its own period while none is in flight (a control run of BASE is wanted there now)."""
     if not in_use(state):
-        return False
+        return None
     if any(v.kind == "control" and v.commit == state.base for v in state.in_flight()):
-        return False
+        return None
     for v in state.undecided():
         span = _span(v)
         if v.finished is None or v.kind not in ("variant", "combo", "confirm") or span is None:
@@ -132,10 +132,10 @@ def wanted(state: ExperimentState) -> bool:
             continue
         runs = base_runs(state, state.base, platform_of(v))
         if not any((_span(r) or (0.0, 0.0))[1] >= span[0] for r in runs):
-            return True
+            return platform_of(v)
         if paired_noise(state, platform_of(v)) is None:
-            return True  # one more period of BASE gives the paired noise
-    return False
+            return platform_of(v)  # one more period of BASE gives the paired noise
+    return None
 
 
 def periods(runs: list[Variant]) -> list[float]:

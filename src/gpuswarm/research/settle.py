@@ -85,9 +85,14 @@ def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: Experiment
 
 
 def queue_control(
-    paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, why: str
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    state: ExperimentState,
+    why: str,
+    platform: str | None = None,
 ) -> Variant:
-    """Queue a control run: BASE again, the reference of the variants of its period."""
+    """Queue a control run: BASE again, the reference of the variants of its period (with
+    several GPU models, pinned to ``platform``'s GPUs when given)."""
     v = variants.record(
         paths,
         cfg,
@@ -97,6 +102,7 @@ def queue_control(
         parent=state.base,
         description=f"control: BASE {gitops.short(state.base)} ({why})",
         source="control",
+        meta={"platform": platform} if platform and rules.multi_platform(state) else None,
     )
     executor.enqueue(paths, cfg, v)
     runner.ensure_runner(paths, cfg)
@@ -107,8 +113,9 @@ def _control_wanted(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentSta
     """With paired decisions, a result that waits for a BASE run of its own period (none ran
     beside or after it: a keep just moved BASE, or the loop's cadence has not come round)
     gets one now, so that no decision stalls."""
-    if cfg.policy != "manual" and controls.wanted(state):
-        queue_control(paths, cfg, state, "the period of a result that waits for one")
+    platform = controls.wanted(state) if cfg.policy != "manual" else None
+    if platform is not None:
+        queue_control(paths, cfg, state, "the period of a result that waits for one", platform)
 
 
 def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
