@@ -135,7 +135,7 @@ from gpuswarm.config.models import (
     to_plain,
 )
 from gpuswarm.config.tasks import expand_entries, task_id_for
-from gpuswarm.config.values import expand_user
+from gpuswarm.config.values import check_folder_path, expand_user
 from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.redact import redact_shapes
@@ -165,6 +165,7 @@ class LoadedConfig:
                 raise ConfigError(f"--name: {exc}") from None
         try:
             chosen = expand_user(workspace).absolute() if workspace else self.workspace
+            check_folder_path(chosen)
         except ValueError as exc:
             raise ConfigError(f"--workspace: {exc}") from None
         return replace(self, name=name or self.name, workspace=chosen)
@@ -338,9 +339,9 @@ def load_config(path: Path) -> LoadedConfig:
 def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = None) -> Path:
     try:
         path = expand_user(workspace or "runs")
+        return check_folder_path(path if path.is_absolute() else base_dir / path)
     except ValueError as exc:
         raise (where or Locator("<config>")).error(("workspace",), str(exc)) from None
-    return path if path.is_absolute() else base_dir / path
 
 
 def expand_tasks(
