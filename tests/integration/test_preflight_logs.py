@@ -1,0 +1,57 @@
+"""Issue 30: a preflight command's output is kept under ``reliability.max_log_mb`` like a task's
+log (it was kept whole: 96 MiB per slot with ``max_log_mb: 1``), and the slot's preflight log is
+private."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_driver import CliResult
+
+from gpuswarm.store.leases import host_slug
+
+Gs = Callable[..., CliResult]
+MIB = 1 << 20
+LOUD = "head -c 8000000 /dev/zero | tr '\\0' x; echo; echo the-last-line"
+
+
+def _run_dir(workspace: Path) -> Path:
+    runs = sorted(p for p in workspace.glob("*/run_*") if (p / "run.json").is_file())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["passes", "fails"])
+def test_a_preflight_output_is_capped_like_a_task_log(
+    tmp_path: Path, gpuswarm: Gs, fails: bool
+) -> None:
+    command = LOUD + ("; exit 4" if fails else "")
+    config = {
+        "name": "loud",
+        "gpus": "sim:2",
+        "reliability": {"max_log_mb": 1},
+        "preflight": [command, "echo second"],
+        "tasks": [{"name": "t", "command": "true"}],
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    res = gpuswarm("run", tmp_path / "c.yaml", "--plain")
+    assert res.returncode == (2 if fails else 0), res
+    folder = _run_dir(tmp_path / "runs") / "preflight"
+    for gpu in (0, 1):
+        label = f"{host_slug()}-gpu{gpu}"
+        own = folder / label / "cmd-0" / "output.log"
+        slot_log = folder / f"{label}.log"
+        last = b"the-last-line" if fails else b"second"  # the slot's log: every command
+        for log, end in ((own, b"the-last-line"), (slot_log, last)):
+            data = log.read_bytes()
+            assert len(data) <= MIB + 200, (log, len(data))  # head, the marker, the tail
+            assert b"bytes of output dropped here to keep the log under 1048576 bytes" in data
+            assert data.rstrip().endswith(end), log
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600, log
+    if fails:
+        assert "preflight failed on" in res.stderr and "exit 4" in res.stderr, res
+        assert "the-last-line" in res.stderr and len(res.stderr) < 20_000, res
