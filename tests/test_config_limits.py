@@ -219,3 +219,22 @@ def test_the_cli_exits_2_with_a_located_message(tmp_path: Path, text: str, expec
     assert "Traceback" not in result.stderr and expected in result.stderr, result
     assert len(result.stderr) < 1000, result
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"tasks: [{{command: 'true', glob: '{'q' * 300}'}}]\n", ":1: tasks[0].glob: "),
+        (
+            f"home: {{isolate: true, provision: [{{src: {'q' * 300}, dest: a}}]}}\n"
+            "tasks: [{command: 'true'}]\n",
+            ":1: home.provision[0].src: ",
+        ),
+    ],
+    ids=["glob", "provision"],
+)
+def test_a_path_name_too_long_to_exist_is_a_message(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    message = _error(tmp_path, text)  # was OSError ENAMETOOLONG (a traceback)
+    assert message.startswith(str(tmp_path / "c.yaml") + expected), message

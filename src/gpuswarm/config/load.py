@@ -113,6 +113,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -309,7 +310,7 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
             src = loaded.resolve_path(entry.src)
         except ValueError as exc:
             raise where.error(("home", "provision", index, "src"), str(exc)) from None
-        if not src.exists():
+        if not os.path.exists(src):  # noqa: PTH110 (pathlib raises ENAMETOOLONG: a traceback)
             raise where.error(
                 ("home", "provision", index, "src"),
                 f"{src} does not exist; fix the path or remove this entry",
