@@ -100,10 +100,12 @@ braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at lo
 ``shell: true`` every value is quoted for the shell where it lands; ``{key!raw}`` splices it as
 shell code (without a shell both forms give the value as it is).
 
-Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, nesting deeper than 64
-levels, aliases that add over 1,000,000 values or refer to themselves, and ``~user`` for a user
-this machine does not know are refused with the file, line and field. Task names (and the ids
-made from them) are redacted by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
+Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, a raw control character,
+nesting deeper than 64 levels, aliases that add over 1,000,000 values or refer to themselves,
+``~user`` for a user this machine does not know and the sizes of :mod:`~gpuswarm.config.values`
+(a task name 512 bytes, a command or argument 131,071, a workspace's folder name 255) are
+refused with the file, line and field; the first 10 problems by line are listed. Task names
+(and their ids) are redacted by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
 
 The task id is the name made a safe file name (``gpumode/softmax`` -> ``gpumode-softmax``); ids must
 be unique. Every error names the file, line and field, and says how to fix it.
