@@ -14,7 +14,9 @@ from cli_driver import run_cli
 from gpuswarm.config import errors as config_errors
 from gpuswarm.config import yamlload
 from gpuswarm.config.load import load_command_list, load_config
+from gpuswarm.config.models import TaskOptions
 from gpuswarm.config.values import MAX_ARG_BYTES, MAX_NAME_BYTES
+from gpuswarm.control_ops import load_source
 from gpuswarm.core.errors import ConfigError
 
 
@@ -238,3 +240,12 @@ def test_a_path_name_too_long_to_exist_is_a_message(
 ) -> None:
     message = _error(tmp_path, text)  # was OSError ENAMETOOLONG (a traceback)
     assert message.startswith(str(tmp_path / "c.yaml") + expected), message
+
+
+def test_gpuswarm_add_reads_through_the_same_limits(tmp_path: Path) -> None:
+    (tmp_path / "more.txt").write_text("true\necho " + "x" * 140_000 + "\n")
+    with pytest.raises(ConfigError, match=r"more\.txt:2: the command is 140,005 bytes long"):
+        load_source(str(tmp_path / "more.txt"), shell=False, defaults=TaskOptions())
+    (tmp_path / "more.yaml").write_text(f"tasks: [{{command: 'true', name: {'n' * 600}}}]\n")
+    with pytest.raises(ConfigError, match=r"more\.yaml:1: tasks\[0\]\.name: the name is 600 bytes"):
+        load_source(str(tmp_path / "more.yaml"), shell=False, defaults=TaskOptions())
