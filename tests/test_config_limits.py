@@ -18,6 +18,7 @@ from gpuswarm.config.models import TaskOptions
 from gpuswarm.config.values import MAX_ARG_BYTES, MAX_NAME_BYTES
 from gpuswarm.control_ops import load_source
 from gpuswarm.core.errors import ConfigError
+from gpuswarm.research.experiment import check_command
 
 
 def _error(tmp_path: Path, text: str, name: str = "c.yaml") -> str:
@@ -249,3 +250,9 @@ def test_gpuswarm_add_reads_through_the_same_limits(tmp_path: Path) -> None:
     (tmp_path / "more.yaml").write_text(f"tasks: [{{command: 'true', name: {'n' * 600}}}]\n")
     with pytest.raises(ConfigError, match=r"more\.yaml:1: tasks\[0\]\.name: the name is 600 bytes"):
         load_source(str(tmp_path / "more.yaml"), shell=False, defaults=TaskOptions())
+
+
+def test_a_research_command_is_bounded_too() -> None:
+    with pytest.raises(ValueError, match=r"^--command: the command is 200,005 bytes long; one "):
+        check_command("echo " + "x" * 200_000, shell=False)
+    assert check_command("uv run train.py", shell=False) == "uv run train.py"
