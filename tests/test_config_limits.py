@@ -5,6 +5,7 @@ the limit; never a traceback, never work that grows with the square of the probl
 from __future__ import annotations
 
 import difflib
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from cli_driver import run_cli
 
 from gpuswarm.config import errors as config_errors
+from gpuswarm.config import load as load_module
 from gpuswarm.config import yamlload
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.config.models import TaskOptions
@@ -68,6 +70,29 @@ def test_many_tasks_with_many_unknown_keys(tmp_path: Path, difflib_calls: list[s
     assert lines[9].startswith(f"{tmp_path / 'c.yaml'}:12: unknown key 'xk9' in tasks[0]")
     assert lines[-1] == "... and 1990 more problems"
     assert len(difflib_calls) <= config_errors.MAX_REPORTED + 1
+
+
+def test_the_garbage_collector_is_paused_while_loading_and_restored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[bool] = []
+    real = config_errors.config_error
+
+    def spy(*args: Any, **kwargs: Any) -> ConfigError:
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(load_module, "config_error", spy)
+    assert gc.isenabled()
+    _error(tmp_path, "tasks: [{command: 'true'}]\nbogus: 1\n")
+    assert seen == [False]  # collections scanned every live node again: 40% of the time
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        _error(tmp_path, "tasks: [{command: 'true'}]\nbogus: 1\n")
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()
 
 
 def test_thousands_of_bad_timeouts(tmp_path: Path) -> None:

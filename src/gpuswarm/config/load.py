@@ -139,7 +139,7 @@ from gpuswarm.config.models import (
 )
 from gpuswarm.config.tasks import expand_entries, task_id_for
 from gpuswarm.config.values import check_folder_path, expand_user
-from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, quote
+from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, paused_gc, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.redact import redact_shapes
 
@@ -319,6 +319,7 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
             )
 
 
+@paused_gc()
 def load_config(path: Path) -> LoadedConfig:
     """Read, validate and expand a YAML config file. Any problem is a located ConfigError."""
     path = Path(path)
@@ -391,6 +392,7 @@ def _command_config(
         raise config_error(exc, data, Locator(source), RunConfig) from None
 
 
+@paused_gc()
 def load_command_list(
     source: Path | None,
     text: str | None = None,
