@@ -81,6 +81,10 @@ def shorten(text: str, limit: int = 60) -> str:
 
 def quote(value: object) -> str:
     """A short ``repr`` of ``value`` for a message: long strings and big lists are cut."""
+    if type(value) is str and len(value) <= _REPR.maxstring:  # most: as reprlib would say it
+        shown = repr(value)
+        if len(shown) <= _REPR.maxstring:
+            return shown
     return _REPR.repr(value)
 
 
