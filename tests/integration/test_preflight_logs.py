@@ -4,6 +4,7 @@ private."""
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,12 @@ import pytest
 import yaml
 from cli_driver import CliResult
 
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.exec.base import BackendOptions
+from gpuswarm.exec.local.backend import LocalBackend
+from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.leases import host_slug
+from gpuswarm.supervise.preflight import run_preflight
 
 Gs = Callable[..., CliResult]
 MIB = 1 << 20
@@ -55,3 +61,36 @@ def test_a_preflight_output_is_capped_like_a_task_log(
     if fails:
         assert "preflight failed on" in res.stderr and "exit 4" in res.stderr, res
         assert "the-last-line" in res.stderr and len(res.stderr) < 20_000, res
+
+
+class _NoPump(LocalBackend):
+    """A backend that holds no log's cap itself (like ray's): preflight caps its logs."""
+
+    caps_logs = False
+
+
+def test_a_backend_without_a_log_pump_gets_its_preflight_log_capped_while_it_runs(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "run").mkdir()
+    paths = RunPaths(tmp_path / "run")
+    slot = plan_slots(parse_gpu_spec("sim:1"))[0]
+    log = paths.root / "preflight" / slot.label / "cmd-0" / "output.log"
+    wait = (  # the command itself watches its log shrink under the cap (at most 20 s)
+        f"for i in $(seq 100); do [ $(stat -c %s {log}) -le {MIB + 200} ] && exit 0; sleep 0.2; "
+        "done; echo never capped; exit 1"
+    )
+    backend = _NoPump(BackendOptions())  # never opened: no pump, the task writes its log
+    labels = run_preflight(
+        paths,
+        [slot],
+        [f"{LOUD}; {wait}"],
+        cwd=tmp_path,
+        isolate=False,
+        provisions=[],
+        base_env=dict(os.environ),
+        backend=backend,
+        max_log_bytes=MIB,
+    )
+    assert labels == [slot.label]
+    assert log.stat().st_size <= MIB + 200
