@@ -120,7 +120,7 @@ def test_bounded_fields(tmp_path: Path, setting: str, message: str) -> None:
 def test_a_2mb_command_splits_and_is_refused_by_size(tmp_path: Path) -> None:
     words = "a b " * 100_000
     arg = "x" * 1_600_000
-    assert shell_split(f"echo {arg} \"{words}\"") == ["echo", arg, words]
+    assert shell_split(f'echo {arg} "{words}"') == ["echo", arg, words]
     path = _config(tmp_path, f"tasks:\n  - command: 'echo {arg} \"{words}\"'\n")
     with pytest.raises(ConfigError, match=r"c\.yaml:2: tasks\[0\]\.command: the command is "):
         load_config(path)  # issue 30: no exec could take it (MAX_ARG_STRLEN)
