@@ -230,6 +230,7 @@ def load_config_text(tmp_path: Path, text: str) -> Any:
 
 
 # -- through the CLI: exit 2, one located line, nothing written -----------------------------------
+@pytest.mark.slow  # runs the CLI
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

@@ -31,6 +31,7 @@ def _run_dir(workspace: Path) -> Path:
     return runs[0]
 
 
+@pytest.mark.slow  # runs the CLI
 @pytest.mark.parametrize("fails", [False, True], ids=["passes", "fails"])
 def test_a_preflight_output_is_capped_like_a_task_log(
     tmp_path: Path, gpuswarm: Gs, fails: bool
