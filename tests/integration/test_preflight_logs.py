@@ -13,6 +13,7 @@ import pytest
 import yaml
 from cli_driver import CliResult
 
+from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import BackendOptions
 from gpuswarm.exec.local.backend import LocalBackend
@@ -95,3 +96,24 @@ def test_a_backend_without_a_log_pump_gets_its_preflight_log_capped_while_it_run
     )
     assert labels == [slot.label]
     assert log.stat().st_size <= MIB + 200
+
+
+def test_a_link_planted_at_the_slot_log_is_refused_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "run" / "preflight").mkdir(parents=True)
+    paths = RunPaths(tmp_path / "run")
+    slot = plan_slots(parse_gpu_spec("sim:1"))[0]
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    (paths.root / "preflight" / f"{slot.label}.log").symlink_to(outside)
+    with pytest.raises(PreflightError, match=r"`true` could not start: cannot write .*\.log"):
+        run_preflight(
+            paths,
+            [slot],
+            ["true"],
+            cwd=tmp_path,
+            isolate=False,
+            provisions=[],
+            base_env=dict(os.environ),
+            backend=LocalBackend(BackendOptions()),
+        )
+    assert outside.read_text() == "keep me\n"  # was truncated through the link

@@ -139,7 +139,11 @@ class _SlotCheck:
         name = _safe(self.slot.label)
         log = folder / f"{name}.log"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(log, flags, 0o600)  # appends: a cap's truncation leaves no hole
+        try:
+            fd = os.open(log, flags, 0o600)  # appends: a cap's truncation leaves no hole
+        except OSError as exc:  # a link planted there, a full disk: no check can be recorded
+            why = f"could not start: cannot write {log}: {exc.strerror}"
+            return Failure(self.slot.label, commands[0], why, "", log)
         with os.fdopen(fd, "wb") as out:
             os.fchmod(fd, 0o600)  # private, like every log (an earlier start's may be 0644)
             for i, command in enumerate(commands):
