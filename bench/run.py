@@ -5,7 +5,8 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem, dashboard (see
+Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem, dashboard,
+validation (see
 each module's docstring for what is measured and how). Prints one table and writes
 ``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control
 rows in their own section, "Queue control", the dashboard's in "Dashboard", the others in
@@ -39,6 +40,7 @@ import report
 import research_util
 import scale
 import throughput
+import validation
 from common import REPO, Config, Row, failed, say
 from machine import describe
 
@@ -53,6 +55,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "ray": ray_dispatch.run,
     "gpumem": gpu_memory.run,  # issue 19: GPU memory packing vs one task per GPU
     "dashboard": dashboard.run,
+    "validation": validation.run,  # issue 30: configs with thousands of problems
 }
 
 

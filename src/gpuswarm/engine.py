@@ -312,16 +312,7 @@ def _supervise(
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
             cfg = replace(cfg, slots=setup.slots)  # unique slot ids: homes, events, lanes
-            run_preflight(
-                paths,
-                setup.slots,
-                setup.preflight,
-                cwd=setup.base_dir,
-                isolate=setup.isolate,
-                provisions=setup.provisions,
-                base_env=cfg.base_env,
-                backend=backend,
-            )
+            _preflight(paths, setup, cfg, backend)
             if setup.preflight:
                 ledger.emit(Ev.PREFLIGHT, ok=True, slots=[s.label for s in setup.slots])
             write_owner_file(paths, owner, {"slots": [s.label for s in setup.slots]})
@@ -449,6 +440,29 @@ def write_run_report(run_dir: Path) -> Path:
     counts = {s.value: n for s, n in queue.counts().items()}
     summary["state"] = run_state(paths, counts, is_live(paths))  # live, crashed, ...
     return write_report(paths, queue, summary, info)
+
+
+def _preflight(paths: RunPaths, setup: Setup, cfg: SupervisorConfig, backend: Backend) -> None:
+    """The ``preflight:`` commands on every slot, through the backend opened for them: its log
+    pump caps their output like a task's (``max_log_mb``); closed again if they fail."""
+    if not setup.preflight:
+        return
+    backend.open()
+    try:
+        run_preflight(
+            paths,
+            setup.slots,
+            setup.preflight,
+            cwd=setup.base_dir,
+            isolate=setup.isolate,
+            provisions=setup.provisions,
+            base_env=cfg.base_env,
+            backend=backend,
+            max_log_bytes=cfg.max_log_bytes,
+        )
+    except BaseException:
+        backend.close()  # what open() started (Supervisor.run closes it otherwise)
+        raise
 
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:

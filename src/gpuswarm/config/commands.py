@@ -17,6 +17,7 @@ from typing import Any, overload
 from gpuswarm.config.instances import Instance
 from gpuswarm.config.models import TaskOptions, TaskSpec
 from gpuswarm.config.tasks import check_template, make_spec, split_command
+from gpuswarm.config.values import check_command_size
 from gpuswarm.config.yamlload import Locator
 from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH
 from gpuswarm.core.redact import name_redactor
@@ -79,6 +80,10 @@ def command_tasks(
             raise where.error(
                 (), "the command holds a NUL byte, which no argument can carry; remove it"
             )
+        try:
+            check_command_size(line)
+        except ValueError as exc:
+            raise where.error((), str(exc)) from None
         if "{" in line or "}" in line:
             check_template(line, allowed, where, (), "the command")
         command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")

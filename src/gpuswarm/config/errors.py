@@ -174,37 +174,79 @@ def _entry(err: Mapping[str, Any], data: Any, where: Locator, root: type[BaseMod
     return where.message(parent, _describe(err, path))
 
 
-def _suggested(errors: list[Mapping[str, Any]], data: Any, root: type[BaseModel]) -> set[PathKey]:
-    """Paths of missing keys that an unknown key of the same mapping is a typo of."""
-    out: set[PathKey] = set()
-    for err in errors:
-        path = data_path(data, tuple(err["loc"]))
-        if err["type"] == "extra_forbidden" and path:
-            model = model_at(root, path[:-1])
-            allowed = list(model.model_fields) if model else []
-            for close in difflib.get_close_matches(str(path[-1]), allowed, n=1):
-                out.add((*path[:-1], close))
-    return out
+_TYPO_CANDIDATES = 64  # unknown keys of one mapping looked at for a missing key's typo
+
+
+class _Typos:
+    """Whether a missing key is a typo of an unknown key beside it (``comand`` for
+    ``command``): then "unknown key 'comand'; did you mean 'command'?" says it already.
+
+    The unknown keys are grouped by mapping once (no difflib); difflib runs only for the
+    missing keys that are reported, over at most :data:`_TYPO_CANDIDATES` keys each."""
+
+    def __init__(self, located: list[tuple[int, int, PathKey, Mapping[str, Any]]]) -> None:
+        self.unknown: dict[PathKey, list[str]] = {}
+        for _, _, path, err in located:
+            if err["type"] == "extra_forbidden" and path:
+                self.unknown.setdefault(path[:-1], []).append(str(path[-1]))
+
+    def has_unknown(self, path: PathKey) -> bool:
+        return bool(path) and path[:-1] in self.unknown
+
+    def covers(self, path: PathKey, root: type[BaseModel]) -> bool:
+        if not self.has_unknown(path):
+            return False
+        model = model_at(root, path[:-1])
+        allowed = list(model.model_fields) if model else []
+        keys = self.unknown[path[:-1]][:_TYPO_CANDIDATES]
+        return any(
+            path[-1] in difflib.get_close_matches(key, allowed, n=1)
+            for key in keys
+            if len(key) < 100
+        )
+
+
+def _cheap_key(err: Mapping[str, Any], path: PathKey) -> tuple[Any, ...]:
+    return (path, err["type"], err["msg"])
 
 
 def config_error(
     exc: ValidationError, data: Any, where: Locator, root: type[BaseModel]
 ) -> ConfigError:
-    """One :class:`ConfigError` listing every problem of ``exc``, ordered by line."""
+    """One :class:`ConfigError` listing the first problems of ``exc`` by line (at most
+    :data:`MAX_REPORTED`) and how many more there are.
+
+    Linear in the problems: each is located once (no message, no difflib); messages are made
+    in line order until ``MAX_REPORTED + 1`` distinct ones are found; the rest are counted
+    by a cheap key (field, kind, pydantic's message)."""
     errors: list[Mapping[str, Any]] = list(exc.errors(include_url=False))
-    typos = _suggested(errors, data, root)
-    ordered: list[tuple[int, str]] = []
-    for err in errors:
+    located = []
+    for n, err in enumerate(errors):
         path = data_path(data, tuple(err["loc"]))
-        if err["type"] == "missing" and path in typos:
-            continue  # "unknown key 'comand'; did you mean 'command'?" says it already
+        located.append((where.line(path) or 0, n, path, err))
+    located.sort(key=lambda item: (item[0], item[1]))
+    typos = _Typos(located)
+    shown: list[str] = []
+    seen: set[str] = set()
+    shown_keys: set[tuple[Any, ...]] = set()
+    rest: set[tuple[Any, ...]] = set()
+    for _, _, path, err in located:
+        missing = err["type"] == "missing"
+        if len(shown) > MAX_REPORTED:
+            if not (missing and typos.has_unknown(path)):
+                rest.add(_cheap_key(err, path))
+            continue
+        if missing and typos.covers(path, root):
+            continue
         text = _entry(err, data, where, root)
-        if all(text != seen for _, seen in ordered):
-            ordered.append((where.line(path) or 0, text))
-    ordered.sort(key=lambda item: item[0])
-    lines = [text for _, text in ordered[:MAX_REPORTED]]
-    if len(ordered) > MAX_REPORTED:
-        lines.append(f"... and {len(ordered) - MAX_REPORTED} more problems")
+        if text not in seen:
+            seen.add(text)
+            shown.append(text)
+            shown_keys.add(_cheap_key(err, path))
+    more = len(shown) - MAX_REPORTED + len(rest - shown_keys)
+    lines = shown[:MAX_REPORTED]
+    if more > 0:
+        lines.append(f"... and {more} more problems")
     return ConfigError("\n".join(lines))
 
 

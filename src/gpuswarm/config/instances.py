@@ -133,10 +133,10 @@ def _glob_matches(
         raise loc.error(
             path, f"cannot search {root}: {exc.strerror}; fix its permissions"
         ) from None
-    if not rest and root.exists():
+    if not rest and os.path.lexists(root):  # pathlib raises for a name too long to exist
         found = {root}
     if not found:
-        missing = "" if root.is_dir() else f" ({root} does not exist)"
+        missing = "" if os.path.isdir(root) else f" ({root} does not exist)"  # noqa: PTH112
         raise loc.error(
             path,
             f"{quote(pattern)} matches nothing under {root}{missing}; check the pattern: relative "

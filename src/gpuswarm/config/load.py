@@ -101,11 +101,13 @@ braces; ``${VAR}`` is left for the shell. Unknown placeholders are refused at lo
 ``shell: true`` every value is quoted for the shell where it lands; ``{key!raw}`` splices it as
 shell code (without a shell both forms give the value as it is).
 
-Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, nesting deeper than 64
-levels, aliases that add over 1,000,000 values or refer to themselves, and ``~user`` for a user
-this machine does not know are refused with the file, line and field. Task names (and the ids
-made from them) are redacted like commands: the values of this process's and the task's
-secret-looking variables, and by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
+Limits: a NUL byte or a lone surrogate (``"\\ud800"``) in any value, a raw control character,
+nesting deeper than 64 levels, aliases that add over 1,000,000 values or refer to themselves,
+``~user`` for a user this machine does not know and the sizes of :mod:`~gpuswarm.config.values`
+(a task name 512 bytes, a command or argument 131,071, a workspace's folder name 255) are
+refused with the file, line and field; the first 10 problems by line are listed. Task names
+(and the ids made from them) are redacted like commands: the values of this process's and the
+task's secret-looking variables, and by shape: ``--api-key sk-...`` becomes ``--api-key ***``.
 
 The task id is the name made a safe file name (``gpumode/softmax`` -> ``gpumode-softmax``); ids must
 be unique. Every error names the file, line and field, and says how to fix it.
@@ -115,6 +117,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -137,8 +140,8 @@ from gpuswarm.config.models import (
     to_plain,
 )
 from gpuswarm.config.tasks import expand_entries, task_id_for
-from gpuswarm.config.values import expand_user
-from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, quote
+from gpuswarm.config.values import check_folder_path, expand_user
+from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, paused_gc, quote
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.redact import name_redactor
 
@@ -167,6 +170,7 @@ class LoadedConfig:
                 raise ConfigError(f"--name: {exc}") from None
         try:
             chosen = expand_user(workspace).absolute() if workspace else self.workspace
+            check_folder_path(chosen)
         except ValueError as exc:
             raise ConfigError(f"--workspace: {exc}") from None
         return replace(self, name=name or self.name, workspace=chosen)
@@ -310,13 +314,14 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
             src = loaded.resolve_path(entry.src)
         except ValueError as exc:
             raise where.error(("home", "provision", index, "src"), str(exc)) from None
-        if not src.exists():
+        if not os.path.exists(src):  # noqa: PTH110 (pathlib raises ENAMETOOLONG: a traceback)
             raise where.error(
                 ("home", "provision", index, "src"),
                 f"{src} does not exist; fix the path or remove this entry",
             )
 
 
+@paused_gc()
 def load_config(path: Path) -> LoadedConfig:
     """Read, validate and expand a YAML config file. Any problem is a located ConfigError."""
     path = Path(path)
@@ -340,9 +345,9 @@ def load_config(path: Path) -> LoadedConfig:
 def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = None) -> Path:
     try:
         path = expand_user(workspace or "runs")
+        return check_folder_path(path if path.is_absolute() else base_dir / path)
     except ValueError as exc:
         raise (where or Locator("<config>")).error(("workspace",), str(exc)) from None
-    return path if path.is_absolute() else base_dir / path
 
 
 def expand_tasks(
@@ -390,6 +395,7 @@ def _command_config(
         raise config_error(exc, data, Locator(source), RunConfig) from None
 
 
+@paused_gc()
 def load_command_list(
     source: Path | None,
     text: str | None = None,

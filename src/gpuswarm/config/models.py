@@ -37,6 +37,8 @@ from gpuswarm.config.values import (
     NonEmpty,
     RelativePath,
     Timeout,
+    check_command_size,
+    check_name_size,
 )
 from gpuswarm.config.yamlload import quote
 from gpuswarm.core.paths import slugify
@@ -93,8 +95,10 @@ def _command(value: object) -> object:
     if isinstance(value, str):
         if not value.strip():
             raise ValueError("the command is empty; write the program and its arguments")
+        check_command_size(value)
         return value
     if isinstance(value, list) and value and all(isinstance(a, str) for a in value):
+        check_command_size(value)
         return value
     if isinstance(value, list) and value:
         raise ValueError("every element of an argv list must be a string; quote numbers")
@@ -129,7 +133,7 @@ MatrixValue = Annotated[str, BeforeValidator(_matrix_value)]
 class TaskEntry(TaskOptions):
     """One item of ``tasks:``: an explicit command, a ``glob:`` or a ``matrix:`` of tasks."""
 
-    name: NonEmpty | None = None
+    name: Annotated[NonEmpty, AfterValidator(check_name_size)] | None = None
     command: Annotated[str | list[str], BeforeValidator(_command)]
     glob: NonEmpty | None = None
     exclude: list[NonEmpty] = Field(default_factory=list)  # globs: matches end skipped, unrun

@@ -28,8 +28,8 @@ from gpuswarm.config.models import (
     TaskSpec,
 )
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
-from gpuswarm.config.values import parse_duration
-from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote
+from gpuswarm.config.values import check_name_size, parse_duration
+from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote, shorten
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.paths import check_task_id, slugify
 from gpuswarm.core.placeholders import (
@@ -288,6 +288,10 @@ def _expand_entry(
     out = []
     names = name_redactor(opts.env)  # one per entry: its instances share the env
     for inst in instances(entry, index, base_dir, loc, root, fields):
+        try:
+            check_name_size(inst.name, f"the name of {shorten(inst.label, 80)}")
+        except ValueError as exc:
+            raise loc.error((*path, "name") if entry.name else path, str(exc)) from None
         own = opts
         if isinstance(opts.timeout, str):
             timeout = instance_timeout(inst, opts.timeout, index)

@@ -170,6 +170,77 @@ def _non_empty(text: str) -> str:
 NonEmpty = Annotated[str, AfterValidator(_non_empty)]
 
 
+# -- sizes: names, commands, folders (issue 30) ---------------------------------------------------
+MAX_NAME_BYTES = 512  # a task's name: written in every event, result row, run.json and report
+MAX_ARG_BYTES = 131_071  # one command string or argument: Linux's MAX_ARG_STRLEN, less its NUL
+MAX_ARGV_BYTES = 1 << 20  # a whole argv list (ARG_MAX, 2 MiB here, holds the environment too)
+MAX_FOLDER_NAME_BYTES = 255  # one name in a path (NAME_MAX of every common file system)
+MAX_WORKSPACE_BYTES = 3072  # PATH_MAX is 4096: room for <name>/run_<ts>/tasks/<id>/attempt_<n>
+
+
+def byte_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8 (a lone surrogate counts as its 3 bytes)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_name_size(name: str, what: str = "the name") -> str:
+    """``name`` if a task can carry it, else ValueError naming the limit."""
+    size = byte_size(name)
+    if size > MAX_NAME_BYTES:
+        raise ValueError(
+            f"{what} is {size:,} bytes long; a task name can be at most {MAX_NAME_BYTES} bytes "
+            "(it is written in every event, result row and report): shorten it"
+        )
+    return name
+
+
+def _argument_size(text: str, what: str) -> int:
+    size = byte_size(text)
+    if size > MAX_ARG_BYTES:
+        raise ValueError(
+            f"{what} is {size:,} bytes long; one command (or argument) can be at most "
+            f"{MAX_ARG_BYTES:,} bytes (Linux's limit on one argument, MAX_ARG_STRLEN): put long "
+            "inputs in a file and pass its path"
+        )
+    return size
+
+
+def check_command_size(command: str | list[str]) -> None:
+    """ValueError (naming the limit) for a command no ``exec`` could start: a string or an
+    argument over :data:`MAX_ARG_BYTES`, an argv list over :data:`MAX_ARGV_BYTES`."""
+    if isinstance(command, str):
+        _argument_size(command, "the command")
+        return
+    total = 0
+    for index, arg in enumerate(command):
+        total += _argument_size(arg, f"argument {index} of the command") + 1
+    if total > MAX_ARGV_BYTES:
+        raise ValueError(
+            f"the command's arguments are {total:,} bytes together; an argv list can be at most "
+            f"{MAX_ARGV_BYTES:,} bytes (the kernel's ARG_MAX also holds the environment): put "
+            "long inputs in a file and pass its path"
+        )
+
+
+def check_folder_path(path: Path) -> Path:
+    """``path`` if the run folders under it can be made, else ValueError naming the limit."""
+    for part in path.parts:
+        size = byte_size(part)
+        if size > MAX_FOLDER_NAME_BYTES:
+            raise ValueError(
+                f"the folder name {quote(part)} is {size:,} bytes long; a file system allows at "
+                f"most {MAX_FOLDER_NAME_BYTES} bytes for one name: shorten it"
+            )
+    size = byte_size(str(path))
+    if size > MAX_WORKSPACE_BYTES:
+        raise ValueError(
+            f"the path is {size:,} bytes long; a workspace can be at most {MAX_WORKSPACE_BYTES:,} "
+            "bytes (its runs, tasks and attempts add folders under it, up to the 4,096 bytes a "
+            "path may have): choose a shorter one"
+        )
+    return path
+
+
 # -- GPU memory sizes (issue 19) --------------------------------------------------------------
 GPU_MEMORY_HELP = "write a size with its unit, e.g. 20G, 512M, 1.5T (binary: 1G = 1024M)"
 MAX_GPU_MEMORY_MB = 64 << 20  # 64 TiB: larger is a typo

@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.config.models import DockerConfig, RayConfig
+from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 
@@ -85,6 +86,10 @@ def check_command(command: str, shell: bool) -> str:
         raise ValueError("--command is empty: give the command that trains, e.g. 'uv run train.py'")
     if "\0" in command:
         raise ValueError("--command holds a NUL byte")
+    try:
+        check_command_size(command)  # issue 30: no exec could start it
+    except ValueError as exc:
+        raise ValueError(f"--command: {exc}") from None
     if shell:
         proc = subprocess.run(
             ["/bin/sh", "-n", "-c", command], capture_output=True, text=True, check=False

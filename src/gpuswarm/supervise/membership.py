@@ -186,6 +186,7 @@ class SlotSync:
                 provisions=cfg.provisions,
                 base_env=cfg.base_env,
                 backend=self.backend,
+                max_log_bytes=cfg.max_log_bytes,
             )
         except PreflightError as exc:
             failure = str(exc).split("\n(log:", 1)[0]  # (its "no task was started" is untrue)

@@ -7,7 +7,10 @@ through the run's backend: in the slot's container for docker, under the local b
 process control (its own session, the tree killed on timeout) here. The
 first failure stops the run before any task is touched: :class:`PreflightError` (exit 2) with the
 command's output; every task stays pending. Each slot's output is kept in
-``<run>/preflight/<slot>.log``.
+``<run>/preflight/<slot>.log`` (private), each command's in ``<slot>/cmd-<i>/output.log``, both
+under ``reliability.max_log_mb`` like a task's log (head, a marker, the latest output): the
+backend's log pump holds a command's log while it writes, or, for a backend that has none
+(``caps_logs`` false), a capper here every half second.
 
 :func:`missing_programs` resolves the program of every task (the first word of its command; for
 a shell command the first word of its first simple command) on the task's PATH, so a run whose
@@ -29,14 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import PreflightError
-from gpuswarm.core.logs import log_tail
+from gpuswarm.core.logs import cap_log, log_tail
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
-from gpuswarm.exec.base import Backend, LaunchSpec
+from gpuswarm.core.taskfiles import read_tail
+from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot, isolation_env
 
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
+COPIED_TAIL = 1 << 20  # what of a command's output the slot's log gets at most
+CAP_EVERY = 0.5  # seconds between caps of a command's log a backend does not cap itself
 SHELL = "/bin/sh"
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+")
 
@@ -72,6 +78,7 @@ def run_preflight(
     base_env: Mapping[str, str],
     backend: Backend,
     timeout: float = PREFLIGHT_TIMEOUT,
+    max_log_bytes: int = 256 << 20,
 ) -> list[str]:
     """Run ``commands`` once per slot (slots in parallel) through the run's ``backend`` (in
     the slot's container, for docker); raise PreflightError on the first failure (naming the
@@ -86,7 +93,7 @@ def run_preflight(
     def one(slot: Slot) -> None:
         home = paths.slot_home(slot.label) if isolate else None
         env = slot_env(paths, slot, backend.prepare_slot(home, provisions), base_env)
-        check = _SlotCheck(paths, slot, env, cwd, home, base_env, timeout)
+        check = _SlotCheck(paths, slot, env, cwd, home, base_env, timeout, max_log_bytes)
         failure = check.run(backend, commands, folder)
         if failure is not None:
             with lock:
@@ -125,25 +132,53 @@ class _SlotCheck:
     home: Path | None
     inherited: Mapping[str, str]
     timeout: float
+    max_log_bytes: int
 
     def run(self, backend: Backend, commands: Sequence[str], folder: Path) -> Failure | None:
         """Each command in turn; its output lands in ``preflight/<slot>.log`` (all of them)."""
         name = _safe(self.slot.label)
         log = folder / f"{name}.log"
-        with log.open("wb") as out:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(log, flags, 0o600)  # appends: a cap's truncation leaves no hole
+        except OSError as exc:  # a link planted there, a full disk: no check can be recorded
+            why = f"could not start: cannot write {log}: {exc.strerror}"
+            return Failure(self.slot.label, commands[0], why, "", log)
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(fd, 0o600)  # private, like every log (an earlier start's may be 0644)
             for i, command in enumerate(commands):
                 out.write(f"$ {command}\n".encode())
                 own = folder / name / f"cmd-{i}" / "output.log"  # the launch makes its folder
                 with contextlib.suppress(FileNotFoundError):
                     own.unlink()  # an earlier start's output is not this one's
-                end = backend.launch(self._spec(command, own, i)).wait()
-                with contextlib.suppress(OSError):
-                    out.write(own.read_bytes()[-(1 << 20) :])
+                end = self._wait(backend, self._spec(command, own, i), own)
+                cap_log(own, self.max_log_bytes)
+                out.write(read_tail(own, min(COPIED_TAIL, self.max_log_bytes))[0])
                 out.flush()
+                cap_log(log, self.max_log_bytes)
                 if not end.ok:
                     text = redact_text(log_tail(log, max_lines=20), self.env)
                     return Failure(self.slot.label, command, end.reason, text, log)
         return None
+
+    def _wait(self, backend: Backend, spec: LaunchSpec, own: Path) -> AttemptEnd:
+        """Launch and wait; a backend without a log pump gets its log capped meanwhile."""
+        handle = backend.launch(spec)
+        if backend.caps_logs:
+            return handle.wait()
+        done = threading.Event()
+
+        def capper() -> None:
+            while not done.wait(CAP_EVERY):
+                cap_log(own, self.max_log_bytes)
+
+        thread = threading.Thread(target=capper, name="preflight-log-cap", daemon=True)
+        thread.start()
+        try:
+            return handle.wait()
+        finally:
+            done.set()
+            thread.join()
 
     def _spec(self, command: str, log: Path, i: int) -> LaunchSpec:
         env = self.env
