@@ -147,7 +147,7 @@ def test_names_are_redacted_like_commands_at_load(
     tasks = load_config(cfg).tasks
     assert [t.name for t in tasks] == ["a-***", "b-***", 'c {"token": "***"}']
     assert all("value" not in t.id and "json-in-name" not in t.id for t in tasks)
-    lines = load_command_list(None, "echo sup-name-value\n", base_dir=tmp_path).tasks
+    lines = load_command_list(None, "echo sup-name-value\n", shell=False, base_dir=tmp_path).tasks
     assert lines[0].name == "echo ***" and lines[0].command == ["echo", "sup-name-value"]
 
 
@@ -158,3 +158,14 @@ def test_a_supervisors_journal_redacts_reasons_and_names(tmp_path: Path) -> None
     ledger.close()
     text = (tmp_path / "events.jsonl").read_text()
     assert "leaked-4242" not in text and "x1" not in text and text.count(REDACTED) == 3
+
+
+def test_a_secret_cut_in_two_by_reads_is_still_redacted_line_by_line() -> None:
+    from gpuswarm.core.redact import LINE_MAX, LineRedactor, Redactor
+
+    lines = LineRedactor(Redactor(["Sup3rSecretValue99"]))
+    out = lines.feed(b"token here: Sup3rSec") + lines.feed(b"retValue99 and more\nnext \xff")
+    assert out == b"token here: *** and more\n"  # the last line waits for its end
+    assert lines.flush() == b"next \xff"  # bytes that are not UTF-8 pass as they are
+    assert lines.feed(b"x" * (LINE_MAX + 1)) == b"x" * (LINE_MAX + 1)  # no line holds forever
+    assert lines.feed(b"progress 10%\rprogress 20%\r") == b"progress 10%\rprogress 20%\r"

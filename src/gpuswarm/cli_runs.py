@@ -17,6 +17,7 @@ from gpuswarm.cli_support import fail, stoppable
 from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
 from gpuswarm.core.models import State
+from gpuswarm.core.redact import LineRedactor
 from gpuswarm.outputs.clean import (
     Candidate,
     find_candidates,
@@ -30,6 +31,7 @@ from gpuswarm.outputs.tasklog import (
     Unreadable,
     follow,
     iter_log,
+    log_redactor,
     read_text,
     task_log,
 )
@@ -172,14 +174,16 @@ def _print_log(target: LogTarget, as_json: bool) -> NoReturn:
         click.echo(f"gpuswarm: task {target.task} has not started yet ({target.state})", err=True)
         sys.exit(1)
     try:
+        lines = LineRedactor(log_redactor(target))  # as status and the report: no secrets
         if as_json:
             text, cut = read_text(target.log)
-            payload = {**target.as_json(), "text": text, "truncated": cut}
+            payload = {**target.as_json(), "text": lines.redactor.text(text), "truncated": cut}
             click.echo(json.dumps(payload, indent=1))
         else:
             out = sys.stdout.buffer
             for chunk in iter_log(target.log):
-                out.write(chunk)
+                out.write(lines.feed(chunk))
+            out.write(lines.flush())
             out.flush()
     except BrokenPipeError:
         raise
@@ -229,23 +233,29 @@ class _PlainFollow:
         self.started = target.attempt is not None
         self.at_line_start = True
         self.out = sys.stdout.buffer
+        self.lines = LineRedactor(log_redactor(target))
         if not self.started:
             click.echo(f"gpuswarm: waiting for task {self.task} to start", err=True)
 
     def data(self, data: bytes) -> None:
-        self.out.write(data)
-        self.out.flush()
-        self.at_line_start = data.endswith(b"\n")
+        self._write(self.lines.feed(data))
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            self.out.write(data)
+            self.out.flush()
+            self.at_line_start = data.endswith((b"\n", b"\r"))
 
     def hop(self, hop: Hop) -> None:
+        self._write(self.lines.flush())  # the last line of the attempt before, without newline
         if hop.attempt != self.first:
             lead = b"" if self.at_line_start else b"\n"
             mark = f"==> gpuswarm: task {self.task}, attempt {hop.attempt} <==\n"
-            self.data(lead + mark.encode())
+            self._write(lead + mark.encode())
         self.first, self.started = None, True
 
     def ended(self, state: str) -> None:
-        pass
+        self._write(self.lines.flush())
 
 
 class _JsonFollow:

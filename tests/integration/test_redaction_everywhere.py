@@ -4,7 +4,8 @@ Secrets are planted where a run gets them: the supervisor's environment, a task'
 provisioned credential file, a task's name (either secret inside it), JSON and YAML pairs a task
 prints, a result file a task writes. None may reach a file gpuswarm writes for people (run.json,
 events.jsonl, results.tsv, summary.json, report.html), ``status`` (``--json`` too), or any
-answer of the dashboard (the run, its events, its task table, each task and each task's log).
+answer of the dashboard (the run, its events, its task table, each task and each task's log),
+nor what ``gpuswarm logs`` prints (plain, ``--json``, ``-f``).
 The queue (``.parallel/``) keeps the real commands and env (a resume runs them) and a task's
 own log, workspace and slot HOME are the task's: those are not looked at.
 """
@@ -114,6 +115,13 @@ def test_planted_secrets_reach_no_file_view_or_dashboard_answer(
         assert shown.returncode in (0, 1), shown
         _no_secret(" ".join(map(str, args[:1] + args[2:])), shown.output)
     assert "api_key: ***" in gpuswarm("status", run, env=env).output  # the failure's tail
+    tids = sorted(p.name for p in (run / "tasks").iterdir())
+    for tid in tids:  # `gpuswarm logs` prints the task's output through the same redactor
+        for extra in ([], ["--json"], ["-f"]):
+            shown = gpuswarm("logs", run, tid, *extra, env=env)
+            assert shown.returncode == 0, shown
+            assert "the end: ***" in shown.stdout, shown
+            _no_secret(f"logs {tid} {' '.join(extra)}", shown.output)
 
     monkeypatch.setenv("SUPERVISOR_TOKEN", SUPERVISOR)  # the dashboard runs where status does
     with serve_here([tmp_path / "runs"]) as served:

@@ -340,6 +340,34 @@ class Redactor:
 
 SHAPES = Redactor()  # no values: shapes only
 
+LINE_MAX = 1 << 16  # a line longer than this is redacted in pieces of this size
+
+
+class LineRedactor:
+    """Bytes of a log, redacted line by line as they come (a secret cut in two by a read is
+    still found): :meth:`feed` gives back the whole lines so far, :meth:`flush` the rest.
+    Bytes that are not UTF-8 pass through as they are (surrogateescape)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self.partial = b""
+
+    def _clean(self, data: bytes) -> bytes:
+        text = data.decode("utf-8", errors="surrogateescape")
+        return self.redactor.text(text).encode("utf-8", errors="surrogateescape")
+
+    def feed(self, data: bytes) -> bytes:
+        data = self.partial + data
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if end == 0 and len(data) > LINE_MAX:
+            end = len(data)
+        self.partial = data[end:]
+        return self._clean(data[:end]) if end else b""
+
+    def flush(self) -> bytes:
+        data, self.partial = self.partial, b""
+        return self._clean(data) if data else b""
+
 
 def name_redactor(env: Mapping[str, Any] | None = None) -> Redactor:
     """The redactor of task names as they are made (at load: every output copies a name):

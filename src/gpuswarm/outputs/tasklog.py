@@ -21,6 +21,8 @@ from typing import Any
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.redact import Redactor
+from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.taskfiles import UnsafeFile, open_regular, read_tail
 from gpuswarm.store.lookup import TaskHit, locate, resolve_task, task_ended
 from gpuswarm.store.reader import RunReader
@@ -54,6 +56,15 @@ class LogTarget:
             "log": str(self.log) if self.log is not None else None,
             "state": self.state,
         }
+
+
+def log_redactor(target: LogTarget) -> Redactor:
+    """The run's one redactor (as status, the report and the dashboard use it) with the
+    task's own env: what ``gpuswarm logs`` prints goes through it."""
+    reader = RunReader(target.paths)
+    hit = locate(reader, target.task)
+    desc = reader.read(hit.state, hit.file) if hit is not None else None
+    return run_redactor(open_run(target.paths.root)[1], desc.env if desc is not None else None)
 
 
 def task_log(run_dir: Path, task_arg: str, attempt: int | None = None) -> LogTarget:
