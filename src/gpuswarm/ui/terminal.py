@@ -25,6 +25,7 @@ from gpuswarm.core.events import (
     Quarantined,
     Requeued,
     Shutdown,
+    Slots,
     Started,
     Unquarantined,
     decode,
@@ -65,6 +66,32 @@ _GPU_LINES = {  # GPU memory events worth a line (issue 19), with their prefix
     Ev.GPU_HELD.value: "GPU HELD: ",
     Ev.GPU_WAIT.value: "waiting: ",
 }
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def slots_line(e: Slots) -> str | None:
+    """A cluster's change in one line (backend ray): a node joined or left, the run waits for
+    one, the head is lost; None for the changes a person need not see (adopted attempts)."""
+    node = f"node {e.node[:6]}" if e.node else "the head"
+    where = f"{node} ({e.host})" if e.host else node
+    reason = str(e.extra.get("reason") or "")
+    if e.change == "joined":
+        return f"{where} joined: {_count(len(e.slots), 'slot')}"
+    if e.change == "left":
+        if not e.node:
+            return f"the cluster's head is gone: {_count(len(e.slots), 'slot')} retired"
+        return (
+            f"{where} left the cluster: {_count(len(e.slots), 'slot')} retired, "
+            "what ran there goes back to the queue (Ray's messages: ray.log)"
+        )
+    if e.change in ("waiting", "backend_lost"):
+        return reason or e.change
+    if e.change in ("setup_failed", "preflight_failed"):
+        return f"{where} {e.change.replace('_', ' ')}: {reason or e.extra.get('rc', '')}"
+    return None
 
 
 class PlainReporter:
@@ -129,6 +156,9 @@ class PlainReporter:
             what = e.task or (f"slot {e.slot}" if e.slot else "the run")
             to = f" -> {e.state}" if e.state else ""
             return f"{stamp} {e.slot or '':<8} {e.request} {what}{to} (by {e.by or '?'})"
+        if isinstance(e, Slots):
+            change = slots_line(e)
+            return f"{stamp} {'':<8} {change}" if change else None
         if isinstance(e, Other) and e.name in _GPU_LINES:  # issue 19: GPU memory
             return f"{stamp} {'':<8} {_GPU_LINES[e.name]}{e.extra.get('reason') or ''}"
         return None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuswarm.core.errors import BackendError, GpuSpecError
+from gpuswarm.exec.ray import messages
 
 INSTALL_HINT = "install it with: pip install 'gpuswarm[ray]' (on the driver and every node)"
 SPEC_FORMS = (
@@ -59,6 +60,7 @@ def connect(address: str, namespace: str, head_timeout: float = 30.0) -> Any:
             "start one (`ray start --head` on the head, `ray start --address HEAD:6379` on the "
             "others) or give its address with --ray-address HOST:PORT"
         ) from None
+    messages.install(ray)  # what Ray says about the job: a file, never stdout (--json)
     return ray
 
 
