@@ -104,10 +104,10 @@ def print_status(data: dict[str, Any]) -> None:
             )
 
 
-def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
+def print_ls(rows: list[dict[str, Any]], where: Path | str) -> None:
     """One line per run; the path comes last and is never shortened."""
     if not rows:
-        print(f"no runs under {workspace}")
+        print(f"no runs under {where}")
         return
     print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'cancel':>7}{'left':>7}  run")
     for r in rows:
