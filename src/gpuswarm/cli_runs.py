@@ -9,24 +9,20 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from gpuswarm.cli_support import fail, stoppable
-from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
 from gpuswarm.core.models import State
-from gpuswarm.outputs.clean import (
-    Candidate,
-    find_candidates,
-    finish_half_removed,
-    remove_candidates,
-)
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 from gpuswarm.outputs.tasklog import Hop, LogTarget, follow, iter_log, read_text, task_log
 from gpuswarm.store.lookup import task_ended
 from gpuswarm.store.runindex import index_dir, newest_run
+
+if TYPE_CHECKING:  # `clean` only: its modules (pydantic's duration parser) load when it runs
+    from gpuswarm.outputs.clean import Candidate
 
 
 @click.command()
@@ -279,6 +275,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     its summary.json or events.jsonl. Exit 1 when a run could not be removed.
     """
     try:
+        from gpuswarm.config.values import parse_duration  # pydantic: only for clean
+        from gpuswarm.outputs.clean import find_candidates, finish_half_removed, remove_candidates
+
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(BadInputError(f"--older-than: {exc}"))
