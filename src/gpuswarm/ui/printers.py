@@ -171,16 +171,29 @@ def gpu_memory_lines(stats: Any) -> list[str]:
 
 
 def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
-    """One line per result field: pass rates over done and over all tasks, or mean/median."""
-    lines = []
-    for key, st in list(fields.items())[:limit]:
+    """The best point of each field that names its best end (``best final_loss 0.0049:
+    lr0.5-steps200-s1``), then one line per measured field: pass rates over done and over all
+    tasks, or mean/median/p90 and the tasks at both ends. A field that only repeats the
+    tasks' inputs (``result.lr`` of a matrix over ``lr``) is not averaged: not shown."""
+    measured = [(k, st) for k, st in fields.items() if st.get("kind") in ("bool", "number")]
+    lines = [
+        f"best {key} {st['best']['value']:.4g}: {st['best']['task']} ({st['best']['by']})"
+        for key, st in measured
+        if isinstance(st.get("best"), dict)
+    ][:3]
+    for key, st in measured[:limit]:
         if st["kind"] == "bool":
             done = f"{st['true']}/{st['of_done']} done"
             lines.append(f"{key}: {done}, {st['true']}/{st['of_total']} of all tasks")
         else:
+            ends = (
+                f"  min {st['min']:.4g} ({st['min_task']})  max {st['max']:.4g} ({st['max_task']})"
+                if "min_task" in st
+                else ""
+            )
             lines.append(
                 f"{key}: mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}"
-                f"  (n={st['n']})"
+                f"{ends}  (n={st['n']})"
             )
     return lines
 
