@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuswarm.core.redact import inert
+from gpuswarm.core.words import counted
 from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def print_status(data: dict[str, Any]) -> None:
     color = {"live": "green", "complete": "green", "crashed": "red"}.get(state, "yellow")
     name, run = escape(inert(data["name"])), escape(inert(data["run"]))
     con.print(f"[bold]{name}[/]  {run}  ([{color}]{state}[/])")
-    con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
+    con.print(f"{counted(data['total'], 'task')}: {_counts(data['counts'])}")
     if data.get("hint"):
         con.print(f"[{color}]{escape(data['hint'])}[/]")
     if paused := paused_text(data.get("paused") or {}):
@@ -83,13 +84,13 @@ def print_status(data: dict[str, Any]) -> None:
     for f in data["failures"]:
         con.print(
             f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
-            f"({f['attempts']} attempts)"
+            f"({counted(f['attempts'], 'attempt')})"
         )
         if f["log_tail"]:
             for line in f["log_tail"].splitlines()[-5:]:
                 con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
-        con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+        con.print(f"[yellow]{counted(len(data['corrupt']), 'corrupt descriptor')} moved aside[/]")
     _held_gpus(con, data)
     for q in data.get("quarantined", []):
         slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
@@ -125,7 +126,7 @@ def print_report(report: RunReport) -> None:
     con = Console(stderr=True, highlight=False, soft_wrap=True)
     s = report.summary
     counts = s["counts"]
-    con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
+    con.print(f"[bold]{escape(s['name'])}[/]: {counted(s['total'], 'task')}  {_counts(counts)}")
     for line in field_lines(s.get("fields", {})) + gpu_memory_lines(s.get("gpu_memory")):
         con.print("  " + line, markup=False)
     for reason, n in s.get("failure_reasons", [])[:5]:
@@ -166,7 +167,7 @@ def gpu_memory_lines(stats: Any) -> list[str]:
         return []
     return [
         f"peak GPU memory: max {top:.1f} GiB, median {mid:.1f} GiB "
-        f"({stats['measured']}/{stats.get('of_total', '?')} tasks measured)"
+        f"({stats['measured']} of {counted(stats.get('of_total', 0), 'task')} measured)"
     ]
 
 
@@ -201,7 +202,7 @@ def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
 def print_check(report: dict[str, Any]) -> None:
     verdict = "consistent" if report["consistent"] else "INCONSISTENT"
     live = " (live)" if report["live"] else ""
-    print(f"{report['run']}{live}: {report['tasks']} tasks, {verdict}")
+    print(f"{report['run']}{live}: {counted(report['tasks'], 'task')}, {verdict}")
     for f in report["findings"]:
         mark = "repaired" if f["repaired"] else "problem"
         task = f" {f['task']}:" if f["task"] else ""
