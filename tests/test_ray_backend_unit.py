@@ -439,6 +439,8 @@ def test_ray_messages_go_to_the_run_s_ray_log_private_redacted_bounded(
         assert len(log.read_bytes()) == len(text.encode()) + 10  # cut at the bound
         messages.write({"lines": ["more"], "pid": "raylet"})
         assert len(log.read_bytes()) == len(text.encode()) + 10
+        messages.write({"lines": ["Resources", " 2.0/6.0 GPU"], "pid": "autoscaler"})
+        assert "GPU" not in log.read_text()  # the autoscaler's periodic status: not kept
         link = tmp_path / "link.log"
         link.symlink_to(tmp_path / "elsewhere")
         messages.send_to(link)

@@ -56,6 +56,8 @@ def test_runs_are_found_from_any_folder_and_gone_ones_leave_the_index(
     by_name = gpuswarm("status", "--json", "sweep", cwd=elsewhere)  # a run's name
     assert by_name.returncode == 0, by_name
     assert json.loads(by_name.stdout)["run"] == str(sweep)
+    by_folder = gpuswarm("status", "--json", "sweep", cwd=tmp_path)  # beside a folder `sweep`
+    assert json.loads(by_folder.stdout)["run"] == str(sweep), by_folder
     by_stamp = gpuswarm("status", "--json", sweep.name, cwd=elsewhere)  # a bare run name
     assert json.loads(by_stamp.stdout)["run"] == str(sweep), by_stamp
 

@@ -155,8 +155,14 @@ def resolve(arg: Path, workspace: Path = Path("runs")) -> Path:
     (``run_20260702_041903``) or a run's name (``sweep``: its newest run), looked up under
     ``workspace`` first, then in the index. A name that matches nothing: RunDirError listing
     the recent runs."""
-    if arg.exists() or len(arg.parts) != 1:
+    if len(arg.parts) != 1:
         return resolve_run_dir(arg, workspace)
+    if arg.exists():  # a folder of that name that is no run (a config's folder: `sweep`)
+        here = resolve_run_dir(arg, workspace)
+        if RunPaths(here).is_run():
+            return here
+        named = [r for r in known_runs(workspace) if r.parent.name == slugify(arg.name)]
+        return named[0] if named else here
     if arg.name.startswith(RUN_PREFIX):
         with contextlib.suppress(RunDirError):
             return resolve_run_dir(arg, workspace)

@@ -46,11 +46,15 @@ def connect(address: str, namespace: str, head_timeout: float = 30.0) -> Any:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     reconnect = max(60, int(head_timeout) + 30)
     os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(reconnect))
+    # what Ray prints to its driver (the cluster's messages, the actors' own output): the run's
+    # ray.log, never stdout; where this Ray has no printer to replace, the actors' output stays
+    # in Ray's session logs on their nodes
+    forwarded = messages.install(ray)
     try:
         ray.init(
             address=address,
             namespace=namespace,
-            log_to_driver=False,
+            log_to_driver=forwarded,
             logging_level="ERROR",
             configure_logging=True,
         )
@@ -60,7 +64,6 @@ def connect(address: str, namespace: str, head_timeout: float = 30.0) -> Any:
             "start one (`ray start --head` on the head, `ray start --address HEAD:6379` on the "
             "others) or give its address with --ray-address HOST:PORT"
         ) from None
-    messages.install(ray)  # what Ray says about the job: a file, never stdout (--json)
     return ray
 
 
