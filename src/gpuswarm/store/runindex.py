@@ -145,7 +145,7 @@ def newest_run(workspace: Path, name: str | None = None) -> Path:
         what = f"named {name!r} " if name else ""
         raise RunDirError(
             f"no run {what}found under {workspace} or in the index of your runs "
-            f"({index_dir()}); pass the run folder, or --workspace"
+            f"({index_dir()}); pass a run folder"
         )
     return runs[0]
 
