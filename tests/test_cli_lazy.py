@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 SNIPPET = """
 import json, sys
@@ -44,3 +45,23 @@ def test_a_read_only_command_does_not_load_the_engine() -> None:
 def test_run_loads_what_it_needs() -> None:
     loaded = _loaded(["run", "--help"])
     assert "gpuswarm.cli_supervise" in loaded and "gpuswarm.engine" in loaded
+
+
+def test_status_of_a_run_loads_neither_pydantic_nor_yaml(tmp_path: Path) -> None:
+    """``status RUN`` on a real run: the config models, pydantic and yaml stay unloaded (issue
+    33: they were most of its start-up, pulled in by ``--gpus``'s size parser and ``clean``'s
+    duration parser)."""
+    from gpuswarm.store.runs import NewRun, create_run
+
+    run = create_run(NewRun(name="lazy", workspace=tmp_path, info={"name": "lazy"}, tasks=[]))
+    snippet = SNIPPET.replace('("gpuswarm", "pydantic")', '("gpuswarm", "pydantic", "yaml")')
+    out = subprocess.run(
+        [sys.executable, "-c", snippet.format(argv=["status", str(run.root)])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert "gpuswarm.outputs.status" in loaded  # it did show the run
+    assert not {m for m in loaded if m.startswith(("pydantic", "yaml", "gpuswarm.config"))}

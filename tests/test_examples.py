@@ -50,3 +50,16 @@ def test_sweep_example_runs_every_point_of_its_matrix(tmp_path: Path) -> None:
     assert "lr0.1-steps200-s2" in names and len(names) == 24
     converged = summary["fields"]["result.converged"]
     assert 0 < converged["true"] < 24  # the sweep finds where it converges, and where not
+    # issue 33: the summary names the best point and never averages the inputs; the rows are
+    # in the config's order (steps20, steps60, steps200), not the ids' string order
+    best = summary["fields"]["final_loss"]["best"]
+    losses = {r[header.index("name")]: float(r[header.index("final_loss")]) for r in body}
+    assert best["by"] == "lowest" and best["value"] == min(losses.values())
+    assert losses[best["task"]] == best["value"]
+    assert f"best final_loss {best['value']:.4g}: {best['task']}" in proc.stderr
+    assert summary["fields"]["result.lr"] == {
+        "kind": "input", "n": 24, "values": ["0.01", "0.1", "0.5", "1.2"]
+    }
+    assert "result.lr: mean" not in proc.stderr and "result.steps" not in proc.stderr
+    order = [r[header.index("name")] for r in body]
+    assert order[:6] == [f"lr0.01-steps{n}-s{s}" for n in (20, 60, 200) for s in (1, 2)]

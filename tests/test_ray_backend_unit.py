@@ -411,3 +411,51 @@ def test_gpus_n_gives_a_waiting_node_the_gpus_a_dead_node_freed() -> None:
     fake.listed = []  # and b: nothing of the run's is alive, a node that joins gets slots
     pool._look()
     assert pool.may_grow()
+
+
+def test_ray_messages_go_to_the_run_s_ray_log_private_redacted_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the Ray driver's error listener prints (on stdout, where --json goes): the run's
+    ray.log instead, 0600, without colour codes or secrets, never past its bound."""
+    from gpuswarm.exec.ray import messages
+
+    log = tmp_path / "ray.log"
+    messages.send_to(log)
+    try:
+        messages.write(
+            {
+                "lines": ["\x1b[33mRaylet\x1b[0m is terminated", "TOKEN=hunter2secret"],
+                "pid": "raylet",
+                "is_err": False,
+            }
+        )
+        text = log.read_text()
+        assert "(raylet) Raylet is terminated\n" in text and "hunter2secret" not in text
+        assert log.stat().st_mode & 0o777 == 0o600
+        monkeypatch.setattr(messages, "MAX_BYTES", len(text.encode()) + 10)
+        messages.write({"lines": ["x" * 100], "pid": "raylet"})
+        assert len(log.read_bytes()) == len(text.encode()) + 10  # cut at the bound
+        messages.write({"lines": ["more"], "pid": "raylet"})
+        assert len(log.read_bytes()) == len(text.encode()) + 10
+        messages.write({"lines": ["Resources", " 2.0/6.0 GPU"], "pid": "autoscaler"})
+        assert "GPU" not in log.read_text()  # the autoscaler's periodic status: not kept
+        link = tmp_path / "link.log"
+        link.symlink_to(tmp_path / "elsewhere")
+        messages.send_to(link)
+        messages.write({"lines": ["never followed"], "pid": "raylet"})
+        assert not (tmp_path / "elsewhere").exists()
+    finally:
+        messages.send_to(None)
+    assert capsys.readouterr().out == ""  # nothing on stdout
+
+
+def test_ray_messages_printer_is_replaced_on_the_connected_driver() -> None:
+    from types import SimpleNamespace
+
+    from gpuswarm.exec.ray import messages
+
+    worker = SimpleNamespace(print_to_stdstream=print)
+    fake = SimpleNamespace(_private=SimpleNamespace(worker=worker))
+    assert messages.install(fake) and worker.print_to_stdstream is messages.write
+    assert not messages.install(SimpleNamespace())

@@ -23,7 +23,7 @@ from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.models import State as TaskState
 from gpuswarm.core.models import base_name
-from gpuswarm.core.paths import RunPaths, resolve_run_dir
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.engine import supervise
 from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.local import host_processes
@@ -31,6 +31,7 @@ from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.runoutput import Output
 from gpuswarm.runsetup import backend_of, setup_from_info
+from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
@@ -153,8 +154,8 @@ def create_run(spec: NewRunSpec) -> RunPaths:
 
 def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
     """The run folder meant by a run folder, a path inside one, or a bare run name (looked up
-    under ``workspace``)."""
-    return resolve_run_dir(where, workspace)
+    under ``workspace``, then in the index of the user's runs)."""
+    return runindex.resolve(where, workspace)
 
 
 def slot_count(run: RunPaths) -> int:

@@ -25,6 +25,7 @@ from gpuswarm.control_ops import (
     set_paused,
     set_priority,
 )
+from gpuswarm.core.words import counted
 
 _RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
 _JSON = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -77,10 +78,12 @@ def add(
         )
         loaded = load_source(source, shell=shell, defaults=defaults)
         data = add_tasks(run_dir, loaded)
-    lines = [f"added {data['added']} task(s) to {data['run']}"]
+    lines = [f"added {counted(data['added'], 'task')} to {data['run']}"]
     if data["renamed_count"]:
         shown = ", ".join(f"{a} -> {b}" for a, b in list(data["renamed"].items())[:5])
-        lines.append(f"renamed {data['renamed_count']} id(s) the run had: {shown}")
+        more = f", and {data['renamed_count'] - 5} more" if data["renamed_count"] > 5 else ""
+        taken = counted(data["renamed_count"], "new task")
+        lines.append(f"{taken} got a new id (the run has tasks of those ids): {shown}{more}")
     _emit(data, as_json, lines)
 
 

@@ -44,7 +44,8 @@ def dashboard(
     """Serve a live web dashboard of runs and research experiments.
 
     PATH is a run folder, a workspace of runs or a research experiment (or a repository holding
-    experiments); default ./runs. Runs started later under a workspace appear by themselves.
+    experiments); default ./runs and the workspaces of the runs in the index of your runs
+    (wherever they are). Runs started later under a workspace appear by themselves.
     The URL printed on stdout carries a token: only that URL opens the dashboard.
     """
     with stoppable(viewer=True):
@@ -58,7 +59,7 @@ def dashboard(
         from gpuswarm.dashboard.catalog import classify
         from gpuswarm.dashboard.server import Settings, serve
 
-        roots = [classify(p) for p in (paths or (Path("runs"),))]
+        roots = [classify(p) for p in (paths or _your_workspaces())]
         if bind != "127.0.0.1":
             click.echo(
                 f"gpuswarm: listening on {bind}: anyone who can reach it and has the URL's token "
@@ -74,3 +75,18 @@ def dashboard(
             click.echo(f"gpuswarm: dashboard stopped ({exc}); the runs go on", err=True)
             code = EXIT_INTERRUPTED
     sys.exit(code)
+
+
+def _your_workspaces() -> list[Path]:
+    """./runs (where it is) and the workspace of each run in the index of the user's runs
+    (``<workspace>/<name>/run_*``), each once; ./runs alone when there is none (its "no such
+    folder" says what to pass)."""
+    from gpuswarm.store.runindex import indexed_runs
+
+    here = Path("runs")
+    found = [here.resolve()] if here.is_dir() else []
+    for run in indexed_runs():
+        workspace = run.parent.parent
+        if workspace not in found and not any(workspace.is_relative_to(f) for f in found):
+            found.append(workspace)
+    return found or [here]

@@ -9,21 +9,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from gpuswarm.cli_support import fail, stoppable
-from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
 from gpuswarm.core.models import State
 from gpuswarm.core.redact import LineRedactor
-from gpuswarm.outputs.clean import (
-    Candidate,
-    find_candidates,
-    finish_half_removed,
-    remove_candidates,
-)
 from gpuswarm.outputs.status import lift_quarantine, list_runs, run_status
 from gpuswarm.outputs.tasklog import (
     Hop,
@@ -36,15 +29,22 @@ from gpuswarm.outputs.tasklog import (
     task_log,
 )
 from gpuswarm.store.lookup import task_ended
+from gpuswarm.store.runindex import index_dir, newest_run
+
+if TYPE_CHECKING:  # `clean` only: its modules (pydantic's duration parser) load when it runs
+    from gpuswarm.outputs.clean import Candidate
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(run_dir: Path, as_json: bool) -> None:
-    """Counts per state, what each GPU runs, failures with log tails, ETA."""
+def status(run_dir: Path | None, as_json: bool) -> None:
+    """Counts per state, what each GPU runs, failures with log tails, ETA.
+
+    RUN_DIR is a run folder, a path inside one, a bare run name or a run's name, looked up
+    under ./runs, then in the index of your runs; without it, the newest of your runs."""
     try:
-        data = run_status(run_dir)
+        data = run_status(run_dir if run_dir is not None else newest_run(Path("runs")))
     except GpuswarmError as exc:
         fail(exc)
     if as_json:
@@ -98,17 +98,22 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
 
 
 @click.command(name="ls")
-@click.argument("workspace", default="runs", type=click.Path(path_type=Path))
+@click.argument("workspace", required=False, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def ls_cmd(workspace: Path, as_json: bool) -> None:
-    """List the runs under WORKSPACE (default ./runs)."""
-    rows = list_runs(workspace)
+def ls_cmd(workspace: Path | None, as_json: bool) -> None:
+    """List your runs: those under ./runs and those in the index of your runs, wherever they
+    are (oldest first). With WORKSPACE: the runs under it only."""
+    if workspace is None:
+        rows = list_runs(Path("runs"), indexed=True)
+        where = f"./runs or in the index of your runs ({index_dir()})"
+    else:
+        rows, where = list_runs(workspace), str(workspace)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
     else:
         from gpuswarm.ui.printers import print_ls  # rich, loaded only to print
 
-        print_ls(rows, workspace)
+        print_ls(rows, where)
 
 
 @click.command("report")
@@ -297,6 +302,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     alone. Exit 1 when a run could not be removed.
     """
     try:
+        from gpuswarm.config.values import parse_duration  # pydantic: only for clean
+        from gpuswarm.outputs.clean import find_candidates, finish_half_removed, remove_candidates
+
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(BadInputError(f"--older-than: {exc}"))

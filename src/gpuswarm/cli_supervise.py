@@ -20,7 +20,6 @@ from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
 )
-from gpuswarm.core.paths import resolve_run_dir
 from gpuswarm.core.signals import leave
 from gpuswarm.engine import (
     resume_run,
@@ -29,6 +28,7 @@ from gpuswarm.engine import (
 )
 from gpuswarm.outputs.results import RunReport
 from gpuswarm.runoutput import Output
+from gpuswarm.store import runindex
 from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal
 
@@ -175,14 +175,13 @@ def run(
 @click.option(
     "--latest",
     is_flag=True,
-    help="resume the newest run under --workspace, of any name unless --name is given",
+    help="resume the newest of your runs (./runs and the index of your runs; with --workspace: "
+    "of those under it), of any name unless --name is given",
 )
 @click.option("--name", help="with --latest: only runs of this name")
 @click.option(
     "--workspace",
-    default="runs",
-    show_default=True,
-    help="where runs are (for --latest or a bare run name)",
+    help="where runs are (for --latest or a bare run name; default ./runs, then the index)",
 )
 @click.option("--gpus", help="GPUs to use now (default: the run's)")
 @click.option("--no-retry-failed", is_flag=True, help="leave failed tasks failed")
@@ -194,7 +193,7 @@ def resume(
     run_dir: Path | None,
     latest: bool,
     name: str | None,
-    workspace: str,
+    workspace: str | None,
     gpus: str | None,
     no_retry_failed: bool,
     config_path: Path | None,
@@ -210,22 +209,26 @@ def resume(
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
 
-    RUN_DIR is the run folder, any path inside it, or its bare name (run_20260702_041903),
-    looked up under --workspace.
+    RUN_DIR is the run folder, any path inside it, its bare name (run_20260702_041903) or the
+    run's name (its newest run), looked up under --workspace, then in the index of your runs.
     """
     if (run_dir is None) == (not latest):
         click.echo("gpuswarm: error: give a RUN_DIR or --latest (not both)", err=True)
         sys.exit(EXIT_BAD_INPUT)
     with stoppable():
-        if latest:
-            target = latest_run(Path(workspace), name)
+        if latest:  # an explicit --workspace: its runs only; else also the index's
+            target = (
+                latest_run(Path(workspace), name)
+                if workspace
+                else runindex.newest_run(Path("runs"), name)
+            )
             if not quiet:  # --latest without --name takes the newest run of any name: say which
                 what = f"runs named {name!r}" if name else "runs of any name (--name to choose)"
                 shown = target.resolve()
                 click.echo(f"gpuswarm: resuming {shown}, the newest of the {what}", err=True)
         else:
             assert run_dir is not None
-            target = resolve_run_dir(run_dir, Path(workspace))  # also a bare run_<stamp> name
+            target = runindex.resolve(run_dir, Path(workspace or "runs"))  # also a bare name
         new_config = load_config(config_path) if config_path else None
         report = resume_run(
             target,
@@ -270,7 +273,11 @@ def work(
 def _finish(report: RunReport, as_json: bool, strict: bool = False) -> NoReturn:
     report.strict = strict  # cancelled tasks: exit 0 unless --strict
     if as_json:
-        payload: dict[str, Any] = {**report.summary, "exit_code": report.exit_code}
+        payload: dict[str, Any] = {
+            **report.summary,
+            "path": str(report.paths.root.resolve()),
+            "exit_code": report.exit_code,
+        }
         click.echo(json.dumps(payload, indent=1))
     else:
         from gpuswarm.ui.printers import print_report  # rich, loaded only to print

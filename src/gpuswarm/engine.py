@@ -26,6 +26,7 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.signals import on_stop_signals
+from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.check import check_run
@@ -120,8 +121,8 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    where = f"{len(slots)} slots" if slots else f"the Ray cluster's GPUs ({gpus.spec})"
-    say(output, f"run dir: {paths.root}  ({count} tasks on {where})")
+    where = counted(len(slots), "slot") if slots else f"the Ray cluster's GPUs ({gpus.spec})"
+    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     cfg = loaded.config
     # a container always gets a private HOME (its caches persist across the slot's attempts)
     isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"

@@ -219,7 +219,7 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
 ) -> None:
     ws = tmp_path / "ws"
     cmds = _commands(tmp_path / "cmds.txt", [_probe(6) for _ in range(14)])
-    proc = gpuswarm_popen("run", *_ray_args(cluster), "--workspace", ws, cmds)
+    proc = gpuswarm_popen("run", *_ray_args(cluster), "--json", "--workspace", ws, cmds)
     run = wait_for_run(ws, timeout=60)
     wait_for(lambda: len(_events(run, "started")) >= 6, timeout=60)
     node = cluster.add_node()  # joins mid-run: its slots get the pending tasks
@@ -231,6 +231,15 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     cluster.remove_node(node)  # mid-task: its attempts are lost and run again elsewhere
     result = proc.wait(timeout=120)
     assert result.returncode == 0, result
+    # issue 33: stdout is the one JSON document, whatever Ray says about the node's death; Ray's
+    # own messages go to the run's ray.log, and the terminal gets one gpuswarm line per change
+    assert json.loads(result.stdout)["counts"]["done"] == 14, result
+    assert "(raylet)" not in result.output, result
+    about = [line for line in result.stderr.splitlines() if node.node_id[:6] in line]
+    assert len([line for line in about if "left the cluster" in line]) == 1, result
+    assert len([line for line in about if "joined: 2 slots" in line]) == 1, result
+    assert "(raylet)" in (run / "ray.log").read_text()  # what Ray said: kept, in the run
+    assert (run / "ray.log").stat().st_mode & 0o077 == 0
     # what ran on the removed node ended with its slot actors (their guards): the shells and
     # the sleeps under them, which Ray itself leaves running
     pids = [int(p) for row in _seen(ws) if prefix in row[1] for p in row[3:]]

@@ -75,6 +75,11 @@ class RunPaths:
         return self.root / "timeline.png"
 
     @property
+    def ray_log(self) -> Path:
+        """Ray's own messages to the driver (backend ray): a node's death, a raylet's end."""
+        return self.root / "ray.log"
+
+    @property
     def after_all_log(self) -> Path:
         """The after_all step's output (summary.json's ``after_all.log`` names it)."""
         return self.root / "after_all.log"

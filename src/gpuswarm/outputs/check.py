@@ -22,6 +22,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.runview import RunView, TaskView
+from gpuswarm.core.words import counted
 from gpuswarm.outputs.results import shown_counts
 from gpuswarm.store.leases import attach, is_live, owner_alive
 from gpuswarm.store.ledger import Ledger, bad_event_lines, read_events
@@ -164,7 +165,7 @@ def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: RunView)
     out = [Finding("lost", "in the journal, in no folder", t) for t in missing]
     expected = int(info.get("task_count", 0)) + journal.added
     if len(known) < expected:
-        out.append(Finding("lost", f"{expected} tasks created, {len(known)} found"))
+        out.append(Finding("lost", f"{counted(expected, 'task')} created, {len(known)} found"))
     return out
 
 

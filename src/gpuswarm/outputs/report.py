@@ -19,6 +19,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.core.words import counted
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
@@ -161,7 +162,7 @@ def _header(
     return (
         f"<h1>{esc(name)} {state}</h1>\n<p class=meta>"
         + " · ".join(f"{esc(k)} <b>{esc(v)}</b>" for k, v in meta.items())
-        + f"</p>\n<p>{esc(summary.get('total', 0))} tasks: {badges}</p>\n"
+        + f"</p>\n<p>{esc(counted(int(summary.get('total', 0)), 'task'))}: {badges}</p>\n"
         f"<p>GPU busy <b>{busy}</b> of the timeline span ({esc(_seconds(stats['span_seconds']))}; "
         f"idle {esc(_seconds(stats['idle_seconds']))} summed over lanes)</p>\n" + apart
     )

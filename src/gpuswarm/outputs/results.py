@@ -7,7 +7,9 @@ cannot look perfect.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -43,6 +45,8 @@ class Row:
     metrics: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
+    inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
+    seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -71,6 +75,8 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
         "peak_vram_mb": last.peak_vram_mb if last and last.peak_vram_mb is not None else "",
     }
     row.busy = desc.busy_seconds
+    row.inputs = desc.inputs or _EMPTY
+    row.seq = desc.seq
     row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
     row.result = desc.result or _EMPTY
     return row
@@ -92,10 +98,24 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
             if desc.env:
                 secrets |= env_secret_values(desc.env)
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
-    rows.sort(key=lambda r: str(r.values["task"]))
+    rows.sort(key=_order)
     if redactor is not None:
         redact_rows(rows, redactor.including(values=secrets))
     return rows
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that puts ``steps20`` before ``steps60`` before ``steps200``."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(text) if p)
+
+
+def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
+    """The config's order (submission), then natural order of the ids (rows of no
+    descriptor, tasks of equal place)."""
+    return row.seq, natural(str(row.values["task"]))
 
 
 def _has_text(d: dict[str, Any]) -> bool:
@@ -174,10 +194,20 @@ def to_tsv(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _numeric_stats(values: list[float]) -> dict[str, Any]:
+# a field named so says which end is best (loss: the lowest); any other: min and max only
+_LOWER = re.compile(r"loss|err|time|second|latency|bpb|perplex|ppl|mse|mae|rmse|cost|regret")
+_HIGHER = re.compile(r"acc|speedup|score|throughput|reward|f1|auc|precision|recall|bleu|gain")
+
+
+def _numeric_stats(points: list[tuple[float, str]], key: str) -> dict[str, Any]:
+    """Stats of a numeric field over ``(value, task)`` points: the tasks at its ends (NaN
+    never one), and the best point where the field's name says which end is best."""
+    values = [v for v, _ in points]
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
-    return {
+    finite = [p for p in points if not math.isnan(p[0])] or points
+    low, high = min(finite, key=lambda p: p[0]), max(finite, key=lambda p: p[0])
+    out: dict[str, Any] = {
         "kind": "number",
         "n": len(values),
         "mean": statistics.fmean(values),
@@ -185,22 +215,62 @@ def _numeric_stats(values: list[float]) -> dict[str, Any]:
         "p90": p90,
         "min": ordered[0],
         "max": ordered[-1],
+        "min_task": low[1],
+        "max_task": high[1],
     }
+    name = key.rsplit(".", 1)[-1].lower()
+    if _LOWER.search(name):
+        out["best"] = {"task": low[1], "value": low[0], "by": "lowest"}
+    elif _HIGHER.search(name):
+        out["best"] = {"task": high[1], "value": high[0], "by": "highest"}
+    return out
+
+
+def _is_input(key: str, rows: list[Row]) -> bool:
+    """Whether result field ``key`` repeats what each task was made from (``result.lr`` of a
+    matrix over ``lr``): no measurement, so never averaged."""
+    seen = False
+    for r in rows:
+        if key not in r.result:
+            continue
+        given = r.inputs.get(key)
+        if given is None:
+            return False
+        value = r.result[key]
+        try:
+            same = float(value) == float(given)
+        except (TypeError, ValueError):
+            same = str(value) == given
+        if not same:
+            return False
+        seen = True
+    return seen
 
 
 def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
-    """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers."""
+    """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers with the
+    tasks at their ends (and the best one, by the field's name), the values of a field that
+    only repeats the task's inputs (``kind: input``: never averaged)."""
     total = sum(1 for r in rows if r.values["state"] not in APART)  # skipped, cancelled: apart
     done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
     columns: dict[str, list[Any]] = {}
+    tasks: dict[str, list[str]] = {}
     for r in rows:
+        who = str(r.values.get("name") or r.values["task"])
         for k, v in r.metrics.items():
             columns.setdefault(k, []).append(v)
+            tasks.setdefault(k, []).append(who)
         for k, v in r.result.items():
             columns.setdefault(f"result.{k}", []).append(v)
+            tasks.setdefault(f"result.{k}", []).append(who)
+    inputs = {k for r in rows for k in r.inputs}
     out: dict[str, dict[str, Any]] = {}
     for key, values in sorted(columns.items()):
-        if all(isinstance(v, bool) for v in values):
+        short = key.removeprefix("result.")
+        if key.startswith("result.") and short in inputs and _is_input(short, rows):
+            distinct = sorted({str(v) for v in values}, key=natural)
+            out[key] = {"kind": "input", "n": len(values), "values": distinct[:50]}
+        elif all(isinstance(v, bool) for v in values):
             true = sum(1 for v in values if v)
             out[key] = {
                 "kind": "bool",
@@ -212,10 +282,12 @@ def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
             }
         else:
             nums = [
-                float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                (float(v), who)
+                for v, who in zip(values, tasks[key], strict=True)
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
             ]
             if nums:
-                out[key] = _numeric_stats(nums)
+                out[key] = _numeric_stats(nums, key)
     return out
 
 

@@ -22,6 +22,7 @@ from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_sta
 from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
+from gpuswarm.store.runindex import known_runs
 from gpuswarm.store.runs import open_run
 
 MAX_FAILURES = 20
@@ -186,9 +187,12 @@ def _ever_started(paths: RunPaths) -> bool:
     return any(isinstance(e, SupervisorStarted) for e in RunReader(paths).tail())
 
 
-def list_runs(workspace: Path) -> list[dict[str, Any]]:
+def list_runs(workspace: Path, *, indexed: bool = False) -> list[dict[str, Any]]:
+    """A row per run under ``workspace`` (``indexed``: and per run in the index of the user's
+    runs, by absolute path), oldest first."""
+    runs = known_runs(workspace)[::-1] if indexed else find_runs(workspace)
     out = []
-    for run in find_runs(workspace):
+    for run in runs:
         reader = RunReader(RunPaths(run))
         try:
             counts = shown_counts(reader.counts())

@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuswarm.config.values import parse_gpu_memory
 from gpuswarm.core.errors import GpuSpecError
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int, format_ids
 from gpuswarm.placement.nvml import GpuQuery, open_query
@@ -141,6 +140,10 @@ def _sim_memory(spec: str, text: str) -> tuple[str, int | None]:
     head, at, size = text.partition("@")
     if not at:
         return text, None
+    # config.values loads pydantic and yaml: only here, never for `status` (which loads this
+    # module through store.leases) -- its start-up is a budget (README)
+    from gpuswarm.config.values import parse_gpu_memory
+
     try:
         return head.strip(), parse_gpu_memory(size.strip())
     except ValueError as exc:

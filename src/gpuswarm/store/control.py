@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import socket
 import time
 import uuid
@@ -64,9 +65,16 @@ class Request:
 
 
 def asker() -> str:
-    """Who asks: ``<user>@<host>:<pid>`` (for the journal)."""
-    user = os.environ.get("USER") or str(os.getuid())
-    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+    """Who asks, for the journal and the terminal: ``<user>@<host>, pid <pid>`` (the user's
+    name, not a bare uid, where the environment has no USER, as in a container)."""
+    return f"{user_name()}@{socket.gethostname()}, pid {os.getpid()}"
+
+
+def user_name() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container's --user)
+        return os.environ.get("USER") or f"uid {os.getuid()}"
 
 
 def put(

@@ -27,7 +27,8 @@ from gpuswarm.core.fsutil import (
     temp_writer_alive,
 )
 from gpuswarm.core.models import Descriptor, State
-from gpuswarm.core.paths import STATES, RunPaths, find_runs, resolve_run_dir, run_dir_name, slugify
+from gpuswarm.core.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
+from gpuswarm.store import runindex
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -68,6 +69,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         _remove_tree(staging.root)
         raise
     paths = RunPaths(final)
+    runindex.record(final.resolve(), str(new.info.get("name") or new.name))  # found from anywhere
     ledger = Ledger(paths.events)
     ledger.emit(Ev.RUN_CREATED, tasks=count, name=new.name, version=__version__)
     for name in DirQueue(paths).names(State.SKIPPED):  # excluded tasks: journaled as ended
@@ -132,8 +134,9 @@ def _remove_tree(root: Path) -> None:
 
 
 def open_run(run_dir: Path) -> tuple[RunPaths, dict[str, Any]]:
-    """The run's paths and its run.json, or RunDirError naming what is wrong."""
-    paths = RunPaths(resolve_run_dir(run_dir).resolve()).require_run()  # a name or inner path
+    """The run's paths and its run.json, or RunDirError naming what is wrong. ``run_dir`` may
+    be a path inside the run or a name (./runs, then the index of the user's runs)."""
+    paths = RunPaths(runindex.resolve(run_dir).resolve()).require_run()
     try:
         info = read_json(paths.run_json)
     except (OSError, ValueError) as exc:

@@ -36,6 +36,7 @@ from gpuswarm.core.logs import cap_log, log_tail
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import redact_text
 from gpuswarm.core.taskfiles import read_tail
+from gpuswarm.core.words import counted
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot, isolation_env
@@ -106,7 +107,8 @@ def run_preflight(
         thread.join()
     if failures:
         f = min(failures, key=lambda x: x.slot)
-        more = f" (and on {len(failures) - 1} other slots)" if len(failures) > 1 else ""
+        others = counted(len(failures) - 1, "other slot")
+        more = f" (and on {others})" if len(failures) > 1 else ""
         shown = f"; its output:\n{f.output}" if f.output.strip() else " (no output)"
         cmd = f.command.strip().splitlines()[0] if f.command.strip() else f.command
         cmd += " ..." if "\n" in f.command.strip() else ""  # a script: its first line

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuswarm.core.redact import inert
+from gpuswarm.core.words import counted
 from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def print_status(data: dict[str, Any]) -> None:
     color = {"live": "green", "complete": "green", "crashed": "red"}.get(state, "yellow")
     name, run = escape(inert(data["name"])), escape(inert(data["run"]))
     con.print(f"[bold]{name}[/]  {run}  ([{color}]{state}[/])")
-    con.print(f"{data['total']} tasks: {_counts(data['counts'])}")
+    con.print(f"{counted(data['total'], 'task')}: {_counts(data['counts'])}")
     if data.get("hint"):
         con.print(f"[{color}]{escape(data['hint'])}[/]")
     if paused := paused_text(data.get("paused") or {}):
@@ -84,13 +85,13 @@ def print_status(data: dict[str, Any]) -> None:
     for f in data["failures"]:
         con.print(
             f"[red]failed[/] {escape(inert(f['task']))}: {escape(inert(f['reason']))} "
-            f"({f['attempts']} attempts{_interrupted(f)})"
+            f"({counted(f['attempts'], 'attempt')}{_interrupted(f)})"
         )
         if f["log_tail"]:
             for line in f["log_tail"].splitlines()[-5:]:
                 con.print("    " + inert(line), style="dim", markup=False)  # task output
     if data["corrupt"]:
-        con.print(f"[yellow]{len(data['corrupt'])} corrupt descriptors moved aside[/]")
+        con.print(f"[yellow]{counted(len(data['corrupt']), 'corrupt descriptor')} moved aside[/]")
     _held_gpus(con, data)
     for q in data.get("quarantined", []):
         slot, why = escape(str(q.get("slot"))), escape(inert(q.get("reason", "")))
@@ -111,10 +112,10 @@ def _interrupted(failure: dict[str, Any]) -> str:
     return f" + {n} interrupted" if n else ""
 
 
-def print_ls(rows: list[dict[str, Any]], workspace: Path) -> None:
+def print_ls(rows: list[dict[str, Any]], where: Path | str) -> None:
     """One line per run; the path comes last and is never shortened."""
     if not rows:
-        print(f"no runs under {workspace}")
+        print(f"no runs under {where}")
         return
     print(f"{'state':<23}{'tasks':>7}{'done':>7}{'failed':>7}{'cancel':>7}{'left':>7}  run")
     for r in rows:
@@ -132,7 +133,7 @@ def print_report(report: RunReport) -> None:
     con = Console(stderr=True, highlight=False, soft_wrap=True)
     s = report.summary
     counts = s["counts"]
-    con.print(f"[bold]{escape(s['name'])}[/]: {s['total']} tasks  {_counts(counts)}")
+    con.print(f"[bold]{escape(s['name'])}[/]: {counted(s['total'], 'task')}  {_counts(counts)}")
     for line in field_lines(s.get("fields", {})) + gpu_memory_lines(s.get("gpu_memory")):
         con.print("  " + line, markup=False)
     for reason, n in s.get("failure_reasons", [])[:5]:
@@ -192,21 +193,34 @@ def gpu_memory_lines(stats: Any) -> list[str]:
         return []
     return [
         f"peak GPU memory: max {top:.1f} GiB, median {mid:.1f} GiB "
-        f"({stats['measured']}/{stats.get('of_total', '?')} tasks measured)"
+        f"({stats['measured']} of {counted(stats.get('of_total', 0), 'task')} measured)"
     ]
 
 
 def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
-    """One line per result field: pass rates over done and over all tasks, or mean/median."""
-    lines = []
-    for key, st in list(fields.items())[:limit]:
+    """The best point of each field that names its best end (``best final_loss 0.0049:
+    lr0.5-steps200-s1``), then one line per measured field: pass rates over done and over all
+    tasks, or mean/median/p90 and the tasks at both ends. A field that only repeats the
+    tasks' inputs (``result.lr`` of a matrix over ``lr``) is not averaged: not shown."""
+    measured = [(k, st) for k, st in fields.items() if st.get("kind") in ("bool", "number")]
+    lines = [
+        f"best {key} {st['best']['value']:.4g}: {st['best']['task']} ({st['best']['by']})"
+        for key, st in measured
+        if isinstance(st.get("best"), dict)
+    ][:3]
+    for key, st in measured[:limit]:
         if st["kind"] == "bool":
             done = f"{st['true']}/{st['of_done']} done"
             lines.append(f"{key}: {done}, {st['true']}/{st['of_total']} of all tasks")
         else:
+            ends = (
+                f"  min {st['min']:.4g} ({st['min_task']})  max {st['max']:.4g} ({st['max_task']})"
+                if "min_task" in st
+                else ""
+            )
             lines.append(
                 f"{key}: mean {st['mean']:.4g}  median {st['median']:.4g}  p90 {st['p90']:.4g}"
-                f"  (n={st['n']})"
+                f"{ends}  (n={st['n']})"
             )
     return lines
 
@@ -214,7 +228,7 @@ def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
 def print_check(report: dict[str, Any]) -> None:
     verdict = "consistent" if report["consistent"] else "INCONSISTENT"
     live = " (live)" if report["live"] else ""
-    print(f"{report['run']}{live}: {report['tasks']} tasks, {verdict}")
+    print(f"{report['run']}{live}: {counted(report['tasks'], 'task')}, {verdict}")
     for f in report["findings"]:
         mark = "repaired" if f["repaired"] else "problem"
         task = f" {f['task']}:" if f["task"] else ""

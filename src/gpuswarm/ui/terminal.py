@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
@@ -26,6 +27,7 @@ from gpuswarm.core.events import (
     Quarantined,
     Requeued,
     Shutdown,
+    Slots,
     Started,
     Unquarantined,
     decode,
@@ -34,6 +36,7 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert
 from gpuswarm.core.runview import RunView
+from gpuswarm.core.words import counted
 from gpuswarm.store import control
 
 
@@ -60,6 +63,8 @@ def paused_now(paths: RunPaths, every: float = 0.5) -> Callable[[], tuple[bool, 
 
 
 RECOUNT_SECONDS = 2.0  # a live run's plain lines take the queue's counts again this often
+HELD_SECONDS = 1.0  # a start line waits at most this long for the end line before it
+
 WARM_STOP = "stopping: no new tasks, handing running ones back (Ctrl-C again: kill at once)"
 
 
@@ -68,6 +73,28 @@ _GPU_LINES = {  # GPU memory events worth a line (issue 19), with their prefix
     Ev.GPU_WAIT.value: "waiting: ",
     Ev.HALTED.value: "",  # issue 28: "halt: 3 tasks failed (halt soon,fail=3): no new ..."
 }
+
+
+def slots_line(e: Slots) -> str | None:
+    """A cluster's change in one line (backend ray): a node joined or left, the run waits for
+    one, the head is lost; None for the changes a person need not see (adopted attempts)."""
+    node = f"node {e.node[:6]}" if e.node else "the head"
+    where = f"{node} ({e.host})" if e.host else node
+    reason = str(e.extra.get("reason") or "")
+    if e.change == "joined":
+        return f"{where} joined: {counted(len(e.slots), 'slot')}"
+    if e.change == "left":
+        if not e.node:
+            return f"the cluster's head is gone: {counted(len(e.slots), 'slot')} retired"
+        return (
+            f"{where} left the cluster: {counted(len(e.slots), 'slot')} retired, "
+            "what ran there goes back to the queue (Ray's messages: ray.log)"
+        )
+    if e.change in ("waiting", "backend_lost"):
+        return reason or e.change
+    if e.change in ("setup_failed", "preflight_failed"):
+        return f"{where} {e.change.replace('_', ' ')}: {reason or e.extra.get('rc', '')}"
+    return None
 
 
 class PlainReporter:
@@ -94,6 +121,10 @@ class PlainReporter:
         self._counted: float | None = None
         self._tasks = self.view.total
         self._lock = threading.Lock()
+        # a slot's next task starts the moment it is free, before a committer thread has
+        # journaled the last one's end: its start line waits for that end (HELD_SECONDS at most)
+        self._open: dict[str, list[str]] = {}  # slot -> tasks whose start is printed, no end
+        self._held: dict[str, deque[tuple[float, str, str]]] = {}  # slot -> (since, task, line)
 
     def __call__(self, raw: dict[str, Any]) -> None:
         event = decode(raw, own=True)  # a ledger listener: records this process emitted
@@ -114,12 +145,53 @@ class PlainReporter:
 
     def show(self, event: Event) -> None:
         line = self._line(event)
-        if line is None:
-            return
-        line = inert(line)  # reasons quote task output: no escape sequence reaches the terminal
         with self._lock:
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            out = self._ordered(event, None if line is None else inert(line))  # no escapes
+            if out:
+                self.stream.write("".join(text + "\n" for text in out))
+                self.stream.flush()
+
+    def _ordered(self, e: Event, line: str | None) -> list[str]:
+        """The lines to print now: a slot's start only after the end of the task it ran
+        before (each slot runs one task at a time; the journal may say the next start first)."""
+        now = time.monotonic()
+        out: list[str] = []
+        for slot, held in self._held.items():  # waited long enough: printed as they are
+            while held and now - held[0][0] > HELD_SECONDS:
+                out.append(self._release(slot))
+        if isinstance(e, Started) and line is not None:
+            if self._open.get(e.slot) or self._held.get(e.slot):
+                self._held.setdefault(e.slot, deque()).append((now, e.task, line))
+            else:
+                self._open[e.slot] = [e.task]
+                out.append(line)
+            return out
+        ended = e.task if isinstance(e, (Finished, Requeued)) else None
+        where = self._slot_of(ended) if ended is not None else None
+        if where is not None:
+            held = self._held.get(where, deque())
+            while any(task == ended for _, task, _ in held):  # its start first
+                out.append(self._release(where))
+        out += [line] if line is not None else []
+        if where is not None:
+            self._open[where].remove(str(ended))
+            if not self._open[where] and self._held.get(where):
+                out.append(self._release(where))  # the slot's next task: its start now
+        return out
+
+    def _release(self, slot: str) -> str:
+        _, task, line = self._held[slot].popleft()
+        self._open.setdefault(slot, []).append(task)
+        return line
+
+    def _slot_of(self, task: str) -> str | None:
+        for slot, tasks in self._open.items():
+            if task in tasks:
+                return slot
+        for slot, held in self._held.items():
+            if any(t == task for _, t, _ in held):
+                return slot
+        return None
 
     def _progress(self) -> str:
         with self.view.lock:
@@ -150,6 +222,9 @@ class PlainReporter:
             what = e.task or (f"slot {e.slot}" if e.slot else "the run")
             to = f" -> {e.state}" if e.state else (f": {e.dropped}" if e.dropped else "")
             return f"{stamp} {e.slot or '':<8} {e.request} {what}{to} (by {e.by or '?'})"
+        if isinstance(e, Slots):
+            change = slots_line(e)
+            return f"{stamp} {'':<8} {change}" if change else None
         if isinstance(e, Other) and e.name in _GPU_LINES:  # issue 19: GPU memory
             return f"{stamp} {'':<8} {_GPU_LINES[e.name]}{e.extra.get('reason') or ''}"
         return None

@@ -94,6 +94,12 @@ class Descriptor:
         return int(self.raw.get("seq", 0))
 
     @property
+    def inputs(self) -> dict[str, str]:
+        """The values the task was made from (a matrix combination, a glob match's fields)."""
+        found = self.task.get("vars")
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+    @property
     def task(self) -> dict[str, Any]:
         """The task spec's JSON form (a TaskSpec dump; config validates it)."""
         task: dict[str, Any] = self.raw["task"]

@@ -25,8 +25,10 @@ from gpuswarm.config.models import RayConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.fsutil import atomic_write_bytes
 from gpuswarm.core.models import EndKind
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, BackendOptions, Handle, LaunchSpec, Leftovers
 from gpuswarm.exec.local.backend import LocalBackend
+from gpuswarm.exec.ray import messages
 from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
 from gpuswarm.exec.ray.handle import RayHandle
 from gpuswarm.exec.ray.slots import SlotPool, run_actors
@@ -90,6 +92,8 @@ class RayBackend:
     def ray(self) -> Any:
         if self._ray is None:
             self._ray = connect(self.cfg.address, self.cfg.namespace, self.cfg.head_timeout)
+            if self.options.run_dir:  # Ray's messages: the run's ray.log, never stdout
+                messages.send_to(RunPaths(Path(self.options.run_dir)).ray_log)
         return self._ray
 
     @property

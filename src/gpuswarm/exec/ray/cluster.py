@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuswarm.core.errors import BackendError, GpuSpecError
+from gpuswarm.exec.ray import messages
 
 INSTALL_HINT = "install it with: pip install 'gpuswarm[ray]' (on the driver and every node)"
 SPEC_FORMS = (
@@ -45,11 +46,15 @@ def connect(address: str, namespace: str, head_timeout: float = 30.0) -> Any:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     reconnect = max(60, int(head_timeout) + 30)
     os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(reconnect))
+    # what Ray prints to its driver (the cluster's messages, the actors' own output): the run's
+    # ray.log, never stdout; where this Ray has no printer to replace, the actors' output stays
+    # in Ray's session logs on their nodes
+    forwarded = messages.install(ray)
     try:
         ray.init(
             address=address,
             namespace=namespace,
-            log_to_driver=False,
+            log_to_driver=forwarded,
             logging_level="ERROR",
             configure_logging=True,
         )

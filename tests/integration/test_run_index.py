@@ -1,0 +1,98 @@
+"""The index of the user's runs (issue 33): runs made under their config's folders are found
+from any folder by ``ls``, ``status`` (no argument: the newest; a run's name; a bare run name),
+``resume --latest`` and ``dashboard``; "not found" lists the recent runs; a run folder that is
+gone leaves the index; the index is private and never in the real home (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from cli_driver import CliResult, find_runs
+
+from gpuswarm.store import runindex
+
+
+def _two_runs(tmp_path: Path, gpuswarm: Callable[..., CliResult]) -> tuple[Path, Path]:
+    """The README's examples' shape: two configs, each in a folder of its own, their runs
+    under that folder (not ./runs)."""
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "run.yaml").write_text(
+        "name: sweep\ntasks:\n  - {name: a, command: 'echo a'}\n"
+    )
+    (tmp_path / "batch").mkdir()
+    (tmp_path / "batch" / "run.yaml").write_text(
+        "name: batch\ntasks:\n  - {name: one, command: 'echo one'}\n"
+    )
+    first = gpuswarm("run", "--gpus", "sim:1", "--plain", "--no-report", "sweep/run.yaml")
+    assert first.returncode == 0, first
+    second = gpuswarm("run", "--gpus", "sim:1", "--plain", "--no-report", "batch/run.yaml")
+    assert second.returncode == 0, second
+    [sweep] = find_runs(tmp_path / "sweep" / "runs")
+    [batch] = find_runs(tmp_path / "batch" / "runs")
+    return sweep.resolve(), batch.resolve()
+
+
+def test_runs_are_found_from_any_folder_and_gone_ones_leave_the_index(
+    tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    sweep, batch = _two_runs(tmp_path, gpuswarm)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    ls = gpuswarm("ls", "--json", cwd=elsewhere)
+    assert ls.returncode == 0, ls
+    assert [row["run"] for row in json.loads(ls.stdout)] == [str(sweep), str(batch)]
+    human = gpuswarm("ls", cwd=elsewhere)
+    assert str(sweep) in human.stdout and str(batch) in human.stdout, human
+
+    newest = gpuswarm("status", "--json", cwd=elsewhere)  # no argument: the newest run
+    assert newest.returncode == 0, newest
+    assert json.loads(newest.stdout)["run"] == str(batch)
+    by_name = gpuswarm("status", "--json", "sweep", cwd=elsewhere)  # a run's name
+    assert by_name.returncode == 0, by_name
+    assert json.loads(by_name.stdout)["run"] == str(sweep)
+    by_folder = gpuswarm("status", "--json", "sweep", cwd=tmp_path)  # beside a folder `sweep`
+    assert json.loads(by_folder.stdout)["run"] == str(sweep), by_folder
+    by_stamp = gpuswarm("status", "--json", sweep.name, cwd=elsewhere)  # a bare run name
+    assert json.loads(by_stamp.stdout)["run"] == str(sweep), by_stamp
+
+    missing = gpuswarm("status", "nosuch", cwd=elsewhere)
+    assert missing.returncode == 2, missing
+    assert "nosuch" in missing.stderr and "recent runs" in missing.stderr, missing
+    assert str(sweep) in missing.stderr and str(batch) in missing.stderr, missing
+
+    resumed = gpuswarm("resume", "--latest", "--json", "--plain", "--no-report", cwd=elsewhere)
+    assert resumed.returncode == 0, resumed
+    assert json.loads(resumed.stdout)["path"] == str(batch)
+    assert str(batch) in resumed.stderr  # it says which run it took
+
+    shutil.rmtree(batch)  # a run folder removed: its entry goes, the others stay
+    ls = gpuswarm("ls", "--json", cwd=elsewhere)
+    assert [row["run"] for row in json.loads(ls.stdout)] == [str(sweep)]
+    entries = list(runindex.index_dir().iterdir())
+    assert len(entries) == 1 and str(sweep) in entries[0].read_text()
+    # private: the folders 0700, the entries 0600
+    for folder in (runindex.state_dir(), runindex.index_dir()):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(entries[0].stat().st_mode) == 0o600
+
+    # an explicit workspace still means only that workspace
+    ws = gpuswarm("ls", "--json", str(tmp_path / "sweep" / "runs"), cwd=elsewhere)
+    assert len(json.loads(ws.stdout)) == 1
+    none = gpuswarm("resume", "--latest", "--workspace", "runs", cwd=elsewhere)
+    assert none.returncode == 2 and "no run" in none.stderr, none
+
+
+def test_no_runs_anywhere_says_where_it_looked(
+    tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    ls = gpuswarm("ls")
+    assert ls.returncode == 0 and "no runs" in ls.stdout and "index" in ls.stdout, ls
+    status = gpuswarm("status")
+    assert status.returncode == 2 and "no run" in status.stderr, status
+    assert not Path(os.environ[runindex.STATE_ENV]).is_relative_to(Path.home())
