@@ -166,6 +166,17 @@ def test_config_fields_in_a_prompt_string_and_the_agents_folders(tmp_path: Path)
     assert not list(tmp_path.rglob("pwned"))
 
 
+def test_a_field_some_configs_lack_takes_its_fallback_in_a_template(tmp_path: Path) -> None:
+    """``{config.field|default}`` (issue 28 item 9) in a prompt template: AgentKernelArena's
+    configs do not all have every field."""
+    template = "Optimise {config.kernel} in {config.iterations|10} versions.\n"
+    configs = {**GOOD, "relu": "kernel: relu\nsource: relu.hip\n"}  # no iterations
+    cfg = make_tree(tmp_path, configs, template=template)
+    seen = run_tasks(tmp_path, cfg)
+    assert seen["tasks-relu"] == "Optimise relu in 10 versions.\n"
+    assert seen["tasks-softmax"] == "Optimise softmax in 3 versions.\n"
+
+
 def test_a_template_in_defaults_serves_every_entry(tmp_path: Path) -> None:
     head = "defaults:\n  agent: {preset: claude-code, prompt: {template: prompt.md}}\n"
     cfg = make_tree(tmp_path, GOOD, agent="{model: opus}", head=head)
