@@ -147,7 +147,8 @@ def assert_agent_variant(repo: Path, description: str) -> None:
     rows = agent_rows(repo)
     baselines = [r for r in rows if "baseline" in r[4]]
     assert baselines and all(r[3] == "keep" for r in baselines), rows
-    (mine,) = [r for r in rows if r not in baselines]
+    # the loop's BASE control runs (paired decisions, issue 29) are rows of their own
+    (mine,) = [r for r in rows if r not in baselines and "control: BASE" not in r[4]]
     assert mine[3] == "keep" and mine[4].endswith(f"] {description}"), rows  # [gpu0] ...
     assert float(mine[1]) < float(baselines[0][1]), rows
     (variant,) = [
