@@ -5,9 +5,10 @@ programs the tasks run can be found at all.
 run's base folder, through ``/bin/sh -c``), slots in parallel, before the slot claims anything,
 through the run's backend: in the slot's container for docker, under the local backend's
 process control (its own session, the tree killed on timeout) here. The
-first failure stops the run before any task is touched: :class:`PreflightError` (exit 2) with the
-command's output; every task stays pending. Each slot's output is kept in
-``<run>/preflight/<slot>.log``.
+first failure stops the run before any task is touched: :class:`PreflightError` (exit 2), two
+lines: the check's own message (the last line its command printed) and the log's path; every
+task stays pending. Each slot's commands and their whole output are kept in
+``<run>/preflight/<slot>.log`` (each command's last MiB).
 
 :func:`missing_programs` resolves the program of every task (the first word of its command; for
 a shell command the first word of its first simple command) on the task's PATH, so a run whose
@@ -31,12 +32,14 @@ from typing import Any
 from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import redact_text
+from gpuswarm.core.redact import inert, redact_text
 from gpuswarm.exec.base import Backend, LaunchSpec
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot, isolation_env
 
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
+COMMAND_SHOWN = 60  # characters of a failed one-line command the error repeats
+MESSAGE_SHOWN = 300  # and of the last line it printed
 SHELL = "/bin/sh"
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+")
 
@@ -46,7 +49,7 @@ class Failure:
     slot: str
     command: str
     how: str  # the attempt's end: "exit 1", "timeout after 600s (...)", "command not found: x"
-    output: str
+    output: str  # the last line the command printed (its message), "" for none
     log: Path
 
 
@@ -98,16 +101,41 @@ def run_preflight(
     for thread in threads:
         thread.join()
     if failures:
-        f = min(failures, key=lambda x: x.slot)
-        more = f" (and on {len(failures) - 1} other slots)" if len(failures) > 1 else ""
-        shown = f"; its output:\n{f.output}" if f.output.strip() else " (no output)"
-        cmd = f.command.strip().splitlines()[0] if f.command.strip() else f.command
-        cmd += " ..." if "\n" in f.command.strip() else ""  # a script: its first line
-        raise PreflightError(
-            f"preflight failed on {f.slot}{more}: `{cmd}` {f.how}{shown}\n"
-            f"(log: {f.log}). No task was started; fix it, then: gpuswarm resume {paths.root}"
-        )
+        raise PreflightError(failure_message(paths, failures))
     return [s.label for s in slots]
+
+
+def failure_message(paths: RunPaths, failures: Sequence[Failure]) -> str:
+    """Two lines: what the check said (the last line its command printed; a one-line command
+    and how it ended before it) and where its whole output is. The command itself, a script
+    of twenty lines for an agent's check, is only in the log."""
+    f = min(failures, key=lambda x: x.slot)
+    others = len(failures) - 1
+    more = f" (and on {others} other slot{'s' if others > 1 else ''})" if others else ""
+    command = f.command.strip()
+    if "\n" in command and f.output:  # a script: its own message says what it checked
+        said = f.output
+    else:
+        cmd = command.splitlines()[0] if command else f.command
+        cmd = (
+            cmd
+            if len(cmd) <= COMMAND_SHOWN and "\n" not in command
+            else cmd[:COMMAND_SHOWN] + " ..."
+        )
+        said = f"`{cmd}` {f.how}" + (f": {f.output}" if f.output else " (no output)")
+    return (
+        f"preflight failed on {f.slot}{more}: {said}\n"
+        f"log: {f.log} (no task was started; fix it, then: gpuswarm resume {paths.root})"
+    )
+
+
+def last_said(path: Path, env: Mapping[str, str]) -> str:
+    """The last line with something on it a command printed (redacted, no control characters,
+    at most MESSAGE_SHOWN characters): a check's own message is its last word."""
+    lines = [line.strip() for line in log_tail(path, max_lines=50).splitlines()]
+    line = next((x for x in reversed(lines) if x), "")
+    line = inert(redact_text(line, env))
+    return line if len(line) <= MESSAGE_SHOWN else line[: MESSAGE_SHOWN - 3] + "..."
 
 
 def _safe(label: str) -> str:
@@ -141,8 +169,8 @@ class _SlotCheck:
                     out.write(own.read_bytes()[-(1 << 20) :])
                 out.flush()
                 if not end.ok:
-                    text = redact_text(log_tail(log, max_lines=20), self.env)
-                    return Failure(self.slot.label, command, end.reason, text, log)
+                    said = last_said(own, self.env)
+                    return Failure(self.slot.label, command, end.reason, said, log)
         return None
 
     def _spec(self, command: str, log: Path, i: int) -> LaunchSpec:
