@@ -754,8 +754,8 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     message = error(tmp_path, "tasks:\n  - command: a\n  - command: echo {foo}\n")
     assert message.endswith(
         "kernels.yaml:3: tasks[1].command: unknown placeholder {foo} in the command; known "
-        "placeholders: {attempt}, {config_dir}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {slot_id}, "
-        "{task_id}, {workspace}; write {{ and }} for literal braces"
+        "placeholders: {attempt}, {config_dir}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, "
+        "{slot_id}, {task_id}, {workspace}; write {{ and }} for literal braces"
     )
     text = "tasks:\n  - matrix: {lr: [1]}\n    command: [echo, '{lr}', '{seed}']\n"
     assert (
