@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cli_driver import CliProcess, cli_env, read_events, wait_for, wait_for_run
+from cli_driver import CliProcess, CliResult, cli_env, read_events, wait_for, wait_for_run
+from integration_support import edit_constant, git
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
@@ -26,6 +27,8 @@ SIZES = [(80, 24), (120, 40)]
 LONG_OUTPUT = "epoch 3/100 step 1200/50000 loss 0.4512 lr 0.000300 grad-norm 1.25 tokens/s 81234"
 # a slot row: the full slot id, the task id, attempt 1, elapsed/timeout (clock(): 3s/1h00m)
 ROW = re.compile(r"^(vm-gpu[01])\s+cmd-0000[12]\b.*?\s1\s+(\d+s|\d+m\d\ds)/1h00m\s+\S")
+# a research run's slot row: the slot id, a variant's task, attempt 1, elapsed/timeout
+RESEARCH_ROW = re.compile(r"^(vm-gpu[01])\s+\S+.*?\s1\s+\d+s/1h00m(\s|$)")
 
 
 class Pane:
@@ -96,14 +99,14 @@ def two_tasks(tmp_path: Path) -> tuple[Path, Path]:
     return commands, stop
 
 
-def rows_shown(pane: Pane) -> list[str]:
+def rows_shown(pane: Pane, row: re.Pattern[str] = ROW) -> list[str]:
     """The pane's lines once both slot rows show (each a full slot id and elapsed/timeout);
     AssertionError with the last capture when they never do."""
     seen: list[list[str]] = [[]]
 
     def both() -> list[str] | None:
         seen[0] = pane.capture()
-        return seen[0] if sum(bool(ROW.match(line)) for line in seen[0]) == 2 else None
+        return seen[0] if sum(bool(row.match(line)) for line in seen[0]) == 2 else None
 
     try:
         return wait_for(both, timeout=30, interval=0.2, what="two slot rows")  # type: ignore[no-any-return]
@@ -157,3 +160,38 @@ def test_watch_live_table_keeps_slot_and_elapsed(
     lines = rows_shown(pane)
     stop.touch()
     check_table(lines, width)
+
+
+def test_research_live_view_keeps_slot_and_elapsed(
+    tmp_path: Path,
+    pane_of: Callable[[int, int], Pane],
+    gpuswarm: Callable[..., CliResult],
+    research_repo: Path,
+) -> None:
+    """``research loop`` on a terminal: its header is long, its slot rows still show the full
+    slot id and elapsed/timeout (at 120 columns the slot was ``vm-g…``)."""
+    repo = research_repo
+    edit_constant(repo, "SLEEP", "4")  # each training run lasts long enough to be read
+    train = repo / "train.py"  # and prints a long line first (the one the table shows)
+    text = train.read_text().replace(
+        "time.sleep(SLEEP)", f"print({LONG_OUTPUT * 2!r}, flush=True)\ntime.sleep(SLEEP)"
+    )
+    train.write_text(text)
+    git(repo, "commit", "-q", "-am", "slower")
+    init = [
+        *("research", "init", "-C", str(repo), "--tag", "t", "--edit", "train.py"),
+        *("--command", f"{shlex.quote(sys.executable)} train.py", "--gpus", "sim:2"),
+        *("--timeout", "1h", "--baseline-repeats", "2", "--mode", "rounds"),
+    ]
+    res = gpuswarm(*init)
+    assert res.returncode == 0, res
+    pane = pane_of(120, 40)
+    loop = ("research", "loop", "-C", str(repo), "--mode", "rounds", "--max-experiments", "2")
+    pane.start(cli_script(tmp_path, *loop))
+    try:
+        lines = rows_shown(pane, RESEARCH_ROW)
+        text = "\n".join(lines)
+        assert any(line.startswith("research t") for line in lines), text
+        assert all(len(line) <= 120 for line in lines), text
+    finally:
+        gpuswarm("research", "stop", "-C", str(repo))
