@@ -21,7 +21,9 @@ import pytest
 from cli_driver import CliProcess, CliResult, cli_env, read_events, wait_for, wait_for_run
 from integration_support import edit_constant, git
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+# on CI (CI=true) a missing tmux fails the tests instead (.ci/run installs it)
+NO_TMUX = shutil.which("tmux") is None and os.environ.get("CI") != "true"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(NO_TMUX, reason="needs tmux")]
 
 SIZES = [(80, 24), (120, 40)]
 LONG_OUTPUT = "epoch 3/100 step 1200/50000 loss 0.4512 lr 0.000300 grad-norm 1.25 tokens/s 81234"
