@@ -23,6 +23,9 @@ def test_a_script_is_told_by_its_message_and_a_command_by_itself(tmp_path: Path)
     first, second = text.split("\n")
     assert first == "preflight failed on gpu0: x is missing"
     assert second.startswith(f"log: {log} (no task was started;")
+    timed_out = Failure("gpu0", script, "timeout after 600s", "waiting for login", log)
+    first = failure_message(_paths(tmp_path), [timed_out]).split("\n")[0]
+    assert first == "preflight failed on gpu0: waiting for login (timeout after 600s)"
     long = "python -c 'import torch; assert torch.cuda.is_available()'; " * 3
     failures = [Failure(s, long, "exit 1", "", log) for s in ("gpu1", "gpu0", "gpu2")]
     first = failure_message(_paths(tmp_path), failures).split("\n")[0]

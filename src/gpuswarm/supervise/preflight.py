@@ -114,7 +114,8 @@ def failure_message(paths: RunPaths, failures: Sequence[Failure]) -> str:
     more = f" (and on {others} other slot{'s' if others > 1 else ''})" if others else ""
     command = f.command.strip()
     if "\n" in command and f.output:  # a script: its own message says what it checked
-        said = f.output
+        plain = f.how.startswith(("exit ", "command not found"))  # its exit code: the message's
+        said = f.output if plain else f"{f.output} ({f.how})"  # a timeout, a signal: said too
     else:
         cmd = command.splitlines()[0] if command else f.command
         cmd = (
