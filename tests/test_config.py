@@ -754,13 +754,14 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
     message = error(tmp_path, "tasks:\n  - command: a\n  - command: echo {foo}\n")
     assert message.endswith(
         "kernels.yaml:3: tasks[1].command: unknown placeholder {foo} in the command; known "
-        "placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, {slot_id}, "
-        "{task_id}, {workspace}; write {{ and }} for literal braces"
+        "placeholders: {attempt}, {config_dir}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, "
+        "{slot_id}, {task_id}, {workspace}; write {{ and }} for literal braces"
     )
     text = "tasks:\n  - matrix: {lr: [1]}\n    command: [echo, '{lr}', '{seed}']\n"
     assert (
         ":3: tasks[0].command[2]: unknown placeholder {seed} in the command; "
-        "known placeholders: {attempt}, {gpu}, {gpu_ids}, {lr}," in error(tmp_path, text)
+        "known placeholders: {attempt}, {config_dir}, {gpu}, {gpu_ids}, {lr},"
+        in error(tmp_path, text)
     )
     text = "defaults:\n  env: {OUT: '{lr}/x'}\ntasks:\n  - command: a\n"
     message = error(tmp_path, text)
@@ -769,7 +770,8 @@ def test_unknown_placeholders(tmp_path: Path) -> None:
         in message
     )
     assert error(tmp_path, "tasks: [{command: a, done_when: '{x}.yaml'}]\n").endswith(
-        "done_when; known placeholders: {attempt}, {gpu}, {gpu_ids}, {name}, {run_dir}, {slot}, "
+        "done_when; known placeholders: {attempt}, {config_dir}, {gpu}, {gpu_ids}, {name}, "
+        "{run_dir}, {slot}, "
         "{slot_id}, {task_id}, {workspace}; write {{ and }} for literal braces"
     )
     assert "tasks[0].cwd: unknown placeholder {where} in cwd" in error(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -188,3 +189,47 @@ def test_a_live_run_s_view_takes_the_queue_s_counts_again(
     view = LiveView(state, lambda t, n: tmp_path / "log", title="run_x", recount=lambda: folders)
     frame = _frame(view)
     assert "pending 5" in frame and "cancelled 1" in frame
+
+
+@pytest.mark.parametrize("width", [60, 80, 120, 200])
+def test_a_narrow_frame_keeps_long_slot_ids_and_elapsed_whole(tmp_path: Path, width: int) -> None:
+    """Issue 33: the slot id (a cluster's ``gs-node-b-…-gpu0``, ``gpu0.1``), the attempt and
+    elapsed/timeout always show in full; the task and the last output give way, with an
+    ellipsis, and no row wraps."""
+    state = ViewState({"pending": 0, "running": 3, "done": 0, "failed": 0})
+    labels = ["gs-node-b-7f3a9c-gpu0", "gpu0.1", "vm-gpu12"]
+    now = time.time()
+
+    def log_of(task: str, attempt: int) -> Path:
+        return tmp_path / f"{task}-{attempt}.log"
+
+    view = LiveView(state, log_of, title="run_x", gpu_stats=lambda: {labels[0]: "97% 61.2/80G"})
+    for i, label in enumerate(labels):
+        state.slots[label] = SlotRow()
+        task = f"t{i}"
+        view(
+            {
+                "ev": "started",
+                "task": task,
+                "attempt": 3,
+                "slot": label,
+                "ts": now - 3725,
+                "name": "train-a-model-with-a-rather-long-name " * 3,
+                "timeout": 36000,
+            }
+        )
+        log_of(task, 3).write_text("loss 0.25 " * 30 + "\n")
+    console = Console(record=True, width=width, file=io.StringIO())
+    console.print(view.render())
+    lines = console.export_text().splitlines()
+    rows = [line for line in lines if line.split(" ", 1)[0] in labels]
+    assert len(rows) == 3, lines
+    for row in rows:
+        assert len(row) <= width
+        assert re.search(r"\s3\s+1h02m/10h00m\s", row), row
+        assert "t" in row.split()[1]  # the task's column keeps its start
+    (cluster,) = (row for row in rows if row.startswith(labels[0]))
+    # the GPU line shows where it fits; at 60 columns it is the column that goes
+    assert ("97% 61.2/80G" in cluster) == (width >= 80), cluster
+    if width <= 120:
+        assert all("…" in row for row in rows), lines

@@ -117,6 +117,8 @@ def test_a_joining_slot_claims_only_after_its_preflight_passed(tmp_path: Path) -
     failed = [e for e in _ev(paths, "slots") if e["change"] == "preflight_failed"]
     assert [e["slots"] for e in failed] == [["b-gpu2"]]
     assert "exit 3" in failed[0]["reason"] and "no GPU here" in failed[0]["reason"]
+    assert "\n" not in failed[0]["reason"] and "(log: " in failed[0]["reason"]
+    assert "no task was started" not in failed[0]["reason"]  # the run goes on
     assert [e["slots"] for e in _ev(paths, "preflight")] == [["b-gpu1"]]
     assert (paths.root / "preflight" / "b-gpu2.log").read_text().splitlines()[-1] == "no GPU here"
     done = [e for e in _ev(paths, "finished") if e["state"] == "done"]

@@ -57,3 +57,42 @@ def test_agents_list_show_and_check(gpuswarm: Cli, tmp_path: Path) -> None:
 
     res = gpuswarm("agents", "show", "gemini", "--effort", "max", env=env)
     assert res.returncode == 2 and "gemini has no effort option" in res.stderr, res
+
+
+def preflight_block(stderr: str) -> list[str]:
+    """stderr from the preflight error on (the lines before it are the run's own)."""
+    lines = stderr.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if "preflight failed" in line]
+    return lines[start:]
+
+
+def test_a_missing_or_logged_out_agent_cli_is_two_lines(gpuswarm: Cli, tmp_path: Path) -> None:
+    """Issue 33: the agent's check fails in two lines (its message, the log's path); the
+    twenty-line check script is only in the log."""
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
+    home.mkdir()
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "gpus: sim:2\ntasks:\n  - name: t1\n"
+        "    agent: {preset: claude-code, prompt: fix the bug}\n    command: 'true'\n"
+    )
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home)}  # no claude anywhere
+    res = gpuswarm("run", config, "--plain", env=env)
+    assert res.returncode == 2, res
+    block = preflight_block(res.stderr)
+    assert len(block) <= 2, res
+    assert (
+        "claude is not installed" in block[0]
+        and "npm install -g @anthropic-ai/claude-code" in block[0]
+    )
+    log = Path(block[1].split()[1])
+    assert log.is_file() and log.parent.name == "preflight", res
+    assert "gs_prog=" in log.read_text() and "gs_prog" not in res.stderr  # the script: log only
+    assert "claude is not installed" in log.read_text()
+
+    fake_claude(bin_dir, LOGGED_OUT, 1)  # installed, not logged in: its output, then the message
+    res = gpuswarm("resume", log.parent.parent, "--plain", env=env)
+    assert res.returncode == 2, res
+    block = preflight_block(res.stderr)
+    assert len(block) <= 2 and "claude auth login" in block[0], res
+    assert "loggedIn" not in res.stderr and "loggedIn" in log.read_text(), res

@@ -20,7 +20,12 @@ from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
 from gpuswarm.config.models import ProvisionEntry, RunConfig, TaskOptions
 from gpuswarm.config.yamlload import Locator, PathKey
 from gpuswarm.core.errors import ConfigError
-from gpuswarm.core.placeholders import CONFIG_PREFIX, PLACEHOLDERS_AT_LAUNCH, unknown_placeholders
+from gpuswarm.core.placeholders import (
+    CONFIG_PREFIX,
+    PLACEHOLDERS_AT_LAUNCH,
+    PLACEHOLDERS_AT_LOAD,
+    unknown_placeholders,
+)
 
 MAX_TEMPLATE_BYTES = 64 << 10  # a prompt template; the task's /bin/sh -c script holds it, and
 # one argument of a program is at most 128 KiB (Linux MAX_ARG_STRLEN)
@@ -164,7 +169,7 @@ def agent_command(
     use = opts.agent
     assert use is not None
     preset = resolve_use(use, loc, path)
-    known = set(PLACEHOLDERS_AT_LAUNCH) | var_names
+    known = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD} | var_names
     check_agent_templates(use, known, loc, path)
     if use.prompt is None and use.prompt_file is None:
         raise loc.error(

@@ -19,7 +19,11 @@ from gpuswarm.config.models import TaskOptions, TaskSpec
 from gpuswarm.config.tasks import check_template, make_spec, split_command
 from gpuswarm.config.values import check_command_size
 from gpuswarm.config.yamlload import Locator
-from gpuswarm.core.placeholders import PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.core.placeholders import (
+    PLACEHOLDERS_AT_LAUNCH,
+    PLACEHOLDERS_AT_LOAD,
+    uses_placeholder,
+)
 from gpuswarm.core.redact import name_redactor
 
 NAME_MAX = 60
@@ -66,12 +70,18 @@ class CommandTasks(Sequence[TaskSpec]):
 
 
 def command_tasks(
-    lines: list[tuple[int, str]], opts: TaskOptions, source: str, base_dir: Path, grace: float
+    lines: list[tuple[int, str]],
+    opts: TaskOptions,
+    source: str,
+    base_dir: Path,
+    grace: float,
+    config_dir: Path | None = None,
 ) -> CommandTasks:
     """Check every line and build the tasks: ids ``cmd-<line number>`` (zero padded to at least
-    5 digits), names the line cut to 60 characters."""
+    5 digits), names the line cut to 60 characters. ``{config_dir}`` is ``config_dir`` (the
+    list file's folder), else ``base_dir``; every task carries it when one line uses it."""
     width = max(5, len(str(lines[-1][0])))
-    allowed = set(PLACEHOLDERS_AT_LAUNCH)
+    allowed = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD}
     rows: list[Row] = []
     names = name_redactor(opts.env)
     for number, line in lines:
@@ -89,6 +99,7 @@ def command_tasks(
         command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")
         name = names.name(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))
+    uses = uses_placeholder((line for _, line in lines), "config_dir")
     first = make_spec(
         Instance(rows[0][1], {}, f"line {lines[0][0]}"),
         rows[0][2],
@@ -98,6 +109,9 @@ def command_tasks(
         task_id=rows[0][0],
         names=names,
     )
+    if uses:  # the first line may not use it: the template every row shares carries it
+        folder = str(config_dir or base_dir)
+        first = first.model_copy(update={"vars": {**first.vars, "config_dir": folder}})
     return CommandTasks(first.model_dump(mode="json"), rows)
 
 

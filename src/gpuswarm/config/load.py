@@ -426,7 +426,8 @@ def load_command_list(
         )
     base_dir = base_dir.expanduser().resolve()
     grace = RunConfig.model_fields["grace"].default
-    tasks = command_tasks(lines, opts, label, base_dir, grace)
+    folder = source.expanduser().resolve().parent if source is not None else base_dir
+    tasks = command_tasks(lines, opts, label, base_dir, grace, config_dir=folder)
     if name is not None:
         try:
             check_run_name(name)

@@ -42,7 +42,7 @@ from gpuswarm.config.values import (
 )
 from gpuswarm.config.yamlload import quote
 from gpuswarm.core.paths import slugify
-from gpuswarm.core.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH
+from gpuswarm.core.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH, PLACEHOLDERS_AT_LOAD
 from gpuswarm.core.redact import redact_argv, redact_shapes, redact_tree
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -111,7 +111,7 @@ def _command(value: object) -> object:
 def _matrix_key(key: str) -> str:
     if not IDENT.match(key):
         raise ValueError(f"matrix key {quote(key)} must be an identifier (letters, digits, '_')")
-    if key in PLACEHOLDERS_AT_LAUNCH or key in GLOB_VARS:
+    if key in PLACEHOLDERS_AT_LAUNCH or key in PLACEHOLDERS_AT_LOAD or key in GLOB_VARS:
         raise ValueError(
             f"matrix key {quote(key)} clashes with a placeholder gpuswarm supplies; rename it"
         )

@@ -36,10 +36,12 @@ from gpuswarm.core.placeholders import (
     CONFIG_PREFIX,
     GLOB_VARS,
     PLACEHOLDERS_AT_LAUNCH,
+    PLACEHOLDERS_AT_LOAD,
     find_placeholders,
     render,
     shell_split,
     unknown_placeholders,
+    uses_placeholder,
 )
 from gpuswarm.core.redact import Redactor, name_redactor
 
@@ -76,6 +78,7 @@ def make_spec(
     base_dir: Path,
     task_id: str | None = None,
     names: Redactor | None = None,
+    config_dir: Path | None = None,
 ) -> TaskSpec:
     """The :class:`TaskSpec` of one instance (id from its name unless ``task_id`` is given).
 
@@ -83,6 +86,11 @@ def make_spec(
     env): by the secret values of this process and of the task's env, and by shape."""
     names = names if names is not None else name_redactor(opts.env)
     name = names.name(instance.name).replace("\0", "")  # an env value cannot hold NUL
+    variables = dict(instance.vars)
+    templates = [command] if isinstance(command, str) else command
+    templates = [*templates, opts.cwd or "", opts.done_when or "", *opts.env.values()]
+    if uses_placeholder(templates, "config_dir"):  # only then: other tasks' digests stay
+        variables["config_dir"] = str(config_dir or base_dir)
     return TaskSpec(
         id=task_id or task_id_for(name),
         name=name,
@@ -97,7 +105,7 @@ def make_spec(
         gpus=opts.gpus,
         done_when=opts.done_when,
         metrics=dict(opts.metrics),
-        vars=dict(instance.vars),
+        vars=variables,
         skip_exit_code=opts.skip_exit_code,
         skip_reason=instance.skip,
         gpu_memory_mb=opts.gpu_memory,
@@ -215,7 +223,7 @@ def _check_name(entry: TaskEntry, var_names: set[str], loc: Locator, path: PathK
 def _check_templates(
     entry: TaskEntry, opts: TaskOptions, var_names: set[str], loc: Locator, path: PathKey
 ) -> None:
-    known = set(PLACEHOLDERS_AT_LAUNCH) | var_names
+    known = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD} | var_names
     used_by = f" (as used by {format_path(path)})"
     command = [entry.command] if isinstance(entry.command, str) else entry.command
     for index, part in enumerate(command):

@@ -40,6 +40,11 @@ PLACEHOLDERS_AT_LAUNCH = (
     "slot_id",  # the slot's id, unique in the run: <host>-gpu3, <host>-gpu3.1
 )
 
+#: Placeholders the loader fills in: the folder of the file the tasks come from, absolute (a
+#: config, a command list; the current folder for a list read from stdin). A task that uses it
+#: carries it in its ``vars``, so ``add`` from another config gets that config's folder.
+PLACEHOLDERS_AT_LOAD = ("config_dir",)
+
 #: Variables a ``glob:`` entry defines for each matched file.
 GLOB_VARS = ("task_file", "task_dir", "task_rel")
 
@@ -188,6 +193,11 @@ def find_placeholders(template: str) -> list[str]:
         if key is not None and key not in found:
             found.append(key)
     return found
+
+
+def uses_placeholder(templates: Iterable[str], key: str) -> bool:
+    """Whether any of ``templates`` uses ``{key}`` (``{key!raw}`` too)."""
+    return any("{" in t and key in find_placeholders(t) for t in templates)
 
 
 def unknown_placeholders(template: str, known: Iterable[str]) -> list[str]:

@@ -189,7 +189,9 @@ class SlotSync:
                 max_log_bytes=cfg.max_log_bytes,
             )
         except PreflightError as exc:
-            failure = str(exc).split("\n(log:", 1)[0]  # (its "no task was started" is untrue)
+            said, _, log = str(exc).partition("\nlog: ")
+            log = log.split(" (no task was started", 1)[0]  # (untrue here: the run goes on)
+            failure = f"{said} (log: {log})" if log else said
         except Exception as exc:  # its node died meanwhile: the slot is gone anyway
             failure = f"preflight on {slot.label} could not run: {exc}"
         with self._checked_lock:

@@ -5,8 +5,9 @@ programs the tasks run can be found at all.
 run's base folder, through ``/bin/sh -c``), slots in parallel, before the slot claims anything,
 through the run's backend: in the slot's container for docker, under the local backend's
 process control (its own session, the tree killed on timeout) here. The
-first failure stops the run before any task is touched: :class:`PreflightError` (exit 2) with the
-command's output; every task stays pending. Each slot's output is kept in
+first failure stops the run before any task is touched: :class:`PreflightError` (exit 2), two
+lines: the check's own message (the last line its command printed) and the log's path; every
+task stays pending. Each slot's commands and their output are kept in
 ``<run>/preflight/<slot>.log`` (private), each command's in ``<slot>/cmd-<i>/output.log``, both
 under ``reliability.max_log_mb`` like a task's log (head, a marker, the latest output): the
 backend's log pump holds a command's log while it writes, or, for a backend that has none
@@ -34,7 +35,7 @@ from typing import Any
 from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import cap_log, log_tail
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import redact_text
+from gpuswarm.core.redact import inert, redact_text
 from gpuswarm.core.taskfiles import read_tail
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
@@ -44,6 +45,8 @@ from gpuswarm.placement.gpus import Slot, isolation_env
 PREFLIGHT_TIMEOUT = 600.0  # seconds each preflight command may take
 COPIED_TAIL = 1 << 20  # what of a command's output the slot's log gets at most
 CAP_EVERY = 0.5  # seconds between caps of a command's log a backend does not cap itself
+COMMAND_SHOWN = 60  # characters of a failed one-line command the error repeats
+MESSAGE_SHOWN = 300  # and of the last line it printed
 SHELL = "/bin/sh"
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./+")
 
@@ -53,7 +56,7 @@ class Failure:
     slot: str
     command: str
     how: str  # the attempt's end: "exit 1", "timeout after 600s (...)", "command not found: x"
-    output: str
+    output: str  # the last line the command printed (its message), "" for none
     log: Path
 
 
@@ -106,17 +109,42 @@ def run_preflight(
     for thread in threads:
         thread.join()
     if failures:
-        f = min(failures, key=lambda x: x.slot)
-        others = counted(len(failures) - 1, "other slot")
-        more = f" (and on {others})" if len(failures) > 1 else ""
-        shown = f"; its output:\n{f.output}" if f.output.strip() else " (no output)"
-        cmd = f.command.strip().splitlines()[0] if f.command.strip() else f.command
-        cmd += " ..." if "\n" in f.command.strip() else ""  # a script: its first line
-        raise PreflightError(
-            f"preflight failed on {f.slot}{more}: `{cmd}` {f.how}{shown}\n"
-            f"(log: {f.log}). No task was started; fix it, then: gpuswarm resume {paths.root}"
-        )
+        raise PreflightError(failure_message(paths, failures))
     return [s.label for s in slots]
+
+
+def failure_message(paths: RunPaths, failures: Sequence[Failure]) -> str:
+    """Two lines: what the check said (the last line its command printed; a one-line command
+    and how it ended before it) and where its whole output is. The command itself, a script
+    of twenty lines for an agent's check, is only in the log."""
+    f = min(failures, key=lambda x: x.slot)
+    others = len(failures) - 1
+    more = f" (and on {counted(others, 'other slot')})" if others else ""
+    command = f.command.strip()
+    if "\n" in command and f.output:  # a script: its own message says what it checked
+        plain = f.how.startswith(("exit ", "command not found"))  # its exit code: the message's
+        said = f.output if plain else f"{f.output} ({f.how})"  # a timeout, a signal: said too
+    else:
+        cmd = command.splitlines()[0] if command else f.command
+        cmd = (
+            cmd
+            if len(cmd) <= COMMAND_SHOWN and "\n" not in command
+            else cmd[:COMMAND_SHOWN] + " ..."
+        )
+        said = f"`{cmd}` {f.how}" + (f": {f.output}" if f.output else " (no output)")
+    return (
+        f"preflight failed on {f.slot}{more}: {said}\n"
+        f"log: {f.log} (no task was started; fix it, then: gpuswarm resume {paths.root})"
+    )
+
+
+def last_said(path: Path, env: Mapping[str, str]) -> str:
+    """The last line with something on it a command printed (redacted, no control characters,
+    at most MESSAGE_SHOWN characters): a check's own message is its last word."""
+    lines = [line.strip() for line in log_tail(path, max_lines=50).splitlines()]
+    line = next((x for x in reversed(lines) if x), "")
+    line = inert(redact_text(line, env))
+    return line if len(line) <= MESSAGE_SHOWN else line[: MESSAGE_SHOWN - 3] + "..."
 
 
 def _safe(label: str) -> str:
@@ -159,8 +187,8 @@ class _SlotCheck:
                 out.flush()
                 cap_log(log, self.max_log_bytes)
                 if not end.ok:
-                    text = redact_text(log_tail(log, max_lines=20), self.env)
-                    return Failure(self.slot.label, command, end.reason, text, log)
+                    said = last_said(own, self.env)
+                    return Failure(self.slot.label, command, end.reason, said, log)
         return None
 
     def _wait(self, backend: Backend, spec: LaunchSpec, own: Path) -> AttemptEnd:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.markup import escape
 from rich.progress_bar import ProgressBar
@@ -45,6 +45,58 @@ def clock(seconds: float | None) -> str:
 def _natural(label: str) -> tuple[str, int]:
     digits = "".join(ch for ch in label if ch.isdigit())
     return (label.rstrip("0123456789"), int(digits) if digits else -1)
+
+
+TASK_CAP = 120  # characters of a task's id and name a row can show at most
+OUTPUT_CAP = 240  # and of its last output line
+_SHRINKS = (1, 4)  # task, last output: the columns that give way on a narrow terminal
+_FLEX_MIN = 6  # each keeps this much (an ellipsis and a few characters) while it can
+
+
+class SlotTable:
+    """The slot table, fitted to the terminal's width when it is drawn: the slot id, the
+    attempt, elapsed/timeout and the GPU line always show in full (no wrap, as wide as their
+    widest cell); the task and the last output share what is left and end in an ellipsis."""
+
+    HEADERS = ("slot", "task", "try", "elapsed", "last output")
+
+    def __init__(self, *, gpu: bool = False) -> None:
+        self.headers = (*self.HEADERS, "gpu") if gpu else self.HEADERS
+        self.rows: list[list[Text]] = []
+
+    def add_row(self, cells: Sequence[str]) -> None:
+        """One row of rich markup cells, in the order of :attr:`headers`."""
+        self.rows.append([Text.from_markup(c) for c in cells])
+
+    def widths(self, total: int, headers: Sequence[str] | None = None) -> list[int]:
+        """Each column's width for a terminal ``total`` cells wide (two spaces between)."""
+        heads = self.headers if headers is None else headers
+        natural = [max([len(h), *(r[i].cell_len for r in self.rows)]) for i, h in enumerate(heads)]
+        fixed = sum(w for i, w in enumerate(natural) if i not in _SHRINKS)
+        room = total - 2 * (len(natural) - 1) - fixed
+        task, out = (natural[i] for i in _SHRINKS)
+        if task + out > room:  # the output gets what the task leaves, the task at most 2/5
+            task = min(task, max(_FLEX_MIN, room * 2 // 5, room - out))
+            out = max(_FLEX_MIN, room - task)
+        widths = list(natural)
+        widths[_SHRINKS[0]], widths[_SHRINKS[1]] = task, out
+        return widths
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        headers = self.headers
+        widths = self.widths(options.max_width)
+        if (
+            len(headers) > len(self.HEADERS)
+            and sum(widths) + 2 * (len(widths) - 1) > options.max_width
+        ):
+            headers = self.HEADERS  # too narrow for everything: the GPU line goes first
+            widths = self.widths(options.max_width, headers)
+        table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
+        for header, width in zip(headers, widths, strict=True):
+            table.add_column(header, no_wrap=True, overflow="ellipsis", width=width)
+        for row in self.rows:
+            table.add_row(*row[: len(headers)])
+        yield table
 
 
 class LiveView:
@@ -131,13 +183,9 @@ class LiveView:
         now: float,
         quarantined: dict[str, str],
         paused: frozenset[str] = frozenset(),
-    ) -> Table:
+    ) -> SlotTable:
         stats = self.gpu_stats() if self.gpu_stats else {}
-        table = Table(box=None, pad_edge=False, show_edge=False, expand=False)
-        for col in ("slot", "task", "try", "elapsed", "last output"):
-            table.add_column(col, no_wrap=True, overflow="ellipsis")
-        if stats:
-            table.add_column("gpu", no_wrap=True)
+        table = SlotTable(gpu=bool(stats))
         for label, row in rows:
             why = quarantined.get(label)
             shown_label = label if why is None else f"{label} [red](QUARANTINED)[/]"
@@ -146,21 +194,21 @@ class LiveView:
             if label in paused:
                 shown_label += " [yellow](paused)[/]"
             if why is not None and why != "probe" and not row.task:
-                cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:80]]
+                cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:OUTPUT_CAP]]
             elif row.task:
                 limit = f"/{clock(row.timeout)}" if row.timeout else ""
                 cells = [
                     shown_label,
-                    escape(inert(f"{row.task} {row.name}".strip()[:48])),
+                    escape(inert(f"{row.task} {row.name}".strip()[:TASK_CAP])),
                     str(row.attempt),
                     f"{clock(now - row.since)}{limit}",
-                    self._last_line(row)[:80],
+                    self._last_line(row)[:OUTPUT_CAP],
                 ]
             else:
                 cells = [shown_label, "[dim]idle[/]", "", "", f"[dim]{row.done} done[/]"]
             if stats:
                 cells.append(stats.get(label, ""))
-            table.add_row(*cells)
+            table.add_row(cells)
         return table
 
     def _last_line(self, row: SlotRow) -> str:
