@@ -91,7 +91,7 @@ def test_each_attempt_s_peak_is_its_process_tree_s_and_mig_instances_are_gpus(
         "t2000": "2200",
         "t3000": "3200",
     }
-    assert "peak GPU memory: max 3.1 GiB, median 2.1 GiB (3/3 tasks measured)" in res.stderr
+    assert "peak GPU memory: max 3.1 GiB, median 2.1 GiB (3 of 3 tasks measured)" in res.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["gpu_memory"]["measured"] == 3
     assert summary["gpu_memory"]["peak_vram_mb"]["max"] == 3200

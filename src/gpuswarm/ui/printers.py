@@ -183,7 +183,7 @@ def end_line(report: RunReport) -> str:
 
 
 def gpu_memory_lines(stats: Any) -> list[str]:
-    """``peak GPU memory: max 7.9 GiB, median 3.1 GiB (12/12 tasks measured)`` (issue 19)."""
+    """``peak GPU memory: max 7.9 GiB, median 3.1 GiB (12 of 12 tasks measured)`` (issue 19)."""
     if not isinstance(stats, dict) or not stats.get("measured"):
         return []
     peaks = stats.get("peak_vram_mb") or {}
