@@ -10,6 +10,8 @@ Screenshots of each page are written under the test's tmp folder (``shots/``) an
 
 from __future__ import annotations
 
+import itertools
+import re
 import shlex
 import sys
 import threading
@@ -21,7 +23,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from cli_driver import CliProcess, CliResult, wait_for, wait_for_run
+from cli_driver import CliProcess, CliResult, read_events, wait_for, wait_for_run
 from dashkit import (
     REBIND_HOST,
     Served,
@@ -100,6 +102,11 @@ def open_run(page: Any, served: Served) -> str:
     return str(rid)
 
 
+def chart_ticks(page: Any) -> str | None:
+    found: str | None = page.locator("[data-testid=chart] svg").get_attribute("data-ticks")
+    return found
+
+
 def count_of(page: Any, state: str) -> int:
     text = page.locator(f"#run-head [data-count='{state}'] b").inner_text(timeout=WAIT_MS)
     return int(text)
@@ -163,6 +170,16 @@ def test_cancel_button_ends_the_running_task_cancelled(
     page.wait_for_selector(
         ".lane[data-task='cmd-00001'] [data-action=cancel-lane]", timeout=WAIT_MS
     )
+    asked: list[str] = []
+    # a cancel asks first (issue 33): dismissed, nothing is sent
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
+    wait_for(lambda: asked, 10, 0.05, "the confirmation")
+    assert "cmd-00001" in asked[0], asked
+    page.wait_for_timeout(1000)  # time for a request that should not have been made
+    assert not [e for e in read_events(run.root) if e.get("ev") == "control"]
+    assert RunReader(run).counts()["running"] == 1
+    page.once("dialog", lambda d: d.accept())
     page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
     wait_for(lambda: RunReader(run).counts().get("cancelled") == 1, 30, 0.1, "cancelled")
     assert RunReader(run).counts()["running"] == 0
@@ -211,6 +228,19 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     row.click()
     diff = page.locator("[data-testid=diff]")
     diff.get_by_text("+LR = 0.05").wait_for(timeout=WAIT_MS)
+    # the clicked row's diff is scrolled into sight, below the table as it is (issue 33)
+    top = diff.evaluate("e => e.getBoundingClientRect().top")
+    assert 0 <= top < page.evaluate("innerHeight") - 40, top
+    # the running best is drawn in steps, as progress.png (horizontal, then vertical)
+    best = page.locator("[data-testid=chart] path.best").get_attribute("d") or ""
+    assert re.fullmatch(r"M[-\d.]+,[-\d.]+(?:[HV][-\d.]+)+", best), best
+    # y ticks are round: one step of 1, 2, 2.5 or 5 times a power of ten
+    ticks = [float(t) for t in (chart_ticks(page) or "").split()]
+    assert len(ticks) >= 3, ticks
+    steps = {round(b - a, 12) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1, ticks
+    mantissa = f"{next(iter(steps)):.3e}".split("e")[0]
+    assert mantissa in ("1.000", "2.000", "2.500", "5.000"), ticks
     screenshot(page, "experiment", tmp_path / "shots")
 
 
