@@ -171,8 +171,12 @@ def test_cancel_button_ends_the_running_task_cancelled(
         ".lane[data-task='cmd-00001'] [data-action=cancel-lane]", timeout=WAIT_MS
     )
     asked: list[str] = []
-    # a cancel asks first (issue 33): dismissed, nothing is sent
-    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+
+    def dismiss(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)  # a cancel asks first (issue 33): dismissed, nothing is sent
     page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
     wait_for(lambda: asked, 10, 0.05, "the confirmation")
     assert "cmd-00001" in asked[0], asked
