@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import yaml
 from cli_driver import run_cli, wait_for
-from dashkit import Served, browser_context, require_browser, screenshot, serve_here
+from dashkit import Served, browser_context, require_browser, screenshot, serve_here, sse_messages
 
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.dashboard import finished as finished_view
 from gpuswarm.store.reader import RunReader
 
 pytest.importorskip("starlette")
@@ -128,6 +129,26 @@ def test_the_snapshot_of_a_finished_run_is_its_summary_and_its_records(
         assert len(snap["lanes"][slot]) == n, slot
     total = sum(busy.values()) / (span * len(shown))
     assert final["busy_share"] == pytest.approx(total, abs=2e-3)
+
+
+def test_a_large_finished_run_paints_first_and_its_view_follows(
+    finished: RunPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading every descriptor of a 100,000-task run takes seconds: the page's first snapshot
+    comes without it (the journal's lanes), and the run's view follows as an update."""
+    monkeypatch.setattr(finished_view, "SYNC_TASKS", 0)  # this run counts as a large one
+    with serve_here([finished.root]) as s:
+        rid = run_id(s)
+        with s.client(timeout=20).stream("GET", f"/api/runs/{rid}/events") as r:
+            got = sse_messages(r, 1)
+            while got[-1]["data"]["view"]["final"] is None:
+                got += sse_messages(r, 1)
+    assert got[0]["event"] == "snapshot" and got[0]["data"]["view"]["final"] is None
+    final = got[-1]["data"]["view"]["final"]
+    assert got[-1]["event"] == "update" and final["not_done"] == 2, got[-1]
+    attempts, _, _ = records(finished)
+    assert {k: v["attempts"] for k, v in final["slots"].items()} == attempts
+    assert {k: len(v) for k, v in got[-1]["data"]["lanes"].items()} == attempts
 
 
 def test_the_task_page_gives_the_command_as_a_shell_takes_it(served: Served) -> None:

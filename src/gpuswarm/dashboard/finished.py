@@ -14,6 +14,7 @@ and its ``summary.json`` (the failures with their reasons, the quarantined slots
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +28,7 @@ from gpuswarm.store.reader import RunReader
 MAX_FAILURES = 200  # summary.json keeps the first 200 (not_done is the true count)
 MAX_BARS = 300  # a lane's newest bars sent to the page (the share counts every attempt)
 SUMMARY_BYTES = 32 << 20  # a summary.json larger than this is not read
+SYNC_TASKS = 5000  # a run of more tasks is read in a thread (the page paints first)
 
 
 def read_summary(paths: RunPaths) -> dict[str, Any]:
@@ -152,3 +154,48 @@ def quarantine_marks(paths: RunPaths, summary: dict[str, Any]) -> dict[str, str]
     for q in _quarantines(paths, summary):
         out[str(q["slot"])] = "was quarantined" if q.get("lifted") else "quarantined"
     return out
+
+
+class FinalCache:
+    """An ended run's :func:`final_view`, read again when its key (summary, journal) changes.
+    A small run's is read at once; a large one's (every descriptor: seconds for 100,000 tasks)
+    in a thread, so that the page paints first and the run's view follows (:meth:`fresh`)."""
+
+    def __init__(self, paths: RunPaths, redactor: Redactor) -> None:
+        self.paths, self.redactor = paths, redactor
+        self.lock = threading.Lock()
+        self._key: Any = None
+        self._view: dict[str, Any] | None = None
+        self._reading: Any = None  # the key a thread reads now
+        self._fresh = False
+
+    def get(self, key: Any, tasks: int, slots: Iterable[str]) -> dict[str, Any] | None:
+        """The view for ``key``: None while a thread reads it (the older one is never shown:
+        it may say another state)."""
+        with self.lock:
+            if self._key == key:
+                return self._view
+            if tasks > SYNC_TASKS:
+                if self._reading != key:
+                    self._reading = key
+                    labels = list(slots)
+                    threading.Thread(
+                        target=self._read, args=(key, labels), name="final-view", daemon=True
+                    ).start()
+                return None
+        view = final_view(self.paths, self.redactor, slots)
+        with self.lock:
+            self._key, self._view = key, view
+        return view
+
+    def _read(self, key: Any, slots: list[str]) -> None:
+        view = final_view(self.paths, self.redactor, slots)
+        with self.lock:
+            if self._reading == key:
+                self._key, self._view, self._fresh = key, view, True
+
+    def fresh(self) -> bool:
+        """Whether a thread's read ended since the last call (the pages are then told)."""
+        with self.lock:
+            fresh, self._fresh = self._fresh, False
+        return fresh

@@ -36,7 +36,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
-from gpuswarm.dashboard.finished import final_view
+from gpuswarm.dashboard.finished import FinalCache
 from gpuswarm.dashboard.gpustats import GpuStats
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.results import shown_counts
@@ -141,7 +141,7 @@ class RunHub:
         self._lines: dict[str, tuple[int, str]] = {}
         self._shown: dict[str, str] = {}
         self.paused = paused_now(paths)  # the pause flags (one listdir at most every 0.5 s)
-        self._final: tuple[Any, dict[str, Any]] | None = None  # (its key, an ended run's view)
+        self.finals = FinalCache(paths, self.redactor)  # an ended run's view (report.html's)
         self._seed()
 
     # -- start: the recent past from the journal's tail ----------------------------------------
@@ -169,7 +169,10 @@ class RunHub:
     def poll(self) -> bool:
         """Fold what the journal gained since the last call; whether anything changed (the
         pages are then told). Costs one stat when nothing was appended."""
-        changed = False
+        changed = self.finals.fresh()  # an ended run's view was read in a thread
+        if changed:
+            with self.lock:
+                self.version += 1
         now = time.monotonic()
         grew = self.follower.grew()
         # a live run is asked every second whether it still is; an ended one every 5 s, or at
@@ -355,22 +358,19 @@ class RunHub:
             "final": None if final is None else {k: v for k, v in final.items() if k != "lanes"},
         }
 
-    def final(self) -> dict[str, Any]:
-        """An ended run as report.html shows it (:func:`final_view`): read again when its
-        summary or its journal changed."""
-        key = (self._summary, self.position, self.state)
-        cached = self._final
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        view = final_view(self.paths, self.redactor, self.lanes)
-        self._final = (key, view)
-        return view
+    def final(self) -> dict[str, Any] | None:
+        """An ended run as report.html shows it (``finished.final_view``), read again when its
+        summary or its journal changed; None while a large run's is being read."""
+        with self.view.lock:
+            tasks = sum(self.view.counts.values())
+        return self.finals.get((self._summary, self.position, self.state), tasks, self.lanes)
 
     def _lanes(self, labels: Iterable[str] | None = None) -> dict[str, list[Any]]:
         """The bars of ``labels`` (every lane when None): an ended run's every attempt from
         its descriptors, a live run's recent ones from the journal."""
-        if not self.live:
-            lanes: dict[str, list[Any]] = self.final()["lanes"]
+        final = None if self.live else self.final()
+        if final is not None:
+            lanes: dict[str, list[Any]] = final["lanes"]
             return {k: v for k, v in lanes.items() if labels is None or k in labels}
         with self.lock:
             return {
