@@ -102,6 +102,11 @@ def open_run(page: Any, served: Served) -> str:
     return str(rid)
 
 
+TAB_AND_HEAD = """() => [
+  document.querySelector("#run-head [data-count='done'] b").textContent,
+  document.querySelector("[data-filter=done]").textContent]"""
+
+
 def chart_ticks(page: Any) -> str | None:
     found: str | None = page.locator("[data-testid=chart] svg").get_attribute("data-ticks")
     return found
@@ -138,6 +143,9 @@ def test_live_run_lanes_and_counts_follow_the_journal(
         "document.querySelector(\"#run-head [data-count='done'] b\").textContent === '1'",
         timeout=WAIT_MS,
     )
+    # the header's counts and the table's tabs are one snapshot: equal at the same moment
+    head, tab = page.evaluate(TAB_AND_HEAD)
+    assert (head, tab) == ("1", "done 1"), (head, tab)
     seen = time.monotonic() - t0
     print(f"lane and counts updated {seen:.2f}s after the gate")  # reported, not asserted
     page.wait_for_selector(".lane rect[data-outcome='done']", timeout=WAIT_MS)
