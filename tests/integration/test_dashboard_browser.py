@@ -35,6 +35,10 @@ from dashkit import (
 from integration_support import edit_constant
 
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.research.experiment import ExpPaths
+from gpuswarm.research.journal import replay
+from gpuswarm.research.plot import running_best
+from gpuswarm.research.readouts import plot_rows
 from gpuswarm.store import control
 from gpuswarm.store.reader import RunReader
 
@@ -243,6 +247,12 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     # the clicked row's diff is scrolled into sight, below the table as it is (issue 33)
     top = diff.evaluate("e => e.getBoundingClientRect().top")
     assert 0 <= top < page.evaluate("innerHeight") - 40, top
+    # the snapshot carries progress.png's running best (plot.running_best over plot_rows)
+    view = served.get(f"/api/experiments/{eid}")["view"]
+    root = Path(view["path"])
+    xs, ys = running_best(plot_rows(replay(ExpPaths(repo=repo, root=root))), view["goal"])
+    assert view["best_steps"] == [[x, y] for x, y in zip(xs, ys, strict=True)], view
+    assert len(view["best_steps"]) == 2, view["best_steps"]  # BASE, then the kept change
     # the running best is drawn in steps, as progress.png (horizontal, then vertical)
     best = page.locator("[data-testid=chart] path.best").get_attribute("d") or ""
     assert re.fullmatch(r"M[-\d.]+,[-\d.]+(?:[HV][-\d.]+)+", best), best
