@@ -111,6 +111,14 @@ TAB_AND_HEAD = """() => [
   document.querySelector("[data-filter=done]").textContent]"""
 
 
+OVERLAPS = """() => {
+  const boxes = [...document.querySelectorAll('[data-testid=chart] text.label')]
+    .map((t) => t.getBoundingClientRect());
+  return boxes.some((a, i) => boxes.some((b, j) => i < j && a.left < b.right && b.left < a.right
+    && a.top < b.bottom && b.top < a.bottom));
+}"""
+
+
 def chart_ticks(page: Any) -> str | None:
     found: str | None = page.locator("[data-testid=chart] svg").get_attribute("data-ticks")
     return found
@@ -256,6 +264,10 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     # the running best is drawn in steps, as progress.png (horizontal, then vertical)
     best = page.locator("[data-testid=chart] path.best").get_attribute("d") or ""
     assert re.fullmatch(r"M[-\d.]+,[-\d.]+(?:[HV][-\d.]+)+", best), best
+    # a kept change is labelled, BASE's own run (v0001) is not; no two labels overlap
+    labels = page.locator("[data-testid=chart] text.label")
+    assert [t.get_attribute("data-variant") for t in labels.all()] == ["v0002"]
+    assert not page.evaluate(OVERLAPS)
     # y ticks are round: one step of 1, 2, 2.5 or 5 times a power of ten
     ticks = [float(t) for t in (chart_ticks(page) or "").split()]
     assert len(ticks) >= 3, ticks

@@ -53,6 +53,8 @@ RESUME_BYTES = 8 << 20  # a page further behind than this gets a fresh snapshot
 FEED_EVENTS = 200  # events a snapshot carries for the page's event feed
 LIVE_CHECK_SECONDS = 1.0
 ENDED_CHECK_SECONDS = 5.0
+# events after which a page gets every lane again (a resumed run's lanes are the journal's)
+EVERY_LANE = ("requeued", "supervisor_stopped", "supervisor_started")
 _SLOT_RE = re.compile(r"^(?P<host>.+)-gpu(?P<gpus>\d+(?:\+\d+)*)(?:\.(?P<share>\d+))?$")
 
 
@@ -395,7 +397,7 @@ class RunHub:
         """What a page that is at an older position gets: the events it missed, the live view,
         and the lanes those events touched."""
         touched: set[str] | None = {str(e.get("slot")) for e in events if e.get("slot")}
-        if not self.live or any(e.get("ev") in ("requeued", "supervisor_stopped") for e in events):
+        if not self.live or any(e.get("ev") in EVERY_LANE for e in events):
             touched = None  # every lane (an ended run's are its descriptors' attempts)
         view = self.view_json()
         return {"pos": pos, "events": events, "view": view, "lanes": self._lanes(touched)}

@@ -362,6 +362,7 @@ function runPage(rid) {
 
   const apply = (data) => {
     noteServerTime(data.view.now);
+    if (st.view && st.view.live !== data.view.live) st.lanes = {}; // ended: its records; resumed: the journal's
     st.view = data.view;
     if (data.lanes) Object.assign(st.lanes, data.lanes);
     if (data.feed) st.feed = data.feed.slice();
