@@ -21,7 +21,7 @@ from typing import Any
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.core.redact import Redactor, inert
+from gpuswarm.core.redact import Redactor, env_secret_values, inert
 from gpuswarm.outputs.timeline import bars_from_descriptor
 from gpuswarm.store.reader import RunReader
 
@@ -58,8 +58,11 @@ class _Slots:
     def __init__(self) -> None:
         self.stats: dict[str, dict[str, Any]] = {}
         self.bars: dict[str, list[list[Any]]] = {}
+        self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
 
     def add(self, state: State, desc: Descriptor) -> None:
+        if desc.env:
+            self.secrets |= env_secret_values(desc.env)
         for att in desc.attempts:
             if not att.slot:
                 continue
@@ -85,6 +88,7 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     for state, _, desc in reader.everything():
         found.add(state, desc)
     summary = read_summary(paths)
+    redactor = redactor.including(values=found.secrets)
     labels = {*slots, *reader.slot_ids(), *found.stats, *found.bars}
     every = [b for bars in found.bars.values() for b in bars]
     t0 = min((b[0] for b in every), default=None)
