@@ -186,11 +186,11 @@ def test_the_page_of_a_finished_run_shows_what_its_summary_says(
             assert lane.locator("[data-testid=slot-attempts]").get_attribute("data-attempts") == (
                 str(n)
             )
-            note = lane.locator("[data-testid=idle-note]").inner_text()
-            share = round(100 * busy[slot] / (window[1] - window[0]))
-            assert re.search(rf"busy {share}% of the run", note) or re.search(
-                rf"busy {share - 1}%|busy {share + 1}%", note
-            ), (slot, note, share)  # rounding at the edge: the same share to 1 %
+            note = lane.locator("[data-testid=idle-note]")
+            share = busy[slot] / (window[1] - window[0])  # of first start -> last end
+            shown_share = float(note.get_attribute("data-busy") or -1)
+            assert shown_share == pytest.approx(share, abs=2e-3), (slot, shown_share, share)
+            assert f"busy {round(100 * shown_share)}% of the run" in note.inner_text()
             assert int(lane.locator("svg.gantt").get_attribute("data-bars") or 0) == n
         out = {q["slot"] for q in summary["quarantined"] if not q.get("lifted")}
         badges = page.locator(".lane:has([data-testid=quarantined])")
