@@ -30,6 +30,9 @@ from gpuswarm.store.reader import RunReader
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+# one run for the module (a few seconds of the real CLI), so its tests share one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dashboard-finished")]
+
 WAIT_MS = 15_000
 GPU1_BROKEN = 'if [ "$GPUSWARM_HOST_GPU_ID" = 1 ]; then echo "CUDA error"; exit 1; fi; sleep 0.2'
 ARGV = [sys.executable, "-c", "print('a b')", "it's"]
@@ -160,7 +163,6 @@ def test_the_task_page_gives_the_command_as_a_shell_takes_it(served: Served) -> 
 
 
 @pytest.mark.browser
-@pytest.mark.slow
 def test_the_page_of_a_finished_run_shows_what_its_summary_says(
     finished: RunPaths, served: Served, tmp_path: Path
 ) -> None:
