@@ -249,6 +249,7 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     assert "lr 0.05 <b>bold</b>" in row.inner_text()  # a description is text, never HTML
     assert page.locator("[data-testid=chart] circle[data-variant='v0002']").count() == 1
     assert page.locator("[data-stat=best] b").inner_text() != "—"
+    page.set_viewport_size({"width": 1280, "height": 480})  # the diff's place is below it
     row.click()
     diff = page.locator("[data-testid=diff]")
     diff.get_by_text("+LR = 0.05").wait_for(timeout=WAIT_MS)
