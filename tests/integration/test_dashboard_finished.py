@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +153,24 @@ def test_a_large_finished_run_paints_first_and_its_view_follows(
     attempts, _, _ = records(finished)
     assert {k: v["attempts"] for k, v in final["slots"].items()} == attempts
     assert {k: len(v) for k, v in got[-1]["data"]["lanes"].items()} == attempts
+
+
+def test_a_run_that_ended_without_a_summary_lists_its_failures_from_its_records(
+    finished: RunPaths, tmp_path: Path
+) -> None:
+    """A crashed supervisor writes no summary.json: the failures come from the descriptors,
+    as the summary would have listed them."""
+    copy = tmp_path / "runs" / "fin" / finished.root.name
+    shutil.copytree(finished.root, copy)
+    (copy / "summary.json").unlink()
+    expected = summary_of(finished)
+    with serve_here([copy]) as s:
+        final = s.get(f"/api/runs/{run_id(s)}")["view"]["final"]
+    assert sorted((f["task"], f["state"], f["reason"]) for f in final["failures"]) == sorted(
+        (f["task"], f["state"], f["reason"]) for f in expected["failures"]
+    )
+    assert final["not_done"] == expected["not_done"] and not final["summary"]
+    assert {q["slot"] for q in final["quarantined"]} <= {q["slot"] for q in expected["quarantined"]}
 
 
 def test_the_task_page_gives_the_command_as_a_shell_takes_it(served: Served) -> None:

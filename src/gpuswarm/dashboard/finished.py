@@ -9,7 +9,8 @@ and its ``summary.json`` (the failures with their reasons, the quarantined slots
 - every attempt as a Gantt bar, in the window from the first start to the last end;
 - per slot: its attempts, how many exited 0, its busy seconds and busy share of that window;
 - the failures (``summary.json``'s list, the first 200, with the true count) and quarantines
-  (the summary's record, else the run's quarantine files for a run that ended without one).
+  (the summary's record); for a run that ended without a summary (a crash), the same list
+  from the descriptors (``results.row_for``) and the run's quarantine files.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
+from gpuswarm.outputs.results import row_for
 from gpuswarm.outputs.timeline import bars_from_descriptor
 from gpuswarm.store.reader import RunReader
 
 MAX_FAILURES = 200  # summary.json keeps the first 200 (not_done is the true count)
 MAX_BARS = 300  # a lane's newest bars sent to the page (the share counts every attempt)
 SUMMARY_BYTES = 32 << 20  # a summary.json larger than this is not read
+ENDED_WELL = (State.DONE, State.SKIPPED, State.CANCELLED)  # not failures (summary.json's rule)
 SYNC_TASKS = 5000  # a run of more tasks is read in a thread (the page paints first)
 
 
@@ -59,10 +62,19 @@ class _Slots:
         self.stats: dict[str, dict[str, Any]] = {}
         self.bars: dict[str, list[list[Any]]] = {}
         self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
+        self.failures: list[dict[str, Any]] = []  # as summary.json lists them (for a run
+        self.not_done = 0  # that ended without one): every task not done, skipped, cancelled
 
     def add(self, state: State, desc: Descriptor) -> None:
         if desc.env:
             self.secrets |= env_secret_values(desc.env)
+        if state not in ENDED_WELL:
+            self.not_done += 1
+            if len(self.failures) < MAX_FAILURES:
+                row = row_for(state, desc).values
+                self.failures.append(
+                    {"task": row["task"], "state": row["state"], "reason": row["reason"]}
+                )
         for att in desc.attempts:
             if not att.slot:
                 continue
@@ -115,8 +127,8 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
         "busy_share": round(busy_all / capacity, 4) if capacity > 0 else None,
         "slots": out_slots,
         "lanes": {label: found.bars.get(label, []) for label in labels},
-        "failures": _failures(summary, redactor),
-        "not_done": summary.get("not_done"),
+        "failures": _failures(summary if summary else {"failures": found.failures}, redactor),
+        "not_done": summary.get("not_done") if summary else found.not_done,
         "quarantined": [_shown(q, redactor) for q in _quarantines(paths, summary)],
         "summary": bool(summary),
     }

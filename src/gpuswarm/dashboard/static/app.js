@@ -338,13 +338,14 @@ function runPage(rid) {
 
   const drawFailures = () => {
     const fin = st.view.final;
-    failuresTitle.textContent = fin ? `Failures (${fin.not_done ?? fin.failures.length})` : 'Recent failures';
+    const unfinished = fin && fin.failures.some((x) => x.state !== 'failed'); // a stopped run's pending ones
+    failuresTitle.textContent = fin ? `${unfinished ? 'Failures and unfinished tasks' : 'Failures'} (${fin.not_done ?? fin.failures.length})` : 'Recent failures';
     if (fin) {
       const more = (fin.not_done || 0) - fin.failures.length;
       replace(failures, fin.failures.length ? el('ul', { 'data-testid': 'failures' }, fin.failures.map((x) => el('li', { 'data-task': x.task },
         el('a', { class: 'mono', href: `#/run/${encodeURIComponent(rid)}/task/${encodeURIComponent(x.task)}`, text: x.task }), ' ', badge(x.state), ' ', el('span', { class: 'reason', text: x.reason }))),
       more > 0 ? el('li', { class: 'muted', text: `${more} more: see results.tsv` }) : null)
-        : el('p', { class: 'muted', text: fin.summary ? 'None: every task ended done, skipped or cancelled.' : 'None recorded (the run wrote no summary.json).' }));
+        : el('p', { class: 'muted', text: 'None: every task ended done, skipped or cancelled.' }));
       return;
     }
     const f = st.view.failures;
