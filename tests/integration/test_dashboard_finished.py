@@ -235,6 +235,7 @@ def test_the_page_of_a_finished_run_shows_what_its_summary_says(
         # a task's page: the command copy-pasteable, dates in ISO 8601
         page.click("[data-testid=task-table] tr:has-text('argv') a")
         page.wait_for_selector("[data-testid=attempts-table] td", timeout=WAIT_MS)
+        screenshot(page, "finished-task", tmp_path / "shots")
         command = page.locator("#task-head dd.mono").first.inner_text()
         assert shlex.split(command) == ARGV, command
         started = page.locator("[data-testid=attempts-table] tbody td").nth(3).inner_text()
