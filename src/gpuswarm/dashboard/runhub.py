@@ -365,7 +365,9 @@ class RunHub:
         summary or its journal changed; None while a large run's is being read."""
         with self.view.lock:
             tasks = sum(self.view.counts.values())
-        return self.finals.get((self._summary, self.position, self.state), tasks, self.lanes)
+        with self.lock:
+            labels = list(self.lanes)  # the poller may add one meanwhile
+        return self.finals.get((self._summary, self.position, self.state), tasks, labels)
 
     def _lanes(self, labels: Iterable[str] | None = None) -> dict[str, list[Any]]:
         """The bars of ``labels`` (every lane when None): an ended run's every attempt from
