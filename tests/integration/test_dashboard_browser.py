@@ -10,6 +10,8 @@ Screenshots of each page are written under the test's tmp folder (``shots/``) an
 
 from __future__ import annotations
 
+import itertools
+import re
 import shlex
 import sys
 import threading
@@ -21,7 +23,7 @@ from typing import Any, ClassVar
 
 import httpx
 import pytest
-from cli_driver import CliProcess, CliResult, wait_for, wait_for_run
+from cli_driver import CliProcess, CliResult, read_events, wait_for, wait_for_run
 from dashkit import (
     REBIND_HOST,
     Served,
@@ -33,6 +35,10 @@ from dashkit import (
 from integration_support import edit_constant
 
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.research.experiment import ExpPaths
+from gpuswarm.research.journal import replay
+from gpuswarm.research.plot import running_best
+from gpuswarm.research.readouts import plot_rows
 from gpuswarm.store import control
 from gpuswarm.store.reader import RunReader
 
@@ -100,6 +106,24 @@ def open_run(page: Any, served: Served) -> str:
     return str(rid)
 
 
+TAB_AND_HEAD = """() => [
+  document.querySelector("#run-head [data-count='done'] b").textContent,
+  document.querySelector("[data-filter=done]").textContent]"""
+
+
+OVERLAPS = """() => {
+  const boxes = [...document.querySelectorAll('[data-testid=chart] text.label')]
+    .map((t) => t.getBoundingClientRect());
+  return boxes.some((a, i) => boxes.some((b, j) => i < j && a.left < b.right && b.left < a.right
+    && a.top < b.bottom && b.top < a.bottom));
+}"""
+
+
+def chart_ticks(page: Any) -> str | None:
+    found: str | None = page.locator("[data-testid=chart] svg").get_attribute("data-ticks")
+    return found
+
+
 def count_of(page: Any, state: str) -> int:
     text = page.locator(f"#run-head [data-count='{state}'] b").inner_text(timeout=WAIT_MS)
     return int(text)
@@ -131,6 +155,9 @@ def test_live_run_lanes_and_counts_follow_the_journal(
         "document.querySelector(\"#run-head [data-count='done'] b\").textContent === '1'",
         timeout=WAIT_MS,
     )
+    # the header's counts and the table's tabs are one snapshot: equal at the same moment
+    head, tab = page.evaluate(TAB_AND_HEAD)
+    assert (head, tab) == ("1", "done 1"), (head, tab)
     seen = time.monotonic() - t0
     print(f"lane and counts updated {seen:.2f}s after the gate")  # reported, not asserted
     page.wait_for_selector(".lane rect[data-outcome='done']", timeout=WAIT_MS)
@@ -163,6 +190,20 @@ def test_cancel_button_ends_the_running_task_cancelled(
     page.wait_for_selector(
         ".lane[data-task='cmd-00001'] [data-action=cancel-lane]", timeout=WAIT_MS
     )
+    asked: list[str] = []
+
+    def dismiss(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)  # a cancel asks first (issue 33): dismissed, nothing is sent
+    page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
+    wait_for(lambda: asked, 10, 0.05, "the confirmation")
+    assert "cmd-00001" in asked[0], asked
+    page.wait_for_timeout(1000)  # time for a request that should not have been made
+    assert not [e for e in read_events(run.root) if e.get("ev") == "control"]
+    assert RunReader(run).counts()["running"] == 1
+    page.once("dialog", lambda d: d.accept())
     page.click(".lane[data-task='cmd-00001'] [data-action=cancel-lane]")
     wait_for(lambda: RunReader(run).counts().get("cancelled") == 1, 30, 0.1, "cancelled")
     assert RunReader(run).counts()["running"] == 0
@@ -208,9 +249,33 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     assert "lr 0.05 <b>bold</b>" in row.inner_text()  # a description is text, never HTML
     assert page.locator("[data-testid=chart] circle[data-variant='v0002']").count() == 1
     assert page.locator("[data-stat=best] b").inner_text() != "—"
+    page.set_viewport_size({"width": 1280, "height": 480})  # the diff's place is below it
     row.click()
     diff = page.locator("[data-testid=diff]")
     diff.get_by_text("+LR = 0.05").wait_for(timeout=WAIT_MS)
+    # the clicked row's diff is scrolled into sight, below the table as it is (issue 33)
+    top = diff.evaluate("e => e.getBoundingClientRect().top")
+    assert 0 <= top < page.evaluate("innerHeight") - 40, top
+    # the snapshot carries progress.png's running best (plot.running_best over plot_rows)
+    view = served.get(f"/api/experiments/{eid}")["view"]
+    root = Path(view["path"])
+    xs, ys = running_best(plot_rows(replay(ExpPaths(repo=repo, root=root))), view["goal"])
+    assert view["best_steps"] == [[x, y] for x, y in zip(xs, ys, strict=True)], view
+    assert len(view["best_steps"]) == 2, view["best_steps"]  # BASE, then the kept change
+    # the running best is drawn in steps, as progress.png (horizontal, then vertical)
+    best = page.locator("[data-testid=chart] path.best").get_attribute("d") or ""
+    assert re.fullmatch(r"M[-\d.]+,[-\d.]+(?:[HV][-\d.]+)+", best), best
+    # a kept change is labelled, BASE's own run (v0001) is not; no two labels overlap
+    labels = page.locator("[data-testid=chart] text.label")
+    assert [t.get_attribute("data-variant") for t in labels.all()] == ["v0002"]
+    assert not page.evaluate(OVERLAPS)
+    # y ticks are round: one step of 1, 2, 2.5 or 5 times a power of ten
+    ticks = [float(t) for t in (chart_ticks(page) or "").split()]
+    assert len(ticks) >= 3, ticks
+    steps = {round(b - a, 12) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1, ticks
+    mantissa = f"{next(iter(steps)):.3e}".split("e")[0]
+    assert mantissa in ("1.000", "2.000", "2.500", "5.000"), ticks
     screenshot(page, "experiment", tmp_path / "shots")
 
 
@@ -323,13 +388,14 @@ def test_another_local_server_gets_nothing_that_pauses_cancels_or_adds(
 
 
 def test_the_add_box_runs_lines_through_a_shell_by_default(
-    tmp_path: Path, gpuswarm: Cli, page: Any, dashboard: Callable[..., Served]
+    tmp_path: Path, gpuswarm_popen: Popen, page: Any, dashboard: Callable[..., Served]
 ) -> None:
     """Issue 28: the "Add tasks" box's lines run with /bin/sh -c unless its box is unticked,
-    as a command list on the command line does."""
-    (tmp_path / "tasks.txt").write_text("true\n")
-    res = gpuswarm("run", "tasks.txt", "--gpus", "sim:1", "--workspace", "runs", "-q")
-    assert res.returncode == 0, res
+    as a command list on the command line does. (A live run's: an ended one offers no Add, it
+    says how to add and resume, issue 33.)"""
+    tasks = gated_commands(tmp_path, "go")
+    runner = gpuswarm_popen("run", tasks, "--shell", "--gpus", "sim:1", "--workspace", "runs", "-q")
+    run_dir = wait_for_run(tmp_path / "runs")
     served = dashboard(tmp_path / "runs")
     open_run(page, served)
     page.get_by_role("button", name="Add tasks…").click()
@@ -338,10 +404,10 @@ def test_the_add_box_runs_lines_through_a_shell_by_default(
     page.fill("#add-box textarea", "echo hello | tr a-z A-Z > {workspace}/out.txt")
     page.get_by_role("button", name="Add to the queue").click()
     page.get_by_text("added 1 task(s)").wait_for(timeout=WAIT_MS)
-    run_dir = next((tmp_path / "runs").glob("*/run_*"))
-    res = gpuswarm("resume", run_dir, "-q", "--no-report")
-    assert res.returncode == 0, res
-    assert (run_dir / "tasks/cmd-00001-2/out.txt").read_text() == "HELLO\n"
+    (tmp_path / "gates" / "go").touch()
+    assert runner.wait(60).returncode == 0
+    (out,) = run_dir.glob("tasks/*/out.txt")  # the added task's folder (named by its id)
+    assert out.read_text() == "HELLO\n"
 
 
 def test_a_task_named_script_shows_as_text(

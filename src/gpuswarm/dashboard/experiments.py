@@ -25,7 +25,8 @@ from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, load_settings
 from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState, replay
-from gpuswarm.research.readouts import best_recorded
+from gpuswarm.research.plot import running_best
+from gpuswarm.research.readouts import best_recorded, plot_rows
 
 _VARIANT_RE = re.compile(r"^v\d{4,}$")
 
@@ -112,8 +113,22 @@ class ExperimentHub:
             )
         return {
             "pos": self.position,
-            "view": {**self.header(run), "rows": rows, "in_flight": self._in_flight(state, run)},
+            "view": {
+                **self.header(run),
+                "rows": rows,
+                "best_steps": self._best_steps(state),
+                "in_flight": self._in_flight(state, run),
+            },
         }
+
+    def _best_steps(self, state: ExperimentState) -> list[list[float]]:
+        """progress.png's running best (``plot.running_best``: BASE's metric after each keep)
+        as [experiment number, value] steps of the snapshot's rows."""
+        with_rows = set(state.row_ids)
+        plotted = [vid for vid in state.variants if vid in with_rows]  # plot_rows' order
+        number = {vid: n for n, vid in enumerate(state.row_ids, 1)}
+        xs, ys = running_best(plot_rows(state), self.cfg.goal)
+        return [[number[plotted[x - 1]], y] for x, y in zip(xs, ys, strict=False)]
 
     def _in_flight(self, state: ExperimentState, run: RunHub | None) -> list[dict[str, Any]]:
         """The variants not recorded yet: where each is (its GPU slot and since when while it

@@ -34,8 +34,9 @@ from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, inert
-from gpuswarm.core.runview import RunView
+from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.dashboard.finished import FinalCache
 from gpuswarm.dashboard.gpustats import GpuStats
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.results import shown_counts
@@ -52,6 +53,8 @@ RESUME_BYTES = 8 << 20  # a page further behind than this gets a fresh snapshot
 FEED_EVENTS = 200  # events a snapshot carries for the page's event feed
 LIVE_CHECK_SECONDS = 1.0
 ENDED_CHECK_SECONDS = 5.0
+# events after which a page gets every lane again (a resumed run's lanes are the journal's)
+EVERY_LANE = ("requeued", "supervisor_stopped", "supervisor_started")
 _SLOT_RE = re.compile(r"^(?P<host>.+)-gpu(?P<gpus>\d+(?:\+\d+)*)(?:\.(?P<share>\d+))?$")
 
 
@@ -139,9 +142,8 @@ class RunHub:
         self.gpus = GpuStats(str(self.info.get("vendor") or ""), host_slug())
         self._lines: dict[str, tuple[int, str]] = {}
         self._shown: dict[str, str] = {}
-        self.paused = paused_now(
-            paths
-        )  # the pause flags (one listdir at most every 0.5 s)  # slot -> (log mtime, last line)
+        self.paused = paused_now(paths)  # the pause flags (one listdir at most every 0.5 s)
+        self.finals = FinalCache(paths, self.redactor)  # an ended run's view (report.html's)
         self._seed()
 
     # -- start: the recent past from the journal's tail ----------------------------------------
@@ -169,7 +171,10 @@ class RunHub:
     def poll(self) -> bool:
         """Fold what the journal gained since the last call; whether anything changed (the
         pages are then told). Costs one stat when nothing was appended."""
-        changed = False
+        changed = self.finals.fresh()  # an ended run's view was read in a thread
+        if changed:
+            with self.lock:
+                self.version += 1
         now = time.monotonic()
         grew = self.follower.grew()
         # a live run is asked every second whether it still is; an ended one every 5 s, or at
@@ -320,9 +325,13 @@ class RunHub:
             failures = [inert(self.redactor.text(f)) for f in self.view.failures]
             quarantined = dict(self.view.quarantined)
         stats = self.gpus.sample()
+        final = None if self.live else self.final()
+        done = {k: v["attempts"] for k, v in final["slots"].items()} if final else {}
+        if final:  # every slot the run has had, its quarantine as the summary recorded it
+            quarantined = {k: v["quarantined"] for k, v in final["slots"].items()}
         slots = []
-        for label in sorted(rows, key=_natural):
-            row = rows[label]
+        for label in sorted({*rows, *done}, key=_natural):
+            row = rows.get(label) or SlotRow()
             host, gpus = slot_place(label)
             slots.append(
                 {
@@ -334,7 +343,7 @@ class RunHub:
                     "attempt": row.attempt,
                     "since": row.since if row.task else None,
                     "timeout": row.timeout if row.task else None,
-                    "done": row.done,
+                    "done": done.get(label, row.done),
                     "last_line": self._last_line(label, row.task, row.attempt) if lines else "",
                     "gpu": [stats[g] for g in gpus if g in stats] if host == self.gpus.host else [],
                     "paused": label in paused_slots,
@@ -348,17 +357,40 @@ class RunHub:
             "slots": slots,
             "failures": failures,
             "nvml": self.gpus.works,
+            "final": None if final is None else {k: v for k, v in final.items() if k != "lanes"},
         }
+
+    def final(self) -> dict[str, Any] | None:
+        """An ended run as report.html shows it (``finished.final_view``), read again when its
+        summary or its journal changed; None while a large run's is being read."""
+        with self.view.lock:
+            tasks = sum(self.view.counts.values())
+        with self.lock:
+            labels = list(self.lanes)  # the poller may add one meanwhile
+        return self.finals.get((self._summary, self.position, self.state), tasks, labels)
+
+    def _lanes(self, labels: Iterable[str] | None = None) -> dict[str, list[Any]]:
+        """The bars of ``labels`` (every lane when None): an ended run's every attempt from
+        its descriptors, a live run's recent ones from the journal."""
+        final = None if self.live else self.final()
+        if final is not None:
+            lanes: dict[str, list[Any]] = final["lanes"]
+            return {k: v for k, v in lanes.items() if labels is None or k in labels}
+        with self.lock:
+            return {
+                label: [b.as_json() for b in bars]
+                for label, bars in self.lanes.items()
+                if labels is None or label in labels
+            }
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            lanes = {label: [b.as_json() for b in bars] for label, bars in self.lanes.items()}
             feed = list(self.feed)
             pos = self.position
         return {
             "pos": pos,
             "view": self.view_json(),
-            "lanes": lanes,
+            "lanes": self._lanes(),
             "feed": feed,
             "settings": {"timeout_default": None},
         }
@@ -366,16 +398,11 @@ class RunHub:
     def update(self, events: list[dict[str, Any]], pos: int) -> dict[str, Any]:
         """What a page that is at an older position gets: the events it missed, the live view,
         and the lanes those events touched."""
-        touched = {str(e.get("slot")) for e in events if e.get("slot")}
-        if any(e.get("ev") in ("requeued", "supervisor_stopped") for e in events):
-            touched = set(self.lanes)
-        with self.lock:
-            lanes = {
-                label: [b.as_json() for b in self.lanes[label]]
-                for label in touched
-                if label in self.lanes
-            }
-        return {"pos": pos, "events": events, "view": self.view_json(), "lanes": lanes}
+        touched: set[str] | None = {str(e.get("slot")) for e in events if e.get("slot")}
+        if not self.live or any(e.get("ev") in EVERY_LANE for e in events):
+            touched = None  # every lane (an ended run's are its descriptors' attempts)
+        view = self.view_json()
+        return {"pos": pos, "events": events, "view": view, "lanes": self._lanes(touched)}
 
     def _last_line(self, label: str, task: str, attempt: int) -> str:
         """The running attempt's last output line (a 4 KiB tail, re-read when the log

@@ -9,6 +9,7 @@ far), so a page that reconnects resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
+import shlex
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> dict[str, Any
     last = desc.last_counted
     spec = desc.task
     command = spec.get("command")
+    shown = redactor.command(command) if isinstance(command, str | list) else None
     return {
         "id": task,
         "name": inert(redactor.name(desc.name)),
@@ -75,7 +77,9 @@ def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> dict[str, Any
         "max_attempts": desc.max_attempts,
         "used": desc.attempts_used,
         "timeout": desc.timeout,
-        "command": redactor.command(command) if isinstance(command, str | list) else None,
+        "command": shown,
+        # as a shell takes it back: an argv quoted word by word (a shell line is its own text)
+        "command_line": shlex.join(str(a) for a in shown) if isinstance(shown, list) else shown,
         "cwd": redactor.text(str(spec["cwd"])) if spec.get("cwd") else None,
         "running": None
         if running is None or running.waiting

@@ -82,9 +82,15 @@ function fmtSeconds(s) {
 // One formatter each: toLocale*String() builds a new one per call (a millisecond each: a
 // Gantt of 2,400 bars took seconds to draw).
 const TIME_FMT = new Intl.DateTimeFormat([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false });
-const DATE_FMT = new Intl.DateTimeFormat([], { dateStyle: 'short', timeStyle: 'medium', hour12: false });
 function fmtTime(ts) { return ts ? TIME_FMT.format(new Date(ts * 1000)) : ''; }
-function fmtDate(ts) { return ts ? DATE_FMT.format(new Date(ts * 1000)) : ''; }
+// ISO 8601 in this browser's time zone, with its offset: 2026-12-02 10:34:06+01:00
+function fmtDate(ts) {
+  if (!ts) return '';
+  const d = new Date(ts * 1000), p = (n) => String(Math.abs(n)).padStart(2, '0');
+  const off = -d.getTimezoneOffset();
+  return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`
+    + `${off < 0 ? '-' : '+'}${p(Math.trunc(off / 60))}:${p(off % 60)}`;
+}
 function fmtMetric(v) { return v === null || v === undefined ? '—' : Number(v).toFixed(6); }
 function fmtBytes(n) { return `${(n / 2 ** 30).toFixed(1)}G`; }
 
@@ -118,6 +124,7 @@ function flash(message, error) {
   flash.timer = setTimeout(() => clear(box), error ? 12000 : 5000);
 }
 async function act(rid, action, body, done) {
+  if (action === 'cancel' && !window.confirm(`Cancel ${(body.tasks || []).join(', ')}? A running task is stopped, a pending one never starts (retry brings it back).`)) return;
   try {
     const data = await post(`/api/runs/${encodeURIComponent(rid)}/actions/${action}`, body);
     flash(describe(action, data));
@@ -265,11 +272,12 @@ function runPage(rid) {
   const windowTabs = el('div', { class: 'tabs' });
   const legend = el('div', { class: 'legend' }, OUTCOMES.map((o) => el('span', {}, el('i', { class: `o-${o}` }), o)), el('span', {}, el('i', { class: 'idle-key' }), 'idle'));
   const failures = el('div', { id: 'failures' });
+  const failuresTitle = el('h2', { text: 'Recent failures' });
   const feed = el('div', { class: 'feed card mono', id: 'feed' });
   const tableBox = el('div', { id: 'tasks' });
   const addBox = el('div', { id: 'add-box' });
   page(head, el('div', { class: 'row' }, el('h2', { class: 'grow', text: 'GPU slots' }), windowTabs), legend, lanesBox,
-    el('div', { class: 'cols' }, el('div', {}, el('h2', { text: 'Recent failures' }), failures), el('div', {}, el('h2', { text: 'Events' }), feed)),
+    el('div', { class: 'cols' }, el('div', {}, failuresTitle, failures), el('div', {}, el('h2', { text: 'Events' }), feed)),
     el('div', { class: 'row' }, el('h2', { class: 'grow', text: 'Tasks' })), addBox, tableBox);
 
   const drawWindowTabs = () => replace(windowTabs, WINDOWS.map(([s, label]) => el('button', { class: st.window === s ? 'on small' : 'small', onclick: () => { st.window = s; drawWindowTabs(); drawLanes(); } }, label)));
@@ -281,12 +289,16 @@ function runPage(rid) {
     document.title = `${v.title}: gpuswarm`;
     const controls = [];
     if (!READ_ONLY) {
-      controls.push(v.paused
-        ? el('button', { 'data-action': 'unpause', onclick: () => act(rid, 'unpause', {}) }, 'Unpause run')
-        : el('button', { 'data-action': 'pause', onclick: () => act(rid, 'pause', {}) }, 'Pause run'));
-      controls.push(el('button', { onclick: () => toggleAdd(addBox, rid) }, 'Add tasks…'));
-      if ((v.counts.failed || 0) > 0) controls.push(el('button', { onclick: () => act(rid, 'retry', { failed: true }) }, 'Retry failed'));
+      // pausing and adding are for a supervisor that runs: an ended run is resumed instead
+      if (v.live) {
+        controls.push(v.paused
+          ? el('button', { 'data-action': 'unpause', onclick: () => act(rid, 'unpause', {}) }, 'Unpause run')
+          : el('button', { 'data-action': 'pause', onclick: () => act(rid, 'pause', {}) }, 'Pause run'));
+        controls.push(el('button', { 'data-action': 'add', onclick: () => toggleAdd(addBox, rid) }, 'Add tasks…'));
+      } else clear(addBox);
+      if ((v.counts.failed || 0) > 0) controls.push(el('button', { 'data-action': 'retry-failed', onclick: () => act(rid, 'retry', { failed: true }) }, 'Retry failed'));
     }
+    const f = v.final;
     replace(head,
       el('h1', {}, v.title, badge(v.state), v.paused ? el('span', { class: 'badge st-stopped', text: 'paused' }) : null, el('span', { class: 'grow' }), ...controls),
       el('div', { class: 'card row' },
@@ -295,26 +307,47 @@ function runPage(rid) {
         el('span', { 'data-testid': 'progress', text: `${Math.round(v.progress * 100)}%` }),
         el('span', { class: 'muted' }, v.live && v.eta !== null ? `ETA ${fmtSeconds(v.eta)}` : ''),
         el('span', { class: 'mono muted cell-clip', title: v.path, text: v.folder })),
+      f && f.window ? el('div', { class: 'muted', 'data-testid': 'run-busy' },
+        `GPU busy ${pct(f.busy_share)} from the first start to the last end (${fmtDate(f.window[0])} → ${fmtTime(f.window[1])}, ${fmtSeconds(f.window[1] - f.window[0])})`) : null,
       v.note ? el('div', { class: 'notice', text: v.note }) : null,
-      v.nvml ? null : el('div', { class: 'muted', text: '' }));
+      !v.live && !READ_ONLY ? el('div', { class: 'notice', 'data-testid': 'ended-hint' },
+        'This run has ended. To run more of it: ', el('code', { text: `gpuswarm add ${v.path} LIST` }), ' (or retry), then ',
+        el('code', { text: `gpuswarm resume ${v.path}` }), '.') : null,
+      f && f.quarantined.length ? el('div', { class: 'notice error', 'data-testid': 'quarantines' }, el('b', { text: 'Quarantined slots' }),
+        el('ul', {}, f.quarantined.map((q) => el('li', { 'data-slot': q.slot },
+          el('b', { class: 'mono', text: q.slot }), ` (GPU ${q.gpus.join(',')}): ${q.reason}`, q.lifted ? `; lifted: ${q.lifted}` : '; still out at the end')))) : null);
   };
 
   const drawLanes = () => {
     const v = st.view;
     if (!v) return;
-    const now = serverNow();
+    const f = v.final;
+    // an ended run's window ends at its last end (fit: its first start to it), a live one's now
+    const now = f && f.window ? f.window[1] : serverNow();
     const spans = Object.values(st.lanes).flat();
     const first = spans.length ? Math.min(...spans.map((b) => b[0])) : now - 60;
     const t1 = now;
     // fit: from the first bar shown (at most 30 min back, at least one minute)
-    const t0 = st.window > 0 ? now - st.window
-      : st.window === 0 ? Math.min(first, now - 60)
-        : Math.min(now - 10, Math.max(now - 1800, first - 0.03 * (now - first)));
-    const rows = v.slots.map((s) => laneRow(rid, s, st.lanes[s.label] || [], t0, t1, now, first));
+    const t0 = f && f.window && st.window < 0 ? f.window[0]
+      : st.window > 0 ? now - st.window
+        : st.window === 0 ? Math.min(first, now - 60)
+          : Math.min(now - 10, Math.max(now - 1800, first - 0.03 * (now - first)));
+    const rows = v.slots.map((s) => laneRow(rid, v, s, st.lanes[s.label] || [], t0, t1, now, first));
     replace(lanesBox, rows.length ? rows : [el('div', { class: 'muted', text: 'No slot has started yet.' })]);
   };
 
   const drawFailures = () => {
+    const fin = st.view.final;
+    const unfinished = fin && fin.failures.some((x) => x.state !== 'failed'); // a stopped run's pending ones
+    failuresTitle.textContent = fin ? `${unfinished ? 'Failures and unfinished tasks' : 'Failures'} (${fin.not_done ?? fin.failures.length})` : 'Recent failures';
+    if (fin) {
+      const more = (fin.not_done || 0) - fin.failures.length;
+      replace(failures, fin.failures.length ? el('ul', { 'data-testid': 'failures' }, fin.failures.map((x) => el('li', { 'data-task': x.task },
+        el('a', { class: 'mono', href: `#/run/${encodeURIComponent(rid)}/task/${encodeURIComponent(x.task)}`, text: x.task }), ' ', badge(x.state), ' ', el('span', { class: 'reason', text: x.reason }))),
+      more > 0 ? el('li', { class: 'muted', text: `${more} more: see results.tsv` }) : null)
+        : el('p', { class: 'muted', text: 'None: every task ended done, skipped or cancelled.' }));
+      return;
+    }
     const f = st.view.failures;
     replace(failures, f.length ? el('ul', { class: 'mono' }, f.map((line) => el('li', { text: line }))) : el('p', { class: 'muted', text: 'None.' }));
   };
@@ -330,11 +363,12 @@ function runPage(rid) {
 
   const apply = (data) => {
     noteServerTime(data.view.now);
+    if (st.view && st.view.live !== data.view.live) st.lanes = {}; // ended: its records; resumed: the journal's
     st.view = data.view;
     if (data.lanes) Object.assign(st.lanes, data.lanes);
     if (data.feed) st.feed = data.feed.slice();
     if (data.events) { st.feed.push(...data.events); if (st.feed.length > 400) st.feed.splice(0, st.feed.length - 400); }
-    drawHead(); drawLanes(); drawFailures(); drawFeed();
+    drawHead(); drawLanes(); drawFailures(); drawFeed(); drawTabs(st);
     const key = JSON.stringify(st.view.counts);
     if (key !== st.lastCounts) { st.lastCounts = key; refreshTable(!data.events); }
   };
@@ -345,12 +379,13 @@ function runPage(rid) {
   // elapsed times and running bars move each second; a run with nothing running is redrawn
   // every 5 s (its window still slides)
   let ticks = 0;
-  every(1000, () => { ticks += 1; if (st.view && (st.view.slots.some((s) => s.task) || ticks % 5 === 0)) drawLanes(); });
+  every(1000, () => { ticks += 1; if (st.view && st.view.live && (st.view.slots.some((s) => s.task) || ticks % 5 === 0)) drawLanes(); });
   refreshTable(true); // the table's first page comes in parallel with the stream's snapshot
   st.refreshTable = refreshTable;
 }
 
-function laneRow(rid, s, bars, t0, t1, now, origin) {
+function laneRow(rid, v, s, bars, t0, t1, now, origin) {
+  const fin = v.final ? v.final.slots[s.label] : null;
   const busy = Boolean(s.task);
   const gpuLine = s.gpu && s.gpu.length ? s.gpu.map((g) => {
     const util = el('span', { class: 'meter', title: `GPU ${g.index} utilisation ${g.util}%` }, el('span'));
@@ -362,8 +397,8 @@ function laneRow(rid, s, bars, t0, t1, now, origin) {
     el('div', { class: 'muted' }, s.host ? `host ${s.host}` : '', s.gpus.length ? ` · GPU ${s.gpus.join('+')}` : ''),
     gpuLine,
     s.paused ? el('span', { class: 'badge st-stopped', text: 'paused' }) : null,
-    s.quarantined ? el('span', { class: 'badge st-failed', title: s.quarantined, text: 'quarantined' }) : null,
-    READ_ONLY ? null : el('button', { class: 'small', 'data-action': s.paused ? 'unpause-slot' : 'pause-slot', onclick: () => act(rid, s.paused ? 'unpause' : 'pause', { slot: s.label }) }, s.paused ? 'unpause slot' : 'pause slot'));
+    s.quarantined ? el('span', { class: 'badge st-failed', 'data-testid': 'quarantined', title: s.quarantined, text: fin ? s.quarantined : 'quarantined' }) : null,
+    READ_ONLY || !v.live ? null : el('button', { class: 'small', 'data-action': s.paused ? 'unpause-slot' : 'pause-slot', onclick: () => act(rid, s.paused ? 'unpause' : 'pause', { slot: s.label }) }, s.paused ? 'unpause slot' : 'pause slot'));
   let nowCell;
   if (busy) {
     const elapsed = Math.max(0, now - s.since);
@@ -378,15 +413,20 @@ function laneRow(rid, s, bars, t0, t1, now, origin) {
       bar,
       el('div', { class: 'lastline mono', title: s.last_line, 'data-testid': 'last-line', text: s.last_line || ' ' }));
   } else {
-    nowCell = el('div', { class: 'lane-now' }, el('div', { text: 'idle' }), el('div', { class: 'muted' }, `${s.done} attempt(s) ended here`));
+    nowCell = fin
+      ? el('div', { class: 'lane-now' }, el('div', { text: 'ended' }),
+        el('div', { class: 'muted', 'data-testid': 'slot-attempts', 'data-attempts': fin.attempts },
+          `${fin.attempts} ${fin.attempts === 1 ? 'attempt' : 'attempts'} ran here, ${fin.exited} exited 0`))
+      : el('div', { class: 'lane-now' }, el('div', { text: 'idle' }), el('div', { class: 'muted' }, `${s.done} attempt(s) ended here`));
   }
-  const ganttCell = el('div', { class: 'lane-gantt' }, ...gantt(bars, t0, t1, now, origin));
-  return el('div', { class: busy ? 'lane busy' : 'lane idle', 'data-slot': s.label, 'data-task': s.task || '' }, headCell, nowCell, ganttCell);
+  const whole = fin && v.final.window && t0 === v.final.window[0];
+  const ganttCell = el('div', { class: 'lane-gantt' }, ...gantt(bars, t0, t1, now, origin, whole ? fin.busy_share : null, !v.live));
+  return el('div', { class: busy ? 'lane busy' : fin ? 'lane ended' : 'lane idle', 'data-slot': s.label, 'data-task': s.task || '' }, headCell, nowCell, ganttCell);
 }
 
 // One lane's recent attempts: bars by outcome over a hatched background, so that idle time
 // (no bar) is what stands out; the time before the run's first attempt is not idle.
-function gantt(bars, t0, t1, now, origin) {
+function gantt(bars, t0, t1, now, origin, share, ended) {
   const W = 1000, H = 18, span = Math.max(1, t1 - t0);
   const x = (t) => ((Math.max(t0, Math.min(t1, t)) - t0) / span) * W;
   const from = Math.max(t0, Math.min(origin, t1));
@@ -414,9 +454,11 @@ function gantt(bars, t0, t1, now, origin) {
   });
   idle += Math.max(0, t1 - last);
   svg.dataset.bars = String(shown);
-  const idlePct = Math.round((100 * idle) / Math.max(1, t1 - from));
+  // an ended run's whole window: the server's busy share (first start → last end, as the report)
+  const idlePct = share !== null && share !== undefined ? Math.round(100 * (1 - share)) : Math.round((100 * idle) / Math.max(1, t1 - from));
+  const note = share !== null && share !== undefined ? `busy ${pct(share)} of the run, idle ${idlePct}%` : `idle ${idlePct}% of this window`;
   return [svg, el('div', { class: 'axis-row' }, el('span', { text: fmtTime(t0) }),
-    el('span', { class: idlePct > 20 ? 'idle-note bad' : 'idle-note', text: `idle ${idlePct}% of this window` }), el('span', { text: 'now' }))];
+    el('span', { class: idlePct > 20 ? 'idle-note bad' : 'idle-note', 'data-testid': 'idle-note', 'data-busy': share ?? '', text: note }), el('span', { text: ended ? `${fmtTime(t1)} (last end)` : 'now' }))];
 }
 
 function eventText(e) {
@@ -459,10 +501,9 @@ async function loadTable(rid, st, box) {
     replace(box, el('div', { class: 'notice error', text: e.message }));
     return;
   }
-  const counts = st.view ? st.view.counts : {};
-  const tabs = el('div', { class: 'tabs', role: 'tablist' },
-    [[null, 'all', st.view ? st.view.total : '']].concat(STATES.filter((s) => counts[s] !== undefined).map((s) => [s, s, counts[s]])).map(([s, label, n]) =>
-      el('button', { class: t.state === s ? 'on small' : 'small', 'data-filter': label, onclick: () => { t.state = s; t.offset = 0; loadTable(rid, st, box); } }, `${label} ${n}`)));
+  st.tabsBox = st.tabsBox || el('div', { class: 'tabs', role: 'tablist' });
+  st.loadTable = () => loadTable(rid, st, box);
+  const tabs = drawTabs(st);
   const search = el('input', { type: 'search', placeholder: 'filter by id or name', value: t.q, 'aria-label': 'filter tasks' });
   search.addEventListener('input', () => { clearTimeout(search.timer); search.timer = setTimeout(() => { t.q = search.value; t.offset = 0; loadTable(rid, st, box).then(() => { const s = box.querySelector('input[type=search]'); if (s) { s.focus(); s.setSelectionRange(s.value.length, s.value.length); } }); }, 300); });
   const col = (key, label, cls) => el('th', {
@@ -493,6 +534,19 @@ async function loadTable(rid, st, box) {
       el('tbody', {}, rows)),
     pager);
 }
+
+// The state tabs: drawn from the same view as the run's header (one snapshot: both change
+// together), again with every update and every page of the table.
+function drawTabs(st) {
+  const box = st.tabsBox;
+  if (!box) return null;
+  const t = st.table, counts = st.view ? st.view.counts : {};
+  replace(box, [[null, 'all', st.view ? st.view.total : '']].concat(STATES.filter((s) => counts[s] !== undefined).map((s) => [s, s, counts[s]])).map(([s, label, n]) =>
+    el('button', { class: t.state === s ? 'on small' : 'small', 'data-filter': label, 'data-n': n, onclick: () => { t.state = s; t.offset = 0; st.loadTable(); } }, `${label} ${n}`)));
+  return box;
+}
+
+function pct(share) { return share === null || share === undefined ? '' : `${Math.round(100 * share)}%`; }
 
 function rowActions(rid, r, reload) {
   const out = el('span', { class: 'row' });
@@ -532,7 +586,7 @@ function taskPage(rid, tid) {
     replace(head,
       el('h1', {}, el('span', { class: 'mono', text: d.id }), badge(d.state), d.waiting ? el('span', { class: 'badge st-pending', text: 'waiting to retry' }) : null, el('span', { class: 'grow' }), ...controls),
       el('div', { class: 'card' }, el('dl', { class: 'kv' },
-        kv('name', d.name), kv('command', Array.isArray(d.command) ? d.command.join(' ') : d.command, 'mono'), kv('cwd', d.cwd, 'mono'),
+        kv('name', d.name), kv('command', d.command_line, 'mono'), kv('cwd', d.cwd, 'mono'),
         kv('reason', d.reason), kv('attempts', `${d.used} of ${d.max_attempts} used (${d.attempts.length} recorded)`),
         kv('timeout', d.timeout ? fmtSeconds(d.timeout) : 'none'), kv('priority', d.priority),
         d.running ? kv('running', `attempt ${d.running.attempt} on ${d.running.slot} since ${fmtTime(d.running.since)}`) : null,
@@ -624,6 +678,7 @@ function experimentPage(eid) {
     selected = vid;
     if (last) draw();
     replace(diff, el('h2', { text: `Diff of ${vid}` }), el('p', { class: 'muted', text: 'loading…' }));
+    diff.scrollIntoView({ block: 'start' }); // below a long table it would be out of sight
     try {
       const d = await getJSON(`/api/experiments/${encodeURIComponent(eid)}/variants/${encodeURIComponent(vid)}/diff`);
       replace(diff, el('h2', {}, `${d.id}: `, el('span', { text: d.description })),
@@ -668,21 +723,23 @@ function progressChart(v, width) {
   const n = rows.length;
   const x = (i) => L + ((W - L - R) * (n === 1 ? 0.5 : (i - 1) / (n - 1)));
   const y = (m) => T + ((H - T - B) * (hi - m)) / (hi - lo);
-  for (let k = 0; k <= 4; k++) {
-    const m = lo + ((hi - lo) * k) / 4;
+  const ticks = niceTicks(lo, hi);
+  svg.dataset.ticks = ticks.values.join(' ');
+  for (const m of ticks.values) {
     svg.append(svgEl('line', { class: 'grid', x1: L, x2: W - R, y1: y(m), y2: y(m) }));
-    svg.append(svgEl('text', { x: L - 6, y: y(m) + 4, 'text-anchor': 'end', text: m.toPrecision(5) }));
+    svg.append(svgEl('text', { class: 'tick', x: L - 6, y: y(m) + 4, 'text-anchor': 'end', text: m.toFixed(ticks.decimals) }));
   }
   svg.append(svgEl('text', { x: (W + L) / 2, y: H - 6, 'text-anchor': 'middle', text: `experiment # (${v.metric}, ${v.goal === 'min' ? 'lower' : 'higher'} is better)` }));
-  let best = null, path = '';
-  for (const r of rows) {
-    if (r.status === 'keep' && r.metric !== null) {
-      const better = best === null || (v.goal === 'min' ? r.metric <= best : r.metric >= best);
-      if (better) best = r.metric;
-    }
-    if (best !== null) path += `${path ? 'L' : 'M'}${x(r.n)},${y(best)} `;
+  // the running best as progress.png draws it (research/plot.py running_best: BASE's metric
+  // after each keep), a step that holds until the next keep and runs to the last experiment
+  const steps = v.best_steps || [];
+  if (steps.length) {
+    let d = `M${x(steps[0][0])},${y(steps[0][1])}`;
+    for (let i = 1; i < steps.length; i++) d += `H${x(steps[i][0])}V${y(steps[i][1])}`;
+    d += `H${x(n)}`;
+    svg.append(svgEl('path', { class: 'best', d, 'data-steps': steps.length }));
   }
-  if (path) svg.append(svgEl('path', { class: 'best', d: path }));
+  const labels = [];
   for (const r of rows) {
     if (r.metric === null) {
       const cx = x(r.n), cy = H - B - 4;
@@ -693,10 +750,30 @@ function progressChart(v, width) {
     const cls = r.status === 'keep' ? 'keep' : 'discard';
     svg.append(svgEl('circle', { class: cls, cx: x(r.n), cy: y(r.metric), r: r.status === 'keep' ? 5 : 3.5, 'data-variant': r.id },
       svgEl('title', { text: `${r.id} ${fmtMetric(r.metric)} ${r.status}: ${r.description}` })));
-    if (r.status === 'keep') {
-      const right = x(r.n) > W * 0.7; // labels near the right edge end at their point
-      svg.append(svgEl('text', { class: 'label', x: x(r.n) + (right ? -7 : 7), y: y(r.metric) - 7, 'text-anchor': right ? 'end' : 'start', text: r.description.replace(/^\[[^\]]*\]\s*/, '').slice(0, 40) }));
-    }
+    if (r.status === 'keep' && (!r.kind || r.kind === 'variant' || r.kind === 'combo')) labels.push(r);
+  }
+  // a kept change's description by its dot; one that would overlap a label already placed is
+  // left out, the newest first (as progress.png: a run of keeps reads as the newest ones)
+  const placed = [];
+  for (const r of labels.reverse()) {
+    const text = r.description.replace(/^\[[^\]]*\]\s*/, '').slice(0, 40);
+    const right = x(r.n) > W * 0.7; // labels near the right edge end at their point
+    const w = 6.2 * text.length, x0 = right ? x(r.n) - 7 - w : x(r.n) + 7, y0 = y(r.metric) - 7;
+    const box = [x0, y0 - 11, x0 + w, y0 + 2];
+    if (placed.some((b) => box[0] < b[2] && b[0] < box[2] && box[1] < b[3] && b[1] < box[3])) continue;
+    placed.push(box);
+    svg.append(svgEl('text', { class: 'label', x: right ? x0 + w : x0, y: y0, 'text-anchor': right ? 'end' : 'start', 'data-variant': r.id, text }));
   }
   return svg;
+}
+
+// Round tick values for [lo, hi]: a step of 1, 2, 2.5 or 5 times a power of ten, 4 to 8 ticks,
+// each written with the decimals its step needs (0.05, 0.1, 0.15: never 0.15000001).
+function niceTicks(lo, hi) {
+  const raw = (hi - lo) / 5, mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((k) => k * mag).find((st) => (hi - lo) / st <= 7) || 10 * mag;
+  const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9) + (String(step / mag).includes('.') ? 1 : 0));
+  const values = [];
+  for (let m = Math.ceil(lo / step) * step; m <= hi + step * 1e-9; m += step) values.push(Number(m.toFixed(decimals)));
+  return { values, decimals };
 }
