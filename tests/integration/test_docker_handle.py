@@ -203,6 +203,7 @@ def test_orphans_are_found_by_their_names_whatever_their_labels_say(
     assert first.settings is not None
     first.settings = first.settings.model_copy(update={"args": forged})
     mine = name_pattern(run_dir=str(run))
+    handle = None
     try:
         handle = first.launch(spec_for(run, "trap '' TERM; sleep 1000"))
         deadline = time.monotonic() + 30
@@ -227,4 +228,6 @@ def test_orphans_are_found_by_their_names_whatever_their_labels_say(
     finally:
         for name, _ in _named(mine):
             docker("rm", "--force", name, check=False)
+        if handle is not None:  # reap the killed client: no zombie, no attempt left registered
+            handle.wait()
         first.close()
