@@ -3,9 +3,9 @@
 Each tick it caps logs (when the backend does not), releases retries whose backoff is over,
 fences attempts whose lease a reclaimer took, applies control requests and pause flags
 (:mod:`.controls`), and wakes the loop for quarantines whose cool-down may be over; less often
-it syncs the journal, touches the owner file (the heartbeat) and reclaims the tasks of dead
-supervisors (in a thread of its own: killing a dead owner's stubborn leftovers takes a grace
-period, and the heartbeat must not wait for it).
+it syncs the journal and reclaims the tasks of dead supervisors (in a thread of its own:
+killing a dead owner's stubborn leftovers takes a grace period). The heartbeat (the owner
+file's mtime) is :mod:`.heartbeat`'s own thread, so no duty here can delay it.
 
 Between ticks it looks at the run's ``added`` marker every :data:`WAKE_LOOK` seconds (one
 ``stat``): ``gpuswarm add``, ``retry``, ``unpause`` and ``priority`` touch it, from any process
@@ -25,7 +25,6 @@ from pathlib import Path
 
 from gpuswarm.core.logs import cap_log
 from gpuswarm.exec.base import Backend
-from gpuswarm.store.leases import owner_file
 from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
 from gpuswarm.supervise.controls import Controller
@@ -73,11 +72,12 @@ class Keeper:
         """Cap logs, release due retries; heartbeat and reclaim less often.
 
         It ticks once a second, faster (down to 20 ms) while a log grows fast, so a flooding task
-        overshoots its cap by little; the heartbeat runs at least four times per lease_ttl.
+        overshoots its cap by little; the journal is synced at the heartbeat's pace (the beat
+        itself is heartbeat.py's thread).
         """
         run = self.run
         beat_every = min(run.cfg.heartbeat, run.cfg.lease_ttl / 4)
-        next_beat = next_reclaim = 0.0
+        next_sync = next_reclaim = 0.0
         tick = min(1.0, beat_every)
         while not self._rest(tick):
             now = time.monotonic()
@@ -87,11 +87,9 @@ class Keeper:
             self.control.tick()
             if self.cooling():  # a cool-down may be over, or a quarantine lifted by hand
                 run.wakeup()
-            if now >= next_beat:
-                next_beat = now + beat_every
+            if now >= next_sync:  # a journal that cannot be synced (a full disk) stops the run
+                next_sync = now + beat_every
                 run.ledger.sync()
-                with contextlib.suppress(FileNotFoundError):
-                    os.utime(owner_file(run.paths, run.cfg.owner))
             if now >= next_reclaim and not run.stopping.is_set():
                 next_reclaim = now + run.cfg.lease_ttl / 3
                 if self._reclaimer is None or not self._reclaimer.is_alive():

@@ -52,6 +52,7 @@ from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.halt import Halt
+from gpuswarm.supervise.heartbeat import Heartbeat
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
 from gpuswarm.supervise.membership import SlotSync
@@ -128,6 +129,8 @@ class Supervisor:
             threading.Thread(target=self.committer.serve, name=f"commit-{i}", daemon=True)
             for i in range(COMMITTERS)
         ]
+        beat = Heartbeat(self.shared)  # its own thread: no duty and no shutdown delays it
+        beat.start()
         for thread in (keeper, *committers, loop):
             thread.start()
         while loop.is_alive():
@@ -144,6 +147,7 @@ class Supervisor:
             Ev.SUPERVISOR_STOPPED, owner=self.cfg.owner, stopped=self.stopping.is_set()
         )
         self.ledger.sync()
+        beat.stop()  # beating until the owner file goes: never taken for dead while closing
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
         self.quarantine.remove_files()
