@@ -662,6 +662,8 @@ def test_loop_rounds_slow_proposer_fills_the_round(
         f"{shlex.quote(PY)} {shlex.quote(str(agent))} 2.5",
         "--max-experiments",
         "2",
+        "--controls",  # a round of two GPUs' variants (a control would take one GPU)
+        "off",
         timeout=50,
     )
     try:

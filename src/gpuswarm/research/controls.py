@@ -211,13 +211,21 @@ class Drift:
 
 
 def drift(state: ExperimentState, noise_k: float) -> list[Drift]:
-    """How BASE's control runs moved, per platform (only with controls, two periods or more)."""
+    """How BASE's control runs moved, per platform (only with controls): those of BASE, or
+    while BASE has fewer than two periods (a keep just moved it), of the latest BASE before it
+    that has two."""
     if not in_use(state):
         return []
     out = []
+    bases = [*dict.fromkeys(v.commit for v in state.variants.values() if v.kind in CONTROL_KINDS)]
+    order = [state.base, *reversed([c for c in bases if c != state.base])]
     for platform in dict.fromkeys(platform_of(v) for v in state.variants.values()):
-        runs = base_runs(state, state.base, platform)
-        means = periods(runs)
+        commit, runs, means = state.base, [], []
+        for commit in order:
+            runs = base_runs(state, commit, platform)
+            means = periods(runs)
+            if len(means) >= 2:
+                break
         if len(means) < 2:
             continue
         first, last = _span(runs[0]), _span(runs[-1])
@@ -226,7 +234,7 @@ def drift(state: ExperimentState, noise_k: float) -> list[Drift]:
         change = means[-1] - means[0]
         moving = est is not None and abs(change) > noise_k * est.sigma
         out.append(
-            Drift(state.base, platform, change, last[1] - first[0], len(means),
+            Drift(commit, platform, change, last[1] - first[0], len(means),
                   None if est is None else est.sigma, moving)
         )
     return out

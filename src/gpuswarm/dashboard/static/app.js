@@ -135,7 +135,7 @@ async function act(rid, action, body, done) {
 }
 function describe(action, data) {
   if (data.tasks) return data.tasks.map((t) => `${t.task}: ${t.was} → ${t.now}${t.note ? ` (${t.note})` : ''}`).join('; ') || `${action}: nothing to do`;
-  if (action === 'add') return `added ${data.added} task(s)`;
+  if (action === 'add') return `added ${nTasks(data.added)}`;
   if (action === 'priority') return `${data.task}: priority ${data.was} → ${data.priority}`;
   if (action === 'pause' || action === 'unpause') return `${action}d ${data.slot ? `slot ${data.slot}` : 'the run'}${data.changed ? '' : ' (no change)'}`;
   return `${action}: ok`;
@@ -468,7 +468,7 @@ function eventText(e) {
   if (e.slot) parts.push(`on ${e.slot}`);
   if (e.state) parts.push(`→ ${e.state}`);
   if (e.request) parts.push(e.request);
-  if (e.count) parts.push(`${e.count} task(s)`);
+  if (e.count) parts.push(nTasks(e.count));
   if (e.reason) parts.push(`(${e.reason})`);
   return parts.join(' ');
 }
@@ -776,4 +776,8 @@ function niceTicks(lo, hi) {
   const values = [];
   for (let m = Math.ceil(lo / step) * step; m <= hi + step * 1e-9; m += step) values.push(Number(m.toFixed(decimals)));
   return { values, decimals };
+}
+
+function nTasks(n) {
+  return `${n} task${n === 1 ? '' : 's'}`;
 }
