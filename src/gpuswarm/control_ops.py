@@ -41,7 +41,7 @@ from typing import Any
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
-from gpuswarm.core.errors import BadInputError, ConfigError
+from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State, base_name
@@ -74,11 +74,25 @@ def _index(queue: DirQueue) -> dict[str, tuple[State, str]]:
     return {tid: (hit.state, hit.file) for tid, hit in task_index(RunReader(queue.paths)).items()}
 
 
+INDEX_TRIES = 20  # scans of the state folders before a task in mid-move is given up on
+
+
 def _resolve(s: _Session, args: Sequence[str]) -> tuple[dict[str, tuple[State, str]], list[str]]:
     """The ids ``args`` mean (ids, unambiguous id or name prefixes; exit 2 naming an unknown
-    or ambiguous one) and where every task of the run is."""
+    or ambiguous one) and where every task of the run is. A task moves between state folders
+    by a rename while the folders are listed one after the other, so one scan can miss it:
+    the scan is taken again until every id is in it (under the control lock nothing but a
+    supervisor's own moves go on)."""
     ids = resolve_tasks(s.paths, args) if args else []
-    return _index(s.queue), ids
+    for _ in range(INDEX_TRIES):
+        known = _index(s.queue)
+        if all(tid in known for tid in ids):
+            return known, ids
+        time.sleep(0.005)
+    missing = [tid for tid in ids if tid not in known]
+    raise QueueError(
+        f"task {missing[0]} kept moving between states while it was looked up: try again"
+    )
 
 
 # -- the shared frame ------------------------------------------------------------------------

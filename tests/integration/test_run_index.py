@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def _two_runs(tmp_path: Path, gpuswarm: Callable[..., CliResult]) -> tuple[Path,
     )
     first = gpuswarm("run", "--gpus", "sim:1", "--plain", "--no-report", "sweep/run.yaml")
     assert first.returncode == 0, first
+    time.sleep(1.1)  # run names carry the second: two in one second share a bare name
     second = gpuswarm("run", "--gpus", "sim:1", "--plain", "--no-report", "batch/run.yaml")
     assert second.returncode == 0, second
     [sweep] = find_runs(tmp_path / "sweep" / "runs")
