@@ -151,12 +151,21 @@ def _draw(
         xs, ys = [*xs_best, n], [*best, best[-1]]
         (step,) = ax.plot(xs, ys, c=KEEP_COLOR, lw=1.6, alpha=0.8, drawstyle="steps-post", zorder=3)
         step.set_label("running best")
+        changes = [i for i in xs_keep if rows[i - 1].change]
+        runs_of_base = [i for i in xs_keep if not rows[i - 1].change]
+        if runs_of_base:  # baselines, controls, confirmations: BASE measured, nothing kept
+            base_dots = ax.scatter(
+                runs_of_base, [val[i] for i in runs_of_base], s=22, facecolors="none",
+                edgecolors=DARK_GREEN, lw=0.8, zorder=4,
+            )  # fmt: skip
+            base_dots.set_label(f"runs of BASE ({len(runs_of_base)})")
         dots = ax.scatter(
-            xs_keep, kept, s=55, c=KEEP_COLOR, edgecolors=DARK_GREEN, lw=0.6, zorder=4
-        )
-        dots.set_label(f"kept ({len(xs_keep)})")
+            changes, [val[i] for i in changes], s=55, c=KEEP_COLOR, edgecolors=DARK_GREEN,
+            lw=0.6, zorder=4,
+        )  # fmt: skip
+        dots.set_label(f"kept ({len(changes)})")
         labels = []
-        for i in xs_keep:  # the description, shortened, up and to the right of the dot
+        for i in changes:  # the description, shortened, up and to the right of the dot
             desc, xy, off = _short(rows[i - 1].description), (i, val[i]), (4.0, 5.0)
             text = ax.annotate(desc, xy, off, textcoords="offset points", rotation=25, fontsize=7)
             text.set(rotation_mode="anchor", color=DARK_GREEN, clip_on=True)
