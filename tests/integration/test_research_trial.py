@@ -569,6 +569,7 @@ def test_loop_mode_applies_to_the_loop_and_wait_reports_only_new(
     try:
         res = research(
             gpuswarm, repo, "loop", "--mode", "async", "--max-experiments", "2", "--seed", "1",
+            "--controls", "off",  # the ids this test pins are the variants' (no control run)
             timeout=80,
         )  # fmt: skip
         assert res.returncode == 0, res

@@ -112,6 +112,14 @@ def natural(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(text) if p)
 
 
+def _value_order(text: str) -> tuple[int, float, tuple[tuple[int, int | str], ...]]:
+    """Numbers by value (0.01 before 0.1), then other text in natural order."""
+    try:
+        return (0, float(text), ())
+    except ValueError:
+        return (1, 0.0, natural(text))
+
+
 def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
     """The config's order (submission), then natural order of the ids (rows of no
     descriptor, tasks of equal place)."""
@@ -268,7 +276,7 @@ def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
     for key, values in sorted(columns.items()):
         short = key.removeprefix("result.")
         if key.startswith("result.") and short in inputs and _is_input(short, rows):
-            distinct = sorted({str(v) for v in values}, key=natural)
+            distinct = sorted({str(v) for v in values}, key=_value_order)
             out[key] = {"kind": "input", "n": len(values), "values": distinct[:50]}
         elif all(isinstance(v, bool) for v in values):
             true = sum(1 for v in values if v)

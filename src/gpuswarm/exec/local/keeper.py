@@ -44,7 +44,7 @@ RUN_VAR = "GPUSWARM_LOG_KEEPER_RUN"
 OWNER_VAR = "GPUSWARM_LOG_KEEPER_OWNER"
 _TASK_VARS = ("GPUSWARM_RUN_DIR", "GPUSWARM_OWNER", "GPUSWARM_ATTEMPT_TOKEN", "GPUSWARM_TASK_ID")
 _SEND_TIMEOUT = 5.0  # a keeper that does not take a message in this long is given up on
-_SETTLE = 5.0  # how long a reclaimer waits for a dead supervisor's keeper to finish by itself
+_SETTLE = 1.5  # how long a reclaimer waits for a dead supervisor's keeper to finish by itself
 _MESSAGE = 64
 
 
