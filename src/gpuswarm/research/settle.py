@@ -69,19 +69,34 @@ def _platform_baseline(paths: ExpPaths, cfg: ExperimentConfig, state: Experiment
     platform = rules.baseline_wanted(cfg, state)
     if platform is None:
         return
+    description = f"baseline (wanted on {rules.short_platform(platform)})"
+    _queue_base_run(paths, cfg, state, "baseline", description, {"platform": platform})
+
+
+def _queue_base_run(
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    state: ExperimentState,
+    kind: str,
+    description: str,
+    meta: dict[str, str] | None,
+) -> Variant:
+    """Journal and queue one more run of BASE (a baseline or a control) and see that a runner
+    serves it."""
     v = variants.record(
         paths,
         cfg,
         state,
-        kind="baseline",
+        kind=kind,
         commit=state.base,
         parent=state.base,
-        description=f"baseline (wanted on {rules.short_platform(platform)})",
-        source="baseline",
-        meta={"platform": platform},
+        description=description,
+        source=kind,
+        meta=meta,
     )
     executor.enqueue(paths, cfg, v)
     runner.ensure_runner(paths, cfg)
+    return v
 
 
 def queue_control(
@@ -93,20 +108,9 @@ def queue_control(
 ) -> Variant:
     """Queue a control run: BASE again, the reference of the variants of its period (with
     several GPU models, pinned to ``platform``'s GPUs when given)."""
-    v = variants.record(
-        paths,
-        cfg,
-        state,
-        kind="control",
-        commit=state.base,
-        parent=state.base,
-        description=f"control: BASE {gitops.short(state.base)} ({why})",
-        source="control",
-        meta={"platform": platform} if platform and rules.multi_platform(state) else None,
-    )
-    executor.enqueue(paths, cfg, v)
-    runner.ensure_runner(paths, cfg)
-    return v
+    pinned = {"platform": platform} if platform and rules.multi_platform(state) else None
+    description = f"control: BASE {gitops.short(state.base)} ({why})"
+    return _queue_base_run(paths, cfg, state, "control", description, pinned)
 
 
 def _control_wanted(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
