@@ -58,7 +58,9 @@ def test_sweep_example_runs_every_point_of_its_matrix(tmp_path: Path) -> None:
     assert losses[best["task"]] == best["value"]
     assert f"best final_loss {best['value']:.4g}: {best['task']}" in proc.stderr
     assert summary["fields"]["result.lr"] == {
-        "kind": "input", "n": 24, "values": ["0.01", "0.1", "0.5", "1.2"]
+        "kind": "input",
+        "n": 24,
+        "values": ["0.01", "0.1", "0.5", "1.2"],
     }
     assert "result.lr: mean" not in proc.stderr and "result.steps" not in proc.stderr
     order = [r[header.index("name")] for r in body]

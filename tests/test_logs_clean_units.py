@@ -19,6 +19,7 @@ from gpuswarm.store.cleanup import REMOVING, remove_run
 from gpuswarm.store.leases import FileLock
 from gpuswarm.store.lookup import UnknownTaskError, resolve_tasks, task_ended
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
 
 OWNER = "host:1:1"
@@ -66,6 +67,30 @@ def test_a_task_argument_is_an_id_then_an_exact_name_then_a_unique_prefix(
         resolve_tasks(paths, [""])
     assert not task_ended(State.PENDING) and not task_ended(State.RUNNING)
     assert all(task_ended(s) for s in State if s not in (State.PENDING, State.RUNNING))
+
+
+def test_a_task_moved_back_to_pending_between_two_listings_is_still_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry moves a task running -> pending; listed pending first and running after the move,
+    one pass sees it in neither folder (the cancel-race chaos test found it as 'no task')."""
+    paths = make_run(tmp_path, [("a", "alpha")])
+    queue = DirQueue(paths)
+    claimed = queue.claim(OWNER, 0)
+    assert claimed is not None
+    real = RunReader.names
+    moved: list[bool] = []
+
+    def names(self: RunReader, state: State) -> list[str]:
+        out = real(self, state)
+        if state is State.PENDING and not moved:  # pending listed: now the retry lands
+            queue.move(claimed, State.PENDING)
+            moved.append(True)
+        return out
+
+    monkeypatch.setattr(RunReader, "names", names)
+    assert resolve_tasks(paths, ["a"]) == ["a"]
+    assert moved
 
 
 def test_the_follower_reads_every_attempt_of_an_ended_task_in_order(tmp_path: Path) -> None:

@@ -601,8 +601,15 @@ def test_mutate_list_shows_knobs_and_why_others_are_skipped(
     ok_json(init(gpuswarm, repo, "knobs", "--json"))
     data = ok_json(research(gpuswarm, repo, "mutate", "--list", "--json"))
     rows = {r["name"]: r for r in data["settings"]}
-    for name in ("iter_num", "running_mfu", "best_val_loss", "training_time", "log_interval",
-                 "eval_iters", "time_budget"):
+    for name in (
+        "iter_num",
+        "running_mfu",
+        "best_val_loss",
+        "training_time",
+        "log_interval",
+        "eval_iters",
+        "time_budget",
+    ):
         assert not rows[name]["knob"] and rows[name]["why"], rows[name]
     assert rows["beta2"]["knob"] and all(0 < float(v) < 1 for v in rows["beta2"]["tries"])
     assert rows["learning_rate"]["knob"] and rows["learning_rate"]["line"] > 0

@@ -104,8 +104,9 @@ def outcomes(data: dict[str, Any]) -> dict[str, str]:
         if v["kind"] != "variant":
             continue
         status = decided[vid]["status"]
-        combo = next((c for c in variants.values() if c.get("origin") == vid and
-                      c["kind"] == "combo"), None)
+        combo = next(
+            (c for c in variants.values() if c.get("origin") == vid and c["kind"] == "combo"), None
+        )
         if combo is not None:
             status = decided[combo["id"]]["status"]
         out[v["description"]] = status

@@ -372,9 +372,7 @@ def test_a_second_loop_is_refused_naming_the_first(
         "research", "loop", "-C", repo, "--mode", "rounds", "--max-experiments", "6", "--seed", "3"
     )
     try:
-        wait_for(
-            lambda: len(variant_events(repo)) >= 2 or not first.alive(), 30, what="variants"
-        )
+        wait_for(lambda: len(variant_events(repo)) >= 2 or not first.alive(), 30, what="variants")
         assert first.alive(), first.wait(1)
         ledger_before = len(events(repo, "mode"))
         second = gpuswarm("research", "loop", "-C", repo, "--max-experiments", "2", timeout=30)

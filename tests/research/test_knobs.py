@@ -81,8 +81,14 @@ def test_hundreds_of_proposals_keep_every_value_in_its_range() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value", "literal"),
-    [("beta2", 0.99, "0.99"), ("beta1", 0.9, "0.9"), ("dropout", 0.5, "0.5"),
-     ("betas[1]", 0.999, "0.999"), ("ema_decay", 0.9999, "0.9999"), ("momentum", 0.9, "0.9")],
+    [
+        ("beta2", 0.99, "0.99"),
+        ("beta1", 0.9, "0.9"),
+        ("dropout", 0.5, "0.5"),
+        ("betas[1]", 0.999, "0.999"),
+        ("ema_decay", 0.9999, "0.9999"),
+        ("momentum", 0.9, "0.9"),
+    ],
 )
 def test_fractions_move_inside_zero_one(name: str, value: float, literal: str) -> None:
     c = Constant("train.py", name, literal, value, 1, 0, len(literal))

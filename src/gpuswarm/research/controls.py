@@ -161,8 +161,12 @@ class PairedNoise:
     platform: str
 
     def view(self) -> dict[str, Any]:
-        return {"sigma": self.sigma, "periods": self.periods, "platform": self.platform,
-                "paired": True}
+        return {
+            "sigma": self.sigma,
+            "periods": self.periods,
+            "platform": self.platform,
+            "paired": True,
+        }
 
 
 def paired_noise(state: ExperimentState, platform: str) -> PairedNoise | None:
@@ -234,7 +238,14 @@ def drift(state: ExperimentState, noise_k: float) -> list[Drift]:
         change = means[-1] - means[0]
         moving = est is not None and abs(change) > noise_k * est.sigma
         out.append(
-            Drift(commit, platform, change, last[1] - first[0], len(means),
-                  None if est is None else est.sigma, moving)
+            Drift(
+                commit,
+                platform,
+                change,
+                last[1] - first[0],
+                len(means),
+                None if est is None else est.sigma,
+                moving,
+            )
         )
     return out

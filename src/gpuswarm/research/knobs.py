@@ -28,8 +28,22 @@ from collections.abc import Iterator
 _LOG_CALLS = frozenset({"print", "print0", "pprint", "log", "log_metrics", "write", "echo"})
 _LOG_OWNERS = frozenset({"logging", "logger", "log", "wandb", "writer", "tb", "mlflow", "tqdm"})
 _LOG_METHODS = frozenset(
-    {"debug", "info", "warning", "error", "critical", "exception", "log", "add_scalar",
-     "add_scalars", "log_metric", "log_metrics", "set_postfix", "set_description", "write"}
+    {
+        "debug",
+        "info",
+        "warning",
+        "error",
+        "critical",
+        "exception",
+        "log",
+        "add_scalar",
+        "add_scalars",
+        "log_metric",
+        "log_metrics",
+        "set_postfix",
+        "set_description",
+        "write",
+    }
 )
 _CADENCE = re.compile(
     r"^(log|print|save|ckpt|checkpoint|eval|val|wandb|report|display)_?"
@@ -38,8 +52,18 @@ _CADENCE = re.compile(
     re.IGNORECASE,
 )
 _BUDGET = re.compile(r"budget|time_?limit|max_?(time|seconds|secs|minutes|duration)", re.I)
-_CLOCKS = frozenset({"time", "perf_counter", "monotonic", "process_time", "time_ns",
-                     "perf_counter_ns", "monotonic_ns", "now"})
+_CLOCKS = frozenset(
+    {
+        "time",
+        "perf_counter",
+        "monotonic",
+        "process_time",
+        "time_ns",
+        "perf_counter_ns",
+        "monotonic_ns",
+        "now",
+    }
+)
 _UNIT = re.compile(
     r"(^|[_.])(betas?\d*|dropout|drop|drop_?(rate|prob|path)|attn_?drop|resid_?drop|momentum"
     r"|ema(_decay)?|label_?smoothing|smoothing|prob|p_?drop|keep_?prob|frac|fraction|ratio"
@@ -110,8 +134,10 @@ def _is_log_call(node: ast.Call) -> bool:
         return f.id in _LOG_CALLS
     if isinstance(f, ast.Attribute):
         owner = f.value
-        owner_name = owner.id if isinstance(owner, ast.Name) else (
-            owner.attr if isinstance(owner, ast.Attribute) else ""
+        owner_name = (
+            owner.id
+            if isinstance(owner, ast.Name)
+            else (owner.attr if isinstance(owner, ast.Attribute) else "")
         )
         if f.attr == "write":
             return owner_name in {"stdout", "stderr"}
@@ -137,7 +163,8 @@ def _clock_derived(tree: ast.Module) -> set[str]:
         return False
 
     assigns = [
-        n for n in ast.walk(tree)
+        n
+        for n in ast.walk(tree)
         if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value is not None
     ]
     derived: set[str] = set()
@@ -207,8 +234,10 @@ def not_knobs(tree: ast.Module) -> dict[str, str]:
         elif kinds <= {"log", "clock"} and "clock" in kinds:
             why[name] = "the time budget (compared with the clock): the harness's to set"
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else ([node.target] if isinstance(node, ast.AnnAssign) else [])
         )
         for t in targets:
             if isinstance(t, ast.Name) and t.id not in why:

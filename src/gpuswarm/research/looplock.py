@@ -69,8 +69,12 @@ def one_loop(paths: ExpPaths, mode: str, *, record: bool = True) -> Iterator[Non
         if not record:
             yield
             return
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "mode": mode,
-              "started": time.time()}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "mode": mode,
+            "started": time.time(),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         try:

@@ -130,8 +130,15 @@ class MutateProposer:
                 if not options and self.include and not select.matches(self.include, c):
                     why = "not named by --mutate"
                 rows.append(
-                    {"file": c.path, "line": c.line, "name": c.name, "value": c.literal,
-                     "knob": bool(options), "why": why, "tries": options or []}
+                    {
+                        "file": c.path,
+                        "line": c.line,
+                        "name": c.name,
+                        "value": c.literal,
+                        "knob": bool(options),
+                        "why": why,
+                        "tries": options or [],
+                    }
                 )
         return rows
 

@@ -237,9 +237,7 @@ def log_selection(
     return chosen, total - len(chosen)
 
 
-def log(
-    exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
-) -> dict[str, Any]:
+def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None) -> dict[str, Any]:
     """The variants (the last ``limit``, those after ``since``) with every field the ledger
     has: host, times, the summary block, diff stats, the log tail and path, the decision and
     its reason, the proposer's notes; ``left_out`` counts the rest."""

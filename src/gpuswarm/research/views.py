@@ -111,9 +111,7 @@ def show_status(d: dict[str, Any]) -> None:
 
 def drift_lines(drifts: list[dict[str, Any]], metric: str) -> list[str]:
     """The drift of BASE's control runs where it is beyond the noise (controls.Drift.text)."""
-    return [
-        controls.Drift(**d).text(metric) for d in drifts if d["moving"]
-    ]
+    return [controls.Drift(**d).text(metric) for d in drifts if d["moving"]]
 
 
 def noise_line(d: dict[str, Any]) -> str:

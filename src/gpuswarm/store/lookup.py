@@ -20,6 +20,7 @@ from gpuswarm.store.names import task_id_of
 from gpuswarm.store.reader import RunReader
 
 MAX_SHOWN = 10  # candidates named in an "ambiguous" message
+LISTINGS = 3  # passes over the folders before an argument is unknown (a move can hide a task)
 
 
 class UnknownTaskError(BadInputError):
@@ -114,21 +115,25 @@ def resolve_tasks(paths: RunPaths, args: Iterable[str]) -> list[str]:
     """The task ids the TASK arguments ``args`` mean (in their order, each once), or
     :class:`UnknownTaskError` naming every argument that is unknown or ambiguous."""
     reader = RunReader(paths)
-    index = task_index(reader)
-    names = _Names(reader, index)
-    out: list[str] = []
-    problems: list[str] = []
-    for arg in args:
-        try:
-            tid = _resolve_one(arg, index, names, paths)
-        except UnknownTaskError as exc:
-            problems.append(str(exc))
-            continue
-        if tid not in out:
-            out.append(tid)
-    if problems:
-        raise UnknownTaskError("; ".join(problems))
-    return out
+    wanted = list(args)
+    for _ in range(LISTINGS):
+        index = task_index(reader)
+        names = _Names(reader, index)
+        out: list[str] = []
+        problems: list[str] = []
+        for arg in wanted:
+            try:
+                tid = _resolve_one(arg, index, names, paths)
+            except UnknownTaskError as exc:
+                problems.append(str(exc))
+                continue
+            if tid not in out:
+                out.append(tid)
+        if not problems:
+            return out
+        # A task moved back to a folder already listed (running -> pending on a retry) is in
+        # no listing of this pass: list again before calling an argument unknown.
+    raise UnknownTaskError("; ".join(problems))
 
 
 def resolve_task(paths: RunPaths, arg: str) -> TaskHit:
