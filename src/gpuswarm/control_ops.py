@@ -57,7 +57,6 @@ from gpuswarm.store.runs import open_run
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SHOWN_IDS = 100  # ids an ``added`` event (and add's output) lists at most
-ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 
 
 class NotApplicableError(BadInputError):

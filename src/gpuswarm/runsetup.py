@@ -7,14 +7,12 @@ the reliability settings and the backend's name, and the run.json snapshot of th
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm import __version__
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
@@ -27,6 +25,7 @@ from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -61,30 +60,27 @@ def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:
 
 
 def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
+    """run.json of a run made from ``loaded`` (:class:`~gpuswarm.store.runinfo.RunInfo`)."""
     cfg = loaded.config
     home = cfg.home
-    return {
-        "gpuswarm": __version__,
-        "name": loaded.name,
-        "workspace": str(loaded.workspace),
-        "source": str(loaded.path) if loaded.path else "<stdin>",
-        "base_dir": str(loaded.base_dir),
-        "fingerprint": spec_hash(loaded),
-        "gpus": gpus.spec,
-        "vendor": gpus.vendor.value,
-        "gpu_ids": list(gpus.ids),
-        "gpus_per_task": cfg.gpus_per_task,
-        "tasks_per_gpu": max((s.share + 1 for s in slots), default=cfg.tasks_per_gpu),
-        "slot_count": len(slots),
-        "home": {
-            "isolate": bool(home and home.isolate),
-            "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
-        },
-        "settings": _settings(cfg),
-        "config": redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
-        "task_count": len(loaded.tasks),
-        "hosts": [socket.gethostname()],
-    }
+    return RunInfo(
+        name=loaded.name,
+        workspace=loaded.workspace,
+        source=str(loaded.path) if loaded.path else "<stdin>",
+        base_dir=loaded.base_dir,
+        fingerprint=spec_hash(loaded),
+        gpus=gpus.spec,
+        vendor=gpus.vendor.value,
+        gpu_ids=gpus.ids,
+        gpus_per_task=cfg.gpus_per_task,
+        tasks_per_gpu=max((s.share + 1 for s in slots), default=cfg.tasks_per_gpu),
+        slot_count=len(slots),
+        isolate=bool(home and home.isolate),
+        provision=[{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
+        settings=_settings(cfg),
+        config=redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
+        task_count=len(loaded.tasks),
+    ).to_json()
 
 
 def _settings(cfg: RunConfig) -> dict[str, Any]:
