@@ -197,7 +197,7 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
 
 
 def _untracked_file(repo: Path, head: str, rel: str) -> bool:
-    gitops._check_path(rel)
+    gitops.check_path(rel)
     return gitops.blob(repo, head, rel) is None and (repo / rel).is_file()
 
 
@@ -255,7 +255,7 @@ def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str
             raise ResearchError(f"cannot change {', '.join(sorted(unknown))}")
         if "link" in changes:
             for rel in changes["link"]:
-                gitops._check_path(rel)
+                gitops.check_path(rel)
         diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
         cfg = _validated({**raw, **changes})
         if diff:
