@@ -569,3 +569,17 @@ def test_who_joins_run_paths() -> None:
 
 def test_the_check_sees_a_run_path_join() -> None:
     assert run_path_joins(modules()["gpuswarm.core.paths"])
+
+
+# -- the map -------------------------------------------------------------------------------------
+
+
+def test_every_module_is_on_the_map() -> None:
+    """docs/architecture.md names every module (its file name, in the package's listing)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = sorted(
+        str(m.path.relative_to(PACKAGE))
+        for m in modules().values()
+        if m.path.name not in ("__init__.py", "__main__.py") and m.path.name not in doc
+    )
+    assert not missing, "modules docs/architecture.md does not name: " + ", ".join(missing)
