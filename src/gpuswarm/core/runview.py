@@ -85,14 +85,14 @@ class RunView:
     note: str = ""
     quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     tasks: dict[str, TaskView] | None = None
+    # the slots the run's last supervisor has now (a cluster's nodes join and leave); None
+    # when none is live
+    supervisor_slots: set[str] | None = None
     added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
     paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
     paused_slots: set[str] = field(default_factory=set)
     held_gpus: dict[int, str] = field(default_factory=dict)  # GPU -> why it takes no task (19)
     waiting_room: dict[str, str] = field(default_factory=dict)  # task -> why it waits (19)
-    # the slots the run's last supervisor has now (a cluster's nodes join and leave); None
-    # when none is live
-    supervisor_slots: set[str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -156,21 +156,6 @@ class RunView:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):
                 self.waiting_room[task] = why
-
-    def _supervisor(self, e: SupervisorStarted | Slots | Other) -> None:
-        """The last supervisor's slots: those it started with, then its cluster's changes."""
-        if isinstance(e, SupervisorStarted):
-            self.supervisor_slots = set(e.slots)
-        elif isinstance(e, Other):
-            if e.name == Ev.SUPERVISOR_STOPPED.value:
-                self.supervisor_slots = None
-        elif self.supervisor_slots is not None:
-            if e.change == "joined":
-                self.supervisor_slots |= set(e.slots)
-            elif e.change in ("left", "retired", "preflight_failed"):
-                self.supervisor_slots -= set(e.slots)
-            elif e.change == "backend_lost":
-                self.supervisor_slots = set()
 
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
@@ -299,6 +284,21 @@ class RunView:
             self.paused_slots.add(slot)
         else:
             self.paused_slots.discard(slot)
+
+    def _supervisor(self, e: SupervisorStarted | Slots | Other) -> None:
+        """The last supervisor's slots: those it started with, then its cluster's changes."""
+        if isinstance(e, SupervisorStarted):
+            self.supervisor_slots = set(e.slots)
+        elif isinstance(e, Other):
+            if e.name == Ev.SUPERVISOR_STOPPED.value:
+                self.supervisor_slots = None
+        elif self.supervisor_slots is not None:
+            if e.change == "joined":
+                self.supervisor_slots |= set(e.slots)
+            elif e.change in ("left", "retired", "preflight_failed"):
+                self.supervisor_slots -= set(e.slots)
+            elif e.change == "backend_lost":
+                self.supervisor_slots = set()
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""

@@ -23,7 +23,8 @@ class State(str, Enum):
     def is_terminal(self) -> bool:
         """Whether a task in this state has ended: it runs no attempt and will run none unless
         it is retried. Every state but pending and running (done, failed, skipped, cancelled,
-        and any state of an ended task added later): the one rule for "ended"."""
+        and any state of an ended task added later; a new state of a task that has still to
+        run joins pending and running here): the one rule for "ended"."""
         return self not in (State.PENDING, State.RUNNING)
 
     @classmethod
