@@ -6,11 +6,24 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuswarm.core.events import WAITING, Finished
+from gpuswarm.core.events import (
+    WAITING,
+    Control,
+    Event,
+    Finished,
+    Other,
+    Requeued,
+    Started,
+    SupervisorStarted,
+)
 from gpuswarm.core.models import State
+from gpuswarm.core.runview import SlotRow
+
+BARS_PER_LANE = 300  # recent attempts kept per slot for the Gantt chart
 
 _SLOT_RE = re.compile(r"^(?P<host>.+)-gpu(?P<gpus>\d+(?:\+\d+)*)(?:\.(?P<share>\d+))?$")
 
@@ -73,3 +86,27 @@ def close_bar(
                 end = min(end, bar.start + seconds)
             bar.end, bar.outcome = end, outcome
             return
+
+
+def add_event(lanes: dict[str, deque[Bar]], e: Event, slots: Mapping[str, SlotRow]) -> None:
+    """Draw one journal event on the lanes (``slots``: the run's view of what runs where)."""
+    if isinstance(e, SupervisorStarted):
+        for label in e.slots:
+            lanes.setdefault(label, deque(maxlen=BARS_PER_LANE))
+    elif isinstance(e, Started):
+        lane = lanes.setdefault(e.slot, deque(maxlen=BARS_PER_LANE))
+        lane.append(Bar(e.task, e.attempt, e.ts or time.time()))
+    elif isinstance(e, Finished):
+        # committed after the slot may have started its next task: found by task
+        close_bar(lanes.get(e.slot), e.task, e.ts, outcome_of(e), e.seconds)
+    elif isinstance(e, Control) and e.state == State.CANCELLED.value and e.slot:
+        close_bar(lanes.get(e.slot), e.task, e.ts, "cancelled")
+    elif isinstance(e, Requeued) and e.frm == State.RUNNING.value and e.task:
+        for lane in lanes.values():
+            close_bar(lane, e.task, e.ts, "interrupted")
+    elif isinstance(e, Other) and e.name == "supervisor_stopped":
+        for label, lane in lanes.items():  # another supervisor's slots go on
+            row = slots.get(label)
+            for bar in lane:
+                if bar.end is None and (row is None or row.task != bar.task):
+                    bar.end, bar.outcome = e.ts or time.time(), "interrupted"

@@ -20,12 +20,7 @@ from typing import Any
 
 from gpuswarm.core.events import (
     Control,
-    Event,
     Finished,
-    Other,
-    Requeued,
-    Started,
-    SupervisorStarted,
     decode,
     kind_of,
 )
@@ -37,7 +32,7 @@ from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.dashboard.finished import FinalCache
 from gpuswarm.dashboard.gpustats import GpuStats
-from gpuswarm.dashboard.lanes import Bar, close_bar, natural
+from gpuswarm.dashboard.lanes import BARS_PER_LANE, Bar, add_event, natural
 from gpuswarm.dashboard.lanes import outcome_of as outcome_of
 from gpuswarm.dashboard.lanes import slot_place as slot_place
 from gpuswarm.dashboard.taskindex import TaskIndex
@@ -49,7 +44,6 @@ from gpuswarm.store.runs import open_run
 from gpuswarm.ui.terminal import paused_now
 from gpuswarm.ui.watch import Follower
 
-BARS_PER_LANE = 300  # recent attempts kept per slot for the Gantt chart
 RING_EVENTS = 5000  # recent events kept for reconnecting pages
 RESUME_BYTES = 8 << 20  # a page further behind than this gets a fresh snapshot
 FEED_EVENTS = 200  # events a snapshot carries for the page's event feed
@@ -115,7 +109,7 @@ class RunHub:
         folders); done times for the ETA."""
         events = self.follower.reader.tail()
         for event in events:
-            self._bar(event)
+            add_event(self.lanes, event, self.view.slots)
             if isinstance(event, Finished) and event.state == State.DONE.value and event.ts:
                 self.view.finished_times.append(event.ts)
             self.feed.append(public_event(event.to_json(), self.redactor))
@@ -167,7 +161,7 @@ class RunHub:
             for event in items:
                 if isinstance(event, dict):
                     continue  # a line of the wrong shape: skipped, as every reader does
-                self._bar(event)
+                add_event(self.lanes, event, self.view.slots)
                 self.tasks.apply(event)
                 if isinstance(event, Control) and event.request in ("pause", "unpause"):
                     self.paused = paused_now(self.paths)  # read the flags again now
@@ -184,28 +178,6 @@ class RunHub:
             self.state = self._state()
             self.version += 1
         return True
-
-    def _bar(self, e: Event) -> None:
-        if isinstance(e, SupervisorStarted):
-            for label in e.slots:
-                self.lanes.setdefault(label, deque(maxlen=BARS_PER_LANE))
-        elif isinstance(e, Started):
-            lane = self.lanes.setdefault(e.slot, deque(maxlen=BARS_PER_LANE))
-            lane.append(Bar(e.task, e.attempt, e.ts or time.time()))
-        elif isinstance(e, Finished):
-            # committed after the slot may have started its next task: found by task
-            close_bar(self.lanes.get(e.slot), e.task, e.ts, outcome_of(e), e.seconds)
-        elif isinstance(e, Control) and e.state == State.CANCELLED.value and e.slot:
-            close_bar(self.lanes.get(e.slot), e.task, e.ts, "cancelled")
-        elif isinstance(e, Requeued) and e.frm == State.RUNNING.value and e.task:
-            for lane in self.lanes.values():
-                close_bar(lane, e.task, e.ts, "interrupted")
-        elif isinstance(e, Other) and e.name == "supervisor_stopped":
-            for label, lane in self.lanes.items():  # another supervisor's slots go on
-                row = self.view.slots.get(label)
-                for bar in lane:
-                    if bar.end is None and (row is None or row.task != bar.task):
-                        bar.end, bar.outcome = e.ts or time.time(), "interrupted"
 
     def _state(self) -> str:
         return self._state_of(self.live)
