@@ -234,7 +234,6 @@ OVER_400 = {
     "gpuswarm.exec.ray.slots": 450,
     "gpuswarm.outputs.results": 441,
     "gpuswarm.config.models": 414,
-    "gpuswarm.core.redact": 413,
     "gpuswarm.config.tasks": 410,
 }
 
