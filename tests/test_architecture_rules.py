@@ -231,7 +231,6 @@ OVER_400 = {
     "gpuswarm.dashboard.server": 476,
     "gpuswarm.config.load": 464,
     "gpuswarm.supervise.supervisor": 463,
-    "gpuswarm.exec.ray.slots": 450,
     "gpuswarm.outputs.results": 441,
     "gpuswarm.config.models": 414,
     "gpuswarm.config.tasks": 410,
