@@ -424,8 +424,9 @@ RENAMERS = {
 
 def test_who_renames_files() -> None:
     found = {m.name: renames(m) for m in modules().values()}
-    extra = sorted(f"{_short(n)}:{lines[0]}" for n, lines in found.items() if lines)
-    extra = [e for e in extra if f"gpuswarm.{e.partition(':')[0]}" not in RENAMERS]
+    extra = sorted(
+        f"{_short(n)}:{lines[0]}" for n, lines in found.items() if lines and n not in RENAMERS
+    )
     assert not extra, "renames files without being listed (queue moves go through DirQueue): " + (
         ", ".join(extra)
     )
@@ -485,6 +486,13 @@ def test_who_reads_raw_event_keys() -> None:
         if lines and n not in RAW_EVENT_READERS
     )
     assert not extra, "reads raw event keys (decode them through core.events): " + ", ".join(extra)
+
+
+def test_the_checks_see_raw_reads_and_process_imports() -> None:
+    known = modules()
+    assert raw_kind_reads(known["gpuswarm.core.events"])  # kind_of: data.get("ev")
+    assert raw_descriptor_reads(known["gpuswarm.supervise.recovery"])  # desc.raw.get("id")
+    assert "gpuswarm.exec.local.process" in importers_of("subprocess")
 
 
 def raw_descriptor_reads(mod: Module) -> list[int]:
