@@ -11,6 +11,7 @@ from typing import ClassVar
 import click
 
 from gpuswarm import __version__
+from gpuswarm.core.models.verbs import Kind
 
 _SUPERVISE = "gpuswarm.cli_supervise"
 _RUNS = "gpuswarm.cli_runs"
@@ -34,12 +35,7 @@ class _Commands(click.Group):
         "check": (_RUNS, "check"),
         "clean": (_RUNS, "clean_cmd"),
         "unquarantine": (_RUNS, "unquarantine"),
-        "add": (_CONTROL, "add"),
-        "cancel": (_CONTROL, "cancel"),
-        "retry": (_CONTROL, "retry"),
-        "pause": (_CONTROL, "pause"),
-        "unpause": (_CONTROL, "unpause"),
-        "priority": (_CONTROL, "priority"),
+        **{kind.value: (_CONTROL, kind.value) for kind in Kind},  # the queue verbs
         "research": ("gpuswarm.research.commands", "research"),
         "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
         "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
