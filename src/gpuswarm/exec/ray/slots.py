@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.paths import slugify
 from gpuswarm.exec.base import Adopted, LaunchSpec, SlotChanges
 from gpuswarm.exec.ray.actor import SlotActor
 from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
 from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
