@@ -14,7 +14,8 @@ import pytest
 
 from gpuswarm import cli_control, control_ops
 from gpuswarm.cli import _Commands
-from gpuswarm.core.models import Descriptor, State, verbs
+from gpuswarm.core import verbs
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.queue import ADDING, REQUEUING, DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
@@ -41,7 +42,7 @@ def test_every_kind_has_one_handler_one_request_and_one_command() -> None:
     assert kinds == set(verbs.Kind)
     names = {command.name for command in cli_control.COMMANDS}
     assert names == {kind.value for kind in verbs.Kind}
-    assert {kind.value for kind in verbs.Kind} <= set(_Commands.lazy)
+    assert {kind.value for kind in verbs.Kind} <= set(_Commands.table())
 
 
 def test_requeue_of_a_done_task_is_journaled_before_it_is_pending(tmp_path: Path) -> None:

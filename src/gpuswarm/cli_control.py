@@ -1,5 +1,5 @@
 """``gpuswarm add | cancel | retry | requeue | pause | unpause | priority``: a person's changes to
-a run, live or stopped. Each command builds its typed request (:mod:`gpuswarm.core.models.verbs`)
+a run, live or stopped. Each command builds its typed request (:mod:`gpuswarm.core.verbs`)
 and prints what :func:`gpuswarm.control_ops.execute` did; ``cli.py`` lists them by ``Kind``.
 
 Exit codes: 0 done (a task that had ended already is a note, nothing to do), 1 ``cancel --wait``
@@ -19,7 +19,7 @@ import click
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.control_ops import add_tasks, execute, load_source, set_priority
-from gpuswarm.core.models import verbs
+from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
 
 _RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))

@@ -1,6 +1,6 @@
 """A person's changes to a run, live or stopped: add, cancel, retry, requeue, pause, priority.
 
-Each verb is a typed request (:mod:`gpuswarm.core.models.verbs`, one ``Kind`` each) with one
+Each verb is a typed request (:mod:`gpuswarm.core.verbs`, one ``Kind`` each) with one
 handler here (:data:`HANDLERS`); :func:`execute` runs it under the run's control lock. The CLI
 (``cli_control.py``) and the dashboard build requests and print; this module does the work
 through the store (``store/queue.py`` for every transition, ``store/control.py`` for requests
@@ -48,9 +48,10 @@ from typing import Any
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.core import verbs
 from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.models import Descriptor, State, base_name, verbs
+from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
