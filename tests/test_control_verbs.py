@@ -17,7 +17,8 @@ from gpuswarm.cli import _Commands
 from gpuswarm.core import verbs
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.queue import ADDING, REQUEUING, DirQueue
+from gpuswarm.store.batches import ADDING, REQUEUING
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 
