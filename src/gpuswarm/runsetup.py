@@ -61,7 +61,7 @@ def resume_reads() -> tuple[str, ...]:
 def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:
     """A config dump fit for run.json: the run's redactor (this process's secrets, every env's,
     the provisioned files'): env by name, value and shape, commands and strings by value and
-    shape. The settings a resume reads back (``RESUME_READS``) are redacted by shape only, as
+    shape. The settings a resume reads back (:func:`resume_reads`) are redacted by shape only, as
     before: a secret's value that happens to be part of an image name must not change it."""
     if not isinstance(value, dict):
         return SHAPES.tree(value)
