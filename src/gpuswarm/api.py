@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.models import State as TaskState
@@ -87,13 +88,14 @@ def plan_gpus(
     tasks_per_gpu: int = 1,
     *,
     backend: str = "local",
-    ray: Any = None,
+    settings: Any = None,
 ) -> GpuPlan:
     """Discover the GPUs of ``spec`` (``auto``, ``0,1``, ``sim:4``); a bad spec raises the
-    core's BadInputError before anything is written. ``backend: ray``: the GPUs of the
-    cluster's nodes that ``spec`` admits (it joins the cluster to count them)."""
-    if backend == "ray":
-        cluster: Any = create_backend("ray", BackendOptions(ray=ray, gpus=spec))
+    core's BadInputError before anything is written. A backend whose slots are its own (a
+    cluster's, with its ``settings``): the GPUs of its nodes that ``spec`` admits (it joins the
+    cluster to count them)."""
+    if owns_slots(backend):
+        cluster: Any = create_backend(backend, BackendOptions(settings=settings, gpus=spec))
         names = tuple(str(n) for n in cluster.gpu_names())
         count = max(1, len(names) // gpus_per_task * tasks_per_gpu)
         return GpuPlan(spec, "nvidia", tuple(range(len(names))), count, names)
@@ -117,12 +119,19 @@ class NewRunSpec:
     config: Mapping[str, Any] = field(default_factory=dict)  # recorded as the run's config
 
 
-def check_backend(name: str, docker: Any, base_dir: Path) -> None:
-    """Whether backend ``name`` can run attempts at all (docker: the daemon answers, the image
-    ``docker.image`` is present, mount sources exist); the core's BadInputError otherwise."""
+def check_backend(name: str, settings: Any, base_dir: Path) -> None:
+    """Whether backend ``name`` can run attempts at all with its ``settings`` (a container
+    backend: its daemon answers, the image is present, mount sources exist); the core's
+    BadInputError otherwise."""
     if name not in backend_names():
         raise BackendError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
-    create_backend(name, BackendOptions(docker=docker, base_dir=str(base_dir))).check()
+    create_backend(name, BackendOptions(settings=settings, base_dir=str(base_dir))).check()
+
+
+def owns_slots(backend: str) -> bool:
+    """Whether the backend makes its slots itself (a cluster's nodes join and leave)."""
+    found = plugins().get(backend)
+    return found is not None and found.owns_slots
 
 
 def create_run(spec: NewRunSpec) -> RunPaths:
@@ -154,11 +163,11 @@ def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
 
 def slot_count(run: RunPaths) -> int:
     """How many slots the run has (one task each at a time): as planned, or for a cluster's
-    run (``backend: ray``, whose nodes join and leave) the slots its last supervisor has now,
+    run (a backend whose nodes join and leave) the slots its last supervisor has now,
     from the journal (as planned when none has started yet)."""
     _, info = open_run(run.root)
     planned = int(info.get("slot_count", 1))
-    if backend_of(info) != "ray":
+    if not owns_slots(backend_of(info)):
         return planned
     view = RunView({})
     for e in read_journal(run.events):

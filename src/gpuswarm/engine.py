@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.config.backends import plugin_of, settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import RayConfig
 from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
@@ -48,8 +49,8 @@ from gpuswarm.runsetup import (
     resolve_provisions,
     run_info,
     setup_from_info,
+    with_backend_options,
     with_halt,
-    with_ray_address,
 )
 from gpuswarm.store.leases import (
     attach,
@@ -121,11 +122,12 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    where = counted(len(slots), "slot") if slots else f"the Ray cluster's GPUs ({gpus.spec})"
-    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     cfg = loaded.config
+    plugin = plugin_of(cfg.backend)
+    where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
+    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     # a container always gets a private HOME (its caches persist across the slot's attempts)
-    isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"
+    isolate = bool(cfg.home and cfg.home.isolate) or plugin.isolates_home
     setup = Setup(
         slots,
         loaded.base_dir,
@@ -135,9 +137,8 @@ def _start(
         tuple(cfg.preflight),
         cfg.after_all,
         cfg.backend,
-        cfg.docker,
-        (cfg.ray or RayConfig()) if cfg.backend == "ray" else None,
-        gpus.spec if cfg.backend == "ray" else None,
+        settings_of(cfg),
+        gpus.spec if plugin.owns_slots else None,
         cfg.gpus_per_task,
         cfg.tasks_per_gpu,
     )
@@ -183,13 +184,13 @@ def resume_run(
     allow_change: bool,
     output: Output,
     share_gpus: bool = False,
-    ray_address: str | None = None,
+    backend_options: Mapping[str, Any] | None = None,
     halt: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if ray_address is not None:  # the cluster moved (a new head after a head loss)
-        setup = with_ray_address(setup, ray_address)
+    if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
+        setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(
@@ -214,11 +215,9 @@ def work_run(
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if setup.backend == "ray":
-        raise ConfigError(
-            f"{paths.root}: a Ray run has one driver (its slot actors are the run's); nodes "
-            "that join the cluster get slots by themselves: use `gpuswarm resume` if it is not live"
-        )
+    single = plugin_of(setup.backend).single_driver
+    if single:
+        raise ConfigError(f"{paths.root}: {single}")
     return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
@@ -308,7 +307,7 @@ def _supervise(
                 )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if mode == "resume":
-                _remember_ray_address(paths, ledger, setup)
+                _remember_moved(paths, ledger, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -351,19 +350,22 @@ def _supervise(
     )
 
 
-def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
-    """``resume --ray-address``: the cluster's new address goes into run.json (under the run
-    lock), so that the next ``resume`` finds the cluster without the flag."""
-    if setup.ray is None:
+def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
+    """A resume's backend options moved the run's backend (``resume --ray-address``: the
+    cluster's new address): its settings go into run.json (under the run lock), so the next
+    ``resume`` finds it without the flag, and the journal's ``slots`` event says so."""
+    plugin, settings = plugin_of(setup.backend), setup.backend_settings
+    if settings is None or plugin.resume_moved is None:
         return
     _, info = open_run(paths.root)
-    ray = (info.get("config") or {}).get("ray") or {}
-    if ray.get("address", "auto") == setup.ray.address:
+    before = (info.get("config") or {}).get(plugin.name) or {}
+    moved = plugin.resume_moved(settings, before)
+    if moved is None:
         return
-    before = ray.get("address", "auto")
-    info.setdefault("config", {})["ray"] = {**ray, "address": setup.ray.address}
+    now = settings.model_dump(mode="json", exclude_unset=True)
+    info.setdefault("config", {})[plugin.name] = {**before, **now}
     atomic_write_json(paths.run_json, info)
-    ledger.emit(Ev.SLOTS, change="moved", address=setup.ray.address, before=before)
+    ledger.emit(Ev.SLOTS, **moved)
 
 
 def _registered_slots(
@@ -416,7 +418,7 @@ def _after_all(
         base_env=sup.cfg.base_env,
         backend=backend,
         # a container has no HOME but a private one (the host's is not mounted)
-        home=paths.slot_home("after_all") if setup.backend == "docker" else None,
+        home=paths.slot_home("after_all") if plugin_of(setup.backend).isolates_home else None,
     )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}

@@ -40,6 +40,7 @@ RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
 CANCELLED = State.CANCELLED.value
+_REQUEUED_FROM = (State.DONE.value, State.SKIPPED.value)  # gpuswarm requeue's, beside retry's
 CONFIG_CHANGE = "config-change"
 ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
 
@@ -254,6 +255,10 @@ class RunView:
             self.added += e.added
         if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
             self._move(e.frm, PENDING)
+        elif e.frm in _REQUEUED_FROM:  # gpuswarm requeue: a fresh attempt series
+            self._move(e.frm, PENDING)
+            if e.task is not None:
+                self._task(e.task).completions.clear()
         if e.frm == RUNNING:
             self._move(RUNNING, PENDING)
             for row in self.slots.values():

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from gpuswarm.config.models import DockerConfig, RayConfig
+from gpuswarm.config.models import BackendBlocks
 from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
@@ -119,7 +119,7 @@ def check_timeout(seconds: float) -> float:
     return seconds
 
 
-class ExperimentConfig(BaseModel):
+class ExperimentConfig(BackendBlocks):
     """What ``research init`` was told. Stored once in experiment.json."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -155,9 +155,8 @@ class ExperimentConfig(BaseModel):
     protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
-    backend: Literal["local", "docker", "ray"] = "local"  # what runs each variant
-    docker: DockerConfig | None = None  # backend: docker's settings (image, mounts, ...)
-    ray: RayConfig | None = None  # backend: ray's settings (address, ship, setup, ...)
+    # what runs each variant (config/backends.py); its settings are its block (``<name>:``)
+    backend: str = "local"
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:

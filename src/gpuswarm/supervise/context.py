@@ -78,7 +78,8 @@ class LiveAttempt:
     values: dict[str, str]
     fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
-    cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
+    # a person's requests that stop it (store.control): its end is committed as they ask
+    stopped_by: list[Request] | None = None
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
 

@@ -258,10 +258,10 @@ class Controller:
         for task, reqs in cancels.items():
             live = next((a for a in list(run.live.values()) if a.task_id == task), None)
             if live is not None:
-                if live.cancel is None and not live.fenced:
+                if live.stopped_by is None and not live.fenced:
                     reqs = still_bound(run.queue, run.ledger, reqs, live.claimed.desc, me)
-                if reqs and live.cancel is None and not live.fenced:
-                    live.cancel = reqs  # the committer commits its end as cancelled
+                if reqs and live.stopped_by is None and not live.fenced:
+                    live.stopped_by = reqs  # the committer commits its end as the requests ask
                     live.handle.cancel()
                     run.wakeup()  # the loop hands it to a waiter: TERM, grace, KILL
             elif not self.cancel_waiting(task, reqs):

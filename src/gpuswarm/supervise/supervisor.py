@@ -310,7 +310,7 @@ class Supervisor:
                 self._exited(self._by_fd[fd])
         now = time.monotonic()
         for live in list(self._by_fd.values()):
-            if live.cancel is not None:
+            if live.stopped_by is not None:
                 self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
                 continue
             deadline = live.handle.deadline
@@ -451,7 +451,7 @@ class Supervisor:
         else:
             self.committer.add(live, end)
         neutral = skipped(live.task, end)
-        if live.cancel is not None and not end.ok:  # a person's cancel: never the device's
+        if live.stopped_by is not None and not end.ok:  # a person's cancel: never the device's
             end = dataclasses.replace(end, kind=EndKind.CANCELLED)  # (what the breaker sees)
         return live.slot, end, None, slow, live.task_id, neutral
 

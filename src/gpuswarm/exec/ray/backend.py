@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.fsutil import atomic_write_bytes
 from gpuswarm.core.models import EndKind
@@ -31,6 +30,7 @@ from gpuswarm.exec.local.backend import LocalBackend
 from gpuswarm.exec.ray import messages
 from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
 from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.exec.ray.slots import SlotPool, run_actors
 from gpuswarm.exec.ray.wire import pack_tree
 from gpuswarm.exec.sandbox import Provision
@@ -77,7 +77,8 @@ class RayBackend:
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
-        self.cfg = options.ray or RayConfig()
+        settings = options.settings
+        self.cfg = settings if isinstance(settings, RayConfig) else RayConfig()
         self.filter = parse_filter(options.gpus)
         self._local = LocalBackend(options)
         self._ray: Any = None

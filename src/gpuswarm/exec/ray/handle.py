@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, BackendOptions, LaunchSpec
 from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
 from gpuswarm.exec.ray.cluster import Node
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.exec.ray.wire import TooLarge, wire, write_outputs
 from gpuswarm.placement.gpus import Slot
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.paths import slugify
 from gpuswarm.exec.base import Adopted, LaunchSpec, SlotChanges
 from gpuswarm.exec.ray import cluster
@@ -28,6 +27,7 @@ from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
 from gpuswarm.exec.ray.cluster import head_address as head_address
 from gpuswarm.exec.ray.cluster import run_actors as run_actors
 from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
