@@ -26,6 +26,7 @@ from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.config import dockerargs
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
+from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.config.values import (
     IDENT,
     Duration,
@@ -344,6 +345,7 @@ class RunConfig(BaseModel):
     ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
+    notify: NotifyConfig | None = None  # issue 37: webhooks (config/notify.py)
 
     @model_validator(mode="after")
     def _ray(self) -> RunConfig:
