@@ -99,3 +99,32 @@ def test_gpu_series_and_empty_sources(tmp_path: Path) -> None:
     assert got[("gpuswarm_gpu_power_watts", "0")] == 250.0
     assert got[("gpuswarm_gpu_energy_joules_total", "0")] == 5000.0
     assert got[("gpuswarm_source_errors", None)] == 0
+
+
+def test_research_energy_per_experiment_and_per_kept_improvement() -> None:
+    from gpuswarm.research.figures import energy_figures
+    from gpuswarm.research.journal import ExperimentState, Variant
+
+    state = ExperimentState()
+
+    def add(vid: str, kind: str, joules: float | None, status: str) -> None:
+        v = Variant(vid, kind, "c" + vid, "p", "d", 1, "mutate", 0.0)
+        v.finished = {"ok": True, "energy_j": joules}
+        v.decision = {"status": status}
+        state.variants[vid] = v
+
+    add("v0001", "baseline", 100.0, "keep")  # a baseline is no improvement
+    add("v0002", "variant", 300.0, "keep")
+    add("v0003", "variant", 200.0, "discard")
+    add("v0004", "variant", None, "crash")  # not measured
+    got = energy_figures(state)
+    assert got == {"energy_j": 600.0, "energy_measured": 3, "energy_per_kept_j": 600.0}
+
+
+def test_the_dashboard_task_record_shows_energy() -> None:
+    from gpuswarm.core.redact import Redactor
+    from gpuswarm.dashboard.taskview import _attempt
+
+    rec = AttemptRecord(n=1, energy_j=1000.5, energy_mode="shared")
+    got = _attempt(rec, Redactor([]))
+    assert got["energy_j"] == 1000.5 and got["energy_mode"] == "shared"

@@ -180,6 +180,7 @@ def _research_families(exps: list[ExperimentStats]) -> Iterator[Metric]:
     sigma = gauge("noise_sigma", "the noise estimate: pooled spread of runs of identical code")
     kept = CounterMetricFamily(P + "research_kept", "kept improvements", labels=["experiment"])
     flight = gauge("in_flight", "variants queued or running, not recorded yet")
+    energy = gauge("energy_joules", "GPU energy of the experiments' recorded runs")
     for exp in sorted(exps, key=lambda e: e.figures.tag):
         f = exp.figures
         for status, n in sorted(f.by_status.items()):
@@ -189,12 +190,13 @@ def _research_families(exps: list[ExperimentStats]) -> Iterator[Metric]:
             (baseline, f.baseline_metric),
             (best, f.best_metric),
             (sigma, f.noise_sigma),
+            (energy, f.energy_j),
         ):
             if value is not None:
                 family.add_metric([f.tag], value)
         kept.add_metric([f.tag], f.kept)
         flight.add_metric([f.tag], f.in_flight)
-    yield from (by_status, base, baseline, best, sigma, kept, flight)
+    yield from (by_status, base, baseline, best, sigma, kept, flight, energy)
 
 
 def _gpu_families(gpus: HostGpus) -> Iterator[Metric]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, load_settings
-from gpuswarm.research.figures import figures
+from gpuswarm.research.figures import energy_figures, figures
 from gpuswarm.research.journal import ExperimentState, replay
 from gpuswarm.research.readouts import best_recorded
 from gpuswarm.research.rules import noise
@@ -28,6 +28,7 @@ class ExperimentFigures:
     noise_sigma: float | None = None
     kept: int = 0
     in_flight: int = 0
+    energy_j: float | None = None  # GPU energy of the recorded runs (issue 37)
 
 
 class ExperimentStats:
@@ -66,4 +67,5 @@ class ExperimentStats:
             noise_sigma=None if est is None else est.sigma,
             kept=fig.kept,
             in_flight=len(state.in_flight()),
+            energy_j=energy_figures(state)["energy_j"],
         )
