@@ -5,46 +5,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from cli_driver import run_cli, wait_for_run
+from hookkit import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 SECRET = "whsec-0123456789abcdef"
-
-
-class Receiver:
-    def __init__(self, hang: float = 0.0) -> None:
-        self.got: list[tuple[dict[str, str], bytes]] = []
-        self.hang = hang
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                if outer.hang:
-                    time.sleep(outer.hang)
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for _, body in self.got]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ Events (docs/notifications.md):
 - ``budget_reached`` / ``stalled``: journal lines of those names (:data:`BUDGET_REACHED`,
   :data:`STALLED`), written by whatever decides them (the budget, a stall watch), passed on
   with their fields;
-- ``kept``: a research variant kept (:func:`kept_payload`, for research's settle);
+- ``kept``: a research change kept (sent by research's settle: ``research/announce.py``);
 - ``run_finished`` / ``run_stopped``: the run's last word, with its counts.
 
 Every text is redacted (``core/redact``: the run's secret values, then shapes); the payload
@@ -63,6 +63,7 @@ class Notifier:
         redact: Callable[[str], str],
         env: Mapping[str, str] | None = None,
         backoff: float = 1.0,
+        experiment: str | None = None,
     ) -> None:
         env = os.environ if env is None else env
         self.paths = paths
@@ -72,6 +73,10 @@ class Notifier:
         self.host = socket.gethostname()
         self.failed = 0
         self._follower = Follower(paths)
+        # a research experiment's core run: no run_finished per runner (research announces
+        # its keeps itself: research/announce.py)
+        self.experiment = experiment
+        self._extra = {"experiment": experiment} if experiment else {}
         self._stop = threading.Event()
         secret = env.get(cfg.signature_env, "") if cfg.signature_env else None
         self.deliverer = Deliverer(
@@ -138,6 +143,7 @@ class Notifier:
             "ts": round(time.time(), 3),
             "text": f"gpuswarm {self.title}: {text}",
             "counts": self.counts(),
+            **self._extra,
             **fields,
         }
         if self.cfg.dashboard:
@@ -152,6 +158,9 @@ class Notifier:
         self._stop.set()
         self._thread.join(5.0)
         self._poll()
+        if self.experiment is not None:  # a research runner ends after each idle spell
+            self.deliverer.close(self.cfg.end_wait)
+            return
         counts = self.counts()
         summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n) or "no task"
         if stopped:
@@ -170,8 +179,3 @@ def slack(payload: dict[str, Any]) -> dict[str, Any]:
     counts = payload.get("counts") or {}
     fields = [{"title": k, "value": str(v), "short": True} for k, v in counts.items() if v]
     return {"text": text, "attachments": [{"fields": fields}] if fields else []}
-
-
-def kept_payload(tag: str, variant: str, metric: float | None, text: str) -> dict[str, Any]:
-    """The ``kept`` event's fields: research's settle sends one per kept improvement."""
-    return {"experiment": tag, "variant": variant, "metric": metric, "text": text}

@@ -23,7 +23,9 @@ def notifier_for(
         return None
     try:
         cfg = NotifyConfig.model_validate(raw)
-        return Notifier(paths, cfg, title=_title(paths, info), redact=redact)
+        research = (info.get("config") or {}).get("research")
+        experiment = research if isinstance(research, str) and research else None
+        return Notifier(paths, cfg, title=_title(paths, info), redact=redact, experiment=experiment)
     except (ValidationError, NotifyError) as exc:
         first = str(exc).splitlines()[0] if isinstance(exc, NotifyError) else _first(exc)
         print(f"gpuswarm: notify: {first}; no webhook for this run", file=sys.stderr)

@@ -76,6 +76,7 @@ def research() -> None:
 @click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
 @click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
+@click.option("--notify", metavar="URL", help="webhook: POST each kept improvement (and failures)")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
@@ -102,6 +103,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
         rules=rule_changes(kw),
+        notify=kw["notify"],
         **_docker_flags(kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)

@@ -61,6 +61,7 @@ class InitOptions:
     backend: str = "local"  # docker: every variant in a container of docker["image"]
     docker: dict[str, Any] | None = None  # the docker: block (image, mounts, network, ...)
     ray: dict[str, Any] | None = None  # the ray: block (address, ship, setup, ...)
+    notify: str | None = None  # issue 37: --notify URL (kept improvements, failures)
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -111,6 +112,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
             backend="docker" if docker is not None else ("ray" if ray is not None else "local"),
             docker=docker,
             ray=ray,
+            notify={"url": opts.notify} if opts.notify else None,
             **(opts.rules or {}),
         )
     )

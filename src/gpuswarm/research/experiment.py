@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.config.models import DockerConfig, RayConfig
+from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
@@ -156,6 +157,7 @@ class ExperimentConfig(BaseModel):
     backend: Literal["local", "docker", "ray"] = "local"  # what runs each variant
     docker: DockerConfig | None = None  # backend: docker's settings (image, mounts, ...)
     ray: RayConfig | None = None  # backend: ray's settings (address, ship, setup, ...)
+    notify: NotifyConfig | None = None  # issue 37: webhooks of the core run (kept, failures)
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:
