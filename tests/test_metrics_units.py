@@ -128,3 +128,35 @@ def test_the_dashboard_task_record_shows_energy() -> None:
     rec = AttemptRecord(n=1, energy_j=1000.5, energy_mode="shared")
     got = _attempt(rec, Redactor([]))
     assert got["energy_j"] == 1000.5 and got["energy_mode"] == "shared"
+
+
+def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path) -> None:
+    """The journal lines a notifier turns into events (no HTTP: the deliverer is replaced)."""
+    from gpuswarm.config.notify import NotifyConfig
+    from gpuswarm.core.events import Other, Quarantined
+    from gpuswarm.core.paths import RunPaths
+    from gpuswarm.notify.notifier import BUDGET_REACHED, STALLED, Notifier
+
+    paths = RunPaths(tmp_path)
+    (tmp_path / "events.jsonl").write_text("")
+    cfg = NotifyConfig(url="http://127.0.0.1:9/", failed_first=1, failed_every=2)
+    n = Notifier(paths, cfg, title="r/run_1", redact=lambda t: t.replace("sk-live", "***"))
+    sent: list[tuple[str, dict[str, object]]] = []
+    n.deliverer.send = lambda event, payload: sent.append((event, payload))  # type: ignore[method-assign]
+    n._on(Quarantined(slot="h-gpu1", reason="CUDA error sk-live"))
+    n._on(Other(name=BUDGET_REACHED, extra={"reason": "cost 5.00 USD of 5.00", "usd": 5.0}))
+    n._on(Other(name=STALLED, extra={"seconds": 600}))
+    for _ in range(3):
+        n._on(Finished(task="t", slot="s", state="failed", reason="exit 1"))
+    n.finish(stopped=False)
+    events = [e for e, _ in sent]
+    assert events == [
+        "gpu_quarantined",
+        "budget_reached",
+        "stalled",
+        "task_failed",
+        "task_failed",
+        "run_finished",
+    ]
+    assert "sk-live" not in str(sent) and sent[1][1]["usd"] == 5.0
+    assert sent[4][1]["failed"] == 3 and "task" not in sent[4][1]  # the summary of 3

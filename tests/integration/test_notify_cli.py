@@ -118,3 +118,15 @@ def test_a_hanging_receiver_bounds_the_end(tmp_path: Path) -> None:
     journal = _journal(wait_for_run(refused / "runs"))
     assert journal[0]["outcome"] == "retrying" and "Connection" in journal[0]["detail"], journal
     assert journal[-1]["outcome"] in ("dropped", "failed"), journal
+
+
+def test_a_bad_notify_block_is_exit_2_naming_the_field(tmp_path: Path) -> None:
+    tasks = [{"name": "ok", "command": "true", "shell": True}]
+    for notify, says in (
+        ({"url": "ftp://x"}, "notify.url"),
+        ({"url": "http://x", "url_env": "HOOK"}, "one of them"),
+        ({"url": "http://x", "events": ["run_done"]}, "unknown event 'run_done'"),
+    ):
+        res = run_cli("run", _config(tmp_path, tasks, notify), cwd=tmp_path)
+        assert res.returncode == 2 and says in res.stderr, res
+        assert not (tmp_path / "runs").exists()  # nothing half-written
