@@ -160,3 +160,17 @@ def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path
     ]
     assert "sk-live" not in str(sent) and sent[1][1]["usd"] == 5.0
     assert sent[4][1]["failed"] == 3 and "task" not in sent[4][1]  # the summary of 3
+
+
+def test_the_exporter_loads_no_dashboard_stack() -> None:
+    """``gpuswarm exporter`` works with the base install (prometheus_client is a dependency):
+    neither Starlette nor uvicorn is imported by it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gpuswarm.cli_exporter, gpuswarm.metrics.exporter;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out

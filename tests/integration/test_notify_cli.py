@@ -62,7 +62,8 @@ def test_events_signed_rate_limited_and_journaled(tmp_path: Path, receiver: Rece
     assert kinds[-1] == "run_finished", kinds
     last = events[-1]
     assert last["counts"]["failed"] == 6 and last["counts"]["done"] == 1, last
-    assert last["dashboard"] == "http://127.0.0.1:8765/" and last["run"].startswith("n/run_")
+    assert last["dashboard"].startswith("http://127.0.0.1:8765/#/run/r"), last
+    assert last["run"].startswith("n/run_")
     summaries = [e for e in events if e["event"] == "task_failed" and "task" not in e]
     assert [e["failed"] for e in summaries] == [4, 6]
     for headers, body in receiver.got:  # every body signed with the secret, none holds it
@@ -72,6 +73,9 @@ def test_events_signed_rate_limited_and_journaled(tmp_path: Path, receiver: Rece
         assert headers["x-gpuswarm-signature"] == "sha256=" + mac.hexdigest()
         assert SECRET.encode() not in body and b"tok-abcdef123456" not in body
     run = wait_for_run(tmp_path / "runs")
+    from gpuswarm.dashboard.catalog import ident
+
+    assert last["dashboard"].endswith(f"#/run/{ident('r', run.resolve())}")  # the run's page
     journal = _journal(run)
     assert [j["outcome"] for j in journal] == ["delivered"] * len(events)
     assert all(receiver.url not in json.dumps(j) for j in journal)

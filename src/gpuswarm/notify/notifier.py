@@ -20,6 +20,7 @@ never holds the webhook's URL or secret.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
@@ -147,7 +148,7 @@ class Notifier:
             **fields,
         }
         if self.cfg.dashboard:
-            payload["dashboard"] = self.cfg.dashboard.rstrip("/") + "/"
+            payload["dashboard"] = run_page(self.cfg.dashboard, self.paths)
         if self.cfg.format == "slack":
             payload = slack(payload)
         self.deliverer.send(event, payload)
@@ -169,6 +170,14 @@ class Notifier:
         else:
             self.emit("run_finished", f"finished: {summary}", failed=self.failed)
         self.deliverer.close(self.cfg.end_wait)
+
+
+def run_page(dashboard: str, paths: RunPaths) -> str:
+    """The run's page on the dashboard at ``dashboard``: its id is the digest of its folder's
+    path (``dashboard.catalog.ident``: stable across restarts); opened once with the token,
+    the browser keeps its session."""
+    rid = "r" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:10]
+    return f"{dashboard.rstrip('/')}/#/run/{rid}"
 
 
 def slack(payload: dict[str, Any]) -> dict[str, Any]:
