@@ -324,7 +324,7 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg, backend)
             shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
-            notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text)  # issue 37
+            notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     sup.run()

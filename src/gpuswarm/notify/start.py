@@ -16,10 +16,12 @@ from gpuswarm.notify.notifier import Notifier, NotifyError
 
 
 def notifier_for(
-    paths: RunPaths, info: Mapping[str, Any], redact: Callable[[str], str]
+    paths: RunPaths, info: Mapping[str, Any], redact: Callable[[str], str], mode: str = "run"
 ) -> Notifier | None:
+    """``mode`` work (a supervisor joining a live run): none, the run's first supervisor
+    notifies (two would send every event twice)."""
     raw = (info.get("config") or {}).get("notify")
-    if not raw:
+    if not raw or mode == "work":
         return None
     try:
         cfg = NotifyConfig.model_validate(raw)
