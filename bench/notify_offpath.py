@@ -117,6 +117,7 @@ def main() -> None:
             f"  p99 {med['gap_p99_ms']:7.2f} ms  wall {med['wall_s']:5.1f} s"
         )
     hang.shutdown()
+    hang.server_close()
 
 
 if __name__ == "__main__":

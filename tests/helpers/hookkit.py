@@ -35,3 +35,8 @@ class Receiver:
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(body) for _, body in self.got]
+
+    def close(self) -> None:
+        """Stop serving and close the listening socket (later connections are refused)."""
+        self.server.shutdown()
+        self.server.server_close()

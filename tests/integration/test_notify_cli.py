@@ -23,7 +23,7 @@ SECRET = "whsec-0123456789abcdef"
 def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
-    r.server.shutdown()
+    r.close()
 
 
 def _config(base: Path, tasks: list[dict[str, Any]], notify: dict[str, Any] | None) -> Path:
@@ -110,8 +110,7 @@ def test_a_hanging_receiver_bounds_the_end(tmp_path: Path) -> None:
         journal = _journal(wait_for_run(tmp_path / "runs"))
         assert journal and journal[-1]["outcome"] == "dropped", journal
     finally:
-        hang.server.shutdown()
-        hang.server.server_close()
+        hang.close()
 
     refused = tmp_path / "refused"
     refused.mkdir()

@@ -640,4 +640,4 @@ def test_a_kept_improvement_is_notified(gpuswarm: Cli, research_repo: Path) -> N
         assert got[0]["metric"] == pytest.approx(val_bpb(lr=0.05), abs=1e-6)
         assert all(e["event"] != "run_finished" for e in hook.events())
     finally:
-        hook.server.shutdown()
+        hook.close()
