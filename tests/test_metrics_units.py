@@ -174,3 +174,27 @@ def test_the_exporter_loads_no_dashboard_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out
+
+
+def test_a_removed_run_leaves_the_series(tmp_path: Path) -> None:
+    import shutil
+
+    from gpuswarm.api import GpuPlan, NewRunSpec, create_run
+
+    run = create_run(
+        NewRunSpec(
+            workspace=tmp_path,
+            folder="gone",
+            name="gone",
+            base_dir=tmp_path,
+            gpus=GpuPlan(spec="sim:1", vendor="sim", ids=(0,), slot_count=1),
+            source="test",
+        )
+    )
+    sources = Sources([tmp_path])
+    sources.refresh()
+    assert list(sources.runs) == [run.root]
+    shutil.rmtree(run.root)
+    sources._scanned = -1e9  # the next refresh looks again
+    sources.refresh()
+    assert sources.runs == {} and sources.errors == {}

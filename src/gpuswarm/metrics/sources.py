@@ -87,6 +87,12 @@ class Sources:
             self.errors[key] = str(exc)
 
     def _scan(self) -> None:
+        for gone in [p for p in self.runs if not p.is_dir()]:  # removed (gpuswarm clean)
+            del self.runs[gone]
+            self.errors.pop(str(gone), None)
+        for gone in [p for p in self.experiments if not p.is_dir()]:
+            del self.experiments[gone]
+            self.errors.pop(str(gone), None)
         for root in self.roots:
             runs, exps = _found(root)
             for exp in exps:
