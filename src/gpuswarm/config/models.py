@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from gpuswarm.agents.preset import AgentUseField
+from gpuswarm.agents.pricing import AgentUsage, Price
 from gpuswarm.config import dockerargs
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
@@ -344,6 +345,8 @@ class RunConfig(BaseModel):
     ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
+    # issue 34: USD per million tokens per model, over the shipped table (agents/pricing.yaml)
+    pricing: dict[NonEmpty, Price] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _ray(self) -> RunConfig:
@@ -401,6 +404,7 @@ class TaskSpec(BaseModel):
     skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
     gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
     accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
+    usage: AgentUsage | None = None  # issue 34: an agent task's usage record (agents/pricing.py)
 
 
 def default_name(command: str | list[str]) -> str:

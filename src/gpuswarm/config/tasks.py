@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-from gpuswarm.config.agents import agent_command, merge_agent
+from gpuswarm.config.agents import agent_command, agent_usage, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
     FieldUse,
@@ -295,6 +295,7 @@ def _expand_entry(
     root = tasks_root_of(config, base_dir)
     out = []
     names = name_redactor(opts.env)  # one per entry: its instances share the env
+    usage = agent_usage(opts.agent, config.pricing) if opts.agent is not None else None
     for inst in instances(entry, index, base_dir, loc, root, fields):
         try:
             check_name_size(inst.name, f"the name of {shorten(inst.label, 80)}")
@@ -305,6 +306,8 @@ def _expand_entry(
             timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
         spec = make_spec(inst, command, own, grace=config.grace, base_dir=base_dir, names=names)
+        if usage is not None:
+            spec = spec.model_copy(update={"usage": usage})
         out.append((spec, inst))
     return out
 

@@ -64,6 +64,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], bool]] = {
     "bool": ((bool,), True),
     "float | None": ((int, float, _NONE), False),
     "int | None": ((int, _NONE), False),
+    "bool | None": ((bool, _NONE), True),
     "str | None": ((str, _NONE), False),
     "list[str]": ((list,), False),
 }
@@ -195,6 +196,11 @@ class Finished(_Event):
     retry_in: float | None = None
     max_attempts: int | None = None
     used: int | None = None  # attempts of the current budget
+    # issue 34: what the attempt's agent spent (absent: it reported no usage); cost_usd None
+    # with tokens: its cost is unknown
+    tokens: int | None = None
+    cost_usd: float | None = None
+    cost_unknown: bool | None = None
 
 
 @dataclass(kw_only=True, slots=True)

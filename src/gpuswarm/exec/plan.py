@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpuswarm.agents.pricing import usage_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import (
@@ -193,6 +194,8 @@ def judge(
     (see :func:`check_written`); its result lands in ``data``. ``base_dir``: where a task
     without ``cwd`` runs (its source folder, unless a glob matched it one)."""
     record = record.but(metrics=parse_metrics(paths.attempt_log(task.id, record.n), task.metrics))
+    if task.usage is not None:  # an agent's tokens and cost (issue 34)
+        record = record.but(**usage_fields(paths.attempt_log(task.id, record.n), task.usage))
     if skipped(task, end):
         reason = f"skipped (exit {end.returncode} = skip_exit_code)"
         return Outcome(State.SKIPPED, reason, record.but(reason=reason))

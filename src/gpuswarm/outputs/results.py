@@ -22,6 +22,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
@@ -47,6 +48,7 @@ class Row:
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
+    spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -79,6 +81,8 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     row.seq = desc.seq
     row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
     row.result = desc.result or _EMPTY
+    if desc.task.get("usage") is not None:  # an agent's task: what its attempts spent
+        row.spend = task_spend(desc)
     return row
 
 
@@ -192,10 +196,14 @@ def _cell(value: Any) -> str:
 def to_tsv(rows: list[Row]) -> str:
     metric_cols = sorted({k for r in rows for k in r.metrics})
     result_cols = sorted({k for r in rows for k in r.result})
-    header = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    usage_cols = USAGE_COLUMNS if any(r.spend is not None for r in rows) else ()
+    header = [*FIXED_COLUMNS, *usage_cols, *metric_cols, *(f"result.{k}" for k in result_cols)]
     lines = ["\t".join(header)]
     for r in rows:
         cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        if usage_cols:
+            spent = r.spend.cells() if r.spend is not None else _EMPTY
+            cells += [spent.get(c) for c in usage_cols]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
         lines.append("\t".join(_cell(c) for c in cells))
@@ -343,7 +351,18 @@ def summarize(
         "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
+        **spend_stats(rows),
     }
+
+
+def spend_stats(rows: list[Row]) -> dict[str, Any]:
+    """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
+    per task done; nothing when no task reported usage."""
+    spend = RunSpend()
+    for r in rows:
+        spend.add(r.spend, done=r.values["state"] == State.DONE.value)
+    cost = spend.as_json()
+    return {} if cost is None else {"cost": cost}
 
 
 def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:

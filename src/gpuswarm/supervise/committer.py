@@ -17,6 +17,7 @@ import queue as threadq
 import time
 from collections.abc import Callable
 
+from gpuswarm.agents.usage import event_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError
@@ -198,6 +199,7 @@ class Committer:
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
                 used=used,  # attempts of the current budget: "used/max_attempts"
+                **event_fields(rec),  # issue 34: an agent's tokens and cost
             )
 
         if delay > 0:
