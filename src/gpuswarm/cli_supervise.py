@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from gpuswarm.cli_support import stoppable
+from gpuswarm.config.budget import BudgetConfig
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -63,10 +64,25 @@ _SUPERVISING = (  # the options of every command that supervises a run, in their
 )
 
 
+_BUDGET_USD = click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True, max=1e7),
+    help="what the agents may spend (USD); once spent no task starts (over budget.usd)",
+)
+
+
 def _supervising(command: _F) -> _F:
     for option in reversed(_SUPERVISING):
         command = option(command)
     return command
+
+
+def with_budget_usd(loaded: LoadedConfig, usd: float) -> LoadedConfig:
+    """``run --budget-usd``: the config's ``budget.usd`` (its other settings kept)."""
+    old = loaded.config.budget
+    budget = old.model_copy(update={"usd": usd}) if old is not None else BudgetConfig(usd=usd)
+    config = loaded.config.model_copy(update={"budget": budget})
+    return dataclasses.replace(loaded, config=config)
 
 
 def _load_source(
@@ -101,6 +117,7 @@ def _load_source(
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @_supervising
+@_BUDGET_USD
 @click.option(
     "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
 )
@@ -130,6 +147,7 @@ def run(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
+    budget_usd: float | None,
     backend: str | None,
     image: str | None,
     docker_args: tuple[str, ...],
@@ -165,6 +183,8 @@ def run(
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
             loaded = dataclasses.replace(loaded, config=config)
+        if budget_usd is not None:  # issue 34: over the config's budget.usd (run.json keeps it)
+            loaded = with_budget_usd(loaded, budget_usd)
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)
@@ -188,6 +208,7 @@ def run(
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @_supervising
+@_BUDGET_USD
 @click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
 def resume(
     run_dir: Path | None,
@@ -205,6 +226,7 @@ def resume(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
+    budget_usd: float | None,
     ray_address: str | None,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
@@ -240,6 +262,7 @@ def resume(
             share_gpus=share_gpus,
             ray_address=ray_address,
             halt=halt,
+            budget_usd=budget_usd,
         )
     _finish(report, as_json, strict)
 

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm import __version__
+from gpuswarm.config.budget import BudgetConfig, check_usd
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
@@ -100,6 +101,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         "gpu_share": cfg.tasks_per_gpu if "tasks_per_gpu" in cfg.model_fields_set else 1,
         "release_timeout": rel.gpu_release_timeout,
         "halt": cfg.halt,  # issue 28: every session's, unless --halt says otherwise
+        **budget_settings(cfg.budget),  # issue 34: what its agents may spend
     }
 
 
@@ -198,6 +200,25 @@ def with_halt(setup: Setup, halt: str | None) -> Setup:
     except ValueError as exc:
         raise RunDirError(f"run.json: settings.halt is not valid ({exc})") from None
     return setup
+
+
+def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
+    """run.json's settings of ``budget:`` (none without one)."""
+    if budget is None:
+        return {}
+    return {
+        "budget_usd": budget.usd,
+        "budget_tokens": budget.tokens,
+        "budget_on_exceed": budget.on_exceed,
+    }
+
+
+def with_budget(setup: Setup, usd: float | None) -> Setup:
+    """``--budget-usd`` over the run's ``budget.usd`` (resume: raised for this session and, by
+    the engine, in run.json)."""
+    if usd is None:
+        return setup
+    return replace(setup, settings={**setup.settings, "budget_usd": check_usd(usd)})
 
 
 def with_ray_address(setup: Setup, address: str) -> Setup:

@@ -115,3 +115,11 @@ def attempt_usage(log_usage: Usage | None, task: AgentUsage) -> dict[str, object
 def usage_fields(log: Path, task: AgentUsage) -> dict[str, object]:
     """The usage fields of the attempt whose log is ``log`` (read bounded, no link followed)."""
     return attempt_usage(read_log_usage(log, task.spec), task)
+
+
+def over_max_usd(max_usd: float | None, cost: float | None) -> str | None:
+    """The reason an attempt that spent ``cost`` fails under a task's ``max_usd`` (None: it
+    does not)."""
+    if max_usd is None or cost is None or cost <= max_usd:
+        return None
+    return f"the agent spent ${cost:.4g}, over the task's max_usd ${max_usd:.4g} (not retried)"

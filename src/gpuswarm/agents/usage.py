@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -409,51 +409,6 @@ def _codex_answer(text: str) -> str | None:
             if isinstance(item, dict) and item.get("type") == "agent_message":
                 answer = item.get("text") if isinstance(item.get("text"), str) else answer
     return answer
-
-
-@dataclass
-class Totals:
-    """Sums over attempts: tokens, the known cost and how many attempts' cost is unknown."""
-
-    attempts: int = 0  # attempts with a usage record
-    tokens_in: int = 0
-    tokens_cached: int = 0
-    tokens_out: int = 0
-    cost_usd: float = 0.0
-    unknown: int = 0  # attempts with tokens but no cost (no price for their model)
-    problems: list[str] = field(default_factory=list)
-
-    def add(self, record: Any) -> None:
-        """Add an attempt record's fields (any object with the five attribute names)."""
-        tin = getattr(record, "tokens_in", None)
-        cost = getattr(record, "cost_usd", None)
-        problem = getattr(record, "usage_problem", None)
-        if tin is None and cost is None and problem is None:
-            return
-        self.attempts += 1
-        self.tokens_in += tin or 0
-        self.tokens_cached += getattr(record, "tokens_cached", None) or 0
-        self.tokens_out += getattr(record, "tokens_out", None) or 0
-        if cost is None:
-            self.unknown += 1
-        else:
-            self.cost_usd += cost
-        if problem is not None and len(self.problems) < 20:
-            self.problems.append(problem)
-
-    @property
-    def tokens(self) -> int:
-        return self.tokens_in + self.tokens_out
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "attempts": self.attempts,
-            "tokens_in": self.tokens_in,
-            "tokens_cached": self.tokens_cached,
-            "tokens_out": self.tokens_out,
-            "cost_usd": round(self.cost_usd, 6),
-            "cost_unknown_attempts": self.unknown,
-        }
 
 
 def event_fields(record: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from pydantic import (
 from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.agents.pricing import AgentUsage, Price
 from gpuswarm.config import dockerargs
+from gpuswarm.config.budget import BudgetConfig, Usd
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.values import (
@@ -78,6 +79,8 @@ class TaskOptions(BaseModel):
     # the GPU model it runs on, where a run has several: words of the GPU's name, any case
     # ("H100", "A100 80GB"); slots of other models pass it by
     accelerator: NonEmpty | None = Field(default=None, max_length=200)
+    # issue 34: an attempt whose agent spent more than this (USD) fails, not retried
+    max_usd: Usd | None = None
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -347,6 +350,7 @@ class RunConfig(BaseModel):
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
     # issue 34: USD per million tokens per model, over the shipped table (agents/pricing.yaml)
     pricing: dict[NonEmpty, Price] = Field(default_factory=dict)
+    budget: BudgetConfig | None = None  # issue 34: what the run's agents may spend
 
     @model_validator(mode="after")
     def _ray(self) -> RunConfig:
@@ -405,6 +409,7 @@ class TaskSpec(BaseModel):
     gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
     accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
     usage: AgentUsage | None = None  # issue 34: an agent task's usage record (agents/pricing.py)
+    max_usd: float | None = None  # issue 34: an attempt that spent more fails, not retried
 
 
 def default_name(command: str | list[str]) -> str:

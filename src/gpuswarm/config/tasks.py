@@ -110,6 +110,7 @@ def make_spec(
         skip_reason=instance.skip,
         gpu_memory_mb=opts.gpu_memory,
         accelerator=opts.accelerator,
+        max_usd=opts.max_usd,
     )
 
 

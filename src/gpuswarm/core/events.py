@@ -48,6 +48,7 @@ class Ev(str, Enum):
     GPU_FREED = "gpu_freed"
     GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
     HALTED = "halted"  # issue 28: the halt rule was met (spec, when, count, reason)
+    BUDGET = "budget"  # issue 34: the run's budget was crossed (reason, how), or a note
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

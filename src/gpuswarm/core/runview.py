@@ -151,6 +151,8 @@ class RunView:
             self._gpu_held(e)
         elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
             self.note = str(e.extra.get("reason") or "halted")
+        elif e.name == Ev.BUDGET.value and e.extra.get("crossed"):  # issue 34: budget spent
+            self.note = str(e.extra.get("reason") or "budget")
         elif e.name == Ev.GPU_WAIT.value:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):

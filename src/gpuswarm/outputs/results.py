@@ -441,6 +441,7 @@ class RunReport:
     strict: bool = False  # --strict: a cancelled task makes the exit code 1
     stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
     halted: str | None = None  # the halt rule stopped it (issue 28): its reason
+    budget: str | None = None  # the budget was spent (issue 34): its reason, how to raise it
 
     @property
     def exit_code(self) -> int:
@@ -449,6 +450,8 @@ class RunReport:
             return EXIT_UNFINISHED if failed else EXIT_OK  # halt found what it waited for
         if self.stopped_by:
             return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
+        if self.budget and not self.summary.get("complete"):
+            return EXIT_UNFINISHED  # issue 34: tasks left pending (reason budget)
         if self.interrupted:
             return EXIT_INTERRUPTED
         after = self.summary.get("after_all")

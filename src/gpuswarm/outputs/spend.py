@@ -8,16 +8,59 @@ run's known cost over its tasks that ended done.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.agents.usage import Totals
 from gpuswarm.core.models import AttemptRecord, Descriptor
-from gpuswarm.core.records import parse_event
 from gpuswarm.core.runview import RunView
+from gpuswarm.store.spent import journal_spend
+
+
+@dataclass
+class Totals:
+    """Sums over attempts: tokens, the known cost and how many attempts' cost is unknown."""
+
+    attempts: int = 0  # attempts with a usage record
+    tokens_in: int = 0
+    tokens_cached: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+    unknown: int = 0  # attempts with tokens but no cost (no price for their model)
+    problems: list[str] = field(default_factory=list)
+
+    def add(self, record: Any) -> None:
+        """Add an attempt record's fields (any object with the five attribute names)."""
+        tin = getattr(record, "tokens_in", None)
+        cost = getattr(record, "cost_usd", None)
+        problem = getattr(record, "usage_problem", None)
+        if tin is None and cost is None and problem is None:
+            return
+        self.attempts += 1
+        self.tokens_in += tin or 0
+        self.tokens_cached += getattr(record, "tokens_cached", None) or 0
+        self.tokens_out += getattr(record, "tokens_out", None) or 0
+        if cost is None:
+            self.unknown += 1
+        else:
+            self.cost_usd += cost
+        if problem is not None and len(self.problems) < 20:
+            self.problems.append(problem)
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "attempts": self.attempts,
+            "tokens_in": self.tokens_in,
+            "tokens_cached": self.tokens_cached,
+            "tokens_out": self.tokens_out,
+            "cost_usd": round(self.cost_usd, 6),
+            "cost_unknown_attempts": self.unknown,
+        }
+
 
 USAGE_COLUMNS = ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model")
 UNKNOWN = "unknown"
@@ -127,52 +170,6 @@ def tokens_text(n: int) -> str:
     if n < 1_000_000:
         return f"{n / 1000:.1f}k"
     return f"{n / 1e6:.1f}M"
-
-
-def journal_spend(events: Path, done: int, upto: int | None = None) -> dict[str, Any] | None:
-    """What the journal's ``finished`` lines say the run's attempts spent (a live run's too):
-    ``tokens``, known ``cost_usd``, ``cost_unknown_attempts``, ``usd_per_done_task``; None when
-    no attempt reported usage. Only lines that carry ``"tokens"`` are parsed."""
-    attempts = tokens = unknown = 0
-    usd = 0.0
-    for raw in _lines_with(events, b'"tokens"', upto):
-        e = parse_event(raw)
-        if e is None or e.get("ev") != "finished":
-            continue
-        n, cost = e.get("tokens"), e.get("cost_usd")
-        if not isinstance(n, int) or isinstance(n, bool):
-            continue
-        attempts += 1
-        tokens += n
-        if isinstance(cost, int | float) and not isinstance(cost, bool):
-            usd += float(cost)
-        else:
-            unknown += 1
-    if not attempts:
-        return None
-    return {
-        "attempts": attempts,
-        "tokens": tokens,
-        "cost_usd": round(usd, 6),
-        "cost_unknown_attempts": unknown,
-        "usd_per_done_task": round(usd / done, 6) if done else None,
-    }
-
-
-def _lines_with(path: Path, needle: bytes, upto: int | None) -> Iterator[bytes]:
-    """The whole lines of the journal (up to byte ``upto``) that hold ``needle``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    seen = 0
-    with os.fdopen(fd, "rb") as f:
-        for line in f:
-            seen += len(line)
-            if upto is not None and seen > upto:
-                return
-            if needle in line and line.endswith(b"\n"):
-                yield line
 
 
 def seed_view(view: RunView, events: Path, upto: int) -> None:

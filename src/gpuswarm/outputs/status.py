@@ -19,12 +19,12 @@ from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import Redactor
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
-from gpuswarm.outputs.spend import journal_spend
 from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runindex import known_runs
 from gpuswarm.store.runs import open_run
+from gpuswarm.store.spent import journal_spend
 
 MAX_FAILURES = 20
 
