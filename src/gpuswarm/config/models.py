@@ -81,6 +81,8 @@ class TaskOptions(BaseModel):
     accelerator: NonEmpty | None = Field(default=None, max_length=200)
     # issue 34: an attempt whose agent spent more than this (USD) fails, not retried
     max_usd: Usd | None = None
+    # issue 34: no log output, CPU or GPU activity for this long ends the attempt as stalled
+    stall_after: Duration | None = None
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -410,6 +412,7 @@ class TaskSpec(BaseModel):
     accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
     usage: AgentUsage | None = None  # issue 34: an agent task's usage record (agents/pricing.py)
     max_usd: float | None = None  # issue 34: an attempt that spent more fails, not retried
+    stall_after: float | None = None  # issue 34: seconds of no activity that end an attempt
 
 
 def default_name(command: str | list[str]) -> str:

@@ -111,6 +111,7 @@ def make_spec(
         gpu_memory_mb=opts.gpu_memory,
         accelerator=opts.accelerator,
         max_usd=opts.max_usd,
+        stall_after=opts.stall_after,
     )
 
 

@@ -49,6 +49,7 @@ class Ev(str, Enum):
     GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
     HALTED = "halted"  # issue 28: the halt rule was met (spec, when, count, reason)
     BUDGET = "budget"  # issue 34: the run's budget was crossed (reason, how), or a note
+    STALLED = "stalled"  # issue 34: an attempt did nothing for stall_after (task, reason)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in

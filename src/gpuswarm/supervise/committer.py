@@ -12,6 +12,7 @@ done for sure before the cancel took effect stays done.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import queue as threadq
 import time
@@ -126,6 +127,9 @@ class Committer:
         cap_log(run.paths.attempt_log(live.task_id, live.attempt), run.cfg.max_log_bytes)
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        if live.stalled is not None and end.kind is EndKind.CANCELLED:  # issue 34: its own end
+            end = dataclasses.replace(end, kind=EndKind.STALLED, reason=live.stalled)
+            record = record.but(kind=EndKind.STALLED.value, reason=live.stalled)
         try:
             if live.cancel is not None:
                 self._cancelled(live, end, record)
@@ -135,7 +139,8 @@ class Committer:
                 self.hand_back(live.claimed, live.task, record, why)
                 return
             outcome = self._judge(live, end, record)
-            if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
+            stopped = live.handle.cancelled and live.stalled is None
+            if stopped and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
                 self.hand_back(live.claimed, live.task, record)

@@ -85,6 +85,7 @@ class LiveAttempt:
     cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
+    stalled: str | None = None  # issue 34: the stall detector stopped it (supervise/stall.py)
 
 
 @dataclass
