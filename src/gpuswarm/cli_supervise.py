@@ -89,7 +89,7 @@ def _load_source(
     source: str, *, shell: bool, name: str | None, workspace: str | None, defaults: TaskOptions
 ) -> LoadedConfig:
     if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        loaded = load_config(Path(source))
+        loaded = load_config(Path(source), repeats=defaults.repeats)
     elif source == "-":
         loaded = load_command_list(
             None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
@@ -116,6 +116,11 @@ def _load_source(
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
+@click.option(
+    "--repeats",
+    type=click.IntRange(1, 1000),
+    help="run each task this many independent times ({repeat}: 1..N; over defaults.repeats)",
+)
 @_supervising
 @_BUDGET_USD
 @click.option(
@@ -140,6 +145,7 @@ def run(
     timeout: str | None,
     max_attempts: int | None,
     gpu_memory: str | None,
+    repeats: int | None,
     quiet: bool,
     plain: bool,
     no_report: bool,
@@ -166,7 +172,7 @@ def run(
     """
     with stoppable():
         defaults = TaskOptions.from_cli(
-            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory
+            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory, repeats=repeats
         )
         loaded = (
             _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)

@@ -83,6 +83,11 @@ class TaskOptions(BaseModel):
     max_usd: Usd | None = None
     # issue 34: no log output, CPU or GPU activity for this long ends the attempt as stalled
     stall_after: Duration | None = None
+    # issue 34: run each task k independent times ({repeat}: 1..k); the result fields that are
+    # its score (mean and 95 % CI over the repeats) and its pass/fail (pass@1, pass@k)
+    repeats: int | None = Field(default=None, ge=1, le=1000)
+    score: NonEmpty | None = Field(default=None, max_length=200)
+    passed: NonEmpty | None = Field(default=None, max_length=200)
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -413,6 +418,10 @@ class TaskSpec(BaseModel):
     usage: AgentUsage | None = None  # issue 34: an agent task's usage record (agents/pricing.py)
     max_usd: float | None = None  # issue 34: an attempt that spent more fails, not retried
     stall_after: float | None = None  # issue 34: seconds of no activity that end an attempt
+    repeat_of: str | None = None  # issue 34: a repeat's task (its id without -r<k>)
+    repeat: int | None = None  # issue 34: which repeat (1..k)
+    score: str | None = None  # issue 34: the result field that scores it
+    passed: str | None = None  # issue 34: the result field that says it passed
 
 
 def default_name(command: str | list[str]) -> str:

@@ -22,6 +22,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.passk import repeat_of, repeat_stats
 from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -49,6 +50,8 @@ class Row:
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
     spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
+    # issue 34: a repeat's (task it repeats, which repeat, score field, passed field)
+    repeat: tuple[str, int, str | None, str | None] | None = None
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -83,6 +86,8 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     row.result = desc.result or _EMPTY
     if desc.task.get("usage") is not None:  # an agent's task: what its attempts spent
         row.spend = task_spend(desc)
+    if desc.task.get("repeat_of") is not None:
+        row.repeat = repeat_of(desc.task)
     return row
 
 
@@ -352,6 +357,7 @@ def summarize(
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
         **spend_stats(rows),
+        **({"repeats": reps} if (reps := repeat_stats(rows)) is not None else {}),
     }
 
 
