@@ -61,6 +61,8 @@ def test_repeats_give_mean_ci_and_unbiased_pass_at_k(tmp_path: Path) -> None:
     assert agg["pass@k"]["2"] == pytest.approx(((1 - 1 / 6) + 0.5) / 2)
     report = (run / "report.html").read_text()
     assert "<h2>Repeats</h2>" in report and "pass@2 0.6667" in report
+    again = run_cli("report", run, "--json", cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(again.stdout)["repeats"] == reps, again
 
 
 def test_repeats_flag_over_the_config(tmp_path: Path) -> None:
