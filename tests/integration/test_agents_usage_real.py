@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -215,3 +216,50 @@ def home(tmp_path: Path) -> Path:
     path = tmp_path / "home"
     path.mkdir()
     return path
+
+
+# -- research: the proposer's spend and --budget-usd -----------------------------------------
+LOWER = EditRule(
+    file="train.py",
+    pattern=r"DEPTH = (\d+)",
+    replace=lambda m: f"DEPTH = {int(m.group(1)) - 1}",
+    description=lambda m: f"lower DEPTH to {int(m.group(1)) - 1}",
+)
+
+
+@pytest.mark.timeout(240)
+def test_research_proposals_record_their_cost_and_the_budget_ends_the_loop(
+    gpuswarm: Cli, research_repo: Path, home: Path
+) -> None:
+    claude = require_cli("claude")
+    with ModelStub(LOWER) as stub:
+        env = {"PATH": f"{claude.parent}:/usr/bin:/bin", "HOME": str(home), **QUIET_ENV,
+               "ANTHROPIC_BASE_URL": stub.url, "ANTHROPIC_API_KEY": API_KEY}  # fmt: skip
+        res = gpuswarm(
+            "research", "init", "-C", research_repo, "--tag", "t", "--edit", "train.py",
+            "--protect", "prepare.py", "--command", f"{PY} train.py", "--gpus", "sim:1",
+            "--timeout", "20s", "--linger", "2s", "--policy", "greedy",
+            "--baseline-repeats", "1", env=env,
+        )  # fmt: skip
+        assert res.returncode == 0, res
+        try:
+            res = gpuswarm(
+                "research", "loop", "-C", research_repo, "--lookahead", "0",
+                "--max-experiments", "3", "--plain", "--agent", "claude-code",
+                "--budget-usd", "0.01", env=env, timeout=180,
+            )  # fmt: skip
+        finally:
+            gpuswarm("research", "stop", "-C", research_repo, env=env)
+    assert res.returncode == 1, res
+    said = r"research budget spent: the proposer agent spent \$\d+\.\d\d of --budget-usd \$0\.01"
+    assert re.search(said, res.output), res
+    ledger = research_repo / ".gpuswarm/research/t/ledger.jsonl"
+    events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    (made,) = [e for e in events if e.get("ev") == "proposal"]  # one, then the budget
+    assert made["outcome"] == "made" and made["cost_usd"] > 0, made
+    per_call = sum(
+        ANTHROPIC_USAGE[k]
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    assert made["tokens_in"] % per_call == 0 and made["tokens_in"] > 0, made
+    assert made["model"].startswith("claude-")
