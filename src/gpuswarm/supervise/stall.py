@@ -46,19 +46,22 @@ class _Quiet:
     gpu_used: tuple[int | None, ...]
 
 
-def cpu_seconds(pids: frozenset[int]) -> float:
-    """User + system CPU seconds of ``pids`` and their reaped children (``/proc/<pid>/stat``);
-    a pid that is gone counts nothing."""
+def cpu_seconds(pids: frozenset[int]) -> tuple[float, bool]:
+    """User + system CPU seconds of ``pids`` and their reaped children (``/proc/<pid>/stat``),
+    and whether one of them still lives (a zombie has ended: its attempt is ending); a pid that
+    is gone counts nothing."""
     total = 0
+    alive = False
     for pid in pids:
         try:
             raw = Path(f"/proc/{pid}/stat").read_bytes()[:4096]
         except OSError:
             continue
-        fields = raw[raw.rfind(b")") + 2 :].split()  # after "pid (comm) ": state is field 3
+        fields = raw[raw.rfind(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
         with contextlib.suppress(IndexError, ValueError):
+            alive = alive or fields[0] not in (b"Z", b"X")
             total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-    return total / CLOCK_TICKS
+    return total / CLOCK_TICKS, alive
 
 
 def _size(path: Path) -> int:
@@ -131,7 +134,10 @@ class StallWatch:
         pids = frozenset(live.handle.pids())
         if not pids:
             return True  # ended (or not started yet): nothing to stall
-        cpu = cpu_seconds(pids)
+        cpu, alive = cpu_seconds(pids)
+        if not alive:
+            self._quiet.pop(key, None)
+            return True  # its processes have exited: it is ending, not stalled
         used, gpu_busy = self._gpu(live)
         quiet = self._quiet.get(key)
         moved = (
