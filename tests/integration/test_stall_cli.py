@@ -49,7 +49,8 @@ def test_a_waiting_task_is_stalled_and_retried_a_busy_one_never(tmp_path: Path) 
         "reliability: {breaker: {failures: 2, window: 60}}\n"
         "tasks:\n"
         "  - name: asks\n"
-        "    command: \"echo working; echo 'Do you want to proceed? [y/N]'; sleep 60\"\n"
+        '    command: "echo working; echo Use key $API_TOKEN, proceed? [y/N]; sleep 60"\n'
+        "    env: {API_TOKEN: sk-stall-0123456789abcdef}\n"
         "    shell: true\n"
         "    stall_after: 2s\n"
         "    timeout: 50s\n"
@@ -67,12 +68,14 @@ def test_a_waiting_task_is_stalled_and_retried_a_busy_one_never(tmp_path: Path) 
     asks = rows["asks"]
     assert asks["state"] == "failed" and asks["attempts"] == "2", asks
     assert "stalled: no output, under 1% of a core and no GPU activity for 2s" in asks["reason"]
-    assert "its last output: 'Do you want to proceed? [y/N]'" in asks["reason"]
+    assert "its last output: 'Use key " in asks["reason"] and "proceed? [y/N]'" in asks["reason"]
+    assert "sk-stall" not in asks["reason"]  # the task's secret, redacted
     (attempts,) = _attempts(run, "failed").values()
     assert [a["kind"] for a in attempts] == ["stalled", "stalled"]  # its own end kind
     assert all(a["duration"] < 20 for a in attempts), attempts  # not its 50 s timeout
     events = read_events(run)
     assert [e.get("task") for e in events if e["ev"] == "stalled"] == ["asks", "asks"]
+    assert "sk-stall-0123456789abcdef" not in (run / "events.jsonl").read_text()
     assert not [e for e in events if e["ev"] == "quarantined"]  # never the breaker's
     summary = json.loads((run / "summary.json").read_text())
     assert summary["failure_reasons"][0][0].startswith("stalled: ")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import log_tail
-from gpuswarm.core.redact import inert
+from gpuswarm.core.redact import inert, redact_text
 from gpuswarm.placement.devices import Vendor
 from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.supervise.context import LiveAttempt, Shared
@@ -157,7 +157,8 @@ class StallWatch:
         last = ""
         with contextlib.suppress(OSError):
             lines = log_tail(log, max_lines=1, max_bytes=4096).strip().splitlines()
-            last = inert(lines[-1][:200]) if lines else ""
+            env = {**self.run.cfg.base_env, **live.task.env}  # its secrets, by name and shape
+            last = inert(redact_text(lines[-1][:200], env)) if lines else ""
         said = f"; its last output: {last!r}" if last else "; it printed nothing"
         live.stalled = (
             f"stalled: no output, under 1% of a core and no GPU activity for {limit:g}s{said}"
