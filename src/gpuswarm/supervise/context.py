@@ -60,6 +60,10 @@ class SupervisorConfig:
     preflight: tuple[str, ...] = ()
     # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
     halt: str | None = None
+    # issue 34: stop claiming once the agents spent this much (config/budget.py); None: no limit
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+    budget_on_exceed: str = "finish"  # or "stop": the running attempts are put back too
 
 
 @dataclass
@@ -82,6 +86,7 @@ class LiveAttempt:
     stopped_by: list[Request] | None = None
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
+    stalled: str | None = None  # issue 34: the stall detector stopped it (supervise/stall.py)
 
 
 @dataclass
