@@ -44,10 +44,12 @@ from gpuswarm.core.fsutil import (
     dumps_compact,
     pid_alive,
     temp_writer_alive,
+    write_temp,
 )
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders, visible
+from gpuswarm.store.groupcommit import Grouped, commit_group
 from gpuswarm.store.names import (
     claim_name,
     descriptor_name,
@@ -96,7 +98,7 @@ class DirQueue(QueueFolders):
         self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
-        self._local = threading.local()  # .dirs: folders whose fsync a batch defers
+        self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
 
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod
@@ -218,7 +220,13 @@ class DirQueue(QueueFolders):
             ) from None
 
     def move(
-        self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
+        self,
+        claimed: Claimed,
+        state: State,
+        announce: Callable[[], object] | None = None,
+        *,
+        after: Callable[[], object] | None = None,
+        lost: Callable[[], object] | None = None,
     ) -> Path:
         """Save and move a claimed descriptor to ``state`` (pending, done or failed).
 
@@ -228,11 +236,30 @@ class DirQueue(QueueFolders):
         makes it true. A crash after the save leaves a running
         descriptor that says where it was going; recovery finishes a move to done/failed and
         journals it again, so the journal never lags behind the folders.
+
+        ``after`` runs once the move is made. Inside :meth:`grouped_commit` a move given
+        ``after`` and ``lost`` only writes its temp file here; the block's end makes every such
+        file durable at once and then saves, announces and renames each in order, as here
+        (``lost`` runs in place of LeaseLostError for a lease found gone then).
         """
         desc = claimed.desc
         desc.state = state
         desc.moved_from = claimed.path.name
+        group: list[Grouped] | None = getattr(self._local, "group", None)
+        if group is not None and after is not None and lost is not None and self.durable:
+            data = dumps_compact(claimed.data)
+            tmp = write_temp(claimed.path, data, durable=False, exclusive=True)
+            faults.point("fsutil.temp_written", path=claimed.path, data=data)
+            group.append(Grouped(claimed, state, tmp, announce, after, lost))
+            return self.paths.state_dir(state.value) / claimed.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
+        dst = self._moved(claimed, state, announce)
+        if after is not None:
+            after()
+        return dst
+
+    def _moved(self, claimed: Claimed, state: State, announce: Callable[[], object] | None) -> Path:
+        """The rest of a move once its descriptor is saved: announce, rename, folder sync."""
         faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
@@ -254,6 +281,18 @@ class DirQueue(QueueFolders):
         if state is State.PENDING:
             self.push(claimed.name)
         return dst
+
+    @contextlib.contextmanager
+    def grouped_commit(self) -> Iterator[None]:
+        """Group commit (:mod:`.groupcommit`): the moves this thread makes inside the block
+        with ``after`` and ``lost`` share one flush of their saved descriptors."""
+        group: list[Grouped] = []
+        self._local.group = group
+        try:
+            yield
+        finally:
+            self._local.group = None
+            commit_group(group, self._moved)
 
     @contextlib.contextmanager
     def batched_dir_syncs(self) -> Iterator[None]:
