@@ -47,7 +47,7 @@ from gpuswarm.core.fsutil import (
     write_temp,
 )
 from gpuswarm.core.models import Descriptor, State, base_name
-from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.folders import QueueFolders, visible
 from gpuswarm.store.groupcommit import Grouped, commit_group
 from gpuswarm.store.names import (
@@ -98,6 +98,7 @@ class DirQueue(QueueFolders):
         self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
+        self._dirs = {state: paths.state_dir(state) for state in STATES}  # made once
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
 
     # -- submitting ----------------------------------------------------------------------------
@@ -181,10 +182,10 @@ class DirQueue(QueueFolders):
                         heapq.heappush(self._heap, name)
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
-        src = self.paths.state_dir("pending") / name
+        src = f"{self._dirs['pending']}/{name}"  # a str: the hot path makes one Path, dst
         # the claim number makes each claim's name unique, so recovery can tell a move this
         # claim began (``moved_from`` == its name) from one an earlier claim finished
-        dst = self.paths.state_dir("running") / claim_name(name, owner, slot, next(self._claims))
+        dst = self._dirs["running"] / claim_name(name, owner, slot, next(self._claims))
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -251,7 +252,7 @@ class DirQueue(QueueFolders):
             tmp = write_temp(claimed.path, data, durable=False, exclusive=True)
             faults.point("fsutil.temp_written", path=claimed.path, data=data)
             group.append(Grouped(claimed, state, tmp, announce, after, lost))
-            return self.paths.state_dir(state.value) / claimed.name
+            return self._dirs[state.value] / claimed.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
         dst = self._moved(claimed, state, announce)
         if after is not None:
@@ -263,7 +264,7 @@ class DirQueue(QueueFolders):
         faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
-        dst = self.paths.state_dir(state.value) / claimed.name
+        dst = self._dirs[state.value] / claimed.name
         try:
             os.rename(claimed.path, dst)  # from the exact leased name: never re-creates it
         except FileNotFoundError:
