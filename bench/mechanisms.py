@@ -5,10 +5,10 @@ The throughput run (N x ``true`` on sim:8, durable) is made in a child process
 benchmark-build monkeypatch (``mechanism_switches.py``: nothing in gpuswarm turns any of them
 off). A mechanism's cost is the CPU of gpuswarm's own threads (main, slot loop, committer, log
 pump, keeper, heartbeat, waiters; the children and the log keeper process left out) with it on
-minus with it off, per task. The runs go in rounds, each round every case once in a shuffled
-order, and the cost is the median over the rounds of the difference within a round: the machine's
-load drifts less within a round than across the benchmark. A cost within the spread of the
-reference is noise: the table gives that spread beside it.
+minus with it off, per task. The runs go in rounds (3), each round every case once in a shuffled
+order and the reference twice; each case counts its least CPU over the rounds (a loaded machine
+only ever adds CPU time), and a cost is the reference's least minus the case's least. A cost
+within the spread of the reference is noise: the table gives that spread beside it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import BENCH_DIR, Config, Row, env_for_bench, median, say
+from common import BENCH_DIR, Config, Row, env_for_bench, say
 from mechanism_switches import SWITCHES
 
 BENCH = "1b mechanisms"
+BEGIN = "<!-- bench:mechanisms:begin (written by bench/run.py; do not edit by hand) -->"
+END = "<!-- bench:mechanisms:end -->"
 THREADS = ("main during", "loop", "committer", "pump", "keeper", "heartbeat", "other threads")
 
 
@@ -52,14 +54,13 @@ def _own(data: dict[str, float]) -> float:
 
 def run(cfg: Config) -> list[Row]:
     n = cfg.throughput_tasks
-    rounds = 2 if cfg.quick else 3
+    rounds = 3
     work = cfg.work / "mechanisms"
     work.mkdir(parents=True, exist_ok=True)
     cmds = work / "cmds.txt"
     cmds.write_text("true\n" * n)
     names = list(SWITCHES)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
-    refs: list[float] = []  # per round: the mean of its two reference runs
     for r in range(rounds):
         order = names[1:]
         random.shuffle(order)
@@ -73,13 +74,11 @@ def run(cfg: Config) -> list[Row]:
             else:
                 runs[name].append(data)
         runs["none"].extend(pair)
-        refs.append(sum(_own(d) for d in pair) / len(pair))
     base = runs["none"]
-    ref = median(refs) / n * 1e6
-    spread = (max(_own(d) for d in base) - min(_own(d) for d in base)) / n * 1e6
-    split = ", ".join(
-        f"{k} {median([d.get(k, 0.0) for d in base]) / n * 1e6:.0f}" for k in THREADS[:3]
-    )
+    own = {name: [_own(d) / n * 1e6 for d in data] for name, data in runs.items()}
+    ref = min(own["none"])  # the machine's load only ever adds CPU time: the least is nearest
+    spread = max(own["none"]) - ref
+    split = ", ".join(f"{k} {min(d.get(k, 0.0) for d in base) / n * 1e6:.0f}" for k in THREADS[:3])
     metric = f"{n} x `true` on sim:8: CPU µs per task of gpuswarm's threads"
     rows = [
         Row(
@@ -88,18 +87,15 @@ def run(cfg: Config) -> list[Row]:
             "everything on",
             ref,
             "µs",
-            note=f"the reference; {2 * rounds} runs, spread {spread:.0f} µs; " + split,
-            extra={"rounds": [_own(d) / n * 1e6 for d in base]},
+            note=f"the reference: the least of {len(base)} runs (the others up to {spread:.0f} µs "
+            f"more); {split}",
+            extra={"runs": own["none"]},
         )
     ]
     for name in names[1:]:
-        diffs = [(b - _own(s)) / n * 1e6 for b, s in zip(refs, runs[name], strict=True)]
+        least = min(runs[name], key=_own)
         by_thread = {
-            k: median(
-                [b.get(k, 0.0) - s.get(k, 0.0) for b, s in zip(base[::2], runs[name], strict=True)]
-            )
-            / n
-            * 1e6
+            k: (min(d.get(k, 0.0) for d in base) - least.get(k, 0.0)) / n * 1e6
             for k in ("loop", "committer")
         }
         rows.append(
@@ -107,11 +103,11 @@ def run(cfg: Config) -> list[Row]:
                 BENCH,
                 f"cost per task: {SWITCHES[name].what}",
                 f"off: {name}",
-                median(diffs),
+                ref - min(own[name]),
                 "µs",
                 note=f"loop {by_thread['loop']:.0f}, committer {by_thread['committer']:.0f}; "
-                f"rounds {', '.join(f'{d:.0f}' for d in diffs)}",
-                extra={"rounds": diffs, "by_thread": by_thread},
+                f"runs {', '.join(f'{v:.0f}' for v in own[name])}",
+                extra={"runs": own[name], "by_thread": by_thread},
             )
         )
     return rows

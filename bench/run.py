@@ -98,9 +98,12 @@ def _update_doc(rows: list[Row], machine: dict[str, str], info: dict[str, Any], 
     doc = REPO / "BENCHMARKS.md"
     ours = [r for r in rows if r.bench == control.BENCH]
     dash = [r for r in rows if r.bench == dashboard.BENCH]  # its own section too
-    others = [r for r in rows if r.bench not in (control.BENCH, dashboard.BENCH)]
+    mech = [r for r in rows if r.bench == mechanisms.BENCH]  # and the mechanisms' table
+    apart = (control.BENCH, dashboard.BENCH, mechanisms.BENCH)
+    others = [r for r in rows if r.bench not in apart]
     parts = [(others, report.BEGIN, report.END), (ours, report.CONTROL_BEGIN, report.CONTROL_END)]
     parts.append((dash, dashboard.BEGIN, dashboard.END))
+    parts.append((mech, mechanisms.BEGIN, mechanisms.END))
     for part, begin, end in parts:
         if not part:
             continue
