@@ -8,7 +8,8 @@ descriptor in place of the lease (a lease a reclaimer took: ``lost``, nothing of
 journaled), the journal line, the rename into the state folder. A crash before the flush leaves
 only temp files (recovery removes them: the tasks are still running, re-run after a resume); a
 crash after it leaves what a crash of single moves leaves. No line of a move is journaled before
-its descriptor is durable and in place.
+its descriptor is durable and in place. (``syncfs`` writes back everything dirty on that
+filesystem, tasks' checkpoints too: the committer waits for that, the slot loop does not.)
 """
 
 from __future__ import annotations
