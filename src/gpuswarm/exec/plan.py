@@ -104,7 +104,7 @@ def launch_spec_for(
         devices=slot.devices_of(gpu_ids),
         vendor=slot.vendor,
         binds=(workspace,) if home is None else (workspace, home),
-        own_env=frozenset(k for k, v in env.items() if start.get(k) != v),
+        own_env=frozenset(k for k, _ in env.items() - start.items()),  # set or changed
         identity={"kind": "attempt", "task": task.id, "attempt": str(n), "slot": slot.label},
     )
 

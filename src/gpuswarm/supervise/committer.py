@@ -1,7 +1,9 @@
 """Committing outcomes: judge each ended attempt, move its task on durably, retry or hand back.
 
 The loop never waits for a disk: it hands its outcomes over once per pass, and a committer thread
-commits them in batches (one folder fsync per batch). A waiter thread commits its own attempt's
+commits them in batches: the batch's saved descriptors are made durable together (one syncfs
+for several, ``DirQueue.grouped_commit``), then each is journaled and renamed in order, and each
+destination folder is fsynced once. A waiter thread commits its own attempt's
 outcome itself. A failed attempt with attempts left waits out its backoff in running/, under
 our lease; the keeper calls :meth:`Committer.release_delayed` when it is due.
 
@@ -107,8 +109,8 @@ class Committer:
                 except threadq.Empty:
                     break
             done = item is None
-            try:
-                with self.run.queue.batched_dir_syncs():
+            try:  # one flush of the batch's saved descriptors, one fsync per folder
+                with self.run.queue.batched_dir_syncs(), self.run.queue.grouped_commit():
                     for live, end in batch:
                         self.commit(live, end)
             except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
@@ -165,7 +167,7 @@ class Committer:
         if end.kind is not EndKind.CANCELLED:
             outcome = self._judge(live, end, record)
             if _done_in_stop(live.task, end, outcome):
-                self._finish(live.claimed, live.task, outcome)
+                self._finish(live.claimed, live.task, outcome, grouped=False)  # journaled first
                 why = f"too late: attempt {live.attempt} was done before the cancel took effect"
                 for req in reqs:  # applied to nothing: the task was done already
                     drop_late(run.queue, run.ledger, req, why, run.cfg.owner)
@@ -177,8 +179,17 @@ class Committer:
         move_cancelled(run.queue, run.ledger, live.claimed, reqs, run.cfg.owner, live.slot.label)
 
     def _finish(
-        self, claimed: Claimed, task: TaskSpec, outcome: Outcome, reserved: int | None = None
+        self,
+        claimed: Claimed,
+        task: TaskSpec,
+        outcome: Outcome,
+        reserved: int | None = None,
+        *,
+        grouped: bool = True,
     ) -> None:
+        """The task moves on (done, failed, skipped, a retry); ``grouped``: inside a
+        committer's batch, its move is made durable with the batch's others (see
+        ``DirQueue.grouped_commit``)."""
         run = self.run
         desc = claimed.desc
         state = outcome.state
@@ -200,6 +211,7 @@ class Committer:
                 self._delay_seq += 1
                 heapq.heappush(self._delayed, (at, self._delay_seq, claimed))
         rec = outcome.record
+        target = State.PENDING if retry else state
 
         def announce() -> None:
             run.ledger.emit(
@@ -217,14 +229,23 @@ class Committer:
                 **event_fields(rec),  # issue 34: an agent's tokens and cost
             )
 
+        def moved() -> None:
+            if retry and delay <= 0:
+                run.more_work()
+            if not retry and self._on_ended is not None:
+                self._on_ended(state)
+
+        def lost() -> None:  # in a group commit, the lease found gone at its flush
+            run.lease_lost(task.id, rec.n, "its outcome is not committed")
+
         if delay > 0:
             announce()
+            moved()
+        elif grouped:  # in a committer's batch: made durable with the others
+            run.queue.move(claimed, target, announce, after=moved, lost=lost)
         else:
-            run.queue.move(claimed, State.PENDING if retry else state, announce)
-        if retry and delay <= 0:
-            run.more_work()
-        if not retry and self._on_ended is not None:
-            self._on_ended(state)
+            run.queue.move(claimed, target, announce)
+            moved()
 
     def backoff(self, used: int) -> float:
         base = self.run.cfg.retry_backoff
