@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -49,8 +50,8 @@ OWNER = "bench-host:1:1"
 def api_run(n: int, where: Path) -> tuple[Any, float, float]:
     """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks."""
     from gpuswarm.config.load import load_command_list
-    from gpuswarm.runsetup import plan, run_info
-    from gpuswarm.store.runs import NewRun, create_run
+    from gpuswarm.runsetup import new_run, plan
+    from gpuswarm.store.runs import create_run
 
     where.mkdir(parents=True, exist_ok=True)
     cmds = where / "cmds.txt"
@@ -58,8 +59,8 @@ def api_run(n: int, where: Path) -> tuple[Any, float, float]:
     t0 = time.perf_counter()
     loaded = load_command_list(cmds, base_dir=where)
     gpus, slots = plan(loaded, "sim:8")
-    tasks = [t.model_dump(mode="json") for t in loaded.tasks]
-    new = NewRun(loaded.name, where / "ws", run_info(loaded, gpus, slots), tasks)
+    loaded = dataclasses.replace(loaded, workspace=where / "ws")
+    new = new_run(loaded, gpus, slots)  # as engine.start_run builds it (tasks: one at a time)
     t1 = time.perf_counter()
     os.sync()
     t2 = time.perf_counter()

@@ -42,11 +42,11 @@ from gpuswarm.runsetup import (
     check_backend,
     check_backend_ready,
     gpu_keys_of,
+    new_run,
     plan,
     recovery_backend,
     redact_config,
     resolve_provisions,
-    run_info,
     setup_from_info,
     with_halt,
     with_ray_address,
@@ -112,12 +112,7 @@ def _start(
     suffix: str | None,
     output: Output,
 ) -> RunReport:
-    new = NewRun(
-        name=loaded.name,
-        workspace=loaded.workspace,
-        info=run_info(loaded, gpus, slots),
-        tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
-    )
+    new = new_run(loaded, gpus, slots)  # the tasks one at a time, never a copy
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run

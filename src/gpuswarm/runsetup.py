@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm import __version__
+from gpuswarm.config.commands import CommandTasks, task_dumps
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
+from gpuswarm.core.fsutil import COMPACT
+from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
@@ -27,6 +32,8 @@ from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.store.runs import NewRun
+from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -85,6 +92,40 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
         "task_count": len(loaded.tasks),
         "hosts": [socket.gethostname()],
     }
+
+
+def new_run(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> NewRun:
+    """What :func:`gpuswarm.store.runs.create_run` makes of a loaded config."""
+    return NewRun(loaded.name, loaded.workspace, run_info(loaded, gpus, slots), queued(loaded))
+
+
+def queued(loaded: LoadedConfig) -> Iterator[dict[str, Any] | Encoded]:
+    """The tasks to enqueue, one at a time (never a copy): a command list's descriptors filled
+    into one encoded template (the same bytes, several times cheaper), others' dumps."""
+    tasks = loaded.tasks
+    if isinstance(tasks, CommandTasks) and len(tasks):
+        encoded = _encoded(tasks)
+        if encoded is not None:
+            return encoded
+    return task_dumps(tasks)
+
+
+def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
+    shared = tasks.with_holes()
+    if shared.get("skip_reason"):  # excluded tasks are created skipped: the long way
+        return None
+    raw = Descriptor.new(shared, 0).raw
+    raw["seq"] = hole(3)
+    try:  # id twice (the descriptor's and its task's), name, command, seq
+        template = JsonTemplate(raw, (2, 1, 1, 1), COMPACT.encode)
+    except TemplateError:
+        return None
+    priority = int(shared.get("priority") or 0)
+    rows = tasks.rows()
+    return (
+        Encoded(priority, seq, row[0], template.fill((*row, seq)).encode() + b"\n")
+        for seq, row in enumerate(rows)
+    )
 
 
 def _settings(cfg: RunConfig) -> dict[str, Any]:

@@ -7,6 +7,7 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import shutil
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ from gpuswarm.store import runindex
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.staging import create_layout, write_pending
+from gpuswarm.store.staging import Encoded, create_layout, write_pending
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class NewRun:
     name: str
     workspace: Path
     info: dict[str, Any]  # the run.json content, secrets already redacted
-    tasks: Iterable[dict[str, Any]]  # TaskSpec dumps, in submission order (read once)
+    # TaskSpec dumps (or their descriptors already encoded), in submission order (read once)
+    tasks: Iterable[dict[str, Any] | Encoded]
 
 
 def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None = None) -> RunPaths:
@@ -55,10 +57,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
         create_layout(staging)
         staging.tasks.mkdir()
-        descriptors = (
-            _skipped_if_excluded(Descriptor.new(t, seq)) for seq, t in enumerate(new.tasks)
-        )
-        count = write_pending(staging, descriptors)
+        count = write_pending(staging, map(_descriptor, itertools.count(), new.tasks))
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
@@ -85,6 +84,15 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         )
     ledger.close()
     return paths
+
+
+def _descriptor(seq: int, task: dict[str, Any] | Encoded) -> Descriptor | Encoded:
+    """The ``seq``-th task's pending (or skipped) descriptor."""
+    if isinstance(task, Encoded):
+        if task.seq != seq:
+            raise ValueError(f"encoded task {task.task_id} has seq {task.seq}, not {seq}")
+        return task
+    return _skipped_if_excluded(Descriptor.new(task, seq))
 
 
 def _skipped_if_excluded(desc: Descriptor) -> Descriptor:

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.names import descriptor_name
+
+
+class Encoded(NamedTuple):
+    """A pending descriptor already encoded (``dumps_compact`` of ``Descriptor.new(task, seq)``):
+    a command list's, filled into one template (:mod:`gpuswarm.core.jsontemplate`)."""
+
+    priority: int
+    seq: int
+    task_id: str
+    blob: bytes
 
 
 def create_layout(paths: RunPaths) -> None:
@@ -25,7 +35,9 @@ def create_layout(paths: RunPaths) -> None:
     paths.corrupt.mkdir(exist_ok=True)
 
 
-def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any]]) -> int:
+def write_pending(
+    paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any] | Encoded]
+) -> int:
     """Write descriptors into ``pending/`` (``skipped/`` for excluded ones) of a staged run.
 
     No per-file fsync: the caller syncs the filesystem once before it makes the staged run
@@ -37,15 +49,19 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, 
     skipped = paths.state_dir(State.SKIPPED.value)
     try:
         for item in descriptors:
-            desc = item if isinstance(item, Descriptor) else Descriptor(item)
-            name = descriptor_name(desc.priority, desc.seq, desc.id)
-            if desc.state == State.SKIPPED.value:  # excluded: never pending
-                atomic_write_bytes(skipped / name, dumps_compact(desc.raw), durable=False)
-                count += 1
-                continue
+            if isinstance(item, Encoded):
+                name, blob = descriptor_name(item.priority, item.seq, item.task_id), item.blob
+            else:
+                desc = item if isinstance(item, Descriptor) else Descriptor(item)
+                name, blob = descriptor_name(desc.priority, desc.seq, desc.id), b""
+                if desc.state == State.SKIPPED.value:  # excluded: never pending
+                    atomic_write_bytes(skipped / name, dumps_compact(desc.raw), durable=False)
+                    count += 1
+                    continue
+                blob = dumps_compact(desc.raw)
             fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
             try:
-                os.write(fd, dumps_compact(desc.raw))  # a few hundred bytes: one write
+                os.write(fd, blob)  # a few hundred bytes: one write
             finally:
                 os.close(fd)
             count += 1
