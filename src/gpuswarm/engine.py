@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.store.spool import Streamer
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
@@ -112,7 +115,7 @@ def _start(
     suffix: str | None,
     output: Output,
 ) -> RunReport:
-    new = new_run(loaded, gpus, slots)  # the tasks one at a time, never a copy
+    new = new_run(loaded, gpus, slots, stream=True)  # the tasks one at a time, never a copy
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
@@ -318,7 +321,8 @@ def _supervise(
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    sup.run()
+                    with streamed(paths, queue, ledger, sup.request_stop):  # spooled tasks
+                        sup.run()
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
                         _after_all(paths, ledger, setup, output, sup, summary, backend)
@@ -344,6 +348,23 @@ def _supervise(
         stopped_by=sup.shared.ended_by,
         halted=halted,
     )
+
+
+@contextmanager
+def streamed(
+    paths: RunPaths, queue: DirQueue, ledger: Ledger, stop_run: Callable[[], None]
+) -> Iterator[None]:
+    """While the block runs, a streamed enqueue's spool is moved into pending/ (and into this
+    supervisor's claim heap); stopped (the spool keeps the rest, for the next supervisor) when
+    the block ends first, a stop. A failure to write them stops the run (resume goes on)."""
+    if not paths.enqueue_spool.exists():
+        yield
+        return
+    streamer = Streamer(paths, queue.push, ledger, on_error=lambda _: stop_run()).start()
+    try:
+        yield
+    finally:
+        streamer.stop()
 
 
 def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:

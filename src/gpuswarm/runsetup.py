@@ -94,9 +94,18 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
     }
 
 
-def new_run(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> NewRun:
-    """What :func:`gpuswarm.store.runs.create_run` makes of a loaded config."""
-    return NewRun(loaded.name, loaded.workspace, run_info(loaded, gpus, slots), queued(loaded))
+STREAM_FIRST = 2000  # a bigger run's first tasks; the rest streams (store/spool.py)
+
+
+def new_run(
+    loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot], *, stream: bool = False
+) -> NewRun:
+    """What :func:`gpuswarm.store.runs.create_run` makes of a loaded config; ``stream``: a
+    run of more than :data:`STREAM_FIRST` tasks is created with those, the others spooled (its
+    supervisor moves them into pending/ while the first ones run)."""
+    first = STREAM_FIRST if stream and len(loaded.tasks) > STREAM_FIRST else None
+    info = run_info(loaded, gpus, slots)
+    return NewRun(loaded.name, loaded.workspace, info, queued(loaded), stream_after=first)
 
 
 def queued(loaded: LoadedConfig) -> Iterator[dict[str, Any] | Encoded]:

@@ -39,6 +39,7 @@ POINTS: dict[str, str] = {
     "queue.move.saved": "a move's descriptor (ctx: state) was saved in running/, not yet renamed",
     "fsutil.temp_written": "an atomic write's temp file (ctx: path, data) is written, not renamed",
     "committer.cancel.ended": "a cancelled attempt (ctx: task) ended, its commit not yet begun",
+    "spool.chunk": "a streamed enqueue wrote a chunk (ctx: done, tasks in pending/ so far)",
 }
 
 Predicate = Callable[[dict[str, Any]], bool]

@@ -24,6 +24,7 @@ from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.spool import spooled_blobs
 
 FIXED_COLUMNS = (
     "task",
@@ -97,6 +98,11 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
             rows.append(row_for(state, desc))
             if desc.env:
                 secrets |= env_secret_values(desc.env)
+    for _, blob in spooled_blobs(queue.paths):  # a streamed enqueue's, not yet in pending/
+        spooled = Descriptor.parse(blob)
+        rows.append(row_for(State.PENDING, spooled))
+        if spooled.env:
+            secrets |= env_secret_values(spooled.env)
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=_order)
     if redactor is not None:

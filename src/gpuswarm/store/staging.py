@@ -35,6 +35,19 @@ def create_layout(paths: RunPaths) -> None:
     paths.corrupt.mkdir(exist_ok=True)
 
 
+def encoded(item: Descriptor | dict[str, Any] | Encoded) -> tuple[str, bytes, bool]:
+    """``(file name, bytes, skipped)`` of a new descriptor (skipped: excluded by the config)."""
+    if isinstance(item, Encoded):
+        return descriptor_name(item.priority, item.seq, item.task_id), item.blob, False
+    desc = item if isinstance(item, Descriptor) else Descriptor(item)
+    name = descriptor_name(desc.priority, desc.seq, desc.id)
+    return name, dumps_compact(desc.raw), desc.state == State.SKIPPED.value
+
+
+def write_skipped(paths: RunPaths, name: str, blob: bytes) -> None:
+    atomic_write_bytes(paths.state_dir(State.SKIPPED.value) / name, blob, durable=False)
+
+
 def write_pending(
     paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any] | Encoded]
 ) -> int:
@@ -46,25 +59,18 @@ def write_pending(
     count = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
-    skipped = paths.state_dir(State.SKIPPED.value)
     try:
         for item in descriptors:
-            if isinstance(item, Encoded):
-                name, blob = descriptor_name(item.priority, item.seq, item.task_id), item.blob
-            else:
-                desc = item if isinstance(item, Descriptor) else Descriptor(item)
-                name, blob = descriptor_name(desc.priority, desc.seq, desc.id), b""
-                if desc.state == State.SKIPPED.value:  # excluded: never pending
-                    atomic_write_bytes(skipped / name, dumps_compact(desc.raw), durable=False)
-                    count += 1
-                    continue
-                blob = dumps_compact(desc.raw)
+            name, blob, skipped = encoded(item)
+            count += 1
+            if skipped:  # excluded: never pending
+                write_skipped(paths, name, blob)
+                continue
             fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
             try:
                 os.write(fd, blob)  # a few hundred bytes: one write
             finally:
                 os.close(fd)
-            count += 1
     finally:
         os.close(folder)
     return count
