@@ -159,7 +159,7 @@ def _sorted_dumps(tasks: Sequence[TaskSpec]) -> Iterable[str]:
         rows = tasks.rows()
         order = sorted(range(len(rows)), key=lambda i: rows[i][0])
         try:
-            template = JsonTemplate(tasks.with_holes(), (1, 1, 1), _dumps)
+            template = JsonTemplate(tasks.with_holes(), (1, 1, 1), _dumps, ensure_ascii=False)
         except TemplateError:  # a value of the shared dump looks like a hole: the long way
             return (_dumps(tasks.dump(i)) for i in order)
         return (template.fill(rows[i]) for i in order)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring, encode_basestring_ascii  # the C functions
 from typing import Any
 
 # A NUL cannot be in a command (the loader refuses it), and the text around it makes a clash with
@@ -32,11 +33,20 @@ class TemplateError(ValueError):
 class JsonTemplate:
     """The text of ``obj`` (built with :func:`hole` values) split around its holes."""
 
-    __slots__ = ("_dumps", "_pieces", "_slots")
+    __slots__ = ("_dumps", "_pieces", "_slots", "_string")
 
-    def __init__(self, obj: Any, holes: Sequence[int], dumps: Callable[[Any], str]) -> None:
+    def __init__(
+        self,
+        obj: Any,
+        holes: Sequence[int],
+        dumps: Callable[[Any], str],
+        *,
+        ensure_ascii: bool = True,
+    ) -> None:
         """``holes``: how often each hole (numbered from 0) is in ``obj``; ``dumps``: the
-        encoder whose text a filled row must equal (also used for each row's values)."""
+        encoder whose text a filled row must equal (also used for each row's values);
+        ``ensure_ascii``: that encoder's (a string value is encoded by json's own C function
+        for it, without the encoder's set-up)."""
         text = dumps(obj)
         encoded = {dumps(hole(n)): n for n in range(len(holes))}
         pattern = re.compile("|".join(re.escape(e) for e in encoded))
@@ -55,11 +65,16 @@ class JsonTemplate:
         self._pieces = tuple(pieces)
         self._slots = tuple(slots)
         self._dumps = dumps
+        self._string = encode_basestring_ascii if ensure_ascii else encode_basestring
+        if self._string(hole(0)) != dumps(hole(0)):
+            raise TemplateError("ensure_ascii does not match the encoder's")
 
     def fill(self, values: Sequence[Any]) -> str:
         """The text of the object with hole ``n`` replaced by ``values[n]``."""
-        dumps, pieces = self._dumps, self._pieces
-        encoded = [str(v) if type(v) is int else dumps(v) for v in values]  # int: its repr
+        dumps, string, pieces = self._dumps, self._string, self._pieces
+        encoded = [
+            string(v) if type(v) is str else str(v) if type(v) is int else dumps(v) for v in values
+        ]
         out = [pieces[0]]
         for slot, piece in zip(self._slots, pieces[1:], strict=True):
             out.append(encoded[slot])

@@ -31,7 +31,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import corrupt_task_id, task_id_of
 
 HEADER = b"gpuswarm-spool 1\n"
-CHUNK = 1000  # descriptors per chunk: handed to the claim heap together
+CHUNK = 256  # descriptors per chunk: handed to the claim heap together
 RETRY_LOCK_SECONDS = 1.0  # another live supervisor streams: look again this often
 
 

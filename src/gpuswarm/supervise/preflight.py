@@ -295,7 +295,7 @@ def _found(word: str, cwd: Path, path_var: str | None, shell: bool) -> bool:
 def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[dict[str, int], int]:
     """``({program: tasks that run it}, tasks checked)`` for programs not found on PATH (or, for
     a path, not an executable file relative to the task's folder)."""
-    cache: dict[tuple[str, str, str | None, bool], bool] = {}
+    cache: dict[tuple[str, str, str | None, bool], bool] = {}  # by the task's own cwd text
     missing: dict[str, int] = {}
     checked = 0
     default_path = os.environ.get("PATH")
@@ -307,13 +307,15 @@ def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[d
         path_var = (task.get("env") or {}).get("PATH", default_path)
         if path_var is not None and "$" in path_var:
             continue
-        cwd = Path(cwd_text) if isinstance(cwd_text, str) else base_dir
-        cwd = cwd if cwd.is_absolute() else base_dir / cwd
         shell = bool(task.get("shell"))
-        key = (word, str(cwd), path_var, shell)
-        if key not in cache:
-            cache[key] = _found(word, cwd, path_var, shell)
+        key = (word, cwd_text if isinstance(cwd_text, str) else "", path_var, shell)
+        found = cache.get(key)
+        if found is None:  # the folder is built once per distinct key: 100k tasks share a few
+            cwd = Path(cwd_text) if isinstance(cwd_text, str) else base_dir
+            found = cache[key] = _found(
+                word, cwd if cwd.is_absolute() else base_dir / cwd, path_var, shell
+            )
         checked += 1
-        if not cache[key]:
+        if not found:
             missing[word] = missing.get(word, 0) + 1
     return missing, checked
