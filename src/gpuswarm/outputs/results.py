@@ -187,6 +187,11 @@ def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
 
 
 def _cell(value: Any) -> str:
+    kind = type(value)
+    if kind is str and "\t" not in value and "\n" not in value and "\r" not in value:
+        return value  # type: ignore[no-any-return]  # most cells: a plain string, kept
+    if kind is int:  # not a bool (its type is bool)
+        return str(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -204,7 +209,7 @@ def to_tsv(rows: list[Row]) -> str:
         cells = [r.values.get(c) for c in FIXED_COLUMNS]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
-        lines.append("\t".join(_cell(c) for c in cells))
+        lines.append("\t".join(map(_cell, cells)))
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,7 @@ class QueueFolders:
 
     def __init__(self, paths: RunPaths) -> None:
         self.paths = paths
+        self._dirs: dict[State, str] = {}  # each state folder's path, as text
 
     def names(self, state: State) -> list[str]:
         try:
@@ -51,8 +52,12 @@ class QueueFolders:
 
     def read_desc(self, state: State, name: str) -> Descriptor | None:
         """:meth:`read`, typed."""
-        try:
-            return Descriptor.loads((self.paths.state_dir(state.value) / name).read_bytes())
+        try:  # the folder's text once per state: 100k reads at the end of a big run
+            folder = self._dirs.get(state)
+            if folder is None:
+                folder = self._dirs[state] = str(self.paths.state_dir(state.value))
+            with open(f"{folder}/{name}", "rb") as fh:
+                return Descriptor.loads(fh.read())
         except (OSError, ValueError, RecursionError):
             return None
 
