@@ -83,3 +83,11 @@ def test_a_stream_cut_short_is_finished_once_each(run: RunPaths) -> None:
     assert max(found.values()) == 1, [t for t, n in found.items() if n > 1]
     assert RunReader(run).counts()[State.PENDING.value] == N - 2
     assert "enqueued" in run.events.read_text()
+
+
+def test_the_live_output_counts_the_spooled_tasks(run: RunPaths) -> None:
+    from gpuswarm.runoutput import counted
+
+    counts = counted(DirQueue(run))
+    assert counts[State.PENDING] == N
+    assert sum(counts.values()) == N
