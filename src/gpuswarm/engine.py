@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +63,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
-from gpuswarm.store.spool import Streamer
+from gpuswarm.store.spool import stream, streamed
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
@@ -235,6 +233,7 @@ def _check_config_change(
 
 def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: LoadedConfig) -> int:
     """Under the run lock: update pending tasks' specs and enqueue tasks the run lacks."""
+    stream(paths, queue.push, ledger)  # a streamed enqueue cut short: its tasks are known first
     known, max_seq = queue.index()
     added = 0
     for dump in task_dumps(loaded.tasks):
@@ -321,7 +320,7 @@ def _supervise(
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    with streamed(paths, queue, ledger, sup.request_stop):  # spooled tasks
+                    with streamed(paths, queue.push, ledger, sup.request_stop):  # a big run's
                         sup.run()
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
@@ -348,23 +347,6 @@ def _supervise(
         stopped_by=sup.shared.ended_by,
         halted=halted,
     )
-
-
-@contextmanager
-def streamed(
-    paths: RunPaths, queue: DirQueue, ledger: Ledger, stop_run: Callable[[], None]
-) -> Iterator[None]:
-    """While the block runs, a streamed enqueue's spool is moved into pending/ (and into this
-    supervisor's claim heap); stopped (the spool keeps the rest, for the next supervisor) when
-    the block ends first, a stop. A failure to write them stops the run (resume goes on)."""
-    if not paths.enqueue_spool.exists():
-        yield
-        return
-    streamer = Streamer(paths, queue.push, ledger, on_error=lambda _: stop_run()).start()
-    try:
-        yield
-    finally:
-        streamer.stop()
 
 
 def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:

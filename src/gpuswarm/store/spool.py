@@ -22,6 +22,7 @@ import fcntl
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from gpuswarm.core import faults
 from gpuswarm.core.events import Ev
@@ -138,6 +139,27 @@ class Streamer:
             self.error = exc
             if self._on_error is not None:
                 self._on_error(exc)
+
+
+@contextmanager
+def streamed(
+    paths: RunPaths,
+    push: Callable[[str], None],
+    ledger: Ledger,
+    stop_run: Callable[[], None],
+) -> Iterator[None]:
+    """While the block runs (a supervisor's loop), the run's spool is moved into pending/ and
+    each name handed to ``push`` (its claim heap); stopped when the block ends first (a stop:
+    the spool keeps the rest, for the next supervisor). A failure to write calls ``stop_run``
+    (resume goes on with the spool)."""
+    if not paths.enqueue_spool.exists():
+        yield
+        return
+    streamer = Streamer(paths, push, ledger, on_error=lambda _: stop_run()).start()
+    try:
+        yield
+    finally:
+        streamer.stop()
 
 
 def stream(
