@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -46,11 +47,12 @@ BENCH = "2 scale"
 OWNER = "bench-host:1:1"
 
 
-def api_run(n: int, where: Path) -> tuple[Any, float, float]:
-    """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks."""
+def api_run(n: int, where: Path, *, stream: bool = False) -> tuple[Any, float, float]:
+    """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks;
+    ``stream``: as ``gpuswarm run`` makes it (the first tasks in pending/, the rest spooled)."""
     from gpuswarm.config.load import load_command_list
-    from gpuswarm.runsetup import plan, run_info
-    from gpuswarm.store.runs import NewRun, create_run
+    from gpuswarm.runsetup import new_run, plan
+    from gpuswarm.store.runs import create_run
 
     where.mkdir(parents=True, exist_ok=True)
     cmds = where / "cmds.txt"
@@ -58,13 +60,36 @@ def api_run(n: int, where: Path) -> tuple[Any, float, float]:
     t0 = time.perf_counter()
     loaded = load_command_list(cmds, base_dir=where)
     gpus, slots = plan(loaded, "sim:8")
-    tasks = [t.model_dump(mode="json") for t in loaded.tasks]
-    new = NewRun(loaded.name, where / "ws", run_info(loaded, gpus, slots), tasks)
+    loaded = dataclasses.replace(loaded, workspace=where / "ws")
+    new = new_run(loaded, gpus, slots, stream=stream)  # as engine.start_run builds it
     t1 = time.perf_counter()
     os.sync()
     t2 = time.perf_counter()
     paths = create_run(new)
     return paths, t1 - t0, time.perf_counter() - t2
+
+
+def _streamed(n: int, where: Path) -> list[Row]:
+    """A streamed create_run (as ``gpuswarm run`` makes a big run): until the run is visible
+    with every task durable (the first in pending/, the rest in the spool), then the spool's
+    move into pending/ (a supervisor's thread does it while the first tasks run)."""
+    from gpuswarm.store.ledger import Ledger
+    from gpuswarm.store.spool import stream
+
+    metric = f"enqueue {n:,} tasks streamed: create_run until every task is durable, s"
+    try:
+        paths, _, create_s = api_run(n, where, stream=True)
+        ledger = Ledger(paths.events)
+        t0 = time.perf_counter()
+        stream(paths, lambda name: None, ledger)
+        rest_s = time.perf_counter() - t0
+        ledger.close()
+    except Exception as exc:
+        return [failed(BENCH, metric, "gpuswarm", exc)]
+    note = (
+        f"then the spool's move into pending/ (in the background, while tasks run): {rest_s:.1f} s"
+    )
+    return [Row(BENCH, metric, "gpuswarm", create_s, "s", "<= 3 s", create_s <= 3, note=note)]
 
 
 def claim_cost(paths: Any, claims: int) -> tuple[float, float]:
@@ -96,6 +121,7 @@ def run(cfg: Config) -> list[Row]:
     try:
         big, load_s, create_s = api_run(n, work / "api-big")
         rows.append(Row(BENCH, enq, "gpuswarm", create_s, "s", "< 5 s", create_s < 5))
+        rows[-1].note = "every task in pending/ when it returns (not streamed)"
         rows.append(
             Row(BENCH, f"load + validate a {n:,}-line command list (API), s", "gpuswarm", load_s)
         )
@@ -103,6 +129,7 @@ def run(cfg: Config) -> list[Row]:
         small, _, _ = api_run(cfg.scale_small, work / "api-small")
     except Exception as exc:
         rows.append(failed(BENCH, enq, "gpuswarm", exc))
+    rows += _streamed(n, work / "api-stream")
     rows += _claims(cfg, small, big)
     rows += _cli(cfg, work / "cli")
     return rows
@@ -154,7 +181,9 @@ def _cli(cfg: Config, work: Path) -> list[Row]:
             "gpuswarm",
             got["first_start"],
             "s",
-            note="gpuswarm run: interpreter start + parse + create + first claim",
+            target="<= 2 s",
+            ok=got["first_start"] <= 2,
+            note="gpuswarm run: interpreter start + parse + create (streamed) + first claim",
         ),
         Row(
             BENCH,
@@ -170,6 +199,8 @@ def _cli(cfg: Config, work: Path) -> list[Row]:
             extra={k: v for k, v in got.items() if k != "run"},
         ),
     ]
+    stop = f"warm stop of the {n:,}-task run (SIGINT -> exit: outputs over every task), s"
+    rows.append(Row(BENCH, stop, "gpuswarm", got["stop_s"], "s", "<= 2 s", got["stop_s"] <= 2))
     run_dir: Path = got["run"]
     metric = f"`gpuswarm status RUN --json`, {n:,}-task run, s (median of 3)"
     say("scale: status")

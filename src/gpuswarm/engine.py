@@ -45,11 +45,11 @@ from gpuswarm.runsetup import (
     check_backend,
     check_backend_ready,
     gpu_keys_of,
+    new_run,
     plan,
     recovery_backend,
     redact_config,
     resolve_provisions,
-    run_info,
     setup_from_info,
     with_backend_options,
     with_budget,
@@ -67,6 +67,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.store.spool import stream, streamed
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
@@ -117,12 +118,7 @@ def _start(
     suffix: str | None,
     output: Output,
 ) -> RunReport:
-    new = NewRun(
-        name=loaded.name,
-        workspace=loaded.workspace,
-        info=run_info(loaded, gpus, slots),
-        tasks=task_dumps(loaded.tasks),  # one at a time, never a copy
-    )
+    new = new_run(loaded, gpus, slots, stream=True)  # the tasks one at a time, never a copy
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
@@ -241,6 +237,7 @@ def _check_config_change(
 
 def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: LoadedConfig) -> int:
     """Under the run lock: update pending tasks' specs and enqueue tasks the run lacks."""
+    stream(paths, queue.push, ledger)  # a streamed enqueue cut short: its tasks are known first
     known, max_seq = queue.index()
     added = 0
     for dump in task_dumps(loaded.tasks):
@@ -330,7 +327,8 @@ def _supervise(
             notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    sup.run()
+                    with streamed(paths, queue.push, ledger, sup.request_stop):  # a big run's
+                        sup.run()
                     notifier = last_word(  # its own thread; waits at most notify.end_wait
                         notifier,
                         stopped=sup.stopping.is_set() and sup.halt.reason is None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from gpuswarm.core.errors import DiskFullError
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
@@ -21,6 +22,7 @@ from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import open_run
+from gpuswarm.store.spool import spooled_ids
 from gpuswarm.ui.terminal import PlainReporter, is_terminal, paused_now
 
 
@@ -47,10 +49,10 @@ def reporter(
     if output.quiet:
         return nullcontext()
     stream = output.stream or sys.stderr
-    counts = queue.counts()
+    counts = counted(queue)
 
     def recount() -> dict[str, int]:
-        return {s.value: n for s, n in queue.counts().items()}
+        return {s.value: n for s, n in counted(queue).items()}
 
     if not (output.live and is_terminal(stream)):
         ledger.subscribe(PlainReporter(counts, stream, recount=recount))
@@ -71,6 +73,15 @@ def reporter(
     )
     ledger.subscribe(view)
     return shown(view)
+
+
+def counted(queue: DirQueue) -> dict[State, int]:
+    """The queue's counts, a streamed enqueue's tasks not yet in pending/ counted as pending
+    (the run's size is shown whole from its first line on)."""
+    counts = queue.counts()
+    if queue.paths.enqueue_spool.exists():
+        counts[State.PENDING] += len(spooled_ids(queue.paths))
+    return counts
 
 
 def write_report_safely(

@@ -7,7 +7,7 @@ the reliability settings and the backend's name, and the run.json snapshot of th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,14 @@ from gpuswarm.config.backends import (
     settings_of,
 )
 from gpuswarm.config.budget import BudgetConfig, check_usd
+from gpuswarm.config.commands import CommandTasks, task_dumps
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
+from gpuswarm.core.fsutil import COMPACT
+from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
+from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
@@ -35,6 +39,8 @@ from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.store.runinfo import RunInfo
+from gpuswarm.store.runs import NewRun
+from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -92,6 +98,49 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
         config=redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
         task_count=len(loaded.tasks),
     ).to_json()
+
+
+STREAM_FIRST = 2000  # a bigger run's first tasks; the rest streams (store/spool.py)
+
+
+def new_run(
+    loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot], *, stream: bool = False
+) -> NewRun:
+    """What :func:`gpuswarm.store.runs.create_run` makes of a loaded config; ``stream``: a
+    run of more than :data:`STREAM_FIRST` tasks is created with those, the others spooled (its
+    supervisor moves them into pending/ while the first ones run)."""
+    first = STREAM_FIRST if stream and len(loaded.tasks) > STREAM_FIRST else None
+    info = run_info(loaded, gpus, slots)
+    return NewRun(loaded.name, loaded.workspace, info, queued(loaded), stream_after=first)
+
+
+def queued(loaded: LoadedConfig) -> Iterator[dict[str, Any] | Encoded]:
+    """The tasks to enqueue, one at a time (never a copy): a command list's descriptors filled
+    into one encoded template (the same bytes, several times cheaper), others' dumps."""
+    tasks = loaded.tasks
+    if isinstance(tasks, CommandTasks) and len(tasks):
+        encoded = _encoded(tasks)
+        if encoded is not None:
+            return encoded
+    return task_dumps(tasks)
+
+
+def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
+    shared = tasks.with_holes()
+    if shared.get("skip_reason"):  # excluded tasks are created skipped: the long way
+        return None
+    raw = Descriptor.new(shared, 0).raw
+    raw["seq"] = hole(3)
+    try:  # id twice (the descriptor's and its task's), name, command, seq
+        template = JsonTemplate(raw, (2, 1, 1, 1), COMPACT.encode)
+    except TemplateError:
+        return None
+    priority = int(shared.get("priority") or 0)
+    rows = tasks.rows()
+    return (
+        Encoded(priority, seq, row[0], template.fill((*row, seq)).encode() + b"\n")
+        for seq, row in enumerate(rows)
+    )
 
 
 def _settings(cfg: RunConfig) -> dict[str, Any]:

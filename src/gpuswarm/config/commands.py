@@ -19,6 +19,7 @@ from gpuswarm.config.models import TaskOptions, TaskSpec
 from gpuswarm.config.tasks import check_template, make_spec, split_command
 from gpuswarm.config.values import check_command_size
 from gpuswarm.config.yamlload import Locator
+from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.placeholders import (
     PLACEHOLDERS_AT_LAUNCH,
     PLACEHOLDERS_AT_LOAD,
@@ -61,6 +62,15 @@ class CommandTasks(Sequence[TaskSpec]):
 
     def ids(self) -> list[str]:
         return [row[0] for row in self._rows]
+
+    def with_holes(self) -> dict[str, Any]:
+        """The shared dump with :func:`~gpuswarm.core.jsontemplate.hole` 0, 1 and 2 for id,
+        name and command: ``dump(i)`` is it with row ``i``'s values (:meth:`rows`) put in."""
+        return {**self._template, "id": hole(0), "name": hole(1), "command": hole(2)}
+
+    def rows(self) -> Sequence[Row]:
+        """``(id, name, command)`` of each line, in order (read-only)."""
+        return self._rows
 
     def dumps(self) -> Iterator[dict[str, Any]]:
         return (self.dump(i) for i in range(len(self._rows)))
@@ -143,19 +153,25 @@ def tasks_digest(tasks: Sequence[TaskSpec], layout: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
-def _sorted_dumps(tasks: Sequence[TaskSpec]) -> Iterable[dict[str, Any]]:
+def _sorted_dumps(tasks: Sequence[TaskSpec]) -> Iterable[str]:
+    """Each task's text (``_dumps``), sorted by id; a command list's through one template."""
     if isinstance(tasks, CommandTasks):
-        ids = tasks.ids()
-        return (tasks.dump(i) for i in sorted(range(len(ids)), key=ids.__getitem__))
-    return sorted(task_dumps(tasks), key=lambda t: str(t["id"]))
+        rows = tasks.rows()
+        order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+        try:
+            template = JsonTemplate(tasks.with_holes(), (1, 1, 1), _dumps, ensure_ascii=False)
+        except TemplateError:  # a value of the shared dump looks like a hole: the long way
+            return (_dumps(tasks.dump(i)) for i in order)
+        return (template.fill(rows[i]) for i in order)
+    return (_dumps(t) for t in sorted(task_dumps(tasks), key=lambda t: str(t["id"])))
 
 
-def _update_items(digest: Any, items: Iterable[dict[str, Any]]) -> None:
+def _update_items(digest: Any, items: Iterable[str]) -> None:
     first = True
     for item in items:
         if not first:
             digest.update(b",")
-        digest.update(_dumps(item).encode())
+        digest.update(item.encode())
         first = False
 
 

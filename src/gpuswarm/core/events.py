@@ -41,6 +41,7 @@ class Ev(str, Enum):
     JUDGED = "judged"  # an interrupted attempt judged by what it left (exit 0 / completion file)
     CONTROL = "control"  # a person's request (cancel, retry, pause, priority, add) applied
     ADDED = "added"  # tasks appended to a run (gpuswarm add)
+    ENQUEUED = "enqueued"  # a streamed enqueue ended: every task of the new run is in the queue
     SLOTS = "slots"  # a cluster's node joined (its slots added) or left (retired): backend ray
     # issue 19: an ended attempt's processes still hold its GPU past the release wait (gpu,
     # task, attempt, pids, mb, reason): the GPU is skipped until ``gpu_freed``

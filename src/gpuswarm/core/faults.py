@@ -41,6 +41,7 @@ POINTS: dict[str, str] = {
     "is in place, journaled or renamed yet",
     "fsutil.temp_written": "an atomic write's temp file (ctx: path, data) is written, not renamed",
     "committer.cancel.ended": "a cancelled attempt (ctx: task) ended, its commit not yet begun",
+    "spool.chunk": "a streamed enqueue wrote a chunk (ctx: done, tasks in pending/ so far)",
 }
 
 Predicate = Callable[[dict[str, Any]], bool]

@@ -213,12 +213,12 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=False, default=str).encode() + b"\n"
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"), default=str)
+COMPACT = json.JSONEncoder(separators=(",", ":"), default=str)  # queue files' encoder
 
 
 def dumps_compact(obj: Any) -> bytes:
     """Compact JSON (the C encoder: several times faster than indented), for queue files."""
-    return _COMPACT.encode(obj).encode() + b"\n"
+    return COMPACT.encode(obj).encode() + b"\n"
 
 
 def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:

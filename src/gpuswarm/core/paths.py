@@ -148,6 +148,12 @@ class RunPaths:
         keepers stat it to wake their loops, their claims rescan pending/."""
         return self.parallel / "added"
 
+    @property
+    def enqueue_spool(self) -> Path:
+        """``.parallel/enqueue.spool``: the tasks of a new run not yet in pending/ (a streamed
+        enqueue, :mod:`gpuswarm.store.spool`); gone once every one of them is."""
+        return self.parallel / "enqueue.spool"
+
     def state_dir(self, state: str) -> Path:
         if state not in STATES:
             raise ValueError(f"unknown queue state {state!r}")

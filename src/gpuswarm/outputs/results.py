@@ -27,6 +27,7 @@ from gpuswarm.outputs.passk import repeat_of, repeat_stats
 from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.spool import spooled_blobs
 
 FIXED_COLUMNS = (
     "task",
@@ -110,6 +111,11 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
             rows.append(row_for(state, desc))
             if desc.env:
                 secrets |= env_secret_values(desc.env)
+    for _, blob in spooled_blobs(queue.paths):  # a streamed enqueue's, not yet in pending/
+        spooled = Descriptor.parse(blob)
+        rows.append(row_for(State.PENDING, spooled))
+        if spooled.env:
+            secrets |= env_secret_values(spooled.env)
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
     rows.sort(key=_order)
     if redactor is not None:
@@ -194,6 +200,11 @@ def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
 
 
 def _cell(value: Any) -> str:
+    kind = type(value)
+    if kind is str and "\t" not in value and "\n" not in value and "\r" not in value:
+        return value  # type: ignore[no-any-return]  # most cells: a plain string, kept
+    if kind is int:  # not a bool (its type is bool)
+        return str(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -215,7 +226,7 @@ def to_tsv(rows: list[Row]) -> str:
             cells += [spent.get(c) for c in usage_cols]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
-        lines.append("\t".join(_cell(c) for c in cells))
+        lines.append("\t".join(map(_cell, cells)))
     return "\n".join(lines) + "\n"
 
 

@@ -81,7 +81,7 @@ class DirQueue(QueueBatches):
         self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
-        self._dirs = {state: paths.state_dir(state) for state in STATES}  # made once
+        self._state_paths = {state: paths.state_dir(state) for state in STATES}  # made once
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
 
     # -- submitting ----------------------------------------------------------------------------
@@ -165,10 +165,10 @@ class DirQueue(QueueBatches):
                         heapq.heappush(self._heap, name)
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
-        src = f"{self._dirs['pending']}/{name}"  # a str: the hot path makes one Path, dst
+        src = f"{self._state_paths['pending']}/{name}"  # a str: the hot path makes one Path, dst
         # the claim number makes each claim's name unique, so recovery can tell a move this
         # claim began (``moved_from`` == its name) from one an earlier claim finished
-        dst = self._dirs["running"] / claim_name(name, owner, slot, next(self._claims))
+        dst = self._state_paths["running"] / claim_name(name, owner, slot, next(self._claims))
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -235,7 +235,7 @@ class DirQueue(QueueBatches):
             tmp = write_temp(claimed.path, data, durable=False, exclusive=True)
             faults.point("fsutil.temp_written", path=claimed.path, data=data)
             group.append(Grouped(claimed, state, tmp, announce, after, lost))
-            return self._dirs[state.value] / claimed.name
+            return self._state_paths[state.value] / claimed.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
         dst = self._moved(claimed, state, announce)
         if after is not None:
@@ -247,7 +247,7 @@ class DirQueue(QueueBatches):
         faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
-        dst = self._dirs[state.value] / claimed.name
+        dst = self._state_paths[state.value] / claimed.name
         try:
             os.rename(claimed.path, dst)  # from the exact leased name: never re-creates it
         except FileNotFoundError:

@@ -31,6 +31,7 @@ from gpuswarm.store.leases import is_live, registered_slot_ids, slot_host, slot_
 from gpuswarm.store.ledger import read_events, tail_events
 from gpuswarm.store.names import lease_of, task_id_of
 from gpuswarm.store.quarantines import read_quarantines
+from gpuswarm.store.spool import spooled_ids
 
 #: A watch reads the whole journal for the slot list only when it is smaller than this.
 SLOTS_SCAN_BYTES = 8 << 20
@@ -100,8 +101,12 @@ class RunReader:
 
     # -- descriptors ---------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        """Descriptors per state folder (one listing each)."""
-        return {s.value: n for s, n in self.folders.counts().items()}
+        """Descriptors per state folder (one listing each); a streamed enqueue's tasks not yet
+        in pending/ count as pending (store/spool.py: one stat when there is no spool)."""
+        out = {s.value: n for s, n in self.folders.counts().items()}
+        if self.paths.enqueue_spool.exists():
+            out[State.PENDING.value] += len(spooled_ids(self.paths))
+        return out
 
     def names(self, state: State) -> list[str]:
         return self.folders.names(state)

@@ -7,9 +7,10 @@ and run.json are on disk, so a bad input or a crash during creation never leaves
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +33,8 @@ from gpuswarm.store import runindex
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.staging import create_layout, write_pending
+from gpuswarm.store.spool import write_spool
+from gpuswarm.store.staging import Encoded, create_layout, encoded, write_pending, write_skipped
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,11 @@ class NewRun:
     name: str
     workspace: Path
     info: dict[str, Any]  # the run.json content, secrets already redacted
-    tasks: Iterable[dict[str, Any]]  # TaskSpec dumps, in submission order (read once)
+    # TaskSpec dumps (or their descriptors already encoded), in submission order (read once)
+    tasks: Iterable[dict[str, Any] | Encoded]
+    # a streamed enqueue (store/spool.py): the first ``stream_after`` tasks in pending/, the
+    # others in the spool, moved into pending/ by the run's supervisor while it runs
+    stream_after: int | None = None
 
 
 def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None = None) -> RunPaths:
@@ -55,10 +61,7 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         staging.root.mkdir(mode=0o700)  # private: logs, commands and results are the user's
         create_layout(staging)
         staging.tasks.mkdir()
-        descriptors = (
-            _skipped_if_excluded(Descriptor.new(t, seq)) for seq, t in enumerate(new.tasks)
-        )
-        count = write_pending(staging, descriptors)
+        count = _write_tasks(staging, new)
         info = {**new.info, "run_dir": final.name, "created": now.isoformat(timespec="seconds")}
         atomic_write_json(staging.run_json, info, durable=False)
         staging.events.touch()
@@ -85,6 +88,39 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
         )
     ledger.close()
     return paths
+
+
+def _write_tasks(staging: RunPaths, new: NewRun) -> int:
+    """Every task into the staged run: pending/ (skipped/), the spool after ``stream_after``."""
+    items = map(_descriptor, itertools.count(), new.tasks)
+    if new.stream_after is None:
+        return write_pending(staging, items)
+    count = write_pending(staging, itertools.islice(items, new.stream_after))
+    skipped = 0
+
+    def rest() -> Iterator[tuple[str, bytes]]:
+        nonlocal skipped
+        for item in items:
+            name, blob, excluded = encoded(item)
+            if excluded:
+                write_skipped(staging, name, blob)
+                skipped += 1
+            else:
+                yield name, blob
+
+    spooled = write_spool(staging, rest())
+    if not spooled:
+        staging.enqueue_spool.unlink()
+    return count + spooled + skipped
+
+
+def _descriptor(seq: int, task: dict[str, Any] | Encoded) -> Descriptor | Encoded:
+    """The ``seq``-th task's pending (or skipped) descriptor."""
+    if isinstance(task, Encoded):
+        if task.seq != seq:
+            raise ValueError(f"encoded task {task.task_id} has seq {task.seq}, not {seq}")
+        return task
+    return _skipped_if_excluded(Descriptor.new(task, seq))
 
 
 def _skipped_if_excluded(desc: Descriptor) -> Descriptor:

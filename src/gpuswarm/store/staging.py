@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.names import descriptor_name
+
+
+class Encoded(NamedTuple):
+    """A pending descriptor already encoded (``dumps_compact`` of ``Descriptor.new(task, seq)``):
+    a command list's, filled into one template (:mod:`gpuswarm.core.jsontemplate`)."""
+
+    priority: int
+    seq: int
+    task_id: str
+    blob: bytes
 
 
 def create_layout(paths: RunPaths) -> None:
@@ -25,7 +35,22 @@ def create_layout(paths: RunPaths) -> None:
     paths.corrupt.mkdir(exist_ok=True)
 
 
-def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any]]) -> int:
+def encoded(item: Descriptor | dict[str, Any] | Encoded) -> tuple[str, bytes, bool]:
+    """``(file name, bytes, skipped)`` of a new descriptor (skipped: excluded by the config)."""
+    if isinstance(item, Encoded):
+        return descriptor_name(item.priority, item.seq, item.task_id), item.blob, False
+    desc = item if isinstance(item, Descriptor) else Descriptor(item)
+    name = descriptor_name(desc.priority, desc.seq, desc.id)
+    return name, dumps_compact(desc.raw), desc.state == State.SKIPPED.value
+
+
+def write_skipped(paths: RunPaths, name: str, blob: bytes) -> None:
+    atomic_write_bytes(paths.state_dir(State.SKIPPED.value) / name, blob, durable=False)
+
+
+def write_pending(
+    paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any] | Encoded]
+) -> int:
     """Write descriptors into ``pending/`` (``skipped/`` for excluded ones) of a staged run.
 
     No per-file fsync: the caller syncs the filesystem once before it makes the staged run
@@ -34,21 +59,18 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, 
     count = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
-    skipped = paths.state_dir(State.SKIPPED.value)
     try:
         for item in descriptors:
-            desc = item if isinstance(item, Descriptor) else Descriptor(item)
-            name = descriptor_name(desc.priority, desc.seq, desc.id)
-            if desc.state == State.SKIPPED.value:  # excluded: never pending
-                atomic_write_bytes(skipped / name, dumps_compact(desc.raw), durable=False)
-                count += 1
+            name, blob, skipped = encoded(item)
+            count += 1
+            if skipped:  # excluded: never pending
+                write_skipped(paths, name, blob)
                 continue
             fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
             try:
-                os.write(fd, dumps_compact(desc.raw))  # a few hundred bytes: one write
+                os.write(fd, blob)  # a few hundred bytes: one write
             finally:
                 os.close(fd)
-            count += 1
     finally:
         os.close(folder)
     return count

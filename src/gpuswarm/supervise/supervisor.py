@@ -280,6 +280,8 @@ class Supervisor:
             return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die
         if time.monotonic() - self._busy_at < self.cfg.linger:
             return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
+        if self.queue.paths.enqueue_spool.exists():  # a streamed enqueue: more are coming
+            return True, LINGER_POLL_SECONDS
         if self._paused_with_work():  # the keeper wakes us when the pause changes; the
             return True, IDLE_POLL_SECONDS  # look: other supervisors may empty pending/
         if self.gpus.waiting():  # tasks wait for GPU memory (the sampler wakes us on room)

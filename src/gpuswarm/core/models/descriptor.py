@@ -63,7 +63,7 @@ class Descriptor:
         return cls(data)
 
     @classmethod
-    def loads(cls, raw: bytes, *, task_fields: bool = True) -> Descriptor:
+    def loads(cls, raw: bytes | str, *, task_fields: bool = True) -> Descriptor:
         """Like :meth:`parse`, but a file that is no JSON raises json's own ValueError (a
         claim names the file it sets aside by that message)."""
         return cls.from_json(json.loads(raw), task_fields=task_fields)

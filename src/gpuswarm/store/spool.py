@@ -1,0 +1,238 @@
+"""A streamed enqueue: a big new run's first tasks start while the rest is still written.
+
+:func:`gpuswarm.store.runs.create_run` (``stream_after=K``) stages the first K descriptors in
+pending/ and every other task as one line of ``.parallel/enqueue.spool`` (``<name>\\t<descriptor
+JSON>``), syncs once and renames the run into place: from then on every task is durable, the
+spool holding those not yet in pending/. A supervisor of the run (``run``, ``resume``, ``work``;
+one at a time, by a ``flock`` on the spool) moves them into pending/ in chunks
+(:class:`Streamer`, a thread): each descriptor as a temp file renamed into place, so a claim
+never meets a half-written one, and handed to the supervisor's own claim heap. Once every one
+is there it syncs the run, journals ``enqueued`` and removes the spool (then the supervisor may
+end: it never ends while the spool is there).
+
+A crash anywhere leaves the spool: the next supervisor writes each of its tasks whose id no
+queue folder holds (listed twice, so a task moving between folders meanwhile is seen), so no
+task is lost or written twice. Readers count the spool's tasks as pending
+(:func:`spooled_ids`): the run's size is known from its creation on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+from gpuswarm.core import faults
+from gpuswarm.core.events import Ev
+from gpuswarm.core.fsutil import fsync_dir, sync_tree
+from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import corrupt_task_id, task_id_of
+
+HEADER = b"gpuswarm-spool 1\n"
+CHUNK = 256  # descriptors per chunk: handed to the claim heap together
+RETRY_LOCK_SECONDS = 1.0  # another live supervisor streams: look again this often
+
+
+def write_spool(paths: RunPaths, entries: Iterable[tuple[str, bytes]]) -> int:
+    """Write ``(descriptor name, descriptor bytes)`` lines into a staged run's spool (no fsync:
+    the run is synced once before it is made visible); how many."""
+    count = 0
+    with open(paths.enqueue_spool, "wb", buffering=1 << 20) as fh:
+        fh.write(HEADER)
+        for name, blob in entries:
+            fh.write(name.encode() + b"\t" + blob.rstrip(b"\n") + b"\n")
+            count += 1
+    return count
+
+
+def _entries(fh: Iterable[bytes]) -> Iterator[tuple[str, bytes]]:
+    for line in fh:
+        if line == HEADER or not line.endswith(b"\n"):
+            continue  # the header; a line a crash cut short was never synced: never visible
+        name, _, blob = line.partition(b"\t")
+        yield name.decode(), blob
+
+
+def spooled_ids(paths: RunPaths) -> list[str]:
+    """The ids of the spool's tasks that no queue folder holds yet (counted as pending)."""
+    try:
+        fh = open(paths.enqueue_spool, "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        return []
+    with fh:
+        ids = [task_id_of(name) for name, _ in _entries(fh)]
+    if not ids:
+        return []
+    known = present_ids(paths)
+    return [i for i in ids if i not in known]
+
+
+def spooled_blobs(paths: RunPaths) -> Iterator[tuple[str, bytes]]:
+    """``(name, descriptor bytes)`` of the spool's tasks that no queue folder holds yet."""
+    try:
+        fh = open(paths.enqueue_spool, "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with fh:
+        known = present_ids(paths)
+        for name, blob in _entries(fh):
+            if task_id_of(name) not in known:
+                yield name, blob
+
+
+def present_ids(paths: RunPaths) -> set[str]:
+    """Every task id a queue folder holds (corrupt/ too), listed twice: a task that moved
+    between two folders during one listing is seen by the other."""
+    ids: set[str] = set()
+    for _ in range(2):
+        for state in STATES:
+            try:
+                names = os.listdir(paths.state_dir(state))
+            except FileNotFoundError:
+                continue
+            ids.update(task_id_of(n) for n in names if not n.startswith("."))
+        try:
+            names = os.listdir(paths.corrupt)
+        except FileNotFoundError:
+            names = []
+        ids.update(i for n in names if (i := corrupt_task_id(n)) is not None)
+    return ids
+
+
+class Streamer:
+    """The thread that moves a run's spooled tasks into pending/ (one per supervisor)."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        push: Callable[[str], None],
+        ledger: Ledger,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.paths = paths
+        self._on_error = on_error
+        self._push = push
+        self._ledger = ledger
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpuswarm-enqueue", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> Streamer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop between two descriptors (the spool keeps the rest) and wait for the thread."""
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if stream(self.paths, self._push, self._ledger, self._stop) is not None:
+                    return
+                self._stop.wait(RETRY_LOCK_SECONDS)  # another supervisor streams: it may die
+        except Exception as exc:  # the spool keeps the rest: the next supervisor writes them
+            self.error = exc
+            if self._on_error is not None:
+                self._on_error(exc)
+
+
+@contextmanager
+def streamed(
+    paths: RunPaths,
+    push: Callable[[str], None],
+    ledger: Ledger,
+    stop_run: Callable[[], None],
+) -> Iterator[None]:
+    """While the block runs (a supervisor's loop), the run's spool is moved into pending/ and
+    each name handed to ``push`` (its claim heap); stopped when the block ends first (a stop:
+    the spool keeps the rest, for the next supervisor). A failure to write calls ``stop_run``
+    (resume goes on with the spool)."""
+    if not paths.enqueue_spool.exists():
+        yield
+        return
+    streamer = Streamer(paths, push, ledger, on_error=lambda _: stop_run()).start()
+    try:
+        yield
+    finally:
+        streamer.stop()
+
+
+def stream(
+    paths: RunPaths,
+    push: Callable[[str], None],
+    ledger: Ledger,
+    stop: threading.Event | None = None,
+) -> int | None:
+    """Move the spool's tasks into pending/ (``push`` each name once it is there); how many it
+    wrote, 0 when there is no spool, None when another live process streams this run (or a
+    stop came first: the spool stays)."""
+    try:
+        fd = os.open(paths.enqueue_spool, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return 0
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        if os.fstat(fd).st_nlink == 0:
+            return 0  # its holder finished and removed it between our open and our lock
+        written = _write_all(paths, _entries(fh), push, stop)
+        if written is None:
+            return None
+        sync_tree(paths.root)  # every descriptor is on disk before the spool goes
+        ledger.emit(Ev.ENQUEUED, tasks=written)
+        paths.enqueue_spool.unlink()
+        fsync_dir(paths.parallel)
+    return written
+
+
+def _write_all(
+    paths: RunPaths,
+    entries: Iterator[tuple[str, bytes]],
+    push: Callable[[str], None],
+    stop: threading.Event | None,
+) -> int | None:
+    known = present_ids(paths)
+    folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
+    written = 0
+    try:
+        batch: list[str] = []
+        for name, blob in entries:
+            if task_id_of(name) in known:
+                continue
+            if stop is not None and stop.is_set():
+                return None
+            _write_one(folder, name, blob)
+            batch.append(name)
+            written += 1
+            if len(batch) >= CHUNK:
+                _hand(batch, push)
+                faults.point("spool.chunk", done=written)
+        _hand(batch, push)
+    finally:
+        os.close(folder)
+    return written
+
+
+def _hand(batch: list[str], push: Callable[[str], None]) -> None:
+    for name in batch:
+        push(name)
+    batch.clear()
+
+
+def _write_one(folder: int, name: str, blob: bytes) -> None:
+    """Temp file, then rename into pending/: a claim (any supervisor's scan) sees it whole."""
+    tmp = f".tmp-{name}.{os.getpid()}.{threading.get_native_id()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(tmp, flags, 0o644, dir_fd=folder)
+    try:
+        os.write(fd, blob)
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)

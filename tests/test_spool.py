@@ -1,0 +1,93 @@
+"""A streamed enqueue (store/spool.py, issue 31) at the store's level: what a crash half-way
+leaves is counted, and the next stream writes each missing task once, never one that moved on."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuswarm.core import faults
+from gpuswarm.core.models import State
+from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.outputs.results import collect
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.names import task_id_of
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.reader import RunReader
+from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.store.spool import CHUNK, spooled_ids, stream
+
+FIRST = 10
+N = FIRST + 3 * CHUNK + 7
+
+
+def _task(i: int) -> dict[str, Any]:
+    return {"id": f"t{i:05d}", "name": f"t{i}", "command": "true", "shell": True, "env": {}}
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[RunPaths]:
+    new = NewRun("s", tmp_path / "ws", {"name": "s"}, map(_task, range(N)), stream_after=FIRST)
+    yield create_run(new)
+    faults.disarm()
+
+
+def _ids(paths: RunPaths) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for state in STATES:
+        folder = paths.state_dir(state)
+        if folder.is_dir():
+            found.update(task_id_of(n) for n in os.listdir(folder) if not n.startswith("."))
+    return found
+
+
+def test_a_streamed_run_counts_every_task_from_its_creation(run: RunPaths) -> None:
+    assert len(os.listdir(run.state_dir("pending"))) == FIRST
+    assert len(spooled_ids(run)) == N - FIRST
+    assert RunReader(run).counts()["pending"] == N
+    rows = collect(DirQueue(run))
+    assert sorted(str(r.values["task"]) for r in rows) == [f"t{i:05d}" for i in range(N)]
+    assert {r.values["state"] for r in rows} == {"pending"}
+
+
+def test_a_stream_cut_short_is_finished_once_each(run: RunPaths) -> None:
+    ledger = Ledger(run.events)
+    pushed: list[str] = []
+    faults.arm("spool.chunk:raise#2")  # a crash after the second chunk
+    with pytest.raises(faults.FaultInjected):
+        stream(run, pushed.append, ledger)
+    faults.disarm()
+    assert run.enqueue_spool.is_file()
+    assert len(pushed) == 2 * CHUNK
+    assert RunReader(run).counts()["pending"] == N  # none counted twice, none missing
+    # meanwhile streamed tasks ran: one is done, one was claimed, one got a new priority name
+    pending = run.state_dir("pending")
+    os.rename(pending / pushed[0], run.state_dir("done") / pushed[0])
+    claimed = DirQueue(run).claim("me:1:1", 0)
+    assert claimed is not None
+    renamed = pushed[5].replace(pushed[5][:4], "4990", 1)
+    os.rename(pending / pushed[5], pending / renamed)
+
+    again: list[str] = []
+    written = stream(run, again.append, ledger)
+    ledger.close()
+    assert written == N - FIRST - 2 * CHUNK
+    assert not run.enqueue_spool.exists()
+    found = _ids(run)
+    assert set(found) == {f"t{i:05d}" for i in range(N)}
+    assert max(found.values()) == 1, [t for t, n in found.items() if n > 1]
+    assert RunReader(run).counts()[State.PENDING.value] == N - 2
+    assert "enqueued" in run.events.read_text()
+
+
+def test_the_live_output_counts_the_spooled_tasks(run: RunPaths) -> None:
+    from gpuswarm.runoutput import counted
+
+    counts = counted(DirQueue(run))
+    assert counts[State.PENDING] == N
+    assert sum(counts.values()) == N
