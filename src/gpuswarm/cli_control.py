@@ -17,6 +17,7 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.control_deps import AddedDeps, run_task_ids
 from gpuswarm.control_ops import (
     add_tasks,
     cancel_tasks,
@@ -54,6 +55,9 @@ def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
+@click.option("--after", multiple=True, metavar="TASK", help="start once TASK is done (repeat)")
+@click.option("--after-any", multiple=True, metavar="TASK", help="start once TASK has ended")
+@click.option("--after-failed", multiple=True, metavar="TASK", help="start only if TASK failed")
 @_JSON
 def add(
     run_dir: Path,
@@ -63,6 +67,9 @@ def add(
     max_attempts: int | None,
     priority: int | None,
     gpu_memory: str | None,
+    after: tuple[str, ...],
+    after_any: tuple[str, ...],
+    after_failed: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Append the tasks of SOURCE to RUN, live or stopped.
@@ -76,8 +83,10 @@ def add(
         defaults = TaskOptions.from_cli(
             timeout=timeout, max_attempts=max_attempts, priority=priority, gpu_memory=gpu_memory
         )
-        loaded = load_source(source, shell=shell, defaults=defaults)
-        data = add_tasks(run_dir, loaded)
+        loaded = load_source(source, shell=shell, defaults=defaults, known=run_task_ids(run_dir))
+        flags = {"after": list(after), "after_any": list(after_any)}
+        deps = AddedDeps(flags={**flags, "after_failed": list(after_failed)})
+        data = add_tasks(run_dir, loaded, deps)
     lines = [f"added {counted(data['added'], 'task')} to {data['run']}"]
     if data["renamed_count"]:
         shown = ", ".join(f"{a} -> {b}" for a, b in list(data["renamed"].items())[:5])

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,14 @@ from typing import Any
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.control_deps import (
+    AddedDeps,
+    added_folder,
+    cancel_blocked,
+    fresh_ids,
+    moved_blocked,
+    retried,
+)
 from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import dumps_compact, fsync_dir, pid_alive, sync_tree
@@ -133,10 +141,13 @@ def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
 
 
 # -- add -------------------------------------------------------------------------------------
-def load_source(source: str, *, shell: bool, defaults: TaskOptions) -> LoadedConfig:
-    """A YAML config (its ``tasks:``), a command list, or ``-`` (a command list on stdin)."""
+def load_source(
+    source: str, *, shell: bool, defaults: TaskOptions, known: Collection[str] = frozenset()
+) -> LoadedConfig:
+    """A YAML config (its ``tasks:``), a command list, or ``-`` (a command list on stdin).
+    ``known``: the run's task ids, which the config's ``after:`` may name (issue 35)."""
     if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        return load_config(Path(source))
+        return load_config(Path(source), known=known)
     if source == "-":
         return load_command_list(
             None, read_stdin(), shell=shell, base_dir=Path.cwd(), defaults=defaults
@@ -167,9 +178,13 @@ def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: s
             )
 
 
-def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
-    """Append ``loaded``'s tasks to a run (live or not); see the module's doc."""
+def add_tasks(
+    run_dir: Path, loaded: LoadedConfig, deps: AddedDeps | None = None
+) -> dict[str, Any]:
+    """Append ``loaded``'s tasks to a run (live or not); see the module's doc. ``deps``: the
+    prerequisites ``--after`` & co. give them (issue 35; those with any wait in blocked/)."""
     dumps = list(task_dumps(loaded.tasks))
+    deps = deps or AddedDeps()
     source = str(loaded.path) if loaded.path else "<stdin>"
 
     def body(s: _Session) -> dict[str, Any]:
@@ -185,6 +200,8 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
             if found is not None:
                 taken.add(found)
         renamed: dict[str, str] = {}
+        deps.prepare(s.paths, dumps, fresh_ids(dumps, taken, _fresh_id))
+        into_blocked: set[str] = set()  # final names renamed into blocked/ (issue 35)
         staged: list[tuple[str, str]] = []  # (temp name, final name)
         batch = f"{os.getpid()}.{time.time_ns()}"  # the added event names it: see finish_adds
         pending = s.paths.state_dir(State.PENDING.value)
@@ -201,6 +218,8 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                 max_seq += 1
                 desc = Descriptor.new(dump, max_seq)
                 final = descriptor_name(desc.priority, max_seq, tid)
+                if deps.place(desc, final):
+                    into_blocked.add(final)
                 temp = f"{ADDING}{batch}-{final}"  # invisible until renamed
                 fd = os.open(temp, flags, 0o644, dir_fd=folder)
                 try:
@@ -209,6 +228,7 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                     os.close(fd)
                 staged.append((temp, final))
             sync_tree(pending)  # every descriptor's data on disk: one sync, not one per file
+            deps.publish(s.paths)  # issue 35: edges known before the tasks are said or seen
             ids = [task_id_of(final) for _, final in staged]
             s.ledger.emit(
                 Ev.ADDED,
@@ -219,11 +239,16 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
                 batch=batch,
             )
             s.ledger.sync()  # the journal says it before the names become visible
+            blocked = _open_blocked(s.paths) if into_blocked else None
             for temp, final in staged:
-                os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder)
+                moved_blocked(folder, temp, final, blocked if final in into_blocked else None)
+            if blocked is not None:
+                os.fsync(blocked)
+                os.close(blocked)
         finally:
             os.close(folder)
         fsync_dir(pending)
+        deps.settle(s.queue, s.ledger)  # issue 35: after prerequisites that ended already
         note_added(s.paths)
         live = is_live(s.paths)
         return {
@@ -241,6 +266,12 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
 
 
 ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
+
+
+def _open_blocked(paths: RunPaths) -> int:
+    folder = paths.state_dir(State.BLOCKED.value)
+    folder.mkdir(exist_ok=True)  # a run made before blocked/ existed
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
 
 
 def finish_adds(paths: RunPaths) -> int:
@@ -262,8 +293,9 @@ def finish_adds(paths: RunPaths) -> int:
     for batch, names in batches.items():
         for name in names:
             final = name[len(ADDING) + len(batch) + 1 :]
-            if batch in said and not (pending / final).exists():
-                os.rename(pending / name, pending / final)
+            into = added_folder(paths, pending / name)  # pending/, or blocked/ (issue 35)
+            if batch in said and not (into / final).exists():
+                os.rename(pending / name, into / final)
                 added += 1
             else:
                 (pending / name).unlink(missing_ok=True)
@@ -292,6 +324,10 @@ def cancel_tasks(
         for tid in ids:
             state, name = known[tid]
             row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+            if state is State.BLOCKED and cancel_blocked(s.queue, s.ledger, name, reason, s.me):
+                row["now"] = State.CANCELLED.value  # issue 35: its dependents follow
+                rows.append(row)
+                continue
             state, attempt = control.request_cancel(
                 s.queue, tid, state, name, reason, s.announce_cancel
             )
@@ -353,6 +389,11 @@ def retry_tasks(
                 raise NotApplicableError(
                     f"task {tid!r} is {state.value}: retry applies to failed or cancelled tasks"
                 )
+            if state is State.DEPENDENCY_FAILED:  # issue 35
+                raise NotApplicableError(
+                    f"task {tid!r} is dependency_failed: retry the prerequisite that failed "
+                    "(its dependents come back with it)"
+                )
         wanted = set(ids)
         wanted |= {t for t, (st, _) in known.items() if failed and st is State.FAILED}
         wanted |= {t for t, (st, _) in known.items() if cancelled and st is State.CANCELLED}
@@ -370,6 +411,7 @@ def retry_tasks(
             else:
                 row["note"] = f"{state.value}: not ended, nothing to do"
             rows.append(row)
+        retried(s.queue, s.ledger, rows)  # issue 35: dependency_failed dependents come back
         if any(r["now"] == State.PENDING.value for r in rows):
             note_added(s.paths)
         live = is_live(s.paths)

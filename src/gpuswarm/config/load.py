@@ -119,7 +119,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -322,8 +322,9 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
 
 
 @paused_gc()
-def load_config(path: Path) -> LoadedConfig:
-    """Read, validate and expand a YAML config file. Any problem is a located ConfigError."""
+def load_config(path: Path, *, known: Collection[str] = frozenset()) -> LoadedConfig:
+    """Read, validate and expand a YAML config file. Any problem is a located ConfigError.
+    ``known``: task ids a run already has, which ``after:`` may name (``gpuswarm add``)."""
     path = Path(path)
     source = str(path)
     data, lines = load_yaml(_read_text(path, source), source)
@@ -334,7 +335,7 @@ def load_config(path: Path) -> LoadedConfig:
         config=config,
         path=path,
         base_dir=base_dir,
-        tasks=expand_tasks(config, base_dir, source, lines=lines),
+        tasks=expand_tasks(config, base_dir, source, lines=lines, known=known),
         name=config.name or _safe_name(path.stem),
         workspace=_workspace(config.workspace, base_dir, where),
     )
@@ -351,13 +352,18 @@ def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = No
 
 
 def expand_tasks(
-    config: RunConfig, base_dir: Path, source: str, *, lines: LineMap | None = None
+    config: RunConfig,
+    base_dir: Path,
+    source: str,
+    *,
+    lines: LineMap | None = None,
+    known: Collection[str] = frozenset(),
 ) -> list[TaskSpec]:
     """The tasks of ``config`` (relative paths against ``base_dir``); errors name ``source``.
 
     ``lines`` (from :func:`gpuswarm.config.yamlload.load_yaml`) adds line numbers to error messages.
     """
-    return expand_entries(config, base_dir, Locator(source, lines or {}))
+    return expand_entries(config, base_dir, Locator(source, lines or {}), known=known)
 
 
 # -- command lists ---------------------------------------------------------------------------------

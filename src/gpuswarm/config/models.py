@@ -55,6 +55,40 @@ MAX_LOG_MB = 1_048_576.0  # 1 TiB per output.log
 
 
 # -- task fields ----------------------------------------------------------------------------------
+def _dep_list(value: object) -> object:
+    """``after: build`` is ``after: [build]``."""
+    return [value] if isinstance(value, str) else value
+
+
+MAX_PREREQUISITES = 10_000  # prerequisites of one task (a group reference counts its tasks)
+DepList = Annotated[
+    list[Annotated[NonEmpty, Field(max_length=300)]],
+    BeforeValidator(_dep_list),
+    Field(max_length=MAX_PREREQUISITES),
+]
+
+
+def _group_name(value: str) -> str:
+    if not _SAFE_NAME.match(value):
+        raise ValueError(
+            f"group {quote(value)} must be a plain name (letters, digits, '.', '_', '-'), "
+            f"e.g. {quote(slugify(value))}"
+        )
+    return value
+
+
+GroupName = Annotated[str, AfterValidator(_group_name)]
+
+
+class GroupConfig(BaseModel):
+    """``groups: {NAME: {max_parallel: 2, priority: 10}}`` (issue 35)."""
+
+    model_config = _STRICT
+
+    max_parallel: int | None = Field(default=None, ge=1, le=1_000_000)  # running at once
+    priority: int | None = Field(default=None, ge=-4999, le=4999)  # its tasks' default
+
+
 class TaskOptions(BaseModel):
     """Fields of a task; usable in ``defaults:`` and on any task entry."""
 
@@ -77,6 +111,12 @@ class TaskOptions(BaseModel):
     # the GPU model it runs on, where a run has several: words of the GPU's name, any case
     # ("H100", "A100 80GB"); slots of other models pass it by
     accelerator: NonEmpty | None = Field(default=None, max_length=200)
+    # issue 35: prerequisites (task ids or names; in a glob or matrix entry, templates of this
+    # instance's values: "agent-{task_rel}") and the group it is counted, capped and acted on in
+    after: DepList = Field(default_factory=list)  # start once these ended done
+    after_any: DepList = Field(default_factory=list)  # once these ended in any state
+    after_failed: DepList = Field(default_factory=list)  # only if one of these failed
+    group: GroupName | None = None
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -344,6 +384,7 @@ class RunConfig(BaseModel):
     ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
+    groups: dict[GroupName, GroupConfig] = Field(default_factory=dict)  # issue 35
 
     @model_validator(mode="after")
     def _ray(self) -> RunConfig:
@@ -401,6 +442,10 @@ class TaskSpec(BaseModel):
     skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
     gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
     accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
+    after: list[str] = Field(default_factory=list)  # issue 35: resolved task ids
+    after_any: list[str] = Field(default_factory=list)
+    after_failed: list[str] = Field(default_factory=list)
+    group: str | None = None
 
 
 def default_name(command: str | list[str]) -> str:

@@ -371,7 +371,8 @@ def shown_counts(counts: dict[str, int]) -> dict[str, int]:
 
 
 #: States that ended a task without a failure and stay out of the pass-rate denominators.
-APART = (State.SKIPPED.value, State.CANCELLED.value)
+# dependency_failed (issue 35): never ran, a prerequisite did not succeed
+APART = (State.SKIPPED.value, State.CANCELLED.value, State.DEPENDENCY_FAILED.value)
 
 
 #: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".

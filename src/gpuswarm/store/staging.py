@@ -14,6 +14,7 @@ from typing import Any
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.store.blocked import Edge, write_blocked, write_edges
 from gpuswarm.store.names import descriptor_name
 
 
@@ -35,6 +36,7 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, 
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
     skipped = paths.state_dir(State.SKIPPED.value)
+    edges: list[Edge] = []  # issue 35: tasks after prerequisites wait in blocked/
     try:
         for item in descriptors:
             desc = item if isinstance(item, Descriptor) else Descriptor(item)
@@ -42,6 +44,9 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, 
             if desc.state == State.SKIPPED.value:  # excluded: never pending
                 atomic_write_bytes(skipped / name, dumps_compact(desc.raw), durable=False)
                 count += 1
+                continue
+            if desc.has_prerequisites:
+                count += write_blocked(paths, desc, name, edges)
                 continue
             fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
             try:
@@ -51,4 +56,5 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, 
             count += 1
     finally:
         os.close(folder)
+    write_edges(paths, edges, durable=False)
     return count

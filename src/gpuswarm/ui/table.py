@@ -150,9 +150,9 @@ class LiveView:
         if self.paused is not None:
             run_paused, slots_paused = self.paused()
         total = max(1, sum(counts.values()))
-        ended = ("done", "failed", "skipped", "cancelled")
+        ended = ("done", "failed", "skipped", "cancelled", "dependency_failed")
         finished = sum(counts.get(k, 0) for k in ended)
-        apart = "".join(f"  {k} {counts[k]}" for k in ended[2:] if counts.get(k))
+        apart = "".join(f"  {k} {counts[k]}" for k in (*ended[2:], "blocked") if counts.get(k))
         head = Text.from_markup(
             f"[bold]{escape(self.title)}[/]  done {counts.get('done', 0)}  failed "
             f"{counts.get('failed', 0)}  running {counts.get('running', 0)}  pending "

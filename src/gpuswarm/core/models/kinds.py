@@ -19,6 +19,11 @@ class State(str, Enum):
     FAILED = "failed"
     SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
     CANCELLED = "cancelled"  # a person cancelled it (gpuswarm cancel): never retried, no failure
+    # issue 35: a task whose prerequisites (after:, after_any:, after_failed:) have not ended
+    # waits in blocked/, out of the claimers' sight; one whose ``after:`` prerequisite did not
+    # succeed ends dependency_failed (never ran, out of the pass rates, back when it is retried)
+    BLOCKED = "blocked"
+    DEPENDENCY_FAILED = "dependency_failed"
 
 
 class EndKind(str, Enum):
