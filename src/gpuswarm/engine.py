@@ -51,6 +51,7 @@ from gpuswarm.runsetup import (
     with_halt,
     with_ray_address,
 )
+from gpuswarm.store import release
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -243,7 +244,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
         task_id = str(dump["id"])
         if task_id not in known:
             max_seq += 1
-            queue.submit(dump, max_seq)
+            release.submit(queue, dump, max_seq)  # blocked/ when it has prerequisites
             added += 1
         elif known[task_id][0] is State.PENDING:
             queue.update_pending(known[task_id][1], dump)
@@ -252,6 +253,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
     info["config"] = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
+    release.settle_locked(queue, ledger)  # issue 35: added ones whose prerequisites ended
     return added
 
 
@@ -307,6 +309,7 @@ def _supervise(
                     queue, ledger, retry_failed=retry_failed, backend=backend, applied_by=owner
                 )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
+            release.settle_locked(queue, ledger, only=mode == "work")  # issue 35: see there
             if mode == "resume":
                 _remember_ray_address(paths, ledger, setup)
             if new_config is not None:

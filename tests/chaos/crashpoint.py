@@ -15,7 +15,9 @@ time it reaches POINT:
 - ``temp-left:STATE[#N]``: inside that write, with its temp file written and not yet renamed
   over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``);
 - ``cancel-ended[#N]``: an attempt a control request cancelled has ended (its processes are
-  gone), before its commit began (nothing of it saved or journaled).
+  gone), before its commit began (nothing of it saved or journaled);
+- ``fault:NAME[?KEY=VALUE][#N]``: any declared fault point by its name (issue 35's release:
+  ``release.marked``, ``blocked.settle.saved``, ``blocked.settle.journaled``).
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
 Each point arms a named fault point of ``gpuswarm.core.faults`` (the code calls
@@ -56,6 +58,8 @@ def install(point: str) -> None:
         faults.arm(f"queue.move.saved?state={rest}:kill{count}")
     elif kind == "cancel-ended" and not rest:
         faults.arm(f"committer.cancel.ended:kill{count}")
+    elif kind == "fault" and rest:
+        faults.arm(f"{rest}:kill{count}")
     elif kind == "temp-left":
         faults.arm(f"fsutil.temp_written:kill{count}", when=_in_running_with_state(rest))
     else:

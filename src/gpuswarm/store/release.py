@@ -18,9 +18,11 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from gpuswarm.core import faults
 from gpuswarm.core.events import Ev
+from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.blocked import (
@@ -36,7 +38,7 @@ from gpuswarm.store.blocked import (
 )
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import task_index
-from gpuswarm.store.names import task_id_of
+from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 
@@ -153,6 +155,30 @@ def _back(ledger: Ledger, task: str, after: str) -> Callable[[Descriptor], objec
         reason=f"prerequisite {after} retried",
         after=after,
     )
+
+
+def submit(queue: DirQueue, task: dict[str, Any], seq: int) -> str:
+    """:meth:`DirQueue.submit`, except that a task with prerequisites goes to blocked/ (its
+    edge written first): a config change adding tasks on resume (settle them after)."""
+    desc = Descriptor.new(task, seq)
+    if not desc.has_prerequisites:
+        return queue.submit(task, seq)
+    name = descriptor_name(desc.priority, seq, desc.id)
+    desc.mark_blocked()
+    write_edges(queue.paths, [Edge.of(desc, name)], durable=queue.durable)
+    folder = queue.paths.state_dir(State.BLOCKED.value)
+    folder.mkdir(exist_ok=True)
+    atomic_write_bytes(folder / name, dumps_compact(desc.raw), durable=queue.durable)
+    return name
+
+
+def settle_locked(queue: DirQueue, ledger: Ledger, *, only: bool = True) -> dict[str, int]:
+    """:func:`settle_all` under the run's control lock, when ``only`` (a supervisor joining a
+    run, ``work``: a release a dead one left half-way; after a config change or a reclaim)."""
+    if not only:
+        return {}
+    with queue.control_lock():
+        return settle_all(queue, ledger)
 
 
 # -- recovery ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import leased_by, reclaimed_from
 from gpuswarm.store.queue import Claimed, DirQueue
-from gpuswarm.store.release import settle_all
+from gpuswarm.store.release import settle_all, settle_locked
 from gpuswarm.store.runs import set_aside, temp_files
 from gpuswarm.supervise.controls import (
     Cancels,
@@ -347,8 +347,7 @@ def reclaim_dead(
     dead = [o for o, alive in verdicts.items() if not alive]
     _remove_dead_writes(queue.paths, dead)
     if dead:  # issue 35: a release it had begun (or not begun yet) is finished here
-        with queue.control_lock():
-            settle_all(queue, ledger)
+        settle_locked(queue, ledger)
     return count
 
 
