@@ -115,7 +115,7 @@ def test_a_work_supervisor_finishes_the_release_of_a_killed_run(
     """`run` dies inside a release; a `work` supervisor joining the run (no resume) settles
     what it left and runs the rest: nothing lost, nothing early."""
     tasks = _tasks(shared)
-    top = {"name": "deps", "workspace": "ws", "gpus": "sim:1", "grace": "1s"}
+    top: dict[str, Any] = {"name": "deps", "workspace": "ws", "gpus": "sim:1", "grace": "1s"}
     top["reliability"] = {"lease_ttl": "2s"}
     config = write_config(tmp_path, top, tasks)
     res = cli_popen("run", "-q", config, prefix=[*CRASH, run_point, "--"]).wait(60)
