@@ -18,6 +18,7 @@ import click
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.control_deps import AddedDeps, run_task_ids
+from gpuswarm.control_groups import CANCELLABLE, group_tasks, retry_states, set_group_paused
 from gpuswarm.control_ops import (
     add_tasks,
     cancel_tasks,
@@ -98,7 +99,8 @@ def add(
 
 @click.command()
 @_RUN
-@click.argument("tasks", nargs=-1, required=True)
+@click.argument("tasks", nargs=-1)
+@click.option("--group", help="every pending, blocked or running task of this group")
 @click.option("--reason", default="cancelled by hand", show_default=True, help="recorded")
 @click.option("--wait", is_flag=True, help="block until running tasks have stopped")
 @click.option(
@@ -108,6 +110,7 @@ def add(
 def cancel(
     run_dir: Path,
     tasks: tuple[str, ...],
+    group: str | None,
     reason: str,
     wait: bool,
     wait_timeout: float,
@@ -119,7 +122,12 @@ def cancel(
     about a second (--wait blocks until then). A task that has ended already is left as it is
     (exit 0). Cancelled tasks are never retried and count as no failure.
     """
+    if not (tasks or group):
+        click.echo("gpuswarm: error: give TASKS or --group", err=True)
+        sys.exit(2)
     with stoppable():
+        if group is not None:
+            tasks = (*tasks, *group_tasks(run_dir, group, CANCELLABLE))
         data = cancel_tasks(run_dir, tasks, reason=reason, wait=wait_timeout if wait else None)
     lines = []
     for row in data["tasks"]:
@@ -136,9 +144,15 @@ def cancel(
 @click.argument("tasks", nargs=-1)
 @click.option("--failed", is_flag=True, help="every failed task")
 @click.option("--cancelled", is_flag=True, help="every cancelled task")
+@click.option("--group", help="only this group's tasks (with --failed / --cancelled)")
 @_JSON
 def retry(
-    run_dir: Path, tasks: tuple[str, ...], failed: bool, cancelled: bool, as_json: bool
+    run_dir: Path,
+    tasks: tuple[str, ...],
+    failed: bool,
+    cancelled: bool,
+    group: str | None,
+    as_json: bool,
 ) -> None:
     """Put failed or cancelled TASKS of RUN back in the queue with a fresh attempt budget
     (their earlier attempts are kept). Nothing is started: a run no supervisor serves is
@@ -147,6 +161,9 @@ def retry(
         click.echo("gpuswarm: error: give TASKS, --failed or --cancelled", err=True)
         sys.exit(2)
     with stoppable():
+        if group is not None:  # issue 35: the group's failed / cancelled ones
+            tasks = (*tasks, *group_tasks(run_dir, group, retry_states(failed, cancelled)))
+            failed = cancelled = False
         data = retry_tasks(run_dir, tasks, failed=failed, cancelled=cancelled)
     lines = [f"{r['task']}: {r['was']} -> {r['now']}" for r in data["tasks"]]
     if not data["tasks"]:
@@ -161,12 +178,27 @@ def _pause_lines(data: dict[str, Any], verb: str) -> list[str]:
     return [f"{verb} {what}" + ("" if verb != "paused" else ": running tasks go on")]
 
 
+_GROUP = click.option("--group", help="only this group's tasks (issue 35)")
+
+
+def _group_pause(run_dir: Path, group: str, as_json: bool, *, paused: bool) -> None:
+    with stoppable():
+        data = set_group_paused(run_dir, group, paused=paused)
+    verb = "paused" if paused else "unpaused"
+    line = f"{verb} group {group}" if data["changed"] else f"group {group} was not changed"
+    _emit(data, as_json, [line + (": running tasks go on" if paused and data["changed"] else "")])
+
+
 @click.command()
 @_RUN
 @click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_GROUP
 @_JSON
-def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
-    """No new task starts on RUN (or on one slot); running tasks go on."""
+def pause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -> None:
+    """No new task starts on RUN (or on one slot, or of one group); running tasks go on."""
+    if group is not None:
+        _group_pause(run_dir, group, as_json, paused=True)
+        return
     with stoppable():
         data = set_paused(run_dir, slot, paused=True)
     _emit(data, as_json, _pause_lines(data, "paused"))
@@ -175,9 +207,13 @@ def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
 @click.command()
 @_RUN
 @click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_GROUP
 @_JSON
-def unpause(run_dir: Path, slot: str | None, as_json: bool) -> None:
-    """Lift a pause of RUN (or of one slot)."""
+def unpause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -> None:
+    """Lift a pause of RUN (or of one slot, or of one group)."""
+    if group is not None:
+        _group_pause(run_dir, group, as_json, paused=False)
+        return
     with stoppable():
         data = set_paused(run_dir, slot, paused=False)
     _emit(data, as_json, _pause_lines(data, "unpaused"))

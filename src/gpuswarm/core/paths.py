@@ -145,6 +145,11 @@ class RunPaths:
         return self.parallel / "ended"
 
     @property
+    def paused_groups(self) -> Path:
+        """Issue 35: ``<group>`` files: that group's tasks start no more (``pause --group``)."""
+        return self.parallel / "groups-paused"
+
+    @property
     def added_marker(self) -> Path:
         """Touched when tasks are added, retried, reprioritized or unpaused: live supervisors'
         keepers stat it to wake their loops, their claims rescan pending/."""

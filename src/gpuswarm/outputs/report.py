@@ -21,6 +21,7 @@ from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
+from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
 from gpuswarm.outputs.timeline import (
@@ -65,7 +66,9 @@ class _Scan:
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
         self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
         self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
+        self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():
+            self.groups.add(state, data)
             row = row_for(state, data)
             self.rows.append(row)
             self._count_slots(data)
@@ -352,6 +355,7 @@ def write_report(
         + _quarantines(summary)
         + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())
         + _fields(summary.get("fields") or {})
+        + groups_section(scan.groups.table())
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image
         + "\n"
