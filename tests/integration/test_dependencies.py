@@ -207,3 +207,49 @@ def test_cancel_a_blocked_task_and_retry_brings_dependents_back(
     states = task_states(run)
     assert states == {"flaky": "done", "next": "done", "last": "cancelled", "spare": "done"}
     assert "consistent" in gpuswarm("check", run).stdout
+
+
+def test_two_pass_aka_layout_of_426_folders(tmp_path: Path, gpuswarm: Cli) -> None:
+    """The README's two-pass config on AKA's 426 task folders: every folder's validator runs
+    after that folder's agent (it checks the agent's output), a summary after every one."""
+    suites = {"hip2hip/gpumode": 160, "hip2hip/ops": 106, "triton2triton/vllm": 160}
+    for suite, n in suites.items():
+        for k in range(n):
+            folder = tmp_path / "tasks" / suite / f"k{k:03d}"
+            folder.mkdir(parents=True)
+            (folder / "config.yaml").write_text(f"kernel: k{k}\n")
+    assert sum(suites.values()) == 426
+    tasks = [
+        {
+            "name": "agent/{task_rel}",
+            "glob": "tasks/*/*/*/config.yaml",
+            "command": "echo ok > {task_dir}/solution",
+            "shell": True,
+        },
+        {
+            "name": "validate/{task_rel}",
+            "glob": "tasks/*/*/*/config.yaml",
+            "after": "agent/{task_rel}",
+            "command": "test -s {task_dir}/solution && touch {task_dir}/valid",
+            "shell": True,
+        },
+        {
+            "name": "summary",
+            "command": "test $(ls tasks/*/*/*/valid | wc -l) -eq 426",
+            "shell": True,
+            "after_any": "group:validate",
+        },
+    ]
+    groups = {"agent": {"max_parallel": 6}, "validate": {"priority": 10}}  # as the README
+    config = _yaml(tmp_path / "aka.yaml", tasks, gpus="sim:8", groups=groups)
+    res = gpuswarm("run", "-q", "--no-report", config, timeout=240)
+    assert res.returncode == 0, res
+    states = task_states(_run_dir(tmp_path))
+    assert len(states) == 853 and set(states.values()) == {"done"}
+    events = read_events(_run_dir(tmp_path))
+    started = [e["task"] for e in events if e.get("ev") == "started"]
+    first_validator = next(i for i, t in enumerate(started) if t.startswith("validate-"))
+    assert first_validator < 50, first_validator  # validators run while agents still wait
+    res = gpuswarm("status", _run_dir(tmp_path), "--group", "validate", "--json")
+    data = json.loads(res.stdout)
+    assert data["counts"] == {"done": 426} and data["percent"] == 100.0
