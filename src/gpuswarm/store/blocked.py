@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpuswarm.core import faults
-from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive
+from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, pid_alive
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders
@@ -190,8 +190,11 @@ def mark_ended(paths: RunPaths, task: str, state: State) -> None:
     """``ended/<task>`` says ``state`` (no fsync: a SIGKILL keeps it; after a machine crash
     recovery writes the marks again from the folders)."""
     folder = paths.ended_marks
-    folder.mkdir(exist_ok=True)
-    atomic_write_bytes(folder / task, state.value.encode(), durable=False)
+    try:
+        atomic_write_bytes(folder / task, state.value.encode(), durable=False)
+    except FileNotFoundError:  # the first mark of the run
+        folder.mkdir(exist_ok=True)
+        atomic_write_bytes(folder / task, state.value.encode(), durable=False)
 
 
 def unmark(paths: RunPaths, task: str) -> None:
@@ -224,7 +227,12 @@ class BlockedFolder(QueueFolders):
         self, name: str, to: State, reason: str | None, announce: Announce
     ) -> Descriptor | None:
         """Move blocked ``name`` to ``to`` (pending, dependency_failed, skipped, cancelled);
-        None when it is not in blocked/ (another settler, or a cancel, took it)."""
+        None when it is not in blocked/ (another settler, or a cancel, took it).
+
+        A release (to pending) is take, journal, rename: nothing is saved, its descriptor says
+        ``blocked`` until it is claimed (a cut release is put back and settled again: the
+        verdict is a function of its prerequisites' committed ends). An end saves its state
+        and reason first (a cut end is finished from them)."""
         folder = self.paths.state_dir(State.BLOCKED.value)
         aside = folder / f"{SETTLE}{os.getpid()}-{name}"
         try:
@@ -236,9 +244,10 @@ class BlockedFolder(QueueFolders):
         except (OSError, ValueError):
             os.replace(aside, folder / name)  # left for check to report
             return None
-        desc.raw["state"] = to.value
-        desc.raw["reason"] = reason
-        atomic_write_bytes(aside, dumps_compact(desc.raw), durable=self.durable)
+        if to is not State.PENDING:
+            desc.raw["state"] = to.value
+            desc.raw["reason"] = reason
+            atomic_write_bytes(aside, dumps_compact(desc.raw), durable=self.durable)
         faults.point("blocked.settle.saved", state=to.value)
         self._finish(aside, name, desc, to, announce)
         return desc
@@ -249,14 +258,16 @@ class BlockedFolder(QueueFolders):
         announce(desc)
         faults.point("blocked.settle.journaled", state=to.value)
         dst = self.paths.state_dir(to.value)
-        dst.mkdir(exist_ok=True)  # a folder of a run made before it existed
-        os.rename(aside, dst / name)
-        if self.durable:
-            fsync_dir(dst)
+        try:
+            os.rename(aside, dst / name)  # no folder fsync: a lost rename is redone by recovery
+        except FileNotFoundError:
+            dst.mkdir(exist_ok=True)  # a folder of a run made before it existed
+            os.rename(aside, dst / name)
 
     def finish_cut(self, announce: Callable[[Descriptor, State], object]) -> int:
-        """Moves a crash cut short (their pid is dead): finished when saved (journaled
-        again), put back into blocked/ when not. Returns how many were finished."""
+        """Moves a crash cut short (their pid is dead): an end finished when saved (journaled
+        again); a release, or an end not saved, put back into blocked/ (settle_all settles it
+        again). Returns how many were finished."""
         folder = self.paths.state_dir(State.BLOCKED.value)
         done = 0
         for entry in _listdir(folder):
@@ -272,9 +283,9 @@ class BlockedFolder(QueueFolders):
             except (OSError, ValueError):
                 os.replace(aside, folder / name)
                 continue
-            if to is State.BLOCKED:
-                os.replace(aside, folder / name)  # not saved yet: blocked as it was
-                continue
+            if to in (State.BLOCKED, State.PENDING):
+                os.replace(aside, folder / name)  # an end not saved, or a release: settled
+                continue  # again by the caller (settle_all), journaled again
             self._finish(aside, name, desc, to, functools.partial(_to, announce, to))
             done += 1
         return done

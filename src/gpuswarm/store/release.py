@@ -83,9 +83,11 @@ def released(queue: DirQueue, ledger: Ledger, task: str, state: State) -> int:
     count = 0
     while work:
         pre, st = work.pop()
-        mark_ended(paths, pre, st)
+        dependents = index.of(pre)
+        if any(len(e.prerequisites()) > 1 for e in dependents):
+            mark_ended(paths, pre, st)  # read by the verdicts of those with several
         faults.point("release.marked", task=pre)
-        for edge in index.of(pre):
+        for edge in dependents:
             to, why = verdict(edge, functools.partial(_state_of, paths, pre, st))
             if to is None:
                 continue
