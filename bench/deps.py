@@ -10,7 +10,9 @@
 (b) end to end, the real CLI: ``gpuswarm run -q --no-report --gpus sim:C`` over C chains of L
     tasks ``true`` (one slot per chain: a dependent always finds an idle slot), the idle gap from
     each prerequisite's ``finished`` event to its dependent's ``started`` event (p50, p99, max),
-    and the run's rate against a flat run of as many tasks.
+    and the run's rate against a flat run of as many tasks; beside them each run's slot
+    turnaround (a slot's ``finished`` to its next ``started``: the launch every task costs,
+    dependency or not).
 
 usage: python bench/deps.py [--tasks 100000] [--chain 100] [--e2e-chains 4] [--e2e-length 100]
 """
@@ -18,6 +20,7 @@ usage: python bench/deps.py [--tasks 100000] [--chain 100] [--e2e-chains 4] [--e
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -48,7 +51,7 @@ def _queue(root: Path, tasks: int, chain: int, deps: bool) -> tuple[DirQueue, Le
     paths = RunPaths(root)
     create_layout(paths)
     chains = tasks // chain
-    descs = []
+    descs: list[Descriptor] = []
     for i in range(chain):  # the heads first: seq order is claim order
         for c in range(chains):
             after = [f"c{c}-{i - 1}"] if deps and i else []
@@ -57,6 +60,10 @@ def _queue(root: Path, tasks: int, chain: int, deps: bool) -> tuple[DirQueue, Le
     write_pending(paths, descs)
     paths.events.touch()
     return DirQueue(paths, durable=False), Ledger(paths.events, durable=False)
+
+
+def _finished(ledger: Ledger, task: str) -> None:
+    ledger.emit(Ev.FINISHED, task=task)
 
 
 def store_bench(tasks: int, chain: int, deps: bool) -> dict[str, Any]:
@@ -74,7 +81,7 @@ def store_bench(tasks: int, chain: int, deps: bool) -> dict[str, Any]:
             if claimed is None:
                 break
             tid = claimed.task_id
-            queue.move(claimed, State.DONE, lambda t=tid: ledger.emit(Ev.FINISHED, task=t))
+            queue.move(claimed, State.DONE, functools.partial(_finished, ledger, tid))
             t_end = time.perf_counter()
             if deps:
                 released(queue, ledger, tid, State.DONE)
@@ -126,6 +133,9 @@ def e2e_bench(chains: int, length: int, deps: bool) -> dict[str, Any]:
     started = {e["task"]: e["ts"] for e in lines if e.get("ev") == "started"}
     span = max(ended.values()) - min(started.values())
     out: dict[str, Any] = {"tasks": chains * length, "rate_per_s": round(len(ended) / span, 1)}
+    turns = _turnarounds(lines)  # a slot's end to its next start: what any task costs
+    out["turnaround_p50_ms"] = round(1e3 * _pct(turns, 0.5), 2)
+    out["turnaround_p99_ms"] = round(1e3 * _pct(turns, 0.99), 2)
     if deps:
         gaps = [
             started[f"c{c}-{i}"] - ended[f"c{c}-{i - 1}"]
@@ -135,6 +145,17 @@ def e2e_bench(chains: int, length: int, deps: bool) -> dict[str, Any]:
         out["gap_p50_ms"] = round(1e3 * _pct(gaps, 0.5), 2)
         out["gap_p99_ms"] = round(1e3 * _pct(gaps, 0.99), 2)
         out["gap_max_ms"] = round(1e3 * max(gaps), 2)
+    return out
+
+
+def _turnarounds(lines: list[dict[str, Any]]) -> list[float]:
+    last_end: dict[str, float] = {}
+    out: list[float] = []
+    for e in lines:
+        if e.get("ev") == "finished":
+            last_end[e["slot"]] = e["ts"]
+        elif e.get("ev") == "started" and e["slot"] in last_end:
+            out.append(e["ts"] - last_end.pop(e["slot"]))
     return out
 
 
