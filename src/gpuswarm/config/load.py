@@ -69,6 +69,15 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
   GPU while their needs fit (``tasks_per_gpu``, when set, caps how many); see docs/gpu-memory.md.
 - ``done_when``: a path relative to the task workspace that must exist and parse (YAML/JSON) for the
   task to count as done. ``metrics``: name -> regex with exactly one capture group.
+- ``after``, ``after_any``, ``after_failed`` (issue 35): task ids, task names or ``group:NAME``
+  (one, or a list) it waits for: their end done / in any state / a failure (none failed: it
+  ends skipped). In a glob or matrix entry a template of the instance's own values
+  (``after: "agent/{task_rel}"``). An ``after`` prerequisite that does not succeed ends it
+  ``dependency_failed``. Unknown references, a task after itself and cycles are exit 2.
+- ``group``: the group it is counted, capped and acted on in (``status``/``cancel``/``retry``/
+  ``pause --group``); a glob or matrix entry's default is its name before the first
+  placeholder (else ``tasks-<index>``). Top level ``groups: {NAME: {max_parallel: N,
+  priority: P}}``: at most N of its tasks run at once; P is its tasks' default priority.
 - ``agent``: a coding agent's CLI run over the task folder before ``command`` (the evaluation):
   ``claude-code``, ``codex``, ``cursor``, ``gemini``, ``opencode``, ``aider``, or a mapping
   ``{preset: NAME, prompt | prompt_file, copy_from, workdir, files, model, effort, timeout, ...}``
