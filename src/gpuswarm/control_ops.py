@@ -233,6 +233,7 @@ def add_tasks(
             s.ledger.emit(
                 Ev.ADDED,
                 count=len(ids),
+                blocked=len(into_blocked),  # issue 35: of them, waiting for prerequisites
                 ids=ids[:SHOWN_IDS],
                 by=s.me,
                 source=source,

@@ -165,7 +165,10 @@ class RunView:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
         count = e.extra.get("count")
         if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-            self.counts[PENDING] = self.counts.get(PENDING, 0) + count
+            blocked = e.extra.get("blocked")  # issue 35: those after prerequisites
+            held = blocked if isinstance(blocked, int) and 0 < blocked <= count else 0
+            self.counts[PENDING] = self.counts.get(PENDING, 0) + count - held
+            self.counts[BLOCKED] = self.counts.get(BLOCKED, 0) + held
             self.added += count
 
     def _gpu_held(self, e: Other) -> None:
