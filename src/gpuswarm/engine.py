@@ -430,7 +430,8 @@ def _after_all(
 
 def _all_ended(queue: DirQueue) -> bool:
     counts = queue.counts()
-    return counts[State.PENDING] == 0 and counts[State.RUNNING] == 0
+    left = counts[State.PENDING] + counts[State.RUNNING] + counts[State.BLOCKED]  # (issue 35)
+    return left == 0
 
 
 def write_run_report(run_dir: Path) -> Path:
