@@ -117,3 +117,27 @@ def test_the_runview_counts_blocked_tasks() -> None:
     view.apply({"ev": "control", "request": "cancel", "task": "d", "state": "cancelled",
                 "frm": "blocked"})  # fmt: skip
     assert view.counts["blocked"] == 1 and view.counts["cancelled"] == 1
+
+
+def test_the_live_table_shows_each_groups_progress(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from gpuswarm.runoutput import GroupLines
+    from gpuswarm.store.queue import DirQueue
+    from gpuswarm.ui.table import LiveView
+
+    paths = RunPaths(tmp_path)
+    create_layout(paths)
+    tasks = [{"id": f"v{i}", "priority": 0, "group": "validate"} for i in range(3)]
+    write_pending(paths, [Descriptor.new(t, i) for i, t in enumerate(tasks)])
+    queue = DirQueue(paths, durable=False)
+    claimed = queue.claim("o", 0)
+    assert claimed is not None
+    queue.move(claimed, State.DONE)
+    lines = GroupLines(queue, 3)
+    view = LiveView(RunView({"pending": 2, "done": 1}), lambda t, n: tmp_path, groups=lines)
+    console = Console(record=True, width=140, file=io.StringIO())
+    console.print(view.render())
+    assert "validate  1/3 (33.3%)  done 1  pending 2" in console.export_text()

@@ -113,8 +113,10 @@ class LiveView:
         paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
         recount: Callable[[], dict[str, int]] | None = None,
         redactor: Redactor | None = None,
+        groups: Callable[[], list[str]] | None = None,
     ) -> None:
         self.state = state
+        self.groups = groups  # issue 35: one line per group (its progress), or none
         # the run's redactor (run_redactor); else this process's secrets, then shapes
         self.redactor = redactor if redactor is not None else Redactor.of_env(os.environ)
         self.paused = paused  # (run, slots) paused now; None: as the journal says
@@ -168,6 +170,8 @@ class LiveView:
             f"{finished}/{sum(counts.values())}",
         )
         parts.append(bar)
+        for line in self.groups() if self.groups is not None else ():
+            parts.append(Text(inert(f"  {line}"), style="cyan"))
         parts.append(self._table(rows, now, quarantined, slots_paused))
         for line in failures:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
