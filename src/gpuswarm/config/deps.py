@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from gpuswarm.config.models import GroupConfig, TaskEntry, TaskOptions, TaskSpec
+from gpuswarm.config.depfields import GroupConfig
+from gpuswarm.config.models import TaskEntry, TaskOptions, TaskSpec
 from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote
 from gpuswarm.core.paths import slugify
 from gpuswarm.core.placeholders import find_placeholders, render, unknown_placeholders

@@ -24,6 +24,7 @@ from pydantic import (
 
 from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.config import dockerargs
+from gpuswarm.config.depfields import DepList, GroupConfig, GroupName
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.values import (
@@ -55,40 +56,6 @@ MAX_LOG_MB = 1_048_576.0  # 1 TiB per output.log
 
 
 # -- task fields ----------------------------------------------------------------------------------
-def _dep_list(value: object) -> object:
-    """``after: build`` is ``after: [build]``."""
-    return [value] if isinstance(value, str) else value
-
-
-MAX_PREREQUISITES = 10_000  # prerequisites of one task (a group reference counts its tasks)
-DepList = Annotated[
-    list[Annotated[NonEmpty, Field(max_length=300)]],
-    BeforeValidator(_dep_list),
-    Field(max_length=MAX_PREREQUISITES),
-]
-
-
-def _group_name(value: str) -> str:
-    if not _SAFE_NAME.match(value):
-        raise ValueError(
-            f"group {quote(value)} must be a plain name (letters, digits, '.', '_', '-'), "
-            f"e.g. {quote(slugify(value))}"
-        )
-    return value
-
-
-GroupName = Annotated[str, AfterValidator(_group_name)]
-
-
-class GroupConfig(BaseModel):
-    """``groups: {NAME: {max_parallel: 2, priority: 10}}`` (issue 35)."""
-
-    model_config = _STRICT
-
-    max_parallel: int | None = Field(default=None, ge=1, le=1_000_000)  # running at once
-    priority: int | None = Field(default=None, ge=-4999, le=4999)  # its tasks' default
-
-
 class TaskOptions(BaseModel):
     """Fields of a task; usable in ``defaults:`` and on any task entry."""
 
