@@ -178,9 +178,7 @@ def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: s
             )
 
 
-def add_tasks(
-    run_dir: Path, loaded: LoadedConfig, deps: AddedDeps | None = None
-) -> dict[str, Any]:
+def add_tasks(run_dir: Path, loaded: LoadedConfig, deps: AddedDeps | None = None) -> dict[str, Any]:
     """Append ``loaded``'s tasks to a run (live or not); see the module's doc. ``deps``: the
     prerequisites ``--after`` & co. give them (issue 35; those with any wait in blocked/)."""
     dumps = list(task_dumps(loaded.tasks))
