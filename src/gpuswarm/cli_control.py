@@ -1,5 +1,6 @@
-"""``gpuswarm add | cancel | retry | pause | unpause | priority``: a person's changes to a run,
-live or stopped (the work is :mod:`gpuswarm.control_ops`'s). Registered by ``cli.py``.
+"""``gpuswarm add | cancel | retry | requeue | pause | unpause | priority``: a person's changes to
+a run, live or stopped. Each command builds its typed request (:mod:`gpuswarm.core.verbs`)
+and prints what :func:`gpuswarm.control_ops.execute` did; ``cli.py`` lists them by ``Kind``.
 
 Exit codes: 0 done (a task that had ended already is a note, nothing to do), 1 ``cancel --wait``
 timed out, 2 bad input (an unknown or ambiguous task, a request that does not apply to the
@@ -17,16 +18,9 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
-from gpuswarm.control_deps import AddedDeps, run_task_ids
-from gpuswarm.control_groups import CANCELLABLE, group_tasks, retry_states, set_group_paused
-from gpuswarm.control_ops import (
-    add_tasks,
-    cancel_tasks,
-    load_source,
-    retry_tasks,
-    set_paused,
-    set_priority,
-)
+from gpuswarm.control_deps import run_task_ids
+from gpuswarm.control_ops import add_tasks, execute, load_source, set_priority
+from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
 
 _RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
@@ -85,9 +79,10 @@ def add(
             timeout=timeout, max_attempts=max_attempts, priority=priority, gpu_memory=gpu_memory
         )
         loaded = load_source(source, shell=shell, defaults=defaults, known=run_task_ids(run_dir))
-        flags = {"after": list(after), "after_any": list(after_any)}
-        deps = AddedDeps(flags={**flags, "after_failed": list(after_failed)})
-        data = add_tasks(run_dir, loaded, deps)
+        prerequisites = verbs.Prerequisites(
+            after=after, after_any=after_any, after_failed=after_failed
+        )
+        data = add_tasks(run_dir, loaded, prerequisites)
     lines = [f"added {counted(data['added'], 'task')} to {data['run']}"]
     if data["renamed_count"]:
         shown = ", ".join(f"{a} -> {b}" for a, b in list(data["renamed"].items())[:5])
@@ -126,9 +121,9 @@ def cancel(
         click.echo("gpuswarm: error: give TASKS or --group", err=True)
         sys.exit(2)
     with stoppable():
-        if group is not None:
-            tasks = (*tasks, *group_tasks(run_dir, group, CANCELLABLE))
-        data = cancel_tasks(run_dir, tasks, reason=reason, wait=wait_timeout if wait else None)
+        data = execute(
+            run_dir, verbs.Cancel(tasks, reason, wait_timeout if wait else None, group=group)
+        )
     lines = []
     for row in data["tasks"]:
         note = f" ({row['note']})" if row["note"] else ""
@@ -161,13 +156,28 @@ def retry(
         click.echo("gpuswarm: error: give TASKS, --failed or --cancelled", err=True)
         sys.exit(2)
     with stoppable():
-        if group is not None:  # issue 35: the group's failed / cancelled ones
-            tasks = (*tasks, *group_tasks(run_dir, group, retry_states(failed, cancelled)))
-            failed = cancelled = False
-        data = retry_tasks(run_dir, tasks, failed=failed, cancelled=cancelled)
+        data = execute(run_dir, verbs.Retry(tasks, failed=failed, cancelled=cancelled, group=group))
     lines = [f"{r['task']}: {r['was']} -> {r['now']}" for r in data["tasks"]]
     if not data["tasks"]:
         lines.append("nothing to retry")
+    _emit(data, as_json, lines)
+
+
+@click.command()
+@_RUN
+@click.argument("tasks", nargs=-1, required=True)
+@_JSON
+def requeue(run_dir: Path, tasks: tuple[str, ...], as_json: bool) -> None:
+    """Put ended TASKS of RUN (done, failed, cancelled or skipped) back in the queue as a fresh
+    attempt series: a fresh attempt budget, no reason and no result; their earlier attempts are
+    kept. A task still pending or running is left as it is (exit 0). Nothing is started: a run
+    no supervisor serves is finished with 'gpuswarm resume RUN'."""
+    with stoppable():
+        data = execute(run_dir, verbs.Requeue(tasks))
+    lines = []
+    for row in data["tasks"]:
+        note = f" ({row['note']})" if row["note"] else ""
+        lines.append(f"{row['task']}: {row['was']} -> {row['now']}{note}")
     _emit(data, as_json, lines)
 
 
@@ -183,7 +193,7 @@ _GROUP = click.option("--group", help="only this group's tasks (issue 35)")
 
 def _group_pause(run_dir: Path, group: str, as_json: bool, *, paused: bool) -> None:
     with stoppable():
-        data = set_group_paused(run_dir, group, paused=paused)
+        data = execute(run_dir, (verbs.Pause if paused else verbs.Unpause)(group=group))
     verb = "paused" if paused else "unpaused"
     line = f"{verb} group {group}" if data["changed"] else f"group {group} was not changed"
     _emit(data, as_json, [line + (": running tasks go on" if paused and data["changed"] else "")])
@@ -200,7 +210,7 @@ def pause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -> 
         _group_pause(run_dir, group, as_json, paused=True)
         return
     with stoppable():
-        data = set_paused(run_dir, slot, paused=True)
+        data = execute(run_dir, verbs.Pause(slot))
     _emit(data, as_json, _pause_lines(data, "paused"))
 
 
@@ -215,7 +225,7 @@ def unpause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -
         _group_pause(run_dir, group, as_json, paused=False)
         return
     with stoppable():
-        data = set_paused(run_dir, slot, paused=False)
+        data = execute(run_dir, verbs.Unpause(slot))
     _emit(data, as_json, _pause_lines(data, "unpaused"))
 
 
@@ -233,4 +243,4 @@ def priority(run_dir: Path, task: str, priority: int, as_json: bool) -> None:
     _emit(data, as_json, [f"{data['task']}: priority {data['was']} -> {data['priority']}"])
 
 
-COMMANDS = (add, cancel, retry, pause, unpause, priority)
+COMMANDS = (add, cancel, retry, requeue, pause, unpause, priority)

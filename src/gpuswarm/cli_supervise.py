@@ -13,9 +13,12 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from gpuswarm.cli_support import stoppable
+from gpuswarm.config.backends import click_options
+from gpuswarm.config.budget import BudgetConfig
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.config.notify import with_notify
 from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -63,17 +66,32 @@ _SUPERVISING = (  # the options of every command that supervises a run, in their
 )
 
 
+_BUDGET_USD = click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True, max=1e7),
+    help="what the agents may spend (USD); once spent no task starts (over budget.usd)",
+)
+
+
 def _supervising(command: _F) -> _F:
     for option in reversed(_SUPERVISING):
         command = option(command)
     return command
 
 
+def with_budget_usd(loaded: LoadedConfig, usd: float) -> LoadedConfig:
+    """``run --budget-usd``: the config's ``budget.usd`` (its other settings kept)."""
+    old = loaded.config.budget
+    budget = old.model_copy(update={"usd": usd}) if old is not None else BudgetConfig(usd=usd)
+    config = loaded.config.model_copy(update={"budget": budget})
+    return dataclasses.replace(loaded, config=config)
+
+
 def _load_source(
     source: str, *, shell: bool, name: str | None, workspace: str | None, defaults: TaskOptions
 ) -> LoadedConfig:
     if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        loaded = load_config(Path(source))
+        loaded = load_config(Path(source), repeats=defaults.repeats)
     elif source == "-":
         loaded = load_command_list(
             None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
@@ -100,18 +118,19 @@ def _load_source(
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
-@_supervising
 @click.option(
-    "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
+    "--repeats",
+    type=click.IntRange(1, 1000),
+    help="run each task this many independent times ({repeat}: 1..N; over defaults.repeats)",
 )
-@click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
-@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
-@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
-@click.option("--network", help="docker: the containers' --network (e.g. none)")
-@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
+@_supervising
+@click_options("run", choose="what runs each attempt")
+@_BUDGET_USD
 @click.option(
-    "--ray-address",
-    help="ray: the cluster to join: auto, HOST:PORT or ray://HOST:PORT (implies --backend ray)",
+    "--notify",
+    "notify_url",
+    metavar="URL",
+    help="webhook: POST the run's events there (over notify:'s url; docs/notifications.md)",
 )
 def run(
     source: str,
@@ -123,6 +142,7 @@ def run(
     timeout: str | None,
     max_attempts: int | None,
     gpu_memory: str | None,
+    repeats: int | None,
     quiet: bool,
     plain: bool,
     no_report: bool,
@@ -130,13 +150,10 @@ def run(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
+    budget_usd: float | None,
     backend: str | None,
-    image: str | None,
-    docker_args: tuple[str, ...],
-    mounts: tuple[str, ...],
-    network: str | None,
-    pass_env: tuple[str, ...],
-    ray_address: str | None,
+    notify_url: str | None = None,
+    **backend_values: Any,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -148,23 +165,18 @@ def run(
     """
     with stoppable():
         defaults = TaskOptions.from_cli(
-            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory
+            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory, repeats=repeats
         )
         loaded = (
             _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
-            .with_backend(
-                backend,
-                image=image,
-                args=docker_args,
-                mounts=mounts,
-                network=network,
-                pass_env=pass_env,
-            )
-            .with_ray(ray_address)
-        )
+        ).with_backend(backend, backend_values)
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
             loaded = dataclasses.replace(loaded, config=config)
+        if notify_url is not None:  # issue 37: run.json keeps it, a resume notifies too
+            loaded = dataclasses.replace(loaded, config=with_notify(loaded.config, notify_url))
+        if budget_usd is not None:  # issue 34: over the config's budget.usd (run.json keeps it)
+            loaded = with_budget_usd(loaded, budget_usd)
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)
@@ -188,7 +200,8 @@ def run(
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @_supervising
-@click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
+@click_options("resume")
+@_BUDGET_USD
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -205,7 +218,8 @@ def resume(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
-    ray_address: str | None,
+    budget_usd: float | None,
+    **backend_values: Any,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
 
@@ -238,8 +252,9 @@ def resume(
             allow_change=allow_config_change,
             output=Output(quiet=quiet, live=not plain, report=not no_report),
             share_gpus=share_gpus,
-            ray_address=ray_address,
+            backend_options=backend_values,
             halt=halt,
+            budget_usd=budget_usd,
         )
     _finish(report, as_json, strict)
 

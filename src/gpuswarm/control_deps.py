@@ -1,23 +1,24 @@
 """Dependencies in a person's queue changes (issue 35): ``gpuswarm add --after/--after-any/
---after-failed``, a cancel of a blocked task, a retry that brings dependency_failed
-dependents back. :mod:`.control_ops` calls these at one point each.
+--after-failed``, a cancel of a blocked task (and the dependents of a cancelled one), a retry
+or requeue that brings dependency_failed dependents back (one of a dependency_failed task is
+refused). :mod:`.control_ops`'s handlers call these at one point each.
 
 An added task with prerequisites is written like every added task (a hidden name in pending/,
-one sync, the ``added`` event) and renamed into blocked/ instead of pending/; its edge is
-appended to the edges file (synced) before any rename makes it visible, so a supervisor that
-sees it knows its prerequisites. References in an added YAML name the batch's own tasks first,
-then the run's (ids, names or unambiguous prefixes, as TASK arguments are).
+one sync, the ``added`` event: ``DirQueue.add_batch``) and renamed into blocked/ instead of
+pending/; its edge is appended to the edges file (synced) before the ``added`` line and any
+rename makes it visible, so a supervisor that sees it knows its prerequisites. References in
+an added YAML name the batch's own tasks first, then the run's (ids, names or unambiguous
+prefixes, as TASK arguments are).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.core import verbs
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
@@ -26,6 +27,7 @@ from gpuswarm.store import release
 from gpuswarm.store.blocked import Edge, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import resolve_tasks, task_index
+from gpuswarm.store.names import descriptor_name
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -46,6 +48,16 @@ class AddedDeps:
     flags: dict[str, list[str]] = field(default_factory=dict)  # field -> ids (resolved)
     edges: list[Edge] = field(default_factory=list)
 
+    @classmethod
+    def of(
+        cls, req: verbs.Add, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]
+    ) -> AddedDeps:
+        """The request's ``--after`` & co. on every task of ``dumps`` (:meth:`prepare`)."""
+        flags = {"after": req.after, "after_any": req.after_any, "after_failed": req.after_failed}
+        out = cls(flags={k: list(v) for k, v in flags.items()})
+        out.prepare(paths, dumps, fresh)
+        return out
+
     def prepare(self, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]) -> None:
         """The flags' prerequisites on every task; references to the batch's own tasks
         follow their new ids (``fresh``: original id -> id the add gives it)."""
@@ -60,13 +72,13 @@ class AddedDeps:
                     )
                 dump[key] = refs
 
-    def place(self, desc: Descriptor, final: str) -> bool:
-        """Whether an added task waits in blocked/ (then marked so, its edge kept)."""
-        if not desc.has_prerequisites:
-            return False
-        desc.mark_blocked()
-        self.edges.append(Edge.of(desc, final))
-        return True
+    def place(self, desc: Descriptor) -> Descriptor:
+        """An added task with prerequisites is marked blocked (``DirQueue.add_batch`` renames
+        it into blocked/), its edge kept for :meth:`publish`."""
+        if desc.has_prerequisites:
+            desc.mark_blocked()
+            self.edges.append(Edge.of(desc, descriptor_name(desc.priority, desc.seq, desc.id)))
+        return desc
 
     def publish(self, paths: RunPaths) -> None:
         """The edges on disk (synced) before any of their tasks becomes visible."""
@@ -90,22 +102,13 @@ def fresh_ids(
     return out
 
 
-def added_folder(paths: RunPaths, temp: Path) -> Path:
-    """Where a task an add wrote goes (pending/, or blocked/ when it has prerequisites): a
-    cut-short add finished later goes where it was meant to."""
-    try:
-        state = json.loads(temp.read_bytes()).get("state")
-    except (OSError, ValueError, AttributeError):
-        state = None
-    folder = State.BLOCKED if state == State.BLOCKED.value else State.PENDING
-    out = paths.state_dir(folder.value)
-    out.mkdir(exist_ok=True)
-    return out
-
-
-def cancel_blocked(queue: DirQueue, ledger: Ledger, name: str, reason: str, me: str) -> bool:
+def cancel_blocked(
+    queue: DirQueue, ledger: Ledger, state: State, name: str, reason: str, me: str
+) -> bool:
     """``gpuswarm cancel`` of a blocked task: it ends cancelled now (journaled as from
-    blocked), its dependents follow. False: it left blocked/ meanwhile."""
+    blocked), its dependents follow. False: not blocked, or it left blocked/ meanwhile."""
+    if state is not State.BLOCKED:
+        return False
 
     def announce(desc: Descriptor) -> None:
         ledger.emit(
@@ -122,12 +125,24 @@ def cancel_blocked(queue: DirQueue, ledger: Ledger, name: str, reason: str, me: 
     return release.cancel_blocked(queue, ledger, name, reason, announce) is not None
 
 
+def cancelled(queue: DirQueue, ledger: Ledger, task: str) -> int:
+    """A pending task a cancel ended: its dependents follow (those it releases, counted)."""
+    return release.released(queue, ledger, task, State.CANCELLED)
+
+
+def check_requeue(known: Mapping[str, tuple[State, str]], ids: Iterable[str], verb: str) -> None:
+    """A retry or requeue of a dependency_failed task is refused (exit 2): it never ran; it
+    comes back when the prerequisite that failed is retried or requeued."""
+    for tid in ids:
+        if known[tid][0] is State.DEPENDENCY_FAILED:
+            raise BadInputError(
+                f"task {tid!r} is dependency_failed: {verb} the prerequisite that failed "
+                "(its dependents come back with it)"
+            )
+
+
 def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[dict[str, Any]]) -> int:
-    """After a retry: the dependency_failed dependents of the tasks now pending again."""
+    """After a retry or a requeue: the end marks of the tasks now pending again go, their
+    dependency_failed dependents (and theirs) are blocked again."""
     back = [str(r["task"]) for r in rows if r.get("now") == State.PENDING.value]
     return release.retried(queue, ledger, back) if back else 0
-
-
-def moved_blocked(folder: int, temp: str, final: str, blocked: int | None) -> None:
-    """The rename that makes an added task visible (into blocked/ when ``blocked``)."""
-    os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder if blocked is None else blocked)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.config.backends import plugin_of, settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import RayConfig
 from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
@@ -29,6 +30,8 @@ from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
+from gpuswarm.notify.notifier import Notifier
+from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
@@ -48,8 +51,9 @@ from gpuswarm.runsetup import (
     resolve_provisions,
     run_info,
     setup_from_info,
+    with_backend_options,
+    with_budget,
     with_halt,
-    with_ray_address,
 )
 from gpuswarm.store import release
 from gpuswarm.store.leases import (
@@ -65,6 +69,7 @@ from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
+from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
@@ -122,11 +127,12 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    where = counted(len(slots), "slot") if slots else f"the Ray cluster's GPUs ({gpus.spec})"
-    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     cfg = loaded.config
+    plugin = plugin_of(cfg.backend)
+    where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
+    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     # a container always gets a private HOME (its caches persist across the slot's attempts)
-    isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"
+    isolate = bool(cfg.home and cfg.home.isolate) or plugin.isolates_home
     setup = Setup(
         slots,
         loaded.base_dir,
@@ -136,9 +142,8 @@ def _start(
         tuple(cfg.preflight),
         cfg.after_all,
         cfg.backend,
-        cfg.docker,
-        (cfg.ray or RayConfig()) if cfg.backend == "ray" else None,
-        gpus.spec if cfg.backend == "ray" else None,
+        settings_of(cfg),
+        gpus.spec if plugin.owns_slots else None,
         cfg.gpus_per_task,
         cfg.tasks_per_gpu,
     )
@@ -184,13 +189,14 @@ def resume_run(
     allow_change: bool,
     output: Output,
     share_gpus: bool = False,
-    ray_address: str | None = None,
+    backend_options: Mapping[str, Any] | None = None,
     halt: str | None = None,
+    budget_usd: float | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
-    setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if ray_address is not None:  # the cluster moved (a new head after a head loss)
-        setup = with_ray_address(setup, ray_address)
+    setup = with_budget(with_halt(setup_from_info(info, gpus_spec), halt), budget_usd)
+    if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
+        setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(
@@ -215,11 +221,9 @@ def work_run(
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if setup.backend == "ray":
-        raise ConfigError(
-            f"{paths.root}: a Ray run has one driver (its slot actors are the run's); nodes "
-            "that join the cluster get slots by themselves: use `gpuswarm resume` if it is not live"
-        )
+    single = plugin_of(setup.backend).single_driver
+    if single:
+        raise ConfigError(f"{paths.root}: {single}")
     return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
@@ -302,6 +306,7 @@ def _supervise(
         _, snapshot = open_run(paths.root)
         ledger = Ledger(paths.events, redact=run_redactor(snapshot).text)  # reasons, names
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
+        notifier: Notifier | None = None
         try:
             if mode == "resume":
                 finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
@@ -311,7 +316,8 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             release.settle_locked(queue, ledger, only=mode == "work")  # issue 35: see there
             if mode == "resume":
-                _remember_ray_address(paths, ledger, setup)
+                _remember_moved(paths, ledger, setup)
+                _remember_budget(paths, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -324,9 +330,15 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg, backend)
             shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
+            notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     sup.run()
+                    notifier = last_word(  # its own thread; waits at most notify.end_wait
+                        notifier,
+                        stopped=sup.stopping.is_set() and sup.halt.reason is None,
+                        why=sup.shared.ended_by or sup.shared.stop_cause,
+                    )
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
                         _after_all(paths, ledger, setup, output, sup, summary, backend)
@@ -337,13 +349,15 @@ def _supervise(
                 if output.report:
                     write_report_safely(paths, queue, summary, info, output)
         finally:
+            last_word(notifier, stopped=True, why="the supervisor failed")  # an error ended it
             try:
                 ledger.close()
             except OSError as exc:  # the journal's last fsync: the disk may be full
                 if not disk_full(exc):
                     raise
     halted = sup.halt.reason
-    stopped = sup.stopping.is_set() and halted is None  # a halt now stops through it too
+    budget = budget_line(sup.budget)  # issue 34: the budget was spent
+    stopped = sup.stopping.is_set() and halted is None and budget is None  # they stop too
     return RunReport(
         paths,
         summary,
@@ -351,22 +365,45 @@ def _supervise(
         recovered=recovered,
         stopped_by=sup.shared.ended_by,
         halted=halted,
+        budget=budget,
     )
 
 
-def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
-    """``resume --ray-address``: the cluster's new address goes into run.json (under the run
-    lock), so that the next ``resume`` finds the cluster without the flag."""
-    if setup.ray is None:
+def budget_line(budget: Budget) -> str | None:
+    """``budget: $1.20 spent of budget.usd $1.00; raise it: gpuswarm resume RUN --budget-usd
+    1.6`` once the run's budget is spent (None: it is not)."""
+    return None if budget.reason is None else f"{budget.reason}; {budget.how}"
+
+
+def _remember_budget(paths: RunPaths, setup: Setup) -> None:
+    """``resume --budget-usd``: the raised budget goes into run.json (under the run lock), so
+    that the next ``resume`` keeps it."""
+    usd = setup.settings.get("budget_usd")
+    _, info = open_run(paths.root)
+    settings = info.setdefault("settings", {})
+    if usd is None or settings.get("budget_usd") == usd:
+        return
+    settings["budget_usd"] = usd
+    settings.setdefault("budget_on_exceed", "finish")
+    atomic_write_json(paths.run_json, info)
+
+
+def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
+    """A resume's backend options moved the run's backend (``resume --ray-address``: the
+    cluster's new address): its settings go into run.json (under the run lock), so the next
+    ``resume`` finds it without the flag, and the journal's ``slots`` event says so."""
+    plugin, settings = plugin_of(setup.backend), setup.backend_settings
+    if settings is None or plugin.resume_moved is None:
         return
     _, info = open_run(paths.root)
-    ray = (info.get("config") or {}).get("ray") or {}
-    if ray.get("address", "auto") == setup.ray.address:
+    before = (info.get("config") or {}).get(plugin.name) or {}
+    moved = plugin.resume_moved(settings, before)
+    if moved is None:
         return
-    before = ray.get("address", "auto")
-    info.setdefault("config", {})["ray"] = {**ray, "address": setup.ray.address}
+    now = settings.model_dump(mode="json", exclude_unset=True)
+    info.setdefault("config", {})[plugin.name] = {**before, **now}
     atomic_write_json(paths.run_json, info)
-    ledger.emit(Ev.SLOTS, change="moved", address=setup.ray.address, before=before)
+    ledger.emit(Ev.SLOTS, **moved)
 
 
 def _registered_slots(
@@ -390,6 +427,8 @@ def _aggregate(
         extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
     elif sup.halt.reason:  # issue 28: the halt rule was met ("halt: 3 tasks failed ...")
         extra.update(stopped=True, stopped_by=sup.halt.reason)
+    elif (spent := budget_line(sup.budget)) is not None:  # issue 34: the budget was spent
+        extra.update(stopped=True, stopped_by=spent)
     elif sup.stopping.is_set() and sup.shared.stop_cause:
         extra["stopped_by"] = sup.shared.stop_cause  # Ctrl-C (SIGINT), SIGTERM
     if sup.stopping.is_set():
@@ -419,7 +458,7 @@ def _after_all(
         base_env=sup.cfg.base_env,
         backend=backend,
         # a container has no HOME but a private one (the host's is not mounted)
-        home=paths.slot_home("after_all") if setup.backend == "docker" else None,
+        home=paths.slot_home("after_all") if plugin_of(setup.backend).isolates_home else None,
     )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}
@@ -430,8 +469,7 @@ def _after_all(
 
 def _all_ended(queue: DirQueue) -> bool:
     counts = queue.counts()
-    left = counts[State.PENDING] + counts[State.RUNNING] + counts[State.BLOCKED]  # (issue 35)
-    return left == 0
+    return not counts[State.PENDING] + counts[State.RUNNING] + counts[State.BLOCKED]  # issue 35
 
 
 def write_run_report(run_dir: Path) -> Path:

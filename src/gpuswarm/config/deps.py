@@ -7,12 +7,22 @@ matrix entry it is a template of the instance's own values, so one line makes ea
 depend on its own counterpart: ``after: "agent-{task_rel}"`` (the validator of a folder after
 the agent of the same folder). The rendered text is matched against the ids first, then the
 names, then the id its name would give (``agent/{task_rel}`` names -> ``agent-...`` ids).
+
+The keys (a task's, or ``defaults:``): ``after``, ``after_any``, ``after_failed`` (one, or a
+list) it waits for: their end done / in any state / a failure (none failed: it ends skipped).
+An ``after`` prerequisite that does not succeed ends it ``dependency_failed``. Unknown
+references, a task after itself and cycles are exit 2. ``group``: the group it is counted,
+capped and acted on in (``status``/``cancel``/``retry``/``pause --group``); a glob or matrix
+entry's default is its name before the first placeholder (else ``tasks-<index>``). Top level
+``groups: {NAME: {max_parallel: N, priority: P}}``: at most N of its tasks run at once; P is its
+tasks' default priority.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from gpuswarm.config.depfields import GroupConfig
 from gpuswarm.config.models import TaskEntry, TaskOptions, TaskSpec
@@ -40,13 +50,29 @@ def check_ref_templates(
                 )
 
 
-def rendered_refs(opts: TaskOptions, values: Mapping[str, str]) -> dict[str, list[str]]:
+class Refs(TypedDict):
+    """A task's references by field (a TaskSpec's ``after``, ``after_any``, ``after_failed``)."""
+
+    after: list[str]
+    after_any: list[str]
+    after_failed: list[str]
+
+
+def rendered_refs(opts: TaskOptions, values: Mapping[str, str]) -> Refs:
     """The references of one instance, its values filled in (resolved later, to ids)."""
-    out: dict[str, list[str]] = {}
-    for key in DEP_FIELDS:
-        refs: list[str] = getattr(opts, key)
-        out[key] = [render(r, dict(values)) if find_placeholders(r) else r for r in refs]
-    return out
+
+    def of(refs: list[str]) -> list[str]:
+        return [render(r, dict(values)) if find_placeholders(r) else r for r in refs]
+
+    return Refs(
+        after=of(opts.after), after_any=of(opts.after_any), after_failed=of(opts.after_failed)
+    )
+
+
+def with_entry_group(opts: TaskOptions, entry: TaskEntry, index: int) -> TaskOptions:
+    """``opts`` with the entry's default group (:func:`entry_group`) when it names none."""
+    group = entry_group(entry, index) if opts.group is None else None
+    return opts if group is None else opts.model_copy(update={"group": group})
 
 
 def entry_group(entry: TaskEntry, index: int) -> str | None:

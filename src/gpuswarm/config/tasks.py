@@ -11,15 +11,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import NoReturn
 
-from gpuswarm.config.agents import agent_command, merge_agent
-from gpuswarm.config.deps import (
-    DEP_FIELDS,
-    check_ref_templates,
-    entry_group,
-    group_priority,
-    rendered_refs,
-    resolve,
-)
+from gpuswarm.config import deps
+from gpuswarm.config.agents import agent_command, agent_usage, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
     FieldUse,
@@ -36,6 +29,7 @@ from gpuswarm.config.models import (
     TaskOptions,
     TaskSpec,
 )
+from gpuswarm.config.repeats import REPEAT, repeat_fields, repeated
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
 from gpuswarm.config.values import check_name_size, parse_duration
 from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote, shorten
@@ -120,7 +114,11 @@ def make_spec(
         gpu_memory_mb=opts.gpu_memory,
         accelerator=opts.accelerator,
         group=opts.group,
-        **rendered_refs(opts, instance.vars),  # issue 35: resolved to ids by expand_entries
+        **deps.rendered_refs(opts, instance.vars),  # issue 35: resolved to ids by expand_entries
+        max_usd=opts.max_usd,
+        stall_after=opts.stall_after,
+        score=opts.score,
+        passed=opts.passed,
     )
 
 
@@ -289,14 +287,14 @@ def _expand_entry(
 ) -> list[tuple[TaskSpec, Instance]]:
     entry, path = config.tasks[index], ("tasks", index)
     opts = merge_options(config.defaults, entry)
-    var_names = _var_names(entry)
+    var_names = _var_names(entry) | ({REPEAT} if opts.repeats is not None else set())
     _check_gpus(entry, opts, config, loc, path)
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
     _check_no_shell(entry, config, loc, path)
-    check_ref_templates(opts, var_names, loc, {k: _origin(entry, path, k) for k in DEP_FIELDS})
-    if opts.group is None and entry_group(entry, index) is not None:  # issue 35
-        opts = opts.model_copy(update={"group": entry_group(entry, index)})
+    origins = {k: _origin(entry, path, k) for k in deps.DEP_FIELDS}  # issue 35
+    deps.check_ref_templates(opts, var_names, loc, origins)
+    opts = deps.with_entry_group(opts, entry, index)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
         command, opts = agent_command(
@@ -309,7 +307,8 @@ def _expand_entry(
     root = tasks_root_of(config, base_dir)
     out = []
     names = name_redactor(opts.env)  # one per entry: its instances share the env
-    for inst in instances(entry, index, base_dir, loc, root, fields):
+    usage = agent_usage(opts.agent, config.pricing) if opts.agent is not None else None
+    for inst in repeated(instances(entry, index, base_dir, loc, root, fields), opts.repeats):
         try:
             check_name_size(inst.name, f"the name of {shorten(inst.label, 80)}")
         except ValueError as exc:
@@ -319,7 +318,11 @@ def _expand_entry(
             timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
         spec = make_spec(inst, command, own, grace=config.grace, base_dir=base_dir, names=names)
-        spec = group_priority(spec, config.groups, "priority" in entry.model_fields_set)
+        spec = deps.group_priority(spec, config.groups, "priority" in entry.model_fields_set)
+        if usage is not None:
+            spec = spec.model_copy(update={"usage": usage})
+        if opts.repeats is not None:  # issue 34: which repeat of which task
+            spec = spec.model_copy(update=repeat_fields(inst, task_id_for))
         out.append((spec, inst))
     return out
 
@@ -364,7 +367,7 @@ def expand_entries(
                 seen[spec.id] = (inst, path, found[2])
         if len(specs) > MAX_TASKS:
             raise loc.error(path, f"the config gives over {MAX_TASKS} tasks; split it")
-    return resolve(specs, {tid: found[1] for tid, found in seen.items()}, loc, known=known)
+    return deps.resolve(specs, {tid: found[1] for tid, found in seen.items()}, loc, known=known)
 
 
 def _same_folder(a: Instance, b: Instance) -> bool:

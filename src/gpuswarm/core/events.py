@@ -52,6 +52,8 @@ class Ev(str, Enum):
     # dependency_failed / skipped, or back to blocked/ (its failed prerequisite was retried);
     # its release to pending/ is a ``requeued`` (frm blocked)
     DEPENDENCY = "dependency"
+    BUDGET = "budget"  # issue 34: the run's budget was crossed (reason, how), or a note
+    STALLED = "stalled"  # issue 34: an attempt did nothing for stall_after (task, reason)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in
@@ -68,6 +70,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], bool]] = {
     "bool": ((bool,), True),
     "float | None": ((int, float, _NONE), False),
     "int | None": ((int, _NONE), False),
+    "bool | None": ((bool, _NONE), True),
     "str | None": ((str, _NONE), False),
     "list[str]": ((list,), False),
 }
@@ -199,6 +202,11 @@ class Finished(_Event):
     retry_in: float | None = None
     max_attempts: int | None = None
     used: int | None = None  # attempts of the current budget
+    # issue 34: what the attempt's agent spent (absent: it reported no usage); cost_usd None
+    # with tokens: its cost is unknown
+    tokens: int | None = None
+    cost_usd: float | None = None
+    cost_unknown: bool | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -331,6 +339,12 @@ _TYPES: dict[str, type[_Event]] = {
         Control,
     )
 }
+
+
+def kind_of(data: Mapping[str, Any]) -> str:
+    """A journal line's kind (``started``, ``slots``, ...); "" for a line without one."""
+    kind = data.get("ev")
+    return kind if isinstance(kind, str) else ""
 
 
 def decode(data: Mapping[str, Any], *, own: bool = False) -> Event | None:

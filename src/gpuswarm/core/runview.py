@@ -41,6 +41,7 @@ PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
 CANCELLED = State.CANCELLED.value
 BLOCKED = State.BLOCKED.value  # issue 35: waiting for prerequisites
+_REQUEUED_FROM = (State.DONE.value, State.SKIPPED.value)  # gpuswarm requeue's, beside retry's
 CONFIG_CHANGE = "config-change"
 ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
 
@@ -86,11 +87,18 @@ class RunView:
     note: str = ""
     quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     tasks: dict[str, TaskView] | None = None
+    # the slots the run's last supervisor has now (a cluster's nodes join and leave); None
+    # when none is live
+    supervisor_slots: set[str] | None = None
     added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
     paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
     paused_slots: set[str] = field(default_factory=set)
     held_gpus: dict[int, str] = field(default_factory=dict)  # GPU -> why it takes no task (19)
     waiting_room: dict[str, str] = field(default_factory=dict)  # task -> why it waits (19)
+    # issue 34: what the agents' attempts spent, as the journal's ``finished`` lines say
+    spent_usd: float = 0.0
+    spent_tokens: int = 0
+    spent_unknown: int = 0  # attempts whose cost is unknown (their tokens count)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -117,6 +125,8 @@ class RunView:
 
     def apply_event(self, event: Event) -> None:
         with self.lock:
+            if isinstance(event, SupervisorStarted | Slots | Other):
+                self._supervisor(event)
             self._apply(event)
 
     def _apply(self, e: Event) -> None:
@@ -150,6 +160,8 @@ class RunView:
             self._dependency(e)
         elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
             self.note = str(e.extra.get("reason") or "halted")
+        elif e.name == Ev.BUDGET.value and e.extra.get("crossed"):  # issue 34: budget spent
+            self.note = str(e.extra.get("reason") or "budget")
         elif e.name == Ev.GPU_WAIT.value:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):
@@ -237,6 +249,10 @@ class RunView:
         t.started += 1
 
     def _finished(self, e: Finished) -> None:
+        if e.tokens is not None or e.cost_usd is not None or e.cost_unknown:
+            self.spent_tokens += e.tokens or 0
+            self.spent_usd += e.cost_usd or 0.0
+            self.spent_unknown += 1 if e.cost_unknown else 0
         state = e.state or FAILED
         to = PENDING if state == WAITING else state
         self._move(RUNNING, to if to in self.counts else FAILED)
@@ -263,6 +279,10 @@ class RunView:
             self._move(BLOCKED, PENDING)
         if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
             self._move(e.frm, PENDING)
+        elif e.frm in _REQUEUED_FROM:  # gpuswarm requeue: a fresh attempt series
+            self._move(e.frm, PENDING)
+            if e.task is not None:
+                self._task(e.task).completions.clear()
         if e.frm == RUNNING:
             self._move(RUNNING, PENDING)
             for row in self.slots.values():
@@ -294,6 +314,21 @@ class RunView:
             self.paused_slots.add(slot)
         else:
             self.paused_slots.discard(slot)
+
+    def _supervisor(self, e: SupervisorStarted | Slots | Other) -> None:
+        """The last supervisor's slots: those it started with, then its cluster's changes."""
+        if isinstance(e, SupervisorStarted):
+            self.supervisor_slots = set(e.slots)
+        elif isinstance(e, Other):
+            if e.name == Ev.SUPERVISOR_STOPPED.value:
+                self.supervisor_slots = None
+        elif self.supervisor_slots is not None:
+            if e.change == "joined":
+                self.supervisor_slots |= set(e.slots)
+            elif e.change in ("left", "retired", "preflight_failed"):
+                self.supervisor_slots -= set(e.slots)
+            elif e.change == "backend_lost":
+                self.supervisor_slots = set()
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""

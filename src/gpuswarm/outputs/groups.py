@@ -48,15 +48,11 @@ class GroupTally:
             return
         group = self.groups.setdefault(name, _Group())
         group.counts[state.value] = group.counts.get(state.value, 0) + 1
-        for raw in desc.raw.get("attempts") or ():
-            started, ended = raw.get("started"), raw.get("ended")
-            if isinstance(started, int | float) and (
-                group.first_start is None or started < group.first_start
-            ):
+        for attempt in desc.attempts:
+            started, ended = attempt.started, attempt.ended
+            if started is not None and (group.first_start is None or started < group.first_start):
                 group.first_start = float(started)
-            if isinstance(ended, int | float) and (
-                group.last_end is None or ended > group.last_end
-            ):
+            if ended is not None and (group.last_end is None or ended > group.last_end):
                 group.last_end = float(ended)
 
     def table(self, now: float | None = None) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,9 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.energy import energy_of, energy_stats
+from gpuswarm.outputs.passk import repeat_of, repeat_stats
+from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
@@ -35,6 +38,8 @@ FIXED_COLUMNS = (
     "exit",
     "reason",
     "peak_vram_mb",  # issue 19: the last attempt's measured peak GPU memory ("": not measured)
+    "energy_j",  # issue 37: GPU energy of every attempt of the task ("": not measured)
+    "energy_mode",  # exclusive, or shared (apportioned: docs/monitoring.md, "Energy")
 )
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
 
@@ -47,6 +52,9 @@ class Row:
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
+    spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
+    # issue 34: a repeat's (task it repeats, which repeat, score field, passed field)
+    repeat: tuple[str, int, str | None, str | None] | None = None
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -73,12 +81,17 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
         "exit": _exit_text(last),
         "reason": desc.reason or (last.reason if last else None) or "",
         "peak_vram_mb": last.peak_vram_mb if last and last.peak_vram_mb is not None else "",
+        **energy_of(desc),
     }
     row.busy = desc.busy_seconds
     row.inputs = desc.inputs or _EMPTY
     row.seq = desc.seq
     row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
     row.result = desc.result or _EMPTY
+    if desc.task.get("usage") is not None:  # an agent's task: what its attempts spent
+        row.spend = task_spend(desc)
+    if desc.task.get("repeat_of") is not None:
+        row.repeat = repeat_of(desc.task)
     return row
 
 
@@ -192,10 +205,14 @@ def _cell(value: Any) -> str:
 def to_tsv(rows: list[Row]) -> str:
     metric_cols = sorted({k for r in rows for k in r.metrics})
     result_cols = sorted({k for r in rows for k in r.result})
-    header = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    usage_cols = USAGE_COLUMNS if any(r.spend is not None for r in rows) else ()
+    header = [*FIXED_COLUMNS, *usage_cols, *metric_cols, *(f"result.{k}" for k in result_cols)]
     lines = ["\t".join(header)]
     for r in rows:
         cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        if usage_cols:
+            spent = r.spend.cells() if r.spend is not None else _EMPTY
+            cells += [spent.get(c) for c in usage_cols]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
         lines.append("\t".join(_cell(c) for c in cells))
@@ -343,7 +360,20 @@ def summarize(
         "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
+        "energy": energy_stats(rows),
+        **spend_stats(rows),
+        **({"repeats": reps} if (reps := repeat_stats(rows)) is not None else {}),
     }
+
+
+def spend_stats(rows: list[Row]) -> dict[str, Any]:
+    """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
+    per task done; nothing when no task reported usage."""
+    spend = RunSpend()
+    for r in rows:
+        spend.add(r.spend, done=r.values["state"] == State.DONE.value)
+    cost = spend.as_json()
+    return {} if cost is None else {"cost": cost}
 
 
 def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:
@@ -371,8 +401,7 @@ def shown_counts(counts: dict[str, int]) -> dict[str, int]:
 
 
 #: States that ended a task without a failure and stay out of the pass-rate denominators.
-# dependency_failed (issue 35): never ran, a prerequisite did not succeed
-APART = (State.SKIPPED.value, State.CANCELLED.value, State.DEPENDENCY_FAILED.value)
+APART = (State.SKIPPED.value, State.CANCELLED.value, State.DEPENDENCY_FAILED.value)  # + issue 35
 
 
 #: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
@@ -423,6 +452,7 @@ class RunReport:
     strict: bool = False  # --strict: a cancelled task makes the exit code 1
     stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
     halted: str | None = None  # the halt rule stopped it (issue 28): its reason
+    budget: str | None = None  # the budget was spent (issue 34): its reason, how to raise it
 
     @property
     def exit_code(self) -> int:
@@ -431,6 +461,8 @@ class RunReport:
             return EXIT_UNFINISHED if failed else EXIT_OK  # halt found what it waited for
         if self.stopped_by:
             return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
+        if self.budget and not self.summary.get("complete"):
+            return EXIT_UNFINISHED  # issue 34: tasks left pending (reason budget)
         if self.interrupted:
             return EXIT_INTERRUPTED
         after = self.summary.get("after_all")

@@ -24,6 +24,7 @@ from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runindex import known_runs
 from gpuswarm.store.runs import open_run
+from gpuswarm.store.spent import journal_spend
 
 MAX_FAILURES = 20
 
@@ -118,6 +119,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
             else []
         ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
+        "cost": journal_spend(paths.events, counts.get("done", 0)),  # issue 34; None: no agents
     }
     return {"run": str(paths.root), **redactor.tree(shown)}  # names, reasons: one redactor
 

@@ -12,11 +12,14 @@ done for sure before the cancel took effect stays done.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import queue as threadq
 import time
 from collections.abc import Callable
 
+from gpuswarm.agents.pricing import usage_fields
+from gpuswarm.agents.usage import event_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError
@@ -40,9 +43,15 @@ Committable = tuple[LiveAttempt, AttemptEnd]
 
 
 class Committer:
-    def __init__(self, run: Shared, on_ended: Callable[[State], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: Shared,
+        on_ended: Callable[[State], None] | None = None,
+        on_attempt: Callable[[AttemptRecord], None] | None = None,
+    ) -> None:
         self.run = run
         self._on_ended = on_ended  # a task ended (done, failed, skipped): the halt counts
+        self._on_attempt = on_attempt  # an attempt recorded: the budget counts (issue 34)
         self._queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
@@ -119,8 +128,11 @@ class Committer:
         cap_log(run.paths.attempt_log(live.task_id, live.attempt), run.cfg.max_log_bytes)
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        if live.stalled is not None and end.kind is EndKind.CANCELLED:  # issue 34: its own end
+            end = dataclasses.replace(end, kind=EndKind.STALLED, reason=live.stalled)
+            record = record.but(kind=EndKind.STALLED.value, reason=live.stalled)
         try:
-            if live.cancel is not None:
+            if live.stopped_by is not None:
                 self._cancelled(live, end, record)
                 return
             if end.kind is EndKind.CANCELLED or _lost_again(live, end):
@@ -128,7 +140,8 @@ class Committer:
                 self.hand_back(live.claimed, live.task, record, why)
                 return
             outcome = self._judge(live, end, record)
-            if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
+            stopped = live.handle.cancelled and live.stalled is None
+            if stopped and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
                 self.hand_back(live.claimed, live.task, record)
@@ -148,7 +161,7 @@ class Committer:
         """A person cancelled this attempt: its task ends cancelled, the attempt recorded;
         unless it was done for sure before the cancel took effect (then done stands)."""
         run = self.run
-        reqs = live.cancel
+        reqs = live.stopped_by
         assert reqs is not None
         if end.kind is not EndKind.CANCELLED:
             outcome = self._judge(live, end, record)
@@ -172,9 +185,12 @@ class Committer:
         desc = claimed.desc
         state = outcome.state
         retry = state is State.FAILED and desc.attempts_used + 1 < task.max_attempts
+        retry = retry and not outcome.final  # issue 34: over max_usd: no retry
         if retry and outcome.record.oom:  # issue 19: the retry reserves more GPU memory
             outcome = sized_oom_retry(desc, outcome, reserved)
         desc.add_attempt(outcome.record)
+        if self._on_attempt is not None:
+            self._on_attempt(outcome.record)
         used = desc.attempts_used
         delay = self.backoff(used) if retry and not run.stopping.is_set() else 0
         ended = state is State.SKIPPED or (state is State.FAILED and not retry)
@@ -200,6 +216,7 @@ class Committer:
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
                 used=used,  # attempts of the current budget: "used/max_attempts"
+                **event_fields(rec),  # issue 34: an agent's tokens and cost
             )
 
         if delay > 0:
@@ -232,6 +249,11 @@ class Committer:
         """A stop interrupted this task (or its node left: ``lost``): back to pending/, not
         counted as a failed attempt."""
         if record is not None:
+            if task.usage is not None:  # an agent stopped midway spent too (issue 34)
+                record = record.but(**usage_fields(self.run.paths.attempt_log(task.id, record.n),
+                                                   task.usage))  # fmt: skip
+                if self._on_attempt is not None:
+                    self._on_attempt(record)
             claimed.desc.add_attempt(record.but(interrupted=True, reason=self._why(record)))
         claimed.desc.note_interrupted()
         self.run.queue.move(claimed, State.PENDING, self._requeued(claimed, reason, "running"))

@@ -60,6 +60,10 @@ class SupervisorConfig:
     preflight: tuple[str, ...] = ()
     # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
     halt: str | None = None
+    # issue 34: stop claiming once the agents spent this much (config/budget.py); None: no limit
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+    budget_on_exceed: str = "finish"  # or "stop": the running attempts are put back too
 
 
 @dataclass
@@ -78,9 +82,11 @@ class LiveAttempt:
     values: dict[str, str]
     fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
-    cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
+    # a person's requests that stop it (store.control): its end is committed as they ask
+    stopped_by: list[Request] | None = None
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
+    stalled: str | None = None  # issue 34: the stall detector stopped it (supervise/stall.py)
 
 
 @dataclass

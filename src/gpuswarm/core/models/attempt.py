@@ -41,6 +41,17 @@ class AttemptRecord:
     mean_vram_mb: int | None = None  # their mean over the attempt's looks
     peak_gpu_util: int | None = None  # utilisation % of its GPUs (shared where packed)
     mean_gpu_util: int | None = None
+    # issue 37: GPU energy (J) from the total-energy counter (or integrated power), and whether
+    # the attempt had its GPUs alone ("exclusive") or was apportioned a share ("shared")
+    energy_j: float | None = None
+    energy_mode: str | None = None
+    # -- what an agent spent (issue 34; agents/usage.py): None when it reported nothing ----
+    tokens_in: int | None = None  # every input token (cached ones included)
+    tokens_cached: int | None = None  # of them, read from a prompt cache
+    tokens_out: int | None = None  # every output token (reasoning included)
+    cost_usd: float | None = None  # the CLI's figure, else priced; None: unknown (never 0)
+    model: str | None = None
+    usage_problem: str | None = None  # why the cost is unknown, or the usage unreadable
 
     # constructors ------------------------------------------------------------------------
     @classmethod
@@ -177,6 +188,14 @@ class AttemptRecord:
             mean_vram_mb=get("mean_vram_mb"),
             peak_gpu_util=get("peak_gpu_util"),
             mean_gpu_util=get("mean_gpu_util"),
+            energy_j=get("energy_j"),
+            energy_mode=get("energy_mode"),
+            tokens_in=get("tokens_in"),
+            tokens_cached=get("tokens_cached"),
+            tokens_out=get("tokens_out"),
+            cost_usd=get("cost_usd"),
+            model=get("model"),
+            usage_problem=get("usage_problem"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -222,6 +241,8 @@ class AttemptRecord:
         if self.interrupted:
             out["interrupted"] = True
         self._put_gpu_use(out)
+        if self.tokens_in is not None or self.cost_usd is not None or self.usage_problem:
+            self._put_usage(out)
         if self.extra:
             out.update(self.extra)
 
@@ -234,6 +255,16 @@ class AttemptRecord:
             out["peak_gpu_util"] = self.peak_gpu_util
         if self.mean_gpu_util is not None:
             out["mean_gpu_util"] = self.mean_gpu_util
+        if self.energy_j is not None:
+            out["energy_j"] = self.energy_j
+        if self.energy_mode is not None:
+            out["energy_mode"] = self.energy_mode
+
+    def _put_usage(self, out: dict[str, Any]) -> None:
+        for key in ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model"):
+            out[key] = getattr(self, key)  # all five, null or not: cost null = unknown
+        if self.usage_problem is not None:
+            out["usage_problem"] = self.usage_problem
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")

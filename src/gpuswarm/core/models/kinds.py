@@ -25,6 +25,19 @@ class State(str, Enum):
     BLOCKED = "blocked"
     DEPENDENCY_FAILED = "dependency_failed"
 
+    def is_terminal(self) -> bool:
+        """Whether a task in this state has ended: it runs no attempt and will run none unless
+        it is retried. Every state but pending, running and blocked (done, failed, skipped,
+        cancelled, dependency_failed, and any state of an ended task added later; a new state
+        of a task that has still to run joins these three here): the one rule for "ended"."""
+        return self not in (State.PENDING, State.RUNNING, State.BLOCKED)  # blocked: runs later
+
+    @classmethod
+    def terminal(cls) -> tuple[State, ...]:
+        """The ended states, in folder order (done, failed, skipped, cancelled,
+        dependency_failed)."""
+        return tuple(s for s in cls if s.is_terminal())
+
 
 class EndKind(str, Enum):
     """How an attempt ended (an attempt record's ``kind``)."""
@@ -38,6 +51,7 @@ class EndKind(str, Enum):
     SPAWN_ERROR = "spawn-error"
     LOST = "lost"  # its supervisor died: the outcome is unknown
     ORPHAN = "orphan"  # its supervisor died, judged done by the completion file it left
+    STALLED = "stalled"  # issue 34: no output, CPU or GPU activity for stall_after: stopped
 
 
 class RecordError(QueueError, ValueError):
