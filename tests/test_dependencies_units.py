@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from gpuswarm.config.deps import find_cycle
+from gpuswarm.config.load import load_config
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.store.blocked import SETTLE, BlockedFolder, Edge, EdgeIndex, verdict, write_edges
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 DONE, FAILED, SKIPPED = State.DONE.value, State.FAILED.value, State.SKIPPED.value
@@ -107,6 +109,37 @@ def test_a_cut_settle_is_finished_or_put_back(tmp_path: Path) -> None:
     assert os.listdir(paths.state_dir("dependency_failed")) == [name]
 
 
+def test_an_add_batch_puts_a_task_with_prerequisites_in_blocked_cut_short_too(
+    tmp_path: Path,
+) -> None:
+    paths = RunPaths(tmp_path)
+    create_layout(paths)
+    queue = DirQueue(paths)
+    blocked = Descriptor.new({"id": "b", "after": ["a"]}, 1)
+    blocked.mark_blocked()  # as AddedDeps.place marks it
+    plain = Descriptor.new({"id": "c"}, 2)
+    batches: list[str] = []
+    queue.add_batch([blocked, plain], batches.append)
+    assert queue.names(State.BLOCKED) == ["5000000000001_b.json"]
+    assert queue.names(State.PENDING) == ["5000000000002_c.json"]
+
+    class Crash(Exception):
+        pass
+
+    def crash(batch: str) -> None:  # killed once the journal said it, before the renames
+        batches.append(batch)
+        raise Crash
+
+    again = Descriptor.new({"id": "d", "after": ["a"]}, 3)
+    again.mark_blocked()
+    with pytest.raises(Crash):
+        queue.add_batch([again, Descriptor.new({"id": "e"}, 4)], crash)
+    assert queue.finish_adds(lambda: set(batches)) == 2
+    assert queue.names(State.BLOCKED) == ["5000000000001_b.json", "5000000000003_d.json"]
+    assert queue.names(State.PENDING) == ["5000000000002_c.json", "5000000000004_e.json"]
+    assert not [n for n in os.listdir(paths.state_dir("pending")) if n.startswith(".")]
+
+
 def test_the_runview_counts_blocked_tasks() -> None:
     view = RunView({"pending": 1, "blocked": 2})
     view.apply({"ev": "added", "count": 3, "blocked": 2})
@@ -141,3 +174,14 @@ def test_the_live_table_shows_each_groups_progress(tmp_path: Path) -> None:
     console = Console(record=True, width=140, file=io.StringIO())
     console.print(view.render())
     assert "validate  1/3 (33.3%)  done 1  pending 2" in console.export_text()
+
+
+def test_after_a_repeated_task_waits_for_each_of_its_repeats(tmp_path: Path) -> None:
+    config = tmp_path / "r.yaml"
+    config.write_text(
+        "name: r\ngpus: sim:1\ntasks:\n"
+        "  - {name: foo, command: 'true', repeats: 2}\n"
+        "  - {name: bar, command: 'true', after: foo}\n"
+    )
+    by_id = {t.id: t for t in load_config(config).tasks}
+    assert by_id["bar"].after == ["foo-r1", "foo-r2"]

@@ -209,6 +209,45 @@ def test_cancel_a_blocked_task_and_retry_brings_dependents_back(
     assert "consistent" in gpuswarm("check", run).stdout
 
 
+def test_requeue_of_a_prerequisite_and_cancel_of_a_pending_one_move_its_dependents(
+    tmp_path: Path, gpuswarm: Cli
+) -> None:
+    """requeue follows retry's rules: a dependency_failed task is refused, a requeued
+    prerequisite brings its dependency_failed dependents back to blocked; a pending
+    prerequisite cancelled by hand ends its ``after:`` dependents at once."""
+    flag = tmp_path / "fixed"
+    tasks: list[dict[str, Any]] = [
+        {"name": "flaky", "command": f"test -e {flag}", "shell": True},
+        {"name": "next", "command": "true", "after": "flaky"},
+        {"name": "last", "command": "true", "after": "next"},
+    ]
+    _yaml(tmp_path / "f.yaml", tasks)
+    assert gpuswarm("run", "-q", "f.yaml").returncode == 1
+    run = _run_dir(tmp_path)
+    res = gpuswarm("requeue", run, "next")
+    assert res.returncode == 2 and "requeue the prerequisite" in res.stderr, res
+    assert gpuswarm("requeue", run, "flaky").returncode == 0
+    assert task_states(run) == {"flaky": "pending", "next": "blocked", "last": "blocked"}
+    back = [e for e in read_events(run) if e.get("ev") == "dependency"]
+    assert {(e["task"], e["frm"], e["state"]) for e in back} >= {
+        ("next", "dependency_failed", "blocked"),
+        ("last", "dependency_failed", "blocked"),
+    }
+    res = gpuswarm("cancel", run, "flaky")  # pending: cancelled now, its dependents follow
+    assert res.returncode == 0 and "pending -> cancelled" in res.stdout, res
+    states = task_states(run)
+    assert states == {
+        "flaky": "cancelled",
+        "next": "dependency_failed",
+        "last": "dependency_failed",
+    }
+    assert gpuswarm("requeue", run, "flaky").returncode == 0
+    flag.touch()
+    assert gpuswarm("resume", "-q", run).returncode == 0
+    assert task_states(run) == {"flaky": "done", "next": "done", "last": "done"}
+    assert "consistent" in gpuswarm("check", run).stdout
+
+
 def test_two_pass_aka_layout_of_426_folders(tmp_path: Path, gpuswarm: Cli) -> None:
     """The README's two-pass config on AKA's 426 task folders: every folder's validator runs
     after that folder's agent (it checks the agent's output), a summary after every one."""

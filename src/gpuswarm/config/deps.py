@@ -2,7 +2,8 @@
 ``after_failed:`` references resolved to task ids, unknown ones and cycles refused (exit 2,
 naming the field and the cycle), and the group of every glob or matrix entry.
 
-A reference is a task id, a task name, or ``group:NAME`` (every task of that group). In a glob or
+A reference is a task id, a task name, or ``group:NAME`` (every task of that group); a task
+with ``repeats: k`` named by its own name or id means each of its k repeats. In a glob or
 matrix entry it is a template of the instance's own values, so one line makes each instance
 depend on its own counterpart: ``after: "agent-{task_rel}"`` (the validator of a folder after
 the agent of the same folder). The rendered text is matched against the ids first, then the
@@ -102,6 +103,7 @@ class _Names:
     by_name: dict[str, str]
     groups: dict[str, list[str]]
     known: Collection[str] = field(default_factory=frozenset)
+    repeats: dict[str, list[str]] = field(default_factory=dict)  # issue 34: N -> N-r1..N-rk
 
     def resolve(self, ref: str) -> list[str] | None:
         if ref.startswith(GROUP_PREFIX):
@@ -112,6 +114,8 @@ class _Names:
         slug = slugify(ref).lstrip("._-")
         if slug in self.ids:
             return [slug]
+        if (ref if ref in self.repeats else slug) in self.repeats:  # every repeat of it
+            return self.repeats[ref if ref in self.repeats else slug]
         if ref in self.known:
             return [ref]
         return [slug] if slug in self.known else None
@@ -133,7 +137,11 @@ def resolve(
     for s in specs:
         if s.group is not None:
             groups.setdefault(s.group, []).append(s.id)
-    names = _Names({s.id for s in specs}, {s.name: s.id for s in specs}, groups, known)
+    repeats: dict[str, list[str]] = {}
+    for s in specs:
+        if s.repeat_of is not None:
+            repeats.setdefault(s.repeat_of, []).append(s.id)
+    names = _Names({s.id for s in specs}, {s.name: s.id for s in specs}, groups, known, repeats)
     out: list[TaskSpec] = []
     for spec in specs:
         update: dict[str, list[str]] = {}
