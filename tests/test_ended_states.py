@@ -16,9 +16,20 @@ from gpuswarm.store.lookup import task_ended
 from gpuswarm.store.queue import DirQueue
 
 
-def test_every_state_but_pending_and_running_is_terminal() -> None:
-    assert [s for s in State if not s.is_terminal()] == [State.PENDING, State.RUNNING]
-    assert State.terminal() == (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
+def test_every_state_but_pending_running_and_blocked_is_terminal() -> None:
+    # blocked (issue 35): a task waiting for its prerequisites has still to run
+    assert [s for s in State if not s.is_terminal()] == [
+        State.PENDING,
+        State.RUNNING,
+        State.BLOCKED,
+    ]
+    assert State.terminal() == (
+        State.DONE,
+        State.FAILED,
+        State.SKIPPED,
+        State.CANCELLED,
+        State.DEPENDENCY_FAILED,
+    )
     assert all(task_ended(s) == s.is_terminal() for s in State)
 
 

@@ -91,3 +91,21 @@ def test_the_live_output_counts_the_spooled_tasks(run: RunPaths) -> None:
     counts = counted(DirQueue(run))
     assert counts[State.PENDING] == N
     assert sum(counts.values()) == N
+
+
+def test_a_task_with_prerequisites_waits_in_blocked_not_in_the_spool(tmp_path: Path) -> None:
+    """A streamed run's tail is moved into pending/ by the supervisor: a task after another
+    (issue 35) must never ride in it, or it would be claimable before its prerequisite ended."""
+
+    def task(i: int) -> dict[str, Any]:
+        t = _task(i)
+        return {**t, "after": [f"t{i - 1:05d}"]} if i % 50 == 49 else t
+
+    new = NewRun("s", tmp_path / "ws", {"name": "s"}, map(task, range(N)), stream_after=FIRST)
+    run = create_run(new)
+    later = {f"t{i:05d}" for i in range(N) if i % 50 == 49}
+    assert later and not later & set(spooled_ids(run))
+    assert {task_id_of(n) for n in os.listdir(run.state_dir(State.BLOCKED.value))} == later
+    assert len(spooled_ids(run)) == N - FIRST - len(later)
+    assert sum(_ids(run).values()) == N - len(spooled_ids(run))
+    assert run.edges.read_bytes().count(b"\n") == len(later)  # each edge known before it is seen

@@ -18,6 +18,7 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.control_deps import run_task_ids
 from gpuswarm.control_ops import add_tasks, execute, load_source, set_priority
 from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
@@ -49,6 +50,9 @@ def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
+@click.option("--after", multiple=True, metavar="TASK", help="start once TASK is done (repeat)")
+@click.option("--after-any", multiple=True, metavar="TASK", help="start once TASK has ended")
+@click.option("--after-failed", multiple=True, metavar="TASK", help="start only if TASK failed")
 @_JSON
 def add(
     run_dir: Path,
@@ -58,6 +62,9 @@ def add(
     max_attempts: int | None,
     priority: int | None,
     gpu_memory: str | None,
+    after: tuple[str, ...],
+    after_any: tuple[str, ...],
+    after_failed: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Append the tasks of SOURCE to RUN, live or stopped.
@@ -71,8 +78,11 @@ def add(
         defaults = TaskOptions.from_cli(
             timeout=timeout, max_attempts=max_attempts, priority=priority, gpu_memory=gpu_memory
         )
-        loaded = load_source(source, shell=shell, defaults=defaults)
-        data = add_tasks(run_dir, loaded)
+        loaded = load_source(source, shell=shell, defaults=defaults, known=run_task_ids(run_dir))
+        prerequisites = verbs.Prerequisites(
+            after=after, after_any=after_any, after_failed=after_failed
+        )
+        data = add_tasks(run_dir, loaded, prerequisites)
     lines = [f"added {counted(data['added'], 'task')} to {data['run']}"]
     if data["renamed_count"]:
         shown = ", ".join(f"{a} -> {b}" for a, b in list(data["renamed"].items())[:5])
@@ -84,7 +94,8 @@ def add(
 
 @click.command()
 @_RUN
-@click.argument("tasks", nargs=-1, required=True)
+@click.argument("tasks", nargs=-1)
+@click.option("--group", help="every pending, blocked or running task of this group")
 @click.option("--reason", default="cancelled by hand", show_default=True, help="recorded")
 @click.option("--wait", is_flag=True, help="block until running tasks have stopped")
 @click.option(
@@ -94,6 +105,7 @@ def add(
 def cancel(
     run_dir: Path,
     tasks: tuple[str, ...],
+    group: str | None,
     reason: str,
     wait: bool,
     wait_timeout: float,
@@ -105,8 +117,13 @@ def cancel(
     about a second (--wait blocks until then). A task that has ended already is left as it is
     (exit 0). Cancelled tasks are never retried and count as no failure.
     """
+    if not (tasks or group):
+        click.echo("gpuswarm: error: give TASKS or --group", err=True)
+        sys.exit(2)
     with stoppable():
-        data = execute(run_dir, verbs.Cancel(tasks, reason, wait_timeout if wait else None))
+        data = execute(
+            run_dir, verbs.Cancel(tasks, reason, wait_timeout if wait else None, group=group)
+        )
     lines = []
     for row in data["tasks"]:
         note = f" ({row['note']})" if row["note"] else ""
@@ -122,9 +139,15 @@ def cancel(
 @click.argument("tasks", nargs=-1)
 @click.option("--failed", is_flag=True, help="every failed task")
 @click.option("--cancelled", is_flag=True, help="every cancelled task")
+@click.option("--group", help="only this group's tasks (with --failed / --cancelled)")
 @_JSON
 def retry(
-    run_dir: Path, tasks: tuple[str, ...], failed: bool, cancelled: bool, as_json: bool
+    run_dir: Path,
+    tasks: tuple[str, ...],
+    failed: bool,
+    cancelled: bool,
+    group: str | None,
+    as_json: bool,
 ) -> None:
     """Put failed or cancelled TASKS of RUN back in the queue with a fresh attempt budget
     (their earlier attempts are kept). Nothing is started: a run no supervisor serves is
@@ -133,7 +156,7 @@ def retry(
         click.echo("gpuswarm: error: give TASKS, --failed or --cancelled", err=True)
         sys.exit(2)
     with stoppable():
-        data = execute(run_dir, verbs.Retry(tasks, failed=failed, cancelled=cancelled))
+        data = execute(run_dir, verbs.Retry(tasks, failed=failed, cancelled=cancelled, group=group))
     lines = [f"{r['task']}: {r['was']} -> {r['now']}" for r in data["tasks"]]
     if not data["tasks"]:
         lines.append("nothing to retry")
@@ -165,12 +188,27 @@ def _pause_lines(data: dict[str, Any], verb: str) -> list[str]:
     return [f"{verb} {what}" + ("" if verb != "paused" else ": running tasks go on")]
 
 
+_GROUP = click.option("--group", help="only this group's tasks (issue 35)")
+
+
+def _group_pause(run_dir: Path, group: str, as_json: bool, *, paused: bool) -> None:
+    with stoppable():
+        data = execute(run_dir, (verbs.Pause if paused else verbs.Unpause)(group=group))
+    verb = "paused" if paused else "unpaused"
+    line = f"{verb} group {group}" if data["changed"] else f"group {group} was not changed"
+    _emit(data, as_json, [line + (": running tasks go on" if paused and data["changed"] else "")])
+
+
 @click.command()
 @_RUN
 @click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_GROUP
 @_JSON
-def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
-    """No new task starts on RUN (or on one slot); running tasks go on."""
+def pause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -> None:
+    """No new task starts on RUN (or on one slot, or of one group); running tasks go on."""
+    if group is not None:
+        _group_pause(run_dir, group, as_json, paused=True)
+        return
     with stoppable():
         data = execute(run_dir, verbs.Pause(slot))
     _emit(data, as_json, _pause_lines(data, "paused"))
@@ -179,9 +217,13 @@ def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
 @click.command()
 @_RUN
 @click.option("--slot", help="only this slot (an id as 'gpuswarm status' shows it)")
+@_GROUP
 @_JSON
-def unpause(run_dir: Path, slot: str | None, as_json: bool) -> None:
-    """Lift a pause of RUN (or of one slot)."""
+def unpause(run_dir: Path, slot: str | None, group: str | None, as_json: bool) -> None:
+    """Lift a pause of RUN (or of one slot, or of one group)."""
+    if group is not None:
+        _group_pause(run_dir, group, as_json, paused=False)
+        return
     with stoppable():
         data = execute(run_dir, verbs.Unpause(slot))
     _emit(data, as_json, _pause_lines(data, "unpaused"))

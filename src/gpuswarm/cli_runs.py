@@ -38,11 +38,15 @@ if TYPE_CHECKING:  # `clean` only: its modules (pydantic's duration parser) load
 @click.command()
 @click.argument("run_dir", required=False, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(run_dir: Path | None, as_json: bool) -> None:
+@click.option("--group", help="only this group's progress: counts, percent, ETA (issue 35)")
+def status(run_dir: Path | None, as_json: bool, group: str | None) -> None:
     """Counts per state, what each GPU runs, failures with log tails, ETA.
 
     RUN_DIR is a run folder, a path inside one, a bare run name or a run's name, looked up
     under ./runs, then in the index of your runs; without it, the newest of your runs."""
+    if group is not None:
+        _group_status(run_dir, group, as_json)
+        return
     try:
         data = run_status(run_dir if run_dir is not None else newest_run(Path("runs")))
     except GpuswarmError as exc:
@@ -53,6 +57,19 @@ def status(run_dir: Path | None, as_json: bool) -> None:
         from gpuswarm.ui.printers import print_status  # rich, loaded only to print
 
         print_status(data)
+
+
+def _group_status(run_dir: Path | None, group: str, as_json: bool) -> None:
+    from gpuswarm.outputs.groups import group_lines, group_status
+
+    try:
+        data = group_status(run_dir if run_dir is not None else newest_run(Path("runs")), group)
+    except GpuswarmError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        click.echo("\n".join(group_lines({group: data})))
 
 
 @click.command()

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuswarm import control_deps as deps
+from gpuswarm import control_groups as groups
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -53,6 +55,7 @@ from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths, check_task_id
+from gpuswarm.core.verbs import Prerequisites as After
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
 from gpuswarm.store.ledger import Ledger, read_events
@@ -143,10 +146,13 @@ def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
 
 
 # -- add -------------------------------------------------------------------------------------
-def load_source(source: str, *, shell: bool, defaults: TaskOptions) -> LoadedConfig:
-    """A YAML config (its ``tasks:``), a command list, or ``-`` (a command list on stdin)."""
+def load_source(
+    source: str, *, shell: bool, defaults: TaskOptions, known: Collection[str] = frozenset()
+) -> LoadedConfig:
+    """A YAML config (its ``tasks:``), a command list, or ``-`` (a command list on stdin).
+    ``known``: the run's task ids, which the config's ``after:`` may name (issue 35)."""
     if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        return load_config(Path(source))
+        return load_config(Path(source), known=known)
     if source == "-":
         return load_command_list(
             None, read_stdin(), shell=shell, base_dir=Path.cwd(), defaults=defaults
@@ -177,10 +183,10 @@ def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: s
             )
 
 
-def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
-    """Append ``loaded``'s tasks to a run (live or not); see the module's doc."""
+def add_tasks(run_dir: Path, loaded: LoadedConfig, after: After | None = None) -> dict[str, Any]:
+    """Append ``loaded``'s tasks to a run (live or not; ``after``: prerequisites, issue 35)."""
     source = str(loaded.path) if loaded.path else "<stdin>"
-    return execute(run_dir, verbs.Add(tuple(task_dumps(loaded.tasks)), source))
+    return execute(run_dir, verbs.Add(tuple(task_dumps(loaded.tasks)), source, **(after or {})))
 
 
 def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
@@ -197,6 +203,7 @@ def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
         if found is not None:
             taken.add(found)
     renamed: dict[str, str] = {}
+    added = deps.AddedDeps.of(req, s.paths, dumps, deps.fresh_ids(dumps, taken, _fresh_id))
     descs: list[Descriptor] = []
     for dump in dumps:
         original = str(dump["id"])
@@ -206,16 +213,19 @@ def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
             renamed[original] = tid
             dump["id"] = tid
         max_seq += 1
-        descs.append(Descriptor.new(dump, max_seq))
+        descs.append(added.place(Descriptor.new(dump, max_seq)))  # blocked: issue 35
     ids = [desc.id for desc in descs]
 
     def journal(batch: str) -> None:  # names the batch: see DirQueue.finish_adds
+        added.publish(s.paths)  # issue 35: edges known before the tasks are said or seen
         s.ledger.emit(
-            Ev.ADDED, count=len(ids), ids=ids[:SHOWN_IDS], by=s.me, source=req.source, batch=batch
-        )
+            Ev.ADDED, count=len(ids), ids=ids[:SHOWN_IDS], by=s.me, source=req.source,
+            batch=batch, blocked=len(added.edges),  # issue 35: of them, waiting
+        )  # fmt: skip
         s.ledger.sync()
 
     s.queue.add_batch(descs, journal)
+    added.settle(s.queue, s.ledger)  # issue 35: after prerequisites that ended already
     live = is_live(s.paths)
     return {
         "run": str(s.paths.root),
@@ -277,11 +287,15 @@ def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
     for tid in ids:
         state, name = known[tid]
         row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        if deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me):
+            rows.append({**row, "now": State.CANCELLED.value})  # issue 35: dependents follow
+            continue
         state, attempt = control.request_cancel(
             s.queue, tid, state, name, req.reason, s.announce_cancel
         )
         row["was"] = State.PENDING.value if state is State.CANCELLED else state.value
         if state is State.CANCELLED:
+            deps.cancelled(s.queue, s.ledger, tid)  # issue 35: its dependents follow
             row["now"] = State.CANCELLED.value
         elif state is State.RUNNING:
             row["now"] = "cancel requested"
@@ -336,6 +350,7 @@ def retry_tasks(
 
 def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
     known, ids = _resolve(s, req.tasks)
+    deps.check_requeue(known, ids, "retry")  # issue 35: not a dependency_failed task
     for tid in ids:
         state = known[tid][0]
         if state in (State.DONE, State.SKIPPED):
@@ -363,6 +378,7 @@ def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
 
 
 def _requeued(s: _Session, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    deps.retried(s.queue, s.ledger, rows)  # issue 35: dependency_failed dependents back
     if any(r["now"] == State.PENDING.value for r in rows):
         note_added(s.paths)
     live = is_live(s.paths)
@@ -383,6 +399,7 @@ def requeue_tasks(run_dir: Path, args: Sequence[str]) -> dict[str, Any]:
 
 def _requeue(s: _Session, req: verbs.Requeue) -> dict[str, Any]:
     known, ids = _resolve(s, req.tasks)
+    deps.check_requeue(known, ids, "requeue")  # issue 35: as retry
     _drop_requests(s, {t for t in ids if known[t][0].is_terminal()})
     rows: list[dict[str, Any]] = []
     for tid in ids:
@@ -454,6 +471,8 @@ def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> dict[str, An
 
 def _pause(s: _Session, req: verbs.Pause | verbs.Unpause) -> dict[str, Any]:
     slot, paused = req.slot, req.kind is verbs.Kind.PAUSE
+    if req.group is not None:  # issue 35: the group's flag
+        return groups.set_group_paused(s.paths, req.group, paused=paused)
     if slot is not None:
         slots = registered_slot_ids(s.paths)
         if slots and slot not in slots and slot not in control.paused(s.paths).slots:
@@ -537,6 +556,6 @@ def execute(run_dir: Path, req: verbs.Verb) -> dict[str, Any]:
     """Apply one typed request to the run at ``run_dir`` by its kind's handler, under the run's
     control lock (what a killed earlier command left is finished first); what the handler
     leaves for later (``cancel --wait``) runs once the lock is released."""
-    handler = HANDLERS[req.kind]
-    result: dict[str, Any] = _session(run_dir, lambda s: handler(s, req))
+    handler = HANDLERS[req.kind]  # a Cancel's or Retry's --group: its tasks named (issue 35)
+    result: dict[str, Any] = _session(run_dir, lambda s: handler(s, groups.named(s.paths, req)))
     return result

@@ -55,6 +55,7 @@ from gpuswarm.runsetup import (
     with_budget,
     with_halt,
 )
+from gpuswarm.store import release
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -244,7 +245,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
         task_id = str(dump["id"])
         if task_id not in known:
             max_seq += 1
-            queue.submit(dump, max_seq)
+            release.submit(queue, dump, max_seq)  # blocked/ when it has prerequisites
             added += 1
         elif known[task_id][0] is State.PENDING:
             queue.update_pending(known[task_id][1], dump)
@@ -253,6 +254,7 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
     info["config"] = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
     atomic_write_json(paths.run_json, info)
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
+    release.settle_locked(queue, ledger)  # issue 35: added ones whose prerequisites ended
     return added
 
 
@@ -309,6 +311,7 @@ def _supervise(
                     queue, ledger, retry_failed=retry_failed, backend=backend, applied_by=owner
                 )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
+            release.settle_locked(queue, ledger, only=mode == "work")  # issue 35: see there
             if mode == "resume":
                 _remember_moved(paths, ledger, setup)
                 _remember_budget(paths, setup)
@@ -464,7 +467,7 @@ def _after_all(
 
 def _all_ended(queue: DirQueue) -> bool:
     counts = queue.counts()
-    return counts[State.PENDING] == 0 and counts[State.RUNNING] == 0
+    return not counts[State.PENDING] + counts[State.RUNNING] + counts[State.BLOCKED]  # issue 35
 
 
 def write_run_report(run_dir: Path) -> Path:

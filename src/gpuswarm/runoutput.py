@@ -5,7 +5,9 @@ stopped. Every function here is a view: none changes the queue.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.groups import group_lines, tally_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import write_outputs
 from gpuswarm.placement.gpus import Slot
@@ -70,6 +73,7 @@ def reporter(
         paused=paused_now(paths),
         recount=recount,
         redactor=run_redactor(open_run(paths.root)[1]),
+        groups=GroupLines(queue, sum(counts.values())),
     )
     ledger.subscribe(view)
     return shown(view)
@@ -82,6 +86,31 @@ def counted(queue: DirQueue) -> dict[State, int]:
     if queue.paths.enqueue_spool.exists():
         counts[State.PENDING] += len(spooled_ids(queue.paths))
     return counts
+
+
+class GroupLines:
+    """The live table's group lines (issue 35): every group's progress, taken from the
+    descriptors every :data:`GROUP_SECONDS` (runs of up to :data:`GROUP_TASKS` tasks: beyond,
+    ``gpuswarm status --group`` shows them)."""
+
+    def __init__(self, queue: DirQueue, tasks: int) -> None:
+        self.queue = queue
+        self.on = tasks <= GROUP_TASKS
+        self._lines: list[str] = []
+        self._taken = -GROUP_SECONDS
+
+    def __call__(self) -> list[str]:
+        now = time.monotonic()
+        if self.on and now - self._taken >= GROUP_SECONDS:
+            self._taken = now
+            with contextlib.suppress(OSError):
+                self._lines = group_lines(tally_run(self.queue).table())[:MAX_GROUP_LINES]
+        return self._lines
+
+
+GROUP_SECONDS = 5.0
+GROUP_TASKS = 5_000
+MAX_GROUP_LINES = 8
 
 
 def write_report_safely(

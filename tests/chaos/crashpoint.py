@@ -20,6 +20,8 @@ time it reaches POINT:
   durable; none is in place, journaled or renamed yet;
 - ``group-saved[#N]``: inside such a group, the Nth descriptor (default 2: the first is
   journaled and renamed, the second saved in place, not journaled) was saved.
+- ``fault:NAME[?KEY=VALUE][#N]``: any declared fault point by its name (issue 35's release:
+  ``release.marked``, ``blocked.settle.saved``, ``blocked.settle.journaled``).
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
 Each point arms a named fault point of ``gpuswarm.core.faults`` (the code calls
@@ -90,6 +92,8 @@ def install(point: str) -> None:
         faults.arm(f"queue.group.synced:kill{count}", when=_several)
     elif kind == "group-saved" and not rest:
         _in_group_kill(int(nth or 2))
+    elif kind == "fault" and rest:
+        faults.arm(f"{rest}:kill{count}")
     elif kind == "temp-left":
         faults.arm(f"fsutil.temp_written:kill{count}", when=_in_running_with_state(rest))
     else:

@@ -52,7 +52,10 @@ from typing import Any
 
 import psutil
 
-STATES = ("pending", "running", "done", "failed", "skipped", "cancelled")
+STATES = (
+    *("pending", "running", "done", "failed", "skipped", "cancelled"),
+    *("blocked", "dependency_failed"),  # issue 35: tasks after prerequisites
+)
 
 
 def task_id_of(file_name: str) -> str:
@@ -117,6 +120,8 @@ def event_state(e: dict[str, Any]) -> str | None:
         return "running" if state == "waiting" else state
     if ev == "corrupt":
         return "corrupt"
+    if ev == "dependency" and e.get("state"):  # issue 35: a blocked task ended (or back)
+        return str(e["state"])
     if ev == "control" and e.get("task") and e.get("state"):
         return str(e["state"])  # a person's cancel applied: cancelled
     return None

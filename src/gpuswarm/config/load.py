@@ -69,6 +69,8 @@ Task fields (``defaults:`` and every task entry; an entry's value wins, ``env`` 
   GPU while their needs fit (``tasks_per_gpu``, when set, caps how many); see docs/gpu-memory.md.
 - ``done_when``: a path relative to the task workspace that must exist and parse (YAML/JSON) for the
   task to count as done. ``metrics``: name -> regex with exactly one capture group.
+- ``after``, ``after_any``, ``after_failed``, ``group`` and the top level ``groups:`` (issue 35):
+  prerequisites and groups, :mod:`gpuswarm.config.deps` (README, docs/reliability.md).
 - ``agent``: a coding agent's CLI run over the task folder before ``command`` (the evaluation):
   ``claude-code``, ``codex``, ``cursor``, ``gemini``, ``opencode``, ``aider``, or a mapping
   ``{preset: NAME, prompt | prompt_file, copy_from, workdir, files, model, effort, timeout, ...}``
@@ -119,7 +121,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -274,9 +276,12 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
 
 
 @paused_gc()
-def load_config(path: Path, *, repeats: int | None = None) -> LoadedConfig:
+def load_config(
+    path: Path, *, repeats: int | None = None, known: Collection[str] = frozenset()
+) -> LoadedConfig:
     """Read, validate and expand a YAML config file. Any problem is a located ConfigError.
-    ``repeats`` (``run --repeats``): the ``defaults.repeats`` (issue 34)."""
+    ``repeats`` (``run --repeats``): the ``defaults.repeats`` (issue 34). ``known``: task ids
+    a run already has, which ``after:`` may name (``gpuswarm add``, issue 35)."""
     path = Path(path)
     source = str(path)
     data, lines = load_yaml(_read_text(path, source), source)
@@ -290,7 +295,7 @@ def load_config(path: Path, *, repeats: int | None = None) -> LoadedConfig:
         config=config,
         path=path,
         base_dir=base_dir,
-        tasks=expand_tasks(config, base_dir, source, lines=lines),
+        tasks=expand_tasks(config, base_dir, source, lines=lines, known=known),
         name=config.name or _safe_name(path.stem),
         workspace=_workspace(config.workspace, base_dir, where),
     )
@@ -307,13 +312,14 @@ def _workspace(workspace: str | None, base_dir: Path, where: Locator | None = No
 
 
 def expand_tasks(
-    config: RunConfig, base_dir: Path, source: str, *, lines: LineMap | None = None
-) -> list[TaskSpec]:
+    config: RunConfig, base_dir: Path, source: str, *, lines: LineMap | None = None,
+    known: Collection[str] = frozenset(),
+) -> list[TaskSpec]:  # fmt: skip
     """The tasks of ``config`` (relative paths against ``base_dir``); errors name ``source``.
 
     ``lines`` (from :func:`gpuswarm.config.yamlload.load_yaml`) adds line numbers to error messages.
     """
-    return expand_entries(config, base_dir, Locator(source, lines or {}))
+    return expand_entries(config, base_dir, Locator(source, lines or {}), known=known)
 
 
 # -- command lists ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing_extensions import Self
 from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.agents.pricing import AgentUsage, Price
 from gpuswarm.config.budget import BudgetConfig, Usd
+from gpuswarm.config.depfields import DepList, GroupConfig, GroupName
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.notify import NotifyConfig
@@ -88,6 +89,12 @@ class TaskOptions(BaseModel):
     repeats: int | None = Field(default=None, ge=1, le=1000)
     score: NonEmpty | None = Field(default=None, max_length=200)
     passed: NonEmpty | None = Field(default=None, max_length=200)
+    # issue 35: prerequisites (task ids or names; in a glob or matrix entry, templates of this
+    # instance's values: "agent-{task_rel}") and the group it is counted, capped and acted on in
+    after: DepList = Field(default_factory=list)  # start once these ended done
+    after_any: DepList = Field(default_factory=list)  # once these ended in any state
+    after_failed: DepList = Field(default_factory=list)  # only if one of these failed
+    group: GroupName | None = None
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -310,6 +317,7 @@ class RunConfig(BackendBlocks):
     # issue 34: USD per million tokens per model, over the shipped table (agents/pricing.yaml)
     pricing: dict[NonEmpty, Price] = Field(default_factory=dict)
     budget: BudgetConfig | None = None  # issue 34: what the run's agents may spend
+    groups: dict[GroupName, GroupConfig] = Field(default_factory=dict)  # issue 35
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:
@@ -351,6 +359,10 @@ class TaskSpec(BaseModel):
     repeat: int | None = None  # issue 34: which repeat (1..k)
     score: str | None = None  # issue 34: the result field that scores it
     passed: str | None = None  # issue 34: the result field that says it passed
+    after: list[str] = Field(default_factory=list)  # issue 35: resolved task ids
+    after_any: list[str] = Field(default_factory=list)
+    after_failed: list[str] = Field(default_factory=list)
+    group: str | None = None
 
 
 def default_name(command: str | list[str]) -> str:

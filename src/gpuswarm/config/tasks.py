@@ -7,9 +7,11 @@ here raises :class:`ConfigError` located with a :class:`Locator` (file, line, fi
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import NoReturn
 
+from gpuswarm.config import deps
 from gpuswarm.config.agents import agent_command, agent_usage, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
@@ -111,6 +113,8 @@ def make_spec(
         skip_reason=instance.skip,
         gpu_memory_mb=opts.gpu_memory,
         accelerator=opts.accelerator,
+        group=opts.group,
+        **deps.rendered_refs(opts, instance.vars),  # issue 35: resolved to ids by expand_entries
         max_usd=opts.max_usd,
         stall_after=opts.stall_after,
         score=opts.score,
@@ -288,6 +292,9 @@ def _expand_entry(
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
     _check_no_shell(entry, config, loc, path)
+    origins = {k: _origin(entry, path, k) for k in deps.DEP_FIELDS}  # issue 35
+    deps.check_ref_templates(opts, var_names, loc, origins)
+    opts = deps.with_entry_group(opts, entry, index)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
         command, opts = agent_command(
@@ -311,6 +318,7 @@ def _expand_entry(
             timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
         spec = make_spec(inst, command, own, grace=config.grace, base_dir=base_dir, names=names)
+        spec = deps.group_priority(spec, config.groups, "priority" in entry.model_fields_set)
         if usage is not None:
             spec = spec.model_copy(update={"usage": usage})
         if opts.repeats is not None:  # issue 34: which repeat of which task
@@ -334,8 +342,11 @@ def _without_matched_config(
     return opts.model_copy(update={"timeout": parse_duration(render(opts.timeout, {}))})
 
 
-def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[TaskSpec]:
-    """All tasks of ``config`` in file order; refuses duplicate ids and oversized expansions.
+def expand_entries(
+    config: RunConfig, base_dir: Path, loc: Locator, *, known: Collection[str] = frozenset()
+) -> list[TaskSpec]:
+    """All tasks of ``config`` in file order; refuses duplicate ids and oversized expansions,
+    and dependencies on no task or in a cycle (``known``: ids a run has, for ``add``).
 
     Globs that select one folder under one id give one task: the same settings are one task,
     a folder one entry excludes is the other's, and other settings are refused (issue 28)."""
@@ -356,7 +367,7 @@ def expand_entries(config: RunConfig, base_dir: Path, loc: Locator) -> list[Task
                 seen[spec.id] = (inst, path, found[2])
         if len(specs) > MAX_TASKS:
             raise loc.error(path, f"the config gives over {MAX_TASKS} tasks; split it")
-    return specs
+    return deps.resolve(specs, {tid: found[1] for tid, found in seen.items()}, loc, known=known)
 
 
 def _same_folder(a: Instance, b: Instance) -> bool:

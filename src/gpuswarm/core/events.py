@@ -49,6 +49,10 @@ class Ev(str, Enum):
     GPU_FREED = "gpu_freed"
     GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
     HALTED = "halted"  # issue 28: the halt rule was met (spec, when, count, reason)
+    # issue 35: a task waiting for prerequisites moved (task, frm, state, reason, after): ended
+    # dependency_failed / skipped, or back to blocked/ (its failed prerequisite was retried);
+    # its release to pending/ is a ``requeued`` (frm blocked)
+    DEPENDENCY = "dependency"
     BUDGET = "budget"  # issue 34: the run's budget was crossed (reason, how), or a note
     STALLED = "stalled"  # issue 34: an attempt did nothing for stall_after (task, reason)
 

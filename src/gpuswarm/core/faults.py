@@ -42,6 +42,10 @@ POINTS: dict[str, str] = {
     "fsutil.temp_written": "an atomic write's temp file (ctx: path, data) is written, not renamed",
     "committer.cancel.ended": "a cancelled attempt (ctx: task) ended, its commit not yet begun",
     "spool.chunk": "a streamed enqueue wrote a chunk (ctx: done, tasks in pending/ so far)",
+    # issue 35: releasing the dependents of an ended task
+    "release.marked": "a prerequisite's end mark (ctx: task) written, its dependents not settled",
+    "blocked.settle.saved": "a blocked task's new state (ctx: state) saved aside, not journaled",
+    "blocked.settle.journaled": "a blocked task's move (ctx: state) journaled, not renamed",
 }
 
 Predicate = Callable[[dict[str, Any]], bool]

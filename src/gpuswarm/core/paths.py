@@ -15,7 +15,11 @@ from pathlib import Path
 
 from gpuswarm.core.errors import ConfigError, RunDirError
 
-STATES = ("pending", "running", "done", "failed", "skipped", "cancelled")  # cancelled/: issue 17
+# cancelled/: issue 17; blocked/, dependency_failed/: issue 35 (tasks after prerequisites)
+STATES = (
+    *("pending", "running", "done", "failed", "skipped", "cancelled"),
+    *("blocked", "dependency_failed"),
+)
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -141,6 +145,21 @@ class RunPaths:
     def control(self) -> Path:
         """``.parallel/control/``: durable control requests (cancel) and pause flags."""
         return self.parallel / "control"
+
+    @property
+    def edges(self) -> Path:
+        """Issue 35: one line per task with prerequisites (the reverse index's source)."""
+        return self.parallel / "edges.jsonl"
+
+    @property
+    def ended_marks(self) -> Path:
+        """Issue 35: ``<task id>`` files saying how a prerequisite ended (its state)."""
+        return self.parallel / "ended"
+
+    @property
+    def paused_groups(self) -> Path:
+        """Issue 35: ``<group>`` files: that group's tasks start no more (``pause --group``)."""
+        return self.parallel / "groups-paused"
 
     @property
     def added_marker(self) -> Path:

@@ -40,6 +40,7 @@ RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
 CANCELLED = State.CANCELLED.value
+BLOCKED = State.BLOCKED.value  # issue 35: waiting for prerequisites
 _REQUEUED_FROM = (State.DONE.value, State.SKIPPED.value)  # gpuswarm requeue's, beside retry's
 CONFIG_CHANGE = "config-change"
 ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
@@ -155,6 +156,8 @@ class RunView:
             self._added(e)
         elif e.name in (Ev.GPU_HELD.value, Ev.GPU_FREED.value):
             self._gpu_held(e)
+        elif e.name == Ev.DEPENDENCY.value:  # issue 35: a blocked task moved
+            self._dependency(e)
         elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
             self.note = str(e.extra.get("reason") or "halted")
         elif e.name == Ev.BUDGET.value and e.extra.get("crossed"):  # issue 34: budget spent
@@ -164,11 +167,20 @@ class RunView:
             if isinstance(task, str) and isinstance(why, str):
                 self.waiting_room[task] = why
 
+    def _dependency(self, e: Other) -> None:
+        task, frm, to = e.extra.get("task"), e.extra.get("frm"), e.extra.get("state")
+        if isinstance(task, str) and isinstance(frm, str) and isinstance(to, str):
+            self._move(frm, to)
+            self._task(task).state = to
+
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
         count = e.extra.get("count")
         if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-            self.counts[PENDING] = self.counts.get(PENDING, 0) + count
+            blocked = e.extra.get("blocked")  # issue 35: those after prerequisites
+            held = blocked if isinstance(blocked, int) and 0 < blocked <= count else 0
+            self.counts[PENDING] = self.counts.get(PENDING, 0) + count - held
+            self.counts[BLOCKED] = self.counts.get(BLOCKED, 0) + held
             self.added += count
 
     def _gpu_held(self, e: Other) -> None:
@@ -263,6 +275,8 @@ class RunView:
     def _requeued(self, e: Requeued) -> None:
         if e.reason == CONFIG_CHANGE and e.added is not None:
             self.added += e.added
+        if e.frm == BLOCKED:  # issue 35: its prerequisites ended as it asked
+            self._move(BLOCKED, PENDING)
         if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
             self._move(e.frm, PENDING)
         elif e.frm in _REQUEUED_FROM:  # gpuswarm requeue: a fresh attempt series
@@ -286,7 +300,8 @@ class RunView:
         if e.task is None or e.state is None:
             return  # a pause, an unpause: no task moves
         if e.state == CANCELLED:
-            self._move(RUNNING if e.slot is not None else PENDING, CANCELLED)
+            frm = BLOCKED if e.extra.get("frm") == BLOCKED else PENDING  # issue 35
+            self._move(RUNNING if e.slot is not None else frm, CANCELLED)
             for row in self.slots.values():
                 if row.task == e.task:
                     row.task = ""
@@ -318,6 +333,7 @@ class RunView:
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""
         left = self.counts.get(PENDING, 0) + self.counts.get(RUNNING, 0)
+        left += self.counts.get(BLOCKED, 0)  # issue 35: they run once released
         times = self.finished_times
         if not times or left == 0:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
 
 class Kind(str, Enum):
@@ -25,12 +25,25 @@ class Kind(str, Enum):
     PRIORITY = "priority"
 
 
+class Prerequisites(TypedDict, total=False):
+    """Issue 35: what ``gpuswarm add --after/--after-any/--after-failed`` give every task."""
+
+    after: tuple[str, ...]
+    after_any: tuple[str, ...]
+    after_failed: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Add:
     """Append tasks (their dumps, as ``config.commands.task_dumps`` gives them)."""
 
     tasks: tuple[dict[str, Any], ...]
     source: str  # the file they came from ("<stdin>"), journaled in ``added``
+    # issue 35: prerequisites every added task gets (``--after`` & co.; ids or name prefixes):
+    # a task with any waits in blocked/
+    after: tuple[str, ...] = ()
+    after_any: tuple[str, ...] = ()
+    after_failed: tuple[str, ...] = ()
     kind: Kind = Kind.ADD
 
 
@@ -41,6 +54,7 @@ class Cancel:
     tasks: tuple[str, ...]  # ids or unambiguous name prefixes
     reason: str
     wait: float | None = None  # seconds to wait until they left running/ (None: do not)
+    group: str | None = None  # issue 35: its pending, blocked and running tasks too
     kind: Kind = Kind.CANCEL
 
 
@@ -51,6 +65,7 @@ class Retry:
     tasks: tuple[str, ...]
     failed: bool = False  # every failed task too
     cancelled: bool = False  # every cancelled task too
+    group: str | None = None  # issue 35: only this group's failed / cancelled ones
     kind: Kind = Kind.RETRY
 
 
@@ -65,17 +80,20 @@ class Requeue:
 
 @dataclass(frozen=True)
 class Pause:
-    """Claim nothing on the run (``slot`` None) or on one slot; running tasks go on."""
+    """Claim nothing on the run (``slot`` None), on one slot or of one group; running tasks
+    go on."""
 
     slot: str | None = None
+    group: str | None = None  # issue 35: this group's tasks start no more
     kind: Kind = Kind.PAUSE
 
 
 @dataclass(frozen=True)
 class Unpause:
-    """Lift a pause of the run or of one slot."""
+    """Lift a pause of the run, of one slot or of one group."""
 
     slot: str | None = None
+    group: str | None = None  # issue 35: lift a group's pause
     kind: Kind = Kind.UNPAUSE
 
 

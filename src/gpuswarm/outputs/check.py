@@ -39,6 +39,8 @@ RANK = {
     State.FAILED: 1,
     State.RUNNING: 2,
     State.PENDING: 3,
+    State.DEPENDENCY_FAILED: 1,  # issue 35
+    State.BLOCKED: 3,
 }
 
 
@@ -152,6 +154,8 @@ def _task_findings(
             want = str(high) if low == high else f"{low}-{high}"
             out.append(Finding("attempts", f"{seen} started events, {want} expected", task))
         said = tasks[task].state if task in tasks else "pending"
+        if task not in tasks and state is State.BLOCKED:  # created blocked (issue 35)
+            said = State.BLOCKED.value
         begun_retry = state in (State.FAILED, State.CANCELLED) and data.state == State.PENDING.value
         if said != state.value and not (begun_retry and said == State.PENDING.value):
             # (a retry saved and journaled, not yet renamed: resume finishes it)

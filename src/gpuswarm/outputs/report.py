@@ -23,6 +23,7 @@ from gpuswarm.core.words import counted
 from gpuswarm.outputs.costreport import cost_section
 from gpuswarm.outputs.energy import energy_section
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
+from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
@@ -68,7 +69,9 @@ class _Scan:
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
         self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
         self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
+        self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():
+            self.groups.add(state, data)
             row = row_for(state, data)
             self.rows.append(row)
             self._count_slots(data)
@@ -358,6 +361,7 @@ def write_report(
         + cost_section(summary, scan.rows)  # issue 34: what the agents spent
         + repeats_section(summary)  # issue 34: mean and CI of scores, pass@k
         + _fields(summary.get("fields") or {})
+        + groups_section(scan.groups.table())
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image
         + "\n"

@@ -407,12 +407,12 @@ def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:
     """Counts per state as outputs show them: ``skipped`` and ``cancelled`` only when some task
-    is (runs without them read as they always did)."""
-    return {k: n for k, n in counts.items() if n or k not in APART}
+    is (runs without them read as they always did); ``blocked`` too (issue 35)."""
+    return {k: n for k, n in counts.items() if n or k not in (*APART, State.BLOCKED.value)}
 
 
 #: States that ended a task without a failure and stay out of the pass-rate denominators.
-APART = (State.SKIPPED.value, State.CANCELLED.value)
+APART = (State.SKIPPED.value, State.CANCELLED.value, State.DEPENDENCY_FAILED.value)  # + issue 35
 
 
 #: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".

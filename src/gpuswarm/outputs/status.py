@@ -179,7 +179,7 @@ def run_state(paths: RunPaths, counts: dict[str, int], live: bool) -> str:
     except (OSError, ValueError):
         summary = None
     stopped = isinstance(summary, dict) and bool(summary.get("stopped"))
-    left = counts.get("pending", 0) > 0
+    left = counts.get("pending", 0) + counts.get("blocked", 0) > 0  # blocked: issue 35
     if left and not isinstance(summary, dict):
         return CRASHED if _ever_started(paths) else UNFINISHED
     return end_state(counts, stopped and left)

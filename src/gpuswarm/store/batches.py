@@ -5,7 +5,8 @@ by the next control command or resume.
 
 Layout (under ``RunPaths.parallel``)::
 
-    pending/.adding-<pid>.<ns>-<name>    a task an add has written, not shown yet
+    pending/.adding-<pid>.<ns>-<name>    a task an add has written, not shown yet (renamed
+                                         into blocked/ when it has prerequisites, issue 35)
     <ended>/.requeue-<pid>-<name>        an ended task a requeue holds a moment
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.names import descriptor_name
 
@@ -43,12 +46,16 @@ class QueueBatches(QueueFolders):
         """Add ``descs`` to pending/ as one batch: each written under a hidden name (no fsync
         each), one sync of the folder, ``journal(batch)`` (the ``added`` event, synced: it names
         the batch), then the renames and the ``added`` marker. A crash in between is finished by
-        :meth:`finish_adds`. Returns the final names (callers hold control_lock())."""
+        :meth:`finish_adds`. A descriptor saying ``blocked`` (issue 35: it has prerequisites;
+        ``journal`` published its edge first) is renamed into blocked/ instead. Returns the
+        final names (callers hold control_lock())."""
         batch = f"{os.getpid()}.{time.time_ns()}"
         pending = self.paths.state_dir(State.PENDING.value)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         staged: list[tuple[str, str]] = []  # (temp name, final name)
+        into_blocked = {d.id for d in descs if d.state == State.BLOCKED.value}
         folder = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
+        blocked = _open_blocked(self.paths) if into_blocked else None
         try:
             for desc in descs:
                 final = descriptor_name(desc.priority, desc.seq, desc.id)
@@ -61,10 +68,15 @@ class QueueBatches(QueueFolders):
                 staged.append((temp, final))
             sync_tree(pending)  # every descriptor's data on disk: one sync, not one per file
             journal(batch)  # the journal says it before the names become visible
-            for temp, final in staged:
-                os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder)
+            for (temp, final), desc in zip(staged, descs, strict=True):
+                into = blocked if blocked is not None and desc.id in into_blocked else folder
+                os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=into)
+            if blocked is not None:
+                os.fsync(blocked)
         finally:
             os.close(folder)
+            if blocked is not None:
+                os.close(blocked)
         fsync_dir(pending)
         self.note_new_work()
         return [final for _, final in staged]
@@ -72,7 +84,8 @@ class QueueBatches(QueueFolders):
     def finish_adds(self, journaled: Callable[[], set[str]]) -> int:
         """Adds a crash cut short (their writer is dead): a batch ``journaled()`` names (the
         journal's ``added`` events) is finished, its tasks renamed into pending/; one it does not
-        name is removed (the add never said so). Returns how many tasks were added."""
+        name is removed (the add never said so); one with prerequisites goes into blocked/
+        (:func:`added_folder`). Returns how many tasks were added."""
         pending = self.paths.state_dir(State.PENDING.value)
         batches: dict[str, list[str]] = {}
         for name in os.listdir(pending):
@@ -88,8 +101,9 @@ class QueueBatches(QueueFolders):
         for batch, names in batches.items():
             for name in names:
                 final = name[len(ADDING) + len(batch) + 1 :]
-                if batch in said and not (pending / final).exists():
-                    os.rename(pending / name, pending / final)
+                into = added_folder(self.paths, pending / name) if batch in said else pending
+                if batch in said and not (into / final).exists():
+                    os.rename(pending / name, into / final)
                     added += 1
                 else:
                     (pending / name).unlink(missing_ok=True)
@@ -150,3 +164,23 @@ class QueueBatches(QueueFolders):
                 else:
                     os.rename(folder / held_name, folder / name)
         return requeued
+
+
+def _open_blocked(paths: RunPaths) -> int:
+    folder = paths.state_dir(State.BLOCKED.value)
+    folder.mkdir(exist_ok=True)  # a run made before blocked/ existed
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def added_folder(paths: RunPaths, temp: Path) -> Path:
+    """Where a task an add wrote goes (pending/, or blocked/ when its descriptor says
+    ``blocked``, issue 35): a cut-short add finished later puts it where it was meant to go."""
+    try:
+        blocked = Descriptor.loads(temp.read_bytes()).state == State.BLOCKED.value
+    except (OSError, ValueError):
+        blocked = False
+    if not blocked:
+        return paths.state_dir(State.PENDING.value)
+    out = paths.state_dir(State.BLOCKED.value)
+    out.mkdir(exist_ok=True)
+    return out

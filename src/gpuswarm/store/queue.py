@@ -125,6 +125,16 @@ class DirQueue(QueueBatches):
         with self._lock:
             heapq.heappush(self._heap, name)
 
+    def note_added_by_me(self) -> None:
+        """:func:`note_added` for tasks this process pushed itself (issue 35: dependents it
+        released): other supervisors rescan, this one's next claim does not (unless someone
+        else touched the marker since its last scan)."""
+        with self._lock:
+            before = self._added_mark()
+            note_added(self.paths)
+            if self._loaded and before == self._added_seen:
+                self._added_seen = self._added_mark()
+
     def claim(
         self, owner: str, slot: int, accept: Callable[[str], bool] | None = None
     ) -> Claimed | None:

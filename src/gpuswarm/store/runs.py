@@ -30,8 +30,9 @@ from gpuswarm.core.fsutil import (
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
 from gpuswarm.store import runindex
+from gpuswarm.store.blocked import Edge, write_blocked, write_edges
 from gpuswarm.store.ledger import Ledger
-from gpuswarm.store.names import task_id_of
+from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.spool import write_spool
 from gpuswarm.store.staging import Encoded, create_layout, encoded, write_pending, write_skipped
@@ -97,10 +98,19 @@ def _write_tasks(staging: RunPaths, new: NewRun) -> int:
         return write_pending(staging, items)
     count = write_pending(staging, itertools.islice(items, new.stream_after))
     skipped = 0
+    edges: list[Edge] = []
 
     def rest() -> Iterator[tuple[str, bytes]]:
         nonlocal skipped
         for item in items:
+            if (  # issue 35: a task with prerequisites goes to blocked/, never the spool
+                not isinstance(item, Encoded)
+                and item.has_prerequisites
+                and item.state != State.SKIPPED.value
+            ):
+                name = descriptor_name(item.priority, item.seq, item.id)
+                skipped += write_blocked(staging, item, name, edges)
+                continue
             name, blob, excluded = encoded(item)
             if excluded:
                 write_skipped(staging, name, blob)
@@ -109,6 +119,7 @@ def _write_tasks(staging: RunPaths, new: NewRun) -> int:
                 yield name, blob
 
     spooled = write_spool(staging, rest())
+    write_edges(staging, edges, durable=False)  # synced with the staged run
     if not spooled:
         staging.enqueue_spool.unlink()
     return count + spooled + skipped

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.store.blocked import Edge, write_blocked, write_edges
 from gpuswarm.store.names import descriptor_name
 
 
@@ -59,8 +60,15 @@ def write_pending(
     count = 0
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
+    edges: list[Edge] = []  # issue 35: tasks after prerequisites wait in blocked/
     try:
         for item in descriptors:
+            if not isinstance(item, Encoded):  # a command list's have no prerequisites
+                desc = item if isinstance(item, Descriptor) else Descriptor(item)
+                if desc.state != State.SKIPPED.value and desc.has_prerequisites:
+                    name = descriptor_name(desc.priority, desc.seq, desc.id)
+                    count += write_blocked(paths, desc, name, edges)
+                    continue
             name, blob, skipped = encoded(item)
             count += 1
             if skipped:  # excluded: never pending
@@ -73,4 +81,5 @@ def write_pending(
                 os.close(fd)
     finally:
         os.close(folder)
+    write_edges(paths, edges, durable=False)
     return count

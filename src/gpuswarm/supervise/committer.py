@@ -32,6 +32,7 @@ from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
 from gpuswarm.store.control import Request
 from gpuswarm.store.queue import Claimed
+from gpuswarm.store.release import released
 from gpuswarm.supervise.context import LiveAttempt, Shared
 from gpuswarm.supervise.controls import drop_late, move_cancelled, still_bound
 from gpuswarm.supervise.packing import sized_oom_retry, with_usage
@@ -177,6 +178,7 @@ class Committer:
         faults.point("committer.cancel.ended", task=live.task_id)
         live.claimed.desc.add_attempt(record)
         move_cancelled(run.queue, run.ledger, live.claimed, reqs, run.cfg.owner, live.slot.label)
+        self.after_end(live.task_id, State.CANCELLED)
 
     def _finish(
         self,
@@ -229,9 +231,11 @@ class Committer:
                 **event_fields(rec),  # issue 34: an agent's tokens and cost
             )
 
-        def moved() -> None:
+        def moved() -> None:  # the outcome is in place (after its group's flush, when grouped)
             if retry and delay <= 0:
                 run.more_work()
+            if not retry:
+                self.after_end(task.id, state)  # issue 35: its dependents released
             if not retry and self._on_ended is not None:
                 self._on_ended(state)
 
@@ -246,6 +250,11 @@ class Committer:
         else:
             run.queue.move(claimed, target, announce)
             moved()
+
+    def after_end(self, task_id: str, state: State) -> None:
+        """Issue 35: a task ended, its dependents are released (or end) now."""
+        if released(self.run.queue, self.run.ledger, task_id, state):
+            self.run.more_work()
 
     def backoff(self, used: int) -> float:
         base = self.run.cfg.retry_backoff
@@ -305,6 +314,7 @@ class Committer:
         try:
             claimed.desc.take_retry_at()
             move_cancelled(run.queue, run.ledger, claimed, reqs, run.cfg.owner, None)
+            self.after_end(task_id, State.CANCELLED)
         except LeaseLostError:
             run.lease_lost(task_id, None, "its cancel is left to the reclaimer")
         finally:

@@ -40,6 +40,7 @@ from gpuswarm.store.control import Request
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.store.release import released
 from gpuswarm.supervise.context import Shared
 
 CANCEL = "cancel"
@@ -152,6 +153,7 @@ def cancel_pending(queue: DirQueue, ledger: Ledger, reqs: list[Request], applied
     if queue.cancel_pending_if(reqs[0].task, decide, announce) is None:
         return False
     drop_all(queue, bound)
+    released(queue, ledger, reqs[0].task, State.CANCELLED)  # issue 35: its dependents
     return True
 
 

@@ -28,6 +28,7 @@ from gpuswarm.store.leases import on_this_host, owner_alive, slot_label
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import leased_by, reclaimed_from
 from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.store.release import settle_all, settle_locked
 from gpuswarm.store.runs import set_aside, temp_files
 from gpuswarm.supervise.controls import (
     Cancels,
@@ -104,6 +105,8 @@ def recover(
             moved["retried"] += 1  # begun before a crash: finished even with --no-retry-failed
         elif retry_failed:
             moved["retried"] += _retry_failed(queue, ledger, name)
+    with queue.control_lock():  # issue 35: every blocked task against the folders
+        moved.update({f"blocked_{k}": n for k, n in settle_all(queue, ledger).items()})
     return moved
 
 
@@ -341,7 +344,10 @@ def reclaim_dead(
             queue, ledger, name, owner, me, still_running, cancels
         ):
             count += 1
-    _remove_dead_writes(queue.paths, [o for o, alive in verdicts.items() if not alive])
+    dead = [o for o, alive in verdicts.items() if not alive]
+    _remove_dead_writes(queue.paths, dead)
+    if dead:  # issue 35: a release it had begun (or not begun yet) is finished here
+        settle_locked(queue, ledger)
     return count
 
 

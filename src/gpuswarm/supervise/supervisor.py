@@ -52,6 +52,7 @@ from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
+from gpuswarm.supervise.groups import gate_of
 from gpuswarm.supervise.halt import Halt
 from gpuswarm.supervise.heartbeat import Heartbeat
 from gpuswarm.supervise.keeper import Keeper
@@ -106,6 +107,7 @@ class Supervisor:
         # a cluster's GPUs are on its nodes: this host's NVML knows none of them (issue 16)
         query = membership_of(self.backend) is None
         self.gpus = GpuPlacement(self.shared, cfg.slots, query)  # VRAM sampler, reservations (19)
+        self.groups = gate_of(paths)  # issue 35: max_parallel, pause --group
         self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
@@ -254,12 +256,14 @@ class Supervisor:
             claimed = None
             with self.gpus.claiming():  # this host's other supervisors wait meanwhile
                 for slot in self.gpus.candidates(free, self.shared.holds):
-                    claimed = self.queue.claim(self.cfg.owner, slot.index, self.gpus.accept(slot))
+                    accept = self.groups.wrap(self.gpus.accept(slot))  # issue 35: caps, pauses
+                    claimed = self.queue.claim(self.cfg.owner, slot.index, accept)
                     if claimed is not None:
                         self.gpus.reserve(slot, claimed)  # before its CUDA context exists
                         break
             if claimed is None:
                 self.gpus.none_fit()
+                self._gated = self.groups.take_refused()  # issue 35: look again once woken
                 return got
             free.remove(slot)
             got = True

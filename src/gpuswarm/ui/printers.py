@@ -27,7 +27,7 @@ def _console() -> Console:
 def _counts(counts: dict[str, int]) -> str:
     order = ("done", "failed", "running", "pending")
     text = "  ".join(f"{k} {counts.get(k, 0)}" for k in order)
-    for apart in ("skipped", "cancelled"):
+    for apart in ("skipped", "cancelled", "blocked", "dependency_failed"):  # (issue 35)
         if counts.get(apart):
             text += f"  {apart} {counts[apart]}"
     return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")

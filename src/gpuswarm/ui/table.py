@@ -114,8 +114,10 @@ class LiveView:
         paused: Callable[[], tuple[bool, frozenset[str]]] | None = None,
         recount: Callable[[], dict[str, int]] | None = None,
         redactor: Redactor | None = None,
+        groups: Callable[[], list[str]] | None = None,
     ) -> None:
         self.state = state
+        self.groups = groups  # issue 35: one line per group (its progress), or none
         # the run's redactor (run_redactor); else this process's secrets, then shapes
         self.redactor = redactor if redactor is not None else Redactor.of_env(os.environ)
         self.paused = paused  # (run, slots) paused now; None: as the journal says
@@ -152,9 +154,9 @@ class LiveView:
         if self.paused is not None:
             run_paused, slots_paused = self.paused()
         total = max(1, sum(counts.values()))
-        ended = ("done", "failed", "skipped", "cancelled")
+        ended = ("done", "failed", "skipped", "cancelled", "dependency_failed")
         finished = sum(counts.get(k, 0) for k in ended)
-        apart = "".join(f"  {k} {counts[k]}" for k in ended[2:] if counts.get(k))
+        apart = "".join(f"  {k} {counts[k]}" for k in (*ended[2:], "blocked") if counts.get(k))
         head = Text.from_markup(
             f"[bold]{escape(self.title)}[/]  done {counts.get('done', 0)}  failed "
             f"{counts.get('failed', 0)}  running {counts.get('running', 0)}  pending "
@@ -172,6 +174,8 @@ class LiveView:
         parts.append(bar)
         if spent:
             parts.append(Text(spent))
+        for line in self.groups() if self.groups is not None else ():
+            parts.append(Text(inert(f"  {line}"), style="cyan"))
         parts.append(self._table(rows, now, quarantined, slots_paused))
         for line in failures:
             parts.append(Text(inert(f"  ! {line}"), style="red"))

@@ -117,6 +117,35 @@ class Descriptor:
     def max_attempts(self) -> int:
         return int(self.task.get("max_attempts", 1))
 
+    # issue 35: prerequisites and groups --------------------------------------------------
+    def _ids(self, key: str) -> list[str]:
+        found = self.task.get(key)
+        return [str(t) for t in found] if isinstance(found, list) else []
+
+    @property
+    def after(self) -> list[str]:
+        """Task ids that must end done before it starts."""
+        return self._ids("after")
+
+    @property
+    def after_any(self) -> list[str]:
+        """Task ids that must end (in any state) before it starts."""
+        return self._ids("after_any")
+
+    @property
+    def after_failed(self) -> list[str]:
+        """Task ids of which one must fail for it to start (ended otherwise: it is skipped)."""
+        return self._ids("after_failed")
+
+    @property
+    def has_prerequisites(self) -> bool:
+        return bool(self.after or self.after_any or self.after_failed)
+
+    @property
+    def group(self) -> str | None:
+        group = self.task.get("group")
+        return group if isinstance(group, str) and group else None
+
     @property
     def env(self) -> dict[str, str]:
         """The task's own environment (its values may be secrets: outputs redact them)."""
@@ -289,6 +318,17 @@ class Descriptor:
     def mark_skipped(self, reason: str) -> None:
         """Created skipped (an ``exclude:`` glob matched it): listed, never run."""
         self.raw["state"] = State.SKIPPED.value
+        self.raw["reason"] = reason
+
+    def mark_blocked(self) -> None:
+        """Waiting for its prerequisites (blocked/): a new task, or one brought back by a
+        retry of the prerequisite that failed."""
+        self.raw["state"] = State.BLOCKED.value
+        self.raw["reason"] = None
+
+    def mark_dependency_failed(self, reason: str) -> None:
+        """A prerequisite did not succeed: ended without running (issue 35)."""
+        self.raw["state"] = State.DEPENDENCY_FAILED.value
         self.raw["reason"] = reason
 
     def mark_cancelled(self, reason: str) -> None:

@@ -19,17 +19,23 @@ class State(str, Enum):
     FAILED = "failed"
     SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
     CANCELLED = "cancelled"  # a person cancelled it (gpuswarm cancel): never retried, no failure
+    # issue 35: a task whose prerequisites (after:, after_any:, after_failed:) have not ended
+    # waits in blocked/, out of the claimers' sight; one whose ``after:`` prerequisite did not
+    # succeed ends dependency_failed (never ran, out of the pass rates, back when it is retried)
+    BLOCKED = "blocked"
+    DEPENDENCY_FAILED = "dependency_failed"
 
     def is_terminal(self) -> bool:
         """Whether a task in this state has ended: it runs no attempt and will run none unless
-        it is retried. Every state but pending and running (done, failed, skipped, cancelled,
-        and any state of an ended task added later; a new state of a task that has still to
-        run joins pending and running here): the one rule for "ended"."""
-        return self not in (State.PENDING, State.RUNNING)
+        it is retried. Every state but pending, running and blocked (done, failed, skipped,
+        cancelled, dependency_failed, and any state of an ended task added later; a new state
+        of a task that has still to run joins these three here): the one rule for "ended"."""
+        return self not in (State.PENDING, State.RUNNING, State.BLOCKED)  # blocked: runs later
 
     @classmethod
     def terminal(cls) -> tuple[State, ...]:
-        """The ended states, in folder order (done, failed, skipped, cancelled)."""
+        """The ended states, in folder order (done, failed, skipped, cancelled,
+        dependency_failed)."""
         return tuple(s for s in cls if s.is_terminal())
 
 

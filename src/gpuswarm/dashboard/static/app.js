@@ -12,7 +12,7 @@ const NO_SESSION = 'No session: open the URL with ?token= that `gpuswarm dashboa
 const READ_ONLY = metaContent('gpuswarm-read-only') === '1';
 const SVGNS = 'http://www.w3.org/2000/svg';
 const OUTCOMES = ['done', 'failed', 'timeout', 'retried', 'interrupted', 'cancelled', 'skipped', 'running'];
-const STATES = ['pending', 'running', 'done', 'failed', 'skipped', 'cancelled'];
+const STATES = ['pending', 'running', 'done', 'failed', 'skipped', 'cancelled', 'blocked', 'dependency_failed'];
 const WINDOWS = [[-1, 'fit'], [300, '5 min'], [1800, '30 min'], [7200, '2 h'], [0, 'all']];
 
 function takeSession() {

@@ -1,0 +1,148 @@
+"""Dependencies in a person's queue changes (issue 35): ``gpuswarm add --after/--after-any/
+--after-failed``, a cancel of a blocked task (and the dependents of a cancelled one), a retry
+or requeue that brings dependency_failed dependents back (one of a dependency_failed task is
+refused). :mod:`.control_ops`'s handlers call these at one point each.
+
+An added task with prerequisites is written like every added task (a hidden name in pending/,
+one sync, the ``added`` event: ``DirQueue.add_batch``) and renamed into blocked/ instead of
+pending/; its edge is appended to the edges file (synced) before the ``added`` line and any
+rename makes it visible, so a supervisor that sees it knows its prerequisites. References in
+an added YAML name the batch's own tasks first, then the run's (ids, names or unambiguous
+prefixes, as TASK arguments are).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.core import verbs
+from gpuswarm.core.errors import BadInputError
+from gpuswarm.core.events import Ev
+from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.store import release
+from gpuswarm.store.blocked import Edge, write_edges
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.lookup import resolve_tasks, task_index
+from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.reader import RunReader
+from gpuswarm.store.runs import open_run
+
+FLAG_FIELDS = {"after": "--after", "after_any": "--after-any", "after_failed": "--after-failed"}
+
+
+def run_task_ids(run_dir: Path) -> frozenset[str]:
+    """The ids a run has (an added config's references may name them)."""
+    paths, _ = open_run(run_dir)
+    return frozenset(task_index(RunReader(paths)))
+
+
+@dataclass
+class AddedDeps:
+    """The prerequisites an add gives its tasks, and the edges of those it writes blocked."""
+
+    flags: dict[str, list[str]] = field(default_factory=dict)  # field -> ids (resolved)
+    edges: list[Edge] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, req: verbs.Add, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]
+    ) -> AddedDeps:
+        """The request's ``--after`` & co. on every task of ``dumps`` (:meth:`prepare`)."""
+        flags = {"after": req.after, "after_any": req.after_any, "after_failed": req.after_failed}
+        out = cls(flags={k: list(v) for k, v in flags.items()})
+        out.prepare(paths, dumps, fresh)
+        return out
+
+    def prepare(self, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]) -> None:
+        """The flags' prerequisites on every task; references to the batch's own tasks
+        follow their new ids (``fresh``: original id -> id the add gives it)."""
+        resolved = {k: resolve_tasks(paths, v) for k, v in self.flags.items() if v}
+        for dump in dumps:
+            for key in FLAG_FIELDS:
+                refs = [fresh.get(r, r) for r in dump.get(key) or []]
+                refs += [r for r in resolved.get(key, []) if r not in refs]
+                if str(dump["id"]) in refs:
+                    raise BadInputError(
+                        f"{FLAG_FIELDS[key]}: task {dump['id']!r} cannot be after itself"
+                    )
+                dump[key] = refs
+
+    def place(self, desc: Descriptor) -> Descriptor:
+        """An added task with prerequisites is marked blocked (``DirQueue.add_batch`` renames
+        it into blocked/), its edge kept for :meth:`publish`."""
+        if desc.has_prerequisites:
+            desc.mark_blocked()
+            self.edges.append(Edge.of(desc, descriptor_name(desc.priority, desc.seq, desc.id)))
+        return desc
+
+    def publish(self, paths: RunPaths) -> None:
+        """The edges on disk (synced) before any of their tasks becomes visible."""
+        write_edges(paths, self.edges)
+
+    def settle(self, queue: DirQueue, ledger: Ledger) -> None:
+        """Once visible: those whose prerequisites ended already leave blocked/ now."""
+        release.settle_added(queue, ledger, self.edges)
+
+
+def fresh_ids(
+    dumps: Iterable[dict[str, Any]], taken: set[str], fresh: Callable[[str, set[str]], str]
+) -> dict[str, str]:
+    """The ids the add will give its tasks (``fresh``: its rule), without taking them."""
+    seen = set(taken)
+    out: dict[str, str] = {}
+    for dump in dumps:
+        tid = fresh(str(dump["id"]), seen)
+        seen.add(tid)
+        out[str(dump["id"])] = tid
+    return out
+
+
+def cancel_blocked(
+    queue: DirQueue, ledger: Ledger, state: State, name: str, reason: str, me: str
+) -> bool:
+    """``gpuswarm cancel`` of a blocked task: it ends cancelled now (journaled as from
+    blocked), its dependents follow. False: not blocked, or it left blocked/ meanwhile."""
+    if state is not State.BLOCKED:
+        return False
+
+    def announce(desc: Descriptor) -> None:
+        ledger.emit(
+            Ev.CONTROL,
+            request="cancel",
+            task=desc.id,
+            by=me,
+            applied_by=me,
+            state=State.CANCELLED.value,
+            frm=State.BLOCKED.value,
+            reason=reason,
+        )
+
+    return release.cancel_blocked(queue, ledger, name, reason, announce) is not None
+
+
+def cancelled(queue: DirQueue, ledger: Ledger, task: str) -> int:
+    """A pending task a cancel ended: its dependents follow (those it releases, counted)."""
+    return release.released(queue, ledger, task, State.CANCELLED)
+
+
+def check_requeue(known: Mapping[str, tuple[State, str]], ids: Iterable[str], verb: str) -> None:
+    """A retry or requeue of a dependency_failed task is refused (exit 2): it never ran; it
+    comes back when the prerequisite that failed is retried or requeued."""
+    for tid in ids:
+        if known[tid][0] is State.DEPENDENCY_FAILED:
+            raise BadInputError(
+                f"task {tid!r} is dependency_failed: {verb} the prerequisite that failed "
+                "(its dependents come back with it)"
+            )
+
+
+def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[dict[str, Any]]) -> int:
+    """After a retry or a requeue: the end marks of the tasks now pending again go, their
+    dependency_failed dependents (and theirs) are blocked again."""
+    back = [str(r["task"]) for r in rows if r.get("now") == State.PENDING.value]
+    return release.retried(queue, ledger, back) if back else 0
