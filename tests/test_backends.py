@@ -221,11 +221,11 @@ def test_a_retry_released_while_the_loop_looks_is_still_run(
     sup = Supervisor(paths, queue, Ledger(paths.events), cfg)
     move = queue.move
 
-    def slow_release(claimed: Any, state: State, announce: Any) -> None:
+    def slow_release(claimed: Any, state: State, announce: Any, **grouped: Any) -> None:
         if state is State.PENDING and threading.current_thread().name == "keeper":
             sup._wakeup()  # the loop looks now, between the heap and pending/
             time.sleep(0.3)
-        move(claimed, state, announce)
+        move(claimed, state, announce, **grouped)
 
     monkeypatch.setattr(queue, "move", slow_release)
     sup.run()
