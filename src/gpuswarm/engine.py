@@ -29,6 +29,8 @@ from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
+from gpuswarm.exec.slurm import session as slurm
+from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
@@ -94,6 +96,7 @@ def start_run(
     if loaded.config.backend == "local":  # elsewhere the programs are the image's
         _check_programs(loaded, count, output)
     check_backend_ready(loaded, gpus_spec)
+    slurm.check_nodes_see(loaded.workspace)  # issue 36: every node of the allocation sees it
     hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
@@ -187,6 +190,7 @@ def resume_run(
     halt: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
+    slurm.check_nodes_see(paths.root)  # issue 36: a new allocation's nodes see the run
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
     if ray_address is not None:  # the cluster moved (a new head after a head loss)
         setup = with_ray_address(setup, ray_address)
@@ -292,6 +296,8 @@ def _supervise(
 ) -> RunReport:
     owner = owner_id()
     cfg = setup.supervisor_config(owner)
+    alloc = slurm.allocation_for()  # issue 36: inside a Slurm allocation, its end bounds the run
+    cfg = replace(cfg, claim_until=alloc.stop_at, stop_at=alloc.stop_at) if alloc else cfg
     recovered = None
     backend = create_backend(cfg.backend, setup.backend_options(paths, owner, cfg.max_log_bytes))
     if mode != "run":  # a new run checked it before it was created (check_backend_ready)
@@ -323,7 +329,7 @@ def _supervise(
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    sup.run()
+                    _run_in_allocation(sup, alloc, paths, mode, ledger)
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
                         _after_all(paths, ledger, setup, output, sup, summary, backend)
@@ -349,6 +355,24 @@ def _supervise(
         stopped_by=sup.shared.ended_by,
         halted=halted,
     )
+
+
+def _run_in_allocation(
+    sup: Supervisor, alloc: Allocation | None, paths: RunPaths, mode: str, ledger: Ledger
+) -> None:
+    """``sup.run()``; inside a Slurm allocation (issue 36) with a worker on each other node
+    (the head), SIGUSR1 stopping it warm, and tasks its end left pending making it a stop."""
+    nodes = slurm.Session(alloc, paths.root, mode)
+    with slurm.usr1_stops(sup.stop_warm, alloc is not None):
+        if others := nodes.start():
+            ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
+        try:
+            sup.run()
+        finally:
+            nodes.close()
+    if sup.until.refused and not sup.stopping.is_set():  # left for the next allocation
+        sup.shared.stopped_by("the allocation ends before their timeout")
+        sup.stopping.set()
 
 
 def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:

@@ -60,6 +60,10 @@ class SupervisorConfig:
     preflight: tuple[str, ...] = ()
     # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
     halt: str | None = None
+    # issue 36: the end of a Slurm allocation (epoch seconds; supervise/allocation_end.py):
+    # no task whose timeout runs past claim_until is claimed, and the run stops warm at stop_at
+    claim_until: float | None = None
+    stop_at: float | None = None
 
 
 @dataclass

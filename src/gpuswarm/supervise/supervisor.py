@@ -49,6 +49,7 @@ from gpuswarm.store.leases import owner_file
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of
 from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.supervise.allocation_end import AllocationEnd
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.halt import Halt
@@ -100,6 +101,7 @@ class Supervisor:
         query = membership_of(self.backend) is None
         self.gpus = GpuPlacement(self.shared, cfg.slots, query)  # VRAM sampler, reservations (19)
         self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
+        self.until = AllocationEnd(queue, cfg.claim_until, cfg.stop_at, self.stop_warm)
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -120,6 +122,7 @@ class Supervisor:
         self.backend.open()
         self.slot_sync.watch()  # a cluster's nodes join and leave (issue 16)
         self.gpus.start()
+        self.until.start()
         self.keeper.control.refresh_pause()  # a paused run claims nothing from the start
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
@@ -140,6 +143,7 @@ class Supervisor:
             while thread.is_alive():
                 thread.join(0.5)
         self.keeper.stop(keeper)
+        self.until.close()
         self.committer.release_delayed(everything=True)
         self.backend.close()
         self.gpus.close()
@@ -172,6 +176,11 @@ class Supervisor:
         if cause is not None:  # halt now: the warm stop a Ctrl-C takes, the halt its cause
             self.shared.stopped_by(cause)
         self.request_stop()
+
+    def stop_warm(self, cause: str) -> None:
+        """A stop that is never the second (cold) one: the allocation's end (issue 36)."""
+        if not self.stopping.is_set():
+            self._stop(cause)
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
@@ -246,7 +255,8 @@ class Supervisor:
             claimed = None
             with self.gpus.claiming():  # this host's other supervisors wait meanwhile
                 for slot in self.gpus.candidates(free, self.shared.holds):
-                    claimed = self.queue.claim(self.cfg.owner, slot.index, self.gpus.accept(slot))
+                    accept = self.until.wrap(self.gpus.accept(slot))
+                    claimed = self.queue.claim(self.cfg.owner, slot.index, accept)
                     if claimed is not None:
                         self.gpus.reserve(slot, claimed)  # before its CUDA context exists
                         break

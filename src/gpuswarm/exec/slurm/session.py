@@ -1,0 +1,77 @@
+"""What a supervisor inside a Slurm allocation does besides supervising (the engine calls it).
+
+- :func:`allocation_for` the allocation to honour (None outside one): its end bounds claims and
+  stops the run warm ``stop_before`` seconds before it;
+- :func:`check_nodes_see` the shared-filesystem check before anything is created;
+- :class:`Session` starts the workers on the other nodes (the head only: ``run``/``resume``,
+  never a ``work`` that srun started) and ends them with the run;
+- :func:`usr1_stops` Slurm's end signal (``--signal=B:USR1@N``) stops the run warm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gpuswarm.exec.slurm.allocation import Allocation, current
+from gpuswarm.exec.slurm.workers import Workers, check_shared
+
+WORKER_VAR = "GPUSWARM_SLURM_WORKER"  # set for the workers srun starts: they start none
+
+
+def allocation_for() -> Allocation | None:
+    return current(os.environ)
+
+
+def is_head(mode: str) -> bool:
+    return mode in ("run", "resume") and os.environ.get(WORKER_VAR) != "1"
+
+
+def check_nodes_see(folder: Path) -> Allocation | None:
+    """Inside a multi-node allocation: every other node reads ``folder`` (exit 2 otherwise)."""
+    alloc = allocation_for()
+    if alloc is not None and alloc.others and os.environ.get(WORKER_VAR) != "1":
+        folder.mkdir(parents=True, exist_ok=True)
+        check_shared(alloc, folder)
+    return alloc
+
+
+class Session:
+    def __init__(self, alloc: Allocation | None, run_dir: Path, mode: str) -> None:
+        self.alloc = alloc
+        self.workers = (
+            Workers(alloc, run_dir)
+            if alloc is not None and alloc.others and is_head(mode)
+            else None
+        )
+
+    def start(self) -> list[str]:
+        """Start the workers; the nodes they run on."""
+        if self.workers is None or self.alloc is None:
+            return []
+        self.workers.start()
+        return list(self.alloc.others)
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.stop(warm=True)
+
+
+@contextlib.contextmanager
+def usr1_stops(stop: Callable[[str], None], active: bool) -> Iterator[None]:
+    """SIGUSR1 (Slurm's ``--signal=B:USR1@N``, or srun passing it on) calls ``stop`` once."""
+    if not active:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        stop("SIGUSR1 (the allocation ends)")
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, old)
