@@ -102,7 +102,9 @@ def _load_source(
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @_supervising
 @click.option(
-    "--backend", type=click.Choice(["local", "docker", "ray"]), help="what runs each attempt"
+    "--backend",
+    type=click.Choice(["local", "docker", "ray", "slurm"]),
+    help="what runs each attempt",
 )
 @click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
 @click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
@@ -113,6 +115,10 @@ def _load_source(
     "--ray-address",
     help="ray: the cluster to join: auto, HOST:PORT or ray://HOST:PORT (implies --backend ray)",
 )
+@click.option("--slurm-nodes", type=click.IntRange(1), help="slurm: nodes per worker job")
+@click.option("--slurm-time", help="slurm: each worker job's time limit (4:00:00)")
+@click.option("--slurm-partition", help="slurm: the partition of the worker jobs")
+@click.option("--slurm-gpus-per-node", type=click.IntRange(1), help="slurm: GPUs per node")
 def run(
     source: str,
     gpus: str | None,
@@ -137,6 +143,10 @@ def run(
     network: str | None,
     pass_env: tuple[str, ...],
     ray_address: str | None,
+    slurm_nodes: int | None = None,
+    slurm_time: str | None = None,
+    slurm_partition: str | None = None,
+    slurm_gpus_per_node: int | None = None,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -161,6 +171,12 @@ def run(
                 pass_env=pass_env,
             )
             .with_ray(ray_address)
+            .with_slurm(
+                nodes=slurm_nodes,
+                time=slurm_time,
+                partition=slurm_partition,
+                gpus_per_node=slurm_gpus_per_node,
+            )
         )
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})

@@ -41,6 +41,7 @@ from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.runsetup import (
     Setup,
+    backend_of,
     check_backend,
     check_backend_ready,
     gpu_keys_of,
@@ -53,6 +54,7 @@ from gpuswarm.runsetup import (
     with_halt,
     with_ray_address,
 )
+from gpuswarm.slurmdriver import resume_slurm_run, start_slurm_run
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -90,6 +92,8 @@ def start_run(
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
     check_backend(loaded)
+    if loaded.config.backend == "slurm":  # issue 36: from the login node, worker jobs
+        return start_slurm_run(loaded, gpus_spec, suffix=suffix, output=output)
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
@@ -190,6 +194,8 @@ def resume_run(
     halt: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
+    if backend_of(info) == "slurm" and slurm.allocation_for() is None:  # the login node
+        return resume_slurm_run(paths, info, output)
     slurm.check_nodes_see(paths.root)  # issue 36: a new allocation's nodes see the run
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
     if ray_address is not None:  # the cluster moved (a new head after a head loss)

@@ -44,7 +44,7 @@ def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
     return tuple(out)
 
 
-RESUME_READS = ("preflight", "after_all", "docker", "ray", "backend")  # by shape only
+RESUME_READS = ("preflight", "after_all", "docker", "ray", "backend", "slurm")  # by shape only
 
 
 def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:

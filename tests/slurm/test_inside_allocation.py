@@ -10,36 +10,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from slurm_cluster import SlurmCluster
+from slurm_support import (
+    cut_short,
+    done_once,
+    events_of,
+    hosts_of_done,
+    is_done,
+    only_run,
+    slurm_env,
+    summary_of,
+    write_cmds,
+    write_config,
+)
 
 PY = [sys.executable, "-m", "gpuswarm"]
-
-
-def _env(slurm: SlurmCluster, **extra: str) -> dict[str, str]:
-    here = Path(__file__).resolve().parents[2]
-    env = slurm.client_env({"PYTHONPATH": str(here / "src"), "PYTHONUNBUFFERED": "1"})
-    for var in ("GPUSWARM_RUN_DIR", "GPUSWARM_OWNER", "GPUSWARM_ATTEMPT_TOKEN"):
-        env.pop(var, None)
-    env.update(extra)
-    return env
-
-
-def _cmds(folder: Path, count: int, seconds: float) -> Path:
-    path = folder / "cmds.txt"
-    lines = [f"sleep {seconds}; echo task{i} $GPUSWARM_GPU_IDS $(hostname)\n" for i in range(count)]
-    path.write_text("".join(lines))
-    return path
-
-
-def _config(folder: Path, count: int, seconds: float, **extra: Any) -> Path:
-    tasks = [{"name": f"t{i:02d}", "command": f"sleep {seconds}", **extra} for i in range(count)]
-    cfg = {"name": "slurmrun", "reliability": {"lease_ttl": 3}, "tasks": tasks}
-    path = folder / "run.yaml"
-    path.write_text(json.dumps(cfg))  # YAML is a superset of JSON
-    return path
 
 
 def _salloc(
@@ -59,7 +46,7 @@ def _salloc(
     return subprocess.run(
         argv,
         cwd=cwd,
-        env=env or _env(slurm),
+        env=env or slurm_env(slurm),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -67,73 +54,34 @@ def _salloc(
     )
 
 
-def _run_dir(workspace: Path) -> Path:
-    found = sorted(workspace.glob("*/run_*"))
-    assert len(found) == 1, found
-    return found[0]
-
-
-def _events(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line]
-
-
-def _hosts_of_done(run: Path) -> dict[str, str]:
-    """task -> the host of the slot it finished on (from the journal)."""
-    slots = {}
-    for ev in _events(run):
-        if ev.get("ev") == "started":
-            slots[ev["task"]] = ev.get("slot", "")
-    return {t: s.split("-gpu")[0] for t, s in slots.items()}
-
-
-def _is_done(ev: dict[str, Any]) -> bool:
-    return ev.get("ev") == "finished" and ev.get("state") == "done"
-
-
-def _cut(ev: dict[str, Any]) -> bool:
-    return ev.get("ev") == "finished" and ev.get("state") != "done"
-
-
-def _summary(run: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((run / "summary.json").read_text())
-    return data
-
-
-def _done_once(run: Path, count: int) -> None:
-    """Every task done, each finished exactly once (nothing finished ran again)."""
-    done = [ev["task"] for ev in _events(run) if _is_done(ev)]
-    assert len(done) == count == len(set(done)), done
-    assert _summary(run)["counts"]["done"] == count
-
-
 def test_one_node_batch_in_salloc(slurm: SlurmCluster, tmp_path: Path) -> None:
-    _cmds(tmp_path, 6, 0.3)
+    write_cmds(tmp_path, 6, 0.3)
     ws = tmp_path / "runs"
     done = _salloc(
         slurm, tmp_path, ["-N1"], ["run", "cmds.txt", "--gpus", "auto", "--plain",
                                    "--workspace", str(ws), "--no-report"],
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    run = _run_dir(ws)
+    run = only_run(ws)
     info = json.loads((run / "run.json").read_text())
     assert info["gpu_ids"] == [0, 1]  # the two GPUs Slurm granted, one slot each
-    assert set(_hosts_of_done(run).values()) == {"gsn1"}
-    _done_once(run, 6)
+    assert set(hosts_of_done(run).values()) == {"gsn1"}
+    done_once(run, 6)
 
 
 def test_two_nodes_a_worker_per_node(slurm: SlurmCluster, tmp_path: Path) -> None:
-    _cmds(tmp_path, 12, 1.0)
+    write_cmds(tmp_path, 12, 1.0)
     ws = tmp_path / "runs"
     done = _salloc(
         slurm, tmp_path, ["-N2"], ["run", "cmds.txt", "--gpus", "auto", "--plain",
                                    "--workspace", str(ws), "--no-report"],
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    run = _run_dir(ws)
-    hosts = _hosts_of_done(run)
+    run = only_run(ws)
+    hosts = hosts_of_done(run)
     assert set(hosts.values()) == {"gsn1", "gsn2"}, hosts  # a supervisor on each node
-    _done_once(run, 12)
-    started = [e for e in _events(run) if e.get("ev") == "supervisor_started"]
+    done_once(run, 12)
+    started = [e for e in events_of(run) if e.get("ev") == "supervisor_started"]
     assert len(started) == 2
     assert sorted(len(e["slots"]) for e in started) == [2, 2]  # one slot per granted GPU
     assert "gsn2-gpu0" in (run / "slurm" / "worker-gsn2.log").read_text()
@@ -141,7 +89,7 @@ def test_two_nodes_a_worker_per_node(slurm: SlurmCluster, tmp_path: Path) -> Non
 
 def test_run_folder_not_shared_is_bad_input(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The workspace on a tmpfs of gsn1's own: gsn2 cannot see it, so nothing starts."""
-    _cmds(tmp_path, 2, 0.1)
+    write_cmds(tmp_path, 2, 0.1)
     ws = slurm.local / "runs"
     done = _salloc(
         slurm, tmp_path, ["-N2"], ["run", "cmds.txt", "--gpus", "auto", "--plain",
@@ -157,21 +105,21 @@ def test_time_limit_then_resume_in_a_new_allocation(slurm: SlurmCluster, tmp_pat
     tasks of a 5 s timeout are claimed only while they fit; the rest waits for the next
     allocation; 0 lost, 0 finished run again."""
     count = 16
-    cfg = _config(tmp_path, count, 2, timeout="5s")
+    cfg = write_config(tmp_path, count, 2, timeout="5s")
     ws = tmp_path / "runs"
-    env = _env(slurm, GPUSWARM_SLURM_STOP_BEFORE="48")
+    env = slurm_env(slurm, GPUSWARM_SLURM_STOP_BEFORE="48")
     first = _salloc(
         slurm, tmp_path, ["-N1", "--time=1"],
         ["run", str(cfg), "--gpus", "auto", "--plain", "--workspace", str(ws), "--no-report"],
         env=env,
     )  # fmt: skip
     assert first.returncode == 130, first.stdout + first.stderr
-    run = _run_dir(ws)
-    summary = _summary(run)
+    run = only_run(ws)
+    summary = summary_of(run)
     assert 0 < summary["counts"]["done"] < count, summary
     assert "allocation ends" in str(summary.get("stopped_by")), summary
     # the attempts that ran all finished: none was cut by the allocation's end
-    ended = [e for e in _events(run) if e.get("ev") == "requeued" or _cut(e)]
+    ended = [e for e in events_of(run) if e.get("ev") == "requeued" or cut_short(e)]
     assert ended == [], ended
     second = _salloc(
         slurm, tmp_path, ["-N2", "--time=5:00"],
@@ -179,19 +127,19 @@ def test_time_limit_then_resume_in_a_new_allocation(slurm: SlurmCluster, tmp_pat
         env=env,
     )  # fmt: skip
     assert second.returncode == 0, second.stdout + second.stderr
-    _done_once(run, count)
+    done_once(run, count)
 
 
 def test_end_signal_stops_warm(slurm: SlurmCluster, tmp_path: Path) -> None:
     """``sbatch --signal=B:USR1@N`` with ``exec gpuswarm run``: Slurm's signal (sent now with
     ``scancel --signal=USR1 --batch``) stops the head and the worker warm; resume finishes."""
     count = 12
-    cfg = _config(tmp_path, count, 1.5)
+    cfg = write_config(tmp_path, count, 1.5)
     ws = tmp_path / "runs"
     script = tmp_path / "job.sh"
     head = " ".join([*PY, "run", str(cfg), "--gpus", "auto", "--plain", "--workspace", str(ws)])
     script.write_text(f"#!/bin/sh\nexec {head}\n")
-    env = _env(slurm)
+    env = slurm_env(slurm)
     sub = subprocess.run(
         ["sbatch", "--parsable", "-N2", "--gres=gpu:2", "--signal=B:USR1@60",
          f"--output={tmp_path}/job.out", str(script)],
@@ -202,20 +150,20 @@ def test_end_signal_stops_warm(slurm: SlurmCluster, tmp_path: Path) -> None:
     while True:  # some tasks done on both nodes, then the signal
         runs = list(ws.glob("*/run_*"))
         if runs and (runs[0] / "events.jsonl").exists():
-            done = [e for e in _events(runs[0]) if _is_done(e)]
+            done = [e for e in events_of(runs[0]) if is_done(e)]
             if len(done) >= 4:
                 break
         assert time.monotonic() < deadline, (tmp_path / "job.out").read_text()
         time.sleep(0.3)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
     _wait_job_gone(slurm, job, 60)
-    run = _run_dir(ws)
-    summary = _summary(run)
+    run = only_run(ws)
+    summary = summary_of(run)
     assert summary["counts"]["done"] < count, summary
     assert "SIGUSR1" in str(summary.get("stopped_by")), summary
     again = _salloc(slurm, tmp_path, ["-N2"], ["resume", str(run), "--plain", "--no-report"])
     assert again.returncode == 0, again.stdout + again.stderr
-    _done_once(run, count)
+    done_once(run, count)
 
 
 def _wait_job_gone(slurm: SlurmCluster, job: str, timeout: float) -> None:
@@ -241,7 +189,7 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     through the leases (``lease_ttl`` 3 s) and finishes them; the allocation survives
     (``--no-kill``)."""
     count = 8
-    cfg = _config(tmp_path, count, 4)
+    cfg = write_config(tmp_path, count, 4)
     ws = tmp_path / "runs"
     argv = [
         "salloc", "--gres=gpu:2", "-N2", "--no-kill",
@@ -250,14 +198,14 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     ]  # fmt: skip
     with (tmp_path / "head.out").open("w") as out:
         head = subprocess.Popen(
-            argv, cwd=tmp_path, env=_env(slurm), stdout=out, stderr=subprocess.STDOUT
+            argv, cwd=tmp_path, env=slurm_env(slurm), stdout=out, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + 60
         while True:  # gsn2's worker runs tasks
             runs = list(ws.glob("*/run_*"))
             if runs and (runs[0] / "events.jsonl").exists():
-                on = _hosts_of_done(runs[0])
+                on = hosts_of_done(runs[0])
                 if "gsn2" in on.values():
                     break
             assert time.monotonic() < deadline, (tmp_path / "head.out").read_text()
@@ -269,10 +217,10 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
             head.kill()
             head.wait()
     text = (tmp_path / "head.out").read_text()
-    run = _run_dir(ws)
-    summary = _summary(run)
+    run = only_run(ws)
+    summary = summary_of(run)
     assert summary["counts"]["done"] == count, text
-    reclaimed = [e for e in _events(run) if e.get("ev") == "requeued"]
+    reclaimed = [e for e in events_of(run) if e.get("ev") == "requeued"]
     assert reclaimed, text  # gsn2's running tasks came back through its expired leases
     assert rc in (0, 1), text
     if os.environ.get("GPUSWARM_SLURM_DEBUG"):

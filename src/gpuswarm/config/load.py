@@ -239,6 +239,31 @@ class LoadedConfig:
         config = cfg.model_copy(update={"backend": "ray", "ray": ray})
         return replace(self, config=config)
 
+    def with_slurm(
+        self,
+        *,
+        nodes: int | None = None,
+        time: str | None = None,
+        partition: str | None = None,
+        gpus_per_node: int | None = None,
+    ) -> LoadedConfig:
+        """A copy with the CLI's ``--slurm-*`` flags over the config's ``slurm:`` block (any of
+        them means ``--backend slurm``; exec/slurm/settings.py validates the block)."""
+        flags = {"nodes": nodes, "time": time, "partition": partition}
+        flags["gpus_per_node"] = gpus_per_node
+        given = {k: v for k, v in flags.items() if v is not None}
+        cfg = self.config
+        if not given and cfg.backend != "slurm":
+            return self
+        if given and cfg.backend not in ("slurm", "local"):
+            raise ConfigError(
+                f"--slurm-nodes/--slurm-time/--slurm-partition are slurm's, but the backend is "
+                f"{cfg.backend}; drop one"
+            )
+        block = {**(cfg.slurm or {}), **given}
+        config = cfg.model_copy(update={"backend": "slurm", "slurm": block})
+        return replace(self, config=config)
+
     def resolve_path(self, text: str) -> Path:
         """``~`` expanded; relative paths joined to :attr:`base_dir` (ValueError: no such user)."""
         path = expand_user(text)

@@ -342,6 +342,8 @@ class RunConfig(BaseModel):
     backend: NonEmpty = "local"  # what runs the attempts: local, docker, wrapped; see exec.base
     docker: DockerConfig | None = None  # backend: docker's settings
     ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
+    # backend: slurm's settings (issue 36): validated by exec/slurm/settings.py's own model
+    slurm: dict[str, Any] | None = None
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
 
@@ -351,6 +353,15 @@ class RunConfig(BaseModel):
             raise ValueError(
                 f"ray: is set but backend is {quote(self.backend)}; add backend: ray "
                 "(or remove the ray: block)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _slurm(self) -> RunConfig:
+        if self.slurm is not None and self.backend != "slurm":
+            raise ValueError(
+                f"slurm: is set but backend is {quote(self.backend)}; add backend: slurm "
+                "(or remove the slurm: block)"
             )
         return self
 

@@ -244,6 +244,8 @@ _BACKENDS: Mapping[str, str] = {
     "wrapped": "gpuswarm.exec.wrapped:WrappedBackend",
     "docker": "gpuswarm.exec.docker.backend:DockerBackend",
     "ray": "gpuswarm.exec.ray.backend:RayBackend",
+    # issue 36: a slurm run's attempts run on the nodes, under each node's `gpuswarm work`
+    "slurm": "gpuswarm.exec.local.backend:LocalBackend",
 }
 
 

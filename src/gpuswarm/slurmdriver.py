@@ -1,0 +1,205 @@
+"""``backend: slurm`` from the login node (issue 36, docs/cluster.md): worker jobs, not GPUs.
+
+The login-node process makes the run folder (on a filesystem the nodes see), then submits
+worker jobs (exec/slurm/jobs.py: one ``gpuswarm work RUN --gpus auto`` per node of each job)
+and watches them; it runs no attempt and touches no GPU. While tasks are pending or running and
+none of its jobs is pending or running (the last one ended, was cancelled, preempted, its node
+died), it submits another, ``slurm.max_jobs`` in all; a dead job's running tasks come back
+through their leases, reclaimed by the next job's workers. Each job's changes are journal
+events (``slots``, change ``slurm_<state>``, ``host`` the job id, ``node`` its nodes) and
+``slurm/jobs.json`` (what ``status`` shows). Ctrl-C / SIGTERM ``scancel``s its jobs (their
+workers stop warm on Slurm's SIGTERM); ``gpuswarm resume RUN`` on the login node submits again.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuswarm.config.commands import task_dumps
+from gpuswarm.config.load import LoadedConfig
+from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.events import Ev
+from gpuswarm.core.fsutil import atomic_write_json
+from gpuswarm.core.models import State
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.core.signals import on_stop_signals
+from gpuswarm.core.words import counted
+from gpuswarm.exec.slurm import jobs as slurm_jobs
+from gpuswarm.exec.slurm.settings import SlurmSettings, settings_of
+from gpuswarm.outputs.results import RunReport, write_outputs
+from gpuswarm.placement.devices import GpuSet, Vendor
+from gpuswarm.runoutput import Output, say, write_report_safely
+from gpuswarm.runsetup import run_info
+from gpuswarm.store.ledger import Ledger
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runs import NewRun, create_run, open_run
+
+JOBS_FILE = "jobs.json"
+
+
+def settings_for(loaded: LoadedConfig) -> SlurmSettings:
+    return settings_of(loaded.config.slurm, str(loaded.path or "<config>"))
+
+
+def check_request(settings: SlurmSettings, where: str) -> None:
+    """Slurm accepts the worker job (``sbatch --test-only``) before anything is made."""
+    with tempfile.TemporaryDirectory(prefix="gpuswarm-slurm-") as tmp:
+        script = Path(tmp) / "job.sh"
+        script.write_text(slurm_jobs.script_text(settings, Path(tmp)))
+        slurm_jobs.test_submit(settings, script, where)
+
+
+def start_slurm_run(
+    loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+) -> RunReport:
+    where = str(loaded.path or "<config>")
+    if gpus_spec not in (None, "auto"):
+        raise ConfigError(
+            f"--gpus {gpus_spec}: with backend: slurm each node takes the GPUs Slurm grants it "
+            "(slurm.gpus_per_node, --slurm-gpus-per-node); drop --gpus"
+        )
+    settings = settings_for(loaded)
+    check_request(settings, where)
+    count = len(loaded.tasks)
+    gpus = GpuSet(Vendor.NVIDIA, (), "auto")  # the nodes': each worker's --gpus auto
+    new = NewRun(
+        name=loaded.name,
+        workspace=loaded.workspace,
+        info=run_info(loaded, gpus, []),
+        tasks=task_dumps(loaded.tasks),
+    )
+    paths = create_run(new, suffix=suffix)
+    loaded.tasks.clear()
+    jobs = f"worker jobs of {counted(settings.nodes, 'node')}"
+    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on Slurm {jobs})")
+    return drive(paths, settings, output)
+
+
+def resume_slurm_run(paths: RunPaths, info: dict[str, Any], output: Output) -> RunReport:
+    settings = settings_of((info.get("config") or {}).get("slurm"), str(paths.run_json))
+    return drive(paths, settings, output)
+
+
+def drive(paths: RunPaths, settings: SlurmSettings, output: Output) -> RunReport:
+    _, info = open_run(paths.root)
+    ledger = Ledger(paths.events, redact=run_redactor(info).text)
+    queue = DirQueue(paths)
+    driver = JobDriver(paths, settings, queue, ledger, output)
+    started = time.time()
+    try:
+        with on_stop_signals(driver.stop):
+            driver.run()
+        extra: dict[str, Any] = {"stopped": driver.stopping.is_set()}
+        if driver.gave_up:
+            extra["stopped_by"] = driver.gave_up
+        elif driver.stopping.is_set():
+            extra["stopped_by"] = "stopped by hand (its Slurm jobs cancelled)"
+        extra["slurm_jobs"] = driver.records
+        summary = write_outputs(paths, queue, info, (started, time.time()), extra)
+        ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
+        if output.report:
+            write_report_safely(paths, queue, summary, info, output)
+    finally:
+        ledger.close()
+    return RunReport(
+        paths,
+        summary,
+        interrupted=driver.stopping.is_set(),
+        stopped_by=driver.gave_up,
+    )
+
+
+class JobDriver:
+    def __init__(
+        self,
+        paths: RunPaths,
+        settings: SlurmSettings,
+        queue: DirQueue,
+        ledger: Ledger,
+        output: Output,
+    ) -> None:
+        self.paths = paths
+        self.settings = settings
+        self.queue = queue
+        self.ledger = ledger
+        self.output = output
+        self.folder = paths.root / "slurm"
+        self.stopping = threading.Event()
+        self.gave_up: str | None = None
+        self.records: list[dict[str, Any]] = []  # every job submitted, as jobs.json has it
+        self._woken = threading.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._woken.set()
+
+    def run(self) -> None:
+        self.folder.mkdir(exist_ok=True)
+        script = self.folder / "job.sh"
+        script.write_text(slurm_jobs.script_text(self.settings, self.paths.root.resolve()))
+        script.chmod(0o700)
+        self._load_records()
+        while not self.stopping.is_set():
+            if not self._work_left():
+                break
+            self._refresh()
+            if not any(r["active"] for r in self.records):
+                if len(self.records) >= self.settings.max_jobs:
+                    self.gave_up = (
+                        f"slurm.max_jobs: {self.settings.max_jobs} worker jobs ran and tasks "
+                        "are left; `gpuswarm resume` submits more"
+                    )
+                    break
+                self._submit(script)
+            self._woken.wait(self.settings.poll)
+        if self.stopping.is_set():
+            active = [r["job"] for r in self.records if r["active"]]
+            slurm_jobs.cancel(active)
+            for job in active:
+                self._changed(job, "CANCELLED", "", "cancelled by gpuswarm's stop")
+
+    def _work_left(self) -> bool:
+        counts = self.queue.counts()
+        return counts[State.PENDING] > 0 or counts[State.RUNNING] > 0
+
+    def _load_records(self) -> None:
+        """A resumed run's earlier jobs count against max_jobs only while they are active."""
+        self.records = []
+
+    def _submit(self, script: Path) -> None:
+        name = f"gpuswarm-{self.paths.root.parent.name}"[:64]
+        job = slurm_jobs.submit(self.settings, script, name, self.folder.resolve())
+        record = {"job": job, "state": "SUBMITTED", "nodes": "", "active": True,
+                  "submitted": round(time.time(), 3), "reason": ""}  # fmt: skip
+        self.records.append(record)
+        self._write()
+        self.ledger.emit(Ev.SLOTS, change="slurm_submitted", host=job, node="")
+        of = f"{len(self.records)} of at most {self.settings.max_jobs}"
+        say(self.output, f"slurm: submitted worker job {job} ({of}): {self.folder}/job-{job}.out")
+
+    def _refresh(self) -> None:
+        active = [r["job"] for r in self.records if r["active"]]
+        for job, st in slurm_jobs.job_states(active).items():
+            self._changed(job, st.state, st.nodes, st.reason)
+
+    def _changed(self, job: str, state: str, nodes: str, reason: str) -> None:
+        record = next(r for r in self.records if r["job"] == job)
+        if record["state"] == state and (not nodes or record["nodes"] == nodes):
+            return
+        record.update(state=state, active=state in slurm_jobs.ACTIVE, reason=reason)
+        if nodes:
+            record["nodes"] = nodes
+        if not record["active"]:
+            record["ended"] = round(time.time(), 3)
+        self._write()
+        self.ledger.emit(Ev.SLOTS, change=f"slurm_{state.lower()}", host=job, node=nodes)
+        where = f" on {nodes}" if nodes else ""
+        say(self.output, f"slurm: job {job} {state.lower()}{where}")
+
+    def _write(self) -> None:
+        atomic_write_json(self.folder / JOBS_FILE, {"jobs": self.records})
