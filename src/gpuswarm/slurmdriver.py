@@ -13,6 +13,7 @@ workers stop warm on Slurm's SIGTERM); ``gpuswarm resume RUN`` on the login node
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import threading
 import time
@@ -23,7 +24,7 @@ from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.fsutil import atomic_write_json
+from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.secretvalues import run_redactor
@@ -40,6 +41,9 @@ from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
 
 JOBS_FILE = "jobs.json"
+MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
+SETTLE_SECONDS = 30.0  # the last jobs' end waited for once the work is done
+JOB_ERROR = "gpuswarm: error:"  # a worker that could not start says so in the job's output
 
 
 def settings_for(loaded: LoadedConfig) -> SlurmSettings:
@@ -133,6 +137,7 @@ class JobDriver:
         self.gave_up: str | None = None
         self.records: list[dict[str, Any]] = []  # every job submitted, as jobs.json has it
         self._woken = threading.Event()
+        self._earlier = 0  # jobs of earlier sessions (a resume)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -149,7 +154,10 @@ class JobDriver:
                 break
             self._refresh()
             if not any(r["active"] for r in self.records):
-                if len(self.records) >= self.settings.max_jobs:
+                self._check_failed_start()
+                if self.gave_up is not None:
+                    break
+                if len(self.records) - self._earlier >= self.settings.max_jobs:
                     self.gave_up = (
                         f"slurm.max_jobs: {self.settings.max_jobs} worker jobs ran and tasks "
                         "are left; `gpuswarm resume` submits more"
@@ -162,14 +170,49 @@ class JobDriver:
             slurm_jobs.cancel(active)
             for job in active:
                 self._changed(job, "CANCELLED", "", "cancelled by gpuswarm's stop")
+        elif self.gave_up is None:
+            self._settle()
+
+    def _settle(self) -> None:
+        """The work is done: the last jobs' workers end by themselves; their end recorded."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while any(r["active"] for r in self.records) and time.monotonic() < deadline:
+            if self._woken.wait(min(self.settings.poll, 0.5)):
+                break
+            self._refresh()
+
+    def _check_failed_start(self) -> None:
+        """The last job ended and its workers could not even start (gpuswarm said so, or its
+        output is not where the run folder is: the nodes do not see it): submitting again
+        would fail the same way, so the run stops with what the job said."""
+        if not self.records or not self.records[-1].get("nodes"):
+            return  # it never ran (cancelled while pending): nothing to judge by
+        job = self.records[-1]["job"]
+        out = self.folder / f"job-{job}.out"
+        if not out.is_file():
+            self.gave_up = (
+                f"slurm job {job} ended and its output {out} is not there: do the nodes see the "
+                "run folder? (the workspace must be on a filesystem every node sees)"
+            )
+            return
+        with contextlib.suppress(OSError):
+            with out.open("rb") as fh:
+                text = fh.read(MAX_OUT_READ).decode(errors="replace")
+            said = [line for line in text.splitlines() if JOB_ERROR in line]
+            if said:
+                self.gave_up = f"slurm job {job}: {said[0].strip()[:500]} (its output: {out})"
 
     def _work_left(self) -> bool:
         counts = self.queue.counts()
         return counts[State.PENDING] > 0 or counts[State.RUNNING] > 0
 
     def _load_records(self) -> None:
-        """A resumed run's earlier jobs count against max_jobs only while they are active."""
-        self.records = []
+        """A resumed run's earlier jobs: kept in jobs.json; a job of theirs still active (the
+        login-node process died) is watched again; ``max_jobs`` counts this session's."""
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(self.folder / JOBS_FILE)
+            self.records = [r for r in data.get("jobs", []) if isinstance(r, dict) and "job" in r]
+        self._earlier = len(self.records)
 
     def _submit(self, script: Path) -> None:
         name = f"gpuswarm-{self.paths.root.parent.name}"[:64]

@@ -85,6 +85,11 @@ def test_two_nodes_a_worker_per_node(slurm: SlurmCluster, tmp_path: Path) -> Non
     assert len(started) == 2
     assert sorted(len(e["slots"]) for e in started) == [2, 2]  # one slot per granted GPU
     assert "gsn2-gpu0" in (run / "slurm" / "worker-gsn2.log").read_text()
+    shown = subprocess.run(
+        [*PY, "status", str(run)], env=slurm_env(slurm), capture_output=True, text=True,
+        timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "head on gsn1; workers on gsn2" in shown, shown
 
 
 def test_run_folder_not_shared_is_bad_input(slurm: SlurmCluster, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ and scancels them on stop. The test process is the login node (no job of its own
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +54,9 @@ def test_login_node_run_over_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> N
     jobs = _jobs(run)
     assert len(jobs) == 1 and jobs[0]["nodes"] in ("gsn[1-2]", "gsn1,gsn2"), jobs
     assert (run / "slurm" / f"job-{jobs[0]['job']}.out").exists()
+    assert jobs[0]["state"] == "COMPLETED", jobs  # its workers ended once the work was done
+    shown = _gpuswarm(slurm, tmp_path, "status", str(run)).stdout
+    assert f"slurm job {jobs[0]['job']}: completed on gsn" in shown, shown
     # the login-node process ran no attempt: every one ran in a worker on a node
     starts = [e for e in events_of(run) if e.get("ev") == "supervisor_started"]
     assert {e["slots"][0].split("-gpu")[0] for e in starts} == {"gsn1", "gsn2"}
@@ -154,3 +158,21 @@ def test_stop_cancels_the_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, state
         time.sleep(0.3)
+
+
+def test_run_folder_the_nodes_cannot_see_stops_the_run(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A workspace the nodes do not see (here a folder each node has a tmpfs of its own over):
+    the first worker job cannot start there; the run stops saying so instead of submitting
+    job after job."""
+    cfg = write_config(tmp_path, 2, 0.1)
+    ws = slurm.local / f"runs-{tmp_path.name}"
+    try:
+        done = _gpuswarm(
+            slurm, tmp_path, "run", str(cfg), "--backend", "slurm", "--plain", "--no-report",
+            "--workspace", str(ws),
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(ws, ignore_errors=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "do the nodes see the run folder" in done.stdout + done.stderr
+    assert (done.stdout + done.stderr).count("submitted worker job") == 1, done.stderr

@@ -16,6 +16,7 @@ import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.exec.slurm.allocation import Allocation, current
 from gpuswarm.exec.slurm.workers import Workers, check_shared
 
@@ -42,6 +43,8 @@ def check_nodes_see(folder: Path) -> Allocation | None:
 class Session:
     def __init__(self, alloc: Allocation | None, run_dir: Path, mode: str) -> None:
         self.alloc = alloc
+        self.run_dir = run_dir
+        self.head = is_head(mode)
         self.workers = (
             Workers(alloc, run_dir)
             if alloc is not None and alloc.others and is_head(mode)
@@ -49,11 +52,20 @@ class Session:
         )
 
     def start(self) -> list[str]:
-        """Start the workers; the nodes they run on."""
-        if self.workers is None or self.alloc is None:
+        """Start the workers; the nodes they run on. The head records the allocation in
+        ``slurm/allocation.json`` (what ``status`` shows)."""
+        alloc = self.alloc
+        if alloc is None or not self.head:
+            return []
+        folder = self.run_dir / "slurm"
+        folder.mkdir(exist_ok=True)
+        record = {"job": alloc.job_id, "nodes": list(alloc.nodes), "head": alloc.node,
+                  "workers": list(alloc.others), "ends_at": alloc.ends_at}  # fmt: skip
+        atomic_write_json(folder / "allocation.json", record)
+        if self.workers is None:
             return []
         self.workers.start()
-        return list(self.alloc.others)
+        return list(alloc.others)
 
     def close(self) -> None:
         if self.workers is not None:
