@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -194,7 +195,7 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     through the leases (``lease_ttl`` 3 s) and finishes them; the allocation survives
     (``--no-kill``)."""
     count = 8
-    cfg = write_config(tmp_path, count, 4)
+    cfg = write_config(tmp_path, count, 2)
     ws = tmp_path / "runs"
     argv = [
         "salloc", "--gres=gpu:2", "-N2", "--no-kill",
@@ -230,3 +231,46 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert rc in (0, 1), text
     if os.environ.get("GPUSWARM_SLURM_DEBUG"):
         print(text)
+
+
+@pytest.mark.timeout(240)
+def test_research_round_over_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """``research loop`` on the head of a two-node allocation: the round's variants run on
+    both nodes (the runner it starts is a head: a worker on the other node), one ledger."""
+    from integration_support import make_research_repo, research_ledger
+
+    repo = make_research_repo(tmp_path / "repo")
+    steps = " && ".join(
+        shlex.join(step)
+        for step in (
+            [*PY, "research", "init", "-C", str(repo), "--tag", "s1", "--edit", "train.py",
+             "--protect", "prepare.py", "--command", f"{sys.executable} train.py",
+             "--gpus", "auto", "--timeout", "30s", "--linger", "1s"],
+            [*PY, "research", "loop", "-C", str(repo), "--proposer", "mutate", "--mode",
+             "rounds", "--max-experiments", "4", "--seed", "2"],
+        )
+    )  # fmt: skip
+    stop = shlex.join([*PY, "research", "stop", "-C", str(repo)])
+    argv = [
+        "salloc", "--gres=gpu:2", "-N2",
+        "srun", "--overlap", "-N1", "-n1", "-w", "gsn1",
+        "sh", "-c", f"{steps}; rc=$?; {stop}; exit $rc",
+    ]  # fmt: skip
+    done = subprocess.run(
+        argv, cwd=tmp_path, env=slurm_env(slurm), capture_output=True, text=True, timeout=220,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finished = [e for e in research_ledger(repo, "s1") if e.get("ev") == "finished"]
+    assert len(finished) >= 4, finished
+    hosts = {str(e.get("slot", "")).split("-gpu")[0] for e in finished}
+    assert hosts <= {"gsn1", "gsn2"} and "gsn1" in hosts, finished
+    # the round's runner is a head: it started a worker on gsn2, which registered its slots
+    # (whether it got a variant before gsn1's slots took them all is a race of the round)
+    workers = [
+        e
+        for path in repo.rglob("events.jsonl")
+        for e in events_of(path.parent)
+        if e.get("ev") == "supervisor_started" and str(e["slots"][0]).startswith("gsn2-")
+    ]
+    assert workers, done.stdout[-3000:]
