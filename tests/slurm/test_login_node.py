@@ -57,6 +57,10 @@ def test_login_node_run_over_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> N
     assert jobs[0]["state"] == "COMPLETED", jobs  # its workers ended once the work was done
     shown = _gpuswarm(slurm, tmp_path, "status", str(run)).stdout
     assert f"slurm job {jobs[0]['job']}: completed on gsn" in shown, shown
+    made = _gpuswarm(slurm, tmp_path, "report", str(run))
+    assert made.returncode == 0, made.stderr
+    page = (run / "report.html").read_text()
+    assert "<h2>Slurm</h2>" in page and f"slurm job {jobs[0]['job']}: completed" in page
     # the login-node process ran no attempt: every one ran in a worker on a node
     starts = [e for e in events_of(run) if e.get("ev") == "supervisor_started"]
     assert {e["slots"][0].split("-gpu")[0] for e in starts} == {"gsn1", "gsn2"}

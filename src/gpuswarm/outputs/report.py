@@ -23,6 +23,7 @@ from gpuswarm.core.words import counted
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
+from gpuswarm.outputs.slurmview import slurm_section
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -350,6 +351,7 @@ def write_report(
     body = (
         _header(paths, summary, info, stats)
         + _quarantines(summary)
+        + slurm_section(paths.root, esc)  # issue 36: the worker jobs, the allocation
         + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())
         + _fields(summary.get("fields") or {})
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"

@@ -5,6 +5,7 @@ one ran in (``slurm/allocation.json``: job, nodes, the nodes with a worker, its 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,12 @@ def slurm_lines(view: dict[str, Any] | None) -> list[str]:
         where = f" on {job['nodes']}" if job.get("nodes") else ""
         lines.append(f"slurm job {job.get('job')}: {str(job.get('state')).lower()}{where}")
     return lines
+
+
+def slurm_section(root: Path, esc: Callable[[object], str]) -> str:
+    """report.html's Slurm section (empty for a run that never ran under Slurm)."""
+    lines = slurm_lines(slurm_view(root))
+    if not lines:
+        return ""
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f"<h2>Slurm</h2>\n<ul>{items}</ul>\n"
