@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import Path
+
 import pytest
 
-from gpuswarm.core.errors import GpuSpecError
+from gpuswarm.config.load import load_config
+from gpuswarm.core.errors import ConfigError, GpuSpecError
 from gpuswarm.exec.slurm.allocation import parse_time_left
+from gpuswarm.exec.slurm.jobs import script_text
+from gpuswarm.exec.slurm.settings import settings_of
 from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import discover
@@ -67,3 +74,46 @@ def test_simulated_grant_only_when_asked() -> None:
     assert slurmgpus.simulated(env) is None
     sim = slurmgpus.simulated({**env, slurmgpus.SIM_VAR: "1"})
     assert sim is not None and sim.vendor is Vendor.SIM and sim.ids == (0, 1)
+
+
+def test_settings_become_sbatch_options() -> None:
+    s = settings_of(
+        {"partition": "gpu", "account": "proj", "qos": "hi", "time": "4:00:00", "nodes": 2,
+         "gpus_per_node": 8, "sbatch_args": ["--constraint=h100"]},
+        "run.yaml",
+    )  # fmt: skip
+    assert s.sbatch_options() == [
+        "--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--account=proj", "--qos=hi",
+        "--time=4:00:00", "--gres=gpu:8", "--constraint=h100",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ({"time": "four hours"}, "slurm.time"),
+        ({"partition": "gpu; rm -rf /"}, "slurm.partition"),
+        ({"nodes": 0}, "slurm.nodes"),
+        ({"max_jobs": 0}, "slurm.max_jobs"),
+        ({"nodez": 2}, "slurm.nodez"),
+    ],
+)
+def test_bad_settings_name_the_field_and_file(raw: dict[str, object], named: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^run\.yaml: {re.escape(named)}: "):
+        settings_of(raw, "run.yaml")
+
+
+def test_job_script_quotes_the_run_folder(tmp_path: Path) -> None:
+    run = tmp_path / "a run; $(x)"
+    text = script_text(settings_of({"setup": ["module load cuda"]}, "c"), run)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash" and "module load cuda" in lines
+    assert shlex.quote(str(run)) in lines[-1]  # a folder's name is never shell syntax
+    assert lines[-1].startswith("srun --ntasks-per-node=1 ")
+
+
+def test_slurm_block_needs_backend_slurm(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("slurm: {nodes: 2}\ntasks: [{command: 'true'}]\n")
+    with pytest.raises(ConfigError, match="backend: slurm"):
+        load_config(cfg)

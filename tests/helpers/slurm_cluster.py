@@ -36,6 +36,7 @@ import pytest
 
 NODES = ("gsn1", "gsn2")
 GPUS_PER_NODE = 2
+OWNER_FILE = "owner.pid"  # the test process that made a cluster (sweep_stale)
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "squeue", "scontrol")
 
 
@@ -57,6 +58,31 @@ def require_slurm() -> None:
     if slurm_required():
         pytest.fail(f"{why}, and CI / GPUSWARM_REQUIRE_SLURM=1 asks for it", pytrace=False)
     pytest.skip(why)
+
+
+def sweep_stale() -> int:
+    """End what a test process that was killed outright left behind: every process of a
+    cluster whose owner (``owner.pid``) is gone (they carry its ``SLURM_CONF``), then its
+    folder. How many clusters it removed."""
+    from cli_driver import env_processes, kill_processes
+
+    removed = 0
+    for root in Path(tempfile.gettempdir()).glob("gsslurm-*"):
+        try:
+            owner = int((root / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if psutil.pid_exists(owner):
+            continue
+        conf = str(root / "etc" / "slurm.conf")
+        for _ in range(3):
+            procs = env_processes("SLURM_CONF", conf)
+            if not procs:
+                break
+            kill_processes(procs)
+        shutil.rmtree(root, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 def _free_port() -> int:
@@ -180,7 +206,9 @@ class SlurmCluster:
     def start(self, timeout: float = 60.0) -> None:
         """Write the files, start the daemons; back once every node is idle."""
         t0 = time.monotonic()
+        sweep_stale()
         self._write()
+        (self.root / OWNER_FILE).write_text(str(os.getpid()))
         m = self.root / "munge"
         self._spawn(
             "munged",
