@@ -16,6 +16,9 @@ import pytest
 from slurm_cluster import SlurmCluster
 from slurm_support import done_once, events_of, hosts_of_done, only_run, slurm_env, write_config
 
+from gpuswarm.core.paths import RunPaths
+from gpuswarm.dashboard.runhub import RunHub
+
 PY = [sys.executable, "-m", "gpuswarm"]
 
 
@@ -61,6 +64,8 @@ def test_login_node_run_over_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> N
     assert made.returncode == 0, made.stderr
     page = (run / "report.html").read_text()
     assert "<h2>Slurm</h2>" in page and f"slurm job {jobs[0]['job']}: completed" in page
+    hub = RunHub("r1", RunPaths(run))  # the dashboard's view of the run
+    assert any(f"slurm job {jobs[0]['job']}: completed" in x for x in hub.view_json()["slurm"])
     # the login-node process ran no attempt: every one ran in a worker on a node
     starts = [e for e in events_of(run) if e.get("ev") == "supervisor_started"]
     assert {e["slots"][0].split("-gpu")[0] for e in starts} == {"gsn1", "gsn2"}
