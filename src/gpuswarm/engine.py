@@ -195,7 +195,7 @@ def resume_run(
 ) -> RunReport:
     paths, info = open_run(run_dir)
     if backend_of(info) == "slurm" and slurm.allocation_for() is None:  # the login node
-        return resume_slurm_run(paths, info, output)
+        return resume_slurm_run(paths, info, output, retry_failed=retry_failed)
     slurm.check_nodes_see(paths.root)  # issue 36: a new allocation's nodes see the run
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
     if ray_address is not None:  # the cluster moved (a new head after a head loss)

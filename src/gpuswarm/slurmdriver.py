@@ -22,6 +22,7 @@ from typing import Any
 
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
+from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_json, read_json
@@ -35,10 +36,12 @@ from gpuswarm.exec.slurm.settings import SlurmSettings, settings_of
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.runoutput import Output, say, write_report_safely
-from gpuswarm.runsetup import run_info
+from gpuswarm.runsetup import recovery_backend, run_info
+from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.supervise.recovery import recover
 
 JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
@@ -84,19 +87,36 @@ def start_slurm_run(
     return drive(paths, settings, output)
 
 
-def resume_slurm_run(paths: RunPaths, info: dict[str, Any], output: Output) -> RunReport:
+def resume_slurm_run(
+    paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool = True
+) -> RunReport:
+    """``gpuswarm resume RUN`` on the login node: recovered as any resume (no supervisor of
+    the run may be live: its earlier jobs' workers are gone), then driven again."""
     settings = settings_of((info.get("config") or {}).get("slurm"), str(paths.run_json))
-    return drive(paths, settings, output)
+    return drive(paths, settings, output, resume=True, retry_failed=retry_failed)
 
 
-def drive(paths: RunPaths, settings: SlurmSettings, output: Output) -> RunReport:
+def drive(
+    paths: RunPaths,
+    settings: SlurmSettings,
+    output: Output,
+    *,
+    resume: bool = False,
+    retry_failed: bool = True,
+) -> RunReport:
+    """Submit and watch the worker jobs until the work is done, holding the run's live lock
+    (``status`` shows it live; a second ``resume`` refuses), then write the outputs."""
     _, info = open_run(paths.root)
     ledger = Ledger(paths.events, redact=run_redactor(info).text)
     queue = DirQueue(paths)
     driver = JobDriver(paths, settings, queue, ledger, output)
     started = time.time()
     try:
-        with on_stop_signals(driver.stop):
+        with attach(paths, exclusive_start=resume) as hold, on_stop_signals(driver.stop):
+            if resume:
+                finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
+                recover(queue, ledger, retry_failed=retry_failed, backend=recovery_backend(info))
+            hold.end_init()
             driver.run()
         extra: dict[str, Any] = {"stopped": driver.stopping.is_set()}
         if driver.gave_up:

@@ -129,8 +129,9 @@ def test_cancelled_job_is_resubmitted(slurm: SlurmCluster, tmp_path: Path) -> No
 
 @pytest.mark.timeout(120)
 def test_stop_cancels_the_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """SIGTERM to the login-node process: its jobs are scancel'ed, the run resumable."""
-    cfg = write_config(tmp_path, 6, 30)
+    """SIGTERM to the login-node process: its jobs are scancel'ed; ``gpuswarm resume RUN`` on
+    the login node submits again and finishes the run (nothing done runs again)."""
+    cfg = write_config(tmp_path, 6, 2)
     ws = tmp_path / "runs"
     argv = [
         *PY, "run", str(cfg), "--backend", "slurm", "--slurm-gpus-per-node", "2", "--plain",
@@ -167,6 +168,11 @@ def test_stop_cancels_the_jobs(slurm: SlurmCluster, tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, state
         time.sleep(0.3)
+    run = only_run(ws)
+    again = _gpuswarm(slurm, tmp_path, "resume", str(run), "--plain", "--no-report")
+    assert again.returncode == 0, again.stdout + again.stderr
+    done_once(run, 6)
+    assert len(_jobs(run)) == 2  # the first session's job is kept in jobs.json
 
 
 def test_run_folder_the_nodes_cannot_see_stops_the_run(slurm: SlurmCluster, tmp_path: Path) -> None:
