@@ -30,7 +30,6 @@ from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm import session as slurm
-from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
@@ -54,7 +53,7 @@ from gpuswarm.runsetup import (
     with_halt,
     with_ray_address,
 )
-from gpuswarm.slurmdriver import resume_slurm_run, start_slurm_run
+from gpuswarm.slurmdriver import resume_slurm_run, run_in_allocation, start_slurm_run
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -335,7 +334,7 @@ def _supervise(
             started = time.time()
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    _run_in_allocation(sup, alloc, paths, mode, ledger)
+                    run_in_allocation(sup, alloc, paths, mode, ledger, output)
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
                         _after_all(paths, ledger, setup, output, sup, summary, backend)
@@ -361,24 +360,6 @@ def _supervise(
         stopped_by=sup.shared.ended_by,
         halted=halted,
     )
-
-
-def _run_in_allocation(
-    sup: Supervisor, alloc: Allocation | None, paths: RunPaths, mode: str, ledger: Ledger
-) -> None:
-    """``sup.run()``; inside a Slurm allocation (issue 36) with a worker on each other node
-    (the head), SIGUSR1 stopping it warm, and tasks its end left pending making it a stop."""
-    nodes = slurm.Session(alloc, paths.root, mode)
-    with slurm.usr1_stops(sup.stop_warm, alloc is not None):
-        if others := nodes.start():
-            ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
-        try:
-            sup.run()
-        finally:
-            nodes.close()
-    if sup.until.refused and not sup.stopping.is_set():  # left for the next allocation
-        sup.shared.stopped_by("the allocation ends before their timeout")
-        sup.stopping.set()
 
 
 def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:

@@ -1,4 +1,6 @@
-"""``backend: slurm`` from the login node (issue 36, docs/cluster.md): worker jobs, not GPUs.
+"""Slurm, composed (issue 36, docs/cluster.md). :func:`run_in_allocation`: a supervisor inside
+an allocation, with a worker on each other node. The rest: ``backend: slurm`` from the login
+node, worker jobs, not GPUs.
 
 The login-node process makes the run folder (on a filesystem the nodes see), then submits
 worker jobs (exec/slurm/jobs.py: one ``gpuswarm work RUN --gpus auto`` per node of each job)
@@ -32,6 +34,8 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.core.words import counted
 from gpuswarm.exec.slurm import jobs as slurm_jobs
+from gpuswarm.exec.slurm import session as slurm
+from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.exec.slurm.settings import SlurmSettings, settings_of
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.placement.devices import GpuSet, Vendor
@@ -42,6 +46,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.recovery import recover
+from gpuswarm.supervise.supervisor import Supervisor
 
 JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
@@ -266,3 +271,29 @@ class JobDriver:
 
     def _write(self) -> None:
         atomic_write_json(self.folder / JOBS_FILE, {"jobs": self.records})
+
+
+# -- inside an allocation: the engine's supervising, with a worker on each other node ------
+def run_in_allocation(
+    sup: Supervisor,
+    alloc: Allocation | None,
+    paths: RunPaths,
+    mode: str,
+    ledger: Ledger,
+    output: Output,
+) -> None:
+    """``sup.run()``; inside a Slurm allocation (issue 36) with a worker on each other node
+    (the head), SIGUSR1 stopping it warm, and tasks its end left pending making it a stop."""
+    nodes = slurm.Session(alloc, paths.root, mode)
+    with slurm.usr1_stops(sup.stop_warm, alloc is not None):
+        if others := nodes.start():
+            ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
+            logs = paths.root / "slurm" / "worker-<node>.log"
+            say(output, f"slurm: a worker on each of {', '.join(others)} (srun); lines: {logs}")
+        try:
+            sup.run()
+        finally:
+            nodes.close()
+    if sup.until.refused and not sup.stopping.is_set():  # left for the next allocation
+        sup.shared.stopped_by("the allocation ends before their timeout")
+        sup.stopping.set()

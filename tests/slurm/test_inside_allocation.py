@@ -91,6 +91,7 @@ def test_two_nodes_a_worker_per_node(slurm: SlurmCluster, tmp_path: Path) -> Non
         timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "head on gsn1; workers on gsn2" in shown, shown
+    assert "slurm: a worker on each of gsn2" in done.stdout + done.stderr
 
 
 def test_run_folder_not_shared_is_bad_input(slurm: SlurmCluster, tmp_path: Path) -> None:
