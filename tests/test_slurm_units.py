@@ -10,7 +10,7 @@ import pytest
 
 from gpuswarm.config.load import load_config
 from gpuswarm.core.errors import ConfigError, GpuSpecError
-from gpuswarm.exec.slurm.allocation import parse_time_left
+from gpuswarm.exec.slurm.allocation import current, parse_time_left
 from gpuswarm.exec.slurm.jobs import script_text
 from gpuswarm.exec.slurm.settings import settings_of
 from gpuswarm.placement import slurmgpus
@@ -117,3 +117,15 @@ def test_slurm_block_needs_backend_slurm(tmp_path: Path) -> None:
     cfg.write_text("slurm: {nodes: 2}\ntasks: [{command: 'true'}]\n")
     with pytest.raises(ConfigError, match="backend: slurm"):
         load_config(cfg)
+
+
+def test_a_node_without_slurms_commands_runs_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM_JOB_ID set where scontrol/squeue cannot run (a container on a node): the run goes
+    on, on this node, unbounded, saying why; never an error that stops it."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n[1-2]"}
+    alloc = current(env)
+    assert alloc is not None and alloc.nodes == ("n1",) and alloc.others == ()
+    assert alloc.ends_at is None and alloc.stop_at is None
+    assert len(alloc.notes) == 2 and "this node only" in alloc.notes[0]
+    assert current({"SLURM_JOB_ID": "7"}) is None  # salloc's shell: not on a node

@@ -285,6 +285,8 @@ def run_in_allocation(
     """``sup.run()``; inside a Slurm allocation (issue 36) with a worker on each other node
     (the head), SIGUSR1 stopping it warm, and tasks its end left pending making it a stop."""
     nodes = slurm.Session(alloc, paths.root, mode)
+    for note in alloc.notes if alloc is not None else ():
+        say(output, f"gpuswarm: warning: {note}")
     with slurm.usr1_stops(sup.stop_warm, alloc is not None):
         if others := nodes.start():
             ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))

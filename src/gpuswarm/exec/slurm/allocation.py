@@ -59,6 +59,7 @@ class Allocation:
     node: str  # the node this process runs on
     ends_at: float | None  # epoch seconds (None: no time limit)
     stop_before: float
+    notes: tuple[str, ...] = ()  # what could not be asked of Slurm (said once, at the start)
 
     @property
     def others(self) -> tuple[str, ...]:
@@ -97,7 +98,15 @@ def current(environ: Mapping[str, str]) -> Allocation | None:
     if not job_id or not node:
         return None
     listed = environ.get("SLURM_JOB_NODELIST", "").strip() or node
-    nodes = tuple(_slurm(["scontrol", "show", "hostnames", listed]).split())
-    left = time_left(job_id)
+    notes: list[str] = []
+    try:  # a node without Slurm's commands (a container) still runs, on this node alone
+        nodes = tuple(_slurm(["scontrol", "show", "hostnames", listed]).split())
+    except BackendError as exc:
+        nodes, notes = (node,), [f"{exc}: running on this node only (no worker elsewhere)"]
+    try:
+        left = time_left(job_id)
+    except BackendError as exc:
+        left = None
+        notes.append(f"{exc}: the allocation's end is not known (claims are not bounded)")
     ends = None if left is None else time.time() + left
-    return Allocation(job_id, nodes or (node,), node, ends, stop_before(environ))
+    return Allocation(job_id, nodes or (node,), node, ends, stop_before(environ), tuple(notes))
