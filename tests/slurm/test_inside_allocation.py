@@ -108,13 +108,13 @@ def test_run_folder_not_shared_is_bad_input(slurm: SlurmCluster, tmp_path: Path)
 
 
 def test_time_limit_then_resume_in_a_new_allocation(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """A 1-minute allocation (Slurm counts whole minutes) that stops warm 48 s before its end:
+    """A 1-minute allocation (Slurm counts whole minutes) that stops warm 40 s before its end:
     tasks of a 5 s timeout are claimed only while they fit; the rest waits for the next
     allocation; 0 lost, 0 finished run again."""
-    count = 16
+    count = 24  # 24 s of work on 2 slots: more than the 20 s the first allocation leaves
     cfg = write_config(tmp_path, count, 2, timeout="5s")
     ws = tmp_path / "runs"
-    env = slurm_env(slurm, GPUSWARM_SLURM_STOP_BEFORE="48")
+    env = slurm_env(slurm, GPUSWARM_SLURM_STOP_BEFORE="40")
     first = _salloc(
         slurm, tmp_path, ["-N1", "--time=1"],
         ["run", str(cfg), "--gpus", "auto", "--plain", "--workspace", str(ws), "--no-report"],
@@ -140,8 +140,8 @@ def test_time_limit_then_resume_in_a_new_allocation(slurm: SlurmCluster, tmp_pat
 def test_end_signal_stops_warm(slurm: SlurmCluster, tmp_path: Path) -> None:
     """``sbatch --signal=B:USR1@N`` with ``exec gpuswarm run``: Slurm's signal (sent now with
     ``scancel --signal=USR1 --batch``) stops the head and the worker warm; resume finishes."""
-    count = 12
-    cfg = write_config(tmp_path, count, 1.5)
+    count = 16
+    cfg = write_config(tmp_path, count, 2)
     ws = tmp_path / "runs"
     script = tmp_path / "job.sh"
     head = " ".join([*PY, "run", str(cfg), "--gpus", "auto", "--plain", "--workspace", str(ws)])
@@ -196,7 +196,7 @@ def test_compute_node_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     through the leases (``lease_ttl`` 3 s) and finishes them; the allocation survives
     (``--no-kill``)."""
     count = 8
-    cfg = write_config(tmp_path, count, 2)
+    cfg = write_config(tmp_path, count, 3)
     ws = tmp_path / "runs"
     argv = [
         "salloc", "--gres=gpu:2", "-N2", "--no-kill",
