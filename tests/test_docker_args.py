@@ -13,8 +13,8 @@ import subprocess
 import pytest
 from pydantic import ValidationError
 
-from gpuswarm.config.dockerargs import BOOLEAN, SHORT, VALUED, Option, parse, refusal
 from gpuswarm.config.models import RunConfig
+from gpuswarm.exec.docker.runargs import BOOLEAN, SHORT, VALUED, Option, parse, refusal
 
 
 def config(args: list[str]) -> dict[str, object]:

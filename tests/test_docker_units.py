@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gpuswarm.config.models import DockerConfig, RunConfig
+from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.exec.docker.argv import (
     Bind,
@@ -25,6 +25,7 @@ from gpuswarm.exec.docker.argv import (
 )
 from gpuswarm.exec.docker.client import host_pids
 from gpuswarm.exec.docker.devices import gpu_args, kfd_pci, render_node
+from gpuswarm.exec.docker.settings import DockerConfig
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import renumbered_env
 

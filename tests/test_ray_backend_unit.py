@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpuswarm.config.models import RayConfig, RunConfig
+from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import GpuSpecError
 from gpuswarm.exec.base import LaunchSpec, backend_names, membership_of
 from gpuswarm.exec.ray.cluster import GpuFilter, Node, parse_filter
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.exec.ray.slots import slot_label
 from gpuswarm.exec.ray.wire import (
     PROBE_NAME,
@@ -221,9 +222,14 @@ def test_run_on_a_cluster_that_is_not_there_is_bad_input(tmp_path: Path) -> None
 
 def test_resume_on_another_cluster_address() -> None:
     from gpuswarm.core.errors import ConfigError
-    from gpuswarm.runsetup import Setup, with_ray_address
+    from gpuswarm.runsetup import Setup, with_backend_options
 
-    ray_setup = Setup([], Path(), False, (), {}, backend="ray", ray=RayConfig(ship="always"))
+    def with_ray_address(setup: Setup, address: str) -> Setup:  # resume --ray-address
+        return with_backend_options(setup, "resume", {"ray_address": address})
+
+    ray_setup = Setup(
+        [], Path(), False, (), {}, backend="ray", backend_settings=RayConfig(ship="always")
+    )
     moved = with_ray_address(ray_setup, "10.0.0.9:6379")
     assert moved.ray == RayConfig(address="10.0.0.9:6379", ship="always")
     with pytest.raises(ConfigError, match="--ray-address"):

@@ -8,14 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from gpuswarm.config.backends import plugin_of
 from gpuswarm.config.load import load_config
 from gpuswarm.core.errors import ConfigError, GpuSpecError
+from gpuswarm.exec.base import create_backend
+from gpuswarm.exec.local.backend import LocalBackend
 from gpuswarm.exec.slurm.allocation import current, parse_time_left
 from gpuswarm.exec.slurm.jobs import script_text
-from gpuswarm.exec.slurm.settings import settings_of
+from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import discover
+from gpuswarm.runsetup import driver_of
 
 
 @pytest.mark.parametrize(
@@ -77,10 +81,9 @@ def test_simulated_grant_only_when_asked() -> None:
 
 
 def test_settings_become_sbatch_options() -> None:
-    s = settings_of(
+    s = SlurmSettings.model_validate(
         {"partition": "gpu", "account": "proj", "qos": "hi", "time": "4:00:00", "nodes": 2,
          "gpus_per_node": 8, "sbatch_args": ["--constraint=h100"]},
-        "run.yaml",
     )  # fmt: skip
     assert s.sbatch_options() == [
         "--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--account=proj", "--qos=hi",
@@ -91,21 +94,58 @@ def test_settings_become_sbatch_options() -> None:
 @pytest.mark.parametrize(
     ("raw", "named"),
     [
-        ({"time": "four hours"}, "slurm.time"),
-        ({"partition": "gpu; rm -rf /"}, "slurm.partition"),
-        ({"nodes": 0}, "slurm.nodes"),
-        ({"max_jobs": 0}, "slurm.max_jobs"),
-        ({"nodez": 2}, "slurm.nodez"),
+        ("{time: four hours}", "slurm.time: "),
+        ("{partition: 'gpu; rm -rf /'}", "slurm.partition: "),
+        ("{nodes: 0}", "slurm.nodes: "),
+        ("{max_jobs: 0}", "slurm.max_jobs: "),
+        ("{nodez: 2}", "unknown key 'nodez' in slurm; did you mean 'nodes'"),
     ],
 )
-def test_bad_settings_name_the_field_and_file(raw: dict[str, object], named: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^run\.yaml: {re.escape(named)}: "):
-        settings_of(raw, "run.yaml")
+def test_bad_settings_name_the_field_and_file(tmp_path: Path, raw: str, named: str) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"backend: slurm\nslurm: {raw}\ntasks: [{{command: 'true'}}]\n")
+    with pytest.raises(ConfigError, match=rf"run\.yaml:2: {re.escape(named)}"):
+        load_config(cfg)
+
+
+def test_flags_go_over_the_block_and_choose_slurm(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        "slurm: {partition: gpu, nodes: 4}\nbackend: slurm\ntasks: [{command: 'true'}]\n"
+    )
+    flags = {"slurm_nodes": "2", "slurm_time": "1:00:00", "slurm_account": "proj",
+             "slurm_qos": "hi", "slurm_gpus_per_node": "8"}  # fmt: skip
+    s = load_config(cfg).with_backend(None, flags).config.backend_block()
+    assert isinstance(s, SlurmSettings)
+    assert s.sbatch_options() == [
+        "--nodes=2", "--ntasks-per-node=1", "--partition=gpu", "--account=proj", "--qos=hi",
+        "--time=1:00:00", "--gres=gpu:8",
+    ]  # fmt: skip
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("tasks: [{command: 'true'}]\n")
+    chosen = load_config(plain).with_backend(None, {"slurm_qos": "hi"}).config
+    assert chosen.backend == "slurm"  # a slurm flag alone means --backend slurm
+    with pytest.raises(ConfigError, match=r"^--slurm-nodes: "):
+        load_config(plain).with_backend(None, {"slurm_nodes": "x"})
+    with pytest.raises(ConfigError, match="are slurm's; add --backend slurm"):
+        load_config(plain).with_backend("docker", {"slurm_qos": "hi", "image": "img"})
+
+
+def test_the_plugin_drives_from_here_and_runs_attempts_locally_on_nodes() -> None:
+    plugin = plugin_of("slurm")
+    assert plugin.settings is SlurmSettings and plugin.driver
+    assert {o.decls[0] for o in plugin.options_for("run")} == {
+        "--slurm-nodes", "--slurm-time", "--slurm-partition", "--slurm-gpus-per-node",
+        "--slurm-account", "--slurm-qos",
+    }  # fmt: skip
+    backend = create_backend("slurm")  # a node's `gpuswarm work`: the attempts are processes
+    assert isinstance(backend, LocalBackend) and backend.name == "slurm"
+    assert driver_of("slurm") is not None and driver_of("local") is None
 
 
 def test_job_script_quotes_the_run_folder(tmp_path: Path) -> None:
     run = tmp_path / "a run; $(x)"
-    text = script_text(settings_of({"setup": ["module load cuda"]}, "c"), run)
+    text = script_text(SlurmSettings(setup=["module load cuda"]), run)
     lines = text.splitlines()
     assert lines[0] == "#!/bin/bash" and "module load cuda" in lines
     assert shlex.quote(str(run)) in lines[-1]  # a folder's name is never shell syntax

@@ -12,18 +12,18 @@ small frozen dataclasses) are the contract.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
-from gpuswarm import __version__
+from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.models import State as TaskState
 from gpuswarm.core.models import base_name
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.runview import RunView
 from gpuswarm.engine import supervise
 from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.local import host_processes
@@ -37,6 +37,7 @@ from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
+from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun, latest_run, open_run
 from gpuswarm.store.runs import create_run as _create_run
 
@@ -68,8 +69,6 @@ __all__ = [
     "withdraw",
 ]
 
-_ENDED = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
-
 
 # -- creating and opening runs -----------------------------------------------------------------
 @dataclass(frozen=True)
@@ -89,13 +88,14 @@ def plan_gpus(
     tasks_per_gpu: int = 1,
     *,
     backend: str = "local",
-    ray: Any = None,
+    settings: Any = None,
 ) -> GpuPlan:
     """Discover the GPUs of ``spec`` (``auto``, ``0,1``, ``sim:4``); a bad spec raises the
-    core's BadInputError before anything is written. ``backend: ray``: the GPUs of the
-    cluster's nodes that ``spec`` admits (it joins the cluster to count them)."""
-    if backend == "ray":
-        cluster: Any = create_backend("ray", BackendOptions(ray=ray, gpus=spec))
+    core's BadInputError before anything is written. A backend whose slots are its own (a
+    cluster's, with its ``settings``): the GPUs of its nodes that ``spec`` admits (it joins the
+    cluster to count them)."""
+    if owns_slots(backend):
+        cluster: Any = create_backend(backend, BackendOptions(settings=settings, gpus=spec))
         names = tuple(str(n) for n in cluster.gpu_names())
         count = max(1, len(names) // gpus_per_task * tasks_per_gpu)
         return GpuPlan(spec, "nvidia", tuple(range(len(names))), count, names)
@@ -119,37 +119,40 @@ class NewRunSpec:
     config: Mapping[str, Any] = field(default_factory=dict)  # recorded as the run's config
 
 
-def check_backend(name: str, docker: Any, base_dir: Path) -> None:
-    """Whether backend ``name`` can run attempts at all (docker: the daemon answers, the image
-    ``docker.image`` is present, mount sources exist); the core's BadInputError otherwise."""
+def check_backend(name: str, settings: Any, base_dir: Path) -> None:
+    """Whether backend ``name`` can run attempts at all with its ``settings`` (a container
+    backend: its daemon answers, the image is present, mount sources exist); the core's
+    BadInputError otherwise."""
     if name not in backend_names():
         raise BackendError(f"unknown backend {name!r}; known: {', '.join(backend_names())}")
-    create_backend(name, BackendOptions(docker=docker, base_dir=str(base_dir))).check()
+    create_backend(name, BackendOptions(settings=settings, base_dir=str(base_dir))).check()
+
+
+def owns_slots(backend: str) -> bool:
+    """Whether the backend makes its slots itself (a cluster's nodes join and leave)."""
+    found = plugins().get(backend)
+    return found is not None and found.owns_slots
 
 
 def create_run(spec: NewRunSpec) -> RunPaths:
-    """Create the run (staged, then one rename); its run.json is built here, never by clients."""
+    """Create the run (staged, then one rename); its run.json is the one builder's
+    (:class:`~gpuswarm.store.runinfo.RunInfo`), never a client's."""
     g = spec.gpus
-    info: dict[str, Any] = {
-        "gpuswarm": __version__,
-        "name": spec.name,
-        "workspace": str(spec.workspace),
-        "source": spec.source,
-        "base_dir": str(spec.base_dir),
-        "fingerprint": "",
-        "gpus": g.spec,
-        "vendor": g.vendor,
-        "gpu_ids": list(g.ids),
-        "gpus_per_task": 1,
-        "tasks_per_gpu": 1,
-        "slot_count": g.slot_count,
-        "home": {"isolate": False, "provision": []},
-        "settings": dict(spec.settings),
-        "config": dict(spec.config),
-        "task_count": 0,
-        "hosts": [socket.gethostname()],
-    }
-    return _create_run(NewRun(name=spec.folder, workspace=spec.workspace, info=info, tasks=[]))
+    info = RunInfo(
+        name=spec.name,
+        workspace=spec.workspace,
+        source=spec.source,
+        base_dir=spec.base_dir,
+        gpus=g.spec,
+        vendor=g.vendor,
+        gpu_ids=g.ids,
+        slot_count=g.slot_count,
+        settings=spec.settings,
+        config=spec.config,
+    )
+    return _create_run(
+        NewRun(name=spec.folder, workspace=spec.workspace, info=info.to_json(), tasks=[])
+    )
 
 
 def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
@@ -160,28 +163,16 @@ def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
 
 def slot_count(run: RunPaths) -> int:
     """How many slots the run has (one task each at a time): as planned, or for a cluster's
-    run (``backend: ray``, whose nodes join and leave) the slots its last supervisor has now,
+    run (a backend whose nodes join and leave) the slots its last supervisor has now,
     from the journal (as planned when none has started yet)."""
     _, info = open_run(run.root)
     planned = int(info.get("slot_count", 1))
-    if backend_of(info) != "ray":
+    if not owns_slots(backend_of(info)):
         return planned
-    live: set[str] | None = None
+    view = RunView({})
     for e in read_journal(run.events):
-        ev, slots = e.get("ev"), e.get("slots")
-        labels = {str(s) for s in slots} if isinstance(slots, list) else set()
-        if ev == "supervisor_started":
-            live = set(labels)
-        elif ev == "slots" and live is not None:
-            change = e.get("change")
-            if change == "joined":
-                live |= labels
-            elif change in ("left", "retired", "preflight_failed"):
-                live -= labels
-            elif change == "backend_lost":
-                live = set()
-        elif ev == "supervisor_stopped":
-            live = None
+        view.apply(e)
+    live = view.supervisor_slots
     return max(1, len(live)) if live else planned
 
 
@@ -227,19 +218,19 @@ class TaskRef(NamedTuple):
 
 
 def task_states(run: RunPaths) -> dict[str, TaskRef]:
-    """Task id -> its state and entry, for every task but the skipped (one look per state)."""
+    """Task id -> its state and entry, for every task (one look per state)."""
     folders = QueueFolders(run)
     return {
         task_id_of(base_name(name)): TaskRef(state, name)
-        for state in (TaskState.PENDING, TaskState.RUNNING, *_ENDED)
+        for state in TaskState
         for name in folders.names(state)
     }
 
 
 def finished_ids(run: RunPaths) -> set[str]:
-    """The ids of the tasks that ended (done, failed or cancelled)."""
+    """The ids of the tasks that ended (done, failed, skipped or cancelled)."""
     folders = QueueFolders(run)
-    return {task_id_of(name) for state in _ENDED for name in folders.names(state)}
+    return {task_id_of(name) for state in TaskState.terminal() for name in folders.names(state)}
 
 
 @dataclass(frozen=True)
@@ -267,7 +258,7 @@ class Attempt:
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
     """The attempt an ended task is judged by; None while the task has not ended."""
-    if ref.state not in _ENDED:
+    if not ref.state.is_terminal():
         return None
     desc = DirQueue(run).read_desc(ref.state, ref.name)
     last = desc.last_counted if desc is not None else None

@@ -14,7 +14,7 @@ from gpuswarm import __version__
 
 _SUPERVISE = "gpuswarm.cli_supervise"
 _RUNS = "gpuswarm.cli_runs"
-_CONTROL = "gpuswarm.cli_control"
+_CONTROL = "gpuswarm.cli_control"  # the queue verbs: see _Commands.table
 
 
 class _Commands(click.Group):
@@ -34,23 +34,28 @@ class _Commands(click.Group):
         "check": (_RUNS, "check"),
         "clean": (_RUNS, "clean_cmd"),
         "unquarantine": (_RUNS, "unquarantine"),
-        "add": (_CONTROL, "add"),
-        "cancel": (_CONTROL, "cancel"),
-        "retry": (_CONTROL, "retry"),
-        "pause": (_CONTROL, "pause"),
-        "unpause": (_CONTROL, "unpause"),
-        "priority": (_CONTROL, "priority"),
         "research": ("gpuswarm.research.commands", "research"),
         "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
         "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
     }
 
+    @classmethod
+    def table(cls, name: str | None = None) -> dict[str, tuple[str, str]]:
+        """Every lazy command; the queue verbs (cli_control's, one per ``core.verbs.Kind``)
+        are looked up only when ``name`` is none of the others (``--version`` loads nothing)."""
+        if name is not None and name in cls.lazy:
+            return cls.lazy
+        from gpuswarm.core.verbs import Kind
+
+        return {**cls.lazy, **{kind.value: (_CONTROL, kind.value) for kind in Kind}}
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self.lazy})
+        return sorted({*super().list_commands(ctx), *self.table()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.lazy:
-            module, attr = self.lazy[cmd_name]
+        table = self.table(cmd_name)
+        if cmd_name in table:
+            module, attr = table[cmd_name]
             command: click.Command = getattr(importlib.import_module(module), attr)
             return command
         return super().get_command(ctx, cmd_name)

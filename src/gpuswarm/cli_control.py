@@ -1,5 +1,6 @@
-"""``gpuswarm add | cancel | retry | pause | unpause | priority``: a person's changes to a run,
-live or stopped (the work is :mod:`gpuswarm.control_ops`'s). Registered by ``cli.py``.
+"""``gpuswarm add | cancel | retry | requeue | pause | unpause | priority``: a person's changes to
+a run, live or stopped. Each command builds its typed request (:mod:`gpuswarm.core.verbs`)
+and prints what :func:`gpuswarm.control_ops.execute` did; ``cli.py`` lists them by ``Kind``.
 
 Exit codes: 0 done (a task that had ended already is a note, nothing to do), 1 ``cancel --wait``
 timed out, 2 bad input (an unknown or ambiguous task, a request that does not apply to the
@@ -17,14 +18,8 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.models import TaskOptions
-from gpuswarm.control_ops import (
-    add_tasks,
-    cancel_tasks,
-    load_source,
-    retry_tasks,
-    set_paused,
-    set_priority,
-)
+from gpuswarm.control_ops import add_tasks, execute, load_source, set_priority
+from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
 
 _RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
@@ -111,7 +106,7 @@ def cancel(
     (exit 0). Cancelled tasks are never retried and count as no failure.
     """
     with stoppable():
-        data = cancel_tasks(run_dir, tasks, reason=reason, wait=wait_timeout if wait else None)
+        data = execute(run_dir, verbs.Cancel(tasks, reason, wait_timeout if wait else None))
     lines = []
     for row in data["tasks"]:
         note = f" ({row['note']})" if row["note"] else ""
@@ -138,10 +133,28 @@ def retry(
         click.echo("gpuswarm: error: give TASKS, --failed or --cancelled", err=True)
         sys.exit(2)
     with stoppable():
-        data = retry_tasks(run_dir, tasks, failed=failed, cancelled=cancelled)
+        data = execute(run_dir, verbs.Retry(tasks, failed=failed, cancelled=cancelled))
     lines = [f"{r['task']}: {r['was']} -> {r['now']}" for r in data["tasks"]]
     if not data["tasks"]:
         lines.append("nothing to retry")
+    _emit(data, as_json, lines)
+
+
+@click.command()
+@_RUN
+@click.argument("tasks", nargs=-1, required=True)
+@_JSON
+def requeue(run_dir: Path, tasks: tuple[str, ...], as_json: bool) -> None:
+    """Put ended TASKS of RUN (done, failed, cancelled or skipped) back in the queue as a fresh
+    attempt series: a fresh attempt budget, no reason and no result; their earlier attempts are
+    kept. A task still pending or running is left as it is (exit 0). Nothing is started: a run
+    no supervisor serves is finished with 'gpuswarm resume RUN'."""
+    with stoppable():
+        data = execute(run_dir, verbs.Requeue(tasks))
+    lines = []
+    for row in data["tasks"]:
+        note = f" ({row['note']})" if row["note"] else ""
+        lines.append(f"{row['task']}: {row['was']} -> {row['now']}{note}")
     _emit(data, as_json, lines)
 
 
@@ -159,7 +172,7 @@ def _pause_lines(data: dict[str, Any], verb: str) -> list[str]:
 def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
     """No new task starts on RUN (or on one slot); running tasks go on."""
     with stoppable():
-        data = set_paused(run_dir, slot, paused=True)
+        data = execute(run_dir, verbs.Pause(slot))
     _emit(data, as_json, _pause_lines(data, "paused"))
 
 
@@ -170,7 +183,7 @@ def pause(run_dir: Path, slot: str | None, as_json: bool) -> None:
 def unpause(run_dir: Path, slot: str | None, as_json: bool) -> None:
     """Lift a pause of RUN (or of one slot)."""
     with stoppable():
-        data = set_paused(run_dir, slot, paused=False)
+        data = execute(run_dir, verbs.Unpause(slot))
     _emit(data, as_json, _pause_lines(data, "unpaused"))
 
 
@@ -188,4 +201,4 @@ def priority(run_dir: Path, task: str, priority: int, as_json: bool) -> None:
     _emit(data, as_json, [f"{data['task']}: priority {data['was']} -> {data['priority']}"])
 
 
-COMMANDS = (add, cancel, retry, pause, unpause, priority)
+COMMANDS = (add, cancel, retry, requeue, pause, unpause, priority)

@@ -13,6 +13,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from gpuswarm.cli_support import stoppable
+from gpuswarm.config.backends import click_options
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -101,24 +102,7 @@ def _load_source(
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @_supervising
-@click.option(
-    "--backend",
-    type=click.Choice(["local", "docker", "ray", "slurm"]),
-    help="what runs each attempt",
-)
-@click.option("--image", help="docker: the image every attempt runs in (implies --backend docker)")
-@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
-@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
-@click.option("--network", help="docker: the containers' --network (e.g. none)")
-@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
-@click.option(
-    "--ray-address",
-    help="ray: the cluster to join: auto, HOST:PORT or ray://HOST:PORT (implies --backend ray)",
-)
-@click.option("--slurm-nodes", type=click.IntRange(1), help="slurm: nodes per worker job")
-@click.option("--slurm-time", help="slurm: each worker job's time limit (4:00:00)")
-@click.option("--slurm-partition", help="slurm: the partition of the worker jobs")
-@click.option("--slurm-gpus-per-node", type=click.IntRange(1), help="slurm: GPUs per node")
+@click_options("run", choose="what runs each attempt")
 def run(
     source: str,
     gpus: str | None,
@@ -137,16 +121,7 @@ def run(
     share_gpus: bool,
     halt: str | None,
     backend: str | None,
-    image: str | None,
-    docker_args: tuple[str, ...],
-    mounts: tuple[str, ...],
-    network: str | None,
-    pass_env: tuple[str, ...],
-    ray_address: str | None,
-    slurm_nodes: int | None = None,
-    slurm_time: str | None = None,
-    slurm_partition: str | None = None,
-    slurm_gpus_per_node: int | None = None,
+    **backend_values: Any,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
 
@@ -162,22 +137,7 @@ def run(
         )
         loaded = (
             _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
-            .with_backend(
-                backend,
-                image=image,
-                args=docker_args,
-                mounts=mounts,
-                network=network,
-                pass_env=pass_env,
-            )
-            .with_ray(ray_address)
-            .with_slurm(
-                nodes=slurm_nodes,
-                time=slurm_time,
-                partition=slurm_partition,
-                gpus_per_node=slurm_gpus_per_node,
-            )
-        )
+        ).with_backend(backend, backend_values)
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
             loaded = dataclasses.replace(loaded, config=config)
@@ -204,7 +164,7 @@ def run(
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="a changed config")
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @_supervising
-@click.option("--ray-address", help="ray: the cluster to join now (a new head: HOST:PORT)")
+@click_options("resume")
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -221,7 +181,7 @@ def resume(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
-    ray_address: str | None,
+    **backend_values: Any,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
 
@@ -254,7 +214,7 @@ def resume(
             allow_change=allow_config_change,
             output=Output(quiet=quiet, live=not plain, report=not no_report),
             share_gpus=share_gpus,
-            ray_address=ray_address,
+            backend_options=backend_values,
             halt=halt,
         )
     _finish(report, as_json, strict)

@@ -1,14 +1,18 @@
-"""A person's changes to a run, live or stopped: add, cancel, retry, pause, priority (issue 17).
+"""A person's changes to a run, live or stopped: add, cancel, retry, requeue, pause, priority.
 
-The CLI (``cli_control.py``) parses and prints; this module does the work through the store
-(``store/queue.py`` for every transition, ``store/control.py`` for requests and pause flags) and
-journals what it did (``Ev.CONTROL``, ``Ev.ADDED``, ``Ev.REQUEUED``). Each command first holds the
-run's control lock and finishes what a killed earlier command left (``finish_holds``).
+Each verb is a typed request (:mod:`gpuswarm.core.verbs`, one ``Kind`` each) with one
+handler here (:data:`HANDLERS`); :func:`execute` runs it under the run's control lock. The CLI
+(``cli_control.py``) and the dashboard build requests and print; this module does the work
+through the store (``store/queue.py`` for every transition, ``store/control.py`` for requests
+and pause flags) and journals what it did (``Ev.CONTROL``, ``Ev.ADDED``, ``Ev.REQUEUED``).
+Each command first holds the run's control lock and finishes what a killed earlier command
+left (``finish_holds``).
 
 What each does on a live and on a stopped run:
 
-- add: writes the new descriptors under hidden names (no fsync each), syncs once, journals
-  ``added`` (naming the batch), renames them into pending/ and touches the ``added`` marker:
+- add: (``DirQueue.add_batch``) writes the new descriptors under hidden names (no fsync each),
+  syncs once, journals ``added`` (naming the batch), renames them into pending/ and touches the
+  ``added`` marker:
   live supervisors rescan pending/ at their next claim, so priorities hold against the tasks
   they had loaded. A crash in between is finished by the next control command or resume
   (:func:`finish_adds`): a batch the journal names is added, one it does not is removed; ids
@@ -21,6 +25,9 @@ What each does on a live and on a stopped run:
 - retry: failed / cancelled tasks back to pending with a fresh attempt budget (history kept),
   their cancel requests dropped. Nothing is started: a run without a live supervisor is
   finished with ``gpuswarm resume``.
+- requeue: any ended task (done included) back to pending as a fresh attempt series
+  (``DirQueue.requeue``: held, saved, journaled, renamed; a cut-short one is finished by
+  :func:`finish_adds`).
 - pause / unpause: the run's (or one slot's) pause flag; running tasks go on.
 - priority: a pending task's new priority (its claim order). A running task's priority cannot
   change (it applies to pending tasks only): exit 2 saying so.
@@ -34,30 +41,29 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.core import verbs
 from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.fsutil import dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
 from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.lookup import resolve_tasks, task_index
-from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, descriptor_name, task_id_of
+from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SHOWN_IDS = 100  # ids an ``added`` event (and add's output) lists at most
-ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 
 
 class NotApplicableError(BadInputError):
@@ -103,6 +109,7 @@ class _Session:
     queue: DirQueue
     ledger: Ledger
     me: str
+    after: list[Callable[[], None]] = field(default_factory=list)  # once the lock is released
 
     def announce_cancel(self, desc: Descriptor) -> None:
         self.ledger.emit(
@@ -127,9 +134,12 @@ def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
         with queue.control_lock():
             queue.finish_holds(s.announce_cancel)
             finish_adds(paths)
-            return body(s)
+            result = body(s)
     finally:
         ledger.close()
+    for then in s.after:
+        then()
+    return result
 
 
 # -- add -------------------------------------------------------------------------------------
@@ -169,107 +179,80 @@ def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: s
 
 def add_tasks(run_dir: Path, loaded: LoadedConfig) -> dict[str, Any]:
     """Append ``loaded``'s tasks to a run (live or not); see the module's doc."""
-    dumps = list(task_dumps(loaded.tasks))
     source = str(loaded.path) if loaded.path else "<stdin>"
-
-    def body(s: _Session) -> dict[str, Any]:
-        _check_fits(dumps, s.info, source)
-        taken: set[str] = set()
-        max_seq = -1
-        for state in State:
-            for name in s.queue.names(state):
-                taken.add(task_id_of(name))
-                max_seq = max(max_seq, _seq_of(name))
-        for name in os.listdir(s.paths.corrupt) if s.paths.corrupt.is_dir() else []:
-            found = corrupt_task_id(name)  # a task set aside keeps its id
-            if found is not None:
-                taken.add(found)
-        renamed: dict[str, str] = {}
-        staged: list[tuple[str, str]] = []  # (temp name, final name)
-        batch = f"{os.getpid()}.{time.time_ns()}"  # the added event names it: see finish_adds
-        pending = s.paths.state_dir(State.PENDING.value)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        folder = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for dump in dumps:
-                original = str(dump["id"])
-                tid = _fresh_id(original, taken)
-                taken.add(tid)
-                if tid != original:
-                    renamed[original] = tid
-                    dump["id"] = tid
-                max_seq += 1
-                desc = Descriptor.new(dump, max_seq)
-                final = descriptor_name(desc.priority, max_seq, tid)
-                temp = f"{ADDING}{batch}-{final}"  # invisible until renamed
-                fd = os.open(temp, flags, 0o644, dir_fd=folder)
-                try:
-                    os.write(fd, dumps_compact(desc.raw))
-                finally:
-                    os.close(fd)
-                staged.append((temp, final))
-            sync_tree(pending)  # every descriptor's data on disk: one sync, not one per file
-            ids = [task_id_of(final) for _, final in staged]
-            s.ledger.emit(
-                Ev.ADDED,
-                count=len(ids),
-                ids=ids[:SHOWN_IDS],
-                by=s.me,
-                source=source,
-                batch=batch,
-            )
-            s.ledger.sync()  # the journal says it before the names become visible
-            for temp, final in staged:
-                os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder)
-        finally:
-            os.close(folder)
-        fsync_dir(pending)
-        note_added(s.paths)
-        live = is_live(s.paths)
-        return {
-            "run": str(s.paths.root),
-            "added": len(ids),
-            "ids": ids[:SHOWN_IDS],
-            "renamed": dict(list(renamed.items())[:SHOWN_IDS]),
-            "renamed_count": len(renamed),
-            "live": live,
-            "hint": "" if live else resume_hint(s.paths),
-        }
-
-    result: dict[str, Any] = _session(run_dir, body)
-    return result
+    return execute(run_dir, verbs.Add(tuple(task_dumps(loaded.tasks)), source))
 
 
-ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
+def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
+    dumps = [dict(dump) for dump in req.tasks]
+    _check_fits(dumps, s.info, req.source)
+    taken: set[str] = set()
+    max_seq = -1
+    for state in State:
+        for name in s.queue.names(state):
+            taken.add(task_id_of(name))
+            max_seq = max(max_seq, _seq_of(name))
+    for name in os.listdir(s.paths.corrupt) if s.paths.corrupt.is_dir() else []:
+        found = corrupt_task_id(name)  # a task set aside keeps its id
+        if found is not None:
+            taken.add(found)
+    renamed: dict[str, str] = {}
+    descs: list[Descriptor] = []
+    for dump in dumps:
+        original = str(dump["id"])
+        tid = _fresh_id(original, taken)
+        taken.add(tid)
+        if tid != original:
+            renamed[original] = tid
+            dump["id"] = tid
+        max_seq += 1
+        descs.append(Descriptor.new(dump, max_seq))
+    ids = [desc.id for desc in descs]
+
+    def journal(batch: str) -> None:  # names the batch: see DirQueue.finish_adds
+        s.ledger.emit(
+            Ev.ADDED, count=len(ids), ids=ids[:SHOWN_IDS], by=s.me, source=req.source, batch=batch
+        )
+        s.ledger.sync()
+
+    s.queue.add_batch(descs, journal)
+    live = is_live(s.paths)
+    return {
+        "run": str(s.paths.root),
+        "added": len(ids),
+        "ids": ids[:SHOWN_IDS],
+        "renamed": dict(list(renamed.items())[:SHOWN_IDS]),
+        "renamed_count": len(renamed),
+        "live": live,
+        "hint": "" if live else resume_hint(s.paths),
+    }
 
 
 def finish_adds(paths: RunPaths) -> int:
-    """Adds a crash cut short (their writer is dead): a batch the journal's ``added`` event
-    names is finished (its tasks renamed into pending/: the journal said they were added), one
-    it does not name is removed (the add never said so). Returns how many tasks were added."""
-    pending = paths.state_dir(State.PENDING.value)
-    batches: dict[str, list[str]] = {}
-    for name in os.listdir(pending):
-        if name.startswith(ADDING):
-            batch = name[len(ADDING) :].split("-", 1)[0]
-            pid = batch.split(".", 1)[0]
-            if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
-                batches.setdefault(batch, []).append(name)
-    if not batches:
-        return 0
-    said = {str(e.get("batch")) for e in read_events(paths.events) if e.get("ev") == Ev.ADDED.value}
-    added = 0
-    for batch, names in batches.items():
-        for name in names:
-            final = name[len(ADDING) + len(batch) + 1 :]
-            if batch in said and not (pending / final).exists():
-                os.rename(pending / name, pending / final)
-                added += 1
-            else:
-                (pending / name).unlink(missing_ok=True)
-    fsync_dir(pending)
-    if added:
-        note_added(paths)
+    """Adds and requeues a crash cut short (their writer is dead), finished or undone
+    (:meth:`DirQueue.finish_adds`, :meth:`DirQueue.finish_requeues`). Returns how many tasks
+    were added."""
+    queue = DirQueue(paths)
+
+    def journaled() -> set[str]:
+        return {
+            str(e.get("batch")) for e in read_events(paths.events) if e.get("ev") == Ev.ADDED.value
+        }
+
+    added = queue.finish_adds(journaled)
+    ledger: Ledger | None = None
+    try:
+
+        def announce(desc: Descriptor, frm: State) -> None:
+            nonlocal ledger
+            ledger = ledger or Ledger(paths.events)
+            _requeue_announce(ledger, control.asker(), frm)(desc)
+
+        if queue.finish_requeues(announce):
+            note_added(paths)
+    finally:
+        if ledger is not None:
+            ledger.close()
     return added
 
 
@@ -284,40 +267,44 @@ def cancel_tasks(
 ) -> dict[str, Any]:
     """Cancel tasks: pending ones now, running ones by a request (``wait`` seconds: block
     until they left running/). Each row: task, was, now, note."""
+    return execute(run_dir, verbs.Cancel(tuple(args), reason, wait))
 
-    def body(s: _Session) -> tuple[RunPaths, list[dict[str, Any]], bool]:
-        known, ids = _resolve(s, args)
-        live = is_live(s.paths)
-        rows: list[dict[str, Any]] = []
-        for tid in ids:
-            state, name = known[tid]
-            row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-            state, attempt = control.request_cancel(
-                s.queue, tid, state, name, reason, s.announce_cancel
+
+def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
+    known, ids = _resolve(s, req.tasks)
+    live = is_live(s.paths)
+    rows: list[dict[str, Any]] = []
+    for tid in ids:
+        state, name = known[tid]
+        row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        state, attempt = control.request_cancel(
+            s.queue, tid, state, name, req.reason, s.announce_cancel
+        )
+        row["was"] = State.PENDING.value if state is State.CANCELLED else state.value
+        if state is State.CANCELLED:
+            row["now"] = State.CANCELLED.value
+        elif state is State.RUNNING:
+            row["now"] = "cancel requested"
+            row["attempt"] = attempt
+            which = f"attempt {attempt}" if attempt is not None else "it"
+            row["note"] = (
+                f"its supervisor stops {which} within about a second"
+                if live
+                else f"no supervisor is live: {which} ends cancelled when the run is resumed"
             )
-            row["was"] = State.PENDING.value if state is State.CANCELLED else state.value
-            if state is State.CANCELLED:
-                row["now"] = State.CANCELLED.value
-            elif state is State.RUNNING:
-                row["now"] = "cancel requested"
-                row["attempt"] = attempt
-                which = f"attempt {attempt}" if attempt is not None else "it"
-                row["note"] = (
-                    f"its supervisor stops {which} within about a second"
-                    if live
-                    else f"no supervisor is live: {which} ends cancelled when the run is resumed"
-                )
-            else:
-                row["note"] = f"already {state.value}: nothing to do"
-            rows.append(row)
-        return s.paths, rows, live
-
-    paths, rows, live = _session(run_dir, body)
-    timed_out = False
+        else:
+            row["note"] = f"already {state.value}: nothing to do"
+        rows.append(row)
+    result = {"run": str(s.paths.root), "tasks": rows, "live": live, "timed_out": False}
     asked = [r for r in rows if r["now"] == "cancel requested"]
-    if wait is not None and asked and live:
-        timed_out = not _wait_left_running(paths, asked, wait)
-    return {"run": str(paths.root), "tasks": rows, "live": live, "timed_out": timed_out}
+    if req.wait is not None and asked and live:
+        wait, paths = req.wait, s.paths
+
+        def wait_left() -> None:  # outside the control lock: other commands go on meanwhile
+            result["timed_out"] = not _wait_left_running(paths, asked, wait)
+
+        s.after.append(wait_left)
+    return result
 
 
 def _wait_left_running(paths: RunPaths, rows: list[dict[str, Any]], timeout: float) -> bool:
@@ -344,45 +331,87 @@ def retry_tasks(
 ) -> dict[str, Any]:
     """Failed / cancelled tasks (named, or every one with ``failed`` / ``cancelled``) back to
     pending with a fresh attempt budget."""
+    return execute(run_dir, verbs.Retry(tuple(args), failed=failed, cancelled=cancelled))
 
-    def body(s: _Session) -> dict[str, Any]:
-        known, ids = _resolve(s, args)
-        for tid in ids:
-            state = known[tid][0]
-            if state in (State.DONE, State.SKIPPED):
-                raise NotApplicableError(
-                    f"task {tid!r} is {state.value}: retry applies to failed or cancelled tasks"
-                )
-        wanted = set(ids)
-        wanted |= {t for t, (st, _) in known.items() if failed and st is State.FAILED}
-        wanted |= {t for t, (st, _) in known.items() if cancelled and st is State.CANCELLED}
-        rows: list[dict[str, Any]] = []
-        _drop_requests(s, {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)})
-        for tid in sorted(wanted):
-            state, name = known[tid]
-            row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-            if state in (State.FAILED, State.CANCELLED):
-                announce = _retry_announce(s, state)
-                if s.queue.retry(state, name, announce) is not None:
-                    row["now"] = State.PENDING.value
-                else:
-                    row["note"] = "gone meanwhile (another retry took it)"
+
+def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
+    known, ids = _resolve(s, req.tasks)
+    for tid in ids:
+        state = known[tid][0]
+        if state in (State.DONE, State.SKIPPED):
+            raise NotApplicableError(
+                f"task {tid!r} is {state.value}: retry applies to failed or cancelled tasks"
+            )
+    wanted = set(ids)
+    wanted |= {t for t, (st, _) in known.items() if req.failed and st is State.FAILED}
+    wanted |= {t for t, (st, _) in known.items() if req.cancelled and st is State.CANCELLED}
+    rows: list[dict[str, Any]] = []
+    _drop_requests(s, {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)})
+    for tid in sorted(wanted):
+        state, name = known[tid]
+        row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        if state in (State.FAILED, State.CANCELLED):
+            announce = _retry_announce(s, state)
+            if s.queue.retry(state, name, announce) is not None:
+                row["now"] = State.PENDING.value
             else:
-                row["note"] = f"{state.value}: not ended, nothing to do"
-            rows.append(row)
-        if any(r["now"] == State.PENDING.value for r in rows):
-            note_added(s.paths)
-        live = is_live(s.paths)
-        return {
-            "run": str(s.paths.root),
-            "tasks": rows,
-            "retried": sum(1 for r in rows if r["now"] == State.PENDING.value),
-            "live": live,
-            "hint": "" if live or not rows else resume_hint(s.paths),
-        }
+                row["note"] = "gone meanwhile (another retry took it)"
+        else:
+            row["note"] = f"{state.value}: not ended, nothing to do"
+        rows.append(row)
+    return _requeued(s, rows)
 
-    result: dict[str, Any] = _session(run_dir, body)
-    return result
+
+def _requeued(s: _Session, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if any(r["now"] == State.PENDING.value for r in rows):
+        note_added(s.paths)
+    live = is_live(s.paths)
+    return {
+        "run": str(s.paths.root),
+        "tasks": rows,
+        "retried": sum(1 for r in rows if r["now"] == State.PENDING.value),
+        "live": live,
+        "hint": "" if live or not rows else resume_hint(s.paths),
+    }
+
+
+# -- requeue ---------------------------------------------------------------------------------
+def requeue_tasks(run_dir: Path, args: Sequence[str]) -> dict[str, Any]:
+    """Ended tasks back to pending as a fresh attempt series (``verbs.Requeue``)."""
+    return execute(run_dir, verbs.Requeue(tuple(args)))
+
+
+def _requeue(s: _Session, req: verbs.Requeue) -> dict[str, Any]:
+    known, ids = _resolve(s, req.tasks)
+    _drop_requests(s, {t for t in ids if known[t][0].is_terminal()})
+    rows: list[dict[str, Any]] = []
+    for tid in ids:
+        state, name = known[tid]
+        row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        if not state.is_terminal():
+            row["note"] = f"{state.value}: not ended, nothing to do"
+        elif s.queue.requeue(state, name, _requeue_announce(s.ledger, s.me, state)) is not None:
+            row["now"] = State.PENDING.value
+        else:
+            row["note"] = "gone meanwhile, or unreadable (see gpuswarm check)"
+        rows.append(row)
+    return _requeued(s, rows)
+
+
+def _requeue_announce(ledger: Ledger, me: str, frm: State) -> Callable[[Descriptor], object]:
+    def announce(desc: Descriptor) -> None:
+        ledger.emit(
+            Ev.CONTROL,
+            request=verbs.Kind.REQUEUE.value,
+            task=desc.id,
+            by=me,
+            applied_by=me,
+            state=State.PENDING.value,
+            frm=frm.value,
+        )
+        ledger.emit(Ev.REQUEUED, task=desc.id, frm=frm.value, reason="requeue")
+
+    return announce
 
 
 def _drop_requests(s: _Session, tasks: set[str]) -> None:
@@ -420,36 +449,35 @@ def _retry_announce(s: _Session, frm: State) -> Callable[[Descriptor], object]:
 # -- pause -----------------------------------------------------------------------------------
 def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> dict[str, Any]:
     """Pause (or unpause) the run, or one slot (an id as ``status`` shows it)."""
+    return execute(run_dir, verbs.Pause(slot) if paused else verbs.Unpause(slot))
 
-    def body(s: _Session) -> dict[str, Any]:
-        if slot is not None:
-            slots = registered_slot_ids(s.paths)
-            if slots and slot not in slots and slot not in control.paused(s.paths).slots:
-                raise BadInputError(
-                    f"slot {slot!r}: this run has no such slot; its slots: {', '.join(slots)}"
-                )
-        try:
-            changed = (control.pause if paused else control.unpause)(s.paths, slot)
-        except ValueError as exc:
-            raise BadInputError(f"--slot: {exc}") from None
-        if changed and not paused:
-            note_added(s.paths)  # live supervisors look again now, not at their next tick
-        request = "pause" if paused else "unpause"
-        if changed:  # a whole-run pause names no slot (a null slot is a line readers skip)
-            where = {"slot": slot} if slot is not None else {}
-            s.ledger.emit(Ev.CONTROL, request=request, **where, by=s.me, applied_by=s.me)
-        now = control.paused(s.paths)
-        return {
-            "run": str(s.paths.root),
-            "slot": slot,
-            "changed": changed,
-            "paused": now.run,
-            "paused_slots": sorted(now.slots),
-            "live": is_live(s.paths),
-        }
 
-    result: dict[str, Any] = _session(run_dir, body)
-    return result
+def _pause(s: _Session, req: verbs.Pause | verbs.Unpause) -> dict[str, Any]:
+    slot, paused = req.slot, req.kind is verbs.Kind.PAUSE
+    if slot is not None:
+        slots = registered_slot_ids(s.paths)
+        if slots and slot not in slots and slot not in control.paused(s.paths).slots:
+            raise BadInputError(
+                f"slot {slot!r}: this run has no such slot; its slots: {', '.join(slots)}"
+            )
+    try:
+        changed = (control.pause if paused else control.unpause)(s.paths, slot)
+    except ValueError as exc:
+        raise BadInputError(f"--slot: {exc}") from None
+    if changed and not paused:
+        note_added(s.paths)  # live supervisors look again now, not at their next tick
+    if changed:  # a whole-run pause names no slot (a null slot is a line readers skip)
+        where = {"slot": slot} if slot is not None else {}
+        s.ledger.emit(Ev.CONTROL, request=req.kind.value, **where, by=s.me, applied_by=s.me)
+    now = control.paused(s.paths)
+    return {
+        "run": str(s.paths.root),
+        "slot": slot,
+        "changed": changed,
+        "paused": now.run,
+        "paused_slots": sorted(now.slots),
+        "live": is_live(s.paths),
+    }
 
 
 # -- priority --------------------------------------------------------------------------------
@@ -459,32 +487,56 @@ def set_priority(run_dir: Path, task: str, priority: int) -> dict[str, Any]:
         raise BadInputError(
             f"priority {priority}: use -{PRIORITY_LIMIT}..{PRIORITY_LIMIT} (higher runs first)"
         )
+    return execute(run_dir, verbs.Priority(task, priority))
 
-    def body(s: _Session) -> dict[str, Any]:
-        known, (tid,) = _resolve(s, [task])
-        state, name = known[tid]
-        desc = s.queue.read_desc(state, name)
-        was = desc.priority if desc is not None else None
 
-        def announce(d: Descriptor) -> None:
-            s.ledger.emit(
-                Ev.CONTROL,
-                request="priority",
-                task=tid,
-                priority=priority,
-                by=s.me,
-                applied_by=s.me,
-                state=State.PENDING.value,
-            )
+def _priority(s: _Session, req: verbs.Priority) -> dict[str, Any]:
+    priority = req.priority
+    known, (tid,) = _resolve(s, [req.task])
+    state, name = known[tid]
+    desc = s.queue.read_desc(state, name)
+    was = desc.priority if desc is not None else None
 
-        if state is not State.PENDING or s.queue.reprioritize(tid, priority, announce) is None:
-            now = State.RUNNING.value if state is State.PENDING else state.value
-            raise NotApplicableError(
-                f"task {tid!r} is {now}: a priority applies to pending tasks only (it decides "
-                "which starts next); a running task keeps its place"
-            )
-        note_added(s.paths)
-        return {"run": str(s.paths.root), "task": tid, "priority": priority, "was": was}
+    def announce(d: Descriptor) -> None:
+        s.ledger.emit(
+            Ev.CONTROL,
+            request="priority",
+            task=tid,
+            priority=priority,
+            by=s.me,
+            applied_by=s.me,
+            state=State.PENDING.value,
+        )
 
-    result: dict[str, Any] = _session(run_dir, body)
+    if state is not State.PENDING or s.queue.reprioritize(tid, priority, announce) is None:
+        now = State.RUNNING.value if state is State.PENDING else state.value
+        raise NotApplicableError(
+            f"task {tid!r} is {now}: a priority applies to pending tasks only (it decides "
+            "which starts next); a running task keeps its place"
+        )
+    note_added(s.paths)
+    return {"run": str(s.paths.root), "task": tid, "priority": priority, "was": was}
+
+
+# -- the verbs -------------------------------------------------------------------------------
+Handler = Callable[[_Session, Any], dict[str, Any]]
+
+#: one handler per verb (tests: every ``verbs.Kind`` has one)
+HANDLERS: dict[verbs.Kind, Handler] = {
+    verbs.Kind.ADD: _add,
+    verbs.Kind.CANCEL: _cancel,
+    verbs.Kind.RETRY: _retry,
+    verbs.Kind.REQUEUE: _requeue,
+    verbs.Kind.PAUSE: _pause,
+    verbs.Kind.UNPAUSE: _pause,
+    verbs.Kind.PRIORITY: _priority,
+}
+
+
+def execute(run_dir: Path, req: verbs.Verb) -> dict[str, Any]:
+    """Apply one typed request to the run at ``run_dir`` by its kind's handler, under the run's
+    control lock (what a killed earlier command left is finished first); what the handler
+    leaves for later (``cancel --wait``) runs once the lock is released."""
+    handler = HANDLERS[req.kind]
+    result: dict[str, Any] = _session(run_dir, lambda s: handler(s, req))
     return result

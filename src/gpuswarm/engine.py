@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import errno
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.config.backends import plugin_of, settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import RayConfig
 from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
@@ -29,7 +30,7 @@ from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
-from gpuswarm.exec.slurm import session as slurm
+from gpuswarm.exec.slurm.session import check_nodes_see
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
@@ -40,20 +41,21 @@ from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.runsetup import (
     Setup,
-    backend_of,
     check_backend,
     check_backend_ready,
+    driver_of,
     gpu_keys_of,
     plan,
     recovery_backend,
     redact_config,
     resolve_provisions,
+    resume_driven,
     run_info,
     setup_from_info,
+    with_backend_options,
     with_halt,
-    with_ray_address,
 )
-from gpuswarm.slurmdriver import resume_slurm_run, run_in_allocation, start_slurm_run
+from gpuswarm.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -91,15 +93,15 @@ def start_run(
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
     check_backend(loaded)
-    if loaded.config.backend == "slurm":  # issue 36: from the login node, worker jobs
-        return start_slurm_run(loaded, gpus_spec, suffix=suffix, output=output)
+    if (driver := driver_of(loaded.config.backend)) is not None:  # its workers run elsewhere
+        return driver.start(loaded, gpus_spec, suffix=suffix, output=output)
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
     if loaded.config.backend == "local":  # elsewhere the programs are the image's
         _check_programs(loaded, count, output)
     check_backend_ready(loaded, gpus_spec)
-    slurm.check_nodes_see(loaded.workspace)  # issue 36: every node of the allocation sees it
+    check_nodes_see(loaded.workspace)  # issue 36: every node of a Slurm allocation sees it
     hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
@@ -127,11 +129,12 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    where = counted(len(slots), "slot") if slots else f"the Ray cluster's GPUs ({gpus.spec})"
-    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     cfg = loaded.config
+    plugin = plugin_of(cfg.backend)
+    where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
+    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
     # a container always gets a private HOME (its caches persist across the slot's attempts)
-    isolate = bool(cfg.home and cfg.home.isolate) or cfg.backend == "docker"
+    isolate = bool(cfg.home and cfg.home.isolate) or plugin.isolates_home
     setup = Setup(
         slots,
         loaded.base_dir,
@@ -141,9 +144,8 @@ def _start(
         tuple(cfg.preflight),
         cfg.after_all,
         cfg.backend,
-        cfg.docker,
-        (cfg.ray or RayConfig()) if cfg.backend == "ray" else None,
-        gpus.spec if cfg.backend == "ray" else None,
+        settings_of(cfg),
+        gpus.spec if plugin.owns_slots else None,
         cfg.gpus_per_task,
         cfg.tasks_per_gpu,
     )
@@ -189,16 +191,15 @@ def resume_run(
     allow_change: bool,
     output: Output,
     share_gpus: bool = False,
-    ray_address: str | None = None,
+    backend_options: Mapping[str, Any] | None = None,
     halt: str | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
-    if backend_of(info) == "slurm" and slurm.allocation_for() is None:  # the login node
-        return resume_slurm_run(paths, info, output, retry_failed=retry_failed)
-    slurm.check_nodes_see(paths.root)  # issue 36: a new allocation's nodes see the run
+    if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
+        return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if ray_address is not None:  # the cluster moved (a new head after a head loss)
-        setup = with_ray_address(setup, ray_address)
+    if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
+        setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(
@@ -223,11 +224,9 @@ def work_run(
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
     setup = with_halt(setup_from_info(info, gpus_spec), halt)
-    if setup.backend == "ray":
-        raise ConfigError(
-            f"{paths.root}: a Ray run has one driver (its slot actors are the run's); nodes "
-            "that join the cluster get slots by themselves: use `gpuswarm resume` if it is not live"
-        )
+    single = plugin_of(setup.backend).single_driver
+    if single:
+        raise ConfigError(f"{paths.root}: {single}")
     return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
 
 
@@ -300,9 +299,7 @@ def _supervise(
     new_config: LoadedConfig | None,
 ) -> RunReport:
     owner = owner_id()
-    cfg = setup.supervisor_config(owner)
-    alloc = slurm.allocation_for()  # issue 36: inside a Slurm allocation, its end bounds the run
-    cfg = replace(cfg, claim_until=alloc.stop_at, stop_at=alloc.stop_at) if alloc else cfg
+    cfg, alloc = in_allocation(setup.supervisor_config(owner), paths, mode)  # Slurm's (36)
     recovered = None
     backend = create_backend(cfg.backend, setup.backend_options(paths, owner, cfg.max_log_bytes))
     if mode != "run":  # a new run checked it before it was created (check_backend_ready)
@@ -319,7 +316,7 @@ def _supervise(
                 )
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if mode == "resume":
-                _remember_ray_address(paths, ledger, setup)
+                _remember_moved(paths, ledger, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -362,19 +359,22 @@ def _supervise(
     )
 
 
-def _remember_ray_address(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
-    """``resume --ray-address``: the cluster's new address goes into run.json (under the run
-    lock), so that the next ``resume`` finds the cluster without the flag."""
-    if setup.ray is None:
+def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
+    """A resume's backend options moved the run's backend (``resume --ray-address``: the
+    cluster's new address): its settings go into run.json (under the run lock), so the next
+    ``resume`` finds it without the flag, and the journal's ``slots`` event says so."""
+    plugin, settings = plugin_of(setup.backend), setup.backend_settings
+    if settings is None or plugin.resume_moved is None:
         return
     _, info = open_run(paths.root)
-    ray = (info.get("config") or {}).get("ray") or {}
-    if ray.get("address", "auto") == setup.ray.address:
+    before = (info.get("config") or {}).get(plugin.name) or {}
+    moved = plugin.resume_moved(settings, before)
+    if moved is None:
         return
-    before = ray.get("address", "auto")
-    info.setdefault("config", {})["ray"] = {**ray, "address": setup.ray.address}
+    now = settings.model_dump(mode="json", exclude_unset=True)
+    info.setdefault("config", {})[plugin.name] = {**before, **now}
     atomic_write_json(paths.run_json, info)
-    ledger.emit(Ev.SLOTS, change="moved", address=setup.ray.address, before=before)
+    ledger.emit(Ev.SLOTS, **moved)
 
 
 def _registered_slots(
@@ -427,7 +427,7 @@ def _after_all(
         base_env=sup.cfg.base_env,
         backend=backend,
         # a container has no HOME but a private one (the host's is not mounted)
-        home=paths.slot_home("after_all") if setup.backend == "docker" else None,
+        home=paths.slot_home("after_all") if plugin_of(setup.backend).isolates_home else None,
     )
     if after is not None:
         fields = {k: v for k, v in after.items() if k != "command"}

@@ -1,32 +1,44 @@
 """What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume).
 
 Composition only: the slots (placement), the provisions (checked now, before anything runs),
-the reliability settings and the backend's name, and the run.json snapshot of them.
+the reliability settings and the backend's name, and the run.json snapshot of them; and, for a
+backend that drives workers elsewhere instead (``BackendPlugin.driver``), its
+:class:`RunDriver`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from gpuswarm import __version__
+from gpuswarm.config.backends import (
+    BackendPlugin,
+    backend_names,
+    plugin_of,
+    plugins,
+    settings_of,
+)
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.config.models import DockerConfig, RayConfig, RunConfig
+from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
-from gpuswarm.exec.base import Backend, BackendOptions, backend_names, create_backend
+from gpuswarm.exec.base import Backend, BackendOptions, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
+from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.runoutput import Output
+from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -44,47 +56,46 @@ def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
     return tuple(out)
 
 
-RESUME_READS = ("preflight", "after_all", "docker", "ray", "backend", "slurm")  # by shape only
+def resume_reads() -> tuple[str, ...]:
+    """The settings a resume reads back from run.json, redacted by shape only: every
+    backend's block among them."""
+    return ("preflight", "after_all", *(p for p in plugins() if p != "local"), "backend")
 
 
 def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:
     """A config dump fit for run.json: the run's redactor (this process's secrets, every env's,
     the provisioned files'): env by name, value and shape, commands and strings by value and
-    shape. The settings a resume reads back (``RESUME_READS``) are redacted by shape only, as
+    shape. The settings a resume reads back (:func:`resume_reads`) are redacted by shape only, as
     before: a secret's value that happens to be part of an image name must not change it."""
     if not isinstance(value, dict):
         return SHAPES.tree(value)
     redactor = run_redactor(config=value, base_dir=base_dir)
-    return {
-        k: (SHAPES if k in RESUME_READS else redactor).tree({k: v})[k] for k, v in value.items()
-    }
+    reads = resume_reads()
+    return {k: (SHAPES if k in reads else redactor).tree({k: v})[k] for k, v in value.items()}
 
 
 def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
+    """run.json of a run made from ``loaded`` (:class:`~gpuswarm.store.runinfo.RunInfo`)."""
     cfg = loaded.config
     home = cfg.home
-    return {
-        "gpuswarm": __version__,
-        "name": loaded.name,
-        "workspace": str(loaded.workspace),
-        "source": str(loaded.path) if loaded.path else "<stdin>",
-        "base_dir": str(loaded.base_dir),
-        "fingerprint": spec_hash(loaded),
-        "gpus": gpus.spec,
-        "vendor": gpus.vendor.value,
-        "gpu_ids": list(gpus.ids),
-        "gpus_per_task": cfg.gpus_per_task,
-        "tasks_per_gpu": max((s.share + 1 for s in slots), default=cfg.tasks_per_gpu),
-        "slot_count": len(slots),
-        "home": {
-            "isolate": bool(home and home.isolate),
-            "provision": [{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
-        },
-        "settings": _settings(cfg),
-        "config": redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
-        "task_count": len(loaded.tasks),
-        "hosts": [socket.gethostname()],
-    }
+    return RunInfo(
+        name=loaded.name,
+        workspace=loaded.workspace,
+        source=str(loaded.path) if loaded.path else "<stdin>",
+        base_dir=loaded.base_dir,
+        fingerprint=spec_hash(loaded),
+        gpus=gpus.spec,
+        vendor=gpus.vendor.value,
+        gpu_ids=gpus.ids,
+        gpus_per_task=cfg.gpus_per_task,
+        tasks_per_gpu=max((s.share + 1 for s in slots), default=cfg.tasks_per_gpu),
+        slot_count=len(slots),
+        isolate=bool(home and home.isolate),
+        provision=[{"src": p.src, "dest": p.dest} for p in (home.provision if home else [])],
+        settings=_settings(cfg),
+        config=redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
+        task_count=len(loaded.tasks),
+    ).to_json()
 
 
 def _settings(cfg: RunConfig) -> dict[str, Any]:
@@ -115,9 +126,8 @@ class Setup:
     preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
     after_all: str | None = None  # run once after every slot finished
     backend: str = "local"  # what runs the attempts (exec.base.create_backend)
-    docker: DockerConfig | None = None  # backend: docker's settings
-    ray: RayConfig | None = None  # backend: ray's settings; its slots come from the cluster
-    gpus_spec: str | None = None  # backend: ray: --gpus filters the cluster's GPUs
+    backend_settings: BaseModel | None = None  # its own settings (config/backends.py)
+    gpus_spec: str | None = None  # a backend whose slots are its own: --gpus filters its GPUs
     gpus_per_task: int = 1
     tasks_per_gpu: int = 1
 
@@ -128,13 +138,19 @@ class Setup:
             scope=f"{paths.root.name}/",
             run_dir=str(paths.root),
             owner=owner,
-            docker=self.docker,
+            settings=self.backend_settings,
             base_dir=str(self.base_dir),
-            ray=self.ray,
             gpus_per_task=self.gpus_per_task,
             tasks_per_gpu=self.tasks_per_gpu,
             gpus=self.gpus_spec,
         )
+
+    def __getattr__(self, name: str) -> Any:
+        """``setup.<backend name>``: that backend's settings, when it is the run's (as a
+        config's block is ``config.<name>``); None for another backend's."""
+        if name in plugins() and name != "backend":
+            return self.backend_settings if name == self.backend else None
+        raise AttributeError(name)
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
@@ -155,7 +171,7 @@ class Setup:
 def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
     """The setup of an existing run (its run.json), on the GPUs given now or its own."""
     per_task, per_gpu = int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
-    if backend_of(info) == "ray":  # the cluster's slots: made by the backend once it joins
+    if _plugin(backend_of(info)).owns_slots:  # made by the backend once it joins its cluster
         spec = gpus_spec or str(info.get("gpus") or "auto")
         slots: list[Slot] = []
     else:
@@ -174,14 +190,13 @@ def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
     return Setup(
         slots,
         base_dir,
-        bool(home.get("isolate")) or backend == "docker",  # a container always gets a HOME
+        bool(home.get("isolate")) or _plugin(backend).isolates_home,
         provisions,
         info.get("settings", {}),
         tuple(config.get("preflight") or ()),
         config.get("after_all"),
         backend,
-        docker_of(info),
-        ray_of(info),
+        backend_settings_of(info),
         spec,
         per_task,
         per_gpu,
@@ -200,46 +215,53 @@ def with_halt(setup: Setup, halt: str | None) -> Setup:
     return setup
 
 
-def with_ray_address(setup: Setup, address: str) -> Setup:
-    """``resume --ray-address``: the run's ray settings on another cluster address."""
-    if setup.backend != "ray":
-        raise ConfigError(f"--ray-address: this run's backend is {setup.backend}, not ray")
-    base = setup.ray.model_dump() if setup.ray is not None else {}
-    try:
-        ray = RayConfig.model_validate({**base, "address": address})
-    except ValidationError as exc:
-        raise ConfigError(f"--ray-address: {exc.errors()[0]['msg']}") from None
-    return replace(setup, ray=ray)
+def with_backend_options(setup: Setup, command: str, values: Mapping[str, Any]) -> Setup:
+    """A command's backend options over the run's settings (``resume --ray-address``): only the
+    run's own backend's (ConfigError naming the flag otherwise)."""
+    for plugin in plugins().values():
+        given = [o for o in plugin.options_for(command) if o.given(values)]
+        if not given:
+            continue
+        if plugin.name != setup.backend:
+            raise ConfigError(
+                f"{given[0].decls[0]}: this run's backend is {setup.backend}, not {plugin.name}"
+            )
+        assert plugin.apply_options is not None
+        settings = plugin.apply_options(setup.backend_settings, values)
+        setup = replace(setup, backend_settings=settings)
+    return setup
 
 
-def ray_of(info: dict[str, Any]) -> RayConfig | None:
-    """The ray: settings a run was made with (run.json); None for other backends."""
-    if backend_of(info) != "ray":
+def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:
+    """The settings of its backend a run was made with (run.json); its defaults where the run
+    has no block (a backend that needs one: None)."""
+    plugin = _plugin(backend_of(info))
+    if plugin.settings is None:
         return None
-    raw = (info.get("config") or {}).get("ray") or {}
-    try:
-        return RayConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise RunDirError(f"run.json: config.ray is not valid ({exc.errors()[0]['msg']})") from None
-
-
-def docker_of(info: dict[str, Any]) -> DockerConfig | None:
-    """The docker: settings a run was made with (run.json); None for other backends."""
-    raw = (info.get("config") or {}).get("docker")
-    if raw is None:
+    raw = (info.get("config") or {}).get(plugin.name)
+    if raw is None and plugin.needs_block:
         return None
     try:
-        return DockerConfig.model_validate(raw)
+        return plugin.settings.model_validate(raw or {})
     except ValidationError as exc:
         raise RunDirError(
-            f"run.json: config.docker is not valid ({exc.errors()[0]['msg']})"
+            f"run.json: config.{plugin.name} is not valid ({exc.errors()[0]['msg']})"
+        ) from None
+
+
+def _plugin(name: str) -> BackendPlugin:
+    try:
+        return plugin_of(name)
+    except KeyError:
+        raise RunDirError(
+            f"run.json: backend {name!r} is unknown here; known: {', '.join(backend_names())}"
         ) from None
 
 
 def recovery_backend(info: dict[str, Any]) -> Backend:
     """The backend that ends a dead owner's leftovers of a run (resume, check --repair)."""
-    docker = docker_of(info)
-    return create_backend(backend_of(info), BackendOptions(docker=docker, ray=ray_of(info)))
+    options = BackendOptions(settings=backend_settings_of(info))
+    return create_backend(backend_of(info), options)
 
 
 def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> None:
@@ -247,7 +269,7 @@ def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> N
     answers, the image is present, mount sources exist); BackendError (exit 2) otherwise."""
     cfg = loaded.config
     options = BackendOptions(
-        docker=cfg.docker, base_dir=str(loaded.base_dir), ray=cfg.ray, gpus=gpus_spec or cfg.gpus
+        settings=settings_of(cfg), base_dir=str(loaded.base_dir), gpus=gpus_spec or cfg.gpus
     )
     backend = create_backend(cfg.backend, options)
     try:
@@ -257,7 +279,8 @@ def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> N
 
 
 def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
-    if loaded.config.backend == "ray":  # the cluster's GPUs, filtered by the spec: no slots yet
+    found = plugins().get(loaded.config.backend)
+    if found is not None and found.owns_slots:  # its GPUs, filtered by the spec: no slots yet
         return GpuSet(Vendor.NVIDIA, (), gpus_spec or loaded.config.gpus or "auto"), []
     gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
     slots = plan_slots(gpus, loaded.config.gpus_per_task, tasks_per_gpu(loaded, gpus))
@@ -313,3 +336,38 @@ def gpu_keys_of(slots: list[Slot]) -> list[str]:
 def backend_of(info: dict[str, Any]) -> str:
     """The backend a run's attempts ran on, from its run.json (runs before backends: local)."""
     return str((info.get("config") or {}).get("backend") or "local")
+
+
+class RunDriver(Protocol):
+    """A backend whose workers run elsewhere (``BackendPlugin.driver``: slurm's worker jobs):
+    this host makes the run and drives them, with no supervisor, slot or GPU work here."""
+
+    def start(
+        self, loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+    ) -> RunReport: ...
+
+    def resume(
+        self, paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+    ) -> RunReport | None:
+        """The run resumed and driven to its end; None: supervised here, as any run."""
+        ...
+
+
+def driver_of(backend: str) -> RunDriver | None:
+    """The driver of the backend called ``backend`` (imported only now); None when it has
+    none (a supervisor here runs its attempts) or is unknown (checked elsewhere)."""
+    plugin = plugins().get(backend)
+    if plugin is None or not plugin.driver:
+        return None
+    module, _, name = plugin.driver.partition(":")
+    return cast(RunDriver, getattr(importlib.import_module(module), name))
+
+
+def resume_driven(
+    paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+) -> RunReport | None:
+    """A resume of a run whose backend has a driver, by that driver; None: supervised here."""
+    driver = driver_of(backend_of(info))
+    if driver is None:
+        return None
+    return driver.resume(paths, info, output, retry_failed=retry_failed)

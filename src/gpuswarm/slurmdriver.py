@@ -1,6 +1,7 @@
-"""Slurm, composed (issue 36, docs/cluster.md). :func:`run_in_allocation`: a supervisor inside
-an allocation, with a worker on each other node. The rest: ``backend: slurm`` from the login
-node, worker jobs, not GPUs.
+"""Slurm, composed (issue 36, docs/cluster.md). :func:`in_allocation` and
+:func:`run_in_allocation`: a supervisor inside an allocation, with a worker on each other node.
+The rest: ``backend: slurm`` from the login node (:data:`DRIVER`, the backend's
+``BackendPlugin.driver``), worker jobs, not GPUs.
 
 The login-node process makes the run folder (on a filesystem the nodes see), then submits
 worker jobs (exec/slurm/jobs.py: one ``gpuswarm work RUN --gpus auto`` per node of each job)
@@ -19,9 +20,12 @@ import contextlib
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.config.backends import settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
 from gpuswarm.control_ops import finish_adds
@@ -36,15 +40,16 @@ from gpuswarm.core.words import counted
 from gpuswarm.exec.slurm import jobs as slurm_jobs
 from gpuswarm.exec.slurm import session as slurm
 from gpuswarm.exec.slurm.allocation import Allocation
-from gpuswarm.exec.slurm.settings import SlurmSettings, settings_of
+from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.runoutput import Output, say, write_report_safely
-from gpuswarm.runsetup import recovery_backend, run_info
+from gpuswarm.runsetup import backend_settings_of, recovery_backend, run_info
 from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.supervise.context import SupervisorConfig
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor
 
@@ -52,10 +57,6 @@ JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
 SETTLE_SECONDS = 30.0  # the last jobs' end waited for once the work is done
 JOB_ERROR = "gpuswarm: error:"  # a worker that could not start says so in the job's output
-
-
-def settings_for(loaded: LoadedConfig) -> SlurmSettings:
-    return settings_of(loaded.config.slurm, str(loaded.path or "<config>"))
 
 
 def check_request(settings: SlurmSettings, where: str) -> None:
@@ -66,39 +67,50 @@ def check_request(settings: SlurmSettings, where: str) -> None:
         slurm_jobs.test_submit(settings, script, where)
 
 
-def start_slurm_run(
-    loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
-) -> RunReport:
-    where = str(loaded.path or "<config>")
-    if gpus_spec not in (None, "auto"):
-        raise ConfigError(
-            f"--gpus {gpus_spec}: with backend: slurm each node takes the GPUs Slurm grants it "
-            "(slurm.gpus_per_node, --slurm-gpus-per-node); drop --gpus"
+class LoginNode:
+    """``backend: slurm``'s driver (runsetup.RunDriver): from the login node, the run's worker
+    jobs run its attempts; this process makes the run, submits and watches them."""
+
+    def start(
+        self, loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+    ) -> RunReport:
+        where = str(loaded.path or "<config>")
+        if gpus_spec not in (None, "auto"):
+            raise ConfigError(
+                f"--gpus {gpus_spec}: with backend: slurm each node takes the GPUs Slurm grants "
+                "it (slurm.gpus_per_node, --slurm-gpus-per-node); drop --gpus"
+            )
+        settings = settings_of(loaded.config)
+        assert isinstance(settings, SlurmSettings)  # backend: slurm's (defaults without a block)
+        check_request(settings, where)
+        count = len(loaded.tasks)
+        gpus = GpuSet(Vendor.NVIDIA, (), "auto")  # the nodes': each worker's --gpus auto
+        new = NewRun(
+            name=loaded.name,
+            workspace=loaded.workspace,
+            info=run_info(loaded, gpus, []),
+            tasks=task_dumps(loaded.tasks),
         )
-    settings = settings_for(loaded)
-    check_request(settings, where)
-    count = len(loaded.tasks)
-    gpus = GpuSet(Vendor.NVIDIA, (), "auto")  # the nodes': each worker's --gpus auto
-    new = NewRun(
-        name=loaded.name,
-        workspace=loaded.workspace,
-        info=run_info(loaded, gpus, []),
-        tasks=task_dumps(loaded.tasks),
-    )
-    paths = create_run(new, suffix=suffix)
-    loaded.tasks.clear()
-    jobs = f"worker jobs of {counted(settings.nodes, 'node')}"
-    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on Slurm {jobs})")
-    return drive(paths, settings, output)
+        paths = create_run(new, suffix=suffix)
+        loaded.tasks.clear()
+        jobs = f"worker jobs of {counted(settings.nodes, 'node')}"
+        say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on Slurm {jobs})")
+        return drive(paths, settings, output)
+
+    def resume(
+        self, paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+    ) -> RunReport | None:
+        """``gpuswarm resume RUN`` on the login node: recovered as any resume (no supervisor of
+        the run may be live: its earlier jobs' workers are gone), then driven again. Inside an
+        allocation (None): supervised there, as a run of that allocation."""
+        if slurm.allocation_for() is not None:
+            return None
+        settings = backend_settings_of(info)
+        assert isinstance(settings, SlurmSettings)
+        return drive(paths, settings, output, resume=True, retry_failed=retry_failed)
 
 
-def resume_slurm_run(
-    paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool = True
-) -> RunReport:
-    """``gpuswarm resume RUN`` on the login node: recovered as any resume (no supervisor of
-    the run may be live: its earlier jobs' workers are gone), then driven again."""
-    settings = settings_of((info.get("config") or {}).get("slurm"), str(paths.run_json))
-    return drive(paths, settings, output, resume=True, retry_failed=retry_failed)
+DRIVER = LoginNode()
 
 
 def drive(
@@ -274,6 +286,15 @@ class JobDriver:
 
 
 # -- inside an allocation: the engine's supervising, with a worker on each other node ------
+def in_allocation(
+    cfg: SupervisorConfig, paths: RunPaths, mode: str
+) -> tuple[SupervisorConfig, Allocation | None]:
+    """The allocation this supervisor runs in (None outside one) and ``cfg`` with its end
+    bounding claims; a resume (a new allocation) first checks its nodes see the run."""
+    alloc = slurm.check_nodes_see(paths.root) if mode == "resume" else slurm.allocation_for()
+    return (replace(cfg, claim_until=alloc.stop_at) if alloc else cfg), alloc
+
+
 def run_in_allocation(
     sup: Supervisor,
     alloc: Allocation | None,
@@ -283,11 +304,12 @@ def run_in_allocation(
     output: Output,
 ) -> None:
     """``sup.run()``; inside a Slurm allocation (issue 36) with a worker on each other node
-    (the head), SIGUSR1 stopping it warm, and tasks its end left pending making it a stop."""
+    (the head), the allocation's end stopping it warm, and tasks its end left pending making
+    it a stop."""
     nodes = slurm.Session(alloc, paths.root, mode)
     for note in alloc.notes if alloc is not None else ():
         say(output, f"gpuswarm: warning: {note}")
-    with slurm.usr1_stops(sup.stop_warm, alloc is not None):
+    with slurm.end_stops(_warm_stop(sup), alloc):
         if others := nodes.start():
             ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
             logs = paths.root / "slurm" / "worker-<node>.log"
@@ -299,3 +321,14 @@ def run_in_allocation(
     if sup.until.refused and not sup.stopping.is_set():  # left for the next allocation
         sup.shared.stopped_by("the allocation ends before their timeout")
         sup.stopping.set()
+
+
+def _warm_stop(sup: Supervisor) -> Callable[[str], None]:
+    """A stop that is never the second (cold) one: after a Ctrl-C it does nothing."""
+
+    def stop(cause: str) -> None:
+        if not sup.stopping.is_set():
+            sup.shared.stopped_by(cause)
+            sup.request_stop()
+
+    return stop

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from dockerkit import USR_MOUNT, containers, docker
 
-from gpuswarm.config.models import DockerConfig
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import BackendOptions, LaunchSpec
 from gpuswarm.exec.docker.argv import name_pattern
 from gpuswarm.exec.docker.backend import DockerBackend
+from gpuswarm.exec.docker.settings import DockerConfig
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -31,7 +31,9 @@ def backend_for(run: Path, image: str, owner: str = "") -> DockerBackend:
     settings = DockerConfig.model_validate(
         {"image": image, "network": "none", "mounts": [USR_MOUNT]}
     )
-    options = BackendOptions(docker=settings, run_dir=str(run), owner=owner, max_log_bytes=1 << 20)
+    options = BackendOptions(
+        settings=settings, run_dir=str(run), owner=owner, max_log_bytes=1 << 20
+    )
     backend = DockerBackend(options)
     backend.open()
     return backend

@@ -9,6 +9,7 @@ the one facade for clients of gpuswarm is ``gpuswarm.api``. Where things live:
 - ``load``       load_config (a YAML file), load_command_list, read_stdin, LoadedConfig,
                  expand_tasks, config_fingerprint, spec_hash
 - ``models``     the pydantic models: RunConfig, TaskOptions, TaskEntry, TaskSpec, HomeConfig, ...
+- ``backends``   the backend registry: each backend's settings model, options and capabilities
 - ``values``     the value types the models use; parse_duration, DURATION_HELP, expand_user
 - ``tasks``      tasks: entries -> TaskSpecs (checks, specs, unique ids); task_id_for
 - ``instances``  one entry's instances: matrix combinations, glob matches, {config.*} fields

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpuswarm.agents.command import preflight_script, provision_sources, task_script
 from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
+from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import ProvisionEntry, RunConfig, TaskOptions
 from gpuswarm.config.yamlload import Locator, PathKey
 from gpuswarm.core.errors import ConfigError
@@ -182,7 +183,7 @@ def agent_command(
         where = (*path, "agent", "prompt") if mine else ("defaults", "agent", "prompt")
         text = read_template(use.prompt, base_dir or Path.cwd(), known, loc, where)
         use = use.model_copy(update={"prompt": text})
-    here = backend != "docker"
+    here = _on_host(backend)
     script = task_script(use, preset, command, evaluate_shell=opts.shell, here=here)
     env = {**preset.env, **opts.env}
     return script, opts.model_copy(update={"shell": True, "env": env, "agent": use})
@@ -219,16 +220,23 @@ def with_agents(config: RunConfig) -> RunConfig:
                     provision.append(ProvisionEntry(src=str(src), dest=dest))
     preflight = list(config.preflight)
     for preset in presets.values():
-        script = preflight_script(preset, here=config.backend != "docker")
+        script = preflight_script(preset, here=_on_host(config.backend))
         if script not in preflight:
             preflight.append(script)
     update: dict[str, object] = {
         "home": home.model_copy(update={"isolate": isolate, "provision": provision}),
         "preflight": preflight,
     }
-    if config.docker is not None:
-        names = list(config.docker.pass_env)
+    block, plugin = config.backend_block(), plugins().get(config.backend)
+    if block is not None and plugin is not None and plugin.pass_env is not None:
+        names: list[str] = []
         for preset in presets.values():
             names += [n for n in preset.pass_env if n not in names]
-        update["docker"] = config.docker.model_copy(update={"pass_env": names})
+        update[config.backend] = plugin.pass_env(block, names)
     return config.model_copy(update=update)
+
+
+def _on_host(backend: str) -> bool:
+    """Whether the backend's attempts see this host's files (not a container's image)."""
+    plugin = plugins().get(backend)
+    return plugin is None or plugin.runs_on_host

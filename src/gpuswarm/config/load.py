@@ -119,7 +119,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -127,11 +127,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuswarm.config.agents import with_agents
+from gpuswarm.config.backends import config_model, options_given, plugins, with_settings
 from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
-from gpuswarm.config.errors import config_error, flag_error
+from gpuswarm.config.errors import config_error
 from gpuswarm.config.models import (
-    DockerConfig,
-    RayConfig,
     RunConfig,
     TaskEntry,
     TaskOptions,
@@ -175,107 +174,35 @@ class LoadedConfig:
             raise ConfigError(f"--workspace: {exc}") from None
         return replace(self, name=name or self.name, workspace=chosen)
 
-    def with_backend(
-        self,
-        backend: str | None,
-        *,
-        image: str | None = None,
-        args: Sequence[str] = (),
-        mounts: Sequence[str] = (),
-        network: str | None = None,
-        pass_env: Sequence[str] = (),
-    ) -> LoadedConfig:
-        """A copy with the CLI's ``--backend`` and docker flags over the config's (``--image``
-        alone means ``--backend docker``; ``--docker-arg``, ``--mount`` and ``--pass-env`` add
-        to the config's lists). Bad values are a ConfigError naming the flag."""
-        given = image is not None or args or mounts or network is not None or pass_env
+    def with_backend(self, backend: str | None, values: Mapping[str, Any]) -> LoadedConfig:
+        """A copy with the CLI's ``--backend`` and a backend's own options (``values``: the
+        command's keywords) over the config's: a backend's options alone choose it (``--image``
+        means ``--backend docker`` over the default one), and are refused with another. The chosen
+        backend's settings are its block with its options over it (ConfigError naming the
+        flag); other backends' blocks are dropped."""
+        given = options_given(values)
         if backend is None and not given:
             return self
-        name = backend or ("docker" if given else self.config.backend)
-        if given and name != "docker":
-            raise ConfigError(
-                f"--backend {name}: --image, --docker-arg, --mount, --network and --pass-env "
-                "are docker's; add --backend docker (or drop them)"
-            )
-        docker = self.config.docker
-        if name == "docker":
-            base = docker.model_dump() if docker is not None else {}
-            if image is not None:
-                base["image"] = image
-            if "image" not in base:
-                raise ConfigError("--backend docker: give the image with --image IMG")
-            base["args"] = [*base.get("args", []), *args]
-            base["mounts"] = [*base.get("mounts", []), *(mount_flag(m) for m in mounts)]
-            base["pass_env"] = [*base.get("pass_env", []), *pass_env]
-            if network is not None:
-                base["network"] = network
-            try:
-                docker = DockerConfig.model_validate(base)
-            except ValidationError as exc:
-                text = str(flag_error(exc)).replace("--args:", "--docker-arg:")
-                raise ConfigError(text.replace("--mounts:", "--mount:")) from None
-        else:
-            docker = None
-        config = self.config.model_copy(update={"backend": name, "docker": docker})
-        return replace(self, config=config)
-
-    def with_ray(self, address: str | None) -> LoadedConfig:
-        """A copy with ``--ray-address`` over the config's ``ray.address`` (it means ``--backend
-        ray``); ``backend: ray`` without a ``ray:`` block gets the defaults (address auto)."""
-        cfg = self.config
-        if address is None and cfg.backend != "ray":
-            return self
-        if address is not None and cfg.backend not in ("ray", "local"):
-            raise ConfigError(f"--ray-address is ray's, but the backend is {cfg.backend}; drop one")
-        base = cfg.ray.model_dump() if cfg.ray is not None else {}
-        if address is not None:
-            base["address"] = address
-        try:
-            ray = RayConfig.model_validate(base)
-        except ValidationError as exc:
-            raise ConfigError(
-                str(flag_error(exc)).replace("--address:", "--ray-address:")
-            ) from None
-        config = cfg.model_copy(update={"backend": "ray", "ray": ray})
-        return replace(self, config=config)
-
-    def with_slurm(
-        self,
-        *,
-        nodes: int | None = None,
-        time: str | None = None,
-        partition: str | None = None,
-        gpus_per_node: int | None = None,
-    ) -> LoadedConfig:
-        """A copy with the CLI's ``--slurm-*`` flags over the config's ``slurm:`` block (any of
-        them means ``--backend slurm``; exec/slurm/settings.py validates the block)."""
-        flags = {"nodes": nodes, "time": time, "partition": partition}
-        flags["gpus_per_node"] = gpus_per_node
-        given = {k: v for k, v in flags.items() if v is not None}
-        cfg = self.config
-        if not given and cfg.backend != "slurm":
-            return self
-        if given and cfg.backend not in ("slurm", "local"):
-            raise ConfigError(
-                f"--slurm-nodes/--slurm-time/--slurm-partition are slurm's, but the backend is "
-                f"{cfg.backend}; drop one"
-            )
-        block = {**(cfg.slurm or {}), **given}
-        config = cfg.model_copy(update={"backend": "slurm", "slurm": block})
+        name = backend or self.config.backend
+        if backend is None and given and name in (given[0].name, "local"):
+            name = given[0].name  # its options alone choose it over the default backend
+        for plugin in given:
+            if plugin.name != name:
+                assert plugin.refuse_options is not None
+                raise ConfigError(plugin.refuse_options(name))
+        update: dict[str, Any] = {p.name: None for p in with_settings()}
+        chosen = plugins().get(name)
+        if chosen is not None and chosen.apply_options is not None:
+            block = getattr(self.config, name, None) if self.config.backend == name else None
+            if chosen in given or block is not None or chosen.needs_block:
+                update[name] = chosen.apply_options(block, values)
+        config = self.config.model_copy(update={"backend": name, **update})
         return replace(self, config=config)
 
     def resolve_path(self, text: str) -> Path:
         """``~`` expanded; relative paths joined to :attr:`base_dir` (ValueError: no such user)."""
         path = expand_user(text)
         return path if path.is_absolute() else self.base_dir / path
-
-
-def mount_flag(text: str) -> dict[str, Any]:
-    """``--mount SRC:DEST[:ro]`` as a mounts: entry."""
-    parts = text.split(":")
-    if len(parts) not in (2, 3) or not all(parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
-        raise ConfigError(f"--mount {text!r}: write SRC:DEST or SRC:DEST:ro, e.g. /data:/data:ro")
-    return {"src": parts[0], "dest": parts[1], "read_only": parts[2:] == ["ro"]}
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -330,7 +257,7 @@ def _validate(data: Any, where: Locator) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, data, where, RunConfig) from None
+        raise config_error(exc, data, where, config_model(RunConfig)) from None
 
 
 def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
@@ -417,7 +344,7 @@ def _command_config(
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise config_error(exc, data, Locator(source), RunConfig) from None
+        raise config_error(exc, data, Locator(source), config_model(RunConfig)) from None
 
 
 @paused_gc()

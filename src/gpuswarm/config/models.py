@@ -9,7 +9,7 @@ it; :mod:`gpuswarm.config.errors` adds the file, line and field path.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from pydantic import (
     AfterValidator,
@@ -18,12 +18,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
+from typing_extensions import Self
 
 from gpuswarm.agents.preset import AgentUseField
-from gpuswarm.config import dockerargs
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.values import (
@@ -43,7 +42,7 @@ from gpuswarm.config.values import (
 from gpuswarm.config.yamlload import quote
 from gpuswarm.core.paths import slugify
 from gpuswarm.core.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH, PLACEHOLDERS_AT_LOAD
-from gpuswarm.core.redact import redact_argv, redact_shapes, redact_tree
+from gpuswarm.core.redact import redact_argv, redact_shapes
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -229,89 +228,40 @@ class Reliability(BaseModel):
     gpu_release_timeout: Duration = 30.0
 
 
-class MountEntry(BaseModel):
-    """A host folder or file at ``dest`` inside every container (``backend: docker``)."""
-
-    model_config = _STRICT
-
-    src: NonEmpty  # a host path (relative: to the config's folder); it must exist
-    dest: NonEmpty  # an absolute path inside the container
-    read_only: bool = False
+class BackendBlocks(BaseModel):
+    """A model with a ``backend:`` and that backend's block (``<name>:``): the blocks are the
+    backends' own models, composed in by :func:`gpuswarm.config.backends.config_model` (the
+    core model validates as the whole one); a block goes with its backend only."""
 
     @model_validator(mode="after")
-    def _absolute_dest(self) -> MountEntry:
-        if not self.dest.startswith("/") or "\0" in self.dest or ":" in self.dest:
-            raise ValueError(
-                f"dest {quote(self.dest)} must be an absolute path inside the container without "
-                "':', e.g. /data"
-            )
-        if ":" in self.src or "\0" in self.src:
-            raise ValueError(f"src {quote(self.src)} must be a path without ':'")
+    def _backend_blocks(self) -> Self:
+        from gpuswarm.config.backends import check_blocks  # it composes this model
+
+        check_blocks(self)
         return self
 
+    def backend_block(self) -> BaseModel | None:
+        """The block of the model's own backend (None: it has none)."""
+        from gpuswarm.config.backends import plugins
 
-GpuFlags = Literal["auto", "nvidia", "amd", "cdi", "none"]
-_SHM_SIZE = re.compile(r"^[0-9]+(\.[0-9]+)?[bkmgBKMG]?$")
+        if self.backend not in plugins():
+            return None
+        block = self.__dict__.get(self.backend)
+        return block if isinstance(block, BaseModel) else None
 
-
-class DockerConfig(BaseModel):
-    """``backend: docker``: each attempt in a container of ``image`` (see docs/docker.md)."""
-
-    model_config = _STRICT
-
-    image: NonEmpty  # present on the docker host: never pulled
-    args: list[str] = Field(default_factory=list)  # extra ``docker run`` arguments
-    mounts: list[MountEntry] = Field(default_factory=list)
-    gpu_flags: GpuFlags = "auto"
-    network: NonEmpty | None = None  # docker's --network (None: docker's default)
-    shm_size: NonEmpty | None = None  # docker's --shm-size, e.g. 16g
-    pass_env: list[EnvName] = Field(default_factory=list)  # host variables passed by name
-
-    @model_validator(mode="after")
-    def _checked(self) -> DockerConfig:
-        if self.shm_size is not None and not _SHM_SIZE.match(self.shm_size):
-            raise ValueError(f"shm_size {quote(self.shm_size)} is not a size; write e.g. 16g")
-        if redact_tree(self.args) != self.args or redact_tree(self.image) != self.image:
-            raise ValueError(
-                "args look like they carry a secret (a token, a password in a URL); pass "
-                "secrets by name with pass_env, never on a command line"
-            )
-        why = dockerargs.refusal(self.args)  # read as docker reads them: any spelling
-        if why is not None:
-            raise ValueError(why)
-        return self
-
-
-# -- issue 16: backend: ray ------------------------------------------------------------------
-_RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}")
-
-
-class RayConfig(BaseModel):
-    """``backend: ray``: one slot actor per GPU on every node of a Ray cluster (docs/cluster.md)."""
-
-    model_config = _STRICT
-
-    address: NonEmpty = "auto"  # auto | HOST:PORT | ray://HOST:PORT (Ray Client)
-    namespace: NonEmpty = "gpuswarm"  # the Ray namespace the run's slot actors are named in
-    shared_path: NonEmpty | None = None  # a folder every node sees at this path (large artifacts)
-    ship: Literal["auto", "always", "never"] = "auto"  # the task's folder to nodes without it
-    max_ship_mb: float = Field(default=256.0, gt=0)  # a shipped folder (packed) at most
-    max_result_mb: float = Field(default=16.0, gt=0)  # what an attempt's folder sends home at most
-    setup: NonEmpty | None = None  # run once per node before its first attempt (uv sync, data)
-    setup_timeout: Duration = 3600.0
-    # the head not answering this long: the run stops, its in-flight attempts lost and queued
-    # again (below Ray's gcs_rpc_server_reconnect_timeout_s, 60 s, after which Ray ends drivers)
-    head_timeout: Duration = 30.0
-
-    @field_validator("address")
     @classmethod
-    def _address(cls, value: str) -> str:
-        if not _RAY_ADDRESS.fullmatch(value):
-            raise ValueError(
-                f"address {quote(value)} is not auto, HOST:PORT or ray://HOST:PORT "
-                "(the head's address, as `ray start --head` prints it)"
-            )
-        return value
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        """Validated as the whole model: every backend's block included."""
+        from gpuswarm.config.backends import config_model
+
+        whole = config_model(cls)
+        if whole is cls:
+            return super().model_validate(obj, **kwargs)
+        return cast(Self, whole.model_validate(obj, **kwargs))
+
+    if TYPE_CHECKING:  # a backend's block is a field of the composed model
+
+        def __getattr__(self, name: str) -> Any: ...
 
 
 def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
@@ -320,7 +270,7 @@ def _non_empty_tasks(tasks: list[TaskEntry]) -> list[TaskEntry]:
     return tasks
 
 
-class RunConfig(BaseModel):
+class RunConfig(BackendBlocks):
     """A whole config file."""
 
     model_config = _STRICT
@@ -339,45 +289,11 @@ class RunConfig(BaseModel):
     # issue 11: run once per slot before it claims anything; once after every slot finished
     preflight: list[NonEmpty] = Field(default_factory=list)
     after_all: NonEmpty | None = None
-    backend: NonEmpty = "local"  # what runs the attempts: local, docker, wrapped; see exec.base
-    docker: DockerConfig | None = None  # backend: docker's settings
-    ray: RayConfig | None = None  # backend: ray's settings (issue 16; default: address auto)
-    # backend: slurm's settings (issue 36): validated by exec/slurm/settings.py's own model
-    slurm: dict[str, Any] | None = None
+    # what runs the attempts (config/backends.py: each backend's block is its own settings
+    # model, added to this one by config_model(); a backend's name is its block's key)
+    backend: NonEmpty = "local"
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
-
-    @model_validator(mode="after")
-    def _ray(self) -> RunConfig:
-        if self.ray is not None and self.backend != "ray":
-            raise ValueError(
-                f"ray: is set but backend is {quote(self.backend)}; add backend: ray "
-                "(or remove the ray: block)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _slurm(self) -> RunConfig:
-        if self.slurm is not None and self.backend != "slurm":
-            raise ValueError(
-                f"slurm: is set but backend is {quote(self.backend)}; add backend: slurm "
-                "(or remove the slurm: block)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _docker(self) -> RunConfig:
-        if self.backend == "docker" and self.docker is None:
-            raise ValueError(
-                "backend: docker needs a docker: block with the image, e.g. "
-                "docker: {image: myimage:tag}"
-            )
-        if self.docker is not None and self.backend != "docker":
-            raise ValueError(
-                f"docker: is set but backend is {quote(self.backend)}; add backend: docker "
-                "(or remove the docker: block)"
-            )
-        return self
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:

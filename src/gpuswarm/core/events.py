@@ -329,6 +329,12 @@ _TYPES: dict[str, type[_Event]] = {
 }
 
 
+def kind_of(data: Mapping[str, Any]) -> str:
+    """A journal line's kind (``started``, ``slots``, ...); "" for a line without one."""
+    kind = data.get("ev")
+    return kind if isinstance(kind, str) else ""
+
+
 def decode(data: Mapping[str, Any], *, own: bool = False) -> Event | None:
     """The typed event of a parsed journal line; None for a line of the wrong shape. ``own``:
     a record this process emitted (a ledger listener's): not checked field by field (the

@@ -19,6 +19,7 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLOT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 RUN_PREFIX = "run_"
+RAY_PROBE = "ray-probe"  # in .parallel/ (RunPaths.ray_probe)
 
 
 def slugify(text: str, max_len: int = 100) -> str:
@@ -91,6 +92,11 @@ class RunPaths:
     @property
     def lock(self) -> Path:
         return self.parallel / "lock"
+
+    @property
+    def ray_probe(self) -> Path:
+        """``.parallel/ray-probe`` (backend ray): a node that reads it back sees the run folder."""
+        return self.parallel / RAY_PROBE
 
     @property
     def corrupt(self) -> Path:

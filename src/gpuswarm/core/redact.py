@@ -37,6 +37,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpuswarm.core.inert import inert as inert  # redact's callers show text with it too
+
 REDACTED = "***"
 MIN_SECRET_LEN = 4
 _PLAIN_VALUES = frozenset({"true", "false", "none", "null"})  # ENABLE_AUTH=true hides no secret
@@ -393,21 +395,3 @@ def redact_tree(value: Any) -> Any:
 
 def _all_str(value: str | list[Any]) -> bool:
     return isinstance(value, str) or all(isinstance(v, str) for v in value)
-
-
-# -- terminals ------------------------------------------------------------------------------------
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def _visible(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def inert(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` with control characters (all but tab, and newline with ``keep_newlines``)
-    written as visible escapes: ESC becomes ``\\x1b``, so no escape sequence reaches a terminal.
-    Bidirectional overrides (``\\u202e``) are escaped too."""
-    if keep_newlines:
-        return "\n".join(_CONTROL.sub(_visible, line) for line in text.split("\n"))
-    return _CONTROL.sub(_visible, text)

@@ -40,6 +40,7 @@ RECENT_FAILURES = 5
 PENDING, RUNNING = State.PENDING.value, State.RUNNING.value
 DONE, FAILED = State.DONE.value, State.FAILED.value
 CANCELLED = State.CANCELLED.value
+_REQUEUED_FROM = (State.DONE.value, State.SKIPPED.value)  # gpuswarm requeue's, beside retry's
 CONFIG_CHANGE = "config-change"
 ADDED = "added"  # Ev.ADDED: tasks appended by ``gpuswarm add`` (core.events has no class for it)
 
@@ -85,6 +86,9 @@ class RunView:
     note: str = ""
     quarantined: dict[str, str] = field(default_factory=dict)  # slot -> reason ("probe": probed)
     tasks: dict[str, TaskView] | None = None
+    # the slots the run's last supervisor has now (a cluster's nodes join and leave); None
+    # when none is live
+    supervisor_slots: set[str] | None = None
     added: int = 0  # tasks a config change or ``gpuswarm add`` added (the journal's count)
     paused: bool = False  # the whole run (``gpuswarm pause``), as the journal says
     paused_slots: set[str] = field(default_factory=set)
@@ -116,6 +120,8 @@ class RunView:
 
     def apply_event(self, event: Event) -> None:
         with self.lock:
+            if isinstance(event, SupervisorStarted | Slots | Other):
+                self._supervisor(event)
             self._apply(event)
 
     def _apply(self, e: Event) -> None:
@@ -249,6 +255,10 @@ class RunView:
             self.added += e.added
         if e.frm in (FAILED, CANCELLED):  # gpuswarm retry, a resume's retry of failed ones
             self._move(e.frm, PENDING)
+        elif e.frm in _REQUEUED_FROM:  # gpuswarm requeue: a fresh attempt series
+            self._move(e.frm, PENDING)
+            if e.task is not None:
+                self._task(e.task).completions.clear()
         if e.frm == RUNNING:
             self._move(RUNNING, PENDING)
             for row in self.slots.values():
@@ -279,6 +289,21 @@ class RunView:
             self.paused_slots.add(slot)
         else:
             self.paused_slots.discard(slot)
+
+    def _supervisor(self, e: SupervisorStarted | Slots | Other) -> None:
+        """The last supervisor's slots: those it started with, then its cluster's changes."""
+        if isinstance(e, SupervisorStarted):
+            self.supervisor_slots = set(e.slots)
+        elif isinstance(e, Other):
+            if e.name == Ev.SUPERVISOR_STOPPED.value:
+                self.supervisor_slots = None
+        elif self.supervisor_slots is not None:
+            if e.change == "joined":
+                self.supervisor_slots |= set(e.slots)
+            elif e.change in ("left", "retired", "preflight_failed"):
+                self.supervisor_slots -= set(e.slots)
+            elif e.change == "backend_lost":
+                self.supervisor_slots = set()
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the recent completion rate (None until something completed)."""

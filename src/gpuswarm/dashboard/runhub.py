@@ -10,7 +10,6 @@ id), so a page that reconnects gets exactly the events it missed (:meth:`RunHub.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import deque
@@ -20,15 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.events import (
-    WAITING,
     Control,
-    Event,
     Finished,
-    Other,
-    Requeued,
-    Started,
-    SupervisorStarted,
     decode,
+    kind_of,
 )
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import State
@@ -38,6 +32,9 @@ from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.dashboard.finished import FinalCache
 from gpuswarm.dashboard.gpustats import GpuStats
+from gpuswarm.dashboard.lanes import BARS_PER_LANE, Bar, add_event, natural
+from gpuswarm.dashboard.lanes import outcome_of as outcome_of
+from gpuswarm.dashboard.lanes import slot_place as slot_place
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.results import shown_counts
 from gpuswarm.outputs.slurmview import slurm_lines, slurm_view
@@ -48,7 +45,6 @@ from gpuswarm.store.runs import open_run
 from gpuswarm.ui.terminal import paused_now
 from gpuswarm.ui.watch import Follower
 
-BARS_PER_LANE = 300  # recent attempts kept per slot for the Gantt chart
 RING_EVENTS = 5000  # recent events kept for reconnecting pages
 RESUME_BYTES = 8 << 20  # a page further behind than this gets a fresh snapshot
 FEED_EVENTS = 200  # events a snapshot carries for the page's event feed
@@ -56,45 +52,6 @@ LIVE_CHECK_SECONDS = 1.0
 ENDED_CHECK_SECONDS = 5.0
 # events after which a page gets every lane again (a resumed run's lanes are the journal's)
 EVERY_LANE = ("requeued", "supervisor_stopped", "supervisor_started")
-_SLOT_RE = re.compile(r"^(?P<host>.+)-gpu(?P<gpus>\d+(?:\+\d+)*)(?:\.(?P<share>\d+))?$")
-
-
-@dataclass
-class Bar:
-    """One attempt on a lane: ``end`` None while it runs."""
-
-    task: str
-    attempt: int
-    start: float
-    end: float | None = None
-    outcome: str = "running"
-
-    def as_json(self) -> list[Any]:
-        return [
-            round(self.start, 3),
-            None if self.end is None else round(self.end, 3),
-            self.outcome,
-            self.task,
-            self.attempt,
-        ]
-
-
-def outcome_of(e: Finished) -> str:
-    """The bar colour of an ended attempt: done, failed, timeout, retried, skipped."""
-    reason = e.reason or ""
-    if e.state in (WAITING, State.PENDING.value) or e.retry:
-        return "timeout" if reason.startswith("timeout") else "retried"
-    if e.state == State.FAILED.value and reason.startswith("timeout"):
-        return "timeout"
-    return e.state or State.FAILED.value
-
-
-def slot_place(label: str) -> tuple[str, list[int]]:
-    """The host and GPU ids a slot label names (``<host>-gpu0+1.2``); ("", []) for others."""
-    m = _SLOT_RE.match(label)
-    if m is None:
-        return "", []
-    return m.group("host"), [int(g) for g in m.group("gpus").split("+")]
 
 
 def public_event(raw: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
@@ -153,7 +110,7 @@ class RunHub:
         folders); done times for the ETA."""
         events = self.follower.reader.tail()
         for event in events:
-            self._bar(event)
+            add_event(self.lanes, event, self.view.slots)
             if isinstance(event, Finished) and event.state == State.DONE.value and event.ts:
                 self.view.finished_times.append(event.ts)
             self.feed.append(public_event(event.to_json(), self.redactor))
@@ -205,7 +162,7 @@ class RunHub:
             for event in items:
                 if isinstance(event, dict):
                     continue  # a line of the wrong shape: skipped, as every reader does
-                self._bar(event)
+                add_event(self.lanes, event, self.view.slots)
                 self.tasks.apply(event)
                 if isinstance(event, Control) and event.request in ("pause", "unpause"):
                     self.paused = paused_now(self.paths)  # read the flags again now
@@ -222,45 +179,6 @@ class RunHub:
             self.state = self._state()
             self.version += 1
         return True
-
-    def _bar(self, e: Event) -> None:
-        if isinstance(e, SupervisorStarted):
-            for label in e.slots:
-                self.lanes.setdefault(label, deque(maxlen=BARS_PER_LANE))
-        elif isinstance(e, Started):
-            lane = self.lanes.setdefault(e.slot, deque(maxlen=BARS_PER_LANE))
-            lane.append(Bar(e.task, e.attempt, e.ts or time.time()))
-        elif isinstance(e, Finished):
-            # committed after the slot may have started its next task: found by task
-            self._close(self.lanes.get(e.slot), e.task, e.ts, outcome_of(e), e.seconds)
-        elif isinstance(e, Control) and e.state == State.CANCELLED.value and e.slot:
-            self._close(self.lanes.get(e.slot), e.task, e.ts, "cancelled")
-        elif isinstance(e, Requeued) and e.frm == State.RUNNING.value and e.task:
-            for lane in self.lanes.values():
-                self._close(lane, e.task, e.ts, "interrupted")
-        elif isinstance(e, Other) and e.name == "supervisor_stopped":
-            for label, lane in self.lanes.items():  # another supervisor's slots go on
-                row = self.view.slots.get(label)
-                for bar in lane:
-                    if bar.end is None and (row is None or row.task != bar.task):
-                        bar.end, bar.outcome = e.ts or time.time(), "interrupted"
-
-    @staticmethod
-    def _close(
-        lane: deque[Bar] | None,
-        task: str | None,
-        ts: float | None,
-        outcome: str,
-        seconds: float | None = None,
-    ) -> None:
-        """End the newest open bar of ``task`` on ``lane`` (its attempt took ``seconds``)."""
-        for bar in reversed(lane or ()):
-            if bar.end is None and bar.task == task:
-                end = ts or time.time()
-                if seconds is not None and seconds >= 0:
-                    end = min(end, bar.start + seconds)
-                bar.end, bar.outcome = end, outcome
-                return
 
     def _state(self) -> str:
         return self._state_of(self.live)
@@ -331,7 +249,7 @@ class RunHub:
         if final:  # every slot the run has had, its quarantine as the summary recorded it
             quarantined = {k: v["quarantined"] for k, v in final["slots"].items()}
         slots = []
-        for label in sorted({*rows, *done}, key=_natural):
+        for label in sorted({*rows, *done}, key=natural):
             row = rows.get(label) or SlotRow()
             host, gpus = slot_place(label)
             slots.append(
@@ -401,7 +319,7 @@ class RunHub:
         """What a page that is at an older position gets: the events it missed, the live view,
         and the lanes those events touched."""
         touched: set[str] | None = {str(e.get("slot")) for e in events if e.get("slot")}
-        if not self.live or any(e.get("ev") in EVERY_LANE for e in events):
+        if not self.live or any(kind_of(e) in EVERY_LANE for e in events):
             touched = None  # every lane (an ended run's are its descriptors' attempts)
         view = self.view_json()
         return {"pos": pos, "events": events, "view": view, "lanes": self._lanes(touched)}
@@ -443,10 +361,6 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
-
-
-def _natural(label: str) -> tuple[Any, ...]:
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", label))
 
 
 def hubs_changed(hubs: Iterable[RunHub]) -> list[RunHub]:

@@ -1,12 +1,12 @@
 """The Backend seam: what the supervisor, recovery and reclaim may ask of whatever runs attempts.
 
 A backend turns a :class:`LaunchSpec` into a running attempt and hands back a :class:`Handle`;
-the supervisor never sees a process, a container or an actor. Today there are two backends:
-``local`` (sessions, pidfds, a child subreaper: :mod:`gpuswarm.exec.local`), ``docker`` (each
-attempt in a container that sees only its GPUs: :mod:`gpuswarm.exec.docker`) and ``wrapped``
-(the local primitives without a wake-up fd, so every attempt takes the waiter path; it keeps
-that path tested). Backends are found by name through :func:`create_backend`, which imports
-only the one asked for: docker or ray can be added without the supervisor importing them.
+the supervisor never sees a process, a container or an actor. ``local`` (sessions, pidfds, a
+child subreaper: :mod:`gpuswarm.exec.local`) and ``wrapped`` (the local primitives without a
+wake-up fd, so every attempt takes the waiter path; it keeps that path tested) are built in;
+every other backend is a package that declares itself, its settings and its options in the
+registry (:mod:`gpuswarm.config.backends`). Backends are made by name through
+:func:`create_backend`, which imports only the one asked for.
 
 The records of the seam (:class:`LaunchSpec`, :class:`AttemptEnd`) are backend-neutral: each
 backend classifies its attempts' ends into them (:class:`gpuswarm.core.models.EndKind`).
@@ -24,7 +24,8 @@ from gpuswarm.core.models import EndKind
 from gpuswarm.placement.devices import Gpu, Vendor
 
 if TYPE_CHECKING:
-    from gpuswarm.config.models import DockerConfig, RayConfig
+    from pydantic import BaseModel
+
     from gpuswarm.exec.sandbox import Provision
     from gpuswarm.placement.gpus import Slot
 
@@ -105,10 +106,9 @@ class BackendOptions:
     scope: str = ""  # the run's token prefix: close() ends strays of this run only ("" = none)
     run_dir: str = ""  # the run's folder (a container backend labels and masks by it)
     owner: str = ""  # the supervisor that runs the attempts ("" in recovery)
-    docker: DockerConfig | None = None  # backend: docker's settings
-    base_dir: str = ""  # the config's folder: relative mount sources start here
-    ray: RayConfig | None = None  # backend: ray's settings
-    gpus_per_task: int = 1  # a backend that makes its own slots (ray) sizes them by these
+    settings: BaseModel | None = None  # the backend's own settings (its config block's model)
+    base_dir: str = ""  # the config's folder: relative paths of its settings start here
+    gpus_per_task: int = 1  # a backend that makes its own slots sizes them by these
     tasks_per_gpu: int = 1
     gpus: str | None = None  # ... and filters the cluster's GPUs by this (--gpus)
 
@@ -239,24 +239,18 @@ def membership_of(backend: object) -> Membership | None:
 
 
 # -- the registry ----------------------------------------------------------------------------------
-_BACKENDS: Mapping[str, str] = {
-    "local": "gpuswarm.exec.local.backend:LocalBackend",
-    "wrapped": "gpuswarm.exec.wrapped:WrappedBackend",
-    "docker": "gpuswarm.exec.docker.backend:DockerBackend",
-    "ray": "gpuswarm.exec.ray.backend:RayBackend",
-    # issue 36: a slurm run's attempts run on the nodes, under each node's `gpuswarm work`
-    "slurm": "gpuswarm.exec.local.backend:LocalBackend",
-}
-
-
 def backend_names() -> list[str]:
-    """The names a config's ``backend:`` may take."""
-    return sorted(_BACKENDS)
+    """The names a config's ``backend:`` may take (the registry's)."""
+    from gpuswarm.config.backends import backend_names as names  # pydantic: only when asked
+
+    return names()
 
 
 def create_backend(name: str, options: BackendOptions | None = None) -> Backend:
     """The backend called ``name``; its module is imported only now. KeyError when unknown."""
-    module, _, cls = _BACKENDS[name].partition(":")
+    from gpuswarm.config.backends import plugin_of  # the declarations: only when asked
+
+    module, _, cls = plugin_of(name).factory.partition(":")
     factory = getattr(importlib.import_module(module), cls)
     backend: Backend = factory(options or BackendOptions())
     return backend

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from gpuswarm.config.load import mount_flag
+from gpuswarm.config.backends import click_options, plugins
 from gpuswarm.core.errors import (
     EXIT_UNFINISHED,
 )
@@ -62,19 +62,7 @@ def research() -> None:
     show_default=True,
     help="rounds: decide when all variants of a round are in; async: decide each on arrival",
 )
-@click.option("--backend", type=click.Choice(["local", "docker", "ray"]), default="local")
-@click.option("--ray-address", help="ray: the cluster: auto, HOST:PORT or ray://HOST:PORT")
-@click.option(
-    "--ray-ship",
-    type=click.Choice(["auto", "always", "never"]),
-    help="ray: ship each variant's folder to its node (auto: when the node lacks the run folder)",
-)
-@click.option("--ray-setup", help="ray: a command run once per node before its first variant")
-@click.option("--image", help="docker: the image every variant runs in (implies --backend docker)")
-@click.option("--mount", "mounts", multiple=True, help="docker: SRC:DEST[:ro] (SRC must exist)")
-@click.option("--network", help="docker: the containers' --network (e.g. none)")
-@click.option("--docker-arg", "docker_args", multiple=True, help="docker: an extra run argument")
-@click.option("--pass-env", "pass_env", multiple=True, help="docker: a host variable, by name")
+@click_options("research init", choose="what runs each variant")
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
@@ -102,30 +90,16 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
         rules=rule_changes(kw),
-        **_docker_flags(kw),
+        **_backend_flags(kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)
 
 
-def _docker_flags(kw: dict[str, Any]) -> dict[str, Any]:
-    """``--backend docker --image IMG ...`` as InitOptions' backend and docker fields."""
-    block: dict[str, Any] = {}
-    if kw["image"]:
-        block["image"] = kw["image"]
-    if kw["mounts"]:
-        block["mounts"] = [mount_flag(m) for m in kw["mounts"]]
-    if kw["network"]:
-        block["network"] = kw["network"]
-    if kw["docker_args"]:
-        block["args"] = list(kw["docker_args"])
-    if kw["pass_env"]:
-        block["pass_env"] = list(kw["pass_env"])
-    backend = "docker" if kw["image"] else kw["backend"]
-    given = (("address", kw["ray_address"]), ("ship", kw["ray_ship"]), ("setup", kw["ray_setup"]))
-    ray = {k: v for k, v in given if v}
-    if ray and backend == "local":
-        backend = "ray"  # --ray-address alone means --backend ray
-    return {"backend": backend, "docker": block or None, "ray": ray or None}
+def _backend_flags(kw: dict[str, Any]) -> dict[str, Any]:
+    """``--backend NAME`` and the backends' options as InitOptions' backend fields."""
+    init = configure.INIT
+    values = {o.dest: kw.get(o.dest) for p in plugins().values() for o in p.options_for(init)}
+    return {"backend": kw["backend"], "backend_values": values}
 
 
 @research.command()

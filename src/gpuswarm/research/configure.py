@@ -4,15 +4,15 @@ rename so it exists whole or not at all) and showing or changing its settings.""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuswarm import api
-from gpuswarm.config.models import DockerConfig, RayConfig
-from gpuswarm.core.errors import ResearchError
+from gpuswarm.config.backends import backend_names, options_given, plugins
+from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.fsutil import atomic_write_text, read_json
 from gpuswarm.research import executor, exports, gitops
 from gpuswarm.research.experiment import (
@@ -58,9 +58,9 @@ class InitOptions:
     linger: float = 120.0
     checkout: bool = True
     mode: str = "rounds"
-    backend: str = "local"  # docker: every variant in a container of docker["image"]
-    docker: dict[str, Any] | None = None  # the docker: block (image, mounts, network, ...)
-    ray: dict[str, Any] | None = None  # the ray: block (address, ship, setup, ...)
+    backend: str = "local"  # what runs every variant (config/backends.py)
+    # its options' values, by keyword (``--image``, ``--ray-address``, ...): its settings
+    backend_values: dict[str, Any] = field(default_factory=dict)
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -78,12 +78,11 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     if head is None:
         raise ResearchError(f"{repo} has no commit yet; commit the files first")
     _check_files(repo, head, opts)
-    ray = _ray_settings(opts)
-    # a bad --gpus fails before anything is written (backend: ray: the cluster answers)
-    plan = api.plan_gpus(opts.gpus, backend=opts.backend, ray=ray)
-    docker = _docker_settings(opts)
-    if docker is not None:  # the daemon answers and the image is there, before anything
-        api.check_backend("docker", docker, repo)
+    backend, settings = _backend_settings(opts)
+    # a bad --gpus fails before anything is written (a cluster's backend: the cluster answers)
+    plan = api.plan_gpus(opts.gpus, backend=backend, settings=settings)
+    if backend != "local":  # e.g. the daemon answers and the image is there, before anything
+        api.check_backend(backend, settings, repo)
     # --link adds to the default .venv link (replacing it would break `uv run` in every run)
     links = [p for p in (".venv",) if (repo / p).is_dir()]
     links += [p for p in opts.link or [] if p not in links]
@@ -108,9 +107,8 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
             memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
             confirm=opts.confirm,
             protect_sums=_protect_sums(repo, head, opts.protect),
-            backend="docker" if docker is not None else ("ray" if ray is not None else "local"),
-            docker=docker,
-            ray=ray,
+            backend=backend,
+            **({backend: settings} if settings is not None else {}),
             **(opts.rules or {}),
         )
     )
@@ -136,34 +134,30 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     return {"tag": tag, "branch": branch, "base": head, "dir": str(root), **files_of(paths)}
 
 
-def _ray_settings(opts: InitOptions) -> RayConfig | None:
-    """``--backend ray [--ray-address A] [--ray-ship S]`` as the run's ray: settings."""
-    if opts.backend != "ray":
-        if opts.ray:
-            raise ResearchError("--ray-address and --ray-ship need --backend ray")
-        return None
-    try:
-        return RayConfig.model_validate(opts.ray or {})
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"]) or "ray"
-        raise ResearchError(f"--backend ray: --ray-{where}: {err['msg']}") from None
+INIT = "research init"  # the command whose backend options these are
 
 
-def _docker_settings(opts: InitOptions) -> DockerConfig | None:
-    """``--backend docker --image IMG`` (and its flags) as the run's docker: settings."""
-    if opts.backend != "docker":
-        if opts.docker:
-            raise ResearchError("--image and the docker flags need --backend docker")
-        return None
-    if not opts.docker or not opts.docker.get("image"):
-        raise ResearchError("--backend docker: give the image with --image IMG")
+def _backend_settings(opts: InitOptions) -> tuple[str, BaseModel | None]:
+    """``--backend NAME`` and its options (a backend's options alone choose it over local:
+    ``--image`` means ``--backend docker``) as the experiment's backend and its settings."""
+    values = opts.backend_values
+    given = options_given(values)
+    backend = opts.backend
+    if given and backend == "local":
+        backend = given[0].name
+    for plugin in given:
+        if plugin.name != backend:
+            flags = ", ".join(o.decls[0] for o in plugin.options_for(INIT) if o.given(values))
+            raise ResearchError(f"{flags} need --backend {plugin.name}")
+    chosen = plugins().get(backend)
+    if chosen is None:
+        raise ResearchError(f"--backend {backend}: unknown; known: {', '.join(backend_names())}")
+    if chosen.apply_options is None:
+        return backend, chosen.defaults()
     try:
-        return DockerConfig.model_validate(opts.docker)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"]) or "docker"
-        raise ResearchError(f"--backend docker: {where}: {err['msg']}") from None
+        return backend, chosen.apply_options(None, values)
+    except ConfigError as exc:
+        raise ResearchError(str(exc)) from None
 
 
 def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
@@ -197,7 +191,7 @@ def _check_files(repo: Path, head: str, opts: InitOptions) -> None:
 
 
 def _untracked_file(repo: Path, head: str, rel: str) -> bool:
-    gitops._check_path(rel)
+    gitops.check_path(rel)
     return gitops.blob(repo, head, rel) is None and (repo / rel).is_file()
 
 
@@ -255,7 +249,7 @@ def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str
             raise ResearchError(f"cannot change {', '.join(sorted(unknown))}")
         if "link" in changes:
             for rel in changes["link"]:
-                gitops._check_path(rel)
+                gitops.check_path(rel)
         diff = {k: [raw.get(k), v] for k, v in changes.items() if raw.get(k) != v}
         cfg = _validated({**raw, **changes})
         if diff:

@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from gpuswarm import api
+from gpuswarm.config.backends import settings_of
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
@@ -27,7 +28,7 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
         folder="queue",
         name=f"research-{cfg.tag}",
         base_dir=paths.repo,
-        gpus=api.plan_gpus(cfg.gpus, backend=cfg.backend, ray=cfg.ray),
+        gpus=api.plan_gpus(cfg.gpus, backend=cfg.backend, settings=settings_of(cfg)),
         source="research",
         # crashes are results here, not a sick GPU: no circuit breaker, no retries
         settings={
@@ -47,11 +48,9 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
 def _backend_config(cfg: ExperimentConfig) -> dict[str, Any]:
     """The run's recorded config: the experiment's tag, and what runs its variants."""
     config: dict[str, Any] = {"research": cfg.tag}
-    if cfg.backend != "local" and cfg.docker is not None:
-        config.update(backend=cfg.backend, docker=cfg.docker.model_dump(mode="json"))
-    if cfg.backend == "ray":  # every variant on a slot of the cluster (docs/cluster.md)
-        ray = cfg.ray.model_dump(mode="json") if cfg.ray is not None else {}
-        config.update(backend="ray", ray=ray)
+    settings = settings_of(cfg)
+    if cfg.backend != "local" and settings is not None:
+        config.update({"backend": cfg.backend, cfg.backend: settings.model_dump(mode="json")})
     return config
 
 

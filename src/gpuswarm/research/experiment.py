@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -31,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from gpuswarm.config.models import DockerConfig, RayConfig
+from gpuswarm.config.models import BackendBlocks
 from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
+from gpuswarm.research.amounts import AMOUNT_FIELDS, parse_amount
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -117,7 +119,7 @@ def check_timeout(seconds: float) -> float:
     return seconds
 
 
-class ExperimentConfig(BaseModel):
+class ExperimentConfig(BackendBlocks):
     """What ``research init`` was told. Stored once in experiment.json."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -153,9 +155,8 @@ class ExperimentConfig(BaseModel):
     protect_sums: dict[str, str] = Field(default_factory=dict)
     linger: float = 120.0  # the background runner waits this long for new variants
     run: str = ""  # the core run, relative to the experiment folder
-    backend: Literal["local", "docker", "ray"] = "local"  # what runs each variant
-    docker: DockerConfig | None = None  # backend: docker's settings (image, mounts, ...)
-    ray: RayConfig | None = None  # backend: ray's settings (address, ship, setup, ...)
+    # what runs each variant (config/backends.py); its settings are its block (``<name>:``)
+    backend: str = "local"
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:
@@ -165,10 +166,23 @@ class ExperimentConfig(BaseModel):
         check_pattern("--memory-regex", self.memory_pattern)
         check_pattern("fail_pattern", self.fail_pattern, group=False)
         check_timeout(self.timeout)
-        from gpuswarm.research.rules import check_rules
-
         check_rules(self)
         return self
+
+
+def check_rules(cfg: ExperimentConfig) -> None:
+    """The rule settings of ``cfg`` are usable (ValueError naming the field otherwise)."""
+    for name in AMOUNT_FIELDS:
+        parse_amount(name, getattr(cfg, name))
+    if not math.isfinite(cfg.vram_share) or cfg.vram_share < 0:
+        raise ValueError(f"vram_share {cfg.vram_share}: a share such as 0.1 (10%), 0 or more")
+    if not math.isfinite(cfg.noise_k) or cfg.noise_k < 0:
+        raise ValueError(f"noise_k {cfg.noise_k}: 0 or more")
+    for name in ("confirm", "noise_confirm", "baseline_repeats"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"{name} {getattr(cfg, name)}: 0 or more")
+    if not cfg.base_platform.strip():
+        raise ValueError("base_platform is empty: majority, any, or an accelerator's name")
 
 
 @dataclass(frozen=True)

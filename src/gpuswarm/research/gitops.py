@@ -82,7 +82,8 @@ def _temp_index() -> Iterator[dict[str, str]]:
         yield {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
 
 
-def _check_path(path: str) -> None:
+def check_path(path: str) -> None:
+    """``path`` is a file path relative to the repository root (ResearchError otherwise)."""
     parts = path.split("/")
     if not path or path.startswith("/") or "\0" in path or any(p in ("", ".", "..") for p in parts):
         raise ResearchError(
@@ -152,7 +153,7 @@ def list_refs(repo: Path, prefix: str) -> dict[str, str]:
 
 def _ls_tree(repo: Path, commit: str, path: str) -> tuple[str, str, str] | None:
     """(mode, type, sha) of ``path`` at ``commit``, or None when absent."""
-    _check_path(path)
+    check_path(path)
     out = git(repo, "--literal-pathspecs", "ls-tree", "-z", commit, "--", path)
     for entry in out.split("\0"):
         meta, _, name = entry.partition("\t")
@@ -199,7 +200,7 @@ def commit_files(repo: Path, parent: str, files: Mapping[str, bytes | None], mes
     A replaced file keeps the parent's mode; a new one is 100644. Returns the commit sha.
     """
     for path in files:
-        _check_path(path)
+        check_path(path)
     records: list[bytes] = []
     for path, content in files.items():
         if content is None:

@@ -29,51 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpuswarm.research import controls
+from gpuswarm.research.amounts import amount as amount
+from gpuswarm.research.amounts import parse_amount as parse_amount
 from gpuswarm.research.journal import ExperimentState, Variant
 
 if TYPE_CHECKING:
     from gpuswarm.research.experiment import ExperimentConfig
 
-AMOUNT_FIELDS = ("gain_per_line", "vram_gain", "equal_within")
 BASELINE_TRIES_PER_PLATFORM = 3  # baseline runs of one BASE before a platform is given up...
-
-
-# -- settings -----------------------------------------------------------------------------------
-def parse_amount(field: str, text: str) -> tuple[float, bool]:
-    """``"0.01%"`` -> (0.0001, relative); ``"0.0001"`` -> (0.0001, absolute)."""
-    raw = str(text).strip()
-    relative = raw.endswith("%")
-    try:
-        value = float(raw[:-1] if relative else raw)
-    except ValueError:
-        raise ValueError(
-            f"{field} {text!r}: give a share of BASE's metric such as '0.01%', or metric "
-            "units such as '0.0001'"
-        ) from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{field} {text!r}: must be 0 or more")
-    return (value / 100.0 if relative else value), relative
-
-
-def amount(text: str, reference: float) -> float:
-    """The amount ``text`` stands for where BASE measures ``reference``."""
-    value, relative = parse_amount("amount", text)
-    return value * abs(reference) if relative else value
-
-
-def check_rules(cfg: ExperimentConfig) -> None:
-    """The rule settings of ``cfg`` are usable (ValueError naming the field otherwise)."""
-    for name in AMOUNT_FIELDS:
-        parse_amount(name, getattr(cfg, name))
-    if not math.isfinite(cfg.vram_share) or cfg.vram_share < 0:
-        raise ValueError(f"vram_share {cfg.vram_share}: a share such as 0.1 (10%), 0 or more")
-    if not math.isfinite(cfg.noise_k) or cfg.noise_k < 0:
-        raise ValueError(f"noise_k {cfg.noise_k}: 0 or more")
-    for name in ("confirm", "noise_confirm", "baseline_repeats"):
-        if getattr(cfg, name) < 0:
-            raise ValueError(f"{name} {getattr(cfg, name)}: 0 or more")
-    if not cfg.base_platform.strip():
-        raise ValueError("base_platform is empty: majority, any, or an accelerator's name")
 
 
 # -- runs, platforms, references ----------------------------------------------------------------

@@ -45,7 +45,6 @@ KINDS = ("cancel",)
 MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; more is not one of ours
 MAX_REQUESTS = 10_000  # read per tick at most (the rest wait for the next ticks)
 PAUSED = "paused"  # the whole run; paused@<slot-id>: one slot
-ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ def request_cancel(
 
 
 def _where(queue: DirQueue, task: str, was: State) -> tuple[State, str]:
-    for state in (State.RUNNING, State.PENDING, *ENDED):
+    for state in (State.RUNNING, State.PENDING, *State.terminal()):
         for name in queue.names(state):
             if task_id_of(name) == task:
                 return state, name

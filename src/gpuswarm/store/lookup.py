@@ -28,10 +28,8 @@ class UnknownTaskError(BadInputError):
 
 
 def task_ended(state: State) -> bool:
-    """Whether a task in ``state`` has ended: it runs no attempt and will run none unless it is
-    retried. Every state but pending and running (done, failed, skipped, and any state of an
-    ended task added later, such as cancelled): the one rule for "ended" of these commands."""
-    return state not in (State.PENDING, State.RUNNING)
+    """Whether a task in ``state`` has ended (:meth:`State.is_terminal`, the one rule)."""
+    return state.is_terminal()
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ from gpuswarm.core.fsutil import (
 )
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.folders import QueueFolders, visible
+from gpuswarm.store.batches import QueueBatches
+from gpuswarm.store.folders import visible
 from gpuswarm.store.names import (
     claim_name,
     descriptor_name,
@@ -77,7 +78,7 @@ class Claimed:
         return str(self.data["id"])
 
 
-class DirQueue(QueueFolders):
+class DirQueue(QueueBatches):
     """One process's handle on a run's queue. Thread-safe; several processes may share a run."""
 
     def __init__(
@@ -503,6 +504,10 @@ class DirQueue(QueueFolders):
             held.unlink(missing_ok=True)
             done += 1
         return done
+
+    def note_new_work(self) -> None:
+        """Live supervisors look at pending/ again (:func:`note_added`)."""
+        note_added(self.paths)
 
 
 HELD = ".held-"  # pending/.held-<op>-<pid>-<name>: a task a person's change holds a moment

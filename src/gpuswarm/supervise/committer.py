@@ -119,7 +119,7 @@ class Committer:
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
         try:
-            if live.cancel is not None:
+            if live.stopped_by is not None:
                 self._cancelled(live, end, record)
                 return
             if end.kind is EndKind.CANCELLED or _lost_again(live, end):
@@ -147,7 +147,7 @@ class Committer:
         """A person cancelled this attempt: its task ends cancelled, the attempt recorded;
         unless it was done for sure before the cancel took effect (then done stands)."""
         run = self.run
-        reqs = live.cancel
+        reqs = live.stopped_by
         assert reqs is not None
         if end.kind is not EndKind.CANCELLED:
             outcome = self._judge(live, end, record)

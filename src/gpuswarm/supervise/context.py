@@ -61,9 +61,8 @@ class SupervisorConfig:
     # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
     halt: str | None = None
     # issue 36: the end of a Slurm allocation (epoch seconds; supervise/allocation_end.py):
-    # no task whose timeout runs past claim_until is claimed, and the run stops warm at stop_at
+    # no task whose timeout runs past it is claimed
     claim_until: float | None = None
-    stop_at: float | None = None
 
 
 @dataclass
@@ -82,7 +81,8 @@ class LiveAttempt:
     values: dict[str, str]
     fd: int | None = None  # the wake-up fd the loop polls (the attempt closes it once it ends)
     fenced: bool = False  # its lease was renamed away (reclaimed): killed, never committed
-    cancel: list[Request] | None = None  # the requests that cancelled it (gpuswarm cancel)
+    # a person's requests that stop it (store.control): its end is committed as they ask
+    stopped_by: list[Request] | None = None
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
 

@@ -43,7 +43,6 @@ from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.context import Shared
 
 CANCEL = "cancel"
-ENDED = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
 #: ticks a request's task may be found in no folder (a rename seen half-way, a priority change's
 #: hold, corrupt/) before the request is dropped as stale
 MAX_MISSES = 3
@@ -161,7 +160,7 @@ def locate(queue: DirQueue, tasks: set[str]) -> dict[str, tuple[State, str]]:
     common case: one small folder), then pending, then the ended folders, only as long as some
     task is still unfound."""
     found: dict[str, tuple[State, str]] = {}
-    for state in (State.RUNNING, State.PENDING, *ENDED):
+    for state in (State.RUNNING, State.PENDING, *State.terminal()):
         if len(found) == len(tasks):
             break
         for name in queue.names(state):
@@ -184,8 +183,7 @@ def settle_requests(queue: DirQueue, ledger: Ledger, cancels: Cancels, applied_b
         if state is State.PENDING:
             if cancel_pending(queue, ledger, reqs, applied_by):
                 count += 1
-        elif state in ENDED:
-            assert state is not None
+        elif state is not None and state.is_terminal():
             why = f"too late: the task ended {state.value} before the cancel was applied"
             for req in reqs:
                 drop_late(queue, ledger, req, why, applied_by)
@@ -260,10 +258,10 @@ class Controller:
         for task, reqs in cancels.items():
             live = next((a for a in list(run.live.values()) if a.task_id == task), None)
             if live is not None:
-                if live.cancel is None and not live.fenced:
+                if live.stopped_by is None and not live.fenced:
                     reqs = still_bound(run.queue, run.ledger, reqs, live.claimed.desc, me)
-                if reqs and live.cancel is None and not live.fenced:
-                    live.cancel = reqs  # the committer commits its end as cancelled
+                if reqs and live.stopped_by is None and not live.fenced:
+                    live.stopped_by = reqs  # the committer commits its end as the requests ask
                     live.handle.cancel()
                     run.wakeup()  # the loop hands it to a waiter: TERM, grace, KILL
             elif not self.cancel_waiting(task, reqs):

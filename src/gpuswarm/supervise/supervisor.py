@@ -101,7 +101,7 @@ class Supervisor:
         query = membership_of(self.backend) is None
         self.gpus = GpuPlacement(self.shared, cfg.slots, query)  # VRAM sampler, reservations (19)
         self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
-        self.until = AllocationEnd(queue, cfg.claim_until, cfg.stop_at, self.stop_warm)
+        self.until = AllocationEnd(queue, cfg.claim_until)  # a Slurm allocation's end (36)
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -122,7 +122,6 @@ class Supervisor:
         self.backend.open()
         self.slot_sync.watch()  # a cluster's nodes join and leave (issue 16)
         self.gpus.start()
-        self.until.start()
         self.keeper.control.refresh_pause()  # a paused run claims nothing from the start
         labels = [s.label for s in self.cfg.slots]
         self.ledger.emit(Ev.SUPERVISOR_STARTED, owner=self.cfg.owner, slots=labels, pid=os.getpid())
@@ -143,7 +142,6 @@ class Supervisor:
             while thread.is_alive():
                 thread.join(0.5)
         self.keeper.stop(keeper)
-        self.until.close()
         self.committer.release_delayed(everything=True)
         self.backend.close()
         self.gpus.close()
@@ -176,11 +174,6 @@ class Supervisor:
         if cause is not None:  # halt now: the warm stop a Ctrl-C takes, the halt its cause
             self.shared.stopped_by(cause)
         self.request_stop()
-
-    def stop_warm(self, cause: str) -> None:
-        """A stop that is never the second (cold) one: the allocation's end (issue 36)."""
-        if not self.stopping.is_set():
-            self._stop(cause)
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
@@ -320,7 +313,7 @@ class Supervisor:
                 self._exited(self._by_fd[fd])
         now = time.monotonic()
         for live in list(self._by_fd.values()):
-            if live.cancel is not None:
+            if live.stopped_by is not None:
                 self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
                 continue
             deadline = live.handle.deadline
@@ -461,7 +454,7 @@ class Supervisor:
         else:
             self.committer.add(live, end)
         neutral = skipped(live.task, end)
-        if live.cancel is not None and not end.ok:  # a person's cancel: never the device's
+        if live.stopped_by is not None and not end.ok:  # a person's cancel: never the device's
             end = dataclasses.replace(end, kind=EndKind.CANCELLED)  # (what the breaker sees)
         return live.slot, end, None, slow, live.task_id, neutral
 

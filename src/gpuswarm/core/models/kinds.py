@@ -20,6 +20,18 @@ class State(str, Enum):
     SKIPPED = "skipped"  # ended without counting as a failure (skip_exit_code, exclude:)
     CANCELLED = "cancelled"  # a person cancelled it (gpuswarm cancel): never retried, no failure
 
+    def is_terminal(self) -> bool:
+        """Whether a task in this state has ended: it runs no attempt and will run none unless
+        it is retried. Every state but pending and running (done, failed, skipped, cancelled,
+        and any state of an ended task added later; a new state of a task that has still to
+        run joins pending and running here): the one rule for "ended"."""
+        return self not in (State.PENDING, State.RUNNING)
+
+    @classmethod
+    def terminal(cls) -> tuple[State, ...]:
+        """The ended states, in folder order (done, failed, skipped, cancelled)."""
+        return tuple(s for s in cls if s.is_terminal())
+
 
 class EndKind(str, Enum):
     """How an attempt ended (an attempt record's ``kind``)."""

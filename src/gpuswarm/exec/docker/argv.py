@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.docker.client import LABEL
 
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -125,14 +126,13 @@ def masks_for(run_dir: Path, binds: Iterable[Bind], keep: Iterable[Path]) -> lis
     destination (``docker.mounts: [{src: /, dest: /host}]`` shows the queue at
     ``/host<run>/.parallel``). Paths are compared resolved, as docker resolves a bind's
     source. ``keep`` (the slot's own home, bound again over the mask) is never masked."""
-    real_run = run_dir.resolve()
+    real_run = RunPaths(run_dir.resolve())
     kept = set(keep)
     out: list[Path] = []
     for bind in binds:
         src = bind.src.resolve()
         dest = bind.dest or bind.src
-        for name in (".parallel", "homes"):
-            real = real_run / name
+        for real in (real_run.parallel, real_run.homes):
             if not (real == src or real.is_relative_to(src)):
                 continue
             at = dest / real.relative_to(src)

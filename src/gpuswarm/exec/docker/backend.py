@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuswarm.config.models import DockerConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.exec.base import BackendOptions, LaunchSpec, Leftovers
 from gpuswarm.exec.docker.argv import (
@@ -37,6 +36,7 @@ from gpuswarm.exec.docker.argv import (
 from gpuswarm.exec.docker.client import DockerCLI, Listed, signal_container
 from gpuswarm.exec.docker.container import ContainerAttempt
 from gpuswarm.exec.docker.devices import gpu_args
+from gpuswarm.exec.docker.settings import DockerConfig
 from gpuswarm.exec.local.backend import LocalBackend
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import renumbered_env
@@ -56,7 +56,8 @@ class DockerBackend:
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
-        self.settings: DockerConfig | None = options.docker
+        settings = options.settings
+        self.settings = settings if isinstance(settings, DockerConfig) else None
         self._local = LocalBackend(options)
         host = dict(os.environ)
         if "DOCKER_CONFIG" not in host and "HOME" in host:  # a slot HOME must not hide it

@@ -17,12 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import psutil
-
-if TYPE_CHECKING:
-    from gpuswarm.exec.local.process import Attempt
 
 TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -47,12 +44,22 @@ class _Scan(NamedTuple):
         return self.quiet and not self.live
 
 
+class Attempt(Protocol):
+    """A live attempt as the process table side sees it (:class:`.process.Attempt`): declared
+    here, so that this module never imports the attempt that imports it."""
+
+    pid: int | None
+    _reaped: bool  # its main process was reaped: its pid may be another process's now
+
+    def _owns(self, pid: int, st: _Stat, live: frozenset[int]) -> bool: ...
+
+
 class _Registry:
     """Live attempts by main pid, and how many launches are between fork and registration."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.live: dict[int, Attempt] = {}
+        self.live: dict[int, object] = {}  # main pid -> its Attempt (compared by identity)
         self.launching = 0
         self.subreaper = False
         self.helpers: set[int] = set()  # our own helper processes (the log keeper): no leftovers

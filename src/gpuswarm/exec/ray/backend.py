@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.fsutil import atomic_write_bytes
 from gpuswarm.core.models import EndKind
@@ -31,8 +30,9 @@ from gpuswarm.exec.local.backend import LocalBackend
 from gpuswarm.exec.ray import messages
 from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
 from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.exec.ray.slots import SlotPool, run_actors
-from gpuswarm.exec.ray.wire import PROBE_NAME, pack_tree
+from gpuswarm.exec.ray.wire import pack_tree
 from gpuswarm.exec.sandbox import Provision
 
 MB = 1 << 20
@@ -77,7 +77,8 @@ class RayBackend:
 
     def __init__(self, options: BackendOptions) -> None:
         self.options = options
-        self.cfg = options.ray or RayConfig()
+        settings = options.settings
+        self.cfg = settings if isinstance(settings, RayConfig) else RayConfig()
         self.filter = parse_filter(options.gpus)
         self._local = LocalBackend(options)
         self._ray: Any = None
@@ -143,8 +144,8 @@ class RayBackend:
         self._local.open()
         if self.options.run_dir and not self.probe:
             self.probe = secrets.token_hex(16)
-            folder = Path(self.options.run_dir) / ".parallel"
-            atomic_write_bytes(folder / PROBE_NAME, self.probe.encode(), mode=0o600)
+            probe = RunPaths(Path(self.options.run_dir)).ray_probe
+            atomic_write_bytes(probe, self.probe.encode(), mode=0o600)
 
     def prepare_slot(self, home: Path | None, provisions: Sequence[Provision]) -> dict[str, str]:
         return self._local.prepare_slot(home, provisions)
@@ -246,7 +247,7 @@ class RayBackend:
         self._local.close()
         if self.options.run_dir:
             with contextlib.suppress(OSError):
-                (Path(self.options.run_dir) / ".parallel" / PROBE_NAME).unlink()
+                RunPaths(Path(self.options.run_dir)).ray_probe.unlink()
         lost = self._pool is not None and self._pool.lost is not None
         if self._ray is not None and lost:
             # a head that is gone: nothing to leave, and Ray's own leaving (its exit hook)

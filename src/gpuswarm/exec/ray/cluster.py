@@ -9,6 +9,7 @@ more characters, as slot labels show it);
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Mapping
@@ -164,3 +165,57 @@ def parse_filter(spec: str | None) -> GpuFilter:
             raise GpuSpecError(f"--gpus {text}: write label:KEY=VALUE; {SPEC_FORMS}")
         return GpuFilter(label=(key.strip(), value.strip()))
     raise GpuSpecError(f"--gpus {text!r} under backend: ray; {SPEC_FORMS}")
+
+
+# -- a run's actors and the head -----------------------------------------------------------------
+def actor_prefix(run_key: str) -> str:
+    return f"gpuswarm/{run_key}/"
+
+
+def run_actors(ray: Any, run_key: str, namespace: str) -> list[tuple[str, Any]]:
+    """The named actors of run ``run_key`` that Ray still knows (any node)."""
+    from ray.util import list_named_actors
+
+    prefix = actor_prefix(run_key)
+    out = []
+    for entry in list_named_actors(all_namespaces=True):
+        name = entry["name"] if isinstance(entry, dict) else str(entry)
+        ns = entry.get("namespace") if isinstance(entry, dict) else namespace
+        if not name.startswith(prefix) or ns != namespace:
+            continue
+        with contextlib.suppress(Exception):
+            out.append((name, ray.get_actor(name, namespace=namespace)))
+    return out
+
+
+def kill_run_actors(ray: Any, run_key: str, namespace: str) -> int:
+    found = run_actors(ray, run_key, namespace)
+    for _, actor in found:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    return len(found)
+
+
+def head_address(ray: Any, configured: str) -> tuple[str, int] | None:
+    """What the driver probes for the head: the Ray Client server of a ``ray://`` address (the
+    GCS behind it may be out of the driver's reach), else the head's GCS host and port; None
+    where it cannot tell (the head's health is then Ray's alone)."""
+    text = configured.removeprefix("ray://") if configured.startswith("ray://") else ""
+    if not text:
+        with contextlib.suppress(Exception):
+            text = str(ray.get_runtime_context().gcs_address or "")
+    if not text and configured != "auto":
+        text = configured
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def answers(head: tuple[str, int], timeout: float) -> bool:
+    """Whether the head's port takes a TCP connection within ``timeout`` seconds."""
+    try:
+        socket.create_connection(head, timeout=timeout).close()
+    except OSError:
+        return False
+    return True

@@ -15,21 +15,54 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gpuswarm.core.models import EndKind
-from gpuswarm.exec.base import AttemptEnd, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, BackendOptions, LaunchSpec
 from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
+from gpuswarm.exec.ray.cluster import Node
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.exec.ray.wire import TooLarge, wire, write_outputs
-
-if TYPE_CHECKING:
-    from gpuswarm.exec.ray.backend import RayBackend
-    from gpuswarm.exec.ray.slots import RaySlot
+from gpuswarm.placement.gpus import Slot
 
 POLL_SECONDS = 0.5  # the actor answers at the end at once, else after this long with new output
 TICK = 0.05  # how often the waiter looks at a cancel and at its node while a poll is out
 START_TIMEOUT = 120.0
 APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Driver(Protocol):
+    """What a handle asks of the driver's side (:class:`.backend.RayBackend`): declared here,
+    so that the handle never imports its backend (the backend and the slot pool make handles).
+    """
+
+    options: BackendOptions  # run_dir: the run folder a node may see
+    cfg: RayConfig
+    probe: str  # the run folder's probe (a node that reads it back sees the folder)
+
+    @property
+    def ray(self) -> Any: ...
+
+    def retire(self, label: str, why: str) -> None: ...
+
+    def node_dead(self, node_id: str) -> str | None: ...
+
+    def tree_for(self, spec: LaunchSpec) -> tuple[str, Any]: ...
+
+    def home_for(self, home: Path) -> bytes: ...
+
+
+class OnNode(Protocol):
+    """The slot an attempt runs on (:class:`.slots.RaySlot`): its actor on its node."""
+
+    @property
+    def slot(self) -> Slot: ...
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def actor(self) -> Any: ...
 
 
 class _Gone(Exception):
@@ -39,8 +72,8 @@ class _Gone(Exception):
 class RayHandle:
     def __init__(
         self,
-        backend: RayBackend,
-        rs: RaySlot,
+        backend: Driver,
+        rs: OnNode,
         spec: LaunchSpec,
         *,
         adopted: bool = False,

@@ -12,7 +12,6 @@ its slots; the slot loop picks both up through :meth:`SlotPool.changes`.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.models import RayConfig
 from gpuswarm.core.paths import slugify
 from gpuswarm.exec.base import Adopted, LaunchSpec, SlotChanges
+from gpuswarm.exec.ray import cluster
 from gpuswarm.exec.ray.actor import SlotActor
 from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
+from gpuswarm.exec.ray.cluster import head_address as head_address
+from gpuswarm.exec.ray.cluster import run_actors as run_actors
 from gpuswarm.exec.ray.handle import RayHandle
+from gpuswarm.exec.ray.settings import RayConfig
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
@@ -41,10 +43,6 @@ class RaySlot:
     node: Node
     actor: Any  # the actor handle
     name: str
-
-
-def actor_prefix(run_key: str) -> str:
-    return f"gpuswarm/{run_key}/"
 
 
 class SlotPool:
@@ -190,7 +188,7 @@ class SlotPool:
         strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
         actors = []
         for k in range(count):
-            name = f"{actor_prefix(self.run_key)}{node.node_id}/{k}"
+            name = f"{cluster.actor_prefix(self.run_key)}{node.node_id}/{k}"
             actor = cls.options(
                 name=name,
                 namespace=self.cfg.namespace,
@@ -327,7 +325,7 @@ class SlotPool:
         lost: every slot goes, every node's attempts are lost, and the run stops (``fatal``)."""
         down_since: float | None = None
         while not self._stop.wait(HEAD_PROBE_SECONDS if down_since is None else 0.25):
-            if _answers(head):
+            if cluster.answers(head, HEAD_PROBE_SECONDS):
                 down_since = None
                 continue
             now = time.monotonic()
@@ -392,7 +390,7 @@ class SlotPool:
         for rs in slots:
             with contextlib.suppress(Exception):
                 self.ray.kill(rs.actor, no_restart=True)
-        kill_run_actors(self.ray, self.run_key, self.cfg.namespace)
+        cluster.kill_run_actors(self.ray, self.run_key, self.cfg.namespace)
 
 
 def slot_label(host: str, node_id: str, gpu_ids: tuple[int, ...], share: int) -> str:
@@ -400,51 +398,3 @@ def slot_label(host: str, node_id: str, gpu_ids: tuple[int, ...], share: int) ->
     one machine's test cluster); ``.1`` for the second slot on that GPU."""
     base = f"{slugify(host, 40)}-{node_id[:6]}-gpu" + "+".join(str(i) for i in gpu_ids)
     return f"{base}.{share}" if share else base
-
-
-def run_actors(ray: Any, run_key: str, namespace: str) -> list[tuple[str, Any]]:
-    """The named actors of run ``run_key`` that Ray still knows (any node)."""
-    from ray.util import list_named_actors
-
-    prefix = actor_prefix(run_key)
-    out = []
-    for entry in list_named_actors(all_namespaces=True):
-        name = entry["name"] if isinstance(entry, dict) else str(entry)
-        ns = entry.get("namespace") if isinstance(entry, dict) else namespace
-        if not name.startswith(prefix) or ns != namespace:
-            continue
-        with contextlib.suppress(Exception):
-            out.append((name, ray.get_actor(name, namespace=namespace)))
-    return out
-
-
-def kill_run_actors(ray: Any, run_key: str, namespace: str) -> int:
-    found = run_actors(ray, run_key, namespace)
-    for _, actor in found:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
-    return len(found)
-
-
-def head_address(ray: Any, configured: str) -> tuple[str, int] | None:
-    """What the driver probes for the head: the Ray Client server of a ``ray://`` address (the
-    GCS behind it may be out of the driver's reach), else the head's GCS host and port; None
-    where it cannot tell (the head's health is then Ray's alone)."""
-    text = configured.removeprefix("ray://") if configured.startswith("ray://") else ""
-    if not text:
-        with contextlib.suppress(Exception):
-            text = str(ray.get_runtime_context().gcs_address or "")
-    if not text and configured != "auto":
-        text = configured
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    return host.strip("[]"), int(port)
-
-
-def _answers(head: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(head, timeout=HEAD_PROBE_SECONDS).close()
-    except OSError:
-        return False
-    return True

@@ -24,13 +24,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_bytes
+from gpuswarm.core.paths import RAY_PROBE, RunPaths
 from gpuswarm.core.taskfiles import inside, read_limited
 from gpuswarm.exec.base import LaunchSpec
 
 # variables the attempt always takes from the driver's spec (its GPUs, its identity), even
 # when the driver's own environment happens to hold the same value
 _OWN_PREFIXES = ("GPUSWARM_", "CUDA_", "HIP_", "ROCR_", "GPU_DEVICE_ORDINAL")
-PROBE_NAME = "ray-probe"  # in the run's .parallel/: a node that reads it back shares the folder
+PROBE_NAME = RAY_PROBE  # in the run's .parallel/: a node that reads it back shares the folder
 
 
 class TooLarge(ValueError):
@@ -83,7 +84,7 @@ def needs_tree(data: Mapping[str, Any]) -> bool:
 def sees_run_folder(root: str, probe: str) -> bool:
     """Whether this node sees the driver's run folder (its probe file holds ``probe``)."""
     try:
-        return read_limited(Path(root) / ".parallel" / PROBE_NAME, 256).decode() == probe
+        return read_limited(RunPaths(Path(root)).ray_probe, 256).decode() == probe
     except (OSError, UnicodeDecodeError):
         return False
 

@@ -1,11 +1,11 @@
 """What a supervisor inside a Slurm allocation does besides supervising (the engine calls it).
 
-- :func:`allocation_for` the allocation to honour (None outside one): its end bounds claims and
-  stops the run warm ``stop_before`` seconds before it;
+- :func:`allocation_for` the allocation to honour (None outside one): its end bounds claims;
 - :func:`check_nodes_see` the shared-filesystem check before anything is created;
 - :class:`Session` starts the workers on the other nodes (the head only: ``run``/``resume``,
   never a ``work`` that srun started) and ends them with the run;
-- :func:`usr1_stops` Slurm's end signal (``--signal=B:USR1@N``) stops the run warm.
+- :func:`end_stops` the allocation's end stops the run warm: Slurm's end signal
+  (``--signal=B:USR1@N``), or ``stop_before`` seconds before the end.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -73,17 +75,32 @@ class Session:
 
 
 @contextlib.contextmanager
-def usr1_stops(stop: Callable[[str], None], active: bool) -> Iterator[None]:
-    """SIGUSR1 (Slurm's ``--signal=B:USR1@N``, or srun passing it on) calls ``stop`` once."""
-    if not active:
+def end_stops(stop: Callable[[str], None], alloc: Allocation | None) -> Iterator[None]:
+    """The allocation's end calls ``stop`` once: SIGUSR1 (Slurm's ``--signal=B:USR1@N``, or srun
+    passing it on) or its ``stop_at`` reached (``stop_before`` seconds before its end)."""
+    if alloc is None:
         yield
         return
+    fired = threading.Lock()
+
+    def once(cause: str) -> None:
+        if fired.acquire(blocking=False):
+            stop(cause)
 
     def handler(signum: int, frame: object) -> None:
-        stop("SIGUSR1 (the allocation ends)")
+        once("SIGUSR1 (the allocation ends)")
 
+    timer = None
+    if alloc.stop_at is not None:
+        when = time.strftime("%H:%M:%S", time.localtime(alloc.stop_at))
+        cause = f"the allocation ends (stopped warm at {when})"
+        timer = threading.Timer(max(0.0, alloc.stop_at - time.time()), once, (cause,))
+        timer.daemon = True
+        timer.start()
     old = signal.signal(signal.SIGUSR1, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGUSR1, old)
+        if timer is not None:
+            timer.cancel()

@@ -1,19 +1,16 @@
-"""``backend: slurm``'s settings (the ``slurm:`` block; ``--slurm-nodes``, ``--slurm-time``,
-``--slurm-partition`` over it): what each worker job asks Slurm for.
+"""``backend: slurm``'s settings: the config's ``slurm:`` block (the ``--slurm-*`` flags over
+it, :mod:`.plugin`): what each worker job asks Slurm for.
 
-Validated here, before anything is made (a bad field is a ConfigError naming ``slurm.<field>``
-and the config file): the core config keeps the block as given (issue 32 moves backend
-settings into the backends' own models).
+The slurm backend's own model, registered by :mod:`.plugin` (the core config model knows
+nothing of it): a bad field is a ConfigError naming the config file's line and ``slurm.<field>``,
+before anything is made. Imports only core (and pydantic): loading it never loads the backend.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from gpuswarm.core.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _TIME_RE = re.compile(r"\d+(-\d+)?(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
 _NAME_RE = re.compile(r"[A-Za-z0-9_.,:+=@-]+")
@@ -63,13 +60,3 @@ class SlurmSettings(BaseModel):
         if self.gpus_per_node:
             out.append(f"--gres=gpu:{self.gpus_per_node}")
         return [*out, *self.sbatch_args]
-
-
-def settings_of(raw: Any, where: str) -> SlurmSettings:
-    """The ``slurm:`` block as settings; a bad one is a ConfigError naming the field."""
-    try:
-        return SlurmSettings.model_validate(raw or {})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "slurm"
-        raise ConfigError(f"{where}: slurm.{field}: {err['msg']}") from None

@@ -1,0 +1,152 @@
+"""A person's batches of queue transitions: ``gpuswarm add``'s batch and ``gpuswarm requeue``,
+part of :class:`gpuswarm.store.queue.DirQueue` (this is its mixin, as :mod:`.folders` is for
+reading): each save -> journal (the caller's) -> rename, and what a crash cut short finished
+by the next control command or resume.
+
+Layout (under ``RunPaths.parallel``)::
+
+    pending/.adding-<pid>.<ns>-<name>    a task an add has written, not shown yet
+    <ended>/.requeue-<pid>-<name>        an ended task a requeue holds a moment
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive, sync_tree
+from gpuswarm.core.models import Descriptor, State
+from gpuswarm.store.folders import QueueFolders
+from gpuswarm.store.names import descriptor_name
+
+ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
+REQUEUING = ".requeue-"  # <ended>/.requeue-<pid>-<name>: a task a requeue holds a moment
+ENDED_STATES = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
+Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
+
+
+class QueueBatches(QueueFolders):
+    """DirQueue's transitions of a person's batches (see the module's doc)."""
+
+    durable: bool  # DirQueue's: fsync what it writes
+
+    def push(self, name: str) -> None:
+        """DirQueue's: a name now in pending/ that this queue may claim."""
+        raise NotImplementedError
+
+    def note_new_work(self) -> None:
+        """DirQueue's: live supervisors look at pending/ again."""
+        raise NotImplementedError
+
+    def add_batch(self, descs: list[Descriptor], journal: Callable[[str], object]) -> list[str]:
+        """Add ``descs`` to pending/ as one batch: each written under a hidden name (no fsync
+        each), one sync of the folder, ``journal(batch)`` (the ``added`` event, synced: it names
+        the batch), then the renames and the ``added`` marker. A crash in between is finished by
+        :meth:`finish_adds`. Returns the final names (callers hold control_lock())."""
+        batch = f"{os.getpid()}.{time.time_ns()}"
+        pending = self.paths.state_dir(State.PENDING.value)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        staged: list[tuple[str, str]] = []  # (temp name, final name)
+        folder = os.open(pending, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for desc in descs:
+                final = descriptor_name(desc.priority, desc.seq, desc.id)
+                temp = f"{ADDING}{batch}-{final}"  # invisible until renamed
+                fd = os.open(temp, flags, 0o644, dir_fd=folder)
+                try:
+                    os.write(fd, dumps_compact(desc.raw))
+                finally:
+                    os.close(fd)
+                staged.append((temp, final))
+            sync_tree(pending)  # every descriptor's data on disk: one sync, not one per file
+            journal(batch)  # the journal says it before the names become visible
+            for temp, final in staged:
+                os.rename(temp, final, src_dir_fd=folder, dst_dir_fd=folder)
+        finally:
+            os.close(folder)
+        fsync_dir(pending)
+        self.note_new_work()
+        return [final for _, final in staged]
+
+    def finish_adds(self, journaled: Callable[[], set[str]]) -> int:
+        """Adds a crash cut short (their writer is dead): a batch ``journaled()`` names (the
+        journal's ``added`` events) is finished, its tasks renamed into pending/; one it does not
+        name is removed (the add never said so). Returns how many tasks were added."""
+        pending = self.paths.state_dir(State.PENDING.value)
+        batches: dict[str, list[str]] = {}
+        for name in os.listdir(pending):
+            if name.startswith(ADDING):
+                batch = name[len(ADDING) :].split("-", 1)[0]
+                pid = batch.split(".", 1)[0]
+                if pid.isdigit() and (int(pid) == os.getpid() or not pid_alive(int(pid))):
+                    batches.setdefault(batch, []).append(name)
+        if not batches:
+            return 0
+        said = journaled()
+        added = 0
+        for batch, names in batches.items():
+            for name in names:
+                final = name[len(ADDING) + len(batch) + 1 :]
+                if batch in said and not (pending / final).exists():
+                    os.rename(pending / name, pending / final)
+                    added += 1
+                else:
+                    (pending / name).unlink(missing_ok=True)
+        fsync_dir(pending)
+        if added:
+            self.note_new_work()
+        return added
+
+    def requeue(self, state: State, name: str, announce: Announce) -> Descriptor | None:
+        """An ended task (any ended state, done included) back to pending/ as a fresh attempt
+        series: held under a hidden name in its folder, saved there (fresh budget, no reason,
+        no result), ``announce`` (journal), renamed into pending/. None when it is unreadable
+        or gone. A crash in between is finished by :meth:`finish_requeues`."""
+        if state not in ENDED_STATES:
+            raise ValueError(f"requeue from {state.value}: only ended tasks")
+        folder = self.paths.state_dir(state.value)
+        held = folder / f"{REQUEUING}{os.getpid()}-{name}"
+        try:
+            os.rename(folder / name, held)
+        except FileNotFoundError:
+            return None
+        desc = self.read_desc(state, held.name)
+        if desc is None:
+            if held.exists():
+                os.rename(held, folder / name)  # unreadable: left where it was, for check
+            return None
+        desc.fresh_budget()
+        desc.result = None
+        atomic_write_bytes(held, dumps_compact(desc.raw), durable=self.durable)
+        announce(desc)
+        os.rename(held, self.paths.state_dir(State.PENDING.value) / name)
+        self.push(name)
+        return desc
+
+    def finish_requeues(self, announce: Callable[[Descriptor, State], object]) -> int:
+        """Requeues a crash cut short (their writer is dead): one saved already is announced
+        again (the journal never lags behind the folders) and renamed into pending/; one not
+        saved yet goes back to its folder as it was. Returns how many were requeued."""
+        requeued = 0
+        for state in ENDED_STATES:
+            folder = self.paths.state_dir(state.value)
+            try:
+                names = [n for n in os.listdir(folder) if n.startswith(REQUEUING)]
+            except FileNotFoundError:
+                continue
+            for held_name in names:
+                pid, _, name = held_name[len(REQUEUING) :].partition("-")
+                if not pid.isdigit() or not name:
+                    continue
+                if pid_alive(int(pid)) and int(pid) != os.getpid():
+                    continue
+                desc = self.read_desc(state, held_name)
+                if desc is not None and desc.state == State.PENDING.value:
+                    announce(desc, state)
+                    os.rename(folder / held_name, self.paths.state_dir("pending") / name)
+                    self.push(name)
+                    requeued += 1
+                else:
+                    os.rename(folder / held_name, folder / name)
+        return requeued
