@@ -254,6 +254,8 @@ class Attempt:
     host: str | None = None  # the machine it ran on (as slot ids spell it)
     accelerator: str | None = None  # its GPUs' model ("NVIDIA H100 80GB HBM3", "sim")
     peak_vram_mb: int | None = None  # measured by the VRAM sampler (None: not measured)
+    energy_j: float | None = None  # issue 37: its GPU energy (None: not measured)
+    energy_mode: str | None = None  # exclusive / shared
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -281,6 +283,8 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         host=last.host,
         accelerator=last.accelerator,
         peak_vram_mb=last.peak_vram_mb,
+        energy_j=last.energy_j,
+        energy_mode=last.energy_mode,
     )
 
 

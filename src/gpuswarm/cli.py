@@ -37,6 +37,7 @@ class _Commands(click.Group):
         "research": ("gpuswarm.research.commands", "research"),
         "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
         "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
+        "exporter": ("gpuswarm.cli_exporter", "exporter"),  # issue 37: metrics only
     }
 
     @classmethod

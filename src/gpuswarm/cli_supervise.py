@@ -17,6 +17,7 @@ from gpuswarm.config.backends import click_options
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
+from gpuswarm.config.notify import with_notify
 from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -103,6 +104,12 @@ def _load_source(
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
 @_supervising
 @click_options("run", choose="what runs each attempt")
+@click.option(
+    "--notify",
+    "notify_url",
+    metavar="URL",
+    help="webhook: POST the run's events there (over notify:'s url; docs/notifications.md)",
+)
 def run(
     source: str,
     gpus: str | None,
@@ -121,6 +128,7 @@ def run(
     share_gpus: bool,
     halt: str | None,
     backend: str | None,
+    notify_url: str | None = None,
     **backend_values: Any,
 ) -> None:
     """Run the tasks of SOURCE over the GPUs.
@@ -141,6 +149,8 @@ def run(
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
             loaded = dataclasses.replace(loaded, config=config)
+        if notify_url is not None:  # issue 37: run.json keeps it, a resume notifies too
+            loaded = dataclasses.replace(loaded, config=with_notify(loaded.config, notify_url))
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)

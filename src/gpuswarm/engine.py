@@ -31,6 +31,8 @@ from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm.session import check_nodes_see
+from gpuswarm.notify.notifier import Notifier
+from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.check import check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
@@ -308,6 +310,7 @@ def _supervise(
         _, snapshot = open_run(paths.root)
         ledger = Ledger(paths.events, redact=run_redactor(snapshot).text)  # reasons, names
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
+        notifier: Notifier | None = None
         try:
             if mode == "resume":
                 finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
@@ -329,9 +332,15 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg, backend)
             shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
+            notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     run_in_allocation(sup, alloc, paths, mode, ledger, output)
+                    notifier = last_word(  # its own thread; waits at most notify.end_wait
+                        notifier,
+                        stopped=sup.stopping.is_set() and sup.halt.reason is None,
+                        why=sup.shared.ended_by or sup.shared.stop_cause,
+                    )
                     summary, info = _aggregate(paths, queue, ledger, sup, started)
                     if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
                         _after_all(paths, ledger, setup, output, sup, summary, backend)
@@ -342,6 +351,7 @@ def _supervise(
                 if output.report:
                     write_report_safely(paths, queue, summary, info, output)
         finally:
+            last_word(notifier, stopped=True, why="the supervisor failed")  # an error ended it
             try:
                 ledger.close()
             except OSError as exc:  # the journal's last fsync: the disk may be full

@@ -41,6 +41,8 @@ from gpuswarm.exec.slurm import jobs as slurm_jobs
 from gpuswarm.exec.slurm import session as slurm
 from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.exec.slurm.settings import SlurmSettings
+from gpuswarm.notify.notifier import Notifier
+from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.runoutput import Output, say, write_report_safely
@@ -128,24 +130,29 @@ def drive(
     queue = DirQueue(paths)
     driver = JobDriver(paths, settings, queue, ledger, output)
     started = time.time()
+    notifier: Notifier | None = None
     try:
         with attach(paths, exclusive_start=resume) as hold, on_stop_signals(driver.stop):
             if resume:
                 finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
                 recover(queue, ledger, retry_failed=retry_failed, backend=recovery_backend(info))
             hold.end_init()
+            # the run's webhooks (issue 37) are this process's: the nodes' workers send none
+            notifier = notifier_for(paths, info, run_redactor(info).text)
             driver.run()
         extra: dict[str, Any] = {"stopped": driver.stopping.is_set()}
         if driver.gave_up:
             extra["stopped_by"] = driver.gave_up
         elif driver.stopping.is_set():
             extra["stopped_by"] = "stopped by hand (its Slurm jobs cancelled)"
+        notifier = last_word(notifier, stopped="stopped_by" in extra, why=extra.get("stopped_by"))
         extra["slurm_jobs"] = driver.records
         summary = write_outputs(paths, queue, info, (started, time.time()), extra)
         ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
         if output.report:
             write_report_safely(paths, queue, summary, info, output)
     finally:
+        last_word(notifier, stopped=True, why="the login-node driver failed")  # an error ended it
         ledger.close()
     return RunReport(
         paths,

@@ -3,12 +3,13 @@
 ``CUDA_VISIBLE_DEVICES`` names (a host index or a UUID), holds it, and removes it on exit.
 
     python fake_gpu_task.py --mb 2000 --hold 1.5 [--children 2 --child-mb 500 --grandchild]
-        [--grow] [--oom-at MB (attempt 1 only)] [--linger S] [--check-free]
+        [--grow] [--oom-at MB (attempt 1 only)] [--linger S] [--check-free] [--energy-j J]
 
 ``--check-free``: allocating more than the GPU has free ends the process as a CUDA OOM would
 (exit 1, PyTorch's message), under a lock, so two tasks never both see the same free memory.
 ``--grow``: reach ``--mb`` in 5 steps over the hold. ``--linger S``: the driver "frees" its
 memory S seconds after it exited. Children and grandchildren are real processes below it.
+``--energy-j J``: half-way through the hold, its GPU's energy counter advances by J joules.
 """
 
 from __future__ import annotations
@@ -79,6 +80,21 @@ def _allocate(procs: Path, uuid: str, total: int, mb: int, check: bool, linger: 
         return _write(procs, uuid, mb, linger)
 
 
+def _add_energy(root: Path, joules: float) -> None:
+    """The counter of this task's GPU (its NVML index) advances by ``joules``."""
+    token = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    index = int(token) if token.isdigit() else [u for u, _ in _devices()].index(token)
+    folder = root / "energy"
+    folder.mkdir(exist_ok=True)
+    with (folder / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = folder / f"{index}.mj"
+        now = int(path.read_text() or 0) if path.exists() else 0
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(now + round(joules * 1000)))
+        os.rename(tmp, path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=1000)
@@ -91,6 +107,7 @@ def main() -> None:
     ap.add_argument("--linger", type=float, default=0.0)
     ap.add_argument("--check-free", action="store_true")
     ap.add_argument("--print-env", action="store_true")
+    ap.add_argument("--energy-j", type=float, default=0.0)
     args = ap.parse_args()
     if args.print_env:
         print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", ""), flush=True)
@@ -112,7 +129,10 @@ def main() -> None:
             sys.exit(1)
         if mb > 0:
             path = _allocate(procs, uuid, total, mb, args.check_free, args.linger)
-        time.sleep(args.hold / steps)
+        time.sleep(args.hold / steps / 2)
+        if args.energy_j and k == steps:
+            _add_energy(procs.parent, args.energy_j)
+        time.sleep(args.hold / steps / 2)
     for kid in kids:
         kid.wait()
     if path is not None:

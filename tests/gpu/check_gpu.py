@@ -8,6 +8,10 @@ gpuswarm measured for each (its VRAM sampler, through NVML) with what PyTorch sa
 peak must be at least what PyTorch reserved and at most that plus the CUDA context (a few
 hundred MiB; :data:`CONTEXT_SLACK_MB` allowed). Also checked: both tasks done, each on a GPU of
 the run, its utilisation measured, and nothing of the run left on a GPU afterwards.
+Energy (issue 37): each task reads NVML's total-energy counter around its busy loop; the
+``energy_j`` gpuswarm recorded (its sampler's counter deltas over the attempt) must be at least
+:data:`ENERGY_LOW` of that and at most it plus :data:`ENERGY_SLACK_J` (start-up and the last
+look), and be ``exclusive`` (one task per GPU).
 
 Needs: ``torch`` with CUDA, ``nvidia-ml-py`` (gpuswarm's dependency), a driver. Prints a
 PASS/FAIL table; exit 0 when every line passes, 1 otherwise (2: it could not run at all).
@@ -32,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 CONTEXT_SLACK_MB = 1536  # CUDA context + cuBLAS workspace beyond torch's caching allocator
 SIZES_MB = (1536, 4096)  # what the two tasks allocate (torch.empty on the GPU)
 HOLD_S = 6.0  # how long each holds it (the sampler looks every 0.25 s)
+ENERGY_LOW = 0.7  # gpuswarm's energy_j vs the task's own counter delta over its busy loop
+ENERGY_SLACK_J = 2000.0  # context creation, allocation and the last look's interval
 
 TASK = r"""
 import json, sys, time
@@ -43,6 +49,13 @@ dev = torch.device("cuda:0")
 block = torch.empty(mb * 1024 * 1024, dtype=torch.uint8, device=dev)
 block.fill_(1)
 a = torch.randn(2048, 2048, device=dev)
+try:  # the task's own reading of the energy counter around its busy loop (issue 37)
+    import os, pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ["GPUSWARM_HOST_GPU_ID"]))
+    e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+except Exception:
+    h = None
 t0 = time.time()
 while time.time() - t0 < hold:
     a = (a @ a).clamp_(-1, 1)  # keep the GPU busy: utilisation is measured too
@@ -53,6 +66,8 @@ out = {
     "torch_max_allocated_mb": torch.cuda.max_memory_allocated() // (1024 * 1024),
     "device": torch.cuda.get_device_name(0),
 }
+if h is not None:
+    out["own_energy_j"] = (pynvml.nvmlDeviceGetTotalEnergyConsumption(h) - e0) / 1000
 print("torch: " + json.dumps(out), flush=True)
 with open("torch.json", "w") as f:
     json.dump(out, f)
@@ -188,6 +203,7 @@ def main() -> int:
             rows.append(
                 (f"{task} utilisation measured", "a percentage", str(util), util is not None)
             )
+            rows.append(_energy_row(task, last, torch))
         left = _leftovers(run)
         rows.append(("run's processes left on a GPU", "none", str(left or "none"), not left))
         return 0 if _table(rows) else 1
@@ -196,6 +212,25 @@ def main() -> int:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _energy_row(
+    task: str, last: dict[str, Any], torch: dict[str, Any]
+) -> tuple[str, str, str, bool]:
+    """gpuswarm's energy_j of the attempt against the task's own counter delta."""
+    own = torch.get("own_energy_j")
+    got = last.get("energy_j")
+    mode = last.get("energy_mode")
+    if not isinstance(own, int | float):
+        return (f"{task} energy_j", "the task's own counter", "no counter on this GPU", True)
+    low, high = own * ENERGY_LOW, own + ENERGY_SLACK_J
+    ok = isinstance(got, int | float) and low <= got <= high and mode == "exclusive"
+    return (
+        f"{task} energy_j vs its own counter",
+        f"{low:.0f}..{high:.0f} J exclusive (own {own:.0f} J)",
+        f"{got} J {mode}",
+        ok,
+    )
 
 
 def _descriptor(run: Path, task: str) -> dict[str, Any]:

@@ -619,3 +619,25 @@ def test_mutate_list_shows_knobs_and_why_others_are_skipped(
     assert "skip  iter_num" in text.stdout and "state: assigned again in a loop" in text.stdout
     only = ok_json(research(gpuswarm, repo, "mutate", "--list", "--mutate", "n_*", "--json"))
     assert {r["name"] for r in only["settings"] if r["knob"]} == {"n_layer", "n_head", "n_embd"}
+
+
+def test_a_kept_improvement_is_notified(gpuswarm: Cli, research_repo: Path) -> None:
+    """Issue 37: ``research init --notify URL``: the runner's notifier posts ``kept`` when a
+    change is kept (a baseline's keep is none)."""
+    from hookkit import Receiver
+
+    hook = Receiver()
+    try:
+        repo, tag = research_repo, "hook"
+        start(gpuswarm, repo, tag, "--policy", "manual", "--notify", hook.url)
+        edit_constant(repo, "LR", "0.05")
+        lr = try_variant(gpuswarm, repo, "lr 0.05")
+        waited = ok_json(research(gpuswarm, repo, "wait", "--json", "--timeout", "25s"))
+        assert waited["timed_out"] is False
+        assert ok_json(research(gpuswarm, repo, "keep", lr["id"], "--json"))["status"] == "keep"
+        got = wait_for(lambda: [e for e in hook.events() if e["event"] == "kept"], 20)
+        assert got[0]["variant"] == lr["id"] and got[0]["experiment"] == tag, got
+        assert got[0]["metric"] == pytest.approx(val_bpb(lr=0.05), abs=1e-6)
+        assert all(e["event"] != "run_finished" for e in hook.events())
+    finally:
+        hook.close()

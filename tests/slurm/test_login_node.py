@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hookkit import Receiver
 from slurm_cluster import SlurmCluster
 from slurm_support import done_once, events_of, hosts_of_done, only_run, slurm_env, write_config
 
@@ -45,12 +46,18 @@ def _jobs(run: Path) -> list[dict[str, Any]]:
 def test_login_node_run_over_two_nodes(slurm: SlurmCluster, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, 8, 1)
     ws = tmp_path / "runs"
-    done = _gpuswarm(
-        slurm, tmp_path, "run", str(cfg), "--backend", "slurm", "--slurm-nodes", "2",
-        "--slurm-time", "10:00", "--slurm-gpus-per-node", "2", "--plain", "--no-report",
-        "--workspace", str(ws),
-    )  # fmt: skip
+    hook = Receiver()  # the run's webhooks: the login-node process sends them, once
+    try:
+        done = _gpuswarm(
+            slurm, tmp_path, "run", str(cfg), "--backend", "slurm", "--slurm-nodes", "2",
+            "--slurm-time", "10:00", "--slurm-gpus-per-node", "2", "--plain", "--no-report",
+            "--workspace", str(ws), "--notify", hook.url,
+        )  # fmt: skip
+    finally:
+        hook.close()
     assert done.returncode == 0, done.stdout + done.stderr
+    finished = [e for e in hook.events() if e["event"] == "run_finished"]
+    assert len(finished) == 1 and finished[0]["counts"].get("done") == 8, hook.events()
     run = only_run(ws)
     done_once(run, 8)
     assert set(hosts_of_done(run).values()) == {"gsn1", "gsn2"}

@@ -25,6 +25,7 @@ from typing_extensions import Self
 from gpuswarm.agents.preset import AgentUseField
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
+from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.config.values import (
     IDENT,
     Duration,
@@ -294,6 +295,7 @@ class RunConfig(BackendBlocks):
     backend: NonEmpty = "local"
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
+    notify: NotifyConfig | None = None  # issue 37: webhooks (config/notify.py)
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:

@@ -90,6 +90,11 @@ class RunPaths:
         return self.root / ".parallel"
 
     @property
+    def notify_log(self) -> Path:
+        """Issue 37: the journal of webhook deliveries (one JSON line per try)."""
+        return self.root / ".parallel" / "notify.jsonl"
+
+    @property
     def lock(self) -> Path:
         return self.parallel / "lock"
 

@@ -34,6 +34,8 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "mean_vram_mb": (int,),
     "peak_gpu_util": (int,),
     "mean_gpu_util": (int,),
+    "energy_j": _NUMBER,  # issue 37
+    "energy_mode": (str,),
 }
 _TASK_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,),

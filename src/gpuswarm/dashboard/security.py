@@ -21,6 +21,8 @@ dashboard would reach those servers, and they could replay it.
 - **Actions** (every method but GET/HEAD): the session header (the query never counts) and an
   ``Origin`` that is this server's; no CORS headers are ever sent, so no other origin can read
   an answer.
+- **``/metrics``** (issue 37: Prometheus) needs ``Authorization: Bearer <token>``, the URL's
+  token itself: a scraper has no page to hold a session, and no cookie or session counts there.
 - **Headers** on every answer: ``Content-Security-Policy: default-src 'self'`` (no inline script,
   no other origin), nosniff, no referrer, no framing, no caching.
 """
@@ -38,6 +40,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
+
+from gpuswarm.metrics.exporter import bearer_ok
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,6 +72,8 @@ PUBLIC = re.compile(r"/(?:static/[A-Za-z0-9._-]+)?")  # the page, its script, st
 _LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
 _PATH_SAFE = "/-._~!$&'()*+,;=:@"
 NO_SESSION = "no session: open the URL with ?token= that `gpuswarm dashboard` printed"
+METRICS_PATH = "/metrics"
+NO_BEARER = "/metrics needs 'Authorization: Bearer <token>' (the token of the printed URL)"
 
 
 def new_token() -> str:
@@ -228,6 +234,12 @@ class GuardMiddleware:
         host = headers.setdefault("host", "")
         if not g.host_ok(host):
             await _answer(send, 403, {"error": f"host {host!r} is not allowed"})
+            return
+        if scope.get("path") == METRICS_PATH:  # a scraper: the token as a bearer, nothing else
+            if not bearer_ok(headers.get("authorization"), g.token):
+                await _answer(send, 401, {"error": NO_BEARER}, [(b"www-authenticate", b"Bearer")])
+                return
+            await self.app(scope, receive, send)
             return
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         if scope["method"] == "GET" and "token" in query:

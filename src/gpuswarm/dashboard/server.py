@@ -35,6 +35,7 @@ from gpuswarm.core.errors import BadInputError, GpuswarmError
 from gpuswarm.dashboard import sse
 from gpuswarm.dashboard.actions import ACTIONS
 from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root
+from gpuswarm.dashboard.metricspage import MetricsPage
 from gpuswarm.dashboard.security import Guard, GuardMiddleware, new_token
 from gpuswarm.dashboard.taskview import (
     LogPump,
@@ -81,6 +82,7 @@ class Dashboard:
         self._scanned = 0.0
         self._lines_at = 0.0
         self._complaints: dict[str, str] = {}
+        self._metrics = MetricsPage([r.path for r in settings.roots])
         self.page = _asset("index.html")
         self.assets = {name: _asset(name) for name in STATIC}
 
@@ -175,7 +177,12 @@ class Dashboard:
             Route("/api/experiments/{eid}", self.experiment),
             Route("/api/experiments/{eid}/events", self.experiment_events),
             Route("/api/experiments/{eid}/variants/{vid}/diff", self.diff),
+            Route("/metrics", self.metrics),  # issue 37: Prometheus (a bearer token: security)
         ]
+
+    async def metrics(self, request: Request) -> Response:
+        body, kind = await run_in_threadpool(self._metrics.scrape)
+        return Response(body, media_type=kind)
 
     async def index(self, request: Request) -> Response:
         meta = f'<meta name="gpuswarm-read-only" content="{int(self.settings.read_only)}">'

@@ -48,6 +48,8 @@ def _attempt(a: Any, redactor: Redactor) -> dict[str, Any]:
         "oom": bool(a.oom),
         "interrupted": a.interrupted,
         "metrics": redactor.tree(a.metrics or {}),
+        "energy_j": a.energy_j,  # issue 37
+        "energy_mode": a.energy_mode,
     }
 
 

@@ -22,6 +22,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.energy import energy_of, energy_stats
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
@@ -35,6 +36,8 @@ FIXED_COLUMNS = (
     "exit",
     "reason",
     "peak_vram_mb",  # issue 19: the last attempt's measured peak GPU memory ("": not measured)
+    "energy_j",  # issue 37: GPU energy of every attempt of the task ("": not measured)
+    "energy_mode",  # exclusive, or shared (apportioned: docs/monitoring.md, "Energy")
 )
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
 
@@ -73,6 +76,7 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
         "exit": _exit_text(last),
         "reason": desc.reason or (last.reason if last else None) or "",
         "peak_vram_mb": last.peak_vram_mb if last and last.peak_vram_mb is not None else "",
+        **energy_of(desc),
     }
     row.busy = desc.busy_seconds
     row.inputs = desc.inputs or _EMPTY
@@ -343,6 +347,7 @@ def summarize(
         "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
+        "energy": energy_stats(rows),
     }
 
 

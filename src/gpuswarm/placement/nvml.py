@@ -76,6 +76,13 @@ class GpuQuery(Protocol):
 
     def close(self) -> None: ...
 
+    # issue 37: energy. None where the device or driver does not say.
+    def energy_mj(self, uuid_or_index: str | int) -> int | None:
+        """The device's total-energy counter (millijoules since the driver loaded)."""
+
+    def power_mw(self, uuid_or_index: str | int) -> int | None:
+        """The device's power draw now (milliwatts)."""
+
 
 def _text(value: Any) -> str:
     if isinstance(value, bytes):
@@ -235,6 +242,27 @@ class NvmlQuery:
             self._closed = True
             self._call("nvmlShutdown")
 
+    def energy_mj(self, uuid_or_index: str | int) -> int | None:
+        """``nvmlDeviceGetTotalEnergyConsumption`` (Volta and newer; NOT_SUPPORTED elsewhere
+        and on MIG instances: None)."""
+        handle = self._handle(uuid_or_index)
+        value = (
+            None if handle is None else self._call("nvmlDeviceGetTotalEnergyConsumption", handle)
+        )
+        return _counter(value)
+
+    def power_mw(self, uuid_or_index: str | int) -> int | None:
+        handle = self._handle(uuid_or_index)
+        value = None if handle is None else self._call("nvmlDeviceGetPowerUsage", handle)
+        return _counter(value)
+
+
+def _counter(value: Any) -> int | None:
+    """A non-negative integer reading, or None (absent, mistyped, NVML_VALUE_NOT_AVAILABLE)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value < NOT_AVAILABLE else None
+
 
 # -- amdsmi (optional) -----------------------------------------------------------------------
 class AmdSmiQuery:
@@ -325,6 +353,12 @@ class AmdSmiQuery:
 
     def close(self) -> None:
         self._call("amdsmi_shut_down")
+
+    def energy_mj(self, uuid_or_index: str | int) -> int | None:
+        return None  # not read on AMD yet: the power samples stand in (placement/energy.py)
+
+    def power_mw(self, uuid_or_index: str | int) -> int | None:
+        return None
 
 
 def open_query(vendor: str = "nvidia") -> GpuQuery | None:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuswarm.placement.devices import Gpu
+from gpuswarm.placement.energy import EnergyBook, split
 from gpuswarm.placement.nvml import DeviceSample, GpuQuery
 
 SAMPLE_SECONDS = 0.25  # 3 NVML calls per GPU a look: ~0.1 ms each on a real driver
@@ -53,6 +54,8 @@ class Usage:
     peak_util: int | None
     mean_util: int | None
     samples: int
+    energy_j: float | None = None  # issue 37 (placement/energy.py); None: not measured
+    energy_mode: str | None = None  # "exclusive" / "shared"
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class _Watched:
     since: float = field(default_factory=time.monotonic)
     ended_at: float | None = None  # set by end(): releasing from then on
     held: bool = False
+    energy_j: float = 0.0  # its share of its GPUs' energy (placement/energy.py)
+    energy_known: bool = False
+    shared: bool = False  # some interval's energy was split with another attempt
 
 
 class VramSampler:
@@ -114,6 +120,9 @@ class VramSampler:
         self._owner: dict[int, str] = {}  # pid -> attempt key
         self._foreign: dict[int, float] = {}  # pid -> when it was found foreign
         self._states: dict[int, GpuState] = {}
+        self._energy = EnergyBook()
+        self._energy_mj = getattr(query, "energy_mj", None)  # issue 37 (an older query: none)
+        self._power_mw = getattr(query, "power_mw", None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -201,12 +210,14 @@ class VramSampler:
     def tick(self) -> None:
         """Look at every GPU once, attribute its processes, update the attempts."""
         looks = {gpu: self.query.sample(_device_key(g)) for gpu, g in self.gpus.items()}
+        energy = self._read_energy()
         with self._lock:
             unknown, ask = self._unknown(looks)
         answers = _ask(ask) if unknown else []  # the backends' pids: outside the lock
         with self._lock:
             self._attribute(unknown, answers)
             changed = self._account(looks)
+            self._apportion(energy)
             events = self._check_releases()
         for event in events:
             event()
@@ -292,6 +303,31 @@ class VramSampler:
                 self._count(w, per_key.get(w.key, 0), looks)
         return changed
 
+    def _read_energy(self) -> dict[int, tuple[float, int | None, int | None]]:
+        """Each GPU's energy counter (else its power) now: outside the lock, like the looks."""
+        if self._energy_mj is None:
+            return {}
+        out: dict[int, tuple[float, int | None, int | None]] = {}
+        for gpu, g in self.gpus.items():
+            mj = self._energy_mj(_device_key(g))
+            mw = self._power_mw(_device_key(g)) if mj is None and self._power_mw else None
+            out[gpu] = (time.monotonic(), mj, mw)
+        return out
+
+    def _apportion(self, energy: Mapping[int, tuple[float, int | None, int | None]]) -> None:
+        """Each GPU's energy since the last look, split between the attempts on it."""
+        for gpu, (now, mj, mw) in energy.items():
+            got = self._energy.look(gpu, now, mj, mw)
+            if got is None:
+                continue
+            on = [w for w in self._watched.values() if w.ended_at is None and gpu in w.gpus]
+            state = self._states.get(gpu)
+            held = {w.key: state.ours_mb.get(w.key, 0) if state else 0 for w in on}
+            for w in on:
+                w.energy_j += split(got[0], held)[w.key]
+                w.energy_known = True
+                w.shared = w.shared or len(on) > 1
+
     def _count(self, w: _Watched, mb: int, looks: Mapping[int, DeviceSample]) -> None:
         mine = [looks[g] for g in w.gpus if g in looks]
         if not any(look.procs is not None for look in mine):
@@ -373,4 +409,8 @@ def _usage(w: _Watched) -> Usage | None:
     if not w.readable or w.samples == 0:
         return None
     mean_util = round(w.util_total / w.util_samples) if w.util_samples else None
-    return Usage(w.peak, round(w.total / w.samples), w.util_peak, mean_util, w.samples)
+    energy = round(w.energy_j, 3) if w.energy_known else None
+    mode = None if energy is None else ("shared" if w.shared else "exclusive")
+    return Usage(
+        w.peak, round(w.total / w.samples), w.util_peak, mean_util, w.samples, energy, mode
+    )

@@ -64,6 +64,7 @@ def research() -> None:
 )
 @click_options("research init", choose="what runs each variant")
 @click.option("--no-checkout", is_flag=True, help="do not switch HEAD to the new branch")
+@click.option("--notify", metavar="URL", help="webhook: POST each kept improvement (and failures)")
 @click.option("-C", "where", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
@@ -90,6 +91,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
         rules=rule_changes(kw),
+        notify=kw["notify"],
         **_backend_flags(kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)

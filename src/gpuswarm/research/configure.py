@@ -61,6 +61,7 @@ class InitOptions:
     backend: str = "local"  # what runs every variant (config/backends.py)
     # its options' values, by keyword (``--image``, ``--ray-address``, ...): its settings
     backend_values: dict[str, Any] = field(default_factory=dict)
+    notify: str | None = None  # issue 37: --notify URL (kept improvements, failures)
 
 
 def init(where: Path, opts: InitOptions) -> dict[str, Any]:
@@ -109,6 +110,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
             protect_sums=_protect_sums(repo, head, opts.protect),
             backend=backend,
             **({backend: settings} if settings is not None else {}),
+            notify={"url": opts.notify} if opts.notify else None,
             **(opts.rules or {}),
         )
     )

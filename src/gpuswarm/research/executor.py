@@ -48,6 +48,8 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
 def _backend_config(cfg: ExperimentConfig) -> dict[str, Any]:
     """The run's recorded config: the experiment's tag, and what runs its variants."""
     config: dict[str, Any] = {"research": cfg.tag}
+    if cfg.notify is not None:  # issue 37: the runner's notifier (docs/notifications.md)
+        config["notify"] = cfg.notify.model_dump(mode="json")
     settings = settings_of(cfg)
     if cfg.backend != "local" and settings is not None:
         config.update({"backend": cfg.backend, cfg.backend: settings.model_dump(mode="json")})

@@ -35,6 +35,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from gpuswarm.config.models import BackendBlocks
+from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
@@ -157,6 +158,7 @@ class ExperimentConfig(BackendBlocks):
     run: str = ""  # the core run, relative to the experiment folder
     # what runs each variant (config/backends.py); its settings are its block (``<name>:``)
     backend: str = "local"
+    notify: NotifyConfig | None = None  # issue 37: webhooks of the core run (kept, failures)
 
     @model_validator(mode="after")
     def _runnable(self) -> ExperimentConfig:

@@ -72,3 +72,18 @@ def figures(state: ExperimentState) -> Figures:
         rebased=sum(1 for v in state.variants.values() if rebased(state, v)),
         modes=", ".join(m for m in modes if m) or state.mode,
     )
+
+
+def energy_figures(state: ExperimentState) -> dict[str, Any]:
+    """Issue 37: the GPU energy of every recorded run (J) and per kept improvement (all of it
+    over the changes kept: what an improvement cost); None where nothing was measured."""
+    joules = [
+        float(j)
+        for v in state.variants.values()
+        if isinstance(j := (v.finished or {}).get("energy_j"), int | float)
+        and not isinstance(j, bool)
+    ]
+    kept = sum(1 for v in state.variants.values() if v.kind in CHANGES and v.status == "keep")
+    total = round(sum(joules), 3) if joules else None
+    per_kept = round(total / kept, 3) if total is not None and kept else None
+    return {"energy_j": total, "energy_measured": len(joules), "energy_per_kept_j": per_kept}

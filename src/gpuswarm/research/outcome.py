@@ -63,6 +63,8 @@ def outcome(
         "log": str(log.relative_to(paths.root)) if log else None,
         "log_path": str(log.resolve()) if log else None,
         "tail": "\n".join(text.splitlines()[-15:]) if reason else "",
+        "energy_j": last.energy_j,  # issue 37
+        "energy_mode": last.energy_mode,
     }
 
 

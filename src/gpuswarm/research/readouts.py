@@ -12,7 +12,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import controls, executor, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
-from gpuswarm.research.figures import CHANGES, figures, rebased
+from gpuswarm.research.figures import CHANGES, energy_figures, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.plot import PlotRow
 from gpuswarm.research.session import Experiment, files_of
@@ -260,6 +260,7 @@ def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
                 "summary": fin.get("summary") or {},
                 "diff": fin.get("diff"),
                 "tail": fin.get("tail") or "",
+                "energy_j": fin.get("energy_j"),  # issue 37
                 "decision": None
                 if v.decision is None
                 else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
@@ -267,6 +268,7 @@ def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
         )
     return {
         **_headline(exp, state),
+        **energy_figures(state),
         "variants": out,
         "total": len(state.variants),
         "left_out": left_out,

@@ -9,7 +9,7 @@ from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
 from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
-from gpuswarm.research.figures import figures, shown_status
+from gpuswarm.research.figures import energy_figures, figures, shown_status
 from gpuswarm.research.journal import ExperimentState
 
 ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": ""}
@@ -40,6 +40,7 @@ def write_research_report(
                 fin.get("gpu"),
                 "" if seconds is None else round(float(seconds)),
                 dec.get("reason") or fin.get("reason") or "",
+                "" if fin.get("energy_j") is None else round(float(fin["energy_j"])),
             ]
         )
         classes.append(ROW_CLASS.get(status, ""))
@@ -49,7 +50,7 @@ def write_research_report(
                 f"{esc(str(fin.get('reason') or 'crash'))}</li>"
             )
     columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
-    columns += ["gpu", "seconds", "reason"]
+    columns += ["gpu", "seconds", "reason", "energy_j"]
     f = figures(state)
     best = "-" if f.best is None else f"{f.best:.6f}"
     gain = ""
@@ -67,6 +68,7 @@ def write_research_report(
         f"{f.kept} changes kept, {f.crashed} crashed"
         + (f", {f.rebased} re-based" if f.rebased else "")
         + f"; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, mode {esc(f.modes)}</p>\n"
+        + _energy_html(state)
         + _rules_html(cfg, state)
         + f"<p class=note>command <code>{esc(cfg.command)}</code>; editable "
         f"{esc(', '.join(cfg.edit))}; protected {esc(', '.join(cfg.protect) or '-')}; "
@@ -78,6 +80,19 @@ def write_research_report(
     out = paths.root / "report.html"
     atomic_write_text(out, html_page(f"autoresearch {cfg.tag}", body))
     return out
+
+
+def _energy_html(state: ExperimentState) -> str:
+    """Issue 37: the experiments' GPU energy and what each kept improvement cost."""
+    e = energy_figures(state)
+    if e["energy_j"] is None:
+        return ""
+    per = e["energy_per_kept_j"]
+    cost = f"; {per:,.0f} J per kept improvement" if per is not None else ""
+    return (
+        f"<p>GPU energy: {e['energy_j']:,.0f} J over {e['energy_measured']} measured "
+        f"experiments{cost}</p>\n"
+    )
 
 
 def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:

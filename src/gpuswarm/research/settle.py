@@ -15,6 +15,7 @@ from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants
+from gpuswarm.research.announce import announce_kept
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
@@ -179,6 +180,7 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
     _decided(paths, cfg, state, v, d.status, d.reason, metric, note=d.note)
     if d.status == "keep" and v.kind in ("variant", "combo"):
         _advance(paths, cfg, state, v)
+        announce_kept(paths, cfg, v, metric)  # issue 37: the webhook, if any
 
 
 def _withdraw_moot_reruns(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:

@@ -72,6 +72,8 @@ def with_usage(record: AttemptRecord, usage: Usage | None) -> AttemptRecord:
         mean_vram_mb=usage.mean_mb,
         peak_gpu_util=usage.peak_util,
         mean_gpu_util=usage.mean_util,
+        energy_j=usage.energy_j,  # issue 37
+        energy_mode=usage.energy_mode,
     )
 
 

@@ -10,6 +10,11 @@
   holding memory. A process is listed while its pid lives (not a zombie), or until
   ``linger_until`` (a driver that frees a dead process's memory late, a leaked context).
 
+- ``energy/<index>.mj``: GPU ``index``'s total-energy counter in millijoules (absent: 0; a
+  task adds to it with ``fake_gpu_task.py --energy-j J``). ``"energy": "none"`` on a GPU of
+  gpus.json: the counter is NOT_SUPPORTED (a pre-Volta GPU); ``"power_mw"``: its power draw
+  while a process is on it (else 10% of it), for the fallback.
+
 Tasks "allocate" through ``fake_gpu_task.py`` beside this folder, which writes those files.
 """
 
@@ -234,6 +239,24 @@ def nvmlDeviceGetMaxMigDeviceCount(h: _Handle) -> int:
 def nvmlDeviceGetMigDeviceHandleByIndex(h: _Handle, index: int) -> _Handle:
     _device(_Handle(h.gpu, index))
     return _Handle(h.gpu, index)
+
+
+def nvmlDeviceGetTotalEnergyConsumption(h: _Handle) -> int:
+    dev = _device(h)
+    if dev.get("is_mig") or dev.get("energy") == "none":
+        raise NVMLError_NotSupported()
+    try:
+        return int((_dir() / "energy" / f"{h.gpu}.mj").read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def nvmlDeviceGetPowerUsage(h: _Handle) -> int:
+    dev = _device(h)
+    if dev.get("is_mig") or "power_mw" not in dev:
+        raise NVMLError_NotSupported()
+    busy = bool(_procs_of(dev["uuid"]))
+    return int(dev["power_mw"]) if busy else int(dev["power_mw"]) // 10
 
 
 def _processes(h: _Handle, version: str) -> list[_Proc]:

@@ -41,6 +41,10 @@ class AttemptRecord:
     mean_vram_mb: int | None = None  # their mean over the attempt's looks
     peak_gpu_util: int | None = None  # utilisation % of its GPUs (shared where packed)
     mean_gpu_util: int | None = None
+    # issue 37: GPU energy (J) from the total-energy counter (or integrated power), and whether
+    # the attempt had its GPUs alone ("exclusive") or was apportioned a share ("shared")
+    energy_j: float | None = None
+    energy_mode: str | None = None
 
     # constructors ------------------------------------------------------------------------
     @classmethod
@@ -177,6 +181,8 @@ class AttemptRecord:
             mean_vram_mb=get("mean_vram_mb"),
             peak_gpu_util=get("peak_gpu_util"),
             mean_gpu_util=get("mean_gpu_util"),
+            energy_j=get("energy_j"),
+            energy_mode=get("energy_mode"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -234,6 +240,10 @@ class AttemptRecord:
             out["peak_gpu_util"] = self.peak_gpu_util
         if self.mean_gpu_util is not None:
             out["mean_gpu_util"] = self.mean_gpu_util
+        if self.energy_j is not None:
+            out["energy_j"] = self.energy_j
+        if self.energy_mode is not None:
+            out["energy_mode"] = self.energy_mode
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")

@@ -593,12 +593,13 @@ function taskPage(rid, tid) {
         d.running ? kv('running', `attempt ${d.running.attempt} on ${d.running.slot} since ${fmtTime(d.running.since)}`) : null,
         d.env.length ? kv('env', d.env.join(', '), 'mono') : null)));
     replace(attempts, d.attempts.length ? el('table', { 'data-testid': 'attempts-table' },
-      el('thead', {}, el('tr', {}, ['#', 'slot', 'GPUs', 'started', 'seconds', 'end', 'exit', 'reason'].map((h) => el('th', { text: h })))),
+      el('thead', {}, el('tr', {}, ['#', 'slot', 'GPUs', 'started', 'seconds', 'end', 'exit', 'reason', 'energy'].map((h) => el('th', { text: h })))),
       el('tbody', {}, d.attempts.map((a) => el('tr', {},
         el('td', { text: a.n }), el('td', { class: 'mono', text: a.slot || '' }), el('td', { text: a.gpus.join(',') }),
         el('td', { text: fmtDate(a.started) }), el('td', { class: 'num', text: fmtSeconds(a.duration) }),
         el('td', { text: `${a.kind || ''}${a.interrupted ? ' (interrupted)' : ''}${a.oom ? ' OOM' : ''}` }),
-        el('td', { class: 'mono', text: a.signal || (a.returncode ?? '') }), el('td', { text: a.reason })))))
+        el('td', { class: 'mono', text: a.signal || (a.returncode ?? '') }), el('td', { text: a.reason }),
+        el('td', { class: 'num', 'data-testid': 'attempt-energy', text: a.energy_j == null ? '' : `${Math.round(a.energy_j).toLocaleString()} J${a.energy_mode === 'shared' ? ' (shared)' : ''}` })))))
       : el('p', { class: 'muted', text: 'No attempt yet.' }));
     replace(fields,
       el('div', {}, el('h2', { text: 'Metrics' }), kvTable(d.metrics)),
