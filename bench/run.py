@@ -5,14 +5,13 @@
     python bench/run.py --only throughput,idle_gap      # some of them
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
-Benchmarks: throughput, scale, idle_gap, cpu, research, docker, control, gpumem, dashboard,
-validation (see
-each module's docstring for what is measured and how). Prints one table and writes
-``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md embeds: the queue-control
-rows in their own section, "Queue control", the dashboard's in "Dashboard", the others in
-"Results"; a run updates only the sections of what it
-ran). Peers that are not installed are reported as skipped, and so is docker where no engine
-answers.
+Benchmarks: throughput, mechanisms, scale, idle_gap, cpu, research, docker, control, gpumem,
+dashboard, validation (see each module's docstring for what is measured and how). Prints one
+table and writes ``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md
+embeds: the queue-control rows in their own section, "Queue control", the dashboard's in
+"Dashboard", the mechanisms' in "Cost per task of each mechanism", the others in "Results"; a
+run updates only the sections of what it ran). Peers that are not installed are reported as
+skipped, and so is docker where no engine answers.
 No timing here is a test: nothing fails the command but a crash of the harness itself.
 """
 
@@ -35,6 +34,7 @@ import dashboard
 import docker_overhead
 import gpu_memory
 import latency
+import mechanisms
 import ray_dispatch
 import report
 import research_util
@@ -46,6 +46,7 @@ from machine import describe
 
 BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "throughput": throughput.run,
+    "mechanisms": mechanisms.run,  # issue 31: CPU per task of each mechanism, switched off
     "scale": scale.run,
     "idle_gap": latency.run,
     "cpu": cpu.run,
@@ -97,9 +98,12 @@ def _update_doc(rows: list[Row], machine: dict[str, str], info: dict[str, Any], 
     doc = REPO / "BENCHMARKS.md"
     ours = [r for r in rows if r.bench == control.BENCH]
     dash = [r for r in rows if r.bench == dashboard.BENCH]  # its own section too
-    others = [r for r in rows if r.bench not in (control.BENCH, dashboard.BENCH)]
+    mech = [r for r in rows if r.bench == mechanisms.BENCH]  # and the mechanisms' table
+    apart = (control.BENCH, dashboard.BENCH, mechanisms.BENCH)
+    others = [r for r in rows if r.bench not in apart]
     parts = [(others, report.BEGIN, report.END), (ours, report.CONTROL_BEGIN, report.CONTROL_END)]
     parts.append((dash, dashboard.BEGIN, dashboard.END))
+    parts.append((mech, mechanisms.BEGIN, mechanisms.END))
     for part, begin, end in parts:
         if not part:
             continue

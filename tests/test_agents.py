@@ -61,13 +61,13 @@ def test_every_agent_of_the_issue_is_shipped() -> None:
     [
         (
             "claude-code",
-            ["claude", "-p", "--permission-mode", "bypassPermissions", "--output-format", "text",
+            ["claude", "-p", "--permission-mode", "bypassPermissions", "--output-format", "json",
              "--no-session-persistence", "--input-format", "text", "--model", "opus", "--effort",
              "high"],
         ),
         (
             "codex",
-            ["codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
+            ["codex", "exec", "--json", "--dangerously-bypass-approvals-and-sandbox",
              "--skip-git-repo-check", "--ephemeral", "-c", "features.memories=false", "--color",
              "never", "-C", "/w", "--model", "opus", "-c", "model_reasoning_effort=high", "--",
              "-"],
@@ -97,7 +97,7 @@ def test_argv_of_prompt_as_argument_presets() -> None:
         "/w", "--model", "gpt-5", "--", "PROMPT",
     ]  # fmt: skip
     assert argv_of("gemini") == [
-        "gemini", "--yolo", "--skip-trust", "--output-format", "text", "--prompt", "PROMPT",
+        "gemini", "--yolo", "--skip-trust", "--output-format", "json", "--prompt", "PROMPT",
     ]  # fmt: skip
 
 

@@ -612,8 +612,8 @@ def test_a_task_that_is_a_string(tmp_path: Path) -> None:
         ),
         (
             "zzz: 1\ntasks: [{command: a}]\n",
-            ":1: unknown key 'zzz' in the top level; allowed keys: after_all, backend, defaults,"
-            " docker, gpus,",
+            ":1: unknown key 'zzz' in the top level; allowed keys: after_all, backend, budget,"
+            " defaults, docker, gpus,",
         ),
     ],
 )

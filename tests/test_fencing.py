@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -75,4 +76,47 @@ def test_save_and_move_of_a_reclaimed_task_raise_and_write_nothing(tmp_path: Pat
     assert announced == []  # nothing journaled
     assert sorted(os.listdir(running)) == [taken.name]  # the lease was not re-created
     assert queue.names(State.DONE) == []
+    assert "moved_from" not in (queue.read(State.RUNNING, taken.name) or {})
+
+
+def test_a_group_commit_fences_each_move_and_journals_only_what_it_put_in_place(
+    tmp_path: Path, mode: str
+) -> None:
+    """Three outcomes committed as one group; a reclaimer takes the second's lease before the
+    group's flush: that one is reported lost (nothing of it written, journaled or re-created,
+    its ``after`` never runs), the others are made in order, each saved, announced, renamed."""
+    paths = RunPaths(tmp_path)
+    create_layout(paths)
+    write_pending(paths, [Descriptor.new({"id": f"t{i}", "priority": 0}, i) for i in range(3)])
+    queue = DirQueue(paths, durable=True)  # a group commit is what makes moves durable
+    claims = [c for i in range(3) if (c := queue.claim("host:1:2", i)) is not None]
+    assert len(claims) == 3
+    running = queue.paths.state_dir("running")
+    log: list[str] = []
+    with queue.grouped_commit():
+        for c in claims:
+            tid = c.task_id
+
+            def announce(tid: str = tid, c: Claimed = c) -> None:
+                log.append(f"announce {tid} {c.path.parent.name}")  # still under its lease
+                saved = Descriptor.loads(c.path.read_bytes())
+                assert saved.state == State.DONE.value  # journaled only once saved
+
+            def noted(what: str, tid: str = tid) -> Callable[[], None]:
+                return lambda: log.append(f"{what} {tid}")
+
+            queue.move(c, State.DONE, announce, after=noted("after"), lost=noted("lost"))
+        assert log == [] and queue.names(State.DONE) == []  # nothing before the flush
+        second = claims[1]
+        taken = running / (second.name + "@other:3:4@-1.0")
+        second.path.rename(taken)  # a reclaimer, while the group waits for its flush
+    assert log == [
+        "announce t0 running",
+        "after t0",
+        "lost t1",
+        "announce t2 running",
+        "after t2",
+    ]
+    assert sorted(queue.names(State.DONE)) == sorted([claims[0].name, claims[2].name])
+    assert os.listdir(running) == [taken.name]  # not re-created, no temp file left
     assert "moved_from" not in (queue.read(State.RUNNING, taken.name) or {})

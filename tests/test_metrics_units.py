@@ -133,9 +133,9 @@ def test_the_dashboard_task_record_shows_energy() -> None:
 def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path) -> None:
     """The journal lines a notifier turns into events (no HTTP: the deliverer is replaced)."""
     from gpuswarm.config.notify import NotifyConfig
-    from gpuswarm.core.events import Other, Quarantined
+    from gpuswarm.core.events import Ev, Other, Quarantined
     from gpuswarm.core.paths import RunPaths
-    from gpuswarm.notify.notifier import BUDGET_REACHED, STALLED, Notifier
+    from gpuswarm.notify.notifier import Notifier
 
     paths = RunPaths(tmp_path)
     (tmp_path / "events.jsonl").write_text("")
@@ -144,8 +144,15 @@ def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path
     sent: list[tuple[str, dict[str, object]]] = []
     n.deliverer.send = lambda event, payload: sent.append((event, payload))  # type: ignore[method-assign]
     n._on(Quarantined(slot="h-gpu1", reason="CUDA error sk-live"))
-    n._on(Other(name=BUDGET_REACHED, extra={"reason": "cost 5.00 USD of 5.00", "usd": 5.0}))
-    n._on(Other(name=STALLED, extra={"seconds": 600}))
+    # the budget's own line (supervise/budget.py): a note is no notification, a crossing is
+    n._on(Other(name=Ev.BUDGET.value, extra={"reason": "unknown cost", "crossed": False}))
+    n._on(
+        Other(
+            name=Ev.BUDGET.value,
+            extra={"reason": "cost 5.00 USD of 5.00", "usd": 5.0, "crossed": True},
+        )
+    )
+    n._on(Other(name=Ev.STALLED.value, extra={"seconds": 600}))
     for _ in range(3):
         n._on(Finished(task="t", slot="s", state="failed", reason="exit 1"))
     n.finish(stopped=False)
@@ -158,7 +165,7 @@ def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path
         "task_failed",
         "run_finished",
     ]
-    assert "sk-live" not in str(sent) and sent[1][1]["usd"] == 5.0
+    assert "sk-live" not in str(sent) and sent[1][1]["usd"] == 5.0 and "crossed" not in sent[1][1]
     assert sent[4][1]["failed"] == 3 and "task" not in sent[4][1]  # the summary of 3
 
 

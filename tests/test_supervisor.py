@@ -137,10 +137,10 @@ def test_a_failing_commit_stops_the_run_without_hanging_or_losing_the_task(
     sup, paths = make(tmp_path, [task(f"t{i}", "pass") for i in range(4)])
     move = sup.queue.move
 
-    def failing_move(claimed: Any, state: State, announce: Any = None) -> Path:
+    def failing_move(claimed: Any, state: State, announce: Any = None, **kw: Any) -> Path:
         if claimed.task_id == "t1":
             raise OSError(28, "No space left on device")
-        return move(claimed, state, announce)
+        return move(claimed, state, announce, **kw)
 
     monkeypatch.setattr(sup.queue, "move", failing_move)
     with pytest.raises(OSError, match="No space left"):

@@ -118,12 +118,21 @@ def ls_cmd(workspace: Path | None, as_json: bool) -> None:
 
 @click.command("report")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-def report_cmd(run_dir: Path) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="print what it shows: cost, repeats (pass@k), counts"
+)
+def report_cmd(run_dir: Path, as_json: bool) -> None:
     """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
     with stoppable():
         from gpuswarm.engine import write_run_report
 
         path = write_run_report(run_dir)
+    if as_json:  # issue 34: the numbers of the page (summary.json's, as the report read them)
+        summary = json.loads((path.parent / "summary.json").read_text())
+        keys = ("counts", "state", "fields", "cost", "repeats")
+        shown = {k: summary[k] for k in keys if k in summary}
+        click.echo(json.dumps({"report": str(path), **shown}, indent=1))
+        return
     click.echo(str(path))
 
 

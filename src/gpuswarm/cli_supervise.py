@@ -14,6 +14,7 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.backends import click_options
+from gpuswarm.config.budget import BudgetConfig
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -65,17 +66,32 @@ _SUPERVISING = (  # the options of every command that supervises a run, in their
 )
 
 
+_BUDGET_USD = click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True, max=1e7),
+    help="what the agents may spend (USD); once spent no task starts (over budget.usd)",
+)
+
+
 def _supervising(command: _F) -> _F:
     for option in reversed(_SUPERVISING):
         command = option(command)
     return command
 
 
+def with_budget_usd(loaded: LoadedConfig, usd: float) -> LoadedConfig:
+    """``run --budget-usd``: the config's ``budget.usd`` (its other settings kept)."""
+    old = loaded.config.budget
+    budget = old.model_copy(update={"usd": usd}) if old is not None else BudgetConfig(usd=usd)
+    config = loaded.config.model_copy(update={"budget": budget})
+    return dataclasses.replace(loaded, config=config)
+
+
 def _load_source(
     source: str, *, shell: bool, name: str | None, workspace: str | None, defaults: TaskOptions
 ) -> LoadedConfig:
     if source != "-" and Path(source).suffix in YAML_SUFFIXES:
-        loaded = load_config(Path(source))
+        loaded = load_config(Path(source), repeats=defaults.repeats)
     elif source == "-":
         loaded = load_command_list(
             None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
@@ -102,8 +118,14 @@ def _load_source(
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")
+@click.option(
+    "--repeats",
+    type=click.IntRange(1, 1000),
+    help="run each task this many independent times ({repeat}: 1..N; over defaults.repeats)",
+)
 @_supervising
 @click_options("run", choose="what runs each attempt")
+@_BUDGET_USD
 @click.option(
     "--notify",
     "notify_url",
@@ -120,6 +142,7 @@ def run(
     timeout: str | None,
     max_attempts: int | None,
     gpu_memory: str | None,
+    repeats: int | None,
     quiet: bool,
     plain: bool,
     no_report: bool,
@@ -127,6 +150,7 @@ def run(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
+    budget_usd: float | None,
     backend: str | None,
     notify_url: str | None = None,
     **backend_values: Any,
@@ -141,7 +165,7 @@ def run(
     """
     with stoppable():
         defaults = TaskOptions.from_cli(
-            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory
+            timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory, repeats=repeats
         )
         loaded = (
             _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
@@ -151,6 +175,8 @@ def run(
             loaded = dataclasses.replace(loaded, config=config)
         if notify_url is not None:  # issue 37: run.json keeps it, a resume notifies too
             loaded = dataclasses.replace(loaded, config=with_notify(loaded.config, notify_url))
+        if budget_usd is not None:  # issue 34: over the config's budget.usd (run.json keeps it)
+            loaded = with_budget_usd(loaded, budget_usd)
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)
@@ -175,6 +201,7 @@ def run(
 @click.option("--allow-config-change", is_flag=True, help="apply --config to unfinished tasks")
 @_supervising
 @click_options("resume")
+@_BUDGET_USD
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -191,6 +218,7 @@ def resume(
     strict: bool,
     share_gpus: bool,
     halt: str | None,
+    budget_usd: float | None,
     **backend_values: Any,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
@@ -226,6 +254,7 @@ def resume(
             share_gpus=share_gpus,
             backend_options=backend_values,
             halt=halt,
+            budget_usd=budget_usd,
         )
     _finish(report, as_json, strict)
 

@@ -55,6 +55,7 @@ from gpuswarm.runsetup import (
     run_info,
     setup_from_info,
     with_backend_options,
+    with_budget,
     with_halt,
 )
 from gpuswarm.slurmdriver import in_allocation, run_in_allocation
@@ -71,6 +72,7 @@ from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.after_all import run_once
+from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
@@ -195,11 +197,12 @@ def resume_run(
     share_gpus: bool = False,
     backend_options: Mapping[str, Any] | None = None,
     halt: str | None = None,
+    budget_usd: float | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
         return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
-    setup = with_halt(setup_from_info(info, gpus_spec), halt)
+    setup = with_budget(with_halt(setup_from_info(info, gpus_spec), halt), budget_usd)
     if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
         setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
@@ -320,6 +323,7 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             if mode == "resume":
                 _remember_moved(paths, ledger, setup)
+                _remember_budget(paths, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -358,7 +362,8 @@ def _supervise(
                 if not disk_full(exc):
                     raise
     halted = sup.halt.reason
-    stopped = sup.stopping.is_set() and halted is None  # a halt now stops through it too
+    budget = budget_line(sup.budget)  # issue 34: the budget was spent
+    stopped = sup.stopping.is_set() and halted is None and budget is None  # they stop too
     return RunReport(
         paths,
         summary,
@@ -366,7 +371,27 @@ def _supervise(
         recovered=recovered,
         stopped_by=sup.shared.ended_by,
         halted=halted,
+        budget=budget,
     )
+
+
+def budget_line(budget: Budget) -> str | None:
+    """``budget: $1.20 spent of budget.usd $1.00; raise it: gpuswarm resume RUN --budget-usd
+    1.6`` once the run's budget is spent (None: it is not)."""
+    return None if budget.reason is None else f"{budget.reason}; {budget.how}"
+
+
+def _remember_budget(paths: RunPaths, setup: Setup) -> None:
+    """``resume --budget-usd``: the raised budget goes into run.json (under the run lock), so
+    that the next ``resume`` keeps it."""
+    usd = setup.settings.get("budget_usd")
+    _, info = open_run(paths.root)
+    settings = info.setdefault("settings", {})
+    if usd is None or settings.get("budget_usd") == usd:
+        return
+    settings["budget_usd"] = usd
+    settings.setdefault("budget_on_exceed", "finish")
+    atomic_write_json(paths.run_json, info)
 
 
 def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
@@ -408,6 +433,8 @@ def _aggregate(
         extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
     elif sup.halt.reason:  # issue 28: the halt rule was met ("halt: 3 tasks failed ...")
         extra.update(stopped=True, stopped_by=sup.halt.reason)
+    elif (spent := budget_line(sup.budget)) is not None:  # issue 34: the budget was spent
+        extra.update(stopped=True, stopped_by=spent)
     elif sup.stopping.is_set() and sup.shared.stop_cause:
         extra["stopped_by"] = sup.shared.stop_cause  # Ctrl-C (SIGINT), SIGTERM
     if sup.stopping.is_set():

@@ -24,6 +24,7 @@ from gpuswarm.config.backends import (
     plugins,
     settings_of,
 )
+from gpuswarm.config.budget import BudgetConfig, check_usd
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
@@ -111,6 +112,7 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
         "gpu_share": cfg.tasks_per_gpu if "tasks_per_gpu" in cfg.model_fields_set else 1,
         "release_timeout": rel.gpu_release_timeout,
         "halt": cfg.halt,  # issue 28: every session's, unless --halt says otherwise
+        **budget_settings(cfg.budget),  # issue 34: what its agents may spend
     }
 
 
@@ -230,6 +232,25 @@ def with_backend_options(setup: Setup, command: str, values: Mapping[str, Any]) 
         settings = plugin.apply_options(setup.backend_settings, values)
         setup = replace(setup, backend_settings=settings)
     return setup
+
+
+def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
+    """run.json's settings of ``budget:`` (none without one)."""
+    if budget is None:
+        return {}
+    return {
+        "budget_usd": budget.usd,
+        "budget_tokens": budget.tokens,
+        "budget_on_exceed": budget.on_exceed,
+    }
+
+
+def with_budget(setup: Setup, usd: float | None) -> Setup:
+    """``--budget-usd`` over the run's ``budget.usd`` (resume: raised for this session and, by
+    the engine, in run.json)."""
+    if usd is None:
+        return setup
+    return replace(setup, settings={**setup.settings, "budget_usd": check_usd(usd)})
 
 
 def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:

@@ -15,7 +15,11 @@ time it reaches POINT:
 - ``temp-left:STATE[#N]``: inside that write, with its temp file written and not yet renamed
   over the descriptor (``fsutil.atomic_write_bytes`` killed before its ``os.replace``);
 - ``cancel-ended[#N]``: an attempt a control request cancelled has ended (its processes are
-  gone), before its commit began (nothing of it saved or journaled).
+  gone), before its commit began (nothing of it saved or journaled);
+- ``group-synced[#N]``: a group commit of several outcomes made their saved descriptors
+  durable; none is in place, journaled or renamed yet;
+- ``group-saved[#N]``: inside such a group, the Nth descriptor (default 2: the first is
+  journaled and renamed, the second saved in place, not journaled) was saved.
 
 Used by test_crash_points.py to hit, every time, the windows that random kills hit rarely.
 Each point arms a named fault point of ``gpuswarm.core.faults`` (the code calls
@@ -40,6 +44,32 @@ def _in_running_with_state(state: str) -> faults.Predicate:
     return when
 
 
+def _several(ctx: dict[str, Any]) -> bool:
+    return int(ctx["count"]) >= 2
+
+
+def _in_group_kill(nth: int) -> None:
+    """SIGKILL at the ``nth`` save of the first group commit of at least ``nth`` outcomes."""
+    group = {"left": 0}
+
+    def synced(spec: str) -> None:
+        return None
+
+    def started(ctx: dict[str, Any]) -> bool:
+        if int(ctx["count"]) >= nth and group["left"] == 0:
+            group["left"] = nth
+        return False  # never fires: it only notes the group
+
+    def saved(ctx: dict[str, Any]) -> bool:
+        if group["left"] <= 0:
+            return False
+        group["left"] -= 1
+        return group["left"] == 0
+
+    faults.arm("queue.group.synced:kill", when=started, action=synced)
+    faults.arm("queue.move.saved:kill", when=saved)
+
+
 def install(point: str) -> None:
     """Arm the fault point that ``point`` (the grammar of the module docstring) names."""
     spec, _, nth = point.partition("#")
@@ -56,6 +86,10 @@ def install(point: str) -> None:
         faults.arm(f"queue.move.saved?state={rest}:kill{count}")
     elif kind == "cancel-ended" and not rest:
         faults.arm(f"committer.cancel.ended:kill{count}")
+    elif kind == "group-synced" and not rest:
+        faults.arm(f"queue.group.synced:kill{count}", when=_several)
+    elif kind == "group-saved" and not rest:
+        _in_group_kill(int(nth or 2))
     elif kind == "temp-left":
         faults.arm(f"fsutil.temp_written:kill{count}", when=_in_running_with_state(rest))
     else:

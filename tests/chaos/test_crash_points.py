@@ -147,3 +147,30 @@ def test_reclaim_leaves_no_temp_file_of_a_killed_write(
     run_dir = wait_for_run(tmp_path / "ws")
     assert cli("work", run_dir, "--gpus", "sim:1", "-q").returncode == 1  # `broken` fails
     check_run(run_dir, [str(t["name"]) for t in tasks], shared=shared)
+
+
+@pytest.mark.parametrize("point", ["group-synced", "group-saved"])
+def test_sigkill_inside_a_group_commit_then_resume(
+    tmp_path: Path,
+    shared: Path,
+    cli: Callable[..., CliResult],
+    cli_popen: Callable[..., CliProcess],
+    point: str,
+) -> None:
+    """Outcomes committed together (several slots ending at once: one flush for their saved
+    descriptors, then each journaled and renamed): SIGKILL once the group's descriptors are
+    durable and none is in place, or half-way through the group (one journaled and renamed,
+    the next saved, not journaled). Resume loses nothing: every task ends done, each of its
+    journaled outcomes stands, none is done twice in the journal."""
+    effect = f"echo $GPUSWARM_ATTEMPT >> {q(shared)}/$GPUSWARM_TASK_ID"
+    tasks: list[dict[str, object]] = [
+        {"name": f"t{i}", "command": effect, "shell": True} for i in range(40)
+    ]
+    top = {"name": "group", "workspace": "ws", "gpus": "sim:8", "grace": "1s"}
+    config = write_config(tmp_path, top, tasks)
+    res = cli_popen("run", "-q", config, prefix=[*CRASH, point, "--"]).wait(60)
+    assert res.returncode == -signal.SIGKILL, f"no group commit reached {point}\n{res}"
+    run_dir = wait_for_run(tmp_path / "ws")
+    assert cli("resume", "-q", run_dir, timeout=60).returncode == 0
+    rep = check_run(run_dir, [str(t["name"]) for t in tasks], shared=shared)
+    assert set(rep.states.values()) == {"done"}, rep.counts()

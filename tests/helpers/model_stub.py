@@ -36,6 +36,36 @@ from typing import Any
 Json = dict[str, Any]
 Stream = Callable[[Json], Iterator[bytes]]
 
+# What every answer used, in each API's own usage fields (one conversation's total is the sum
+# over its requests): Anthropic counts input tokens apart from the cache's (written, read),
+# OpenAI's chat and Responses APIs count cached tokens inside the input, Gemini inside the prompt.
+ANTHROPIC_USAGE: Json = {
+    "input_tokens": 1200,
+    "cache_creation_input_tokens": 300,
+    "cache_read_input_tokens": 500,
+    "output_tokens": 80,
+}
+CHAT_USAGE: Json = {
+    "prompt_tokens": 1500,
+    "completion_tokens": 90,
+    "total_tokens": 1590,
+    "prompt_tokens_details": {"cached_tokens": 400},
+}
+RESPONSES_USAGE: Json = {
+    "input_tokens": 1500,
+    "input_tokens_details": {"cached_tokens": 400},
+    "output_tokens": 90,
+    "output_tokens_details": {"reasoning_tokens": 20},
+    "total_tokens": 1590,
+}
+GEMINI_USAGE: Json = {
+    "promptTokenCount": 1500,
+    "cachedContentTokenCount": 400,
+    "candidatesTokenCount": 90,
+    "thoughtsTokenCount": 20,
+    "totalTokenCount": 1610,
+}
+
 
 @dataclass
 class EditRule:
@@ -123,10 +153,11 @@ class ModelStub:
             return self.openai(body), openai_chunks
         if route.endswith("/v1/responses"):
             return self.responses(body), responses_events
+        model = route.rsplit("/", 1)[-1].split(":", 1)[0]  # Gemini: /v1beta/models/<m>:...
         if route.endswith(":streamGenerateContent"):
-            return self.gemini(body), gemini_events
+            return {**self.gemini(body), "modelVersion": model}, gemini_events
         if route.endswith(":generateContent"):
-            return gemini_json(body), None
+            return {**gemini_json(body), "modelVersion": model}, None
         if route.endswith(":countTokens"):
             return {"totalTokens": 10}, None
         return None
@@ -182,7 +213,7 @@ class ModelStub:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+            "usage": dict(CHAT_USAGE),
         }
 
     def responses(self, body: Json) -> Json:
@@ -262,7 +293,7 @@ def anthropic_message(model: str, content: list[Json], stop: str = "end_turn") -
         "content": content,
         "stop_reason": stop,
         "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 10},
+        "usage": dict(ANTHROPIC_USAGE),
     }
 
 
@@ -290,9 +321,8 @@ def anthropic_events(message: Json) -> Iterator[bytes]:
         )
         yield _sse("content_block_stop", {"type": "content_block_stop", "index": i})
     stop = {"stop_reason": message["stop_reason"], "stop_sequence": None}
-    yield _sse(
-        "message_delta", {"type": "message_delta", "delta": stop, "usage": {"output_tokens": 10}}
-    )
+    usage = {"output_tokens": message["usage"]["output_tokens"]}
+    yield _sse("message_delta", {"type": "message_delta", "delta": stop, "usage": usage})
     yield _sse("message_stop", {"type": "message_stop"})
 
 
@@ -304,6 +334,8 @@ def openai_chunks(message: Json) -> Iterator[bytes]:
     for delta, finish in (({"role": "assistant", "content": text}, None), ({}, "stop")):
         chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
         yield f"data: {json.dumps(chunk)}\n\n".encode()
+    # the usage chunk a client asks for with stream_options.include_usage (litellm does)
+    yield f"data: {json.dumps({**base, 'choices': [], 'usage': message['usage']})}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 
@@ -330,7 +362,7 @@ def output_message(text: str) -> Json:
 
 
 def responses_message(output: list[Json]) -> Json:
-    usage = {"input_tokens": 10, "output_tokens": 10, "total_tokens": 20}
+    usage = dict(RESPONSES_USAGE)
     return {"id": f"resp_{uuid.uuid4().hex[:12]}", "object": "response", "status": "completed",
             "output": output, "usage": usage}  # fmt: skip
 
@@ -356,11 +388,7 @@ def gemini_reply(parts: list[Json]) -> Json:
         "candidates": [
             {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
         ],
-        "usageMetadata": {
-            "promptTokenCount": 10,
-            "candidatesTokenCount": 10,
-            "totalTokenCount": 20,
-        },
+        "usageMetadata": dict(GEMINI_USAGE),
         "modelVersion": "stub",
     }
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
+from gpuswarm.agents.usage import answer_text
 
 STATUS_TIMEOUT = 60  # seconds a login check may take
 KILL_AFTER = 10  # seconds between the agent's TERM at its timeout and its KILL
@@ -266,7 +267,11 @@ def provision_sources(preset: AgentPreset) -> list[tuple[Path, str]]:
 def answer_line(preset: AgentPreset, stdout: str) -> str:
     """The change's description in what the agent printed: the first non-empty line of its
     standard output (after the last line matching ``message_after``, skipping the paragraphs that
-    start with a line matching ``message_skip``: notes the CLI prints, wrapped to its width)."""
+    start with a line matching ``message_skip``: notes the CLI prints, wrapped to its width).
+    A CLI that prints JSON (its ``usage`` format says): the answer inside it."""
+    structured = answer_text(preset.usage.format, stdout) if preset.usage is not None else None
+    if structured is not None:
+        stdout = structured
     lines = [ln.strip() for ln in stdout.splitlines()]
     if preset.message_after is not None:
         marker = re.compile(preset.message_after)

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from gpuswarm.agents.usage import UsageSpec
 from gpuswarm.core.errors import ConfigError
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
@@ -126,6 +127,8 @@ class AgentPreset(BaseModel):
     # that match message_skip (its notes); None: the first line
     message_after: str | None = None
     message_skip: str | None = None
+    # how its CLI reports tokens and cost (agents/usage.py); None: it reports none
+    usage: UsageSpec | None = None
 
     @model_validator(mode="after")
     def _checked(self) -> AgentPreset:
@@ -224,6 +227,7 @@ class AgentUse(BaseModel):
     needs_files: bool | None = None
     message_after: str | None = None
     message_skip: str | None = None
+    usage: UsageSpec | None = None
     # batch tasks
     # the prompt's text, or {template: FILE}: a file of the config's folder (placeholders of
     # both are rendered per task at launch)
@@ -250,7 +254,7 @@ AgentUseField = Annotated[AgentUse, BeforeValidator(_as_use)]
 _OVERRIDES = (
     "description", "program", "find", "install", "args", "model", "model_args", "effort",
     "effort_args", "extra_args", "timeout", "status", "needs_files", "message_after",
-    "message_skip",
+    "message_skip", "usage",
 )  # fmt: skip
 _ADDED = ("pass_env", "provision")
 

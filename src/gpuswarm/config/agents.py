@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpuswarm.agents.command import preflight_script, provision_sources, task_script
 from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
+from gpuswarm.agents.pricing import AgentUsage, Price
 from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import ProvisionEntry, RunConfig, TaskOptions
 from gpuswarm.config.yamlload import Locator, PathKey
@@ -187,6 +188,18 @@ def agent_command(
     script = task_script(use, preset, command, evaluate_shell=opts.shell, here=here)
     env = {**preset.env, **opts.env}
     return script, opts.model_copy(update={"shell": True, "env": env, "agent": use})
+
+
+def agent_usage(use: AgentUse, pricing: dict[str, Price]) -> AgentUsage | None:
+    """What the judge of a task with ``agent:`` reads its usage by (None: the CLI reports
+    none); the config's ``pricing:`` travels with it."""
+    try:
+        preset = use.resolved()
+    except ConfigError:
+        return None  # agent_command reports it, located
+    if preset.usage is None:
+        return None
+    return AgentUsage(spec=preset.usage, model=preset.model, pricing=dict(pricing))
 
 
 def _uses(config: RunConfig) -> list[AgentUse]:

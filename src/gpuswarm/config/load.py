@@ -274,13 +274,17 @@ def _check_provision(loaded: LoadedConfig, where: Locator) -> None:
 
 
 @paused_gc()
-def load_config(path: Path) -> LoadedConfig:
-    """Read, validate and expand a YAML config file. Any problem is a located ConfigError."""
+def load_config(path: Path, *, repeats: int | None = None) -> LoadedConfig:
+    """Read, validate and expand a YAML config file. Any problem is a located ConfigError.
+    ``repeats`` (``run --repeats``): the ``defaults.repeats`` (issue 34)."""
     path = Path(path)
     source = str(path)
     data, lines = load_yaml(_read_text(path, source), source)
     where = Locator(source, lines)
     config = with_agents(_validate(data, where))  # issue 20: agents' homes and checks
+    if repeats is not None:
+        defaults = config.defaults.model_copy(update={"repeats": repeats})
+        config = config.model_copy(update={"defaults": defaults})
     base_dir = path.expanduser().resolve().parent
     loaded = LoadedConfig(
         config=config,

@@ -23,6 +23,8 @@ from pydantic import (
 from typing_extensions import Self
 
 from gpuswarm.agents.preset import AgentUseField
+from gpuswarm.agents.pricing import AgentUsage, Price
+from gpuswarm.config.budget import BudgetConfig, Usd
 from gpuswarm.config.errors import flag_error
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.notify import NotifyConfig
@@ -77,6 +79,15 @@ class TaskOptions(BaseModel):
     # the GPU model it runs on, where a run has several: words of the GPU's name, any case
     # ("H100", "A100 80GB"); slots of other models pass it by
     accelerator: NonEmpty | None = Field(default=None, max_length=200)
+    # issue 34: an attempt whose agent spent more than this (USD) fails, not retried
+    max_usd: Usd | None = None
+    # issue 34: no log output, CPU or GPU activity for this long ends the attempt as stalled
+    stall_after: Duration | None = None
+    # issue 34: run each task k independent times ({repeat}: 1..k); the result fields that are
+    # its score (mean and 95 % CI over the repeats) and its pass/fail (pass@1, pass@k)
+    repeats: int | None = Field(default=None, ge=1, le=1000)
+    score: NonEmpty | None = Field(default=None, max_length=200)
+    passed: NonEmpty | None = Field(default=None, max_length=200)
 
     @classmethod
     def from_cli(cls, **options: object) -> TaskOptions:
@@ -296,6 +307,9 @@ class RunConfig(BackendBlocks):
     # issue 28: stop early, GNU parallel's --halt (config/halt.py); never = off
     halt: Annotated[str | None, BeforeValidator(canonical_halt)] = None
     notify: NotifyConfig | None = None  # issue 37: webhooks (config/notify.py)
+    # issue 34: USD per million tokens per model, over the shipped table (agents/pricing.yaml)
+    pricing: dict[NonEmpty, Price] = Field(default_factory=dict)
+    budget: BudgetConfig | None = None  # issue 34: what the run's agents may spend
 
     @model_validator(mode="after")
     def _slots(self) -> RunConfig:
@@ -330,6 +344,13 @@ class TaskSpec(BaseModel):
     skip_reason: str | None = None  # skipped without running (matched an ``exclude:`` glob)
     gpu_memory_mb: int | None = None  # issue 19: declared GPU memory (MiB); None: exclusive
     accelerator: str | None = None  # only GPUs of this model (placement.devices.model_matches)
+    usage: AgentUsage | None = None  # issue 34: an agent task's usage record (agents/pricing.py)
+    max_usd: float | None = None  # issue 34: an attempt that spent more fails, not retried
+    stall_after: float | None = None  # issue 34: seconds of no activity that end an attempt
+    repeat_of: str | None = None  # issue 34: a repeat's task (its id without -r<k>)
+    repeat: int | None = None  # issue 34: which repeat (1..k)
+    score: str | None = None  # issue 34: the result field that scores it
+    passed: str | None = None  # issue 34: the result field that says it passed
 
 
 def default_name(command: str | list[str]) -> str:

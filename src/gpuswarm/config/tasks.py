@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NoReturn
 
-from gpuswarm.config.agents import agent_command, merge_agent
+from gpuswarm.config.agents import agent_command, agent_usage, merge_agent
 from gpuswarm.config.instances import (
     MAX_TASKS,
     FieldUse,
@@ -27,6 +27,7 @@ from gpuswarm.config.models import (
     TaskOptions,
     TaskSpec,
 )
+from gpuswarm.config.repeats import REPEAT, repeat_fields, repeated
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
 from gpuswarm.config.values import check_name_size, parse_duration
 from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote, shorten
@@ -110,6 +111,10 @@ def make_spec(
         skip_reason=instance.skip,
         gpu_memory_mb=opts.gpu_memory,
         accelerator=opts.accelerator,
+        max_usd=opts.max_usd,
+        stall_after=opts.stall_after,
+        score=opts.score,
+        passed=opts.passed,
     )
 
 
@@ -278,7 +283,7 @@ def _expand_entry(
 ) -> list[tuple[TaskSpec, Instance]]:
     entry, path = config.tasks[index], ("tasks", index)
     opts = merge_options(config.defaults, entry)
-    var_names = _var_names(entry)
+    var_names = _var_names(entry) | ({REPEAT} if opts.repeats is not None else set())
     _check_gpus(entry, opts, config, loc, path)
     _check_name(entry, var_names, loc, path)
     _check_templates(entry, opts, var_names, loc, path)
@@ -295,7 +300,8 @@ def _expand_entry(
     root = tasks_root_of(config, base_dir)
     out = []
     names = name_redactor(opts.env)  # one per entry: its instances share the env
-    for inst in instances(entry, index, base_dir, loc, root, fields):
+    usage = agent_usage(opts.agent, config.pricing) if opts.agent is not None else None
+    for inst in repeated(instances(entry, index, base_dir, loc, root, fields), opts.repeats):
         try:
             check_name_size(inst.name, f"the name of {shorten(inst.label, 80)}")
         except ValueError as exc:
@@ -305,6 +311,10 @@ def _expand_entry(
             timeout = instance_timeout(inst, opts.timeout, index)
             own = opts.model_copy(update={"timeout": timeout})
         spec = make_spec(inst, command, own, grace=config.grace, base_dir=base_dir, names=names)
+        if usage is not None:
+            spec = spec.model_copy(update={"usage": usage})
+        if opts.repeats is not None:  # issue 34: which repeat of which task
+            spec = spec.model_copy(update=repeat_fields(inst, task_id_for))
         out.append((spec, inst))
     return out
 

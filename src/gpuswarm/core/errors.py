@@ -80,6 +80,11 @@ class ResearchError(BadInputError):
     """A research command cannot do what was asked (no experiment, bad variant id, dirty edit)."""
 
 
+class BudgetSpentError(GpuswarmError):
+    """What the agents may spend is spent (issue 34: ``--budget-usd``): exit 1, raise it to go
+    on."""
+
+
 class GitError(GpuswarmError):
     """A git command failed in a way the user must look at (the message has git's own words)."""
 

@@ -48,6 +48,8 @@ class Ev(str, Enum):
     GPU_FREED = "gpu_freed"
     GPU_WAIT = "gpu_wait"  # the first task in line fits no GPU now (task, need_mb, room_mb)
     HALTED = "halted"  # issue 28: the halt rule was met (spec, when, count, reason)
+    BUDGET = "budget"  # issue 34: the run's budget was crossed (reason, how), or a note
+    STALLED = "stalled"  # issue 34: an attempt did nothing for stall_after (task, reason)
 
 
 #: ``finished`` says ``waiting`` for a failed attempt whose retry waits out its backoff in
@@ -64,6 +66,7 @@ _CHECKS: dict[str, tuple[tuple[type, ...], bool]] = {
     "bool": ((bool,), True),
     "float | None": ((int, float, _NONE), False),
     "int | None": ((int, _NONE), False),
+    "bool | None": ((bool, _NONE), True),
     "str | None": ((str, _NONE), False),
     "list[str]": ((list,), False),
 }
@@ -195,6 +198,11 @@ class Finished(_Event):
     retry_in: float | None = None
     max_attempts: int | None = None
     used: int | None = None  # attempts of the current budget
+    # issue 34: what the attempt's agent spent (absent: it reported no usage); cost_usd None
+    # with tokens: its cost is unknown
+    tokens: int | None = None
+    cost_usd: float | None = None
+    cost_unknown: bool | None = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -37,6 +37,8 @@ POINTS: dict[str, str] = {
     "ledger.emit.after": "an event (ctx: ev, its fields) was appended to the journal",
     "queue.claimed": "a claim's rename into running/ happened; nothing was launched yet",
     "queue.move.saved": "a move's descriptor (ctx: state) was saved in running/, not yet renamed",
+    "queue.group.synced": "a group commit's saved descriptors (ctx: count) are durable; none "
+    "is in place, journaled or renamed yet",
     "fsutil.temp_written": "an atomic write's temp file (ctx: path, data) is written, not renamed",
     "committer.cancel.ended": "a cancelled attempt (ctx: task) ended, its commit not yet begun",
 }

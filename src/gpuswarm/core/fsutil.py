@@ -58,6 +58,53 @@ class DirSyncer:
                 st[1] = max(st[1], target)
 
 
+def write_temp(
+    path: Path, data: bytes, *, durable: bool = True, mode: int = 0o644, exclusive: bool = False
+) -> Path:
+    """``data`` in ``path``'s temp file (``.tmp-<name>.<pid>.<thread>`` beside it), fsynced when
+    ``durable``; the caller renames it over ``path``. ``exclusive``: created with ``O_EXCL``
+    (a leftover of this thread that a crash cut short is removed first)."""
+    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:  # exclusive: a write of this thread that a crash cut short
+        tmp.unlink()
+        fd = os.open(tmp, flags, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    return tmp
+
+
+def sync_files(paths: list[Path]) -> None:
+    """Make the data of every file in ``paths`` durable (files of one filesystem, written and
+    closed): one ``syncfs(2)`` of their filesystem where it is available and there are several
+    (a group commit: one flush instead of one per file), else an fsync of each."""
+    if len(paths) > 1 and _SYNCFS is not None:
+        fd = os.open(paths[0].parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _SYNCFS(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def atomic_write_bytes(
     path: Path,
     data: bytes,
@@ -78,25 +125,7 @@ def atomic_write_bytes(
     ``O_EXCL``) is swapped with it in one ``renameat2(RENAME_EXCHANGE)``, which fails when
     ``path`` is gone. Then FileNotFoundError is raised and nothing was written.
     """
-    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if fenced else os.O_TRUNC)
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileExistsError:  # fenced: a write of this thread that a crash cut short
-        tmp.unlink()
-        fd = os.open(tmp, flags, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if durable:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    os.close(fd)
+    tmp = write_temp(path, data, durable=durable, mode=mode, exclusive=fenced)
     faults.point("fsutil.temp_written", path=path, data=data)
     if fenced:
         replace_existing(tmp, path)
@@ -118,6 +147,17 @@ def _renameat2() -> Any:
 
 
 _RENAMEAT2 = _renameat2()
+
+
+def _syncfs() -> Any:
+    name = ctypes.util.find_library("c")
+    func = getattr(ctypes.CDLL(name, use_errno=True), "syncfs", None) if name else None
+    if func is not None:
+        func.argtypes = [ctypes.c_int]
+    return func
+
+
+_SYNCFS = _syncfs()
 
 
 def replace_existing(tmp: Path, path: Path) -> None:

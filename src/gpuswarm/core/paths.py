@@ -10,6 +10,7 @@ import re
 import socket
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 from gpuswarm.core.errors import ConfigError, RunDirError
@@ -85,7 +86,7 @@ class RunPaths:
         """The after_all step's output (summary.json's ``after_all.log`` names it)."""
         return self.root / "after_all.log"
 
-    @property
+    @cached_property  # (a per-task path's prefix: made once, not per call)
     def parallel(self) -> Path:
         return self.root / ".parallel"
 
@@ -152,7 +153,7 @@ class RunPaths:
             raise ValueError(f"unknown queue state {state!r}")
         return self.parallel / state
 
-    @property
+    @cached_property
     def tasks(self) -> Path:
         return self.root / "tasks"
 

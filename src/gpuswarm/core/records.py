@@ -36,6 +36,13 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "mean_gpu_util": (int,),
     "energy_j": _NUMBER,  # issue 37
     "energy_mode": (str,),
+    # what an agent spent (issue 34): null = not reported / cost unknown
+    "tokens_in": (int, type(None)),
+    "tokens_cached": (int, type(None)),
+    "tokens_out": (int, type(None)),
+    "cost_usd": (*_NUMBER, type(None)),
+    "model": (str, type(None)),
+    "usage_problem": (str, type(None)),
 }
 _TASK_TYPES: dict[str, tuple[type, ...]] = {
     "id": (str,),

@@ -94,6 +94,10 @@ class RunView:
     paused_slots: set[str] = field(default_factory=set)
     held_gpus: dict[int, str] = field(default_factory=dict)  # GPU -> why it takes no task (19)
     waiting_room: dict[str, str] = field(default_factory=dict)  # task -> why it waits (19)
+    # issue 34: what the agents' attempts spent, as the journal's ``finished`` lines say
+    spent_usd: float = 0.0
+    spent_tokens: int = 0
+    spent_unknown: int = 0  # attempts whose cost is unknown (their tokens count)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -153,6 +157,8 @@ class RunView:
             self._gpu_held(e)
         elif e.name == Ev.HALTED.value:  # issue 28: the halt rule was met
             self.note = str(e.extra.get("reason") or "halted")
+        elif e.name == Ev.BUDGET.value and e.extra.get("crossed"):  # issue 34: budget spent
+            self.note = str(e.extra.get("reason") or "budget")
         elif e.name == Ev.GPU_WAIT.value:
             task, why = e.extra.get("task"), e.extra.get("reason")
             if isinstance(task, str) and isinstance(why, str):
@@ -231,6 +237,10 @@ class RunView:
         t.started += 1
 
     def _finished(self, e: Finished) -> None:
+        if e.tokens is not None or e.cost_usd is not None or e.cost_unknown:
+            self.spent_tokens += e.tokens or 0
+            self.spent_usd += e.cost_usd or 0.0
+            self.spent_unknown += 1 if e.cost_unknown else 0
         state = e.state or FAILED
         to = PENDING if state == WAITING else state
         self._move(RUNNING, to if to in self.counts else FAILED)

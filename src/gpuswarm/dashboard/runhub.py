@@ -216,6 +216,7 @@ class RunHub:
             counts = shown_counts(dict(self.view.counts))
             eta = self.view.eta(time.time()) if self.live else None
             note = self.view.note
+            spent = _spent(self.view)
         total = sum(counts.values())
         ended = total - counts.get("pending", 0) - counts.get("running", 0)
         return {
@@ -232,6 +233,7 @@ class RunHub:
             "progress": round(ended / total, 4) if total else 1.0,
             "eta": None if eta is None else round(eta, 1),
             "note": note,
+            "spent": spent,  # issue 34: what the agents spent (None: none reported usage)
         }
 
     def view_json(self, *, lines: bool = True) -> dict[str, Any]:
@@ -366,3 +368,14 @@ def _mtime(path: Path) -> float | None:
 def hubs_changed(hubs: Iterable[RunHub]) -> list[RunHub]:
     """Poll each hub once; those that changed."""
     return [h for h in hubs if h.poll()]
+
+
+def _spent(view: RunView) -> dict[str, Any] | None:
+    """The run's spend as the journal says (issue 34): known USD, tokens, unknown attempts."""
+    if not view.spent_tokens and not view.spent_usd and not view.spent_unknown:
+        return None
+    return {
+        "cost_usd": round(view.spent_usd, 6),
+        "tokens": view.spent_tokens,
+        "cost_unknown_attempts": view.spent_unknown,
+    }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from gpuswarm.agents.pricing import over_max_usd, usage_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import (
@@ -36,6 +37,7 @@ class Outcome:
     state: State
     reason: str
     record: AttemptRecord
+    final: bool = False  # failed for good, whatever max_attempts says (over max_usd: issue 34)
 
 
 def values_for(
@@ -102,7 +104,7 @@ def launch_spec_for(
         devices=slot.devices_of(gpu_ids),
         vendor=slot.vendor,
         binds=(workspace,) if home is None else (workspace, home),
-        own_env=frozenset(k for k, v in env.items() if start.get(k) != v),
+        own_env=frozenset(k for k, _ in env.items() - start.items()),  # set or changed
         identity={"kind": "attempt", "task": task.id, "attempt": str(n), "slot": slot.label},
     )
 
@@ -193,6 +195,11 @@ def judge(
     (see :func:`check_written`); its result lands in ``data``. ``base_dir``: where a task
     without ``cwd`` runs (its source folder, unless a glob matched it one)."""
     record = record.but(metrics=parse_metrics(paths.attempt_log(task.id, record.n), task.metrics))
+    if task.usage is not None:  # an agent's tokens and cost (issue 34)
+        record = record.but(**usage_fields(paths.attempt_log(task.id, record.n), task.usage))
+        over = over_max_usd(task.max_usd, record.cost_usd)
+        if over is not None:
+            return Outcome(State.FAILED, over, record.but(reason=over), final=True)
     if skipped(task, end):
         reason = f"skipped (exit {end.returncode} = skip_exit_code)"
         return Outcome(State.SKIPPED, reason, record.but(reason=reason))

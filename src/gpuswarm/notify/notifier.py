@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuswarm.config.notify import NotifyConfig
-from gpuswarm.core.events import Event, Finished, Other, Quarantined
+from gpuswarm.core.events import Ev, Event, Finished, Other, Quarantined
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.words import counted
@@ -37,8 +37,16 @@ from gpuswarm.notify.deliver import Deliverer
 from gpuswarm.ui.watch import Follower
 
 POLL_SECONDS = 0.5
-BUDGET_REACHED = "budget_reached"  # journal event names the budget and stall helpers write
+BUDGET_REACHED = "budget_reached"  # the notifications of the budget and the stall watch
 STALLED = "stalled"
+
+
+def _hook_name(e: Other) -> str | None:
+    """The notification of a budget or stall journal line: the budget's ``budget`` line once
+    it is crossed (``crossed: true``; supervise/budget.py), the stall watch's ``stalled``."""
+    if e.name == Ev.BUDGET.value and e.extra.get("crossed") is True:
+        return BUDGET_REACHED
+    return e.name if e.name in (BUDGET_REACHED, STALLED) else None
 
 
 class NotifyError(Exception):
@@ -111,10 +119,11 @@ class Notifier:
         elif isinstance(e, Quarantined):
             why = self.redact(e.reason or "")
             self.emit("gpu_quarantined", f"slot {e.slot} quarantined: {why}", slot=e.slot)
-        elif isinstance(e, Other) and e.name in (BUDGET_REACHED, STALLED):
+        elif isinstance(e, Other) and (name := _hook_name(e)) is not None:
             extra = {k: v for k, v in e.extra.items() if isinstance(v, str | int | float)}
-            reason = self.redact(str(extra.pop("reason", "") or e.name.replace("_", " ")))
-            self.emit(e.name, reason, **{k: self._clean(v) for k, v in extra.items()})
+            extra.pop("crossed", None)
+            reason = self.redact(str(extra.pop("reason", "") or name.replace("_", " ")))
+            self.emit(name, reason, **{k: self._clean(v) for k, v in extra.items()})
 
     def _clean(self, value: Any) -> Any:
         return self.redact(value) if isinstance(value, str) else value

@@ -20,9 +20,11 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.words import counted
+from gpuswarm.outputs.costreport import cost_section
 from gpuswarm.outputs.energy import energy_section
 from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
+from gpuswarm.outputs.passk import repeats_section
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
 from gpuswarm.outputs.slurmview import slurm_section
 from gpuswarm.outputs.timeline import (
@@ -355,6 +357,8 @@ def write_report(
         + slurm_section(paths.root, esc)  # issue 36: the worker jobs, the allocation
         + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())
         + energy_section(summary)  # issue 37
+        + cost_section(summary, scan.rows)  # issue 34: what the agents spent
+        + repeats_section(summary)  # issue 34: mean and CI of scores, pass@k
         + _fields(summary.get("fields") or {})
         + "<h2>Timeline</h2>\n<p class=note>one lane per slot; hatched red: idle gaps</p>\n"
         + image

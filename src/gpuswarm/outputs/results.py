@@ -23,6 +23,8 @@ from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.energy import energy_of, energy_stats
+from gpuswarm.outputs.passk import repeat_of, repeat_stats
+from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 
@@ -50,6 +52,9 @@ class Row:
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
+    spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
+    # issue 34: a repeat's (task it repeats, which repeat, score field, passed field)
+    repeat: tuple[str, int, str | None, str | None] | None = None
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -83,6 +88,10 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     row.seq = desc.seq
     row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
     row.result = desc.result or _EMPTY
+    if desc.task.get("usage") is not None:  # an agent's task: what its attempts spent
+        row.spend = task_spend(desc)
+    if desc.task.get("repeat_of") is not None:
+        row.repeat = repeat_of(desc.task)
     return row
 
 
@@ -196,10 +205,14 @@ def _cell(value: Any) -> str:
 def to_tsv(rows: list[Row]) -> str:
     metric_cols = sorted({k for r in rows for k in r.metrics})
     result_cols = sorted({k for r in rows for k in r.result})
-    header = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
+    usage_cols = USAGE_COLUMNS if any(r.spend is not None for r in rows) else ()
+    header = [*FIXED_COLUMNS, *usage_cols, *metric_cols, *(f"result.{k}" for k in result_cols)]
     lines = ["\t".join(header)]
     for r in rows:
         cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        if usage_cols:
+            spent = r.spend.cells() if r.spend is not None else _EMPTY
+            cells += [spent.get(c) for c in usage_cols]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
         lines.append("\t".join(_cell(c) for c in cells))
@@ -348,7 +361,19 @@ def summarize(
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
         "energy": energy_stats(rows),
+        **spend_stats(rows),
+        **({"repeats": reps} if (reps := repeat_stats(rows)) is not None else {}),
     }
+
+
+def spend_stats(rows: list[Row]) -> dict[str, Any]:
+    """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
+    per task done; nothing when no task reported usage."""
+    spend = RunSpend()
+    for r in rows:
+        spend.add(r.spend, done=r.values["state"] == State.DONE.value)
+    cost = spend.as_json()
+    return {} if cost is None else {"cost": cost}
 
 
 def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:
@@ -427,6 +452,7 @@ class RunReport:
     strict: bool = False  # --strict: a cancelled task makes the exit code 1
     stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
     halted: str | None = None  # the halt rule stopped it (issue 28): its reason
+    budget: str | None = None  # the budget was spent (issue 34): its reason, how to raise it
 
     @property
     def exit_code(self) -> int:
@@ -435,6 +461,8 @@ class RunReport:
             return EXIT_UNFINISHED if failed else EXIT_OK  # halt found what it waited for
         if self.stopped_by:
             return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
+        if self.budget and not self.summary.get("complete"):
+            return EXIT_UNFINISHED  # issue 34: tasks left pending (reason budget)
         if self.interrupted:
             return EXIT_INTERRUPTED
         after = self.summary.get("after_all")

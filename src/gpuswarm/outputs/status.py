@@ -25,6 +25,7 @@ from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runindex import known_runs
 from gpuswarm.store.runs import open_run
+from gpuswarm.store.spent import journal_spend
 
 MAX_FAILURES = 20
 
@@ -120,6 +121,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
         "slurm": slurm_view(paths.root),  # issue 36: worker jobs, the allocation
+        "cost": journal_spend(paths.events, counts.get("done", 0)),  # issue 34; None: no agents
     }
     return {"run": str(paths.root), **redactor.tree(shown)}  # names, reasons: one redactor
 

@@ -25,6 +25,7 @@ COLORS = {
     "done": "#2ca02c",
     "failed": "#d62728",
     "timeout": "#ff8c00",
+    "stalled": "#8e44ad",  # issue 34: no activity for stall_after
     "retried": "#f4a6b4",
     "interrupted": "#9e9e9e",
 }
@@ -53,6 +54,8 @@ def _outcome(attempt: AttemptRecord, last: bool, state: str) -> str:
         return "interrupted"
     if attempt.kind == "timeout":
         return "timeout"
+    if attempt.kind == "stalled":
+        return "stalled"
     if not last or state in (State.PENDING.value, State.RUNNING.value):
         return "retried"  # only a failed attempt is followed by another one
     return "done" if state == State.DONE.value else "failed"

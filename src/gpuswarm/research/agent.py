@@ -37,6 +37,7 @@ from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.proposers import Proposal
+from gpuswarm.research.spend import ProposerSpend
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class AgentOptions:
     max_failures: int = 5
     shell: bool = False
     preset: AgentPreset | None = None  # --agent NAME: instead of command
+    budget_usd: float | None = None  # issue 34: the proposals' cost that ends the loop
 
 
 PREFLIGHT_TIMEOUT = 120.0
@@ -118,6 +120,7 @@ class AgentProposer:
         self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
         self._live: set[subprocess.Popen[bytes]] = set()
         self._closed = False
+        self.spend = ProposerSpend(paths, opts.budget_usd)  # issue 34
         remove_stale_scratch(paths)
 
     def close(self) -> None:
@@ -131,6 +134,7 @@ class AgentProposer:
     def propose(self, state: ExperimentState) -> Proposal | None:
         """Ask the agent until it makes a usable edit; after ``max_failures`` in a row, stop."""
         while True:
+            self.spend.check()  # issue 34: --budget-usd spent: no more proposals
             try:
                 proposal = self._run(state)
             except _AgentFailed as exc:
@@ -141,8 +145,9 @@ class AgentProposer:
                     self.last_error = str(exc)
                     failures = self.failures
                 append(
-                    self.paths, "proposal", proposer=self.name, outcome="failed", reason=str(exc)
-                )
+                    self.paths, "proposal", proposer=self.name, outcome="failed", reason=str(exc),
+                    **self.spend.last(),
+                )  # fmt: skip
                 if failures >= self.opts.max_failures:
                     raise ResearchError(
                         f"the agent failed {self.failures} times in a row (last: "
@@ -157,6 +162,7 @@ class AgentProposer:
                 outcome="made",
                 prompt=proposal.meta.get("prompt"),
                 description=proposal.description,
+                **self.spend.last(),  # issue 34: what this proposal's agent spent
             )
             return proposal
 
@@ -235,6 +241,7 @@ class AgentProposer:
                     self._live.discard(proc)
         text_out = out.decode("utf-8", errors="replace")
         text_all = text_out + (err or b"").decode("utf-8", errors="replace")
+        self.spend.add(self.opts.preset, text_out)  # issue 34: its tokens and cost
         if proc.returncode != 0:
             tail = text_all.strip().splitlines()[-1:] or [""]
             raise _AgentFailed(f"the agent exited {proc.returncode}: {tail[0][:200]}")

@@ -83,6 +83,11 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
 @click.option("--program", type=click.Path(dir_okay=False, path_type=Path), help="program.md")
 @click.option("--agent-timeout", help="agent: per proposal  [default: the preset's, else 15m]")
 @click.option("--agent-max-failures", default=5, show_default=True)
+@click.option(
+    "--budget-usd",
+    type=click.FloatRange(min=0, min_open=True, max=1e7),
+    help="agent: end the loop once the proposals cost this much (USD, as the CLI reports it)",
+)
 @click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
 @experiment_options
 @handle_errors
@@ -141,7 +146,11 @@ def agent_options(kw: dict[str, Any]) -> AgentOptions:
     """The agent proposer's options from the flags; a preset is checked installed and logged
     in now (exit 2 saying what is missing)."""
     timeout = flag_duration("--agent-timeout", kw["agent_timeout"])
-    common = {"program": kw["program"], "max_failures": kw["agent_max_failures"]}
+    common = {
+        "program": kw["program"],
+        "max_failures": kw["agent_max_failures"],
+        "budget_usd": kw["budget_usd"],
+    }
     if kw["agent_name"] and kw["agent_command"]:
         raise ResearchError("give --agent (a preset) or --agent-command, not both")
     if kw["agent_name"] and kw["agent_shell"]:

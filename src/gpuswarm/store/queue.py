@@ -32,7 +32,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,14 @@ from gpuswarm.core.fsutil import (
     dumps_compact,
     pid_alive,
     temp_writer_alive,
+    write_temp,
 )
 from gpuswarm.core.models import Descriptor, State, base_name
-from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.batches import QueueBatches
+from gpuswarm.store.claimed import Claimed as Claimed  # re-exported: the queue hands them out
 from gpuswarm.store.folders import visible
+from gpuswarm.store.groupcommit import Grouped, commit_group
 from gpuswarm.store.names import (
     claim_name,
     descriptor_name,
@@ -58,24 +60,6 @@ from gpuswarm.store.names import (
 
 Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
 CLAIM_WINDOW = 64  # names a placement predicate may refuse in one claim (then: none fits now)
-
-
-@dataclass
-class Claimed:
-    """A descriptor this process holds in ``running/``."""
-
-    name: str  # base name, no lease
-    path: Path  # current path in running/
-    data: dict[str, Any]  # the descriptor's JSON form: read it through ``desc``
-
-    @property
-    def desc(self) -> Descriptor:
-        """The typed descriptor (a view over ``data``: what it changes is what is saved)."""
-        return Descriptor(self.data)
-
-    @property
-    def task_id(self) -> str:
-        return str(self.data["id"])
 
 
 class DirQueue(QueueBatches):
@@ -97,7 +81,8 @@ class DirQueue(QueueBatches):
         self._added_seen: int | None = None  # the ``added`` marker's mtime at the last scan
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
-        self._local = threading.local()  # .dirs: folders whose fsync a batch defers
+        self._dirs = {state: paths.state_dir(state) for state in STATES}  # made once
+        self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
 
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod
@@ -180,10 +165,10 @@ class DirQueue(QueueBatches):
                         heapq.heappush(self._heap, name)
 
     def _try_claim(self, name: str, owner: str, slot: int) -> Claimed | None:
-        src = self.paths.state_dir("pending") / name
+        src = f"{self._dirs['pending']}/{name}"  # a str: the hot path makes one Path, dst
         # the claim number makes each claim's name unique, so recovery can tell a move this
         # claim began (``moved_from`` == its name) from one an earlier claim finished
-        dst = self.paths.state_dir("running") / claim_name(name, owner, slot, next(self._claims))
+        dst = self._dirs["running"] / claim_name(name, owner, slot, next(self._claims))
         try:
             os.rename(src, dst)
         except FileNotFoundError:
@@ -219,7 +204,13 @@ class DirQueue(QueueBatches):
             ) from None
 
     def move(
-        self, claimed: Claimed, state: State, announce: Callable[[], object] | None = None
+        self,
+        claimed: Claimed,
+        state: State,
+        announce: Callable[[], object] | None = None,
+        *,
+        after: Callable[[], object] | None = None,
+        lost: Callable[[], object] | None = None,
     ) -> Path:
         """Save and move a claimed descriptor to ``state`` (pending, done or failed).
 
@@ -229,15 +220,34 @@ class DirQueue(QueueBatches):
         makes it true. A crash after the save leaves a running
         descriptor that says where it was going; recovery finishes a move to done/failed and
         journals it again, so the journal never lags behind the folders.
+
+        ``after`` runs once the move is made. Inside :meth:`grouped_commit` a move given
+        ``after`` and ``lost`` only writes its temp file here; the block's end makes every such
+        file durable at once and then saves, announces and renames each in order, as here
+        (``lost`` runs in place of LeaseLostError for a lease found gone then).
         """
         desc = claimed.desc
         desc.state = state
         desc.moved_from = claimed.path.name
+        group: list[Grouped] | None = getattr(self._local, "group", None)
+        if group is not None and after is not None and lost is not None and self.durable:
+            data = dumps_compact(claimed.data)
+            tmp = write_temp(claimed.path, data, durable=False, exclusive=True)
+            faults.point("fsutil.temp_written", path=claimed.path, data=data)
+            group.append(Grouped(claimed, state, tmp, announce, after, lost))
+            return self._dirs[state.value] / claimed.name
         self._fenced_write(claimed, sync_dir=False)  # LeaseLostError: nothing written
+        dst = self._moved(claimed, state, announce)
+        if after is not None:
+            after()
+        return dst
+
+    def _moved(self, claimed: Claimed, state: State, announce: Callable[[], object] | None) -> Path:
+        """The rest of a move once its descriptor is saved: announce, rename, folder sync."""
         faults.point("queue.move.saved", state=state.value)
         if announce is not None:
             announce()
-        dst = self.paths.state_dir(state.value) / claimed.name
+        dst = self._dirs[state.value] / claimed.name
         try:
             os.rename(claimed.path, dst)  # from the exact leased name: never re-creates it
         except FileNotFoundError:
@@ -255,6 +265,18 @@ class DirQueue(QueueBatches):
         if state is State.PENDING:
             self.push(claimed.name)
         return dst
+
+    @contextlib.contextmanager
+    def grouped_commit(self) -> Iterator[None]:
+        """Group commit (:mod:`.groupcommit`): the moves this thread makes inside the block
+        with ``after`` and ``lost`` share one flush of their saved descriptors."""
+        group: list[Grouped] = []
+        self._local.group = group
+        try:
+            yield
+        finally:
+            self._local.group = None
+            commit_group(group, self._moved)
 
     @contextlib.contextmanager
     def batched_dir_syncs(self) -> Iterator[None]:

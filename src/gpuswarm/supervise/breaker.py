@@ -27,7 +27,13 @@ from gpuswarm.exec.base import AttemptEnd
 
 #: Ends that are the task's (or the setup's) own doing, never a device's.
 NOT_THE_DEVICE = frozenset(
-    {EndKind.NOT_FOUND, EndKind.NOT_EXECUTABLE, EndKind.SPAWN_ERROR, EndKind.CANCELLED}
+    {
+        EndKind.NOT_FOUND,
+        EndKind.NOT_EXECUTABLE,
+        EndKind.SPAWN_ERROR,
+        EndKind.CANCELLED,
+        EndKind.STALLED,  # issue 34: the task did nothing: not the device's fault
+    }
 )
 OTHERS_MAX_FAILURE_SHARE = 0.2  # the other slots' failure share for a slot to be blamed
 RECENT = 512  # ends of all slots remembered for the comparison

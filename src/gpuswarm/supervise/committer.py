@@ -1,7 +1,9 @@
 """Committing outcomes: judge each ended attempt, move its task on durably, retry or hand back.
 
 The loop never waits for a disk: it hands its outcomes over once per pass, and a committer thread
-commits them in batches (one folder fsync per batch). A waiter thread commits its own attempt's
+commits them in batches: the batch's saved descriptors are made durable together (one syncfs
+for several, ``DirQueue.grouped_commit``), then each is journaled and renamed in order, and each
+destination folder is fsynced once. A waiter thread commits its own attempt's
 outcome itself. A failed attempt with attempts left waits out its backoff in running/, under
 our lease; the keeper calls :meth:`Committer.release_delayed` when it is due.
 
@@ -12,11 +14,14 @@ done for sure before the cancel took effect stays done.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import queue as threadq
 import time
 from collections.abc import Callable
 
+from gpuswarm.agents.pricing import usage_fields
+from gpuswarm.agents.usage import event_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError
@@ -39,9 +44,15 @@ Committable = tuple[LiveAttempt, AttemptEnd]
 
 
 class Committer:
-    def __init__(self, run: Shared, on_ended: Callable[[State], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: Shared,
+        on_ended: Callable[[State], None] | None = None,
+        on_attempt: Callable[[AttemptRecord], None] | None = None,
+    ) -> None:
         self.run = run
         self._on_ended = on_ended  # a task ended (done, failed, skipped): the halt counts
+        self._on_attempt = on_attempt  # an attempt recorded: the budget counts (issue 34)
         self._queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
@@ -98,8 +109,8 @@ class Committer:
                 except threadq.Empty:
                     break
             done = item is None
-            try:
-                with self.run.queue.batched_dir_syncs():
+            try:  # one flush of the batch's saved descriptors, one fsync per folder
+                with self.run.queue.batched_dir_syncs(), self.run.queue.grouped_commit():
                     for live, end in batch:
                         self.commit(live, end)
             except BaseException as exc:  # a bug or a broken disk: stop the run, keep the queue
@@ -118,6 +129,9 @@ class Committer:
         cap_log(run.paths.attempt_log(live.task_id, live.attempt), run.cfg.max_log_bytes)
         if live.fenced:
             return  # reclaimed while it ran: the reclaimer's queue now, nothing of it is written
+        if live.stalled is not None and end.kind is EndKind.CANCELLED:  # issue 34: its own end
+            end = dataclasses.replace(end, kind=EndKind.STALLED, reason=live.stalled)
+            record = record.but(kind=EndKind.STALLED.value, reason=live.stalled)
         try:
             if live.stopped_by is not None:
                 self._cancelled(live, end, record)
@@ -127,7 +141,8 @@ class Committer:
                 self.hand_back(live.claimed, live.task, record, why)
                 return
             outcome = self._judge(live, end, record)
-            if live.handle.cancelled and not _done_in_stop(live.task, end, outcome):
+            stopped = live.handle.cancelled and live.stalled is None
+            if stopped and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)
                 self.hand_back(live.claimed, live.task, record)
@@ -152,7 +167,7 @@ class Committer:
         if end.kind is not EndKind.CANCELLED:
             outcome = self._judge(live, end, record)
             if _done_in_stop(live.task, end, outcome):
-                self._finish(live.claimed, live.task, outcome)
+                self._finish(live.claimed, live.task, outcome, grouped=False)  # journaled first
                 why = f"too late: attempt {live.attempt} was done before the cancel took effect"
                 for req in reqs:  # applied to nothing: the task was done already
                     drop_late(run.queue, run.ledger, req, why, run.cfg.owner)
@@ -164,15 +179,27 @@ class Committer:
         move_cancelled(run.queue, run.ledger, live.claimed, reqs, run.cfg.owner, live.slot.label)
 
     def _finish(
-        self, claimed: Claimed, task: TaskSpec, outcome: Outcome, reserved: int | None = None
+        self,
+        claimed: Claimed,
+        task: TaskSpec,
+        outcome: Outcome,
+        reserved: int | None = None,
+        *,
+        grouped: bool = True,
     ) -> None:
+        """The task moves on (done, failed, skipped, a retry); ``grouped``: inside a
+        committer's batch, its move is made durable with the batch's others (see
+        ``DirQueue.grouped_commit``)."""
         run = self.run
         desc = claimed.desc
         state = outcome.state
         retry = state is State.FAILED and desc.attempts_used + 1 < task.max_attempts
+        retry = retry and not outcome.final  # issue 34: over max_usd: no retry
         if retry and outcome.record.oom:  # issue 19: the retry reserves more GPU memory
             outcome = sized_oom_retry(desc, outcome, reserved)
         desc.add_attempt(outcome.record)
+        if self._on_attempt is not None:
+            self._on_attempt(outcome.record)
         used = desc.attempts_used
         delay = self.backoff(used) if retry and not run.stopping.is_set() else 0
         ended = state is State.SKIPPED or (state is State.FAILED and not retry)
@@ -184,6 +211,7 @@ class Committer:
                 self._delay_seq += 1
                 heapq.heappush(self._delayed, (at, self._delay_seq, claimed))
         rec = outcome.record
+        target = State.PENDING if retry else state
 
         def announce() -> None:
             run.ledger.emit(
@@ -198,16 +226,26 @@ class Committer:
                 retry_in=round(delay, 3),
                 max_attempts=task.max_attempts,
                 used=used,  # attempts of the current budget: "used/max_attempts"
+                **event_fields(rec),  # issue 34: an agent's tokens and cost
             )
+
+        def moved() -> None:
+            if retry and delay <= 0:
+                run.more_work()
+            if not retry and self._on_ended is not None:
+                self._on_ended(state)
+
+        def lost() -> None:  # in a group commit, the lease found gone at its flush
+            run.lease_lost(task.id, rec.n, "its outcome is not committed")
 
         if delay > 0:
             announce()
+            moved()
+        elif grouped:  # in a committer's batch: made durable with the others
+            run.queue.move(claimed, target, announce, after=moved, lost=lost)
         else:
-            run.queue.move(claimed, State.PENDING if retry else state, announce)
-        if retry and delay <= 0:
-            run.more_work()
-        if not retry and self._on_ended is not None:
-            self._on_ended(state)
+            run.queue.move(claimed, target, announce)
+            moved()
 
     def backoff(self, used: int) -> float:
         base = self.run.cfg.retry_backoff
@@ -223,6 +261,11 @@ class Committer:
         """A stop interrupted this task (or its node left: ``lost``): back to pending/, not
         counted as a failed attempt."""
         if record is not None:
+            if task.usage is not None:  # an agent stopped midway spent too (issue 34)
+                record = record.but(**usage_fields(self.run.paths.attempt_log(task.id, record.n),
+                                                   task.usage))  # fmt: skip
+                if self._on_attempt is not None:
+                    self._on_attempt(record)
             claimed.desc.add_attempt(record.but(interrupted=True, reason=self._why(record)))
         claimed.desc.note_interrupted()
         self.run.queue.move(claimed, State.PENDING, self._requeued(claimed, reason, "running"))

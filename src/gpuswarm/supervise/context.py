@@ -63,6 +63,10 @@ class SupervisorConfig:
     # issue 36: the end of a Slurm allocation (epoch seconds; supervise/allocation_end.py):
     # no task whose timeout runs past it is claimed
     claim_until: float | None = None
+    # issue 34: stop claiming once the agents spent this much (config/budget.py); None: no limit
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+    budget_on_exceed: str = "finish"  # or "stop": the running attempts are put back too
 
 
 @dataclass
@@ -85,6 +89,7 @@ class LiveAttempt:
     stopped_by: list[Request] | None = None
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
+    stalled: str | None = None  # issue 34: the stall detector stopped it (supervise/stall.py)
 
 
 @dataclass

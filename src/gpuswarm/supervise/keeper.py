@@ -29,6 +29,7 @@ from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
 from gpuswarm.supervise.controls import Controller
 from gpuswarm.supervise.recovery import reclaim_dead
+from gpuswarm.supervise.stall import StallWatch
 
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
 WAKE_LOOK = 0.25  # the ``added`` marker is looked at this often (a stat: new work to claim)
@@ -47,6 +48,7 @@ class Keeper:
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
         self._mark = self._added_mark()  # the marker as the loop's first claim will see it
+        self.stalls = StallWatch(run)  # issue 34: stall_after
 
     def serve(self) -> None:
         """The keeper, started again after an error (a full disk: a retry that cannot be
@@ -84,6 +86,7 @@ class Keeper:
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
             self.committer.release_delayed(everything=run.stopping.is_set())
             self._check_leases()
+            self.stalls.tick()
             self.control.tick()
             if self.cooling():  # a cool-down may be over, or a quarantine lifted by hand
                 run.wakeup()

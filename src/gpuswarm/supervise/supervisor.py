@@ -50,6 +50,7 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of
 from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.allocation_end import AllocationEnd
+from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.halt import Halt
@@ -94,7 +95,13 @@ class Supervisor:
         self._generation = 0  # bumped when tasks may have come back to pending/
         self.halt = Halt(cfg.halt, queue, ledger, on_soon=self._wakeup, on_now=self._stop)
         self._gated = False  # the halt held a claim back until outcomes are committed
-        self.committer = Committer(self.shared, on_ended=self.halt.ended)
+        self.budget = Budget(  # issue 34: what the agents may spend
+            cfg.budget_usd, cfg.budget_tokens, cfg.budget_on_exceed, paths, ledger,
+            on_soon=self._wakeup, on_now=self._stop,
+        )  # fmt: skip
+        self.committer = Committer(
+            self.shared, on_ended=self.halt.ended, on_attempt=self.budget.spent
+        )
         self.quarantine = Quarantine(self.shared)
         self.keeper = Keeper(self.shared, self.backend, self.committer, self.quarantine.cooling)
         # a cluster's GPUs are on its nodes: this host's NVML knows none of them (issue 16)
@@ -210,7 +217,7 @@ class Supervisor:
             self._collect_returns(free)
             self.quarantine.back_in_rotation(free)
             self.gpus.add_slots(self.slot_sync.sync(free))
-            if self.stopping.is_set() or self.halt.draining:  # halt soon: what runs ends
+            if self.stopping.is_set() or self.halt.draining or self.budget.draining:
                 if self.stopping.is_set():
                     self._hand_all_to_waiters()
                 if not self._by_fd and self._slow == 0 and not self.committer.busy():
@@ -242,7 +249,8 @@ class Supervisor:
         got = self._gated = False
         self.gpus.begin_pass()
         while free and not self.stopping.is_set():
-            if not self.halt.may_claim(self.committer.uncommitted()):
+            uncommitted = self.committer.uncommitted()
+            if not (self.halt.may_claim(uncommitted) and self.budget.may_claim(uncommitted)):
                 self._gated = True  # the committer wakes the loop once they are committed
                 return got
             claimed = None
@@ -313,7 +321,7 @@ class Supervisor:
                 self._exited(self._by_fd[fd])
         now = time.monotonic()
         for live in list(self._by_fd.values()):
-            if live.stopped_by is not None:
+            if live.stopped_by is not None or live.stalled is not None:  # a cancel, a stall (34)
                 self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
                 continue
             deadline = live.handle.deadline

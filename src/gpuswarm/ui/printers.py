@@ -14,6 +14,7 @@ from rich.table import Table
 from gpuswarm.core.redact import inert
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.slurmview import slurm_lines
+from gpuswarm.outputs.spend import spend_line
 from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
@@ -80,9 +81,7 @@ def print_status(data: dict[str, Any]) -> None:
         con.print(f"[{color}]{escape(data['hint'])}[/]")
     if paused := paused_text(data.get("paused") or {}):
         con.print(f"[yellow]{escape(paused)}[/] (no new starts; gpuswarm unpause RUN)")
-    eta = data.get("eta") or {}
-    if eta.get("eta_seconds") is not None:
-        con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
+    _eta_and_cost(con, data)
     _slurm(con, data)  # issue 36: the worker jobs, the allocation
     if data["running"]:
         con.print(_running_table(data["running"]))
@@ -111,6 +110,14 @@ def print_status(data: dict[str, Any]) -> None:
                 f"{escape(data['run'])} {escape(str(q.get('slot')))}",
                 markup=False,
             )
+
+
+def _eta_and_cost(con: Console, data: dict[str, Any]) -> None:
+    eta = data.get("eta") or {}
+    if eta.get("eta_seconds") is not None:
+        con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
+    if data.get("cost"):  # issue 34: what the agents spent
+        con.print(escape(spend_line(data["cost"])))
 
 
 def _interrupted(failure: dict[str, Any]) -> str:
@@ -173,6 +180,8 @@ def end_line(report: RunReport) -> str:
     resume = f"gpuswarm resume {root}"
     back = int(s.get("requeued") or 0)
     halted = report.halted if pending + back else None  # met by the last task: all ran
+    if report.budget and pending + back:  # issue 34: the pending tasks wait for more budget
+        return f"stopped by {report.budget} ({pending} tasks left pending, reason budget)"
     if report.stopped_by or halted or report.interrupted:
         why = report.stopped_by or halted or s.get("stopped_by") or "a stop"
         put = f"{back} running task{'s' if back != 1 else ''} put back in the queue, "

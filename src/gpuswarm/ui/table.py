@@ -26,6 +26,7 @@ from rich.text import Text
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.core.runview import RunView, SlotRow
+from gpuswarm.outputs.spend import money, tokens_text
 from gpuswarm.placement.nvml import open_query
 
 REFRESH_PER_SECOND = 4
@@ -147,6 +148,7 @@ class LiveView:
             waits = list(self.state.waiting_room.values())[-1:]  # issue 19: the first in line
             quarantined = dict(self.state.quarantined)
             run_paused, slots_paused = self.state.paused, frozenset(self.state.paused_slots)
+            spent = live_spend(self.state, now)
         if self.paused is not None:
             run_paused, slots_paused = self.paused()
         total = max(1, sum(counts.values()))
@@ -168,6 +170,8 @@ class LiveView:
             f"{finished}/{sum(counts.values())}",
         )
         parts.append(bar)
+        if spent:
+            parts.append(Text(spent))
         parts.append(self._table(rows, now, quarantined, slots_paused))
         for line in failures:
             parts.append(Text(inert(f"  ! {line}"), style="red"))
@@ -215,6 +219,16 @@ class LiveView:
         tail = log_tail(self.log_of(row.task, row.attempt), max_lines=1, max_bytes=4096)
         # task output: no escape sequence for the terminal, no token or URL password on screen
         return escape(inert(self.redactor.text(tail.strip())))
+
+
+def live_spend(state: RunView, now: float) -> str:
+    """``spent $0.90  4.7k tokens  $1.20/h`` (issue 34; empty: no agent reported usage)."""
+    if not state.spent_tokens and not state.spent_usd and not state.spent_unknown:
+        return ""
+    hours = max(now - state.started, 1.0) / 3600
+    text = f"spent {money(state.spent_usd, state.spent_unknown)}  "
+    text += f"{tokens_text(state.spent_tokens)} tokens  {money(state.spent_usd / hours)}/h"
+    return text + (f"  ({state.spent_unknown} of unknown cost)" if state.spent_unknown else "")
 
 
 @contextlib.contextmanager

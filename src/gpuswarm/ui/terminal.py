@@ -72,6 +72,8 @@ _GPU_LINES = {  # GPU memory events worth a line (issue 19), with their prefix
     Ev.GPU_HELD.value: "GPU HELD: ",
     Ev.GPU_WAIT.value: "waiting: ",
     Ev.HALTED.value: "",  # issue 28: "halt: 3 tasks failed (halt soon,fail=3): no new ..."
+    Ev.STALLED.value: "",  # issue 34: "stalled: no output, ... for 600s; its last output: ..."
+    Ev.BUDGET.value: "",  # issue 34: "budget: $1.20 spent of budget.usd $1.00; raise it: ..."
 }
 
 

@@ -15,6 +15,7 @@ from gpuswarm.core.events import Event
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.spend import seed_view
 from gpuswarm.store.ledger import EventTail
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
@@ -34,6 +35,7 @@ class Follower:
         self.reader = RunReader(paths)
         self.view: RunView = self.reader.view()
         self._tail = EventTail(paths.events, from_end=True)
+        seed_view(self.view, paths.events, self._tail.position)  # what was spent so far (34)
 
     @property
     def position(self) -> int:

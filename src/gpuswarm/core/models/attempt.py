@@ -45,6 +45,13 @@ class AttemptRecord:
     # the attempt had its GPUs alone ("exclusive") or was apportioned a share ("shared")
     energy_j: float | None = None
     energy_mode: str | None = None
+    # -- what an agent spent (issue 34; agents/usage.py): None when it reported nothing ----
+    tokens_in: int | None = None  # every input token (cached ones included)
+    tokens_cached: int | None = None  # of them, read from a prompt cache
+    tokens_out: int | None = None  # every output token (reasoning included)
+    cost_usd: float | None = None  # the CLI's figure, else priced; None: unknown (never 0)
+    model: str | None = None
+    usage_problem: str | None = None  # why the cost is unknown, or the usage unreadable
 
     # constructors ------------------------------------------------------------------------
     @classmethod
@@ -183,6 +190,12 @@ class AttemptRecord:
             mean_gpu_util=get("mean_gpu_util"),
             energy_j=get("energy_j"),
             energy_mode=get("energy_mode"),
+            tokens_in=get("tokens_in"),
+            tokens_cached=get("tokens_cached"),
+            tokens_out=get("tokens_out"),
+            cost_usd=get("cost_usd"),
+            model=get("model"),
+            usage_problem=get("usage_problem"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -228,6 +241,8 @@ class AttemptRecord:
         if self.interrupted:
             out["interrupted"] = True
         self._put_gpu_use(out)
+        if self.tokens_in is not None or self.cost_usd is not None or self.usage_problem:
+            self._put_usage(out)
         if self.extra:
             out.update(self.extra)
 
@@ -244,6 +259,12 @@ class AttemptRecord:
             out["energy_j"] = self.energy_j
         if self.energy_mode is not None:
             out["energy_mode"] = self.energy_mode
+
+    def _put_usage(self, out: dict[str, Any]) -> None:
+        for key in ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model"):
+            out[key] = getattr(self, key)  # all five, null or not: cost null = unknown
+        if self.usage_problem is not None:
+            out["usage_problem"] = self.usage_problem
 
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")

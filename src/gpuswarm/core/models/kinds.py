@@ -45,6 +45,7 @@ class EndKind(str, Enum):
     SPAWN_ERROR = "spawn-error"
     LOST = "lost"  # its supervisor died: the outcome is unknown
     ORPHAN = "orphan"  # its supervisor died, judged done by the completion file it left
+    STALLED = "stalled"  # issue 34: no output, CPU or GPU activity for stall_after: stopped
 
 
 class RecordError(QueueError, ValueError):

@@ -239,13 +239,14 @@ function runsPage() {
 function runsTable(runs, roots) {
   if (!runs.length) return el('p', { class: 'muted' }, `No runs under ${roots.join(', ')} yet: they appear here as they start.`);
   return el('table', { 'data-testid': 'runs-table' },
-    el('thead', {}, el('tr', {}, ['run', 'state', 'tasks', 'progress', 'ETA', 'folder'].map((h) => el('th', { text: h })))),
+    el('thead', {}, el('tr', {}, ['run', 'state', 'tasks', 'progress', 'ETA', 'spent', 'folder'].map((h) => el('th', { text: h })))),
     el('tbody', {}, runs.map((r) => el('tr', { 'data-run': r.id },
       el('td', {}, el('a', { href: `#/run/${encodeURIComponent(r.id)}`, text: r.title })),
       el('td', {}, badge(r.state)),
       el('td', {}, countsLine(r.counts), el('span', { class: 'muted' }, ` of ${r.total}`)),
       el('td', {}, progressBar(r.counts, r.total), el('span', { class: 'muted', text: `${Math.round(r.progress * 100)}%` })),
       el('td', { text: r.live && r.eta !== null ? fmtSeconds(r.eta) : '' }),
+      el('td', { 'data-testid': 'run-spent', text: fmtSpent(r.spent) }),
       el('td', { class: 'mono muted cell-clip', title: r.path, text: r.folder }),
     ))));
 }
@@ -306,6 +307,7 @@ function runPage(rid) {
         progressBar(v.counts, v.total),
         el('span', { 'data-testid': 'progress', text: `${Math.round(v.progress * 100)}%` }),
         el('span', { class: 'muted' }, v.live && v.eta !== null ? `ETA ${fmtSeconds(v.eta)}` : ''),
+        v.spent ? el('span', { 'data-testid': 'spent', text: `spent ${fmtSpent(v.spent)}` }) : null,
         el('span', { class: 'mono muted cell-clip', title: v.path, text: v.folder })),
       f && f.window ? el('div', { class: 'muted', 'data-testid': 'run-busy' },
         `GPU busy ${pct(f.busy_share)} from the first start to the last end (${fmtDate(f.window[0])} → ${fmtTime(f.window[1])}, ${fmtSeconds(f.window[1] - f.window[0])})`) : null,
@@ -547,6 +549,14 @@ function drawTabs(st) {
   return box;
 }
 
+// issue 34: what the agents spent: "$0.90 · 4.7k tokens" ("+ unknown" when a model had no price)
+function fmtSpent(s) {
+  if (!s) return '';
+  const usd = s.cost_usd >= 0.01 || s.cost_usd === 0 ? s.cost_usd.toFixed(2) : s.cost_usd.toFixed(4);
+  const tokens = s.tokens < 1000 ? `${s.tokens}` : s.tokens < 1e6 ? `${(s.tokens / 1000).toFixed(1)}k` : `${(s.tokens / 1e6).toFixed(1)}M`;
+  const unknown = s.cost_unknown_attempts ? (s.cost_usd ? ' + unknown' : '') : '';
+  return `${s.cost_unknown_attempts && !s.cost_usd ? 'unknown' : '$' + usd}${unknown} · ${tokens} tokens`;
+}
 function pct(share) { return share === null || share === undefined ? '' : `${Math.round(100 * share)}%`; }
 
 function rowActions(rid, r, reload) {

@@ -1,0 +1,91 @@
+"""What a research loop's proposer agent spent (issue 34): each proposal's tokens and cost, read
+from the CLI's usage record in what it printed (its preset's ``usage`` format), in the ledger's
+``proposal`` event; ``research loop --budget-usd`` ends the loop once the proposals' known cost
+reaches it (earlier loops' proposals count: the ledger says what they spent)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from gpuswarm.agents.preset import AgentPreset
+from gpuswarm.agents.pricing import AgentUsage, attempt_usage
+from gpuswarm.agents.usage import parse_usage
+from gpuswarm.core.errors import BudgetSpentError
+from gpuswarm.core.events import kind_of
+from gpuswarm.research.experiment import ExpPaths
+
+FIELDS = ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model", "usage_problem")
+
+
+class ProposerSpend:
+    """The proposals' spend so far (thread-safe: proposers run side by side)."""
+
+    def __init__(self, paths: ExpPaths, budget_usd: float | None) -> None:
+        self.budget_usd = budget_usd
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.usd = 0.0
+        self.tokens = 0
+        self.unknown = 0
+        if budget_usd is not None:
+            self._replay(paths)
+
+    def _replay(self, paths: ExpPaths) -> None:
+        try:
+            lines = paths.ledger.read_bytes().splitlines()
+        except OSError:
+            return
+        for raw in lines:
+            if b'"proposal"' not in raw or b'"tokens_in"' not in raw:
+                continue
+            try:
+                e = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(e, dict) and kind_of(e) == "proposal":
+                self._count(e)
+
+    def _count(self, fields: dict[str, Any]) -> None:
+        cost = fields.get("cost_usd")
+        tin, tout = fields.get("tokens_in"), fields.get("tokens_out")
+        with self._lock:
+            self.tokens += (tin if isinstance(tin, int) else 0) + (
+                tout if isinstance(tout, int) else 0
+            )
+            if isinstance(cost, int | float) and not isinstance(cost, bool):
+                self.usd += float(cost)
+            else:
+                self.unknown += 1
+
+    def add(self, preset: AgentPreset | None, stdout: str) -> None:
+        """One agent run's output: its usage counted, kept for this thread's next event."""
+        self._local.last = {}
+        if preset is None or preset.usage is None:
+            return
+        usage = parse_usage(stdout, preset.usage)
+        fields = attempt_usage(usage, AgentUsage(spec=preset.usage, model=preset.model))
+        fields = {k: v for k, v in fields.items() if v is not None}
+        self._local.last = fields
+        if "tokens_in" in fields or "cost_usd" in fields:
+            self._count(fields)
+
+    def last(self) -> dict[str, Any]:
+        """The usage fields of this thread's last agent run (for its ``proposal`` event)."""
+        out: dict[str, Any] = getattr(self._local, "last", {})
+        self._local.last = {}
+        return out
+
+    def check(self) -> None:
+        """BudgetSpentError (exit 1) once the proposals' known cost reached ``--budget-usd``."""
+        if self.budget_usd is None:
+            return
+        with self._lock:
+            spent = self.usd
+        if spent >= self.budget_usd:
+            raise BudgetSpentError(
+                f"research budget spent: the proposer agent spent ${spent:.2f} of --budget-usd "
+                f"${self.budget_usd:.2f}; raise it: research loop ... --budget-usd "
+                f"{max(self.budget_usd * 1.6, spent * 1.25):.2f}"
+            )

@@ -1,0 +1,184 @@
+"""Budgets through the real CLI (issue 34): ``budget: {usd: ...}``, ``--budget-usd`` on run and
+resume, ``on_exceed: stop``, ``max_usd:`` per task, a garbled usage record.
+
+The agent is a stub of Claude Code's headless mode: a script that reads its prompt and prints
+Claude Code's final JSON line with a ``total_cost_usd`` of its task's ``AGENT_COST`` (and sleeps
+``AGENT_SLEEP`` seconds first), through the claude-code preset with ``program:`` pointing at it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from cli_driver import CliResult
+
+pytestmark = pytest.mark.slow
+
+Cli = Callable[..., CliResult]
+AGENT = """\
+#!/bin/sh
+cat > /dev/null
+sleep "${AGENT_SLEEP:-0}"
+if [ -n "${AGENT_GARBLED:-}" ]; then
+  echo '{"type":"result","total_cost_usd":0.3,"usage":{"input_tokens":"a lot","output_tokens":5}}'
+  exit 0
+fi
+printf '{"type":"result","subtype":"success","is_error":false,"result":"done",'
+printf '"total_cost_usd":%s,"usage":{"input_tokens":1000,"cache_creation_input_tokens":0,' \\
+  "$AGENT_COST"
+printf '"cache_read_input_tokens":200,"output_tokens":50},'
+printf '"modelUsage":{"claude-sonnet-4-5":{"inputTokens":1000,"outputTokens":50}}}\\n'
+"""
+
+
+def project(tmp_path: Path, tasks: str, *, budget: str = "", defaults: str = "") -> Path:
+    agent = tmp_path / "fake-claude"
+    agent.write_text(AGENT)
+    agent.chmod(0o755)
+    cfg = tmp_path / "agents.yaml"
+    cfg.write_text(
+        f"name: spend\nworkspace: runs\n{budget}\n"
+        "defaults:\n"
+        f"  agent: {{preset: claude-code, program: {agent}, status: {{env_any: [HOME]}},"
+        ' prompt: "optimise it"}\n'
+        f"  env: {{AGENT_COST: '0.30'}}\n{defaults}"
+        f"tasks:\n{tasks}"
+    )
+    return cfg
+
+
+def the_run(tmp_path: Path) -> Path:
+    (run,) = (tmp_path / "runs/spend").glob("run_*")
+    return run
+
+
+def started(run: Path) -> list[str]:
+    lines = (run / "events.jsonl").read_text().splitlines()
+    return [e["task"] for e in map(json.loads, lines) if e.get("ev") == "started"]
+
+
+def rows(run: Path) -> dict[str, dict[str, str]]:
+    with (run / "results.tsv").open() as f:
+        return {r["task"]: r for r in csv.DictReader(f, delimiter="\t")}
+
+
+TEN = '  - {name: "t{i}", command: "true", matrix: {i: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}}\n'
+
+
+@pytest.mark.timeout(120)
+def test_one_slot_starts_exactly_four_tasks_then_resume_raises_it(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    cfg = project(tmp_path, TEN, budget="budget: {usd: 1.00}")
+    res = gpuswarm("run", cfg, "--gpus", "sim:1", "--plain", timeout=90)
+    assert res.returncode == 1, res
+    run = the_run(tmp_path)
+    assert len(started(run)) == 4  # $0, $0.30, $0.60, $0.90 spent before each: $1.20 after
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["counts"]["done"] == 4 and summary["counts"]["pending"] == 6
+    assert summary["cost"]["cost_usd"] == pytest.approx(1.2)
+    raise_it = f"gpuswarm resume {run} --budget-usd 1.6"
+    assert "budget: $1.20 spent of budget.usd $1.00" in summary["stopped_by"]
+    assert raise_it in res.output and "6 tasks left pending, reason budget" in res.output, res
+    status = gpuswarm("status", run)
+    assert "stopped by budget: $1.20 spent" in status.stdout and raise_it in status.stdout
+    # the line it gives: two more tasks ($1.20 -> $1.50 -> $1.80), and run.json keeps it
+    more = gpuswarm("resume", run, "--budget-usd", "1.6", "--plain", timeout=90)
+    assert more.returncode == 1, more
+    assert len(started(run)) == 6
+    again = gpuswarm("resume", run, "--plain", timeout=90)  # spent already: nothing starts
+    assert again.returncode == 1 and len(started(run)) == 6, again
+    assert "budget: $1.80 spent of budget.usd $1.60" in again.output
+    done = gpuswarm("resume", run, "--budget-usd", "100", "--plain", timeout=90)
+    assert done.returncode == 0 and len(started(run)) == 10, done
+
+
+@pytest.mark.timeout(120)
+def test_four_slots_overshoot_at_most_what_runs(gpuswarm: Cli, tmp_path: Path) -> None:
+    cfg = project(tmp_path, TEN, budget="budget: {usd: 1.00}", defaults="  timeout: 60s\n")
+    cfg.write_text(cfg.read_text().replace("AGENT_COST: '0.30'", "AGENT_COST: '0.30', "
+                                           "AGENT_SLEEP: '0.3'"))  # fmt: skip
+    res = gpuswarm("run", cfg, "--gpus", "sim:4", "--budget-usd", "1.00", "--plain", timeout=90)
+    assert res.returncode == 1, res
+    run = the_run(tmp_path)
+    n = len(started(run))
+    # a claim waits for what is not committed yet: at most 4 tasks at $0.30 start before $1.00
+    # is crossed (the 4th crosses it), plus what the other 3 slots were running then
+    assert 4 <= n <= 4 + 3, n
+    spent = json.loads((run / "summary.json").read_text())["cost"]["cost_usd"]
+    assert spent == pytest.approx(0.3 * n) and spent - 1.0 < 4 * 0.3
+
+
+@pytest.mark.timeout(120)
+def test_on_exceed_stop_puts_running_attempts_back(gpuswarm: Cli, tmp_path: Path) -> None:
+    tasks = (
+        "  - {name: dear, command: 'true', env: {AGENT_COST: '1.5'}}\n"
+        "  - {name: slow, command: 'true', env: {AGENT_SLEEP: '30'}}\n"
+        "  - {name: later, command: 'true'}\n"
+    )
+    cfg = project(tmp_path, tasks, budget="budget: {usd: 1.00, on_exceed: stop}")
+    res = gpuswarm("run", cfg, "--gpus", "sim:2", "--plain", timeout=60)
+    assert res.returncode == 1, res
+    run = the_run(tmp_path)
+    table = rows(run)
+    assert table["dear"]["state"] == "done" and table["slow"]["state"] == "pending", table
+    assert table["later"]["state"] == "pending" and "later" not in started(run)
+    assert res.seconds < 25  # slow was stopped, not waited for
+    (desc,) = (run / ".parallel/pending").glob("*slow.json")
+    (attempt,) = json.loads(desc.read_text())["attempts"]
+    assert attempt["interrupted"] and "budget" in attempt["reason"]
+
+
+@pytest.mark.timeout(120)
+def test_max_usd_fails_the_task_without_retry(gpuswarm: Cli, tmp_path: Path) -> None:
+    tasks = (
+        "  - {name: dear, command: 'true', max_attempts: 3, max_usd: 0.25}\n"
+        "  - {name: cheap, command: 'true', max_usd: 0.5}\n"
+    )
+    res = gpuswarm("run", project(tmp_path, tasks), "--gpus", "sim:1", "--plain", timeout=60)
+    assert res.returncode == 1, res
+    run = the_run(tmp_path)
+    table = rows(run)
+    assert table["cheap"]["state"] == "done"
+    assert table["dear"]["state"] == "failed" and table["dear"]["attempts"] == "1", table
+    assert "spent $0.3, over the task's max_usd $0.25" in table["dear"]["reason"]
+    assert started(run).count("dear") == 1
+
+
+@pytest.mark.timeout(120)
+def test_garbled_usage_counts_unknown_and_is_reported(gpuswarm: Cli, tmp_path: Path) -> None:
+    tasks = (
+        "  - {name: fine, command: 'true'}\n"
+        "  - {name: garbled, command: 'true', env: {AGENT_GARBLED: '1'}}\n"
+        "  - {name: after, command: 'true'}\n"
+    )
+    cfg = project(tmp_path, tasks, budget="budget: {usd: 0.50}")
+    res = gpuswarm("run", cfg, "--gpus", "sim:1", "--plain", timeout=60)
+    run = the_run(tmp_path)
+    table = rows(run)
+    assert table["garbled"]["state"] == "done" and table["garbled"]["cost_usd"] == "unknown"
+    cost = json.loads((run / "summary.json").read_text())["cost"]
+    assert cost["cost_unknown_attempts"] == 1 and not cost["complete"]
+    assert any("garbled usage record" in p for p in cost["problems"]), cost
+    # its $0.30 is not counted as $0 silently: the journal and the run's output say so
+    assert "an attempt's cost is unknown (garbled usage record" in res.output, res
+    assert cost["cost_usd"] == pytest.approx(0.6)  # fine and after: the budget crossed at 0.60
+    assert res.returncode == 0 and len(started(run)) == 3
+    report = (run / "report.html").read_text()
+    assert "1 attempts have an unknown cost" in report and "garbled usage record" in report
+
+
+def test_bad_budget_is_exit_2_naming_the_field(gpuswarm: Cli, tmp_path: Path) -> None:
+    cfg = project(tmp_path, TEN, budget="budget: {usd: -1}")
+    res = gpuswarm("run", cfg, "--gpus", "sim:1")
+    assert res.returncode == 2 and "budget" in res.stderr and "above 0" in res.stderr, res
+    cfg = project(tmp_path, TEN, budget="budget: {tokens: lots}")
+    res = gpuswarm("run", cfg, "--gpus", "sim:1")
+    assert res.returncode == 2 and "20M" in res.stderr, res
+    res = gpuswarm("run", project(tmp_path, TEN), "--gpus", "sim:1", "--budget-usd", "0")
+    assert res.returncode == 2 and "--budget-usd" in res.stderr, res
+    assert not (tmp_path / "runs").exists()
