@@ -58,6 +58,7 @@ from gpuswarm.supervise.heartbeat import Heartbeat
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
 from gpuswarm.supervise.membership import SlotSync
+from gpuswarm.supervise.outside_stop import ended, from_outside
 from gpuswarm.supervise.packing import GpuPlacement
 from gpuswarm.supervise.quarantine import Quarantine
 
@@ -331,10 +332,9 @@ class Supervisor:
 
     def _exited(self, live: LiveAttempt) -> None:
         self._unwatch(live)
-        end = live.handle.end_if_clean()
-        if end is None:
-            self._to_waiter(live)  # something of it is left (or a stop cancelled it)
-            return
+        if (end := live.handle.end_if_clean()) is None or from_outside(live, end):
+            self._to_waiter(live)  # something of it is left, a stop cancelled it, or a stop
+            return  # signal from outside killed it: its supervisor's may follow (.outside_stop)
         self._returns.put(self._settle(live, end))
 
     def _unwatch(self, live: LiveAttempt) -> None:
@@ -355,7 +355,7 @@ class Supervisor:
 
     def _wait_slow(self, live: LiveAttempt) -> None:
         try:
-            self._returns.put(self._settle(live, live.handle.wait(), slow=True))
+            self._returns.put(self._settle(live, ended(live, self.stopping), slow=True))
         except BaseException as exc:
             self._returns.put((live.slot, None, exc, True, live.task_id, False))
         self._wakeup()
