@@ -2,8 +2,8 @@
 job at once (Slurm's scancel, a container stop) signals the task and ``gpuswarm run`` together,
 and the task may die first. Here the order is forced: SIGTERM to the task's process group, its
 death seen by the supervisor, then SIGTERM to the supervisor. The task was interrupted by the
-stop (back in the queue, no attempt used), not failed; a task that kills itself with SIGTERM,
-no stop following, still fails."""
+stop (back in the queue, no attempt used), not failed; a SIGKILL is a failure even then, and a
+task that kills itself with SIGTERM, no stop following, still fails."""
 
 from __future__ import annotations
 
@@ -51,10 +51,9 @@ def _gone(pid: int) -> bool:
     return False
 
 
-@pytest.mark.timeout(60)
-def test_task_killed_from_outside_then_its_supervisor_is_interrupted(
-    tmp_path: Path, gpuswarm_popen: Popen
-) -> None:
+def _killed_then_stopped(tmp_path: Path, gpuswarm_popen: Popen, sig: int) -> tuple[Path, str]:
+    """Two tasks run; ``sig`` to the first one's process group, its death seen by the
+    supervisor, then SIGTERM to the supervisor: the run folder and its stderr."""
     first, second = tmp_path / "first.pid", tmp_path / "second.pid"
     lines = _lines(tmp_path, str(first), str(second))
     ws = tmp_path / "ws"
@@ -64,13 +63,21 @@ def test_task_killed_from_outside_then_its_supervisor_is_interrupted(
     run = wait_for_run(ws)
     wait_for(lambda: first.exists() and second.exists(), what="both tasks running")
     group = int(first.read_text())  # --no-shell: the task's process is the attempt's main
-    os.killpg(group, signal.SIGTERM)  # the task's process group first, all of it at once
+    os.killpg(group, sig)  # the task's process group first, all of it at once
     wait_for(lambda: _gone(group), what="the attempt's main process reaped by its supervisor")
     time.sleep(0.2)  # without the hold, its failure is settled by now; the hold lasts 1 s
     proc.send(signal.SIGTERM)  # then its supervisor's stop
     result = proc.wait()
     assert result.returncode == 130, result
-    assert "stopped by SIGTERM: 2 running tasks put back in the queue" in result.stderr, result
+    return run, result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_task_killed_from_outside_then_its_supervisor_is_interrupted(
+    tmp_path: Path, gpuswarm_popen: Popen
+) -> None:
+    run, stderr = _killed_then_stopped(tmp_path, gpuswarm_popen, signal.SIGTERM)
+    assert "stopped by SIGTERM: 2 running tasks put back in the queue" in stderr, stderr
     rows = read_results(run)
     assert rows["cmd-00001"]["state"] == "pending", rows
     reason = rows["cmd-00001"]["reason"]
@@ -82,6 +89,22 @@ def test_task_killed_from_outside_then_its_supervisor_is_interrupted(
     (desc,) = run.glob(".parallel/pending/*_cmd-00001.json")
     attempts = json.loads(desc.read_text())["attempts"]
     assert [a["interrupted"] for a in attempts] == [True], attempts  # no attempt used
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_from_outside_is_a_failure_even_with_the_stop(
+    tmp_path: Path, gpuswarm_popen: Popen
+) -> None:
+    """Only a stop's signals (TERM, INT, HUP) wait for the stop: a SIGKILL (the OOM killer's)
+    is the task's failure at once."""
+    run, stderr = _killed_then_stopped(tmp_path, gpuswarm_popen, signal.SIGKILL)
+    assert "stopped by SIGTERM: 1 running task put back in the queue" in stderr, stderr
+    rows = read_results(run)
+    assert (rows["cmd-00001"]["state"], rows["cmd-00001"]["reason"]) == (
+        "failed",
+        "killed by SIGKILL",
+    ), rows
+    assert rows["cmd-00002"]["state"] == "pending", rows
 
 
 @pytest.mark.timeout(60)
