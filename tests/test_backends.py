@@ -138,13 +138,13 @@ def test_both_backends_and_their_handles_satisfy_the_protocols(tmp_path: Path) -
 
 
 def test_registry_names_and_lazy_creation() -> None:
-    assert backend_names() == ["docker", "local", "ray", "wrapped"]
+    assert backend_names() == ["docker", "local", "ray", "slurm", "wrapped"]
     assert isinstance(create_backend("local"), LocalBackend)
     assert isinstance(
         create_backend("wrapped", BackendOptions(max_log_bytes=1 << 20)), WrappedBackend
     )
     with pytest.raises(KeyError):
-        create_backend("slurm")
+        create_backend("nope")
 
 
 def test_wrapped_backend_by_name_runs_every_attempt_in_the_waiter_path(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_thousands_of_unknown_keys_need_a_few_lookups(
     assert lines[0] == (
         f"{tmp_path / 'c.yaml'}:2: unknown key 'bogus_key_0' in the top level; allowed keys: "
         "after_all, backend, budget, defaults, docker, gpus, gpus_per_task, grace, groups, halt, "
-        "home, name, notify, preflight, pricing, ray, reliability, tasks, tasks_per_gpu, "
+        "home, name, notify, preflight, pricing, ray, reliability, slurm, tasks, tasks_per_gpu, "
         "tasks_root, workspace"
     )
     assert [line.split(":")[1] for line in lines[:10]] == [str(n) for n in range(2, 12)]

@@ -30,6 +30,7 @@ from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
+from gpuswarm.exec.slurm.session import check_nodes_see
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.check import check_run
@@ -44,17 +45,20 @@ from gpuswarm.runsetup import (
     Setup,
     check_backend,
     check_backend_ready,
+    driver_of,
     gpu_keys_of,
     new_run,
     plan,
     recovery_backend,
     redact_config,
     resolve_provisions,
+    resume_driven,
     setup_from_info,
     with_backend_options,
     with_budget,
     with_halt,
 )
+from gpuswarm.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.store import release
 from gpuswarm.store.leases import (
     attach,
@@ -95,12 +99,15 @@ def start_run(
 ) -> RunReport:
     """Validate everything, create the run directory, and supervise it to the end."""
     check_backend(loaded)
+    if (driver := driver_of(loaded.config.backend)) is not None:  # its workers run elsewhere
+        return driver.start(loaded, gpus_spec, suffix=suffix, output=output)
     gpus, slots = plan(loaded, gpus_spec)
     provisions = resolve_provisions(loaded)
     count = len(loaded.tasks)
     if loaded.config.backend == "local":  # elsewhere the programs are the image's
         _check_programs(loaded, count, output)
     check_backend_ready(loaded, gpus_spec)
+    check_nodes_see(loaded.workspace)  # issue 36: every node of a Slurm allocation sees it
     hold = GpuHold.acquire(gpu_keys_of(slots), run="", share=share_gpus)  # before anything is made
     try:
         return _start(loaded, gpus, slots, provisions, count, hold, suffix=suffix, output=output)
@@ -190,6 +197,8 @@ def resume_run(
     budget_usd: float | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
+    if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
+        return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
     setup = with_budget(with_halt(setup_from_info(info, gpus_spec), halt), budget_usd)
     if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
         setup = with_backend_options(setup, "resume", backend_options)
@@ -294,7 +303,7 @@ def _supervise(
     new_config: LoadedConfig | None,
 ) -> RunReport:
     owner = owner_id()
-    cfg = setup.supervisor_config(owner)
+    cfg, alloc = in_allocation(setup.supervisor_config(owner), paths, mode)  # Slurm's (36)
     recovered = None
     backend = create_backend(cfg.backend, setup.backend_options(paths, owner, cfg.max_log_bytes))
     if mode != "run":  # a new run checked it before it was created (check_backend_ready)
@@ -331,7 +340,7 @@ def _supervise(
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     with streamed(paths, queue.push, ledger, sup.request_stop):  # a big run's
-                        sup.run()
+                        run_in_allocation(sup, alloc, paths, mode, ledger, output)
                     notifier = last_word(  # its own thread; waits at most notify.end_wait
                         notifier,
                         stopped=sup.stopping.is_set() and sup.halt.reason is None,

@@ -1,16 +1,19 @@
 """What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume).
 
 Composition only: the slots (placement), the provisions (checked now, before anything runs),
-the reliability settings and the backend's name, and the run.json snapshot of them.
+the reliability settings and the backend's name, and the run.json snapshot of them; and, for a
+backend that drives workers elsewhere instead (``BackendPlugin.driver``), its
+:class:`RunDriver`.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,9 +38,11 @@ from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.exec.base import Backend, BackendOptions, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
+from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.runoutput import Output
 from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun
 from gpuswarm.store.staging import Encoded
@@ -401,3 +406,38 @@ def gpu_keys_of(slots: list[Slot]) -> list[str]:
 def backend_of(info: dict[str, Any]) -> str:
     """The backend a run's attempts ran on, from its run.json (runs before backends: local)."""
     return str((info.get("config") or {}).get("backend") or "local")
+
+
+class RunDriver(Protocol):
+    """A backend whose workers run elsewhere (``BackendPlugin.driver``: slurm's worker jobs):
+    this host makes the run and drives them, with no supervisor, slot or GPU work here."""
+
+    def start(
+        self, loaded: LoadedConfig, gpus_spec: str | None, *, suffix: str | None, output: Output
+    ) -> RunReport: ...
+
+    def resume(
+        self, paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+    ) -> RunReport | None:
+        """The run resumed and driven to its end; None: supervised here, as any run."""
+        ...
+
+
+def driver_of(backend: str) -> RunDriver | None:
+    """The driver of the backend called ``backend`` (imported only now); None when it has
+    none (a supervisor here runs its attempts) or is unknown (checked elsewhere)."""
+    plugin = plugins().get(backend)
+    if plugin is None or not plugin.driver:
+        return None
+    module, _, name = plugin.driver.partition(":")
+    return cast(RunDriver, getattr(importlib.import_module(module), name))
+
+
+def resume_driven(
+    paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+) -> RunReport | None:
+    """A resume of a run whose backend has a driver, by that driver; None: supervised here."""
+    driver = driver_of(backend_of(info))
+    if driver is None:
+        return None
+    return driver.resume(paths, info, output, retry_failed=retry_failed)

@@ -37,6 +37,7 @@ from gpuswarm.dashboard.lanes import outcome_of as outcome_of
 from gpuswarm.dashboard.lanes import slot_place as slot_place
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.results import shown_counts
+from gpuswarm.outputs.slurmview import slurm_lines, slurm_view
 from gpuswarm.outputs.status import run_state
 from gpuswarm.store.leases import host_slug
 from gpuswarm.store.ledger import read_range
@@ -276,6 +277,7 @@ class RunHub:
             "paused": run_paused,
             "slots": slots,
             "failures": failures,
+            "slurm": slurm_lines(slurm_view(self.paths.root)),  # issue 36: jobs, allocation
             "nvml": self.gpus.works,
             "final": None if final is None else {k: v for k, v in final.items() if k != "lanes"},
         }

@@ -27,6 +27,7 @@ from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
 from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
+from gpuswarm.outputs.slurmview import slurm_section
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -356,6 +357,7 @@ def write_report(
     body = (
         _header(paths, summary, info, stats)
         + _quarantines(summary)
+        + slurm_section(paths.root, esc)  # issue 36: the worker jobs, the allocation
         + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())
         + energy_section(summary)  # issue 37
         + cost_section(summary, scan.rows)  # issue 34: what the agents spent

@@ -19,6 +19,7 @@ from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import Redactor
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
+from gpuswarm.outputs.slurmview import slurm_view
 from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
@@ -119,6 +120,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
             else []
         ),
         "paused": {"run": (p := paused(paths)).run, "slots": sorted(p.slots)},
+        "slurm": slurm_view(paths.root),  # issue 36: worker jobs, the allocation
         "cost": journal_spend(paths.events, counts.get("done", 0)),  # issue 34; None: no agents
     }
     return {"run": str(paths.root), **redactor.tree(shown)}  # names, reasons: one redactor

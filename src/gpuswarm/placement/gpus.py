@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuswarm.core.errors import GpuSpecError
+from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor, as_int, format_ids
 from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.placement.probes import Runner, find_gpus, run_tool
@@ -124,11 +125,18 @@ def discover(
     ``nvml`` replaces the ``pynvml`` module and ``run`` the tool runner (:func:`run_tool`);
     ``environ`` replaces ``os.environ``. Raises :class:`GpuSpecError` when nothing finds a GPU.
     """
+    env = os.environ if environ is None else environ
+    if slurmgpus.in_allocation(env) and not slurmgpus.on_compute_node(env):
+        raise slurmgpus.not_on_node_error()
     gpus = find_gpus(nvml, run or run_tool)
     if not gpus:
+        sim = slurmgpus.simulated(env)  # a Slurm test cluster's gres (issue 36)
+        if sim is not None:
+            return sim
         raise GpuSpecError(NO_GPU_MESSAGE)
     found = GpuSet(gpus[0].vendor, tuple(gpus), "auto")
-    return _restrict_to_visible(found, os.environ if environ is None else environ)
+    granted = slurmgpus.restrict(found, env)  # inside a Slurm allocation: what it granted
+    return granted if granted is not None else _restrict_to_visible(found, env)
 
 
 # -- --gpus

@@ -60,6 +60,9 @@ class SupervisorConfig:
     preflight: tuple[str, ...] = ()
     # issue 28: stop early (``halt:`` / ``--halt``, config/halt.py); None: never
     halt: str | None = None
+    # issue 36: the end of a Slurm allocation (epoch seconds; supervise/allocation_end.py):
+    # no task whose timeout runs past it is claimed
+    claim_until: float | None = None
     # issue 34: stop claiming once the agents spent this much (config/budget.py); None: no limit
     budget_usd: float | None = None
     budget_tokens: int | None = None

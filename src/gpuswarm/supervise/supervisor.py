@@ -49,6 +49,7 @@ from gpuswarm.store.leases import owner_file
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of
 from gpuswarm.store.queue import Claimed, DirQueue
+from gpuswarm.supervise.allocation_end import AllocationEnd
 from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.committer import COMMITTERS, Committer
 from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
@@ -58,6 +59,7 @@ from gpuswarm.supervise.heartbeat import Heartbeat
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
 from gpuswarm.supervise.membership import SlotSync
+from gpuswarm.supervise.outside_stop import ended, from_outside
 from gpuswarm.supervise.packing import GpuPlacement
 from gpuswarm.supervise.quarantine import Quarantine
 
@@ -109,6 +111,7 @@ class Supervisor:
         self.gpus = GpuPlacement(self.shared, cfg.slots, query)  # VRAM sampler, reservations (19)
         self.groups = gate_of(paths)  # issue 35: max_parallel, pause --group
         self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
+        self.until = AllocationEnd(queue, cfg.claim_until)  # a Slurm allocation's end (36)
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -256,7 +259,7 @@ class Supervisor:
             claimed = None
             with self.gpus.claiming():  # this host's other supervisors wait meanwhile
                 for slot in self.gpus.candidates(free, self.shared.holds):
-                    accept = self.groups.wrap(self.gpus.accept(slot))  # issue 35: caps, pauses
+                    accept = self.until.wrap(self.groups.wrap(self.gpus.accept(slot)))  # 35, 36
                     claimed = self.queue.claim(self.cfg.owner, slot.index, accept)
                     if claimed is not None:
                         self.gpus.reserve(slot, claimed)  # before its CUDA context exists
@@ -334,10 +337,9 @@ class Supervisor:
 
     def _exited(self, live: LiveAttempt) -> None:
         self._unwatch(live)
-        end = live.handle.end_if_clean()
-        if end is None:
-            self._to_waiter(live)  # something of it is left (or a stop cancelled it)
-            return
+        if (end := live.handle.end_if_clean()) is None or from_outside(live, end):
+            self._to_waiter(live)  # something of it is left, a stop cancelled it, or a stop
+            return  # signal from outside killed it: its supervisor's may follow (.outside_stop)
         self._returns.put(self._settle(live, end))
 
     def _unwatch(self, live: LiveAttempt) -> None:
@@ -358,7 +360,7 @@ class Supervisor:
 
     def _wait_slow(self, live: LiveAttempt) -> None:
         try:
-            self._returns.put(self._settle(live, live.handle.wait(), slow=True))
+            self._returns.put(self._settle(live, ended(live, self.stopping), slow=True))
         except BaseException as exc:
             self._returns.put((live.slot, None, exc, True, live.task_id, False))
         self._wakeup()

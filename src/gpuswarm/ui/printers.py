@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gpuswarm.core.redact import inert
 from gpuswarm.core.words import counted
+from gpuswarm.outputs.slurmview import slurm_lines
 from gpuswarm.outputs.spend import spend_line
 from gpuswarm.ui.table import clock
 
@@ -64,6 +65,11 @@ def _held_gpus(con: Console, data: dict[str, Any]) -> None:
         con.print(f"[yellow]waiting[/] {escape(inert(str(wait.get('reason', ''))))}")
 
 
+def _slurm(con: Console, data: dict[str, Any]) -> None:
+    for line in slurm_lines(data.get("slurm")):
+        con.print(escape(inert(line)))
+
+
 def print_status(data: dict[str, Any]) -> None:
     con = _console()
     state = data.get("state") or ("live" if data["live"] else "not running")
@@ -76,6 +82,7 @@ def print_status(data: dict[str, Any]) -> None:
     if paused := paused_text(data.get("paused") or {}):
         con.print(f"[yellow]{escape(paused)}[/] (no new starts; gpuswarm unpause RUN)")
     _eta_and_cost(con, data)
+    _slurm(con, data)  # issue 36: the worker jobs, the allocation
     if data["running"]:
         con.print(_running_table(data["running"]))
     shown, failed = len(data["failures"]), data["counts"].get("failed", 0)

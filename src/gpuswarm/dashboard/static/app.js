@@ -312,6 +312,7 @@ function runPage(rid) {
       f && f.window ? el('div', { class: 'muted', 'data-testid': 'run-busy' },
         `GPU busy ${pct(f.busy_share)} from the first start to the last end (${fmtDate(f.window[0])} → ${fmtTime(f.window[1])}, ${fmtSeconds(f.window[1] - f.window[0])})`) : null,
       v.note ? el('div', { class: 'notice', text: v.note }) : null,
+      v.slurm && v.slurm.length ? el('div', { class: 'card mono', 'data-testid': 'slurm' }, v.slurm.map((line) => el('div', { text: line }))) : null,
       !v.live && !READ_ONLY ? el('div', { class: 'notice', 'data-testid': 'ended-hint' },
         'This run has ended. To run more of it: ', el('code', { text: `gpuswarm add ${v.path} LIST` }), ' (or retry), then ',
         el('code', { text: `gpuswarm resume ${v.path}` }), '.') : null,
