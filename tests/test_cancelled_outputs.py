@@ -94,7 +94,14 @@ def test_the_run_view_folds_add_cancel_and_retry() -> None:
     assert view.counts["pending"] == 3 and view.counts["cancelled"] == 1
     view.apply({"ev": "requeued", "task": "x", "frm": "cancelled", "reason": "retry"})
     view.apply({"ev": "requeued", "task": "f", "frm": "failed", "reason": "retry"})
-    assert view.counts == {"pending": 5, "running": 0, "done": 0, "failed": 0, "cancelled": 0}
+    assert view.counts == {
+        "pending": 5,
+        "running": 0,
+        "done": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "blocked": 0,
+    }
     view.apply({"ev": "control", "request": "pause", "by": "me"})
     view.apply({"ev": "control", "request": "pause", "slot": "gpu1", "by": "me"})
     assert view.paused and view.paused_slots == {"gpu1"}
