@@ -79,3 +79,37 @@ def test_repeats_flag_over_the_config(tmp_path: Path) -> None:
     assert outs == {"t-r1": "1", "t-r2": "2", "t-r3": "3"}, outs
     reps = json.loads((run / "summary.json").read_text())["repeats"]
     assert reps["tasks"]["t"] == {"repeats": 3, "ended": 3}  # no score: or passed: named
+
+
+HOME_TASK = """\
+import os, pathlib, sys
+home, j = pathlib.Path(os.environ["HOME"]), sys.argv[1]
+seen = sorted(p.name for p in home.glob("mark-*"))
+(home / f"mark-{j}").write_text(j)
+pathlib.Path("home.txt").write_text(f"{home}\\n{','.join(seen)}\\n")
+sys.exit(0 if seen else 3)  # the first attempt fails: its retry must find its own HOME
+"""
+
+
+def test_each_repeat_has_its_own_private_home_kept_over_its_attempts(tmp_path: Path) -> None:
+    (tmp_path / "home_task.py").write_text(HOME_TASK)
+    cfg = tmp_path / "reps.yaml"
+    cfg.write_text(
+        "name: reps\nworkspace: ws\nhome: {isolate: true}\n"
+        "reliability: {retry_backoff: null, breaker: {failures: 0}}\n"
+        "defaults: {repeats: 3, max_attempts: 2}\n"
+        "tasks:\n"
+        f'  - {{name: t, command: [{PY}, "{tmp_path}/home_task.py", "{{repeat}}"],'
+        ' cwd: "{workspace}"}\n'
+    )
+    res = run_cli("run", cfg, "--gpus", "sim:1", "--plain", cwd=tmp_path)
+    assert res.returncode == 0, res
+    (run,) = (tmp_path / "ws/reps").glob("run_*")
+    homes = {}
+    for j in (1, 2, 3):
+        home, seen = (run / "tasks" / f"t-r{j}" / "home.txt").read_text().split()
+        assert seen == f"mark-{j}", (j, seen)  # its own first attempt's mark, no other repeat's
+        homes[j] = Path(home)
+        assert homes[j].stat().st_mode & 0o077 == 0  # private
+    assert len(set(homes.values())) == 3, homes  # one slot, three HOMEs
+    assert homes[1] == (run / "homes/_repeats/t-r1").absolute()

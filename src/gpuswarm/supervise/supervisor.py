@@ -407,7 +407,7 @@ class Supervisor:
                 self.committer.hand_back(claimed, task, None)
             free.appendleft(slot)
             return
-        plan = plan_attempt(self.shared, task, slot, claimed, self._homes[slot.index])
+        plan = plan_attempt(self.shared, task, slot, claimed, self._homes[slot.index], self.backend)
         handle = self.backend.launch(plan.spec)
         live = LiveAttempt(
             slot,
