@@ -113,3 +113,25 @@ def test_each_repeat_has_its_own_private_home_kept_over_its_attempts(tmp_path: P
         assert homes[j].stat().st_mode & 0o077 == 0  # private
     assert len(set(homes.values())) == 3, homes  # one slot, three HOMEs
     assert homes[1] == (run / "homes/_repeats/t-r1").absolute()
+
+
+def test_repeats_flag_on_a_command_list(tmp_path: Path) -> None:
+    cmds = tmp_path / "cmds.txt"
+    cmds.write_text(
+        'echo "r{repeat}" $((10 * {repeat})) > {workspace}/out.txt\n'
+        "test {repeat} -ne 2 > {workspace}/out.txt\n"
+    )
+    res = run_cli("run", "--repeats", "3", cmds, "--gpus", "sim:2", "--plain", cwd=tmp_path)
+    assert res.returncode == 1, res  # cmd-00002-r2 fails: test 2 -ne 2
+    (run,) = (tmp_path / "runs/cmds").glob("run_*")
+    outs = {p.parent.name: p.read_text().strip() for p in (run / "tasks").glob("*-r?/out.txt")}
+    assert {k: v for k, v in outs.items() if k.startswith("cmd-00001")} == {
+        f"cmd-00001-r{j}": f"r{j} {10 * j}" for j in (1, 2, 3)
+    }, outs
+    with (run / "results.tsv").open() as f:
+        rows = {r["task"]: r for r in csv.DictReader(f, delimiter="\t")}
+    assert sorted(rows) == [f"cmd-0000{n}-r{j}" for n in (1, 2) for j in (1, 2, 3)]
+    assert rows["cmd-00002-r2"]["state"] == "failed" and rows["cmd-00002-r3"]["state"] == "done"
+    assert rows["cmd-00001-r2"]["name"].endswith("-r2"), rows["cmd-00001-r2"]
+    reps = json.loads((run / "summary.json").read_text())["repeats"]
+    assert sorted(reps["tasks"]) == ["cmd-00001", "cmd-00002"], reps
