@@ -21,11 +21,12 @@ from gpuswarm.config.backends import (
     plugins,
     settings_of,
 )
-from gpuswarm.config.budget import BudgetConfig, check_usd
+from gpuswarm.config.budget import BudgetConfig, check_usd, parse_tokens
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
+from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
@@ -35,6 +36,7 @@ from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.store.runinfo import RunInfo
+from gpuswarm.store.runs import open_run
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -240,12 +242,30 @@ def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
     }
 
 
-def with_budget(setup: Setup, usd: float | None) -> Setup:
-    """``--budget-usd`` over the run's ``budget.usd`` (resume: raised for this session and, by
-    the engine, in run.json)."""
-    if usd is None:
-        return setup
-    return replace(setup, settings={**setup.settings, "budget_usd": check_usd(usd)})
+def with_budget(setup: Setup, usd: float | None, tokens: int | None = None) -> Setup:
+    """``--budget-usd`` / ``--budget-tokens`` over the run's ``budget.usd`` / ``.tokens``
+    (resume: raised for this session and, by :func:`remember_budget`, in run.json)."""
+    given: dict[str, Any] = {}
+    if usd is not None:
+        given["budget_usd"] = check_usd(usd)
+    if tokens is not None:
+        given["budget_tokens"] = parse_tokens(tokens)
+    return replace(setup, settings={**setup.settings, **given}) if given else setup
+
+
+def remember_budget(paths: RunPaths, setup: Setup) -> None:
+    """``resume --budget-usd`` / ``--budget-tokens``: the raised budget goes into run.json
+    (under the run lock), so that the next ``resume`` keeps it."""
+    _, info = open_run(paths.root)
+    settings = info.setdefault("settings", {})
+    changed = False
+    for key in ("budget_usd", "budget_tokens"):
+        value = setup.settings.get(key)
+        if value is not None and settings.get(key) != value:
+            settings[key], changed = value, True
+    if changed:
+        settings.setdefault("budget_on_exceed", "finish")
+        atomic_write_json(paths.run_json, info)
 
 
 def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:

@@ -14,7 +14,17 @@ import statistics
 from gpuswarm import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants
+from gpuswarm.research import (
+    controls,
+    executor,
+    exports,
+    gitops,
+    outcome,
+    proposercost,
+    rules,
+    runner,
+    variants,
+)
 from gpuswarm.research.announce import announce_kept
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
@@ -359,6 +369,6 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
 
 
 def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
-    header = [HEADER[0], cfg.metric, *HEADER[2:]]
-    lines = ["\t".join(header), *("\t".join(row) for row in state.rows_in_order())]
+    header = proposercost.header([HEADER[0], cfg.metric, *HEADER[2:]], state)  # issue 34
+    lines = ["\t".join(header), *("\t".join(row) for row in proposercost.rows(state))]
     atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")
