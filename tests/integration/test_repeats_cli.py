@@ -135,3 +135,23 @@ def test_repeats_flag_on_a_command_list(tmp_path: Path) -> None:
     assert rows["cmd-00001-r2"]["name"].endswith("-r2"), rows["cmd-00001-r2"]
     reps = json.loads((run / "summary.json").read_text())["repeats"]
     assert sorted(reps["tasks"]) == ["cmd-00001", "cmd-00002"], reps
+
+
+def test_a_repeats_resume_finds_its_own_home_again(tmp_path: Path) -> None:
+    (tmp_path / "home_task.py").write_text(HOME_TASK)
+    cfg = tmp_path / "reps.yaml"
+    cfg.write_text(
+        "name: reps\nworkspace: ws\nhome: {isolate: true}\n"
+        "reliability: {breaker: {failures: 0}}\ndefaults: {repeats: 2}\n"
+        "tasks:\n"
+        f'  - {{name: t, command: [{PY}, "{tmp_path}/home_task.py", "{{repeat}}"],'
+        ' cwd: "{workspace}"}\n'
+    )
+    first = run_cli("run", cfg, "--gpus", "sim:2", "--plain", cwd=tmp_path)
+    assert first.returncode == 1, first  # each repeat's only attempt fails, leaving its mark
+    (run,) = (tmp_path / "ws/reps").glob("run_*")
+    again = run_cli("resume", run, "--gpus", "sim:2", "--plain", cwd=tmp_path)
+    assert again.returncode == 0, again  # the retried repeats found their marks
+    for j in (1, 2):
+        home, seen = (run / "tasks" / f"t-r{j}" / "home.txt").read_text().split()
+        assert seen == f"mark-{j}" and Path(home) == (run / f"homes/_repeats/t-r{j}").absolute()
