@@ -46,12 +46,12 @@ def _cells(v: Variant | None) -> list[str]:
     return ["" if x is None else f"{x:g}" for x in spent(v).values()]
 
 
-def header(seed: list[str], state: ExperimentState) -> list[str]:
+def tsv_header(seed: list[str], state: ExperimentState) -> list[str]:
     """results.tsv's header: the seed's, then the proposer's columns where some variant has them."""
     return [*seed, *COLUMNS] if any_spent(state) else seed
 
 
-def rows(state: ExperimentState, only: Container[str] | None = None) -> list[list[str]]:
+def tsv_rows(state: ExperimentState, only: Container[str] | None = None) -> list[list[str]]:
     """results.tsv's rows in experiment order (:meth:`ExperimentState.rows_in_order`), each
     with the proposer's cells where the header has them."""
     if not any_spent(state):

@@ -281,7 +281,7 @@ def log_text(exp: Experiment, limit: int | None, since: str | None) -> str:
     state = exp.settle()
     chosen = {v.id for v in log_selection(state, limit, since)[0]}
     lines = exp.paths.results_tsv.read_text().splitlines(keepends=True)[:1]
-    lines += ["\t".join(row) + "\n" for row in proposercost.rows(state, chosen)]
+    lines += ["\t".join(row) + "\n" for row in proposercost.tsv_rows(state, chosen)]
     return "".join(lines)
 
 
