@@ -14,7 +14,7 @@ import click
 
 from gpuswarm.cli_support import stoppable
 from gpuswarm.config.backends import click_options
-from gpuswarm.config.budget import BudgetConfig
+from gpuswarm.config.budget import TOKENS_HELP, BudgetConfig, parse_tokens
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -73,16 +73,35 @@ _BUDGET_USD = click.option(
 )
 
 
+def _tokens_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """``--budget-tokens 20M``: a count of tokens, as ``budget.tokens`` takes it (exit 2 else)."""
+    try:
+        return None if value is None else parse_tokens(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+_BUDGET_TOKENS = click.option(
+    "--budget-tokens",
+    callback=_tokens_flag,
+    help=f"tokens (in + out) the agents may use: {TOKENS_HELP}; over budget.tokens",
+)
+
+
 def _supervising(command: _F) -> _F:
     for option in reversed(_SUPERVISING):
         command = option(command)
     return command
 
 
-def with_budget_usd(loaded: LoadedConfig, usd: float) -> LoadedConfig:
-    """``run --budget-usd``: the config's ``budget.usd`` (its other settings kept)."""
+def with_budget_usd(
+    loaded: LoadedConfig, usd: float | None, tokens: int | None = None
+) -> LoadedConfig:
+    """``run --budget-usd`` / ``--budget-tokens``: the config's ``budget.usd`` / ``.tokens``
+    (its other settings kept)."""
     old = loaded.config.budget
-    budget = old.model_copy(update={"usd": usd}) if old is not None else BudgetConfig(usd=usd)
+    given = {k: v for k, v in (("usd", usd), ("tokens", tokens)) if v is not None}
+    budget = old.model_copy(update=given) if old is not None else BudgetConfig.model_validate(given)
     config = loaded.config.model_copy(update={"budget": budget})
     return dataclasses.replace(loaded, config=config)
 
@@ -126,6 +145,7 @@ def _load_source(
 @_supervising
 @click_options("run", choose="what runs each attempt")
 @_BUDGET_USD
+@_BUDGET_TOKENS
 @click.option(
     "--notify",
     "notify_url",
@@ -151,6 +171,7 @@ def run(
     share_gpus: bool,
     halt: str | None,
     budget_usd: float | None,
+    budget_tokens: int | None,
     backend: str | None,
     notify_url: str | None = None,
     **backend_values: Any,
@@ -175,8 +196,8 @@ def run(
             loaded = dataclasses.replace(loaded, config=config)
         if notify_url is not None:  # issue 37: run.json keeps it, a resume notifies too
             loaded = dataclasses.replace(loaded, config=with_notify(loaded.config, notify_url))
-        if budget_usd is not None:  # issue 34: over the config's budget.usd (run.json keeps it)
-            loaded = with_budget_usd(loaded, budget_usd)
+        if budget_usd is not None or budget_tokens is not None:  # issue 34: over the config's
+            loaded = with_budget_usd(loaded, budget_usd, budget_tokens)  # (run.json keeps it)
         output = Output(quiet=quiet, live=not plain, report=not no_report)
         report = start_run(loaded, gpus, suffix=suffix, output=output, share_gpus=share_gpus)
     _finish(report, as_json, strict)
@@ -202,6 +223,7 @@ def run(
 @_supervising
 @click_options("resume")
 @_BUDGET_USD
+@_BUDGET_TOKENS
 def resume(
     run_dir: Path | None,
     latest: bool,
@@ -219,6 +241,7 @@ def resume(
     share_gpus: bool,
     halt: str | None,
     budget_usd: float | None,
+    budget_tokens: int | None,
     **backend_values: Any,
 ) -> None:
     """Finish a run: skip done tasks, requeue interrupted and (by default) failed ones.
@@ -255,6 +278,7 @@ def resume(
             backend_options=backend_values,
             halt=halt,
             budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
         )
     _finish(report, as_json, strict)
 

@@ -51,6 +51,7 @@ from gpuswarm.runsetup import (
     plan,
     recovery_backend,
     redact_config,
+    remember_budget,
     resolve_provisions,
     resume_driven,
     setup_from_info,
@@ -195,11 +196,14 @@ def resume_run(
     backend_options: Mapping[str, Any] | None = None,
     halt: str | None = None,
     budget_usd: float | None = None,
+    budget_tokens: int | None = None,
 ) -> RunReport:
     paths, info = open_run(run_dir)
     if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
         return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
-    setup = with_budget(with_halt(setup_from_info(info, gpus_spec), halt), budget_usd)
+    setup = with_budget(
+        with_halt(setup_from_info(info, gpus_spec), halt), budget_usd, budget_tokens
+    )
     if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
         setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
@@ -323,7 +327,7 @@ def _supervise(
             release.settle_locked(queue, ledger, only=mode == "work")  # issue 35: see there
             if mode == "resume":
                 _remember_moved(paths, ledger, setup)
-                _remember_budget(paths, setup)
+                remember_budget(paths, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
             setup = replace(setup, slots=_registered_slots(paths, owner, setup, cfg, backend))
@@ -380,19 +384,6 @@ def budget_line(budget: Budget) -> str | None:
     """``budget: $1.20 spent of budget.usd $1.00; raise it: gpuswarm resume RUN --budget-usd
     1.6`` once the run's budget is spent (None: it is not)."""
     return None if budget.reason is None else f"{budget.reason}; {budget.how}"
-
-
-def _remember_budget(paths: RunPaths, setup: Setup) -> None:
-    """``resume --budget-usd``: the raised budget goes into run.json (under the run lock), so
-    that the next ``resume`` keeps it."""
-    usd = setup.settings.get("budget_usd")
-    _, info = open_run(paths.root)
-    settings = info.setdefault("settings", {})
-    if usd is None or settings.get("budget_usd") == usd:
-        return
-    settings["budget_usd"] = usd
-    settings.setdefault("budget_on_exceed", "finish")
-    atomic_write_json(paths.run_json, info)
 
 
 def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:

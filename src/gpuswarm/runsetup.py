@@ -24,13 +24,13 @@ from gpuswarm.config.backends import (
     plugins,
     settings_of,
 )
-from gpuswarm.config.budget import BudgetConfig, check_usd
+from gpuswarm.config.budget import BudgetConfig, check_usd, parse_tokens
 from gpuswarm.config.commands import CommandTasks, task_dumps
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
-from gpuswarm.core.fsutil import COMPACT
+from gpuswarm.core.fsutil import COMPACT, atomic_write_json
 from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
@@ -44,7 +44,7 @@ from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slo
 from gpuswarm.placement.hostlock import gpu_keys
 from gpuswarm.runoutput import Output
 from gpuswarm.store.runinfo import RunInfo
-from gpuswarm.store.runs import NewRun
+from gpuswarm.store.runs import NewRun, open_run
 from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
@@ -123,7 +123,8 @@ def queued(loaded: LoadedConfig) -> Iterator[dict[str, Any] | Encoded]:
     """The tasks to enqueue, one at a time (never a copy): a command list's descriptors filled
     into one encoded template (the same bytes, several times cheaper), others' dumps."""
     tasks = loaded.tasks
-    if isinstance(tasks, CommandTasks) and len(tasks):
+    # a plain command list only: a subclass adds fields per dump (--repeats: its repeat)
+    if type(tasks) is CommandTasks and len(tasks):
         encoded = _encoded(tasks)
         if encoded is not None:
             return encoded
@@ -294,12 +295,30 @@ def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
     }
 
 
-def with_budget(setup: Setup, usd: float | None) -> Setup:
-    """``--budget-usd`` over the run's ``budget.usd`` (resume: raised for this session and, by
-    the engine, in run.json)."""
-    if usd is None:
-        return setup
-    return replace(setup, settings={**setup.settings, "budget_usd": check_usd(usd)})
+def with_budget(setup: Setup, usd: float | None, tokens: int | None = None) -> Setup:
+    """``--budget-usd`` / ``--budget-tokens`` over the run's ``budget.usd`` / ``.tokens``
+    (resume: raised for this session and, by :func:`remember_budget`, in run.json)."""
+    given: dict[str, Any] = {}
+    if usd is not None:
+        given["budget_usd"] = check_usd(usd)
+    if tokens is not None:
+        given["budget_tokens"] = parse_tokens(tokens)
+    return replace(setup, settings={**setup.settings, **given}) if given else setup
+
+
+def remember_budget(paths: RunPaths, setup: Setup) -> None:
+    """``resume --budget-usd`` / ``--budget-tokens``: the raised budget goes into run.json
+    (under the run lock), so that the next ``resume`` keeps it."""
+    _, info = open_run(paths.root)
+    settings = info.setdefault("settings", {})
+    changed = False
+    for key in ("budget_usd", "budget_tokens"):
+        value = setup.settings.get(key)
+        if value is not None and settings.get(key) != value:
+            settings[key], changed = value, True
+    if changed:
+        settings.setdefault("budget_on_exceed", "finish")
+        atomic_write_json(paths.run_json, info)
 
 
 def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:

@@ -263,3 +263,55 @@ def test_research_proposals_record_their_cost_and_the_budget_ends_the_loop(
     )
     assert made["tokens_in"] % per_call == 0 and made["tokens_in"] > 0, made
     assert made["model"].startswith("claude-")
+
+
+@pytest.mark.timeout(240)
+def test_research_rows_carry_the_proposers_spend_and_budget_tokens_ends_the_loop(
+    gpuswarm: Cli, research_repo: Path, home: Path
+) -> None:
+    claude = require_cli("claude")
+    with ModelStub(LOWER) as stub:
+        env = {"PATH": f"{claude.parent}:/usr/bin:/bin", "HOME": str(home), **QUIET_ENV,
+               "ANTHROPIC_BASE_URL": stub.url, "ANTHROPIC_API_KEY": API_KEY}  # fmt: skip
+        res = gpuswarm(
+            "research", "init", "-C", research_repo, "--tag", "t", "--edit", "train.py",
+            "--protect", "prepare.py", "--command", f"{PY} train.py", "--gpus", "sim:1",
+            "--timeout", "20s", "--linger", "2s", "--policy", "greedy",
+            "--baseline-repeats", "1", env=env,
+        )  # fmt: skip
+        assert res.returncode == 0, res
+        loop = ("research", "loop", "-C", research_repo, "--lookahead", "0", "--plain",
+                "--agent", "claude-code")  # fmt: skip
+        try:
+            res = gpuswarm(*loop, "--max-experiments", "1", env=env, timeout=180)
+            assert res.returncode == 0, res
+            bad = gpuswarm(*loop, "--budget-tokens", "lots", env=env)
+            assert bad.returncode == 2 and "--budget-tokens" in bad.output, bad
+            # the first loop's proposal counts: a second loop with a tiny budget stops at once
+            spent = gpuswarm(*loop, "--max-experiments", "2", "--budget-tokens", "1", env=env)
+        finally:
+            gpuswarm("research", "stop", "-C", research_repo, env=env)
+    said = r"the proposer agent used \d+ tokens of --budget-tokens 1; raise it: .*--budget-tokens"
+    assert spent.returncode == 1 and re.search(said, spent.output), spent
+    root = research_repo / ".gpuswarm/research/t"
+    events = [json.loads(line) for line in (root / "ledger.jsonl").read_text().splitlines()]
+    (made,) = [e for e in events if e.get("ev") == "proposal"]
+    tokens = made["tokens_in"] + made["tokens_out"]
+    with (root / "results.tsv").open() as f:
+        table = list(csv.reader(f, delimiter="\t"))
+    assert table[0][:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert table[0][5:] == ["proposer_tokens", "proposer_usd"], table[0]
+    by_desc = {r[4]: r for r in table[1:]}
+    base = next(r for d, r in by_desc.items() if "baseline" in d)
+    (change,) = [r for d, r in by_desc.items() if "lower DEPTH" in d]
+    assert base[5:] == ["", ""] and int(change[5]) == tokens, table
+    assert float(change[6]) == pytest.approx(made["cost_usd"]) and made["cost_usd"] > 0
+    log = json.loads(gpuswarm("research", "log", "-C", research_repo, "--json").stdout)
+    (variant,) = [v for v in log["variants"] if v["proposer_tokens"] is not None]
+    assert variant["proposer_tokens"] == tokens and variant["proposer_usd"] > 0, variant
+    shown = gpuswarm("research", "log", "-C", research_repo, "--limit", "5").stdout
+    assert shown.splitlines()[0].endswith("proposer_tokens\tproposer_usd"), shown
+    report = gpuswarm("research", "report", "-C", research_repo)
+    assert report.returncode == 0, report
+    html = (root / "report.html").read_text()
+    assert "<th>proposer_tokens</th>" in html and f"<td>{tokens}</td>" in html

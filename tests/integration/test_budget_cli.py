@@ -182,3 +182,64 @@ def test_bad_budget_is_exit_2_naming_the_field(gpuswarm: Cli, tmp_path: Path) ->
     res = gpuswarm("run", project(tmp_path, TEN), "--gpus", "sim:1", "--budget-usd", "0")
     assert res.returncode == 2 and "--budget-usd" in res.stderr, res
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(120)
+def test_budget_tokens_flag_on_run_and_resume(gpuswarm: Cli, tmp_path: Path) -> None:
+    cfg = project(tmp_path, TEN)
+    bad = gpuswarm("run", cfg, "--gpus", "sim:1", "--budget-tokens", "lots")
+    assert bad.returncode == 2 and "--budget-tokens" in bad.stderr and "20M" in bad.stderr, bad
+    assert not (tmp_path / "runs").exists()
+    res = gpuswarm("run", cfg, "--gpus", "sim:1", "--budget-tokens", "2.5k", "--plain")
+    assert res.returncode == 1, res
+    run = the_run(tmp_path)
+    cost = json.loads((run / "summary.json").read_text())["cost"]
+    n = len(started(run))
+    per_task = (cost["tokens_in"] + cost["tokens_out"]) // n
+    assert per_task * (n - 1) < 2500 <= per_task * n, (n, cost)  # stopped once it crossed
+    # 1.6 x 2.5k = 4k (above 1.25 x the spent): the line names the flag to raise
+    raise_it = f"gpuswarm resume {run} --budget-tokens 4k"
+    assert "tokens spent of budget.tokens 2500" in res.output and raise_it in res.output, res
+    more = gpuswarm("resume", run, "--budget-tokens", "4k", "--plain", timeout=90)
+    assert more.returncode == 1 and per_task * (len(started(run)) - 1) < 4000, more
+    assert json.loads((run / "run.json").read_text())["settings"]["budget_tokens"] == 4000
+    done = gpuswarm("resume", run, "--budget-tokens", "1M", "--plain", timeout=90)
+    assert done.returncode == 0 and len(started(run)) == 10, done
+
+
+CODEX = """\
+#!/bin/sh
+cat > /dev/null
+echo '{"type":"thread.started","thread_id":"t1"}'
+i=0
+while [ $i -lt 300 ]; do  # a turn every 0.1 s, 100k input tokens each: $0.125 a turn at gpt-5
+  printf '{"type":"turn.completed","usage":'
+  echo '{"input_tokens":100000,"cached_input_tokens":0,"output_tokens":0}}'
+  i=$((i + 1))
+  sleep 0.1
+done
+"""
+
+
+@pytest.mark.timeout(120)
+def test_max_usd_stops_a_streaming_agent_while_it_runs(gpuswarm: Cli, tmp_path: Path) -> None:
+    agent = tmp_path / "fake-codex"
+    agent.write_text(CODEX)
+    agent.chmod(0o755)
+    cfg = tmp_path / "agents.yaml"
+    cfg.write_text(
+        "name: spend\nworkspace: runs\n"
+        "defaults:\n"
+        f"  agent: {{preset: codex, program: {agent}, model: gpt-5,"
+        ' status: {env_any: [HOME]}, prompt: "optimise it"}\n'
+        "  max_usd: 0.3\n  max_attempts: 2\n  timeout: 100s\n"
+        'tasks:\n  - {name: t, command: "true"}\n'
+    )
+    res = gpuswarm("run", cfg, "--gpus", "sim:1", "--plain", timeout=110)
+    assert res.returncode == 1, res
+    row = rows(the_run(tmp_path))["t"]
+    assert row["state"] == "failed" and row["attempts"] == "1", row  # not retried
+    assert "over the task's max_usd $0.3 (not retried)" in row["reason"], row
+    # stopped after the turn that crossed $0.30 (the 3rd), not at the end of its 300 turns
+    assert 0.3 < float(row["cost_usd"]) < 0.125 * 40, row
+    assert float(row["seconds"]) < 20, row

@@ -70,3 +70,19 @@ def suggested_usd(budget: float, spent: float) -> float:
     if want >= 10:
         return float(math.ceil(round(want, 6)))
     return math.ceil(round(want * 100, 6)) / 100
+
+
+def suggested_tokens(budget: int, spent: int) -> int:
+    """The ``--budget-tokens`` the end-of-run line suggests: 1.6x the budget, above what was
+    spent, rounded up to 2 significant digits (20M -> 32M)."""
+    want = max(budget * 1.6, spent * 1.25)
+    step = 10 ** max(0, len(str(math.ceil(want))) - 2)
+    return int(math.ceil(want / step) * step)
+
+
+def tokens_text(count: int) -> str:
+    """``32M``, ``1.5k``, ``500``: a count as ``--budget-tokens`` takes it back exactly."""
+    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if count >= size and (count * 1000) % size == 0:
+            return f"{count / size:g}{unit}"
+    return str(count)

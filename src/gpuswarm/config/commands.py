@@ -86,12 +86,14 @@ def command_tasks(
     base_dir: Path,
     grace: float,
     config_dir: Path | None = None,
+    known: Iterable[str] = (),
 ) -> CommandTasks:
     """Check every line and build the tasks: ids ``cmd-<line number>`` (zero padded to at least
     5 digits), names the line cut to 60 characters. ``{config_dir}`` is ``config_dir`` (the
-    list file's folder), else ``base_dir``; every task carries it when one line uses it."""
+    list file's folder), else ``base_dir``; every task carries it when one line uses it.
+    ``known``: placeholders a later step supplies too (``{repeat}``: config/cmdrepeats.py)."""
     width = max(5, len(str(lines[-1][0])))
-    allowed = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD}
+    allowed = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD, *known}
     rows: list[Row] = []
     names = name_redactor(opts.env)
     for number, line in lines:

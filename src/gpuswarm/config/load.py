@@ -130,7 +130,8 @@ from pydantic import ValidationError
 
 from gpuswarm.config.agents import with_agents
 from gpuswarm.config.backends import config_model, options_given, plugins, with_settings
-from gpuswarm.config.commands import NAME_MAX, CommandTasks, command_tasks, tasks_digest
+from gpuswarm.config.cmdrepeats import list_tasks
+from gpuswarm.config.commands import NAME_MAX, CommandTasks, tasks_digest
 from gpuswarm.config.errors import config_error
 from gpuswarm.config.models import (
     RunConfig,
@@ -388,8 +389,7 @@ def load_command_list(
         )
     base_dir = base_dir.expanduser().resolve()
     grace = RunConfig.model_fields["grace"].default
-    folder = source.expanduser().resolve().parent if source is not None else base_dir
-    tasks = command_tasks(lines, opts, label, base_dir, grace, config_dir=folder)
+    tasks = list_tasks(lines, opts, label, base_dir, grace, source)  # --repeats too (issue 34)
     if name is not None:
         try:
             check_run_name(name)

@@ -36,6 +36,7 @@ from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
 from gpuswarm.research.journal import ExperimentState, append
+from gpuswarm.research.proposercost import usage_meta
 from gpuswarm.research.proposers import Proposal
 from gpuswarm.research.spend import ProposerSpend
 
@@ -49,6 +50,7 @@ class AgentOptions:
     shell: bool = False
     preset: AgentPreset | None = None  # --agent NAME: instead of command
     budget_usd: float | None = None  # issue 34: the proposals' cost that ends the loop
+    budget_tokens: int | None = None  # issue 34: the proposals' tokens (in + out) that end it
 
 
 PREFLIGHT_TIMEOUT = 120.0
@@ -120,7 +122,7 @@ class AgentProposer:
         self._numbers = itertools.count(1 + len(list(paths.prompts.glob("prompt-*.md"))))
         self._live: set[subprocess.Popen[bytes]] = set()
         self._closed = False
-        self.spend = ProposerSpend(paths, opts.budget_usd)  # issue 34
+        self.spend = ProposerSpend(paths, opts.budget_usd, opts.budget_tokens)  # issue 34
         remove_stale_scratch(paths)
 
     def close(self) -> None:
@@ -155,6 +157,8 @@ class AgentProposer:
                     ) from None
                 continue
             self.failures = 0
+            usage = self.spend.last()  # issue 34: what this proposal's agent spent
+            proposal.meta.update(usage_meta(usage))  # its variant's results.tsv columns
             append(
                 self.paths,
                 "proposal",
@@ -162,7 +166,7 @@ class AgentProposer:
                 outcome="made",
                 prompt=proposal.meta.get("prompt"),
                 description=proposal.description,
-                **self.spend.last(),  # issue 34: what this proposal's agent spent
+                **usage,
             )
             return proposal
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
+from gpuswarm.config.budget import parse_tokens
 from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import GpuswarmError, ResearchError
 
@@ -40,6 +41,16 @@ def flag_duration(flag: str, value: str | None) -> float | None:
         return parse_duration(value)
     except ValueError as exc:
         raise ResearchError(f"{flag} {value!r}: {exc} (e.g. 300, 90s, 10m, 8h)") from None
+
+
+def flag_tokens(flag: str, value: str | None) -> int | None:
+    """``--budget-tokens 20M``: a count of tokens, as ``budget.tokens`` takes it."""
+    if value is None:
+        return None
+    try:
+        return parse_tokens(value)
+    except ValueError as exc:
+        raise ResearchError(f"{flag}: {exc}") from None
 
 
 def experiment_options(fn: F) -> F:

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from gpuswarm.config.budget import TOKENS_HELP
 from gpuswarm.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -18,7 +19,13 @@ from gpuswarm.core.errors import (
 )
 from gpuswarm.research import runner, session, views
 from gpuswarm.research.agent import AgentOptions, AgentProposer, check_agent, load_preset
-from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
+from gpuswarm.research.clikit import (
+    emit,
+    experiment_options,
+    flag_duration,
+    flag_tokens,
+    handle_errors,
+)
 from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.looplock import ensure_free
@@ -88,6 +95,10 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
     type=click.FloatRange(min=0, min_open=True, max=1e7),
     help="agent: end the loop once the proposals cost this much (USD, as the CLI reports it)",
 )
+@click.option(
+    "--budget-tokens",
+    help=f"agent: end the loop once the proposals used this many tokens: {TOKENS_HELP}",
+)
 @click.option("--plain", is_flag=True, help="one line per decision, even on a terminal")
 @experiment_options
 @handle_errors
@@ -150,6 +161,7 @@ def agent_options(kw: dict[str, Any]) -> AgentOptions:
         "program": kw["program"],
         "max_failures": kw["agent_max_failures"],
         "budget_usd": kw["budget_usd"],
+        "budget_tokens": flag_tokens("--budget-tokens", kw["budget_tokens"]),
     }
     if kw["agent_name"] and kw["agent_command"]:
         raise ResearchError("give --agent (a preset) or --agent-command, not both")

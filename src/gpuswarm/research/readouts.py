@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import controls, executor, rules, runner, variants
+from gpuswarm.research import controls, executor, proposercost, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.figures import CHANGES, energy_figures, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
@@ -252,6 +252,7 @@ def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
                 "source": v.source,
                 "origin": v.origin,
                 "meta": v.meta,
+                **proposercost.spent(v),  # issue 34: proposer_tokens, proposer_usd
                 "host": fin.get("host"),
                 "accelerator": fin.get("accelerator"),
                 "started": fin.get("started"),
@@ -280,7 +281,7 @@ def log_text(exp: Experiment, limit: int | None, since: str | None) -> str:
     state = exp.settle()
     chosen = {v.id for v in log_selection(state, limit, since)[0]}
     lines = exp.paths.results_tsv.read_text().splitlines(keepends=True)[:1]
-    lines += ["\t".join(row) + "\n" for row in state.rows_in_order(chosen)]
+    lines += ["\t".join(row) + "\n" for row in proposercost.tsv_rows(state, chosen)]
     return "".join(lines)
 
 

@@ -11,6 +11,7 @@ from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.figures import energy_figures, figures, shown_status
 from gpuswarm.research.journal import ExperimentState
+from gpuswarm.research.proposercost import COLUMNS, any_spent, spent
 
 ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": ""}
 
@@ -21,6 +22,7 @@ def write_research_report(
     rows = []
     classes = []
     crashes: list[str] = []
+    paid = any_spent(state)
     for v in state.variants.values():
         fin = v.finished or {}
         dec = v.decision or {}
@@ -41,6 +43,7 @@ def write_research_report(
                 "" if seconds is None else round(float(seconds)),
                 dec.get("reason") or fin.get("reason") or "",
                 "" if fin.get("energy_j") is None else round(float(fin["energy_j"])),
+                *(spent(v).values() if paid else ()),  # issue 34: the proposer's tokens, USD
             ]
         )
         classes.append(ROW_CLASS.get(status, ""))
@@ -50,7 +53,7 @@ def write_research_report(
                 f"{esc(str(fin.get('reason') or 'crash'))}</li>"
             )
     columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
-    columns += ["gpu", "seconds", "reason", "energy_j"]
+    columns += ["gpu", "seconds", "reason", "energy_j", *(COLUMNS if paid else ())]
     f = figures(state)
     best = "-" if f.best is None else f"{f.best:.6f}"
     gain = ""

@@ -19,6 +19,7 @@ from gpuswarm.research.announce import announce_kept
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
+from gpuswarm.research.proposercost import tsv_header, tsv_rows
 
 HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
 
@@ -359,6 +360,6 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
 
 
 def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:
-    header = [HEADER[0], cfg.metric, *HEADER[2:]]
-    lines = ["\t".join(header), *("\t".join(row) for row in state.rows_in_order())]
+    header = tsv_header([HEADER[0], cfg.metric, *HEADER[2:]], state)  # issue 34
+    lines = ["\t".join(header), *("\t".join(row) for row in tsv_rows(state))]
     atomic_write_text(paths.results_tsv, "\n".join(lines) + "\n")

@@ -1,7 +1,8 @@
 """What a research loop's proposer agent spent (issue 34): each proposal's tokens and cost, read
 from the CLI's usage record in what it printed (its preset's ``usage`` format), in the ledger's
-``proposal`` event; ``research loop --budget-usd`` ends the loop once the proposals' known cost
-reaches it (earlier loops' proposals count: the ledger says what they spent)."""
+``proposal`` event; ``research loop --budget-usd`` (``--budget-tokens``) ends the loop once
+the proposals' known cost (tokens) reaches it (earlier loops' proposals count: the ledger says
+what they spent)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from gpuswarm.agents.preset import AgentPreset
 from gpuswarm.agents.pricing import AgentUsage, attempt_usage
 from gpuswarm.agents.usage import parse_usage
+from gpuswarm.config.budget import suggested_tokens, tokens_text
 from gpuswarm.core.errors import BudgetSpentError
 from gpuswarm.core.events import kind_of
 from gpuswarm.research.experiment import ExpPaths
@@ -22,14 +24,17 @@ FIELDS = ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model", "usag
 class ProposerSpend:
     """The proposals' spend so far (thread-safe: proposers run side by side)."""
 
-    def __init__(self, paths: ExpPaths, budget_usd: float | None) -> None:
+    def __init__(
+        self, paths: ExpPaths, budget_usd: float | None, budget_tokens: int | None = None
+    ) -> None:
         self.budget_usd = budget_usd
+        self.budget_tokens = budget_tokens  # --budget-tokens: in + out
         self._lock = threading.Lock()
         self._local = threading.local()
         self.usd = 0.0
         self.tokens = 0
         self.unknown = 0
-        if budget_usd is not None:
+        if budget_usd is not None or budget_tokens is not None:
             self._replay(paths)
 
     def _replay(self, paths: ExpPaths) -> None:
@@ -78,14 +83,20 @@ class ProposerSpend:
         return out
 
     def check(self) -> None:
-        """BudgetSpentError (exit 1) once the proposals' known cost reached ``--budget-usd``."""
-        if self.budget_usd is None:
-            return
+        """BudgetSpentError (exit 1) once the proposals' known cost reached ``--budget-usd``,
+        or their tokens ``--budget-tokens``."""
         with self._lock:
-            spent = self.usd
-        if spent >= self.budget_usd:
+            spent, tokens = self.usd, self.tokens
+        if self.budget_usd is not None and spent >= self.budget_usd:
             raise BudgetSpentError(
                 f"research budget spent: the proposer agent spent ${spent:.2f} of --budget-usd "
                 f"${self.budget_usd:.2f}; raise it: research loop ... --budget-usd "
                 f"{max(self.budget_usd * 1.6, spent * 1.25):.2f}"
+            )
+        if self.budget_tokens is not None and tokens >= self.budget_tokens:
+            more = tokens_text(suggested_tokens(self.budget_tokens, tokens))
+            raise BudgetSpentError(
+                f"research budget spent: the proposer agent used {tokens} tokens of "
+                f"--budget-tokens {tokens_text(self.budget_tokens)}; raise it: research loop ... "
+                f"--budget-tokens {more}"
             )

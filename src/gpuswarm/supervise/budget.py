@@ -18,7 +18,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from gpuswarm.config.budget import suggested_usd
+from gpuswarm.config.budget import suggested_tokens, suggested_usd, tokens_text
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import AttemptRecord
 from gpuswarm.core.paths import RunPaths
@@ -112,7 +112,9 @@ class Budget:
                 how = f"--budget-usd {self.raise_to:g}"
             else:
                 what = f"{self.spent_tokens} tokens spent of budget.tokens {self.tokens}"
-                how = "a larger budget.tokens in run.json's config"
+                assert self.tokens is not None
+                more = suggested_tokens(self.tokens, self.spent_tokens)
+                how = f"--budget-tokens {tokens_text(more)}"
             self.reason = f"{BUDGET}: {what}"
             self.how = f"raise it: gpuswarm resume {self._paths.root} {how}"
         self._emit(reason=f"{self.reason}; {self.how}", crossed=True)

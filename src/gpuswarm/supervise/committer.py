@@ -133,6 +133,8 @@ class Committer:
         if live.stalled is not None and end.kind is EndKind.CANCELLED:  # issue 34: its own end
             end = dataclasses.replace(end, kind=EndKind.STALLED, reason=live.stalled)
             record = record.but(kind=EndKind.STALLED.value, reason=live.stalled)
+        if live.over_usd is not None and end.kind is EndKind.CANCELLED:  # max_usd (issue 34)
+            end = dataclasses.replace(end, kind=EndKind.SIGNALED, reason=live.over_usd)
         try:
             if live.stopped_by is not None:
                 self._cancelled(live, end, record)
@@ -142,7 +144,7 @@ class Committer:
                 self.hand_back(live.claimed, live.task, record, why)
                 return
             outcome = self._judge(live, end, record)
-            stopped = live.handle.cancelled and live.stalled is None
+            stopped = live.handle.cancelled and live.stalled is None and live.over_usd is None
             if stopped and not _done_in_stop(live.task, end, outcome):
                 why = f"cancelled ({end.reason}; not done: {outcome.reason})"
                 record = outcome.record.but(kind=EndKind.CANCELLED.value, reason=why)

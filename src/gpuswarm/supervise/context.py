@@ -90,6 +90,12 @@ class LiveAttempt:
     usage: Usage | None = None  # what the VRAM sampler measured, set when it ended
     reserved_mb: int | None = None  # the GPU memory it reserved (declared or raised after OOM)
     stalled: str | None = None  # issue 34: the stall detector stopped it (supervise/stall.py)
+    over_usd: str | None = None  # issue 34: max_usd crossed while it ran (supervise/spendwatch)
+
+    @property
+    def ending(self) -> bool:
+        """Stopped by a person, a stall or ``max_usd``: its end takes TERM, grace, KILL."""
+        return self.stopped_by is not None or self.stalled is not None or bool(self.over_usd)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from gpuswarm.supervise.committer import Committer
 from gpuswarm.supervise.context import Shared
 from gpuswarm.supervise.controls import Controller
 from gpuswarm.supervise.recovery import reclaim_dead
+from gpuswarm.supervise.spendwatch import SpendWatch
 from gpuswarm.supervise.stall import StallWatch
 
 FAST_TICK = 0.02  # the keeper's tick while some log grows past its cap
@@ -49,6 +50,7 @@ class Keeper:
         self._reclaimer: threading.Thread | None = None
         self._mark = self._added_mark()  # the marker as the loop's first claim will see it
         self.stalls = StallWatch(run)  # issue 34: stall_after
+        self.spends = SpendWatch(run)  # issue 34: max_usd while a streaming CLI runs
 
     def serve(self) -> None:
         """The keeper, started again after an error (a full disk: a retry that cannot be
@@ -87,6 +89,7 @@ class Keeper:
             self.committer.release_delayed(everything=run.stopping.is_set())
             self._check_leases()
             self.stalls.tick()
+            self.spends.tick()
             self.control.tick()
             if self.cooling():  # a cool-down may be over, or a quarantine lifted by hand
                 run.wakeup()

@@ -12,12 +12,13 @@ from pydantic import ValidationError
 
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import Ev
-from gpuswarm.exec.base import LaunchSpec
+from gpuswarm.exec.base import Backend, LaunchSpec
 from gpuswarm.exec.plan import launch_spec_for, set_aside_stale, values_for
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import Claimed
 from gpuswarm.supervise.context import Shared
+from gpuswarm.supervise.repeathome import base_env_of, home_of
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,16 @@ def task_of(run: Shared, claimed: Claimed) -> TaskSpec | None:
 
 
 def plan_attempt(
-    run: Shared, task: TaskSpec, slot: Slot, claimed: Claimed, base_env: dict[str, str]
+    run: Shared,
+    task: TaskSpec,
+    slot: Slot,
+    claimed: Claimed,
+    base_env: dict[str, str],
+    backend: Backend,
 ) -> Planned:
-    """The next attempt of ``task`` on ``slot``, with a stale completion file set aside."""
+    """The next attempt of ``task`` on ``slot``, with a stale completion file set aside.
+    ``base_env``: the slot's; a repeat's own HOME goes over it (``backend`` makes it)."""
+    base_env = base_env_of(backend, run, task, base_env)
     paths = run.paths
     number = claimed.desc.next_attempt
     gpu_ids = slot.gpu_ids[: task.gpus] if task.gpus else slot.gpu_ids
@@ -65,7 +73,7 @@ def plan_attempt(
         owner=run.cfg.owner,
         base_dir=run.cfg.base_dir,
         inherited=run.cfg.base_env,
-        home=paths.slot_home(slot.label) if run.cfg.isolate_home else None,
+        home=home_of(paths, task, slot.label, run.cfg.isolate_home),
     )
     try:
         stale = set_aside_stale(paths, task, values, number)

@@ -327,7 +327,7 @@ class Supervisor:
                 self._exited(self._by_fd[fd])
         now = time.monotonic()
         for live in list(self._by_fd.values()):
-            if live.stopped_by is not None or live.stalled is not None:  # a cancel, a stall (34)
+            if live.ending:  # a cancel, a stall, max_usd crossed (issue 34)
                 self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
                 continue
             deadline = live.handle.deadline
@@ -415,7 +415,7 @@ class Supervisor:
                 self.committer.hand_back(claimed, task, None)
             free.appendleft(slot)
             return
-        plan = plan_attempt(self.shared, task, slot, claimed, self._homes[slot.index])
+        plan = plan_attempt(self.shared, task, slot, claimed, self._homes[slot.index], self.backend)
         handle = self.backend.launch(plan.spec)
         live = LiveAttempt(
             slot,
