@@ -14,7 +14,7 @@ prefixes, as TASK arguments are).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store import release
-from gpuswarm.store.blocked import Edge, write_edges
+from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import descriptor_name
@@ -32,6 +32,8 @@ from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 
+Announce = Callable[[Descriptor], object]
+Move = Callable[[State, str, Announce], "Descriptor | None"]  # DirQueue.retry / requeue
 FLAG_FIELDS = {"after": "--after", "after_any": "--after-any", "after_failed": "--after-failed"}
 
 
@@ -141,8 +143,88 @@ def check_requeue(known: Mapping[str, tuple[State, str]], ids: Iterable[str], ve
             )
 
 
+BACK = frozenset({State.PENDING.value, State.BLOCKED.value})  # where a retry brings a task
+
+
+class Gate:
+    """A retry or requeue re-judges each task's prerequisites (issue 35): a task with
+    prerequisites not all ended (one was requeued and is pending again, or goes back in this
+    very batch) goes to blocked/, never pending/ (journaled: ``control`` with state blocked,
+    then ``dependency``); once all moves are done :meth:`settle` releases those whose
+    prerequisites ended meanwhile (after the move, a prerequisite's end settles them itself)."""
+
+    def __init__(
+        self,
+        queue: DirQueue,
+        ledger: Ledger,
+        known: Mapping[str, tuple[State, str]],
+        back: Iterable[str],
+        verb: str,
+        me: str,
+    ) -> None:
+        back = set(back)
+        self.queue, self.ledger, self.verb, self.me = queue, ledger, verb, me
+        self.states = {t: st.value for t, (st, _) in known.items() if t not in back}
+        self.parked: list[Edge] = []
+
+    def move(
+        self, row: dict[str, Any], plain: Move, state: State, name: str, announce: Announce
+    ) -> None:
+        """``plain`` (the usual move into pending/, ``announce`` journals it) when the task's
+        prerequisites all ended (or it has none), else into blocked/; ``row`` says where it
+        went (``now``), or that it was gone meanwhile (``note``)."""
+        edge = release.index_of(self.queue.paths).edge(str(row["task"]))
+        if edge is None or verdict(edge, self._ended)[0] is State.PENDING:
+            desc, now = plain(state, name, announce), State.PENDING.value
+        else:
+            if edge.name != name:  # renamed since its edge was written (a priority change)
+                edge = replace(edge, name=name)
+                write_edges(self.queue.paths, [edge], durable=self.queue.durable)
+            requeue = self.verb == "requeue"
+            desc = release.park(self.queue, state, name, self._announce(state), requeue=requeue)
+            if desc is not None:
+                self.parked.append(edge)
+            now = State.BLOCKED.value
+        if desc is not None:
+            row["now"] = now
+        else:
+            row["note"] = "gone meanwhile, or unreadable (see gpuswarm check)"
+
+    def _ended(self, task: str) -> str | None:
+        st = self.states.get(task)
+        return st if st is not None and State(st) in ENDED else None
+
+    def _announce(self, frm: State) -> Callable[[Descriptor], object]:
+        def announce(desc: Descriptor) -> None:
+            blocked = State.BLOCKED.value
+            self.ledger.emit(
+                Ev.CONTROL,
+                request=self.verb,
+                task=desc.id,
+                by=self.me,
+                applied_by=self.me,
+                state=blocked,
+                frm=frm.value,
+            )
+            self.ledger.emit(
+                Ev.DEPENDENCY,
+                task=desc.id,
+                frm=frm.value,
+                state=blocked,
+                reason=f"{self.verb}: waiting for its prerequisites",
+                after=self.verb,
+            )
+
+        return announce
+
+    def settle(self) -> None:
+        """Those parked whose prerequisites ended meanwhile leave blocked/ now."""
+        release.settle_added(self.queue, self.ledger, self.parked)
+
+
 def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[dict[str, Any]]) -> int:
-    """After a retry or a requeue: the end marks of the tasks now pending again go, their
-    dependency_failed dependents (and theirs) are blocked again."""
-    back = [str(r["task"]) for r in rows if r.get("now") == State.PENDING.value]
+    """After a retry or a requeue: the end marks of the tasks now pending (or blocked) again
+    go, their dependency_failed (and after_failed skipped) dependents, and theirs, are
+    blocked again."""
+    back = [str(r["task"]) for r in rows if r.get("now") in BACK]
     return release.retried(queue, ledger, back) if back else 0

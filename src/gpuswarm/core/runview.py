@@ -172,6 +172,8 @@ class RunView:
         if isinstance(task, str) and isinstance(frm, str) and isinstance(to, str):
             self._move(frm, to)
             self._task(task).state = to
+            if frm in _REQUEUED_FROM and to == BLOCKED:  # a requeue waiting for prerequisites
+                self._task(task).completions.clear()
 
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""
