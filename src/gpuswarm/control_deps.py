@@ -13,12 +13,13 @@ prefixes, as TASK arguments are).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.core import verbs
+from gpuswarm.core import faults, verbs
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
@@ -27,13 +28,14 @@ from gpuswarm.store import release
 from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import resolve_tasks, task_index
-from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 
 Announce = Callable[[Descriptor], object]
 Move = Callable[[State, str, Announce], "Descriptor | None"]  # DirQueue.retry / requeue
+CANCEL_LOOKS = 200  # a move out of blocked/ takes well under 5 ms x 200
 FLAG_FIELDS = {"after": "--after", "after_any": "--after-any", "after_failed": "--after-failed"}
 
 
@@ -106,11 +108,34 @@ def fresh_ids(
 
 def cancel_blocked(
     queue: DirQueue, ledger: Ledger, state: State, name: str, reason: str, me: str
-) -> bool:
+) -> tuple[bool, State, str]:
     """``gpuswarm cancel`` of a blocked task: it ends cancelled now (journaled as from
-    blocked), its dependents follow. False: not blocked, or it left blocked/ meanwhile."""
-    if state is not State.BLOCKED:
-        return False
+    blocked), its dependents follow: (True, ...). Else (False, where the task is now): it
+    was not blocked, or a release (or an end) took it out of blocked/ this instant: the
+    caller cancels it where it went (pending -> cancelled), never "nothing to do"."""
+    for _ in range(CANCEL_LOOKS):
+        if state is not State.BLOCKED:
+            return False, state, name
+        faults.point("cancel.blocked.seen", task=task_id_of(name))
+        if _cancel_blocked(queue, ledger, name, reason, me):
+            return True, State.CANCELLED, name
+        state, name = _where(queue, task_id_of(name))
+    return False, State.RUNNING, ""  # never seen again: a request, whichever attempt runs
+
+
+def _where(queue: DirQueue, task: str) -> tuple[State, str]:
+    """Where ``task`` is now; a move out of blocked/ is on its way for a moment (a release's
+    aside name): looked at again a few times."""
+    for _ in range(CANCEL_LOOKS):
+        for state in State:
+            for name in queue.names(state):
+                if task_id_of(name) == task:
+                    return state, name
+        time.sleep(0.005)
+    return State.RUNNING, ""
+
+
+def _cancel_blocked(queue: DirQueue, ledger: Ledger, name: str, reason: str, me: str) -> bool:
 
     def announce(desc: Descriptor) -> None:
         ledger.emit(

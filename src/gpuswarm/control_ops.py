@@ -287,9 +287,10 @@ def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
     for tid in ids:
         state, name = known[tid]
         row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-        if deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me):
+        gone, state, name = deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me)
+        if gone:
             rows.append({**row, "now": State.CANCELLED.value})  # issue 35: dependents follow
-            continue
+            continue  # (else: where it is now, a release moved it this instant: issue 35)
         state, attempt = control.request_cancel(
             s.queue, tid, state, name, req.reason, s.announce_cancel
         )
