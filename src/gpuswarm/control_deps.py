@@ -13,25 +13,29 @@ prefixes, as TASK arguments are).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.core import verbs
+from gpuswarm.core import faults, verbs
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store import release
-from gpuswarm.store.blocked import Edge, write_edges
+from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import resolve_tasks, task_index
-from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
 
+Announce = Callable[[Descriptor], object]
+Move = Callable[[State, str, Announce], "Descriptor | None"]  # DirQueue.retry / requeue
+CANCEL_LOOKS = 200  # a move out of blocked/ takes well under 5 ms x 200
 FLAG_FIELDS = {"after": "--after", "after_any": "--after-any", "after_failed": "--after-failed"}
 
 
@@ -104,11 +108,34 @@ def fresh_ids(
 
 def cancel_blocked(
     queue: DirQueue, ledger: Ledger, state: State, name: str, reason: str, me: str
-) -> bool:
+) -> tuple[bool, State, str]:
     """``gpuswarm cancel`` of a blocked task: it ends cancelled now (journaled as from
-    blocked), its dependents follow. False: not blocked, or it left blocked/ meanwhile."""
-    if state is not State.BLOCKED:
-        return False
+    blocked), its dependents follow: (True, ...). Else (False, where the task is now): it
+    was not blocked, or a release (or an end) took it out of blocked/ this instant: the
+    caller cancels it where it went (pending -> cancelled), never "nothing to do"."""
+    for _ in range(CANCEL_LOOKS):
+        if state is not State.BLOCKED:
+            return False, state, name
+        faults.point("cancel.blocked.seen", task=task_id_of(name))
+        if _cancel_blocked(queue, ledger, name, reason, me):
+            return True, State.CANCELLED, name
+        state, name = _where(queue, task_id_of(name))
+    return False, State.RUNNING, ""  # never seen again: a request, whichever attempt runs
+
+
+def _where(queue: DirQueue, task: str) -> tuple[State, str]:
+    """Where ``task`` is now; a move out of blocked/ is on its way for a moment (a release's
+    aside name): looked at again a few times."""
+    for _ in range(CANCEL_LOOKS):
+        for state in State:
+            for name in queue.names(state):
+                if task_id_of(name) == task:
+                    return state, name
+        time.sleep(0.005)
+    return State.RUNNING, ""
+
+
+def _cancel_blocked(queue: DirQueue, ledger: Ledger, name: str, reason: str, me: str) -> bool:
 
     def announce(desc: Descriptor) -> None:
         ledger.emit(
@@ -141,8 +168,88 @@ def check_requeue(known: Mapping[str, tuple[State, str]], ids: Iterable[str], ve
             )
 
 
+BACK = frozenset({State.PENDING.value, State.BLOCKED.value})  # where a retry brings a task
+
+
+class Gate:
+    """A retry or requeue re-judges each task's prerequisites (issue 35): a task with
+    prerequisites not all ended (one was requeued and is pending again, or goes back in this
+    very batch) goes to blocked/, never pending/ (journaled: ``control`` with state blocked,
+    then ``dependency``); once all moves are done :meth:`settle` releases those whose
+    prerequisites ended meanwhile (after the move, a prerequisite's end settles them itself)."""
+
+    def __init__(
+        self,
+        queue: DirQueue,
+        ledger: Ledger,
+        known: Mapping[str, tuple[State, str]],
+        back: Iterable[str],
+        verb: str,
+        me: str,
+    ) -> None:
+        back = set(back)
+        self.queue, self.ledger, self.verb, self.me = queue, ledger, verb, me
+        self.states = {t: st.value for t, (st, _) in known.items() if t not in back}
+        self.parked: list[Edge] = []
+
+    def move(
+        self, row: dict[str, Any], plain: Move, state: State, name: str, announce: Announce
+    ) -> None:
+        """``plain`` (the usual move into pending/, ``announce`` journals it) when the task's
+        prerequisites all ended (or it has none), else into blocked/; ``row`` says where it
+        went (``now``), or that it was gone meanwhile (``note``)."""
+        edge = release.index_of(self.queue.paths).edge(str(row["task"]))
+        if edge is None or verdict(edge, self._ended)[0] is State.PENDING:
+            desc, now = plain(state, name, announce), State.PENDING.value
+        else:
+            if edge.name != name:  # renamed since its edge was written (a priority change)
+                edge = replace(edge, name=name)
+                write_edges(self.queue.paths, [edge], durable=self.queue.durable)
+            requeue = self.verb == "requeue"
+            desc = release.park(self.queue, state, name, self._announce(state), requeue=requeue)
+            if desc is not None:
+                self.parked.append(edge)
+            now = State.BLOCKED.value
+        if desc is not None:
+            row["now"] = now
+        else:
+            row["note"] = "gone meanwhile, or unreadable (see gpuswarm check)"
+
+    def _ended(self, task: str) -> str | None:
+        st = self.states.get(task)
+        return st if st is not None and State(st) in ENDED else None
+
+    def _announce(self, frm: State) -> Callable[[Descriptor], object]:
+        def announce(desc: Descriptor) -> None:
+            blocked = State.BLOCKED.value
+            self.ledger.emit(
+                Ev.CONTROL,
+                request=self.verb,
+                task=desc.id,
+                by=self.me,
+                applied_by=self.me,
+                state=blocked,
+                frm=frm.value,
+            )
+            self.ledger.emit(
+                Ev.DEPENDENCY,
+                task=desc.id,
+                frm=frm.value,
+                state=blocked,
+                reason=f"{self.verb}: waiting for its prerequisites",
+                after=self.verb,
+            )
+
+        return announce
+
+    def settle(self) -> None:
+        """Those parked whose prerequisites ended meanwhile leave blocked/ now."""
+        release.settle_added(self.queue, self.ledger, self.parked)
+
+
 def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[dict[str, Any]]) -> int:
-    """After a retry or a requeue: the end marks of the tasks now pending again go, their
-    dependency_failed dependents (and theirs) are blocked again."""
-    back = [str(r["task"]) for r in rows if r.get("now") == State.PENDING.value]
+    """After a retry or a requeue: the end marks of the tasks now pending (or blocked) again
+    go, their dependency_failed (and after_failed skipped) dependents, and theirs, are
+    blocked again."""
+    back = [str(r["task"]) for r in rows if r.get("now") in BACK]
     return release.retried(queue, ledger, back) if back else 0

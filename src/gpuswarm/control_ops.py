@@ -287,9 +287,10 @@ def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
     for tid in ids:
         state, name = known[tid]
         row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
-        if deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me):
+        gone, state, name = deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me)
+        if gone:
             rows.append({**row, "now": State.CANCELLED.value})  # issue 35: dependents follow
-            continue
+            continue  # (else: where it is now, a release moved it this instant: issue 35)
         state, attempt = control.request_cancel(
             s.queue, tid, state, name, req.reason, s.announce_cancel
         )
@@ -361,31 +362,30 @@ def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
     wanted |= {t for t, (st, _) in known.items() if req.failed and st is State.FAILED}
     wanted |= {t for t, (st, _) in known.items() if req.cancelled and st is State.CANCELLED}
     rows: list[dict[str, Any]] = []
-    _drop_requests(s, {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)})
+    back = {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)}
+    _drop_requests(s, back)
+    gate = deps.Gate(s.queue, s.ledger, known, back, "retry", s.me)  # issue 35
     for tid in sorted(wanted):
         state, name = known[tid]
         row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
         if state in (State.FAILED, State.CANCELLED):
-            announce = _retry_announce(s, state)
-            if s.queue.retry(state, name, announce) is not None:
-                row["now"] = State.PENDING.value
-            else:
-                row["note"] = "gone meanwhile (another retry took it)"
+            gate.move(row, s.queue.retry, state, name, _retry_announce(s, state))
         else:
             row["note"] = f"{state.value}: not ended, nothing to do"
         rows.append(row)
-    return _requeued(s, rows)
+    return _requeued(s, rows, gate)
 
 
-def _requeued(s: _Session, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _requeued(s: _Session, rows: list[dict[str, Any]], gate: deps.Gate) -> dict[str, Any]:
     deps.retried(s.queue, s.ledger, rows)  # issue 35: dependency_failed dependents back
+    gate.settle()
     if any(r["now"] == State.PENDING.value for r in rows):
         note_added(s.paths)
     live = is_live(s.paths)
     return {
         "run": str(s.paths.root),
         "tasks": rows,
-        "retried": sum(1 for r in rows if r["now"] == State.PENDING.value),
+        "retried": sum(1 for r in rows if r["now"] in deps.BACK),
         "live": live,
         "hint": "" if live or not rows else resume_hint(s.paths),
     }
@@ -400,19 +400,19 @@ def requeue_tasks(run_dir: Path, args: Sequence[str]) -> dict[str, Any]:
 def _requeue(s: _Session, req: verbs.Requeue) -> dict[str, Any]:
     known, ids = _resolve(s, req.tasks)
     deps.check_requeue(known, ids, "requeue")  # issue 35: as retry
-    _drop_requests(s, {t for t in ids if known[t][0].is_terminal()})
+    back = {t for t in ids if known[t][0].is_terminal()}
+    _drop_requests(s, back)
     rows: list[dict[str, Any]] = []
+    gate = deps.Gate(s.queue, s.ledger, known, back, "requeue", s.me)  # issue 35
     for tid in ids:
         state, name = known[tid]
         row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
         if not state.is_terminal():
             row["note"] = f"{state.value}: not ended, nothing to do"
-        elif s.queue.requeue(state, name, _requeue_announce(s.ledger, s.me, state)) is not None:
-            row["now"] = State.PENDING.value
         else:
-            row["note"] = "gone meanwhile, or unreadable (see gpuswarm check)"
+            gate.move(row, s.queue.requeue, state, name, _requeue_announce(s.ledger, s.me, state))
         rows.append(row)
-    return _requeued(s, rows)
+    return _requeued(s, rows, gate)
 
 
 def _requeue_announce(ledger: Ledger, me: str, frm: State) -> Callable[[Descriptor], object]:

@@ -330,3 +330,37 @@ def test_research_round_across_nodes(
     # setup ran once per node that got slots (3 nodes), however many runners started
     assert len(setups.read_text().splitlines()) == len(cluster.node_ids())
     assert cluster.wait_no_actors() == []
+
+
+def test_a_chain_runs_in_order_and_a_failed_prerequisite_ends_its_dependent(
+    cluster: LocalRayCluster, tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    """Issue 35 on the Ray driver: a -> b -> c run in order (each needs its prerequisite's
+    file: one started early fails), ``d`` after a failed task ends dependency_failed."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    tasks = [
+        {"name": "a", "command": f"sleep 0.3; touch {marks}/a", "shell": True},
+        {"name": "b", "command": f"test -e {marks}/a && touch {marks}/b", "shell": True,
+         "after": "a"},
+        {"name": "c", "command": f"test -e {marks}/b", "shell": True, "after": "b"},
+        {"name": "bad", "command": "exit 3", "shell": True},
+        {"name": "d", "command": "true", "after": "bad"},
+    ]  # fmt: skip
+    config = tmp_path / "chain.yaml"
+    config.write_text(json.dumps({"name": "chain", "workspace": "ws", "tasks": tasks}))
+    result = gpuswarm("run", *_ray_args(cluster), config, timeout=120)
+    assert result.returncode == 1, result  # bad failed
+    run = find_runs(tmp_path / "ws")[0]
+    states = {}
+    for state in ("done", "failed", "dependency_failed", "pending", "blocked"):
+        for path in (run / ".parallel" / state).glob("*.json"):
+            states[json.loads(path.read_text())["id"]] = state
+    assert states == {
+        "a": "done",
+        "b": "done",
+        "c": "done",
+        "bad": "failed",
+        "d": "dependency_failed",
+    }
+    assert cluster.wait_no_actors() == []

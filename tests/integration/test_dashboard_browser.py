@@ -430,3 +430,37 @@ def test_a_task_named_script_shows_as_text(
     assert page.locator("img").count() == 0 and page.locator("main script").count() == 0
     assert page.evaluate("window.__pwned") is None
     screenshot(page, "task", tmp_path / "shots")
+
+
+def test_the_run_page_shows_each_groups_progress(
+    tmp_path: Path, page: Any, dashboard: Callable[..., Served]
+) -> None:
+    """Issue 35: a run's groups with their progress (status --group's table) on its page."""
+    from gpuswarm import api
+    from gpuswarm.config.load import load_config
+    from gpuswarm.control_ops import add_tasks, cancel_tasks
+
+    ws = tmp_path / "runs"
+    ws.mkdir()
+    spec = api.NewRunSpec(workspace=ws, folder="g", name="g", base_dir=ws,
+                          gpus=api.plan_gpus("sim:2"), source="test")  # fmt: skip
+    run = api.create_run(spec)
+    config = tmp_path / "more.yaml"
+    tasks = [{"name": f"t{i}", "command": "true", "group": "sweep"} for i in range(4)]
+    config.write_text(json_text({"name": "g", "tasks": tasks}))
+    add_tasks(run.root, load_config(config))
+    cancel_tasks(run.root, ["t0"], reason="test", wait=None)
+    served = dashboard(ws)
+    rid = wait_for(lambda: (r := served.get("/api/runs")["runs"]) and r[0]["id"], 20, 0.1)
+    page.goto(served.url)
+    page.wait_for_selector(f"[data-run='{rid}'] a", timeout=WAIT_MS)
+    page.click(f"[data-run='{rid}'] a")
+    row = page.wait_for_selector("[data-testid=groups] [data-group=sweep]", timeout=WAIT_MS)
+    assert "1/4" in row.inner_text() and "25.0%" in row.inner_text()
+    screenshot(page, "groups", tmp_path / "shots")
+
+
+def json_text(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj)

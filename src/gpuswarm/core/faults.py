@@ -46,6 +46,7 @@ POINTS: dict[str, str] = {
     "release.marked": "a prerequisite's end mark (ctx: task) written, its dependents not settled",
     "blocked.settle.saved": "a blocked task's new state (ctx: state) saved aside, not journaled",
     "blocked.settle.journaled": "a blocked task's move (ctx: state) journaled, not renamed",
+    "cancel.blocked.seen": "a cancel saw a task (ctx: task) in blocked/, not yet taken it",
 }
 
 Predicate = Callable[[dict[str, Any]], bool]

@@ -99,6 +99,9 @@ class RunView:
     spent_usd: float = 0.0
     spent_tokens: int = 0
     spent_unknown: int = 0  # attempts whose cost is unknown (their tokens count)
+    # issue 35: group -> state -> tasks, as ``status --group`` counts them (set by whoever
+    # shows them: the metrics' RunStats, from outputs.groups.GroupCache); empty otherwise
+    group_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -172,6 +175,8 @@ class RunView:
         if isinstance(task, str) and isinstance(frm, str) and isinstance(to, str):
             self._move(frm, to)
             self._task(task).state = to
+            if frm in _REQUEUED_FROM and to == BLOCKED:  # a requeue waiting for prerequisites
+                self._task(task).completions.clear()
 
     def _added(self, e: Other) -> None:
         """Tasks appended by ``gpuswarm add``: pending, and counted for ``check``."""

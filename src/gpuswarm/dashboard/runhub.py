@@ -36,9 +36,11 @@ from gpuswarm.dashboard.lanes import BARS_PER_LANE, Bar, add_event, natural
 from gpuswarm.dashboard.lanes import outcome_of as outcome_of
 from gpuswarm.dashboard.lanes import slot_place as slot_place
 from gpuswarm.dashboard.taskindex import TaskIndex
+from gpuswarm.outputs.groups import GroupCache
 from gpuswarm.outputs.results import shown_counts
 from gpuswarm.outputs.slurmview import slurm_lines, slurm_view
 from gpuswarm.outputs.status import run_state
+from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.leases import host_slug
 from gpuswarm.store.ledger import read_range
 from gpuswarm.store.runs import open_run
@@ -102,6 +104,7 @@ class RunHub:
         self._shown: dict[str, str] = {}
         self.paused = paused_now(paths)  # the pause flags (one listdir at most every 0.5 s)
         self.finals = FinalCache(paths, self.redactor)  # an ended run's view (report.html's)
+        self.groups = GroupCache(QueueFolders(paths))  # issue 35: status --group's table
         self._seed()
 
     # -- start: the recent past from the journal's tail ----------------------------------------
@@ -279,6 +282,7 @@ class RunHub:
             "failures": failures,
             "slurm": slurm_lines(slurm_view(self.paths.root)),  # issue 36: jobs, allocation
             "nvml": self.gpus.works,
+            "groups": self.groups.get(),  # group -> counts, total, ended, percent, eta_seconds
             "final": None if final is None else {k: v for k, v in final.items() if k != "lanes"},
         }
 

@@ -38,6 +38,8 @@ from gpuswarm.core.events import (
 from gpuswarm.core.models import AttemptRecord, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
+from gpuswarm.outputs.groups import GroupCache
+from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import EventTail
 from gpuswarm.ui.watch import Follower
 
@@ -276,6 +278,7 @@ class RunStats:
         self.records = RecordFold()
         self.live = False
         self._lock = threading.Lock()
+        self.groups = GroupCache(QueueFolders(paths))  # issue 35: status --group's counts
 
     @property
     def view(self) -> RunView:
@@ -288,6 +291,9 @@ class RunStats:
             self.journal.poll()
             self.live = self.follower.reader.live()
             self._read_ended()
+            groups = {g: dict(t["counts"]) for g, t in self.groups.get().items()}
+            with self.view.lock:
+                self.view.group_counts = groups
 
     def _read_ended(self) -> None:
         with self.view.lock:

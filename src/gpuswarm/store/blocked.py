@@ -290,13 +290,23 @@ class BlockedFolder(QueueFolders):
             done += 1
         return done
 
-    def block_again(self, state: State, name: str, announce: Announce) -> Descriptor | None:
+    def block_again(
+        self,
+        state: State,
+        name: str,
+        announce: Announce,
+        prepare: Callable[[Descriptor], object] | None = None,
+    ) -> Descriptor | None:
         """A dependency_failed (or skipped) task back to blocked/ (its prerequisite was
-        retried): saved in place, ``announce``, renamed. None when unreadable or gone."""
+        retried), or an ended one a retry or requeue brings back before its prerequisites
+        ended (``prepare``: its fresh budget): saved in place, ``announce``, renamed. None
+        when unreadable or gone."""
         src = self.paths.state_dir(state.value) / name
         desc = self.read_desc(state, name)
         if desc is None:
             return None
+        if prepare is not None:
+            prepare(desc)
         desc.mark_blocked()
         staged = src.parent / f".retry-{name}"
         atomic_write_bytes(staged, dumps_compact(desc.raw), durable=self.durable)
@@ -307,6 +317,15 @@ class BlockedFolder(QueueFolders):
         except FileNotFoundError:
             return None
         return desc
+
+    def block_pending(self, name: str, desc: Descriptor, announce: Announce) -> None:
+        """A pending task whose prerequisites have not all ended back to blocked/ (recovery's:
+        no claimer runs meanwhile): ``announce``, renamed, its state saved there."""
+        announce(desc)
+        blocked = self.paths.state_dir(State.BLOCKED.value) / name
+        os.rename(self.paths.state_dir(State.PENDING.value) / name, blocked)
+        desc.mark_blocked()
+        atomic_write_bytes(blocked, dumps_compact(desc.raw), durable=self.durable)
 
 
 def _to(announce: Callable[[Descriptor, State], object], to: State, desc: Descriptor) -> object:

@@ -138,25 +138,61 @@ def retried(queue: DirQueue, ledger: Ledger, tasks: Iterable[str]) -> int:
     while work:
         pre = work.pop()
         for edge in index.of(pre):
-            if not (paths.state_dir(State.DEPENDENCY_FAILED.value) / edge.name).exists():
+            frm = _came_of(paths, edge, pre)
+            if frm is None:
                 continue
-            announce = _back(ledger, edge.task, pre)
-            if folder.block_again(State.DEPENDENCY_FAILED, edge.name, announce) is not None:
+            announce = _back(ledger, edge.task, pre, frm)
+            if folder.block_again(frm, edge.name, announce) is not None:
                 unmark(paths, edge.task)
                 work.append(edge.task)
                 count += 1
     return count
 
 
-def _back(ledger: Ledger, task: str, after: str) -> Callable[[Descriptor], object]:
+def _came_of(paths: RunPaths, edge: Edge, pre: str) -> State | None:
+    """Where a dependent that ``pre``'s end settled is: dependency_failed/, or skipped/ when
+    ``pre`` is one of its ``after_failed:`` (it did not fail: the dependent was skipped)."""
+    if (paths.state_dir(State.DEPENDENCY_FAILED.value) / edge.name).exists():
+        return State.DEPENDENCY_FAILED
+    if pre in edge.after_failed and (paths.state_dir(State.SKIPPED.value) / edge.name).exists():
+        return State.SKIPPED
+    return None
+
+
+def _back(
+    ledger: Ledger, task: str, after: str, frm: State = State.DEPENDENCY_FAILED
+) -> Callable[[Descriptor], object]:
     return lambda d: ledger.emit(
         Ev.DEPENDENCY,
         task=task,
-        frm=State.DEPENDENCY_FAILED.value,
+        frm=frm.value,
         state=State.BLOCKED.value,
-        reason=f"prerequisite {after} retried",
+        reason="its prerequisites have not all ended"
+        if after == "recovery"
+        else f"prerequisite {after} retried",
         after=after,
     )
+
+
+def park(
+    queue: DirQueue,
+    state: State,
+    name: str,
+    announce: Callable[[Descriptor], object],
+    *,
+    requeue: bool,
+) -> Descriptor | None:
+    """An ended task a retry (``requeue``: a requeue) brings back while its prerequisites
+    have not all ended: with its fresh budget into blocked/, never pending/ (settle it
+    after: :func:`settle_added`)."""
+
+    def fresh(desc: Descriptor) -> None:
+        desc.fresh_budget()
+        if requeue:
+            desc.result = None
+
+    folder = BlockedFolder(queue.paths, durable=queue.durable)
+    return folder.block_again(state, name, announce, prepare=fresh)
 
 
 def submit(queue: DirQueue, task: dict[str, Any], seq: int) -> str:
@@ -191,6 +227,7 @@ def settle_all(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
     out = {"finished": folder.finish_cut(lambda d, to: _recovered(ledger, d, to))}
     out["blocked_again"] = _finish_block_again(queue, ledger)
     states = {task_id_of(n): s.value for s in State for n in queue.names(s)}
+    out["blocked_again"] += _reblock_pending(queue, ledger, states)
     edges = _edges(queue, paths)
     out["blocked_again"] += _unfail(queue, ledger, edges, states)
     index = index_of(paths)
@@ -295,12 +332,36 @@ def _unfail(queue: DirQueue, ledger: Ledger, edges: dict[str, Edge], states: dic
 
 
 def _finish_block_again(queue: DirQueue, ledger: Ledger) -> int:
-    """A dependency_failed descriptor saved as blocked (a retry's bring-back cut short)."""
+    """An ended descriptor saved as blocked (a retry's bring-back, or a retry of a task whose
+    prerequisites had not ended, cut short)."""
     folder = BlockedFolder(queue.paths, durable=queue.durable)
     count = 0
-    for name, desc in queue.iter_descs(State.DEPENDENCY_FAILED):
-        if desc.state == State.BLOCKED.value:
-            announce = _back(ledger, desc.id, "recovery")
-            if folder.block_again(State.DEPENDENCY_FAILED, name, announce) is not None:
-                count += 1
+    for state in sorted(ENDED, key=lambda st: st.value):
+        for name, desc in queue.iter_descs(state):
+            if desc.state == State.BLOCKED.value:
+                announce = _back(ledger, desc.id, "recovery", state)
+                if folder.block_again(state, name, announce) is not None:
+                    count += 1
+    return count
+
+
+def _reblock_pending(queue: DirQueue, ledger: Ledger, states: dict[str, str]) -> int:
+    """A pending task whose prerequisites have not all ended (a failed one retried by resume
+    with its prerequisite retried too, a move cut short) back to blocked/: no supervisor
+    claims meanwhile (recovery holds the run). Only tasks with edges are looked at."""
+    index = index_of(queue.paths)
+    folder = BlockedFolder(queue.paths, durable=queue.durable)
+    count = 0
+    for name in queue.names(State.PENDING):
+        edge = index.edge(task_id_of(name))
+        if edge is None or verdict(edge, functools.partial(_ended, states))[0] is State.PENDING:
+            continue
+        desc = queue.read_desc(State.PENDING, name)
+        if desc is None:
+            continue
+        if name != edge.name:
+            write_edges(queue.paths, [Edge.of(desc, name)], durable=queue.durable)
+        folder.block_pending(name, desc, _back(ledger, desc.id, "recovery", State.PENDING))
+        states[desc.id] = State.BLOCKED.value
+        count += 1
     return count

@@ -277,7 +277,8 @@ function runPage(rid) {
   const feed = el('div', { class: 'feed card mono', id: 'feed' });
   const tableBox = el('div', { id: 'tasks' });
   const addBox = el('div', { id: 'add-box' });
-  page(head, el('div', { class: 'row' }, el('h2', { class: 'grow', text: 'GPU slots' }), windowTabs), legend, lanesBox,
+  const groupsBox = el('div', { id: 'groups' }); // issue 35: each group's progress
+  page(head, groupsBox, el('div', { class: 'row' }, el('h2', { class: 'grow', text: 'GPU slots' }), windowTabs), legend, lanesBox,
     el('div', { class: 'cols' }, el('div', {}, failuresTitle, failures), el('div', {}, el('h2', { text: 'Events' }), feed)),
     el('div', { class: 'row' }, el('h2', { class: 'grow', text: 'Tasks' })), addBox, tableBox);
 
@@ -354,6 +355,17 @@ function runPage(rid) {
     const f = st.view.failures;
     replace(failures, f.length ? el('ul', { class: 'mono' }, f.map((line) => el('li', { text: line }))) : el('p', { class: 'muted', text: 'None.' }));
   };
+  const drawGroups = () => { // the table `gpuswarm status --group --json` computes
+    const groups = Object.entries(st.view.groups || {});
+    replace(groupsBox, groups.length ? [el('h2', { text: 'Groups' }), el('table', { class: 'card', 'data-testid': 'groups' },
+      el('thead', {}, el('tr', {}, ['group', 'ended', 'progress', 'states', 'ETA'].map((h) => el('th', { text: h })))),
+      el('tbody', {}, groups.map(([name, g]) => el('tr', { 'data-group': name },
+        el('td', { class: 'mono', text: name }),
+        el('td', { class: 'num', text: `${g.ended}/${g.total}` }),
+        el('td', {}, progressBar(g.counts, g.total), el('span', { 'data-testid': 'group-percent', text: ` ${g.percent.toFixed(1)}%` })),
+        el('td', {}, countsLine(g.counts)),
+        el('td', { class: 'muted', text: g.eta_seconds ? fmtSeconds(g.eta_seconds) : '' })))))] : []);
+  };
   const drawFeed = () => {
     replace(feed, st.feed.slice(-150).reverse().map((e) => el('div', { title: JSON.stringify(e) }, el('span', { class: 't', text: fmtTime(e.ts) }), eventText(e))));
   };
@@ -371,7 +383,7 @@ function runPage(rid) {
     if (data.lanes) Object.assign(st.lanes, data.lanes);
     if (data.feed) st.feed = data.feed.slice();
     if (data.events) { st.feed.push(...data.events); if (st.feed.length > 400) st.feed.splice(0, st.feed.length - 400); }
-    drawHead(); drawLanes(); drawFailures(); drawFeed(); drawTabs(st);
+    drawHead(); drawGroups(); drawLanes(); drawFailures(); drawFeed(); drawTabs(st);
     const key = JSON.stringify(st.view.counts);
     if (key !== st.lastCounts) { st.lastCounts = key; refreshTable(!data.events); }
   };
