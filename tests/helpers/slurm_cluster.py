@@ -36,6 +36,9 @@ import pytest
 
 NODES = ("gsn1", "gsn2")
 GPUS_PER_NODE = 2
+# a step credential's lifetime; also how long a requeued job waits before it runs again
+# (Slurm's default, 120 s, would make a requeue test wait two minutes)
+CRED_EXPIRE = 20
 OWNER_FILE = "owner.pid"  # the test process that made a cluster (sweep_stale)
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "squeue", "scontrol")
 
@@ -153,7 +156,7 @@ class SlurmCluster:
             f"SlurmctldPort={_free_port()}\n"
             f"SlurmdPort={_free_port()}\n"
             "AuthType=auth/munge\n"
-            f"AuthInfo=socket={r}/munge/sock\n"
+            f"AuthInfo=socket={r}/munge/sock,cred_expire={CRED_EXPIRE}\n"
             "CredType=cred/munge\n"
             "SlurmUser=root\nSlurmdUser=root\n"
             f"StateSaveLocation={r}/state\n"
