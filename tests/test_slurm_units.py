@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import discover
 from gpuswarm.runsetup import driver_of
+from gpuswarm.ui.nodefeed import NodeFeed
 
 
 @pytest.mark.parametrize(
@@ -215,3 +218,27 @@ def test_job_states_without_accounting_read_squeue_then_ended(
     states = job_states(["11", "12"])
     assert states["11"].state == "REQUEUED" and states["11"].active
     assert states["12"].state == "ENDED" and not states["12"].active
+
+
+def test_node_feed_relays_only_the_other_nodes_slots(tmp_path: Path) -> None:
+    """A head's reporter gets the other nodes' slot records from the journal, never its own
+    (it heard those already), nor a line of the wrong shape."""
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    heard: list[dict[str, Any]] = []
+    lines = [
+        {"ts": 1.0, "ev": "supervisor_started", "slots": ["n2-gpu0"], "owner": "w", "pid": 9},
+        {"ts": 1.0, "ev": "supervisor_started", "slots": ["n1-gpu0"], "owner": "h", "pid": 8},
+        {"ts": 1.1, "ev": "started", "task": "t1", "attempt": 1, "slot": "n2-gpu0"},
+        {"ts": 1.1, "ev": "started", "task": "t2", "attempt": 1, "slot": "n1-gpu0"},
+        {"ts": 1.2, "ev": "started", "task": 5, "slot": "n2-gpu0"},  # the wrong shape
+        {"ts": 1.3, "ev": "shutdown", "reason": "a worker's stop"},  # no slot: not relayed
+    ]
+    with NodeFeed(events, heard.append, ["n1-gpu0"]) as feed:
+        with events.open("a") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+        feed.poll()
+    assert [(e["ev"], e.get("task")) for e in heard] == [
+        ("supervisor_started", None),
+        ("started", "t1"),
+    ]

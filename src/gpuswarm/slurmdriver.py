@@ -55,6 +55,7 @@ from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.context import SupervisorConfig
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor
+from gpuswarm.ui.nodefeed import NodeFeed
 
 JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
@@ -334,8 +335,10 @@ def run_in_allocation(
     nodes = slurm.Session(alloc, paths.root, mode)
     for note in alloc.notes if alloc is not None else ():
         say(output, f"gpuswarm: warning: {note}")
-    with slurm.end_stops(_warm_stop(sup), alloc):
+    with slurm.end_stops(_warm_stop(sup), alloc), contextlib.ExitStack() as shown:
         if others := nodes.start():
+            own = [s.label for s in sup.cfg.slots]  # the other nodes' slots are shown too
+            shown.enter_context(NodeFeed(paths.events, ledger.relay, own))
             ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
             logs = paths.root / "slurm" / "worker-<node>.log"
             say(output, f"slurm: a worker on each of {', '.join(others)} (srun); lines: {logs}")
