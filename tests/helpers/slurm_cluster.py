@@ -179,9 +179,13 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none\n"
             "JobCompType=jobcomp/none\n"
             "SchedulerType=sched/backfill\n"
+            "PreemptType=preempt/partition_prio\n"  # a job of `urgent` requeues gpu's jobs
+            "PreemptMode=REQUEUE\n"
             f"{nodes}\n"
             f"PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP "
-            "OverSubscribe=YES\n"
+            "OverSubscribe=YES PriorityTier=1\n"
+            f"PartitionName=urgent Nodes={','.join(NODES)} MaxTime=INFINITE State=UP "
+            "PriorityTier=10\n"
         )
         gres = []
         for k, n in enumerate(NODES):

@@ -91,3 +91,43 @@ def test_stop_before_reaches_the_worker_jobs(slurm: SlurmCluster, tmp_path: Path
     assert len(jobs) >= 2, (jobs, text)
     first_out = (run / "slurm" / f"job-{jobs[0]['job']}.out").read_text()
     assert "allocation ends" in first_out, first_out
+
+
+@pytest.mark.timeout(180)
+def test_preempted_job_is_watched_not_doubled(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A job of the higher-priority partition ``urgent`` takes the worker job's GPUs: Slurm
+    preempts the worker job and requeues it (PreemptMode=REQUEUE); gpuswarm waits for it to run
+    again, submits no second job, and the run finishes (0 lost, 0 re-run)."""
+    count = 8
+    cfg = write_config(tmp_path, count, 2)
+    ws = tmp_path / "runs"
+    argv = [
+        *PY, "run", str(cfg), "--backend", "slurm", "--slurm-nodes", "1",
+        "--slurm-gpus-per-node", "2", "--plain", "--no-report", "--workspace", str(ws),
+    ]  # fmt: skip
+    log = tmp_path / "login.out"
+    with log.open("w") as out:
+        login = subprocess.Popen(
+            argv, cwd=tmp_path, env=slurm_env(slurm), stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        run = _started(ws, 3, log)
+        job = _jobs(run)[0]
+        node = job["nodes"] or "gsn1"
+        urgent = [
+            "sbatch", "--parsable", "-p", "urgent", f"--nodelist={node}", "--gres=gpu:2",
+            f"--output={tmp_path}/urgent.out", "--wrap", "sleep 2",
+        ]  # fmt: skip
+        subprocess.run(urgent, env=slurm_env(slurm), check=True, timeout=30)
+        rc = login.wait(150)
+    finally:
+        if login.poll() is None:
+            login.kill()
+            login.wait()
+    text = log.read_text()
+    assert rc == 0, text
+    done_once(run, count)
+    jobs = _jobs(run)
+    assert [j["job"] for j in jobs] == [job["job"]], (jobs, text)  # watched, not doubled
+    assert text.count("submitted worker job") == 1, text
+    assert f"job {job['job']} pending" in text.split(f"job {job['job']} running", 1)[1], text
