@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,13 +15,14 @@ from gpuswarm.config.load import load_config
 from gpuswarm.core.errors import ConfigError, GpuSpecError
 from gpuswarm.exec.base import create_backend
 from gpuswarm.exec.local.backend import LocalBackend
-from gpuswarm.exec.slurm.allocation import current, parse_time_left
-from gpuswarm.exec.slurm.jobs import script_text
+from gpuswarm.exec.slurm.allocation import current, parse_time_left, stop_before
+from gpuswarm.exec.slurm.jobs import job_states, script_text
 from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import discover
 from gpuswarm.runsetup import driver_of
+from gpuswarm.ui.nodefeed import NodeFeed
 
 
 @pytest.mark.parametrize(
@@ -136,7 +139,7 @@ def test_the_plugin_drives_from_here_and_runs_attempts_locally_on_nodes() -> Non
     assert plugin.settings is SlurmSettings and plugin.driver
     assert {o.decls[0] for o in plugin.options_for("run")} == {
         "--slurm-nodes", "--slurm-time", "--slurm-partition", "--slurm-gpus-per-node",
-        "--slurm-account", "--slurm-qos",
+        "--slurm-account", "--slurm-qos", "--slurm-stop-before",
     }  # fmt: skip
     backend = create_backend("slurm")  # a node's `gpuswarm work`: the attempts are processes
     assert isinstance(backend, LocalBackend) and backend.name == "slurm"
@@ -169,3 +172,73 @@ def test_a_node_without_slurms_commands_runs_alone(monkeypatch: pytest.MonkeyPat
     assert alloc.ends_at is None and alloc.stop_at is None
     assert len(alloc.notes) == 2 and "this node only" in alloc.notes[0]
     assert current({"SLURM_JOB_ID": "7"}) is None  # salloc's shell: not on a node
+
+
+def test_stop_before_is_a_setting_and_a_flag(tmp_path: Path) -> None:
+    """``slurm.stop_before`` (a Duration) and ``--slurm-stop-before`` over it; the variable
+    overrides both; a bad flag value names the flag."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("backend: slurm\nslurm: {stop_before: 2m}\ntasks: [{command: 'true'}]\n")
+    block = load_config(cfg).config.backend_block()
+    assert isinstance(block, SlurmSettings) and block.stop_before == 120.0
+    plugin = plugin_of("slurm")
+    assert plugin.apply_options is not None
+    flagged = plugin.apply_options(block, {"slurm_stop_before": "90s"})
+    assert isinstance(flagged, SlurmSettings) and flagged.stop_before == 90.0
+    assert SlurmSettings().stop_before == 60.0
+    with pytest.raises(ConfigError, match="--slurm-stop-before"):
+        plugin.apply_options(None, {"slurm_stop_before": "soon"})
+    assert stop_before({}, 90.0) == 90.0
+    assert stop_before({"GPUSWARM_SLURM_STOP_BEFORE": "0"}, 90.0) == 0.0  # the override
+
+
+def test_allocation_takes_the_runs_stop_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    env = {"SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+    alloc = current(env, 300.0)
+    assert alloc is not None and alloc.stop_before == 300.0
+    default = current(env)
+    assert default is not None and default.stop_before == 60.0
+
+
+def test_job_states_without_accounting_read_squeue_then_ended(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No accounting (the test cluster's): sacct fails; a job squeue still lists keeps its state
+    (a requeued one is active), one it no longer lists is ENDED (the driver submits again)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho '11|REQUEUED|n1|Requeued'\n")
+    (bin_dir / "sacct").write_text(
+        "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n"
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    states = job_states(["11", "12"])
+    assert states["11"].state == "REQUEUED" and states["11"].active
+    assert states["12"].state == "ENDED" and not states["12"].active
+
+
+def test_node_feed_relays_only_the_other_nodes_slots(tmp_path: Path) -> None:
+    """A head's reporter gets the other nodes' slot records from the journal, never its own
+    (it heard those already), nor a line of the wrong shape."""
+    events = tmp_path / "events.jsonl"
+    events.write_text("")
+    heard: list[dict[str, Any]] = []
+    lines = [
+        {"ts": 1.0, "ev": "supervisor_started", "slots": ["n2-gpu0"], "owner": "w", "pid": 9},
+        {"ts": 1.0, "ev": "supervisor_started", "slots": ["n1-gpu0"], "owner": "h", "pid": 8},
+        {"ts": 1.1, "ev": "started", "task": "t1", "attempt": 1, "slot": "n2-gpu0"},
+        {"ts": 1.1, "ev": "started", "task": "t2", "attempt": 1, "slot": "n1-gpu0"},
+        {"ts": 1.2, "ev": "started", "task": 5, "slot": "n2-gpu0"},  # the wrong shape
+        {"ts": 1.3, "ev": "shutdown", "reason": "a worker's stop"},  # no slot: not relayed
+    ]
+    with NodeFeed(events, heard.append, ["n1-gpu0"]) as feed:
+        with events.open("a") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+        feed.poll()
+    assert [(e["ev"], e.get("task")) for e in heard] == [
+        ("supervisor_started", None),
+        ("started", "t1"),
+    ]

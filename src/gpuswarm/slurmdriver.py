@@ -17,6 +17,7 @@ workers stop warm on Slurm's SIGTERM); ``gpuswarm resume RUN`` on the login node
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import threading
 import time
@@ -29,7 +30,7 @@ from gpuswarm.config.backends import settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
 from gpuswarm.control_ops import finish_adds
-from gpuswarm.core.errors import ConfigError
+from gpuswarm.core.errors import ConfigError, RunDirError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.core.models import State
@@ -54,6 +55,7 @@ from gpuswarm.store.runs import NewRun, create_run, open_run
 from gpuswarm.supervise.context import SupervisorConfig
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor
+from gpuswarm.ui.nodefeed import NodeFeed
 
 JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines
@@ -298,8 +300,25 @@ def in_allocation(
 ) -> tuple[SupervisorConfig, Allocation | None]:
     """The allocation this supervisor runs in (None outside one) and ``cfg`` with its end
     bounding claims; a resume (a new allocation) first checks its nodes see the run."""
-    alloc = slurm.check_nodes_see(paths.root) if mode == "resume" else slurm.allocation_for()
+    margin = _stop_before_of(paths)
+    if mode == "resume":
+        alloc = slurm.check_nodes_see(paths.root, margin)
+    else:
+        alloc = slurm.allocation_for(margin)
     return (replace(cfg, claim_until=alloc.stop_at) if alloc else cfg), alloc
+
+
+def _stop_before_of(paths: RunPaths) -> float | None:
+    """The run's ``slurm.stop_before`` (``--slurm-stop-before``): a ``backend: slurm`` run's
+    worker jobs honour it; None for a run of another backend (the default, or the variable)."""
+    if not os.environ.get("SLURM_JOB_ID"):  # not in an allocation: nothing to read
+        return None
+    with contextlib.suppress(OSError, ValueError, RunDirError):
+        _, info = open_run(paths.root)
+        settings = backend_settings_of(info)
+        if isinstance(settings, SlurmSettings):
+            return settings.stop_before
+    return None
 
 
 def run_in_allocation(
@@ -316,8 +335,10 @@ def run_in_allocation(
     nodes = slurm.Session(alloc, paths.root, mode)
     for note in alloc.notes if alloc is not None else ():
         say(output, f"gpuswarm: warning: {note}")
-    with slurm.end_stops(_warm_stop(sup), alloc):
+    with slurm.end_stops(_warm_stop(sup), alloc), contextlib.ExitStack() as shown:
         if others := nodes.start():
+            own = [s.label for s in sup.cfg.slots]  # the other nodes' slots are shown too
+            shown.enter_context(NodeFeed(paths.events, ledger.relay, own))
             ledger.emit(Ev.SLOTS, change="slurm_workers", node=",".join(others))
             logs = paths.root / "slurm" / "worker-<node>.log"
             say(output, f"slurm: a worker on each of {', '.join(others)} (srun); lines: {logs}")

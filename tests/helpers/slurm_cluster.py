@@ -36,6 +36,9 @@ import pytest
 
 NODES = ("gsn1", "gsn2")
 GPUS_PER_NODE = 2
+# a step credential's lifetime; also how long a requeued job waits before it runs again
+# (Slurm's default, 120 s, would make a requeue test wait two minutes)
+CRED_EXPIRE = 20
 OWNER_FILE = "owner.pid"  # the test process that made a cluster (sweep_stale)
 PROGRAMS = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "squeue", "scontrol")
 
@@ -153,7 +156,7 @@ class SlurmCluster:
             f"SlurmctldPort={_free_port()}\n"
             f"SlurmdPort={_free_port()}\n"
             "AuthType=auth/munge\n"
-            f"AuthInfo=socket={r}/munge/sock\n"
+            f"AuthInfo=socket={r}/munge/sock,cred_expire={CRED_EXPIRE}\n"
             "CredType=cred/munge\n"
             "SlurmUser=root\nSlurmdUser=root\n"
             f"StateSaveLocation={r}/state\n"
@@ -176,9 +179,13 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none\n"
             "JobCompType=jobcomp/none\n"
             "SchedulerType=sched/backfill\n"
+            "PreemptType=preempt/partition_prio\n"  # a job of `urgent` requeues gpu's jobs
+            "PreemptMode=REQUEUE\n"
             f"{nodes}\n"
             f"PartitionName=gpu Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP "
-            "OverSubscribe=YES\n"
+            "OverSubscribe=YES PriorityTier=1\n"
+            f"PartitionName=urgent Nodes={','.join(NODES)} MaxTime=INFINITE State=UP "
+            "PriorityTier=10\n"
         )
         gres = []
         for k, n in enumerate(NODES):

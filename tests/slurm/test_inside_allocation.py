@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -92,6 +93,12 @@ def test_two_nodes_a_worker_per_node(slurm: SlurmCluster, tmp_path: Path) -> Non
     ).stdout  # fmt: skip
     assert "head on gsn1; workers on gsn2" in shown, shown
     assert "slurm: a worker on each of gsn2" in done.stdout + done.stderr
+    # the head's own output shows the other node's slots too: each of gsn2's tasks ends there
+    on_gsn2 = [t for t, host in hosts.items() if host == "gsn2"]
+    assert on_gsn2, hosts
+    for task in on_gsn2:
+        line = re.compile(rf"gsn2-gpu\d +done +{re.escape(task)}\b")
+        assert line.search(done.stdout + done.stderr), (task, done.stdout + done.stderr)
 
 
 def test_run_folder_not_shared_is_bad_input(slurm: SlurmCluster, tmp_path: Path) -> None:

@@ -46,6 +46,12 @@ class Ledger:
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def relay(self, record: dict[str, Any]) -> None:
+        """Hand the listeners (the terminal reporter) a record another process journaled
+        (a Slurm worker node's, ui/nodefeed.py, checked there); nothing is written."""
+        for listener in self._listeners:
+            listener(record)
+
     def emit(self, ev: Ev, **fields: Any) -> dict[str, Any]:
         if self.redact is not None:
             for key in TEXT_FIELDS:

@@ -70,10 +70,12 @@ class Allocation:
         return None if self.ends_at is None else self.ends_at - self.stop_before
 
 
-def stop_before(environ: Mapping[str, str]) -> float:
+def stop_before(environ: Mapping[str, str], setting: float | None = None) -> float:
+    """The margin before the end: ``GPUSWARM_SLURM_STOP_BEFORE`` (seconds, 0 allowed) over the
+    run's ``slurm.stop_before`` (``--slurm-stop-before``), else 60 s."""
     raw = environ.get(STOP_BEFORE_VAR, "").strip()
     if not raw:
-        return STOP_BEFORE_DEFAULT
+        return STOP_BEFORE_DEFAULT if setting is None else setting
     try:
         value = float(raw)
     except ValueError:
@@ -91,8 +93,9 @@ def time_left(job_id: str) -> float | None:
     return parse_time_left(out[0]) if out else None
 
 
-def current(environ: Mapping[str, str]) -> Allocation | None:
-    """The allocation this process runs in on one of its nodes (None: not in one)."""
+def current(environ: Mapping[str, str], setting: float | None = None) -> Allocation | None:
+    """The allocation this process runs in on one of its nodes (None: not in one);
+    ``setting``: the run's ``slurm.stop_before`` (None: it has none)."""
     job_id = environ.get("SLURM_JOB_ID", "").strip()
     node = environ.get("SLURMD_NODENAME", "").strip()
     if not job_id or not node:
@@ -109,4 +112,5 @@ def current(environ: Mapping[str, str]) -> Allocation | None:
         left = None
         notes.append(f"{exc}: the allocation's end is not known (claims are not bounded)")
     ends = None if left is None else time.time() + left
-    return Allocation(job_id, nodes or (node,), node, ends, stop_before(environ), tuple(notes))
+    margin = stop_before(environ, setting)
+    return Allocation(job_id, nodes or (node,), node, ends, margin, tuple(notes))

@@ -28,6 +28,7 @@ _FLAGS = {
     "slurm_gpus_per_node": "gpus_per_node",
     "slurm_account": "account",
     "slurm_qos": "qos",
+    "slurm_stop_before": "stop_before",
 }
 
 
@@ -61,6 +62,10 @@ PLUGIN = BackendPlugin(
         Option(("--slurm-gpus-per-node",), "slurm: GPUs per node of each worker job"),
         Option(("--slurm-account",), "slurm: the account the worker jobs are charged to"),
         Option(("--slurm-qos",), "slurm: the quality of service of the worker jobs"),
+        Option(
+            ("--slurm-stop-before",),
+            "slurm: how long before a worker job's end its workers stop warm (60s, 5m)",
+        ),
     ),
     apply_options=apply_options,
     refuse_options=_refuse,

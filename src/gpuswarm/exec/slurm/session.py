@@ -25,17 +25,18 @@ from gpuswarm.exec.slurm.workers import Workers, check_shared
 WORKER_VAR = "GPUSWARM_SLURM_WORKER"  # set for the workers srun starts: they start none
 
 
-def allocation_for() -> Allocation | None:
-    return current(os.environ)
+def allocation_for(stop_before: float | None = None) -> Allocation | None:
+    """``stop_before``: the run's ``slurm.stop_before`` (None: the default, 60 s)."""
+    return current(os.environ, stop_before)
 
 
 def is_head(mode: str) -> bool:
     return mode in ("run", "resume") and os.environ.get(WORKER_VAR) != "1"
 
 
-def check_nodes_see(folder: Path) -> Allocation | None:
+def check_nodes_see(folder: Path, stop_before: float | None = None) -> Allocation | None:
     """Inside a multi-node allocation: every other node reads ``folder`` (exit 2 otherwise)."""
-    alloc = allocation_for()
+    alloc = allocation_for(stop_before)
     if alloc is not None and alloc.others and os.environ.get(WORKER_VAR) != "1":
         folder.mkdir(parents=True, exist_ok=True)
         check_shared(alloc, folder)

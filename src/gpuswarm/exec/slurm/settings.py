@@ -3,7 +3,8 @@ it, :mod:`.plugin`): what each worker job asks Slurm for.
 
 The slurm backend's own model, registered by :mod:`.plugin` (the core config model knows
 nothing of it): a bad field is a ConfigError naming the config file's line and ``slurm.<field>``,
-before anything is made. Imports only core (and pydantic): loading it never loads the backend.
+before anything is made. Imports only config's values (and pydantic): loading it never loads the
+backend.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpuswarm.config.values import Duration
 
 _TIME_RE = re.compile(r"\d+(-\d+)?(:\d+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
 _NAME_RE = re.compile(r"[A-Za-z0-9_.,:+=@-]+")
@@ -29,6 +32,8 @@ class SlurmSettings(BaseModel):
     setup: list[str] = Field(default_factory=list)  # shell lines run before the workers
     max_jobs: int = Field(default=10, ge=1, le=10_000)  # worker jobs submitted at most, in all
     poll: float = Field(default=2.0, gt=0, le=300)  # seconds between looks at squeue
+    # each worker job's workers stop warm this long before its end (exec/slurm/allocation.py)
+    stop_before: Duration = 60.0
 
     @field_validator("partition", "account", "qos")
     @classmethod
