@@ -131,7 +131,11 @@ def loop(gpuswarm: Cli, repo: Path, env: dict[str, str], *args: str) -> CliResul
 
 def agent_rows(repo: Path) -> list[list[str]]:
     table = research_results(repo, TAG)
-    assert table[0] == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    # the seed's five columns first and unchanged, then the proposer's spend (issue 34): every
+    # real CLI here reports its usage, so the columns are there
+    assert table[0] == [
+        "commit", "val_bpb", "memory_gb", "status", "description", "proposer_tokens", "proposer_usd"
+    ]  # fmt: skip
     return table[1:]
 
 
