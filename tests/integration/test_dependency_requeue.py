@@ -9,43 +9,19 @@ Order is proven by effects: ``b`` fails unless ``a`` has run twice.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_driver import CliResult, find_runs, read_events
-
-from gpuswarm.core.paths import STATES
+from cli_driver import CliResult, read_events
+from depkit import deps_yaml as _yaml
+from depkit import run_dir as _run_dir
+from depkit import task_states
 
 pytestmark = pytest.mark.slow
 
 Cli = Callable[..., CliResult]
-
-
-def _yaml(path: Path, tasks: list[dict[str, Any]]) -> Path:
-    path.write_text(
-        json.dumps({"name": "deps", "workspace": "ws", "gpus": "sim:2", "tasks": tasks})
-    )
-    return path
-
-
-def _run_dir(tmp_path: Path) -> Path:
-    (run,) = find_runs(tmp_path / "ws")
-    return run
-
-
-def task_states(run: Path) -> dict[str, str]:
-    """task id -> its one state folder (a task in two is a failure)."""
-    out: dict[str, str] = {}
-    for state in STATES:
-        for path in (run / ".parallel" / state).iterdir():
-            if not path.name.startswith("."):
-                task = json.loads(path.read_text())["id"]
-                assert task not in out, f"{task} in {out[task]} and {state}"
-                out[task] = state
-    return out
 
 
 TASKS: list[dict[str, Any]] = [
