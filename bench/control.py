@@ -299,8 +299,8 @@ def create_floor(folder: Path, n: int) -> float:
 
 
 def _add(cfg: Config) -> list[Row]:
+    from gpuswarm.app.control import add_tasks, load_source
     from gpuswarm.config.models import TaskOptions
-    from gpuswarm.control_ops import add_tasks, load_source
 
     n = cfg.control_add
     repeats = 1 if cfg.quick else 3
@@ -413,8 +413,8 @@ def _with_control_files(paths: Any, task: str, slot: str, count: int) -> None:
 
 def _two_supervisors(work: Path, n: int, requests: int) -> dict[str, Any]:
     """B holds one sleeping task and is stopped; A runs ``n`` added tasks ``true``."""
+    from gpuswarm.app.control import add_tasks, load_source
     from gpuswarm.config.models import TaskOptions
-    from gpuswarm.control_ops import add_tasks, load_source
     from gpuswarm.store import control
     from gpuswarm.store.leases import registered_slot_ids
     from gpuswarm.store.runs import open_run

@@ -1,4 +1,4 @@
-"""The public facade (gpuswarm.api) that research and the dashboard use: a run made, fed, read
+"""The public facade (gpuswarm.app.api) that research and the dashboard use: a run made, fed, read
 and drained through it alone, without touching the queue's folders."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.errors import GpuSpecError
 from gpuswarm.store.queue import DirQueue
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.store.runs import NewRun, create_run
 
 

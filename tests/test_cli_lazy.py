@@ -32,19 +32,19 @@ def _loaded(argv: list[str]) -> set[str]:
 
 def test_version_loads_nothing_of_the_commands() -> None:
     loaded = _loaded(["--version"])
-    assert "gpuswarm.engine" not in loaded and "gpuswarm.config.models" not in loaded
+    assert "gpuswarm.app.engine" not in loaded and "gpuswarm.config.models" not in loaded
     assert "pydantic" not in loaded
 
 
 def test_a_read_only_command_does_not_load_the_engine() -> None:
     loaded = _loaded(["status", "--help"])
-    assert "gpuswarm.cli_runs" in loaded
-    assert "gpuswarm.engine" not in loaded and "gpuswarm.supervise.supervisor" not in loaded
+    assert "gpuswarm.cli.runs" in loaded
+    assert "gpuswarm.app.engine" not in loaded and "gpuswarm.supervise.supervisor" not in loaded
 
 
 def test_run_loads_what_it_needs() -> None:
     loaded = _loaded(["run", "--help"])
-    assert "gpuswarm.cli_supervise" in loaded and "gpuswarm.engine" in loaded
+    assert "gpuswarm.cli.supervise" in loaded and "gpuswarm.app.engine" in loaded
 
 
 def test_status_of_a_run_loads_neither_pydantic_nor_yaml(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from cli_driver import run_cli
 
+from gpuswarm.app.control import load_source
 from gpuswarm.config import errors as config_errors
 from gpuswarm.config import load as load_module
 from gpuswarm.config import yamlload
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.config.values import MAX_ARG_BYTES, MAX_NAME_BYTES
-from gpuswarm.control_ops import load_source
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.research.experiment import check_command
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.app.control import cancel_tasks, retry_tasks
 from gpuswarm.config.models import TaskSpec
-from gpuswarm.control_ops import cancel_tasks, retry_tasks
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots

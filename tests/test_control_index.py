@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuswarm import control_ops
+from gpuswarm.app import control as control_ops
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
 from gpuswarm.store.runs import NewRun, create_run

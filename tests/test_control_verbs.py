@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuswarm import cli_control, control_ops
+from gpuswarm.app import control as control_ops
 from gpuswarm.cli import _Commands
+from gpuswarm.cli import control as cli_control
 from gpuswarm.core import verbs
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths

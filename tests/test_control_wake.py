@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.app.control import set_priority
 from gpuswarm.config.models import TaskSpec
-from gpuswarm.control_ops import set_priority
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots

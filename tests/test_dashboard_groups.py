@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from dashkit import Served, serve_here
 
-from gpuswarm import api
+from gpuswarm.app import api
+from gpuswarm.app.control import add_tasks, cancel_tasks
 from gpuswarm.config.load import load_config
-from gpuswarm.control_ops import add_tasks, cancel_tasks
 from gpuswarm.outputs.groups import group_status
 
 pytest.importorskip("starlette")

@@ -23,9 +23,9 @@ import pytest
 from cli_driver import run_cli, wait_for
 from dashkit import Served, exchange, serve_here, sse_messages, start_dashboard
 
-from gpuswarm import api
+from gpuswarm.app import api
+from gpuswarm.app.control import add_tasks, set_paused
 from gpuswarm.config.load import load_command_list
-from gpuswarm.control_ops import add_tasks, set_paused
 from gpuswarm.core.runview import RunView
 from gpuswarm.store import control
 from gpuswarm.store.ledger import read_events

@@ -157,7 +157,7 @@ def test_the_live_table_shows_each_groups_progress(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from gpuswarm.runoutput import GroupLines
+    from gpuswarm.app.output import GroupLines
     from gpuswarm.store.queue import DirQueue
     from gpuswarm.ui.table import LiveView
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuswarm import control_ops
+from gpuswarm.app import control as control_ops
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core import faults
 from gpuswarm.core.models import State

@@ -1,7 +1,7 @@
 """One rule for "ended" (``State.is_terminal``): the public facade's task states, ended ids and
 last attempts count a skipped task as ended, as the queue verbs and the views do.
 
-Before, ``gpuswarm.api`` kept its own list of ended states without skipped: a task that ended
+Before, ``gpuswarm.app.api`` kept its own list of ended states without skipped: a task that ended
 skipped was missing from ``task_states`` and ``finished_ids``, so a client waiting for it
 (``research wait``) waited forever, and research's settle took its variant for one never
 queued and queued it again."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.models import State
 from gpuswarm.store.lookup import task_ended
 from gpuswarm.store.queue import DirQueue

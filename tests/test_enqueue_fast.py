@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuswarm.app.setup import queued
 from gpuswarm.config.commands import task_dumps, tasks_digest
 from gpuswarm.config.load import load_command_list
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.fsutil import COMPACT, dumps_compact
 from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.models import Descriptor
-from gpuswarm.runsetup import queued
 from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.preflight import _first_words
 

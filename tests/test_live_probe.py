@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.store.leases import FileLock, attach, is_live
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuswarm import api
+from gpuswarm.app import api
+from gpuswarm.app.control import add_tasks, cancel_tasks
 from gpuswarm.config.load import load_config
-from gpuswarm.control_ops import add_tasks, cancel_tasks
 from gpuswarm.metrics.collector import SwarmCollector
 from gpuswarm.metrics.sources import Sources
 from gpuswarm.outputs.groups import group_status

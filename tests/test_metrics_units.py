@@ -176,7 +176,7 @@ def test_the_exporter_loads_no_dashboard_stack() -> None:
     import sys
 
     code = (
-        "import sys, gpuswarm.cli_exporter, gpuswarm.metrics.exporter;"
+        "import sys, gpuswarm.cli.exporter, gpuswarm.metrics.exporter;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('starlette', 'uvicorn')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -186,7 +186,7 @@ def test_the_exporter_loads_no_dashboard_stack() -> None:
 def test_a_removed_run_leaves_the_series(tmp_path: Path) -> None:
     import shutil
 
-    from gpuswarm.api import GpuPlan, NewRunSpec, create_run
+    from gpuswarm.app.api import GpuPlan, NewRunSpec, create_run
 
     run = create_run(
         NewRunSpec(

@@ -221,8 +221,8 @@ def test_run_on_a_cluster_that_is_not_there_is_bad_input(tmp_path: Path) -> None
 
 
 def test_resume_on_another_cluster_address() -> None:
+    from gpuswarm.app.setup import Setup, with_backend_options
     from gpuswarm.core.errors import ConfigError
-    from gpuswarm.runsetup import Setup, with_backend_options
 
     def with_ray_address(setup: Setup, address: str) -> Setup:  # resume --ray-address
         return with_backend_options(setup, "resume", {"ray_address": address})

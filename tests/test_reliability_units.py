@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from gpuswarm.app.engine import check_run_dir as check_run
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import State
 from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.engine import check_run_dir as check_run
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.leases import attach, is_live, owner_alive, owner_id, write_owner_file
 from gpuswarm.store.ledger import Ledger, read_events

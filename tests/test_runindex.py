@@ -71,7 +71,7 @@ def test_unwritable_index_never_fails_a_run(
 def test_dashboard_default_folders_are_runs_and_the_indexed_runs_workspaces(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gpuswarm.cli_dashboard import _your_workspaces
+    from gpuswarm.cli.dashboard import _your_workspaces
 
     here = tmp_path / "here"
     here.mkdir()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuswarm.app.setup import driver_of
 from gpuswarm.config.backends import plugin_of
 from gpuswarm.config.load import load_config
 from gpuswarm.core.errors import ConfigError, GpuSpecError
@@ -21,7 +22,6 @@ from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.placement import slurmgpus
 from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import discover
-from gpuswarm.runsetup import driver_of
 from gpuswarm.ui.nodefeed import NodeFeed
 
 

@@ -86,7 +86,7 @@ def test_a_stream_cut_short_is_finished_once_each(run: RunPaths) -> None:
 
 
 def test_the_live_output_counts_the_spooled_tasks(run: RunPaths) -> None:
-    from gpuswarm.runoutput import counted
+    from gpuswarm.app.output import counted
 
     counts = counted(DirQueue(run))
     assert counts[State.PENDING] == N

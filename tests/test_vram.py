@@ -17,6 +17,7 @@ import pytest
 from fakenvml import GPU_TASK, FakeMachine, gpu, load_fake
 from pydantic import ValidationError
 
+from gpuswarm.app.setup import tasks_per_gpu
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import GpuSpecError
@@ -36,7 +37,6 @@ from gpuswarm.placement.gpus import (
 from gpuswarm.placement.nvml import AmdSmiQuery, NvmlQuery
 from gpuswarm.placement.probes import nvml_gpus
 from gpuswarm.placement.vram import VramSampler
-from gpuswarm.runsetup import tasks_per_gpu
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout

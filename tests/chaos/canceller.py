@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def main() -> int:
-    from gpuswarm.control_ops import cancel_tasks
+    from gpuswarm.app.control import cancel_tasks
     from gpuswarm.store.names import task_id_of
 
     run_dir, plan_path, out_path, stop = (Path(a) for a in sys.argv[1:5])

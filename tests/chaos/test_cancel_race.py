@@ -34,8 +34,8 @@ from harness import HERE, PY, scale
 from invariants import cli_check
 
 import gpuswarm
+from gpuswarm.app.control import retry_tasks
 from gpuswarm.config.models import TaskSpec
-from gpuswarm.control_ops import retry_tasks
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots

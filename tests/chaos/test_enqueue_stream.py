@@ -20,7 +20,7 @@ from cli_driver import CliProcess, CliResult, wait_for_run
 from harness import cmd_ids, write_commands
 from invariants import check_run
 
-from gpuswarm.runsetup import STREAM_FIRST
+from gpuswarm.app.setup import STREAM_FIRST
 from gpuswarm.store.spool import CHUNK
 
 pytestmark = pytest.mark.slow

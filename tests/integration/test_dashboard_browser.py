@@ -436,9 +436,9 @@ def test_the_run_page_shows_each_groups_progress(
     tmp_path: Path, page: Any, dashboard: Callable[..., Served]
 ) -> None:
     """Issue 35: a run's groups with their progress (status --group's table) on its page."""
-    from gpuswarm import api
+    from gpuswarm.app import api
+    from gpuswarm.app.control import add_tasks, cancel_tasks
     from gpuswarm.config.load import load_config
-    from gpuswarm.control_ops import add_tasks, cancel_tasks
 
     ws = tmp_path / "runs"
     ws.mkdir()

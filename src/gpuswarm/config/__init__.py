@@ -4,7 +4,7 @@ and field.
 No facade here, deliberately: import each name from the module that defines it (this package
 re-exports nothing). A re-exporting ``__init__`` would load pydantic models, the YAML loader and
 the task expansion for any caller that needs one constant, and would hide where a name lives;
-the one facade for clients of gpuswarm is ``gpuswarm.api``. Where things live:
+the one facade for clients of gpuswarm is ``gpuswarm.app.api``. Where things live:
 
 - ``load``       load_config (a YAML file), load_command_list, read_stdin, LoadedConfig,
                  expand_tasks, config_fingerprint, spec_hash

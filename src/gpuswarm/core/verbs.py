@@ -1,7 +1,7 @@
 """A person's queue verbs as typed requests: one :class:`Kind` each, one request model each.
 
 ``gpuswarm add | cancel | retry | requeue | pause | unpause | priority`` (the CLI) and the
-dashboard's actions build one of these; ``gpuswarm.control_ops.execute`` hands it to the one
+dashboard's actions build one of these; ``gpuswarm.app.control.execute`` hands it to the one
 handler its kind has (``control_ops.HANDLERS``, a test checks it covers every kind) under the
 run's control lock. A new verb is a kind here, its request, its handler and its command.
 """

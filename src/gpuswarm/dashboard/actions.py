@@ -10,15 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.config.load import load_command_list
-from gpuswarm.config.models import TaskOptions
-from gpuswarm.control_ops import (
+from gpuswarm.app.control import (
     add_tasks,
     cancel_tasks,
     retry_tasks,
     set_paused,
     set_priority,
 )
+from gpuswarm.config.load import load_command_list
+from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import BadInputError
 
 REASON = "cancelled from the dashboard"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_shapes

@@ -27,9 +27,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gpuswarm import api
 from gpuswarm.agents.command import answer_line, invocation, preflight_script
 from gpuswarm.agents.preset import AgentPreset, AgentUse
+from gpuswarm.app import api
 from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.placeholders import render
 from gpuswarm.research import gitops

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.config.backends import backend_names, options_given, plugins
 from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.fsutil import atomic_write_text, read_json

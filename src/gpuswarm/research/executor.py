@@ -1,5 +1,5 @@
 """Variants as tasks of the experiment's core run: the run itself, a variant's task, queueing
-and withdrawing it, and where each task is now. Everything goes through ``gpuswarm.api``
+and withdrawing it, and where each task is now. Everything goes through ``gpuswarm.app.api``
 (research never touches the queue's folders); the export a task runs in is ``exports.py``, what
 an ended task produced is ``outcome.py``, the background runner that serves the run is
 ``runner.py``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.config.backends import settings_of
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import ResearchError

@@ -11,7 +11,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.research.experiment import ExpPaths
 
 

@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.logs import log_tail
 from gpuswarm.research.executor import run_paths
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import rules
 from gpuswarm.research.configure import CHANGEABLE

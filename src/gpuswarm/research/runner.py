@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.signals import leave

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from gpuswarm import api
+from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants

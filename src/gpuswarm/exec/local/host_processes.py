@@ -1,6 +1,6 @@
 """Processes of this host that are no task: the research loop's own runners, found by an
 environment variable and stopped warm (SIGTERM, then the tree after a grace). Only exec/local
-touches processes; :mod:`gpuswarm.api` hands these to research.
+touches processes; :mod:`gpuswarm.app.api` hands these to research.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from gpuswarm.exec.local.tree import (
 )
 from gpuswarm.exec.local.waiter import AttemptState
 
-# find_by_env, kill_tree: research (its runner and proposers, through gpuswarm.api) ends its
+# find_by_env, kill_tree: research (its runner and proposers, through gpuswarm.app.api) ends its
 # own processes with them
 __all__ = ["Attempt"]
 

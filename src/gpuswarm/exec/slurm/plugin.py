@@ -69,5 +69,5 @@ PLUGIN = BackendPlugin(
     ),
     apply_options=apply_options,
     refuse_options=_refuse,
-    driver="gpuswarm.slurmdriver:DRIVER",
+    driver="gpuswarm.app.slurmdriver:DRIVER",
 )

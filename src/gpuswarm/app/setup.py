@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 from pydantic import BaseModel, ValidationError
 
+from gpuswarm.app.output import Output
 from gpuswarm.config.backends import (
     BackendPlugin,
     backend_names,
@@ -42,7 +43,6 @@ from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
-from gpuswarm.runoutput import Output
 from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun, open_run
 from gpuswarm.store.staging import Encoded

@@ -1,6 +1,6 @@
 """``gpuswarm add | cancel | retry | requeue | pause | unpause | priority``: a person's changes to
 a run, live or stopped. Each command builds its typed request (:mod:`gpuswarm.core.verbs`)
-and prints what :func:`gpuswarm.control_ops.execute` did; ``cli.py`` lists them by ``Kind``.
+and prints what :func:`gpuswarm.app.control.execute` did; ``cli.py`` lists them by ``Kind``.
 
 Exit codes: 0 done (a task that had ended already is a note, nothing to do), 1 ``cancel --wait``
 timed out, 2 bad input (an unknown or ambiguous task, a request that does not apply to the
@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from gpuswarm.cli_support import stoppable
+from gpuswarm.app.control import add_tasks, execute, load_source, set_priority
+from gpuswarm.app.deps import run_task_ids
+from gpuswarm.cli.support import stoppable
 from gpuswarm.config.models import TaskOptions
-from gpuswarm.control_deps import run_task_ids
-from gpuswarm.control_ops import add_tasks, execute, load_source, set_priority
 from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
 

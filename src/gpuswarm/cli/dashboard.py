@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpuswarm.cli_support import stoppable
+from gpuswarm.cli.support import stoppable
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, Interrupted
 
 EXTRA_HINT = "pip install 'gpuswarm[dashboard]'"

@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuswarm import control_deps as deps
-from gpuswarm import control_groups as groups
+from gpuswarm.app import deps, groups
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions

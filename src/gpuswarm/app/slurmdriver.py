@@ -26,10 +26,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.app.control import finish_adds
+from gpuswarm.app.output import Output, say, write_report_safely
+from gpuswarm.app.setup import backend_settings_of, recovery_backend, run_info
 from gpuswarm.config.backends import settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
-from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import ConfigError, RunDirError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_json, read_json
@@ -46,8 +48,6 @@ from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.placement.devices import GpuSet, Vendor
-from gpuswarm.runoutput import Output, say, write_report_safely
-from gpuswarm.runsetup import backend_settings_of, recovery_backend, run_info
 from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue

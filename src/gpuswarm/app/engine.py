@@ -12,10 +12,30 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.app.control import finish_adds
+from gpuswarm.app.output import Output, after_disk_full, reporter, say, write_report_safely
+from gpuswarm.app.setup import (
+    Setup,
+    check_backend,
+    check_backend_ready,
+    driver_of,
+    gpu_keys_of,
+    new_run,
+    plan,
+    recovery_backend,
+    redact_config,
+    remember_budget,
+    resolve_provisions,
+    resume_driven,
+    setup_from_info,
+    with_backend_options,
+    with_budget,
+    with_halt,
+)
+from gpuswarm.app.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.config.backends import plugin_of, settings_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
-from gpuswarm.control_ops import finish_adds
 from gpuswarm.core.errors import (
     ConfigError,
     PreflightError,
@@ -40,26 +60,6 @@ from gpuswarm.outputs.status import run_state
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold
-from gpuswarm.runoutput import Output, after_disk_full, reporter, say, write_report_safely
-from gpuswarm.runsetup import (
-    Setup,
-    check_backend,
-    check_backend_ready,
-    driver_of,
-    gpu_keys_of,
-    new_run,
-    plan,
-    recovery_backend,
-    redact_config,
-    remember_budget,
-    resolve_provisions,
-    resume_driven,
-    setup_from_info,
-    with_backend_options,
-    with_budget,
-    with_halt,
-)
-from gpuswarm.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.store import release
 from gpuswarm.store.leases import (
     attach,

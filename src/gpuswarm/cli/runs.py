@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from gpuswarm.cli_support import fail, stoppable
+from gpuswarm.cli.support import fail, stoppable
 from gpuswarm.core.errors import EXIT_INTERRUPTED, BadInputError, GpuswarmError, RunDirError
 from gpuswarm.core.models import State
 from gpuswarm.core.redact import LineRedactor
@@ -100,7 +100,9 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
     """
     try:
-        from gpuswarm.engine import check_run_dir  # the engine: only for the commands that use it
+        from gpuswarm.app.engine import (
+            check_run_dir,  # the engine: only for the commands that use it
+        )
 
         report = check_run_dir(run_dir, repair=repair)
     except GpuswarmError as exc:
@@ -141,7 +143,7 @@ def ls_cmd(workspace: Path | None, as_json: bool) -> None:
 def report_cmd(run_dir: Path, as_json: bool) -> None:
     """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
     with stoppable():
-        from gpuswarm.engine import write_run_report
+        from gpuswarm.app.engine import write_run_report
 
         path = write_run_report(run_dir)
     if as_json:  # issue 34: the numbers of the page (summary.json's, as the report read them)

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from gpuswarm.app.engine import supervise
+from gpuswarm.app.output import Output
+from gpuswarm.app.setup import backend_of, setup_from_info
 from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
@@ -24,13 +27,10 @@ from gpuswarm.core.models import State as TaskState
 from gpuswarm.core.models import base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
-from gpuswarm.engine import supervise
 from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.local import host_processes
 from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
-from gpuswarm.runoutput import Output
-from gpuswarm.runsetup import backend_of, setup_from_info
 from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
@@ -192,7 +192,9 @@ def withdraw(run: RunPaths, task_id: str) -> bool:
 def cancel(run: RunPaths, task_id: str, reason: str) -> None:
     """Cancel a task (a queued one now, a running one by its supervisor within about a
     second; an ended one stays as it is): the queue verb ``gpuswarm cancel``'s."""
-    from gpuswarm import control_ops  # the queue verbs: loaded by the one caller that cancels
+    from gpuswarm.app import (
+        control as control_ops,  # the queue verbs: loaded by the one caller that cancels
+    )
 
     control_ops.cancel_tasks(run.root, [task_id], reason=reason, wait=None)
 

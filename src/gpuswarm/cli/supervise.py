@@ -12,7 +12,13 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from gpuswarm.cli_support import stoppable
+from gpuswarm.app.engine import (
+    resume_run,
+    start_run,
+    work_run,
+)
+from gpuswarm.app.output import Output
+from gpuswarm.cli.support import stoppable
 from gpuswarm.config.backends import click_options
 from gpuswarm.config.budget import TOKENS_HELP, BudgetConfig, parse_tokens
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
@@ -24,13 +30,7 @@ from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
 )
 from gpuswarm.core.signals import leave
-from gpuswarm.engine import (
-    resume_run,
-    start_run,
-    work_run,
-)
 from gpuswarm.outputs.results import RunReport
-from gpuswarm.runoutput import Output
 from gpuswarm.store import runindex
 from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal
@@ -355,7 +355,7 @@ def demo(
     with stoppable():
         live = not (plain or as_json) and is_terminal(sys.stderr)
         say = (lambda _: None) if as_json else (lambda text: click.echo(text, err=True))
-        from gpuswarm.demo import DemoOptions, run_demo  # loaded only when asked for
+        from gpuswarm.cli.demo import DemoOptions, run_demo  # loaded only when asked for
 
         opts = DemoOptions(where, experiments, budget, gpus, seed, live)
         data = run_demo(opts, say)

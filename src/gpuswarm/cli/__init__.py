@@ -12,9 +12,9 @@ import click
 
 from gpuswarm import __version__
 
-_SUPERVISE = "gpuswarm.cli_supervise"
-_RUNS = "gpuswarm.cli_runs"
-_CONTROL = "gpuswarm.cli_control"  # the queue verbs: see _Commands.table
+_SUPERVISE = "gpuswarm.cli.supervise"
+_RUNS = "gpuswarm.cli.runs"
+_CONTROL = "gpuswarm.cli.control"  # the queue verbs: see _Commands.table
 
 
 class _Commands(click.Group):
@@ -35,9 +35,9 @@ class _Commands(click.Group):
         "clean": (_RUNS, "clean_cmd"),
         "unquarantine": (_RUNS, "unquarantine"),
         "research": ("gpuswarm.research.commands", "research"),
-        "dashboard": ("gpuswarm.cli_dashboard", "dashboard"),  # Starlette only when it runs
-        "agents": ("gpuswarm.cli_agents", "agents"),  # issue 20
-        "exporter": ("gpuswarm.cli_exporter", "exporter"),  # issue 37: metrics only
+        "dashboard": ("gpuswarm.cli.dashboard", "dashboard"),  # Starlette only when it runs
+        "agents": ("gpuswarm.cli.agents", "agents"),  # issue 20
+        "exporter": ("gpuswarm.cli.exporter", "exporter"),  # issue 37: metrics only
     }
 
     @classmethod
