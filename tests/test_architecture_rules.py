@@ -198,6 +198,20 @@ def _short(name: str) -> str:
     return name.removeprefix("gpuswarm.")
 
 
+# -- the top level ------------------------------------------------------------------------------
+
+MAX_TOP_LEVEL = 4  # issue 32: the command groups are cli/, the rest of a run app/
+
+
+def test_at_most_4_modules_at_the_top_level() -> None:
+    """src/gpuswarm holds packages and at most 4 modules (``__init__``, ``__main__``, ``api``:
+    the facade's public name)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, (
+        f"{len(top)} modules at the top level ({', '.join(top)}): put them in a package"
+    )
+
+
 # -- no import loop ------------------------------------------------------------------------------
 
 
