@@ -612,3 +612,15 @@ def test_every_module_is_on_the_map() -> None:
         if m.path.name not in ("__init__.py", "__main__.py") and m.path.name not in doc
     )
     assert not missing, "modules docs/architecture.md does not name: " + ", ".join(missing)
+
+
+# -- one place builds a run's setup --------------------------------------------------------------
+
+
+def test_one_place_builds_a_runs_setup() -> None:
+    """A run's ``Setup`` is built by app/prepare.py alone (``prepare()``, by keyword: run,
+    resume, work and the api's serve call it); the others take it from there."""
+    found = sorted(
+        m.name for m in modules().values() if any(_called(c) == "Setup" for c in _calls(m))
+    )
+    assert found == ["gpuswarm.app.prepare"], found

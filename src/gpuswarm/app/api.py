@@ -19,7 +19,8 @@ from typing import Any, NamedTuple, TextIO
 
 from gpuswarm.app.engine import supervise
 from gpuswarm.app.output import Output
-from gpuswarm.app.setup import backend_of, setup_from_info
+from gpuswarm.app.prepare import prepare
+from gpuswarm.app.setup import backend_of
 from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
@@ -309,7 +310,7 @@ def serve(run: RunPaths, *, stream: TextIO | None) -> RunReport:
     _, info = open_run(run.root)
     return supervise(
         run,
-        setup_from_info(info, None),
+        prepare(info=info),
         mode="resume",
         output=Output(stream=stream, report=False),
         retry_failed=False,

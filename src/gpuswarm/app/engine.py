@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuswarm.app.control import finish_adds
 from gpuswarm.app.output import Output, after_disk_full, reporter, say, write_report_safely
+from gpuswarm.app.prepare import prepare
 from gpuswarm.app.setup import (
     Setup,
     check_backend,
@@ -27,13 +28,9 @@ from gpuswarm.app.setup import (
     remember_budget,
     resolve_provisions,
     resume_driven,
-    setup_from_info,
-    with_backend_options,
-    with_budget,
-    with_halt,
 )
 from gpuswarm.app.slurmdriver import in_allocation, run_in_allocation
-from gpuswarm.config.backends import plugin_of, settings_of
+from gpuswarm.config.backends import plugin_of
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.core.errors import (
@@ -131,26 +128,10 @@ def _start(
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
-    cfg = loaded.config
-    plugin = plugin_of(cfg.backend)
+    plugin = plugin_of(loaded.config.backend)
     where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
     say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
-    # a container always gets a private HOME (its caches persist across the slot's attempts)
-    isolate = bool(cfg.home and cfg.home.isolate) or plugin.isolates_home
-    setup = Setup(
-        slots,
-        loaded.base_dir,
-        isolate,
-        provisions,
-        new.info["settings"],
-        tuple(cfg.preflight),
-        cfg.after_all,
-        cfg.backend,
-        settings_of(cfg),
-        gpus.spec if plugin.owns_slots else None,
-        cfg.gpus_per_task,
-        cfg.tasks_per_gpu,
-    )
+    setup = prepare(info=new.info, config=loaded, planned=(gpus, slots), provisions=provisions)
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
 
@@ -201,11 +182,14 @@ def resume_run(
     paths, info = open_run(run_dir)
     if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
         return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
-    setup = with_budget(
-        with_halt(setup_from_info(info, gpus_spec), halt), budget_usd, budget_tokens
+    setup = prepare(
+        info=info,
+        gpus=gpus_spec,
+        halt=halt,
+        budget_usd=budget_usd,
+        budget_tokens=budget_tokens,
+        backend_options=backend_options,  # e.g. a cluster that moved (a new head after a loss)
     )
-    if backend_options:  # e.g. a cluster that moved (a new head after a head loss)
-        setup = with_backend_options(setup, "resume", backend_options)
     if new_config is not None:
         _check_config_change(paths, info, new_config, allow_change)
     return supervise(
@@ -229,7 +213,7 @@ def work_run(
 ) -> RunReport:
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
     paths, info = open_run(run_dir)
-    setup = with_halt(setup_from_info(info, gpus_spec), halt)
+    setup = prepare(info=info, gpus=gpus_spec, halt=halt)
     single = plugin_of(setup.backend).single_driver
     if single:
         raise ConfigError(f"{paths.root}: {single}")

@@ -1,4 +1,5 @@
-"""What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume).
+"""What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume):
+:class:`Setup`, built by :func:`gpuswarm.app.prepare.prepare` alone.
 
 Composition only: the slots (placement), the provisions (checked now, before anything runs),
 the reliability settings and the backend's name, and the run.json snapshot of them; and, for a
@@ -220,41 +221,6 @@ class Setup:
         )
 
 
-def setup_from_info(info: dict[str, Any], gpus_spec: str | None) -> Setup:
-    """The setup of an existing run (its run.json), on the GPUs given now or its own."""
-    per_task, per_gpu = int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
-    if _plugin(backend_of(info)).owns_slots:  # made by the backend once it joins its cluster
-        spec = gpus_spec or str(info.get("gpus") or "auto")
-        slots: list[Slot] = []
-    else:
-        slots = plan_slots(
-            parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto")), per_task, per_gpu
-        )
-        spec = None
-    home = info.get("home", {})
-    provisions = tuple(
-        Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
-        for p in home.get("provision", [])
-    )
-    base_dir = Path(info.get("base_dir", "."))
-    config = info.get("config") or {}
-    backend = backend_of(info)
-    return Setup(
-        slots,
-        base_dir,
-        bool(home.get("isolate")) or _plugin(backend).isolates_home,
-        provisions,
-        info.get("settings", {}),
-        tuple(config.get("preflight") or ()),
-        config.get("after_all"),
-        backend,
-        backend_settings_of(info),
-        spec,
-        per_task,
-        per_gpu,
-    )
-
-
 def with_halt(setup: Setup, halt: str | None) -> Setup:
     """``--halt`` over the run's ``halt:`` for this session (``never``: none); the run's own
     (run.json) checked, a bad one named."""
@@ -336,6 +302,12 @@ def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:
         raise RunDirError(
             f"run.json: config.{plugin.name} is not valid ({exc.errors()[0]['msg']})"
         ) from None
+
+
+def run_plugin(info: dict[str, Any]) -> BackendPlugin:
+    """The plugin of the backend a run was made with (run.json); RunDirError naming it when it
+    is unknown here."""
+    return _plugin(backend_of(info))
 
 
 def _plugin(name: str) -> BackendPlugin:
