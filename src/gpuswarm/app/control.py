@@ -2,7 +2,7 @@
 
 Each verb is a typed request (:mod:`gpuswarm.core.verbs`, one ``Kind`` each) with one
 handler here (:data:`HANDLERS`); :func:`execute` runs it under the run's control lock. The CLI
-(``cli_control.py``) and the dashboard build requests and print; this module does the work
+(``cli/control.py``) and the dashboard build requests and print; this module does the work
 through the store (``store/queue.py`` for every transition, ``store/control.py`` for requests
 and pause flags) and journals what it did (``Ev.CONTROL``, ``Ev.ADDED``, ``Ev.REQUEUED``).
 Each command first holds the run's control lock and finishes what a killed earlier command

@@ -1,7 +1,7 @@
 """Dependencies in a person's queue changes (issue 35): ``gpuswarm add --after/--after-any/
 --after-failed``, a cancel of a blocked task (and the dependents of a cancelled one), a retry
 or requeue that brings dependency_failed dependents back (one of a dependency_failed task is
-refused). :mod:`.control_ops`'s handlers call these at one point each.
+refused). :mod:`.control`'s handlers call these at one point each.
 
 An added task with prerequisites is written like every added task (a hidden name in pending/,
 one sync, the ``added`` event: ``DirQueue.add_batch``) and renamed into blocked/ instead of

@@ -3,7 +3,7 @@
 
 cancel and retry (``verbs.Cancel.group``, ``verbs.Retry.group``) pick the group's tasks (by
 their descriptors' ``group``) in the states the verb applies to and give them to the verb's
-handler as task arguments (:func:`named`, called by ``control_ops.execute``), so each one is
+handler as task arguments (:func:`named`, called by ``app.control.execute``), so each one is
 applied, journaled and printed as a named task would be. A group's pause
 (``verbs.Pause.group``) is a flag file (``.parallel/groups-paused/<group>``): supervisors
 claim none of its tasks while it is there (``supervise/groups.py``, the claim's gate), running

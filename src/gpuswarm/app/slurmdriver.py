@@ -72,7 +72,7 @@ def check_request(settings: SlurmSettings, where: str) -> None:
 
 
 class LoginNode:
-    """``backend: slurm``'s driver (runsetup.RunDriver): from the login node, the run's worker
+    """``backend: slurm``'s driver (app.setup.RunDriver): from the login node, the run's worker
     jobs run its attempts; this process makes the run, submits and watches them."""
 
     def start(

@@ -42,7 +42,7 @@ class _Commands(click.Group):
 
     @classmethod
     def table(cls, name: str | None = None) -> dict[str, tuple[str, str]]:
-        """Every lazy command; the queue verbs (cli_control's, one per ``core.verbs.Kind``)
+        """Every lazy command; the queue verbs (cli/control.py's, one per ``core.verbs.Kind``)
         are looked up only when ``name`` is none of the others (``--version`` loads nothing)."""
         if name is not None and name in cls.lazy:
             return cls.lazy

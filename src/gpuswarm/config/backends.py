@@ -82,7 +82,7 @@ class BackendPlugin:
     pass_env: Callable[[BaseModel, list[str]], BaseModel] | None = None  # variables by name
     resume_moved: Callable[[BaseModel, Mapping[str, Any]], dict[str, Any] | None] | None = None
     on_cli: bool = True  # offered by ``--backend`` (wrapped: by ``backend:`` only, for tests)
-    # "module:object": a runsetup.RunDriver that runs the run from this host with no supervisor,
+    # "module:object": an app.setup.RunDriver that runs the run from this host with no supervisor,
     # slot or GPU work here (its workers elsewhere run the attempts: slurm's worker jobs);
     # imported only when a run uses it. "": a supervisor here runs the attempts
     driver: str = ""

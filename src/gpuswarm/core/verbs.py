@@ -2,7 +2,7 @@
 
 ``gpuswarm add | cancel | retry | requeue | pause | unpause | priority`` (the CLI) and the
 dashboard's actions build one of these; ``gpuswarm.app.control.execute`` hands it to the one
-handler its kind has (``control_ops.HANDLERS``, a test checks it covers every kind) under the
+handler its kind has (``app.control.HANDLERS``, a test checks it covers every kind) under the
 run's control lock. A new verb is a kind here, its request, its handler and its command.
 """
 

@@ -3,7 +3,7 @@
 Layers: above ``research`` and ``api`` (it reads experiments), below the CLI. It reads runs only
 through the one read model (``store.reader.RunReader``, ``core.runview.RunView`` folded by
 ``ui.watch.Follower``), experiments through ``research.journal``/``readouts``, and acts only
-through queue control's functions (``control_ops``). Its web dependencies (Starlette, uvicorn)
+through queue control's functions (``app.control``). Its web dependencies (Starlette, uvicorn)
 are the ``dashboard`` extra and load only when the command runs.
 
 - ``command.py``  the click command (imports nothing of the web stack until it runs)
@@ -16,7 +16,7 @@ are the ``dashboard`` extra and load only when the command runs.
 - ``taskindex.py`` the task table, paged, sorted and filtered on the server
 - ``taskview.py`` one task: its record and its log followed across attempts
 - ``experiments.py`` one experiment: ledger replay, variants in flight, diffs
-- ``actions.py``  cancel, retry, pause, unpause, priority, add: ``control_ops``
+- ``actions.py``  cancel, retry, pause, unpause, priority, add: ``app.control``
 - ``gpustats.py`` NVML utilisation and memory
 - ``static/``     the page: index.html, app.js, app.css (no build step, no CDN)
 """

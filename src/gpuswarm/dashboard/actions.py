@@ -1,4 +1,4 @@
-"""The dashboard's buttons: queue control's own functions (``control_ops``), the same ones
+"""The dashboard's buttons: queue control's own functions (``app.control``), the same ones
 ``gpuswarm cancel | retry | pause | unpause | priority | add`` call, with the same checks and
 journal events. A request's body is JSON; a bad one is :class:`BadActionError` (HTTP 400) naming
 the field, as the CLI's exit 2 names the flag.

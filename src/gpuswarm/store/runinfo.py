@@ -3,7 +3,7 @@
 Every run is made with one (``engine`` from a config, through :func:`gpuswarm.app.setup.run_info`;
 ``api.create_run`` for a client's run that has no tasks yet), so the keys, their order and their
 defaults are written in one place. :func:`gpuswarm.store.runs.create_run` adds where the run was
-put (``run_dir``) and when (``created``); what a resume reads back is read by ``runsetup``.
+put (``run_dir``) and when (``created``); what a resume reads back is read by ``app.setup``.
 """
 
 from __future__ import annotations
