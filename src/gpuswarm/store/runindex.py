@@ -69,6 +69,13 @@ def record(run: Path, name: str) -> None:
         _cap(folder)
 
 
+def forget(run: Path) -> None:
+    """Drop the entry of the run at ``run`` (it moved: a research experiment's queue is
+    created in the experiment's staging folder); never raises."""
+    with contextlib.suppress(OSError):
+        (index_dir() / f"{_key(run)}.json").unlink()
+
+
 def _cap(folder: Path) -> None:
     if len(os.listdir(folder)) <= MAX_ENTRIES:
         return
