@@ -182,7 +182,9 @@ def test_live_run_lanes_and_counts_follow_the_journal(
         "[data-testid=task-table] tr[data-task='cmd-00001'] [data-state=done]", timeout=WAIT_MS
     )
     screenshot(page, "run", tmp_path / "shots")
-    (tmp_path / "gates" / "g2").touch()
+    (tmp_path / "gates" / "g2").touch()  # its slot has nothing left to take: idle
+    idle = page.locator(".lane.idle").get_by_text("1 attempt ended here", exact=True)
+    idle.wait_for(timeout=WAIT_MS)  # counted, not "1 attempt(s)" (issue 33)
     (tmp_path / "gates" / "g3").touch()
     assert runner.wait(60).returncode == 0
     page.wait_for_function(
