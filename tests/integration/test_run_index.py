@@ -68,6 +68,10 @@ def test_runs_are_found_from_any_folder_and_gone_ones_leave_the_index(
     assert "nosuch" in missing.stderr and "recent runs" in missing.stderr, missing
     assert str(sweep) in missing.stderr and str(batch) in missing.stderr, missing
 
+    cleaned = gpuswarm("clean", "--older-than", "1m", cwd=elsewhere)  # no ./runs here
+    assert cleaned.returncode == 2, cleaned
+    assert f"your runs are under: {batch.parent.parent}, {sweep.parent.parent}" in cleaned.stderr
+
     resumed = gpuswarm("resume", "--latest", "--json", "--plain", "--no-report", cwd=elsewhere)
     assert resumed.returncode == 0, resumed
     assert json.loads(resumed.stdout)["path"] == str(batch)
@@ -128,6 +132,8 @@ def test_a_research_experiments_run_is_found_from_any_folder(
     assert [Path(row["run"]).parent for row in json.loads(ls.stdout)] == [experiment / "queue"]
     status = gpuswarm("status", "--json", cwd=elsewhere)
     assert Path(json.loads(status.stdout)["run"]).parent == experiment / "queue", status
+    cleaned = gpuswarm("clean", "--older-than", "1m", cwd=elsewhere)  # research's: not named
+    assert cleaned.returncode == 2 and "your runs are under" not in cleaned.stderr, cleaned
     from gpuswarm.cli_dashboard import _your_workspaces
 
     monkeypatch.chdir(elsewhere)
