@@ -132,6 +132,8 @@ def test_a_research_experiments_run_is_found_from_any_folder(
     assert [Path(row["run"]).parent for row in json.loads(ls.stdout)] == [experiment / "queue"]
     status = gpuswarm("status", "--json", cwd=elsewhere)
     assert Path(json.loads(status.stdout)["run"]).parent == experiment / "queue", status
+    resumed = gpuswarm("resume", "--latest", "--plain", cwd=elsewhere)  # a batch run's verb
+    assert resumed.returncode == 2 and "gpuswarm research loop" in resumed.stderr, resumed
     cleaned = gpuswarm("clean", "--older-than", "1m", cwd=elsewhere)  # research's: not named
     assert cleaned.returncode == 2 and "your runs are under" not in cleaned.stderr, cleaned
     from gpuswarm.cli_dashboard import _your_workspaces
