@@ -29,7 +29,7 @@ from gpuswarm.outputs.tasklog import (
     task_log,
 )
 from gpuswarm.store.lookup import task_ended
-from gpuswarm.store.runindex import index_dir, indexed_runs, newest_first, newest_run
+from gpuswarm.store.runindex import batch_workspaces, index_dir, newest_run
 
 if TYPE_CHECKING:  # `clean` only: its modules (pydantic's duration parser) load when it runs
     from gpuswarm.outputs.clean import Candidate
@@ -335,12 +335,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     except ValueError as exc:
         fail(BadInputError(f"--older-than: {exc}"))
     if not workspace.is_dir():
-        fail(
-            RunDirError(
-                f"{workspace}: no such folder; pass the workspace runs are under"
-                + _your_workspaces(workspace)
-            )
-        )
+        spaces = batch_workspaces() if workspace == Path("runs") else []  # where ls's runs are
+        where = f" (your runs are under: {', '.join(map(str, spaces))})" if spaces else ""
+        fail(RunDirError(f"{workspace}: no such folder; pass the workspace runs are under{where}"))
     with stoppable():
         found = find_candidates(workspace, seconds)
         if yes:
@@ -351,19 +348,6 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     else:
         _print_clean(found, workspace, older_than, yes)
     sys.exit(1 if yes and any(not c.removed for c in found) else 0)
-
-
-def _your_workspaces(workspace: Path, limit: int = 5) -> str:
-    """For the default ./runs that is not here: where the index of the user's runs has runs
-    (``ls`` lists them, so ``clean`` names their workspaces; an experiment's queue is
-    research's, never one to clean), newest first."""
-    if workspace != Path("runs"):
-        return ""
-    found: list[Path] = []
-    for run in newest_first(indexed_runs()):
-        if run.parent.parent not in found and ".gpuswarm" not in run.parts:
-            found.append(run.parent.parent)
-    return f" (your runs are under: {', '.join(map(str, found[:limit]))})" if found else ""
 
 
 def _print_clean(found: list[Candidate], workspace: Path, older_than: str, yes: bool) -> None:

@@ -143,6 +143,16 @@ def recent_lines(workspace: Path, limit: int = RECENT) -> str:
     return "recent runs:\n" + "\n".join(f"  {run}" for run in runs)
 
 
+def batch_workspaces(limit: int = 5) -> list[Path]:
+    """The workspaces (``<workspace>/<name>/run_*``) of the indexed runs, newest first, each
+    once; an experiment's queue run is research's (never one to clean), left out."""
+    found: list[Path] = []
+    for run in newest_first(indexed_runs()):
+        if run.parent.parent not in found and ".gpuswarm" not in run.parts:
+            found.append(run.parent.parent)
+    return found[:limit]
+
+
 def is_research(run: Path) -> bool:
     """Whether ``run`` is a research experiment's queue run (its loop's runner serves it)."""
     try:
