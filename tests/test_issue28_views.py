@@ -143,3 +143,10 @@ def test_the_live_view_keeps_saying_why_a_halt_now_stops_the_run() -> None:
     assert view.note == reason
     view.apply({"ev": "shutdown", "mode": "cold"})  # Ctrl-C again: killing everything
     assert view.note == ""
+
+
+def test_a_budget_stop_counts_the_tasks_it_left(tmp_path: Path) -> None:
+    """Issue 33's plurals: ``1 task left pending``, never ``1 tasks``."""
+    left = {"counts": {"done": 4, "pending": 1}, "complete": False, "state": "stopped"}
+    report = RunReport(RunPaths(tmp_path / "r"), left, interrupted=False, budget="budget $1.00")
+    assert end_line(report) == "stopped by budget $1.00 (1 task left pending, reason budget)"

@@ -12,6 +12,7 @@ import pytest
 
 from gpuswarm.core.models import AttemptRecord, Descriptor
 from gpuswarm.core.runview import RunView
+from gpuswarm.outputs.costreport import cost_section
 from gpuswarm.outputs.passk import mean_ci, pass_at_k
 from gpuswarm.outputs.spend import RunSpend, money, task_spend, tokens_text
 from gpuswarm.store.spent import journal_spend
@@ -93,3 +94,15 @@ def test_pass_at_k_and_confidence_intervals() -> None:
     assert two["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
     many = mean_ci([float(x) for x in range(40)])  # above 30 repeats: the normal 1.96
     assert many["ci95"][1] - many["mean"] == pytest.approx(1.96 * many["sd"] / math.sqrt(40))
+
+
+def test_the_cost_section_counts_its_words() -> None:
+    """Issue 33's plurals in report.html's cost section: one attempt of one task, one attempt
+    of unknown cost (``1 attempts have`` was the page's)."""
+    cost = {"attempts": 1, "tasks": 1, "cost_usd": 0.0, "cost_unknown_attempts": 1}
+    one = cost_section({"cost": {**cost, "tokens_in": 5, "tokens_out": 5}}, [])
+    assert "for 1 agent attempt of 1 task:" in one, one
+    assert "1 attempt has an unknown cost (its tokens are counted)" in one, one
+    two = {**cost, "attempts": 2, "tasks": 2, "cost_unknown_attempts": 2}
+    text = cost_section({"cost": two}, [])
+    assert "for 2 agent attempts of 2 tasks:" in text and "2 attempts have an unknown" in text

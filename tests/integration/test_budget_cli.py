@@ -169,7 +169,7 @@ def test_garbled_usage_counts_unknown_and_is_reported(gpuswarm: Cli, tmp_path: P
     assert cost["cost_usd"] == pytest.approx(0.6)  # fine and after: the budget crossed at 0.60
     assert res.returncode == 0 and len(started(run)) == 3
     report = (run / "report.html").read_text()
-    assert "1 attempts have an unknown cost" in report and "garbled usage record" in report
+    assert "1 attempt has an unknown cost" in report and "garbled usage record" in report
 
 
 def test_bad_budget_is_exit_2_naming_the_field(gpuswarm: Cli, tmp_path: Path) -> None:

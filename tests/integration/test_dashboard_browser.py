@@ -119,6 +119,23 @@ OVERLAPS = """() => {
 }"""
 
 
+# the page's own chart function on 30 kept changes a step apart (labels that would all overlap):
+# how many labels it draws, and whether any two overlap
+CROWDED = """() => {
+  const rows = [...Array(30).keys()].map((i) => ({ n: i + 1, id: `v${i + 1}`, kind: 'variant',
+    metric: 1 - i * 0.001, status: 'keep', description: `a kept change, number ${i + 1}` }));
+  const box = document.createElement('div');
+  box.style.width = '1000px';
+  box.append(progressChart({ rows, metric: 'm', goal: 'min', best_steps: [] }, 1000));
+  document.body.append(box);
+  const rects = [...box.querySelectorAll('text.label')].map((t) => t.getBoundingClientRect());
+  box.remove();
+  const overlap = rects.some((a, i) => rects.some((b, j) => i < j && a.left < b.right
+    && b.left < a.right && a.top < b.bottom && b.top < a.bottom));
+  return [rects.length, overlap];
+}"""
+
+
 def chart_ticks(page: Any) -> str | None:
     found: str | None = page.locator("[data-testid=chart] svg").get_attribute("data-ticks")
     return found
@@ -165,7 +182,9 @@ def test_live_run_lanes_and_counts_follow_the_journal(
         "[data-testid=task-table] tr[data-task='cmd-00001'] [data-state=done]", timeout=WAIT_MS
     )
     screenshot(page, "run", tmp_path / "shots")
-    (tmp_path / "gates" / "g2").touch()
+    (tmp_path / "gates" / "g2").touch()  # its slot has nothing left to take: idle
+    idle = page.locator(".lane.idle").get_by_text("1 attempt ended here", exact=True)
+    idle.wait_for(timeout=WAIT_MS)  # counted, not "1 attempt(s)" (issue 33)
     (tmp_path / "gates" / "g3").touch()
     assert runner.wait(60).returncode == 0
     page.wait_for_function(
@@ -269,6 +288,8 @@ def test_research_result_appears_on_the_chart_and_in_the_table(
     labels = page.locator("[data-testid=chart] text.label")
     assert [t.get_attribute("data-variant") for t in labels.all()] == ["v0002"]
     assert not page.evaluate(OVERLAPS)
+    drawn, overlap = page.evaluate(CROWDED)  # a run of keeps: some labelled, none overlapping
+    assert drawn >= 2 and not overlap, (drawn, overlap)
     # y ticks are round: one step of 1, 2, 2.5 or 5 times a power of ten
     ticks = [float(t) for t in (chart_ticks(page) or "").split()]
     assert len(ticks) >= 3, ticks

@@ -47,6 +47,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
         {"name": "bad3", "command": "echo boom; exit 3", "shell": True, "max_attempts": 1},
         {"name": "bad4", "command": "echo boom; exit 4", "shell": True, "max_attempts": 1},
         {"name": "argv", "command": ARGV, "shell": False},
+        # ends dependency_failed: apart from the failures, as summary.json counts it
+        {"name": "after3", "command": "true", "shell": True, "after": ["bad3"]},
     ]
     tasks += [{"name": f"t{i}", "command": GPU1_BROKEN, "shell": True} for i in range(8)]
     config = {
@@ -65,6 +67,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> RunPaths:
     (run,) = sorted(p for p in (base / "runs").glob("*/run_*") if (p / "summary.json").is_file())
     summary = summary_of(RunPaths(run))
     assert summary["counts"]["failed"] == 2 and summary["quarantined"], summary
+    assert summary["counts"]["dependency_failed"] == 1 and summary["not_done"] == 2, summary
     return RunPaths(run)
 
 
@@ -159,7 +162,7 @@ def test_a_run_that_ended_without_a_summary_lists_its_failures_from_its_records(
     finished: RunPaths, tmp_path: Path
 ) -> None:
     """A crashed supervisor writes no summary.json: the failures come from the descriptors,
-    as the summary would have listed them."""
+    as the summary would have listed them (a dependency_failed task is none, issue 35)."""
     copy = tmp_path / "runs" / "fin" / finished.root.name
     shutil.copytree(finished.root, copy)
     (copy / "summary.json").unlink()

@@ -31,6 +31,7 @@ LONG_OUTPUT = "epoch 3/100 step 1200/50000 loss 0.4512 lr 0.000300 grad-norm 1.2
 ROW = re.compile(r"^(vm-gpu[01])\s+cmd-0000[12]\b.*?\s1\s+(\d+s|\d+m\d\ds)/1h00m\s+\S")
 # a research run's slot row: the slot id, a variant's task, attempt 1, elapsed/timeout
 RESEARCH_ROW = re.compile(r"^(vm-gpu[01])\s+\S+.*?\s1\s+\d+s/1h00m(\s|$)")
+HEADER = re.compile(r"^slot\s+task\s+try\s+elapsed")
 
 
 class Pane:
@@ -48,6 +49,11 @@ class Pane:
         size = ["-x", str(self.width), "-y", str(self.height)]
         done = self.tmux("new-session", "-d", "-s", "t", *size, f"sh {shlex.quote(str(script))}")
         assert done.returncode == 0, done.stderr
+
+    def resize(self, width: int, height: int) -> None:
+        done = self.tmux("resize-window", "-t", "t", "-x", str(width), "-y", str(height))
+        assert done.returncode == 0, done.stderr
+        self.width, self.height = width, height
 
     def capture(self) -> list[str]:
         return self.tmux("capture-pane", "-p", "-t", "t").stdout.splitlines()
@@ -108,7 +114,9 @@ def rows_shown(pane: Pane, row: re.Pattern[str] = ROW) -> list[str]:
 
     def both() -> list[str] | None:
         seen[0] = pane.capture()
-        return seen[0] if sum(bool(row.match(line)) for line in seen[0]) == 2 else None
+        heads = [i for i, line in enumerate(seen[0]) if HEADER.match(line)]
+        frame = seen[0][heads[-1] :] if heads else seen[0]  # a resize leaves older frames above
+        return seen[0] if sum(bool(row.match(line)) for line in frame) == 2 else None
 
     try:
         return wait_for(both, timeout=30, interval=0.2, what="two slot rows")  # type: ignore[no-any-return]
@@ -119,7 +127,7 @@ def rows_shown(pane: Pane, row: re.Pattern[str] = ROW) -> list[str]:
 def check_table(lines: list[str], width: int) -> None:
     text = "\n".join(lines)
     assert all(len(line) <= width for line in lines), text
-    headers = [i for i, line in enumerate(lines) if re.match(r"^slot\s+task\s+try\s+elapsed", line)]
+    headers = [i for i, line in enumerate(lines) if HEADER.match(line)]
     assert len(headers) == 1, text
     rows = lines[headers[0] + 1 : headers[0] + 3]
     assert sorted(ROW.match(r)[1] for r in rows if ROW.match(r)) == ["vm-gpu0", "vm-gpu1"], text  # type: ignore[index]
@@ -171,12 +179,13 @@ def test_research_live_view_keeps_slot_and_elapsed(
     research_repo: Path,
 ) -> None:
     """``research loop`` on a terminal: its header is long, its slot rows still show the full
-    slot id and elapsed/timeout (at 120 columns the slot was ``vm-g…``)."""
+    slot id and elapsed/timeout at 120x40 (the slot was ``vm-g…``) and, the same loop's pane
+    resized, at 80x24."""
     repo = research_repo
     edit_constant(repo, "SLEEP", "4")  # each training run lasts long enough to be read
-    train = repo / "train.py"  # and prints a long line first (the one the table shows)
-    text = train.read_text().replace(
-        "time.sleep(SLEEP)", f"print({LONG_OUTPUT * 2!r}, flush=True)\ntime.sleep(SLEEP)"
+    train = repo / "train.py"  # its summary, then a long line it shows while it waits
+    text = train.read_text().replace("time.sleep(SLEEP)\n", "") + (
+        f"print({LONG_OUTPUT * 2!r}, flush=True)\ntime.sleep(SLEEP)\n"
     )
     train.write_text(text)
     git(repo, "commit", "-q", "-am", "slower")
@@ -195,5 +204,11 @@ def test_research_live_view_keeps_slot_and_elapsed(
         text = "\n".join(lines)
         assert any(line.startswith("research t") for line in lines), text
         assert all(len(line) <= 120 for line in lines), text
+        pane.resize(80, 24)  # the loop's next frames are drawn at 80 columns
+        lines = rows_shown(pane, RESEARCH_ROW)
+        text = "\n".join(lines)
+        assert any(line.startswith("research t") for line in lines), text
+        heads = [i for i, line in enumerate(lines) if HEADER.match(line)]
+        assert len(lines[heads[-1]]) <= 80 and re.search(r"last output$", lines[heads[-1]]), text
     finally:
         gpuswarm("research", "stop", "-C", str(repo))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from cli_driver import CliResult, find_runs
 
 from gpuswarm.store import runindex
@@ -68,12 +68,22 @@ def test_runs_are_found_from_any_folder_and_gone_ones_leave_the_index(
     assert "nosuch" in missing.stderr and "recent runs" in missing.stderr, missing
     assert str(sweep) in missing.stderr and str(batch) in missing.stderr, missing
 
+    cleaned = gpuswarm("clean", "--older-than", "1m", cwd=elsewhere)  # no ./runs here
+    assert cleaned.returncode == 2, cleaned
+    assert f"your runs are under: {batch.parent.parent}, {sweep.parent.parent}" in cleaned.stderr
+
     resumed = gpuswarm("resume", "--latest", "--json", "--plain", "--no-report", cwd=elsewhere)
     assert resumed.returncode == 0, resumed
     assert json.loads(resumed.stdout)["path"] == str(batch)
     assert str(batch) in resumed.stderr  # it says which run it took
 
-    shutil.rmtree(batch)  # a run folder removed: its entry goes, the others stay
+    # a run folder removed (here by `gpuswarm clean`, from another folder): its entry goes,
+    # the others stay
+    hour_ago = time.time() - 3600
+    for name in ("summary.json", "events.jsonl"):  # idle for an hour
+        os.utime(batch / name, (hour_ago, hour_ago))
+    cleaned = gpuswarm("clean", batch.parent.parent, "--older-than", "1m", "--yes", cwd=elsewhere)
+    assert cleaned.returncode == 0 and not batch.exists(), cleaned
     ls = gpuswarm("ls", "--json", cwd=elsewhere)
     assert [row["run"] for row in json.loads(ls.stdout)] == [str(sweep)]
     entries = list(runindex.index_dir().iterdir())
@@ -98,3 +108,35 @@ def test_no_runs_anywhere_says_where_it_looked(
     status = gpuswarm("status")
     assert status.returncode == 2 and "no run" in status.stderr, status
     assert not Path(os.environ[runindex.STATE_ENV]).is_relative_to(Path.home())
+
+
+def test_a_research_experiments_run_is_found_from_any_folder(
+    tmp_path: Path,
+    gpuswarm: Callable[..., CliResult],
+    research_repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``research init`` stages the experiment, its queue run inside, and renames it into
+    place: the index points at the run where it ends up (it named the staging folder, pruned
+    as gone: ``ls``, ``status`` and ``dashboard`` never found an experiment's runs)."""
+    init = gpuswarm(
+        "research", "init", "-C", research_repo, "--tag", "t", "--edit", "train.py",
+        "--command", "python train.py", "--gpus", "sim:1",
+    )  # fmt: skip
+    assert init.returncode == 0, init
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ls = gpuswarm("ls", "--json", cwd=elsewhere)
+    assert ls.returncode == 0, ls
+    experiment = research_repo.resolve() / ".gpuswarm" / "research" / "t"
+    assert [Path(row["run"]).parent for row in json.loads(ls.stdout)] == [experiment / "queue"]
+    status = gpuswarm("status", "--json", cwd=elsewhere)
+    assert Path(json.loads(status.stdout)["run"]).parent == experiment / "queue", status
+    resumed = gpuswarm("resume", "--latest", "--plain", cwd=elsewhere)  # a batch run's verb
+    assert resumed.returncode == 2 and "gpuswarm research loop" in resumed.stderr, resumed
+    cleaned = gpuswarm("clean", "--older-than", "1m", cwd=elsewhere)  # research's: not named
+    assert cleaned.returncode == 2 and "your runs are under" not in cleaned.stderr, cleaned
+    from gpuswarm.cli.dashboard import _your_workspaces
+
+    monkeypatch.chdir(elsewhere)
+    assert _your_workspaces() == [experiment]  # the dashboard's default: the experiment

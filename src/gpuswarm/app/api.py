@@ -156,6 +156,14 @@ def create_run(spec: NewRunSpec) -> RunPaths:
     )
 
 
+def index_moved_run(run: Path, was: Path, name: str) -> None:
+    """The run created at ``was`` now lives at ``run`` (moved with the folder it was staged
+    in): the index of the user's runs points there, not at the staging path (pruned as gone,
+    so ``ls``, ``status`` and ``dashboard`` never found an experiment's runs)."""
+    runindex.forget(was)
+    runindex.record(run, name)
+
+
 def resolve_run(where: Path, workspace: Path = Path("runs")) -> Path:
     """The run folder meant by a run folder, a path inside one, or a bare run name (looked up
     under ``workspace``, then in the index of the user's runs)."""

@@ -29,7 +29,7 @@ from gpuswarm.outputs.tasklog import (
     task_log,
 )
 from gpuswarm.store.lookup import task_ended
-from gpuswarm.store.runindex import index_dir, newest_run
+from gpuswarm.store.runindex import batch_workspaces, index_dir, newest_run
 
 if TYPE_CHECKING:  # `clean` only: its modules (pydantic's duration parser) load when it runs
     from gpuswarm.outputs.clean import Candidate
@@ -337,7 +337,9 @@ def clean_cmd(workspace: Path, older_than: str, yes: bool, as_json: bool) -> Non
     except ValueError as exc:
         fail(BadInputError(f"--older-than: {exc}"))
     if not workspace.is_dir():
-        fail(RunDirError(f"{workspace}: no such folder; pass the workspace runs are under"))
+        spaces = batch_workspaces() if workspace == Path("runs") else []  # where ls's runs are
+        where = f" (your runs are under: {', '.join(map(str, spaces))})" if spaces else ""
+        fail(RunDirError(f"{workspace}: no such folder; pass the workspace runs are under{where}"))
     with stoppable():
         found = find_candidates(workspace, seconds)
         if yes:

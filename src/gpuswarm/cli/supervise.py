@@ -257,7 +257,7 @@ def resume(
             target = (
                 latest_run(Path(workspace), name)
                 if workspace
-                else runindex.newest_run(Path("runs"), name)
+                else runindex.newest_run(Path("runs"), name, batch=True)
             )
             if not quiet:  # --latest without --name takes the newest run of any name: say which
                 what = f"runs named {name!r}" if name else "runs of any name (--name to choose)"

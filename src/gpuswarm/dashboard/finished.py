@@ -23,14 +23,14 @@ from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
-from gpuswarm.outputs.results import row_for
+from gpuswarm.outputs.results import APART, row_for
 from gpuswarm.outputs.timeline import bars_from_descriptor
 from gpuswarm.store.reader import RunReader
 
 MAX_FAILURES = 200  # summary.json keeps the first 200 (not_done is the true count)
 MAX_BARS = 300  # a lane's newest bars sent to the page (the share counts every attempt)
 SUMMARY_BYTES = 32 << 20  # a summary.json larger than this is not read
-ENDED_WELL = (State.DONE, State.SKIPPED, State.CANCELLED)  # not failures (summary.json's rule)
+ENDED_WELL = (State.DONE, *(State(s) for s in APART))  # not failures (summary.json's rule)
 SYNC_TASKS = 5000  # a run of more tasks is read in a thread (the page paints first)
 
 

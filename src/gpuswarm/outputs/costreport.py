@@ -6,11 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuswarm.core.words import counted
 from gpuswarm.outputs.html import esc, html_table
 from gpuswarm.outputs.results import Row
 from gpuswarm.outputs.spend import UNKNOWN, money, tokens_text
 
 MAX_TASK_ROWS = 500  # the most expensive first; every task is in results.tsv
+
+
+def _counted(cost: Mapping[str, Any], key: str, word: str) -> str:
+    """``1 task``, ``2 tasks``; the value as it is when it is no count."""
+    n = cost.get(key)
+    return counted(n, word) if isinstance(n, int) else f"{n} {word}s"
 
 
 def _cost(t: Mapping[str, Any]) -> str:
@@ -41,8 +48,8 @@ def cost_section(summary: Mapping[str, Any], rows: Sequence[Row]) -> str:
     tokens = int(cost.get("tokens_in") or 0) + int(cost.get("tokens_out") or 0)
     out = [
         "<h2>What the run cost</h2>",
-        f"<p><b>{esc(_cost(cost))}</b> for {esc(cost.get('attempts'))} agent attempts of "
-        f"{esc(cost.get('tasks'))} tasks: {esc(tokens_text(tokens))} tokens "
+        f"<p><b>{esc(_cost(cost))}</b> for {esc(_counted(cost, 'attempts', 'agent attempt'))}"
+        f" of {esc(_counted(cost, 'tasks', 'task'))}: {esc(tokens_text(tokens))} tokens "
         f"({esc(cost.get('tokens_in'))} in, {esc(cost.get('tokens_cached'))} of them cached, "
         f"{esc(cost.get('tokens_out'))} out). <b>USD per successful task: "
         f"{esc(money(float(per), unknown) if per is not None else 'none done')}</b> "
@@ -51,7 +58,9 @@ def cost_section(summary: Mapping[str, Any], rows: Sequence[Row]) -> str:
     ]
     if unknown:
         out.append(
-            f"<p class=note>{unknown} attempts have an unknown cost (their tokens are counted): "
+            f"<p class=note>{counted(unknown, 'attempt')} "
+            f"{'has an unknown cost (its' if unknown == 1 else 'have an unknown cost (their'} "
+            "tokens are counted): "
             "the amounts are what is known; price their model under <code>pricing:</code> in "
             "the config.</p>"
         )

@@ -128,6 +128,9 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
     append(paths, "mode", mode=opts.mode)
     write_tsv(paths, cfg, replay(paths))
     staging.rename(root)  # one rename: an experiment exists whole or not at all
+    api.index_moved_run(
+        (root / cfg.run).resolve(), (staging / cfg.run).resolve(), f"research-{tag}"
+    )
     gitops.create_branch(repo, branch, head)
     if opts.checkout:  # the seed's `git checkout -b`: same commit, so index and files stay
         gitops.git(repo, "symbolic-ref", "HEAD", f"refs/heads/{branch}")

@@ -69,6 +69,13 @@ def record(run: Path, name: str) -> None:
         _cap(folder)
 
 
+def forget(run: Path) -> None:
+    """Drop the entry of the run at ``run`` (it moved: a research experiment's queue is
+    created in the experiment's staging folder); never raises."""
+    with contextlib.suppress(OSError):
+        (index_dir() / f"{_key(run)}.json").unlink()
+
+
 def _cap(folder: Path) -> None:
     if len(os.listdir(folder)) <= MAX_ENTRIES:
         return
@@ -136,18 +143,41 @@ def recent_lines(workspace: Path, limit: int = RECENT) -> str:
     return "recent runs:\n" + "\n".join(f"  {run}" for run in runs)
 
 
-def newest_run(workspace: Path, name: str | None = None) -> Path:
-    """The newest run under ``workspace`` or in the index (of ``name`` when given)."""
+def batch_workspaces(limit: int = 5) -> list[Path]:
+    """The workspaces (``<workspace>/<name>/run_*``) of the indexed runs, newest first, each
+    once; an experiment's queue run is research's (never one to clean), left out."""
+    found: list[Path] = []
+    for run in newest_first(indexed_runs()):
+        if run.parent.parent not in found and ".gpuswarm" not in run.parts:
+            found.append(run.parent.parent)
+    return found[:limit]
+
+
+def is_research(run: Path) -> bool:
+    """Whether ``run`` is a research experiment's queue run (its loop's runner serves it)."""
+    try:
+        with RunPaths(run).run_json.open("rb") as fh:
+            return bool(json.loads(fh.read(MAX_ENTRY_BYTES)).get("source") == "research")
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def newest_run(workspace: Path, name: str | None = None, *, batch: bool = False) -> Path:
+    """The newest run under ``workspace`` or in the index (of ``name`` when given); ``batch``
+    (``resume --latest``): no research experiment's run unless ``name`` names it (``resume``
+    runs its tasks outside the loop that judges them)."""
     runs = known_runs(workspace)
     if name is not None:
         runs = [r for r in runs if r.parent.name == slugify(name)]
-    if not runs:
+    found = next((r for r in runs if name is not None or not batch or not is_research(r)), None)
+    if found is None:
         what = f"named {name!r} " if name else ""
+        loops = " (a research experiment's run goes on with gpuswarm research loop)"
         raise RunDirError(
             f"no run {what}found under {workspace} or in the index of your runs "
-            f"({index_dir()}); pass a run folder"
+            f"({index_dir()}); pass a run folder" + (loops if runs else "")
         )
-    return runs[0]
+    return found
 
 
 def resolve(arg: Path, workspace: Path = Path("runs")) -> Path:

@@ -181,7 +181,9 @@ def end_line(report: RunReport) -> str:
     back = int(s.get("requeued") or 0)
     halted = report.halted if pending + back else None  # met by the last task: all ran
     if report.budget and pending + back:  # issue 34: the pending tasks wait for more budget
-        return f"stopped by {report.budget} ({pending} tasks left pending, reason budget)"
+        return (
+            f"stopped by {report.budget} ({counted(pending, 'task')} left pending, reason budget)"
+        )
     if report.stopped_by or halted or report.interrupted:
         why = report.stopped_by or halted or s.get("stopped_by") or "a stop"
         put = f"{back} running task{'s' if back != 1 else ''} put back in the queue, "

@@ -432,7 +432,7 @@ function laneRow(rid, v, s, bars, t0, t1, now, origin) {
       ? el('div', { class: 'lane-now' }, el('div', { text: 'ended' }),
         el('div', { class: 'muted', 'data-testid': 'slot-attempts', 'data-attempts': fin.attempts },
           `${fin.attempts} ${fin.attempts === 1 ? 'attempt' : 'attempts'} ran here, ${fin.exited} exited 0`))
-      : el('div', { class: 'lane-now' }, el('div', { text: 'idle' }), el('div', { class: 'muted' }, `${s.done} attempt(s) ended here`));
+      : el('div', { class: 'lane-now' }, el('div', { text: 'idle' }), el('div', { class: 'muted' }, `${s.done} ${s.done === 1 ? 'attempt' : 'attempts'} ended here`));
   }
   const whole = fin && v.final.window && t0 === v.final.window[0];
   const ganttCell = el('div', { class: 'lane-gantt' }, ...gantt(bars, t0, t1, now, origin, whole ? fin.busy_share : null, !v.live));
