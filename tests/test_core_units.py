@@ -206,3 +206,22 @@ def test_recover_keeps_a_temp_file_whose_writer_is_alive(tmp_path: Path) -> None
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_a_closed_terminal_stops_like_sigterm_unless_nohup_ignored_it() -> None:
+    import signal as sig
+
+    from gpuswarm.core.signals import on_stop_signals, signal_text
+
+    assert signal_text(sig.SIGHUP) == "SIGHUP (the terminal closed)"
+    before = sig.getsignal(sig.SIGHUP)
+    try:
+        sig.signal(sig.SIGHUP, sig.SIG_DFL)
+        with on_stop_signals(lambda: None):
+            assert callable(sig.getsignal(sig.SIGHUP))  # ours: a warm stop
+        assert sig.getsignal(sig.SIGHUP) is sig.SIG_DFL  # given back
+        sig.signal(sig.SIGHUP, sig.SIG_IGN)  # started under nohup
+        with on_stop_signals(lambda: None):
+            assert sig.getsignal(sig.SIGHUP) is sig.SIG_IGN  # its wish stands
+    finally:
+        sig.signal(sig.SIGHUP, before)

@@ -1,5 +1,5 @@
-"""Ctrl-C / SIGTERM as a callback (the supervisor's warm-then-cold stop, the research loop's),
-and the process's own end (:func:`leave`)."""
+"""Ctrl-C / SIGTERM / SIGHUP (the terminal closed) as a callback (the supervisor's
+warm-then-cold stop, the research loop's), and the process's own end (:func:`leave`)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,32 @@ from typing import NoReturn
 
 
 def signal_text(signum: int) -> str:
-    """How a person names a stop signal: ``Ctrl-C (SIGINT)``, ``SIGTERM``."""
+    """How a person names a stop signal: ``Ctrl-C (SIGINT)``, ``SIGTERM``, ``SIGHUP (the terminal
+    closed)``."""
     name = signal.Signals(signum).name
-    return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
+    if signum == signal.SIGINT:
+        return f"Ctrl-C ({name})"
+    return f"{name} (the terminal closed)" if signum == signal.SIGHUP else name
 
 
 @contextmanager
 def on_stop_signals(
     callback: Callable[[], None], *, named: Callable[[str], None] | None = None
 ) -> Iterator[None]:
-    """Call ``callback`` on each SIGINT/SIGTERM while the block runs (main thread only);
-    ``named`` first gets the signal's :func:`signal_text`."""
+    """Call ``callback`` on each SIGINT/SIGTERM/SIGHUP while the block runs (main thread
+    only); ``named`` first gets the signal's :func:`signal_text`. A closed terminal (SIGHUP)
+    stops like SIGTERM (a warm stop, nothing lost), never a crash leaving its tasks orphaned;
+    a process started with SIGHUP ignored (``nohup``) keeps ignoring it."""
 
     def handler(signum: int, frame: object) -> None:
         if named is not None:
             named(signal_text(signum))
         callback()
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    wanted = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup's wish stands
+        wanted.append(signal.SIGHUP)
+    old = {s: signal.signal(s, handler) for s in wanted}
     try:
         yield
     finally:
