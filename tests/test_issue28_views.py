@@ -52,6 +52,26 @@ def test_a_slot_shows_one_task_while_its_last_attempt_is_being_committed(tmp_pat
     assert [row.task for row in view.slots.values()] == [nxt.task_id]
 
 
+def test_a_watch_counts_a_task_claimed_before_its_start_line_once(tmp_path: Path) -> None:
+    """``gpuswarm watch`` looks at the folders, then folds the journal from its end. A slot
+    renames its claim into running/ first and journals ``started`` once the attempt runs: a
+    look between the two counted the task running, then its start line moved one more task
+    from pending to running (a watch ended saying ``unfinished 1`` of a complete run)."""
+    paths = _run(tmp_path, 3)
+    queue = DirQueue(paths, durable=False)
+    claimed = queue.claim(OWNER, 0)  # renamed into running/; its start line not written yet
+    assert claimed is not None and claimed.task_id == "t0"
+    view = RunReader(paths).view()
+    assert (view.counts["pending"], view.counts["running"]) == (2, 1)
+    view.apply({"ev": "started", "task": claimed.task_id, "attempt": 1, "slot": "g0"})
+    assert (view.counts["pending"], view.counts["running"]) == (2, 1)  # was: (1, 2)
+    for tid in ("t1", "t2"):
+        view.apply({"ev": "started", "task": tid, "attempt": 1, "slot": "g0"})
+    for tid in ("t0", "t1", "t2"):
+        view.apply({"ev": "finished", "task": tid, "attempt": 1, "slot": "g0", "state": "done"})
+    assert {k: n for k, n in view.counts.items() if n} == {"done": 3}  # was: done 3, running 1
+
+
 def _fold(reporter: PlainReporter, *events: dict[str, Any]) -> list[str]:
     for raw in events:
         reporter({"ts": 1.0, **raw})
