@@ -132,7 +132,8 @@ class PlainReporter:
     def __call__(self, raw: dict[str, Any]) -> None:
         event = decode(raw, own=True)  # a ledger listener: records this process emitted
         if event is not None:  # a line of the wrong shape: every reader skips it
-            self._recount()  # before the event: its move is journaled before its rename
+            if isinstance(event, Finished):  # a line with [done/total]: the queue's counts
+                self._recount()  # before the event: its move is journaled before its rename
             self.view.apply_event(event)
             self.show(event)
 
