@@ -89,6 +89,19 @@ def test_skipped_and_cancelled_tasks_never_count(tmp_path: Path) -> None:
     assert event["spec"] == "soon,done=2" and event["count"] == 2
 
 
+def test_a_task_retried_by_hand_that_fails_again_is_one_failed_task(tmp_path: Path) -> None:
+    """halt x retry: ``gpuswarm retry`` of a failed task on a live run starts a fresh series;
+    its second failure is the same task ("halt: 2 tasks failed" after one task failed twice
+    was wrong). A resume counts anew (another Halt)."""
+    queue, ledger = _queue(tmp_path, 4)
+    halt = Halt("soon,fail=2", queue, ledger, on_soon=print, on_now=print)
+    halt.ended(State.FAILED, "t0")
+    halt.ended(State.FAILED, "t0")  # retried by hand, failed again
+    assert not halt.draining and halt.may_claim(0)
+    halt.ended(State.FAILED, "t1")
+    assert halt.reason == "halt: 2 tasks failed (halt soon,fail=2)"
+
+
 def test_outcomes_not_committed_yet_hold_a_claim_back_near_the_threshold(tmp_path: Path) -> None:
     queue, ledger = _queue(tmp_path, 10)
     halt = Halt("now,fail=2", queue, ledger, on_soon=print, on_now=print)
