@@ -4,13 +4,17 @@ supervisor that stops claiming (soon) or stops what runs (now). In process, real
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuswarm.config.halt import HaltRule, canonical_halt, parse_halt
+from gpuswarm.config.load import load_command_list
 from gpuswarm.config.models import TaskSpec
+from gpuswarm.control_ops import add_tasks, retry_tasks
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
@@ -85,6 +89,19 @@ def test_skipped_and_cancelled_tasks_never_count(tmp_path: Path) -> None:
     assert event["spec"] == "soon,done=2" and event["count"] == 2
 
 
+def test_a_task_retried_by_hand_that_fails_again_is_one_failed_task(tmp_path: Path) -> None:
+    """halt x retry: ``gpuswarm retry`` of a failed task on a live run starts a fresh series;
+    its second failure is the same task ("halt: 2 tasks failed" after one task failed twice
+    was wrong). A resume counts anew (another Halt)."""
+    queue, ledger = _queue(tmp_path, 4)
+    halt = Halt("soon,fail=2", queue, ledger, on_soon=print, on_now=print)
+    halt.ended(State.FAILED, "t0")
+    halt.ended(State.FAILED, "t0")  # retried by hand, failed again
+    assert not halt.draining and halt.may_claim(0)
+    halt.ended(State.FAILED, "t1")
+    assert halt.reason == "halt: 2 tasks failed (halt soon,fail=2)"
+
+
 def test_outcomes_not_committed_yet_hold_a_claim_back_near_the_threshold(tmp_path: Path) -> None:
     queue, ledger = _queue(tmp_path, 10)
     halt = Halt("now,fail=2", queue, ledger, on_soon=print, on_now=print)
@@ -148,3 +165,32 @@ def test_now_stops_the_running_attempts_and_puts_them_back_uncounted(tmp_path: P
             assert reason.startswith("interrupted by halt: 1 task failed"), reason
             assert "cancelled" not in reason
     assert sup.shared.requeued == 2
+
+
+def test_work_added_or_retried_after_a_soon_halt_waits_for_a_resume(tmp_path: Path) -> None:
+    """halt x the live wake (issue 28 items 4 and 7): ``add`` and ``retry`` touch the added
+    marker, which wakes the loop at once; a loop that has met its halt claims nothing more, so
+    the new work stays pending while the long task finishes."""
+    gate = tmp_path / "gate"
+    long = f"import os,time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)"
+    tasks = [_task("long", long), _task("bad", "raise SystemExit(1)")]
+    sup, paths = _supervisor(tmp_path, tasks, "soon,fail=1")
+    runner = threading.Thread(target=sup.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sup.halt.reason is None or not _counts(paths).get("failed"):
+            assert time.monotonic() < deadline, "the failing task never met the halt"
+            time.sleep(0.02)
+        loaded = load_command_list(None, "true\n", shell=True, base_dir=tmp_path)
+        assert add_tasks(paths.root, loaded)["added"] == 1
+        assert retry_tasks(paths.root, ["bad"], failed=False, cancelled=False)["retried"] == 1
+        time.sleep(1.0)  # four of the keeper's looks at the marker: a woken loop would claim
+        assert runner.is_alive() and not gate.exists()
+    finally:
+        gate.touch()
+        runner.join(60)
+    assert not runner.is_alive()
+    started = sorted(e["task"] for e in read_events(paths.events) if e["ev"] == "started")
+    assert started == ["bad", "long"], started
+    assert _counts(paths) == {"done": 1, "pending": 2}

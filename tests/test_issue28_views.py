@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
@@ -18,6 +20,7 @@ from gpuswarm.outputs.status import run_status
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
+from gpuswarm.ui import terminal
 from gpuswarm.ui.printers import end_line
 from gpuswarm.ui.terminal import PlainReporter
 
@@ -47,6 +50,26 @@ def test_a_slot_shows_one_task_while_its_last_attempt_is_being_committed(tmp_pat
     assert [(r.task, r.ending) for r in rows] == [(ended.task_id, True), (nxt.task_id, False)]
     view = RunReader(paths).view()
     assert [row.task for row in view.slots.values()] == [nxt.task_id]
+
+
+def test_a_watch_counts_a_task_claimed_before_its_start_line_once(tmp_path: Path) -> None:
+    """``gpuswarm watch`` looks at the folders, then folds the journal from its end. A slot
+    renames its claim into running/ first and journals ``started`` once the attempt runs: a
+    look between the two counted the task running, then its start line moved one more task
+    from pending to running (a watch ended saying ``unfinished 1`` of a complete run)."""
+    paths = _run(tmp_path, 3)
+    queue = DirQueue(paths, durable=False)
+    claimed = queue.claim(OWNER, 0)  # renamed into running/; its start line not written yet
+    assert claimed is not None and claimed.task_id == "t0"
+    view = RunReader(paths).view()
+    assert (view.counts["pending"], view.counts["running"]) == (2, 1)
+    view.apply({"ev": "started", "task": claimed.task_id, "attempt": 1, "slot": "g0"})
+    assert (view.counts["pending"], view.counts["running"]) == (2, 1)  # was: (1, 2)
+    for tid in ("t1", "t2"):
+        view.apply({"ev": "started", "task": tid, "attempt": 1, "slot": "g0"})
+    for tid in ("t0", "t1", "t2"):
+        view.apply({"ev": "finished", "task": tid, "attempt": 1, "slot": "g0", "state": "done"})
+    assert {k: n for k, n in view.counts.items() if n} == {"done": 3}  # was: done 3, running 1
 
 
 def _fold(reporter: PlainReporter, *events: dict[str, Any]) -> list[str]:
@@ -82,6 +105,34 @@ def test_the_plain_total_follows_the_queue(tmp_path: Path) -> None:
         {"ev": "finished", "task": "t", "attempt": 1, "slot": "g0", "state": "done"},
     )
     assert lines[-1].endswith("[1/1501 done]"), lines
+
+
+def test_the_plain_failed_count_follows_a_retry_of_another_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gpuswarm retry --failed`` on a live run: the supervisor hears no event of it, and its
+    lines said ``[4/4 done, 3 failed]`` once the retried tasks were done."""
+    monkeypatch.setattr(terminal, "RECOUNT_SECONDS", 0.0)
+    queue_counts = {"pending": 0, "running": 1, "done": 0, "failed": 2}
+    reporter = PlainReporter(
+        view=RunView(dict(queue_counts)), stream=io.StringIO(), recount=lambda: dict(queue_counts)
+    )
+    queue_counts.update(pending=2, failed=0)  # `gpuswarm retry --failed` of another process
+    queue_counts.update(pending=1, running=2)  # our slot claimed one (renamed, then journaled)
+    lines = _fold(
+        reporter,
+        {"ev": "started", "task": "f1", "attempt": 2, "slot": "g1"},
+        # journaled before its rename to done/: the queue has it in running/ still
+        {"ev": "finished", "task": "f1", "attempt": 2, "slot": "g1", "state": "done"},
+    )
+    assert lines[-1].endswith("[1/3 done]"), lines  # was: [1/3 done, 2 failed]
+    queue_counts.update(running=1, done=1)  # the rename
+    lines = _fold(
+        reporter,
+        {"ev": "started", "task": "f2", "attempt": 2, "slot": "g1"},
+        {"ev": "finished", "task": "f2", "attempt": 2, "slot": "g1", "state": "failed"},
+    )
+    assert lines[-1].endswith("[1/3 done, 1 failed]"), lines
 
 
 def _report(

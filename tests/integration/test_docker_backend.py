@@ -262,6 +262,8 @@ def test_a_user_the_socket_refuses_gets_exit_2_and_the_fix(
 def test_a_command_list_runs_in_containers_from_the_cli_flags(
     tmp_path: Path, gpuswarm: Cli, docker_image: str
 ) -> None:
+    """Each line runs with /bin/sh -c inside the image by default, as on the local backend
+    (issue 28: no --shell flag; its > and && are the shell's, not readlink's arguments)."""
     cmds = tmp_path / "cmds.txt"
     cmds.write_text(
         "readlink /proc/self/ns/mnt > {workspace}/ns.txt && echo $CUDA_VISIBLE_DEVICES\n" * 3
@@ -270,7 +272,6 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         "run",
         "--gpus",
         "sim:2",
-        "--shell",
         "--no-report",
         "--workspace",
         "ws",

@@ -102,6 +102,9 @@ class RunView:
     # issue 35: group -> state -> tasks, as ``status --group`` counts them (set by whoever
     # shows them: the metrics' RunStats, from outputs.groups.GroupCache); empty otherwise
     group_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    # task -> attempt a look at the folders counted running already: a slot journals its
+    # ``started`` after the claim's rename, so that line may come after the look (issue 28)
+    seen_running: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -243,7 +246,8 @@ class RunView:
                     del self.slots[label]
 
     def _started(self, e: Started) -> None:
-        self._move(PENDING, RUNNING)
+        if self.seen_running.pop(e.task, None) != e.attempt:  # else: counted running already
+            self._move(PENDING, RUNNING)
         self.waiting_room.pop(e.task, None)
         row = self.slots.setdefault(e.slot, SlotRow())
         row.task, row.name, row.attempt = e.task, e.name, e.attempt
@@ -258,6 +262,7 @@ class RunView:
             self.spent_tokens += e.tokens or 0
             self.spent_usd += e.cost_usd or 0.0
             self.spent_unknown += 1 if e.cost_unknown else 0
+        self.seen_running.pop(e.task, None)  # its start, if still to come, is older
         state = e.state or FAILED
         to = PENDING if state == WAITING else state
         self._move(RUNNING, to if to in self.counts else FAILED)
@@ -278,6 +283,8 @@ class RunView:
                 t.completions.append(e.attempt)
 
     def _requeued(self, e: Requeued) -> None:
+        if e.task is not None:
+            self.seen_running.pop(e.task, None)  # handed back: its next start moves it
         if e.reason == CONFIG_CHANGE and e.added is not None:
             self.added += e.added
         if e.frm == BLOCKED:  # issue 35: its prerequisites ended as it asked

@@ -288,6 +288,7 @@ class RunReader:
             view.slots[r.slot or "?"] = SlotRow(
                 task=r.task, name=r.name, attempt=r.attempt, since=r.since, timeout=r.timeout
             )
+            view.seen_running[r.task] = r.attempt  # its start line may come after this look
         for q in self.quarantines() if self.live() else []:
             view.quarantined[str(q.get("slot"))] = str(q.get("reason", ""))
         return view

@@ -48,7 +48,7 @@ class Committer:
     def __init__(
         self,
         run: Shared,
-        on_ended: Callable[[State], None] | None = None,
+        on_ended: Callable[[State, str], None] | None = None,
         on_attempt: Callable[[AttemptRecord], None] | None = None,
     ) -> None:
         self.run = run
@@ -239,7 +239,7 @@ class Committer:
             if not retry:
                 self.after_end(task.id, state)  # issue 35: its dependents released
             if not retry and self._on_ended is not None:
-                self._on_ended(state)
+                self._on_ended(state, task.id)
 
         def lost() -> None:  # in a group commit, the lease found gone at its flush
             run.lease_lost(task.id, rec.n, "its outcome is not committed")

@@ -3,7 +3,8 @@ tasks that ended, and the stop it asks for once the rule is met.
 
 What counts: a task that ended failed (no attempt left: a failed attempt that will be retried
 is no failed task yet), done, or either (``done=``); skipped and cancelled tasks never count,
-nor attempts a stop handed back. The count is this supervisor's, from its start: a ``resume``
+nor attempts a stop handed back. Each task counts once (one retried by hand on a live run that
+fails again is still one failed task). The count is this supervisor's, from its start: a ``resume``
 after a halt counts anew (it retries the failed tasks; a second halt needs as many new ends).
 A percentage is of the run's tasks (skipped and cancelled ones left out), the queue's count
 taken again at most every few seconds (tasks added to a live run count).
@@ -58,6 +59,7 @@ class Halt:
         self._on_now = on_now
         self._lock = threading.Lock()
         self._count = 0
+        self._counted: set[str] = set()  # tasks counted: one retried by hand counts once
         self._total = 0
         self._counted_at = -RECOUNT_SECONDS
         self.reason: str | None = None  # set once the rule is met: "halt: 3 tasks failed ..."
@@ -79,12 +81,18 @@ class Halt:
         with self._lock:
             return self._count + uncommitted < self._threshold()
 
-    def ended(self, state: State) -> None:
-        """A task ended ``state`` (final: a retry is no end); the halt when the rule is met."""
+    def ended(self, state: State, task: str | None = None) -> None:
+        """A task ended ``state`` (final: a retry is no end); the halt when the rule is met.
+        A task counts once (``gpuswarm retry`` of a failed one that fails again is one task
+        failed); without ``task`` every call counts."""
         rule = self.rule
         if rule is None or state not in _COUNTED[rule.why]:
             return
         with self._lock:
+            if task is not None:
+                if task in self._counted:
+                    return
+                self._counted.add(task)
             self._count += 1
             if self.reason is not None or self._count < self._threshold():
                 return

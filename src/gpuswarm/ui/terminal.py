@@ -8,7 +8,6 @@ builds on the same events.)
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -105,8 +104,9 @@ class PlainReporter:
     As a ledger listener (``reporter(event)``) it folds each event into its own view first;
     given the ``view`` a caller folds itself (``watch``), it only prints (:meth:`show`).
     ``recount``: the queue's counts now (a live run's supervisor hears only its own events,
-    not another process's ``add``): the ``[done/total]`` total follows the queue; done and
-    failed are what this supervisor's events say."""
+    not another process's ``add`` or ``retry --failed``): the ``[done/total]`` total follows
+    the queue, and so do done and failed: this supervisor's events, plus what the queue shows
+    beyond them (a retry, a ``work`` sibling's ends) at the last recount."""
 
     def __init__(
         self,
@@ -122,6 +122,7 @@ class PlainReporter:
         self.recount = recount
         self._counted: float | None = None
         self._tasks = self.view.total
+        self._drift: dict[str, int] = {}  # done/failed: the queue's minus our events' (recount)
         self._lock = threading.Lock()
         # a slot's next task starts the moment it is free, before a committer thread has
         # journaled the last one's end: its start line waits for that end (HELD_SECONDS at most)
@@ -131,19 +132,32 @@ class PlainReporter:
     def __call__(self, raw: dict[str, Any]) -> None:
         event = decode(raw, own=True)  # a ledger listener: records this process emitted
         if event is not None:  # a line of the wrong shape: every reader skips it
+            if isinstance(event, Finished):  # a line with [done/total]: the queue's counts
+                self._recount()  # before the event: its move is journaled before its rename
             self.view.apply_event(event)
             self.show(event)
 
-    def _total(self) -> int:
-        """The run's task count: the queue's (a sum over its folders, which no move in flight
-        changes), taken again every RECOUNT_SECONDS; the view's without ``recount``."""
+    def _recount(self) -> None:
+        """Every RECOUNT_SECONDS, the queue's counts: the run's task count (a sum over its
+        folders, which no move in flight changes) and how far its done and failed are from
+        what our events say (what other processes did: a ``retry``, a sibling's ends)."""
         if self.recount is None:
-            return self.view.total
-        if self._counted is None or time.monotonic() - self._counted >= RECOUNT_SECONDS:
-            self._counted = time.monotonic()
-            with contextlib.suppress(OSError):
-                self._tasks = sum(self.recount().values())
-        return self._tasks
+            return
+        if self._counted is not None and time.monotonic() - self._counted < RECOUNT_SECONDS:
+            return
+        self._counted = time.monotonic()
+        try:
+            fresh = self.recount()
+        except OSError:
+            return
+        self._tasks = sum(fresh.values())
+        with self.view.lock:
+            own = dict(self.view.counts)
+        self._drift = {k: fresh.get(k, 0) - own.get(k, 0) for k in ("done", "failed")}
+
+    def _total(self) -> int:
+        """The run's task count: the queue's at the last recount; the view's without one."""
+        return self.view.total if self.recount is None else self._tasks
 
     def show(self, event: Event) -> None:
         line = self._line(event)
@@ -198,6 +212,8 @@ class PlainReporter:
     def _progress(self) -> str:
         with self.view.lock:
             c = dict(self.view.counts)
+        for key, off in self._drift.items():
+            c[key] = max(0, c.get(key, 0) + off)
         extra = f", {c.get('failed', 0)} failed" if c.get("failed") else ""
         return f"[{c.get('done', 0)}/{self._total()} done{extra}]"
 
