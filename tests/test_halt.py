@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpuswarm.app.control import add_tasks, retry_tasks
 from gpuswarm.config.halt import HaltRule, canonical_halt, parse_halt
 from gpuswarm.config.load import load_command_list
 from gpuswarm.config.models import TaskSpec
-from gpuswarm.control_ops import add_tasks, retry_tasks
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
