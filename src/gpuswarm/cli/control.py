@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from gpuswarm.app.control import add_tasks, execute, load_source, set_priority
+from gpuswarm.app.control import YAML_SUFFIXES, add_tasks, execute, load_source, set_priority
 from gpuswarm.app.deps import run_task_ids
-from gpuswarm.cli.support import stoppable
+from gpuswarm.cli.support import refuse_list_options, stoppable
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
@@ -75,6 +75,9 @@ def add(
     at their next claim, in priority order.
     """
     with stoppable():
+        refuse_list_options(
+            source, YAML_SUFFIXES, "shell", "timeout", "max_attempts", "priority", "gpu_memory"
+        )
         defaults = TaskOptions.from_cli(
             timeout=timeout, max_attempts=max_attempts, priority=priority, gpu_memory=gpu_memory
         )

@@ -18,7 +18,7 @@ from gpuswarm.app.engine import (
     work_run,
 )
 from gpuswarm.app.output import Output
-from gpuswarm.cli.support import stoppable
+from gpuswarm.cli.support import refuse_list_options, stoppable
 from gpuswarm.config.backends import click_options
 from gpuswarm.config.budget import TOKENS_HELP, BudgetConfig, parse_tokens
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
@@ -185,6 +185,7 @@ def run(
     stopped by Ctrl-C / SIGTERM (resume with 'gpuswarm resume').
     """
     with stoppable():
+        refuse_list_options(source, YAML_SUFFIXES, "shell", "timeout", "max_attempts", "gpu_memory")
         defaults = TaskOptions.from_cli(
             timeout=timeout, max_attempts=max_attempts, gpu_memory=gpu_memory, repeats=repeats
         )

@@ -7,9 +7,11 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 
 import click
+from click.core import ParameterSource
 
 from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
@@ -26,12 +28,16 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 @contextmanager
 def stoppable(viewer: bool = False) -> Iterator[None]:
-    """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM unwind cleanly: exit 130.
+    """Until the supervisor installs its own handlers, Ctrl-C/SIGTERM/SIGHUP unwind cleanly:
+    exit 130 (SIGHUP, a closed terminal, unless the process started with it ignored: nohup).
 
     Unwinding (not dying) lets a run being created remove its staging folder. Errors of ours
     end the command with their message and exit code.
     """
-    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    wanted = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        wanted.append(signal.SIGHUP)
+    old = {s: signal.signal(s, _raise_interrupted) for s in wanted}
     try:
         yield
     except GpuswarmError as exc:
@@ -50,6 +56,26 @@ def stoppable(viewer: bool = False) -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def refuse_list_options(source: str, yaml_suffixes: tuple[str, ...], *names: str) -> None:
+    """A YAML SOURCE with a command-list-only option given (``--timeout``, ``--no-shell``...):
+    exit 2 naming it and the config's field, never an option silently left unused."""
+    if source == "-" or Path(source).suffix not in yaml_suffixes:
+        return
+    ctx = click.get_current_context()
+    for name in names:
+        if ctx.get_parameter_source(name) in (
+            ParameterSource.COMMANDLINE,
+            ParameterSource.ENVIRONMENT,
+        ):
+            param = next(p for p in ctx.command.params if p.name == name)
+            flag = "/".join(param.opts + param.secondary_opts)
+            field = "shell" if name == "shell" else name
+            raise click.UsageError(
+                f"{flag} applies to a command list; {source} is a YAML config: set "
+                f"{field}: in its defaults: or on a task instead"
+            )
 
 
 def fail(exc: GpuswarmError) -> NoReturn:
