@@ -283,6 +283,29 @@ def test_wait_returns_when_confirmations_decided_and_log_is_bounded(
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
+def test_wait_that_seals_a_finished_round_returns_once_its_reruns_decided(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5 (rounds): the round's only variant finished before the agent's
+    ``wait`` sealed the round; sealing makes it a would-be keep with two re-runs, and the same
+    wait returns once they decided it (it returned at once, waiting for it, exit 1)."""
+    noise = {"v0001": 0.0, "v0002": 0.02, "v0003": -0.005, "v0004": 0.012, "v0005": 0.018}
+    repo = make_repo(tmp_path, noise)
+    init(gpuswarm, repo, "--mode", "rounds")
+    edit(repo, "    y = x * 2\n", "    y = x * 2  # doubled\n")
+    vid = research(gpuswarm, repo, "try", "-m", "comment only")["id"]
+    deadline = time.monotonic() + 60
+    while not any(v["id"] == vid for v in research(gpuswarm, repo, "status")["undecided"]):
+        assert time.monotonic() < deadline, "the variant never finished"
+        time.sleep(0.3)
+    waited = research(gpuswarm, repo, "wait")  # exit 0: nothing timed out
+    done = {v["id"]: v for v in waited["finished"]}
+    assert waited["waiting"] == [] and done[vid]["status"] == "discard", waited
+    assert done[vid]["reason"].startswith("not confirmed: mean of 3 runs"), waited
+    research(gpuswarm, repo, "stop")
+
+
 SLOW_RERUNS_PY = """\
 import os
 import time

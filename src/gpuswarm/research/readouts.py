@@ -33,7 +33,10 @@ def wait(
     and those recorded since the last wait, once."""
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
+        round_open = state.round
         seal_round(exp.paths, state)  # the agent's round ends with its wait
+        if state.round != round_open:  # decide the round just sealed (its runs may be in)
+            state = settle_locked(exp.paths, exp.cfg)
     fresh = [v.id for v in state.variants.values() if v.finished is None or not v.seen]
     targets = ids or fresh
     for vid in targets:
