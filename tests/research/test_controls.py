@@ -3,10 +3,15 @@ functions of a replayed state."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from gpuswarm.research import controls
+from gpuswarm.outputs.html import esc
+from gpuswarm.research import controls, rules, views
+from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.report import write_research_report
 
 BASE = "b" * 40
 
@@ -62,3 +67,30 @@ def test_without_controls_nothing_is_paired() -> None:
     s = ExperimentState(base=BASE)
     run(s, "v0001", "baseline", 1.0, 0, 10)
     assert not controls.in_use(s) and controls.drift(s, 2.0) == [] and controls.wanted(s) is None
+
+
+def test_drift_beyond_the_noise_is_said_by_status_the_live_header_and_the_report(
+    tmp_path: Path,
+) -> None:
+    """BASE's controls fall 0.01 a period (paired noise 0.01): after four steps the change,
+    -0.04, is beyond noise_k 2 x 0.01, and every view says so and that the noise is paired."""
+    cfg = ExperimentConfig(
+        tag="t", branch="autoresearch/t", edit=["train.py"], command="python train.py",
+        metric_pattern=metric_pattern("val_bpb"),
+    )  # fmt: skip
+    s = ExperimentState(base=BASE, paired=True)
+    run(s, "v0001", "baseline", 1.00, 0, 10)
+    for i, m in enumerate((0.99, 0.98, 0.97, 0.96)):
+        run(s, f"v000{i + 2}", "control", m, 60 * (i + 1), 60 * (i + 1) + 10)
+    s.base_metric[BASE] = 1.0
+    drifts = [d.view() for d in controls.drift(s, cfg.noise_k)]  # status's "drift"
+    assert drifts and drifts[0]["moving"], drifts
+    (line,) = views.drift_lines(drifts, "val_bpb")  # status's text
+    assert line.startswith("drift: BASE's controls on H100 moved -0.040000 val_bpb over 4 min")
+    noise = views.noise_line({"noise": rules.noise_view(s), "policy": "noise-aware"})
+    assert "sd 0.010000 paired (5 periods of BASE's runs)" in noise, noise
+    header = views.live_header(cfg, s, "async")
+    assert "noise sd 0.010000 paired  DRIFT -0.040000 (decisions paired)" in header, header
+    html = write_research_report(ExpPaths(tmp_path, tmp_path), cfg, s, None).read_text()
+    assert esc(line) in html and "paired (5 periods of BASE&#x27;s runs)" in html
+    assert not controls.drift(s, noise_k=5.0)[0].moving  # within 5 x the noise: nothing said

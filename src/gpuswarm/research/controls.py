@@ -183,6 +183,14 @@ def paired_noise(state: ExperimentState, platform: str) -> PairedNoise | None:
     return PairedNoise(math.sqrt(statistics.fmean(d * d for d in diffs)), count, platform)
 
 
+def noise_words(n: dict[str, Any]) -> str:
+    """What a noise estimate (an entry of rules.noise_view) was measured on, for the views:
+    repeated runs of identical code, or (paired) successive periods of BASE's control runs."""
+    if n.get("paired"):
+        return f" paired ({n['runs']} periods of BASE's runs)"
+    return f" ({n['runs']} runs of {n['groups']} commit{'s' if n['groups'] != 1 else ''})"
+
+
 @dataclass(frozen=True)
 class Drift:
     commit: str
