@@ -3,7 +3,9 @@ functions of a replayed state."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,9 +13,17 @@ from gpuswarm.outputs.html import esc
 from gpuswarm.research import controls, rules, views
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.replay import parse_spec, replay_decisions
 from gpuswarm.research.report import write_research_report
 
 BASE = "b" * 40
+
+
+def _cfg() -> ExperimentConfig:
+    return ExperimentConfig(
+        tag="t", branch="autoresearch/t", edit=["train.py"], command="python train.py",
+        metric_pattern=metric_pattern("val_bpb"),
+    )  # fmt: skip
 
 
 def run(
@@ -74,10 +84,7 @@ def test_drift_beyond_the_noise_is_said_by_status_the_live_header_and_the_report
 ) -> None:
     """BASE's controls fall 0.01 a period (paired noise 0.01): after four steps the change,
     -0.04, is beyond noise_k 2 x 0.01, and every view says so and that the noise is paired."""
-    cfg = ExperimentConfig(
-        tag="t", branch="autoresearch/t", edit=["train.py"], command="python train.py",
-        metric_pattern=metric_pattern("val_bpb"),
-    )  # fmt: skip
+    cfg = _cfg()
     s = ExperimentState(base=BASE, paired=True)
     run(s, "v0001", "baseline", 1.00, 0, 10)
     for i, m in enumerate((0.99, 0.98, 0.97, 0.96)):
@@ -94,3 +101,41 @@ def test_drift_beyond_the_noise_is_said_by_status_the_live_header_and_the_report
     html = write_research_report(ExpPaths(tmp_path, tmp_path), cfg, s, None).read_text()
     assert esc(line) in html and "paired (5 periods of BASE&#x27;s runs)" in html
     assert not controls.drift(s, noise_k=5.0)[0].moving  # within 5 x the noise: nothing said
+
+
+def test_replay_of_a_paired_ledger(tmp_path: Path) -> None:
+    """``research log --policy``: a control run is a reference, never BASE's metric (the
+    replay said best = the last control's 0.78, where the experiment's is the keep's 0.80);
+    a result whose replayed BASE never ran in its period says so."""
+    c, d = "c" * 40, "d" * 40
+    events: list[dict[str, Any]] = [
+        {"ev": "init", "base": BASE, "gpu_models": {}},
+        {"ev": "mode", "mode": "async"},
+        {"ev": "controls", "paired": True},
+    ]
+
+    def add(vid: str, kind: str, commit: str, parent: str, m: float, t: float) -> None:
+        events.append({"ev": "variant", "id": vid, "kind": kind, "commit": commit,
+                       "parent": parent, "description": vid, "ts": t})  # fmt: skip
+        events.append({"ev": "finished", "id": vid, "ok": True, "metric": m, "started": t,
+                       "ended": t + 10, "accelerator": "H100", "ts": t + 10})  # fmt: skip
+
+    add("v0001", "baseline", BASE, BASE, 1.00, 0)
+    add("v0002", "baseline", BASE, BASE, 1.00, 0)
+    add("v0003", "control", BASE, BASE, 0.95, 20)
+    add("v0004", "control", BASE, BASE, 0.94, 40)
+    add("v0005", "variant", c, BASE, 0.80, 40)
+    events.append({"ev": "base", "from": BASE, "to": c, "id": "v0005"})
+    add("v0006", "control", c, c, 0.78, 60)
+    add("v0007", "variant", d, c, 0.79, 60)
+    ExpPaths(tmp_path, tmp_path).ledger.write_text(
+        "".join(json.dumps({"ts": 1.0, **e}) + "\n" for e in events)
+    )
+    paths, cfg = ExpPaths(tmp_path, tmp_path), _cfg()
+    same = replay_decisions(paths, cfg)
+    assert same["would_keep"] == ["v0005"] and same["best"] == 0.80, same["best"]
+    strict = replay_decisions(paths, parse_spec(cfg, "noise-aware,noise_k=100"))
+    rows = {r["id"]: r for r in strict["variants"]}
+    assert strict["best"] == 1.00, strict["best"]  # the baselines' mean, not a control's 0.94
+    assert rows["v0007"]["replayed"] == "wanted", rows["v0007"]
+    assert "no run of the replayed BASE bbbbbbb of its period" in rows["v0007"]["replayed_reason"]
