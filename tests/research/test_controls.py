@@ -139,3 +139,21 @@ def test_replay_of_a_paired_ledger(tmp_path: Path) -> None:
     assert strict["best"] == 1.00, strict["best"]  # the baselines' mean, not a control's 0.94
     assert rows["v0007"]["replayed"] == "wanted", rows["v0007"]
     assert "no run of the replayed BASE bbbbbbb of its period" in rows["v0007"]["replayed_reason"]
+
+
+def test_a_baseline_queued_on_a_model_is_the_run_of_base_a_result_there_waits_for() -> None:
+    """Several GPU models: a keep moved BASE and a result on the H100 waits for a run of the
+    new BASE there; settle queues a baseline pinned to the H100 (rules.baseline_wanted), and
+    no control besides it (two runs of BASE for one wait)."""
+    new = "c" * 40
+    s = ExperimentState(base=new, paired=True, gpu_models={"A100": 2, "H100": 1}, mode="async")
+    run(s, "v0001", "baseline", 1.00, 0, 10)
+    s.variants["v0001"].finished["accelerator"] = "A100"  # type: ignore[index]
+    run(s, "v0002", "baseline", 0.80, 0, 10)
+    kept = run(s, "v0003", "variant", 0.90, 20, 30, commit=new)
+    kept.finished["accelerator"] = "A100"  # type: ignore[index]
+    kept.decision = {"status": "keep"}
+    run(s, "v0004", "variant", 0.70, 25, 35, commit="d" * 40).parent = BASE
+    assert controls.wanted(s) == "H100"  # nothing queued yet: a run of BASE is wanted there
+    s.variants["v0005"] = Variant("v0005", "baseline", new, new, "baseline", 1, "baseline", 40.0)
+    assert controls.wanted(s) is None and controls.waits_for_control(s, s.variants["v0004"])
