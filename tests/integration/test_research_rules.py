@@ -306,6 +306,32 @@ def test_wait_that_seals_a_finished_round_returns_once_its_reruns_decided(
     research(gpuswarm, repo, "stop")
 
 
+SLOW_BASE_PY = """\
+import os
+import time
+
+LR = 0.04
+vid = os.environ.get("GPUSWARM_VARIANT", "")
+time.sleep(3.0 if vid in ("v0001", "v0002") else 0.0)
+print(f"val_bpb: {0.9 + (LR - 0.05) ** 2 * 100:.6f}")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_wait_for_a_variant_waits_for_the_baseline_it_is_judged_against(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5: ``wait ID`` returns the variant decided; it finished before BASE's
+    baseline runs, and the wait returned it undecided ("finished") at once."""
+    repo = make_research_repo(tmp_path / "repo", SLOW_BASE_PY)
+    init(gpuswarm, repo, gpus="sim:3")
+    edit(repo, "LR = 0.04\n", "LR = 0.05\n")
+    vid = research(gpuswarm, repo, "try", "-m", "LR 0.05")["id"]
+    done = {v["id"]: v for v in research(gpuswarm, repo, "wait", vid)["finished"]}
+    assert done[vid]["status"] == "keep", done
+    research(gpuswarm, repo, "stop")
+
+
 SLOW_RERUNS_PY = """\
 import os
 import time

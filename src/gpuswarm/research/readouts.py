@@ -80,16 +80,18 @@ def _settled(state: ExperimentState, v: Variant) -> bool:
         return True
     if controls.waits_for_control(state, v):
         return False  # paired: decided once the control of its period is in
+    if any(c.kind in controls.CONTROL_KINDS for c in state.in_flight()):
+        return False  # BASE is being measured (a baseline on its GPU model, say): its reference
     return all(c.finished is not None for c in rules.confirmations(state, v))
 
 
 def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
     """The runs whose end a wait for ``targets`` is waiting for: the targets, their
-    confirmation re-runs and BASE's control runs still in flight."""
+    confirmation re-runs and BASE's runs (baselines, controls) still in flight."""
     out = {t for t in targets if state.variants[t].finished is None}
     for t in targets:
         out.update(c.id for c in rules.confirmations(state, state.variants[t]) if not c.finished)
-    out.update(c.id for c in state.in_flight() if c.kind == "control")
+    out.update(c.id for c in state.in_flight() if c.kind in controls.CONTROL_KINDS)
     return out
 
 
