@@ -13,6 +13,7 @@ from gpuswarm.outputs.html import esc
 from gpuswarm.research import controls, rules, views
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.policy import decide
 from gpuswarm.research.replay import parse_spec, replay_decisions
 from gpuswarm.research.report import write_research_report
 
@@ -32,7 +33,7 @@ def run(
 ) -> Variant:  # fmt: skip
     v = Variant(vid, kind, commit, BASE, vid, 1, "test", start)
     v.finished = {"ok": True, "metric": metric, "started": start, "ended": end,
-                  "accelerator": "H100"}  # fmt: skip
+                  "accelerator": "H100", "ts": end}  # fmt: skip
     state.variants[vid] = v
     return v
 
@@ -157,3 +158,25 @@ def test_a_baseline_queued_on_a_model_is_the_run_of_base_a_result_there_waits_fo
     assert controls.wanted(s) == "H100"  # nothing queued yet: a run of BASE is wanted there
     s.variants["v0005"] = Variant("v0005", "baseline", new, new, "baseline", 1, "baseline", 40.0)
     assert controls.wanted(s) is None and controls.waits_for_control(s, s.variants["v0004"])
+
+
+def test_paired_a_stale_result_within_the_noise_of_its_own_base_is_discarded_at_once() -> None:
+    """Async, paired (issue 29, item 2): A gains within the noise of its period's control and
+    waits for its re-run; B wins and moves BASE. A is discarded at once, judged by its own
+    BASE's runs of its period (its re-run withdrawn), not left waiting for a control of the
+    new BASE while the re-run holds a GPU."""
+    b2 = "e" * 40
+    s = ExperimentState(base=b2, paired=True, mode="async")
+    for vid, kind, m, t in (("v0001", "baseline", 1.00, 0), ("v0002", "baseline", 1.00, 0),
+                            ("v0003", "control", 0.99, 20)):  # fmt: skip
+        run(s, vid, kind, m, t, t + 10).decision = {"status": "keep"}
+    s.base_metric.update({BASE: 1.0, b2: 0.90})
+    a = run(s, "v0004", "variant", 0.985, 20, 30, commit="a" * 40)
+    run(s, "v0005", "variant", 0.90, 20, 30, commit=b2).decision = {"status": "keep"}
+    s.variants["v0006"] = Variant(
+        "v0006", "confirm", a.commit, BASE, "A (confirmation 1/1)", 1, "confirm", 31.0, a.id
+    )
+    (d,) = decide(_cfg(), s)
+    assert (d.id, d.status) == ("v0004", "discard"), d
+    assert "within the noise" in d.reason and "measured on an older BASE" in d.reason, d
+    assert "1 re-run not needed now: withdrawn" in d.reason, d
