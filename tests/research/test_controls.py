@@ -180,3 +180,27 @@ def test_paired_a_stale_result_within_the_noise_of_its_own_base_is_discarded_at_
     assert (d.id, d.status) == ("v0004", "discard"), d
     assert "within the noise" in d.reason and "measured on an older BASE" in d.reason, d
     assert "1 re-run not needed now: withdrawn" in d.reason, d
+
+
+def test_a_real_win_late_on_a_worsening_machine_is_kept_against_its_periods_control() -> None:
+    """The worsening machine's failure (issue 29, item 1): BASE's runs get 0.001 worse every
+    period; a real change 0.005 better, run in the tenth period, measures 0.004 worse than the
+    first baselines. Unpaired it is discarded; paired with its period's control it is kept."""
+
+    def state(with_controls: bool) -> ExperimentState:
+        s = ExperimentState(base=BASE, paired=with_controls, mode="async")
+        for vid in ("v0001", "v0002"):
+            run(s, vid, "baseline", 1.000, 0, 10).decision = {"status": "keep"}
+        s.base_metric[BASE] = 1.0
+        s.baselines[BASE] = [1.0, 1.0]
+        for k in range(1, 10 if with_controls else 1):
+            run(s, f"c{k:04d}", "control", 1.000 + 0.001 * k, 20 * k, 20 * k + 10).decision = {
+                "status": "keep"
+            }
+        run(s, "v0100", "variant", 1.009 - 0.005, 180, 190, commit="a" * 40)
+        return s
+
+    (unpaired,) = decide(_cfg(), state(False))
+    assert (unpaired.id, unpaired.status) == ("v0100", "discard"), unpaired
+    (paired,) = decide(_cfg(), state(True))
+    assert (paired.id, paired.status) == ("v0100", "keep"), paired
