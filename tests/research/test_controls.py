@@ -14,6 +14,7 @@ from gpuswarm.research import controls, rules, views
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, metric_pattern
 from gpuswarm.research.journal import ExperimentState, Variant
 from gpuswarm.research.policy import decide
+from gpuswarm.research.readouts import shown
 from gpuswarm.research.replay import parse_spec, replay_decisions
 from gpuswarm.research.report import write_research_report
 
@@ -158,6 +159,8 @@ def test_a_baseline_queued_on_a_model_is_the_run_of_base_a_result_there_waits_fo
     assert controls.wanted(s) == "H100"  # nothing queued yet: a run of BASE is wanted there
     s.variants["v0005"] = Variant("v0005", "baseline", new, new, "baseline", 1, "baseline", 40.0)
     assert controls.wanted(s) is None and controls.waits_for_control(s, s.variants["v0004"])
+    reason = shown(s, s.variants["v0004"])["reason"]  # status's "awaiting decision" line
+    assert reason == "paired: waiting for a run of BASE of its period (v0005)", reason
 
 
 def test_paired_a_stale_result_within_the_noise_of_its_own_base_is_discarded_at_once() -> None:

@@ -96,13 +96,19 @@ def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
 
 
 def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
-    """``v.view()``; a finished variant waiting for its confirmation re-runs says so."""
+    """``v.view()``; a finished variant waiting for its confirmation re-runs, or (paired) for
+    a run of BASE of its period, says so."""
     out = v.view()
     runs = rules.confirmations(state, v)
     if v.decision is None and v.finished is not None and runs and v.kind != "confirm":
         done = sum(1 for c in runs if c.finished is not None)
         out["reason"] = (
             f"confirming: {done}/{len(runs)} re-runs in ({', '.join(c.id for c in runs)})"
+        )
+    elif controls.waits_for_control(state, v):
+        base = [c.id for c in state.in_flight() if c.kind in controls.CONTROL_KINDS]
+        out["reason"] = "paired: waiting for a run of BASE of its period" + (
+            f" ({', '.join(base)})" if base else ""
         )
     return out
 
