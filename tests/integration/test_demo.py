@@ -85,6 +85,7 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
     from gpuswarm.research.plot import summary_line
     from gpuswarm.research.readouts import plot_rows
     from gpuswarm.research.session import Experiment
+    from gpuswarm.research.views import live_header
 
     res = gpuswarm(
         "demo", "--dir", tmp_path / "d", "--experiments", "8", "--budget", "0.4", "--seed", "3",
@@ -119,6 +120,9 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
     state = replay(exp.paths)
     title = summary_line(plot_rows(state), "val_bpb", "min", state.best)
     assert title.startswith(f"{experiments} experiments, {kept} kept, best val_bpb {best}")
+
+    live = live_header(exp.cfg, state, "async")  # the loop's live view
+    assert f"best val_bpb {best}  {experiments} experiments, {kept} changes kept" in live, live
 
     head = ExperimentHub("e1", exp.paths.root, "r1").header(None)
     assert f"{head['best']:.6f}" == best and f"{head['baseline']:.6f}" == baseline

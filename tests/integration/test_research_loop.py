@@ -495,7 +495,13 @@ def test_async_late_winner_is_rebased_as_combo(gpuswarm: Cli, research_repo: Pat
         slow_row = next(r for r in rows(repo) if r[0] == variants[slow]["commit"][:7])
         assert slow_row[3] == "discard"
         assert slow_row[4].endswith(f"(re-based, see {combo['id']})"), slow_row  # not a bug
-        assert status_json(gpuswarm, repo)["in_flight"] == []
+        status = status_json(gpuswarm, repo)
+        assert status["in_flight"] == []
+        # issue 29, item 4: the views say re-based, and count the combination as the keep
+        assert {r["id"]: r["status"] for r in status["last"]}[slow] == "re-based", status
+        assert (status["kept"], status["rebased"]) == (2, 1), status
+        text = gpuswarm("research", "status", "-C", repo).stdout
+        assert re.search(rf"{slow}  \S+ +[\d.]+ +[\d.]+  re-based ", text), text
     finally:
         stop(gpuswarm, repo)
     assert_no_processes(repo)

@@ -283,6 +283,55 @@ def test_wait_returns_when_confirmations_decided_and_log_is_bounded(
     research(gpuswarm, repo, "stop")
 
 
+@pytest.mark.timeout(120)
+def test_wait_that_seals_a_finished_round_returns_once_its_reruns_decided(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5 (rounds): the round's only variant finished before the agent's
+    ``wait`` sealed the round; sealing makes it a would-be keep with two re-runs, and the same
+    wait returns once they decided it (it returned at once, waiting for it, exit 1)."""
+    noise = {"v0001": 0.0, "v0002": 0.02, "v0003": -0.005, "v0004": 0.012, "v0005": 0.018}
+    repo = make_repo(tmp_path, noise)
+    init(gpuswarm, repo, "--mode", "rounds")
+    edit(repo, "    y = x * 2\n", "    y = x * 2  # doubled\n")
+    vid = research(gpuswarm, repo, "try", "-m", "comment only")["id"]
+    deadline = time.monotonic() + 60
+    while not any(v["id"] == vid for v in research(gpuswarm, repo, "status")["undecided"]):
+        assert time.monotonic() < deadline, "the variant never finished"
+        time.sleep(0.3)
+    waited = research(gpuswarm, repo, "wait")  # exit 0: nothing timed out
+    done = {v["id"]: v for v in waited["finished"]}
+    assert waited["waiting"] == [] and done[vid]["status"] == "discard", waited
+    assert done[vid]["reason"].startswith("not confirmed: mean of 3 runs"), waited
+    research(gpuswarm, repo, "stop")
+
+
+SLOW_BASE_PY = """\
+import os
+import time
+
+LR = 0.04
+vid = os.environ.get("GPUSWARM_VARIANT", "")
+time.sleep(3.0 if vid in ("v0001", "v0002") else 0.0)
+print(f"val_bpb: {0.9 + (LR - 0.05) ** 2 * 100:.6f}")
+"""
+
+
+@pytest.mark.timeout(90)
+def test_wait_for_a_variant_waits_for_the_baseline_it_is_judged_against(
+    gpuswarm: Cli, tmp_path: Path
+) -> None:
+    """Issue 29, item 5: ``wait ID`` returns the variant decided; it finished before BASE's
+    baseline runs, and the wait returned it undecided ("finished") at once."""
+    repo = make_research_repo(tmp_path / "repo", SLOW_BASE_PY)
+    init(gpuswarm, repo, gpus="sim:3")
+    edit(repo, "LR = 0.04\n", "LR = 0.05\n")
+    vid = research(gpuswarm, repo, "try", "-m", "LR 0.05")["id"]
+    done = {v["id"]: v for v in research(gpuswarm, repo, "wait", vid)["finished"]}
+    assert done[vid]["status"] == "keep", done
+    research(gpuswarm, repo, "stop")
+
+
 SLOW_RERUNS_PY = """\
 import os
 import time

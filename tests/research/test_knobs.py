@@ -75,6 +75,7 @@ def test_hundreds_of_proposals_keep_every_value_in_its_range() -> None:
         for name in ("batch_size", "n_layer", "n_embd", "block_size", "max_iters"):
             assert isinstance(values[name], int) and values[name] > 0, m.description
         assert values["learning_rate"] > 0 and values["weight_decay"] >= 0
+        assert values["n_embd"] % values["n_head"] == 0, m.description  # the model builds
         ast.parse(text)
     assert {"beta1", "beta2", "dropout"} <= seen
 
@@ -126,3 +127,22 @@ def test_logging_calls_other_than_print_count_as_logging() -> None:
         "    if step % DECAY_EVERY == 0:\n        LR = LR\n"
     )
     assert "DECAY_EVERY" not in knobs.not_knobs(ast.parse(text2))
+
+
+def test_attention_heads_divide_the_width() -> None:
+    """nanoGPT's 12 heads of 768: 9 or 15 heads crash at model build (n_embd % n_head), so
+    neither is proposed, alone or with a new width; the width moves only where 12 divides it."""
+    text = "n_layer = 12\nn_head = 12\nn_embd = 768\n"
+    found = pool(text)
+    assert found["n_head"] == ["6", "24"], found
+    assert all(int(w) % 12 == 0 for w in found["n_embd"]), found
+    rng, tried = random.Random(3), set[str]()
+    for _ in range(40):
+        m = propose({"train.py": text}, rng, tried)
+        if m is None:
+            break
+        tried.add(m.description)
+        values = {c.name: c.value for c in constants("train.py", m.files["train.py"])}
+        assert values["n_embd"] % values["n_head"] == 0, m.description
+    assert knobs.heads_divide({"--num_heads": 8, "hidden_size": 512, "head_dim": 20})
+    assert not knobs.heads_divide({"Config.n_head": 9, "n_embd": 768})

@@ -365,6 +365,20 @@ def test_results_rows_carry_the_platform_when_there_are_several(tmp_path: Path) 
     assert rules.short_platform("NVIDIA H100 80GB HBM3") == "H100 80GB HBM3"
 
 
+def test_a_row_is_tagged_by_the_mode_its_variant_was_made_in(tmp_path: Path) -> None:
+    """Issue 29, item 4: an async loop's variants that a later command decides (the loop
+    ended with them in flight; the experiment's setting is rounds again) carry no round tag,
+    as those the loop decided; a rounds variant keeps its tag."""
+    led = Ledger(tmp_path, mode="async")
+    led.baselines(1.0)
+    made_async = led.run(0.9)
+    led.add("mode", mode="rounds")
+    made_rounds = led.run(0.9)
+    st = led.state()
+    assert tsv_row(st, st.variants[made_async], "keep")[4] == "[gpu0] idea 2"
+    assert tsv_row(st, st.variants[made_rounds], "keep")[4] == "[R1 gpu0] idea 3"
+
+
 def test_rounds_prefer_a_win_then_a_simplification(tmp_path: Path) -> None:
     led = Ledger(tmp_path, mode="rounds")
     led.baselines(1.0, 1.0)

@@ -107,7 +107,7 @@ def waits_for_control(state: ExperimentState, v: Variant) -> bool:
         return False
     if v.kind not in ("variant", "combo") or not v.finished.get("ok"):
         return False
-    if any(c.kind == "control" and c.commit == state.base for c in state.in_flight()):
+    if any(c.kind in CONTROL_KINDS and c.commit == state.base for c in state.in_flight()):
         return True
     span = _span(v)
     runs = base_runs(state, state.base, platform_of(v))
@@ -119,8 +119,8 @@ def wanted(state: ExperimentState) -> str | None:
     its own period while none is in flight (a control run of BASE is wanted there now)."""
     if not in_use(state):
         return None
-    if any(v.kind == "control" and v.commit == state.base for v in state.in_flight()):
-        return None
+    if any(v.kind in CONTROL_KINDS and v.commit == state.base for v in state.in_flight()):
+        return None  # one run of BASE at a time: a baseline wanted on a model is one too
     for v in state.undecided():
         span = _span(v)
         if v.finished is None or v.kind not in ("variant", "combo", "confirm") or span is None:
@@ -181,6 +181,14 @@ def paired_noise(state: ExperimentState, platform: str) -> PairedNoise | None:
     if not diffs:
         return None
     return PairedNoise(math.sqrt(statistics.fmean(d * d for d in diffs)), count, platform)
+
+
+def noise_words(n: dict[str, Any]) -> str:
+    """What a noise estimate (an entry of rules.noise_view) was measured on, for the views:
+    repeated runs of identical code, or (paired) successive periods of BASE's control runs."""
+    if n.get("paired"):
+        return f" paired ({n['runs']} periods of BASE's runs)"
+    return f" ({n['runs']} runs of {n['groups']} commit{'s' if n['groups'] != 1 else ''})"
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,15 @@ running it:
   the run's length is the harness's, not the variant's, to set.
 
 :func:`bounds` gives the range a knob's value must stay in (betas, dropout and other
-fractions in [0, 1)); the mutate proposer respects it.
+fractions in [0, 1)), :func:`heads_divide` that attention heads split the model's width; the
+mutate proposer respects both.
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 _LOG_CALLS = frozenset({"print", "print0", "pprint", "log", "log_metrics", "write", "echo"})
 _LOG_OWNERS = frozenset({"logging", "logger", "log", "wandb", "writer", "tb", "mlflow", "tqdm"})
@@ -253,3 +254,28 @@ def bounds(name: str) -> tuple[float, float] | None:
     dropout, momentum, EMA decay and other fractions: [0, 1)); None: any value of its sign."""
     base = name.lstrip("-")
     return (0.0, 1.0) if _UNIT.search(base) else None
+
+
+_HEADS = re.compile(r"^(n_?heads?|num_(attention_)?heads|heads)$", re.IGNORECASE)
+_WIDTHS = re.compile(
+    r"^(n_?embd|n_?embed|d_?model|hidden_?(size|dim)|embed_?dim|emb_?dim|model_?dim|dim|width)$",
+    re.IGNORECASE,
+)
+
+
+def heads_divide(values: Mapping[str, object]) -> bool:
+    """Whether every attention head count among ``values`` (setting name -> value) divides
+    every model width there (nanoGPT asserts ``n_embd % n_head == 0`` when it builds the
+    model: a variant with 9 heads of a 768 width crashes)."""
+
+    def ints(pattern: re.Pattern[str]) -> list[int]:
+        return [
+            v
+            for name, v in values.items()
+            if pattern.match(name.rsplit(".", 1)[-1].split("[")[0].lstrip("-"))
+            and isinstance(v, int)
+            and not isinstance(v, bool)
+            and v > 0
+        ]
+
+    return all(w % h == 0 for h in ints(_HEADS) for w in ints(_WIDTHS))

@@ -7,7 +7,8 @@ tuples, ``@dataclass`` and ``add_argument`` defaults); what cannot matter is ski
 can be told: state, logging and the time budget (``knobs.py``), an assignment a later one
 overrides, and (see :class:`Selection`) names a config file or a ``--name=value`` argument of
 the command overrides (nanoGPT's configurator pattern). Values stay in their known ranges
-(betas, dropout: [0, 1)); integers stay integers, sizes and rates keep their sign.
+(betas, dropout: [0, 1)); integers stay integers, sizes and rates keep their sign; attention
+heads divide the model's width.
 """
 
 from __future__ import annotations
@@ -169,14 +170,23 @@ def candidates(
     """The settings of ``files`` that may be mutated, with their new literals."""
     select = select or Selection()
     pool = []
+    now = settings(files)
     for path in sorted(files):
         tree = parse(files[path])
         not_knobs = knobs.not_knobs(tree) if tree is not None else {}
         for c in constants(path, files[path]):
             why = not_knobs.get(c.name.split("[")[0])
-            if select.allows(c, why) and (options := neighbours(c)):
-                pool.append((c, options))
+            if not select.allows(c, why):
+                continue
+            fits = [s for s in neighbours(c) if knobs.heads_divide({**now, c.name: value_of(s)})]
+            if fits:
+                pool.append((c, fits))
     return pool
+
+
+def settings(files: Mapping[str, str]) -> dict[str, object]:
+    """Every numeric setting of ``files`` by name, with its value (the last assignment)."""
+    return {c.name: c.value for path in sorted(files) for c in constants(path, files[path])}
 
 
 def _apply(files: Mapping[str, str], picks: list[tuple[Constant, str]]) -> dict[str, str]:
@@ -203,11 +213,14 @@ def propose(
         return None
     original = digest(files)
     names = [c.name for c, _ in pool]
+    now = settings(files)
     for _ in range(attempts):
         k = 1
         if max_changes >= 2 and len(pool) >= 2 and rng.random() >= _SINGLE_CHANGE_P:
             k = rng.randint(2, min(max_changes, len(pool)))
         picks = [(c, rng.choice(options)) for c, options in rng.sample(pool, k)]
+        if not knobs.heads_divide({**now, **{c.name: value_of(new) for c, new in picks}}):
+            continue  # e.g. 12 heads of a width 960 -> 1000: the model would not build
         changed = _apply(files, picks)
         key = digest({**files, **changed})
         if key == original or key in tried:

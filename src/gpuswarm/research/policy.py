@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from gpuswarm.research import rules
+from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.journal import ExperimentState, Variant
 from gpuswarm.research.rules import Verdict
@@ -103,6 +103,11 @@ def _decide_async(
         return out  # no measured metric to judge by yet (a baseline must run first)
     for v in sorted(pending, key=lambda x: x.finished["ts"] if x.finished else 0.0):
         verdict = rules.judge(cfg, state, v, state.base, "better than BASE")
+        if verdict is None and v.parent != state.base and controls.in_use(state):
+            # paired, and BASE moved since v ran: what does not beat its own BASE's runs of
+            # its period is discarded now (its re-runs withdrawn), not after a control run
+            own = rules.judge(cfg, state, v, v.parent, "better than its BASE")
+            verdict = own if own is not None and own.kind in ("lose", "noise") else None
         if verdict is None:
             given_up = _no_baseline(state, v)
             out.extend([given_up] if given_up else [])

@@ -33,7 +33,10 @@ def wait(
     and those recorded since the last wait, once."""
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
+        round_open = state.round
         seal_round(exp.paths, state)  # the agent's round ends with its wait
+        if state.round != round_open:  # decide the round just sealed (its runs may be in)
+            state = settle_locked(exp.paths, exp.cfg)
     fresh = [v.id for v in state.variants.values() if v.finished is None or not v.seen]
     targets = ids or fresh
     for vid in targets:
@@ -77,27 +80,35 @@ def _settled(state: ExperimentState, v: Variant) -> bool:
         return True
     if controls.waits_for_control(state, v):
         return False  # paired: decided once the control of its period is in
+    if any(c.kind in controls.CONTROL_KINDS for c in state.in_flight()):
+        return False  # BASE is being measured (a baseline on its GPU model, say): its reference
     return all(c.finished is not None for c in rules.confirmations(state, v))
 
 
 def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
     """The runs whose end a wait for ``targets`` is waiting for: the targets, their
-    confirmation re-runs and BASE's control runs still in flight."""
+    confirmation re-runs and BASE's runs (baselines, controls) still in flight."""
     out = {t for t in targets if state.variants[t].finished is None}
     for t in targets:
         out.update(c.id for c in rules.confirmations(state, state.variants[t]) if not c.finished)
-    out.update(c.id for c in state.in_flight() if c.kind == "control")
+    out.update(c.id for c in state.in_flight() if c.kind in controls.CONTROL_KINDS)
     return out
 
 
 def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
-    """``v.view()``; a finished variant waiting for its confirmation re-runs says so."""
+    """``v.view()``; a finished variant waiting for its confirmation re-runs, or (paired) for
+    a run of BASE of its period, says so."""
     out = v.view()
     runs = rules.confirmations(state, v)
     if v.decision is None and v.finished is not None and runs and v.kind != "confirm":
         done = sum(1 for c in runs if c.finished is not None)
         out["reason"] = (
             f"confirming: {done}/{len(runs)} re-runs in ({', '.join(c.id for c in runs)})"
+        )
+    elif controls.waits_for_control(state, v):
+        base = [c.id for c in state.in_flight() if c.kind in controls.CONTROL_KINDS]
+        out["reason"] = "paired: waiting for a run of BASE of its period" + (
+            f" ({', '.join(base)})" if base else ""
         )
     return out
 

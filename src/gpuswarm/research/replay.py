@@ -4,9 +4,11 @@ A replay reads ``ledger.jsonl`` in order and feeds its events (variants created,
 rounds sealed) to the same :func:`policy.decide` the experiment uses, with the settings of
 ``SPEC`` instead of the experiment's, applying each decision in memory only: nothing is written,
 queued or moved. Runs cannot be re-done, so where the replayed policy would want a run the
-ledger lacks (a confirmation re-run, a re-based combination, a baseline on another platform) it
-says so and keeps nothing on its strength, and a variant is assumed to measure on the replayed
-BASE what it measured on the BASE it ran on (its parent becomes the replayed BASE of its time).
+ledger lacks (a confirmation re-run, a re-based combination, a baseline on another platform,
+paired: a run of the replayed BASE in a result's period) it says so and keeps nothing on its
+strength, and a variant is assumed to measure on the replayed BASE what it measured on the
+BASE it ran on (its parent becomes the replayed BASE of its time). BASE's control runs are
+references, never BASE's metric (as in settle.py).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pydantic import ValidationError
 
 from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import rules
+from gpuswarm.research import controls, rules
 from gpuswarm.research.configure import CHANGEABLE
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
-from gpuswarm.research.journal import ExperimentState, apply_event
+from gpuswarm.research.journal import ExperimentState, Variant, apply_event
 from gpuswarm.research.policy import Decision, decide
 
 POLICIES = ("greedy", "noise-aware", "manual")
@@ -138,7 +140,17 @@ def _settle(
     if final:
         for v in state.undecided():
             if v.finished is not None and v.id not in wanted:
-                wanted[v.id] = "undecided at the end of the ledger"
+                wanted[v.id] = _undecided(state, v)
+
+
+def _undecided(state: ExperimentState, v: Variant) -> str:
+    """Why a finished run is undecided at the end of the replay."""
+    if controls.waits_for_control(state, v):  # paired, and the replayed BASE never ran then
+        return (
+            f"paired: the ledger has no run of the replayed BASE {state.base[:7]} of its "
+            "period (a control run would be queued): not kept"
+        )
+    return "undecided at the end of the ledger"
 
 
 def _apply_in_memory(
@@ -156,7 +168,7 @@ def _apply_in_memory(
         v.decision = {"status": "discard", "reason": wanted[v.id]}
         return True
     event: dict[str, Any] = {"ev": "decided", "id": v.id, "status": d.status, "reason": d.reason}
-    if d.status == "keep" and v.kind != "confirm" and v.finished is not None:
+    if d.status == "keep" and v.kind not in ("confirm", "control") and v.finished is not None:
         if v.kind == "baseline":
             runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
             value = statistics.fmean(runs)

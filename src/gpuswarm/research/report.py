@@ -103,8 +103,8 @@ def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
     metric on each."""
     noise = rules.noise_view(state)
     spread = "; ".join(
-        f"sd {n['sigma']:.6f}{' on ' + n['platform'] if n['platform'] else ''} "
-        f"({n['runs']} runs of {n['groups']} commit{'' if n['groups'] == 1 else 's'})"
+        f"sd {n['sigma']:.6f}{' on ' + n['platform'] if n['platform'] else ''}"
+        + controls.noise_words(n)
         for n in noise
     )
     text = (

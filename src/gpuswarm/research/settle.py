@@ -347,7 +347,7 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
     if v.kind == "baseline":
         several = "repeat" in text or "wanted" in text or rules.multi_platform(state)
         tag = f"[{gpu}] " if gpu and several else ""
-    elif state.mode == "rounds":
+    elif (v.mode or state.mode) == "rounds":  # the mode it was made in (a loop's, say)
         tag = f"[R{v.round} {gpu}] " if gpu else f"[R{v.round}] "
     else:
         tag = f"[{gpu}] " if gpu else ""

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from gpuswarm.research import controls, executor, rules, session
+from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
@@ -119,7 +120,7 @@ def noise_line(d: dict[str, Any]) -> str:
     parts = [
         f"sd {n['sigma']:.6f}"
         + (f" on {n['platform']}" if n["platform"] else "")
-        + f" ({n['runs']} runs of {n['groups']} commit{'s' if n['groups'] != 1 else ''})"
+        + controls.noise_words(n)
         for n in d.get("noise") or []
     ]
     estimate = "; ".join(parts) or "not estimated yet (no code has run twice)"
@@ -195,17 +196,7 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
 
     def tick(s: ExperimentState) -> None:
         follower.poll()
-        f = figures(s)
-        best = "-" if f.best is None else f"{f.best:.6f}"
-        est = rules.noise_view(s) if exp.cfg.policy == "noise-aware" else []
-        noise = f"  noise sd {est[0]['sigma']:.6f}" if est else ""
-        moved = [d for d in controls.drift(s, exp.cfg.noise_k) if d.moving]
-        if moved:
-            noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
-        header["text"] = (
-            f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
-            f"{f.experiments} experiments, {f.kept} changes kept  mode {opts.mode}{noise}"
-        )
+        header["text"] = live_header(exp.cfg, s, opts.mode)
 
     view = LiveView(
         follower.view,
@@ -222,6 +213,23 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
             lambda text: console.print(f"{stamp()} {text}", markup=False),
             tick=tick,
         )
+
+
+def live_header(cfg: ExperimentConfig, s: ExperimentState, mode: str) -> str:
+    """The live view's header: BASE, the best metric, the counts (research/figures.py), the
+    noise and, where BASE's controls moved beyond it, the drift."""
+    f = figures(s)
+    best = "-" if f.best is None else f"{f.best:.6f}"
+    est = rules.noise_view(s) if cfg.policy == "noise-aware" else []
+    paired = " paired" if est and est[0].get("paired") else ""
+    noise = f"  noise sd {est[0]['sigma']:.6f}{paired}" if est else ""
+    moved = [d for d in controls.drift(s, cfg.noise_k) if d.moving]
+    if moved:
+        noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
+    return (
+        f"BASE {s.base[:7]} ({cfg.branch})  best {cfg.metric} {best}  "
+        f"{f.experiments} experiments, {f.kept} changes kept  mode {mode}{noise}"
+    )
 
 
 def stamp() -> str:
