@@ -80,6 +80,7 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
     (research/figures.py); a re-based winner is printed as re-based, never as a discard."""
     import re
 
+    from gpuswarm.core.words import counted
     from gpuswarm.dashboard.experiments import ExperimentHub
     from gpuswarm.research.journal import replay
     from gpuswarm.research.plot import summary_line
@@ -94,7 +95,7 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
     assert res.returncode == 0, str(res)
     line = re.search(
         r"best val_bpb (\d+\.\d{6}) \(baseline (\d+\.\d{6}), [-\d.]+% lower\) after (\d+) "
-        r"experiments, (\d+) changes kept",
+        r"experiments, (\d+) changes? kept",
         res.stdout,
     )
     assert line is not None, res.stdout
@@ -114,7 +115,8 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
 
     html = (Path(status["results"]).parent / "report.html").read_text()
     assert f"best val_bpb <b>{best}</b> (baseline {baseline}" in html
-    assert f"{experiments} experiments, {kept} changes kept" in html and "mode async" in html
+    counts = f"{counted(int(experiments), 'experiment')}, {counted(int(kept), 'change')} kept"
+    assert counts in html and "mode async" in html
 
     exp = Experiment.open(repo, "demo")
     state = replay(exp.paths)
@@ -122,7 +124,7 @@ def test_every_view_gives_the_same_baseline_best_and_kept(gpuswarm: Any, tmp_pat
     assert title.startswith(f"{experiments} experiments, {kept} kept, best val_bpb {best}")
 
     live = live_header(exp.cfg, state, "async")  # the loop's live view
-    assert f"best val_bpb {best}  {experiments} experiments, {kept} changes kept" in live, live
+    assert f"best val_bpb {best}  {counts}" in live, live
 
     head = ExperimentHub("e1", exp.paths.root, "r1").header(None)
     assert f"{head['best']:.6f}" == best and f"{head['baseline']:.6f}" == baseline

@@ -17,6 +17,7 @@ from gpuswarm.core.errors import (
     GpuswarmError,
     ResearchError,
 )
+from gpuswarm.core.words import counted
 from gpuswarm.research import runner, session, views
 from gpuswarm.research.agent import AgentOptions, AgentProposer, check_agent, load_preset
 from gpuswarm.research.clikit import (
@@ -40,7 +41,9 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
     """Stop the background runner; running variants go back to the queue (next command resumes)."""
     exp = session.Experiment.open(where, tag)
     n = runner.stop_runner(exp.paths)
-    emit(as_json, {"stopped": n}, lambda d: click.echo(f"stopped {d['stopped']} runner(s)"))
+    emit(
+        as_json, {"stopped": n}, lambda d: click.echo(f"stopped {counted(d['stopped'], 'runner')}")
+    )
 
 
 @click.command()

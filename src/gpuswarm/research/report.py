@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuswarm.core.fsutil import atomic_write_text
+from gpuswarm.core.words import counted
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
 from gpuswarm.research import controls, rules
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
@@ -67,8 +68,9 @@ def write_research_report(
     body = (
         f"<h1>autoresearch {esc(cfg.tag)}</h1>\n"
         f"<p>branch <code>{esc(cfg.branch)}</code> at <code>{esc(state.base[:7])}</code>; "
-        f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; {f.experiments} experiments, "
-        f"{f.kept} changes kept, {f.crashed} crashed"
+        f"best {esc(cfg.metric)} <b>{esc(best)}</b>{esc(gain)}; "
+        f"{counted(f.experiments, 'experiment')}, "
+        f"{counted(f.kept, 'change')} kept, {f.crashed} crashed"
         + (f", {f.rebased} re-based" if f.rebased else "")
         + f"; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, mode {esc(f.modes)}</p>\n"
         + _energy_html(state)

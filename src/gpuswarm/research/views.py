@@ -8,6 +8,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from gpuswarm.core.words import counted
 from gpuswarm.research import controls, executor, rules, session
 from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.figures import figures
@@ -84,7 +85,8 @@ def show_wait(d: dict[str, Any]) -> None:
 def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept  ({runner})"
+        f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
+        f"{counted(d['kept'], 'change')} kept  ({runner})"
     )
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
@@ -146,7 +148,8 @@ def show_replay(d: dict[str, Any]) -> None:
 
 def show_loop(d: dict[str, Any]) -> None:
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept "
+        f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
+        f"{counted(d['kept'], 'change')} kept "
         f"({d['made']} started by this loop)"
     )
     if d.get("exhausted"):
@@ -228,7 +231,8 @@ def live_header(cfg: ExperimentConfig, s: ExperimentState, mode: str) -> str:
         noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
     return (
         f"BASE {s.base[:7]} ({cfg.branch})  best {cfg.metric} {best}  "
-        f"{f.experiments} experiments, {f.kept} changes kept  mode {mode}{noise}"
+        f"{counted(f.experiments, 'experiment')}, {counted(f.kept, 'change')} kept  "
+        f"mode {mode}{noise}"
     )
 
 

@@ -260,10 +260,13 @@ def print_demo(d: dict[str, Any]) -> None:
         gain = (base - best) / base * 100 if base else 0.0
         con.print(
             f"[bold]best val_bpb {best:.6f}[/] (baseline {base:.6f}, {gain:.1f}% lower) after "
-            f"{d['experiments']} experiments, {d['kept']} changes kept"
+            f"{counted(d['experiments'], 'experiment')}, {counted(d['kept'], 'change')} kept"
         )
     else:
-        con.print(f"{d['experiments']} experiments, {d['kept']} changes kept (no baseline metric)")
+        con.print(
+            f"{counted(d['experiments'], 'experiment')}, {counted(d['kept'], 'change')} kept "
+            "(no baseline metric)"
+        )
     con.print(f"repository: {d['repo']}  (branch {d['branch']} holds every kept change)")
     con.print(f"results:    {d['results']}")
     con.print(f"progress:   {d['plot']}")
