@@ -140,3 +140,31 @@ def test_a_research_experiments_run_is_found_from_any_folder(
 
     monkeypatch.chdir(elsewhere)
     assert _your_workspaces() == [experiment]  # the dashboard's default: the experiment
+
+
+def test_a_run_the_index_lacks_is_indexed_once_resumed(
+    tmp_path: Path, gpuswarm: Callable[..., CliResult]
+) -> None:
+    """A run made before the index existed (or on another host, joined with ``work``) is found
+    from anywhere once it is resumed here; one the index has keeps its creation time."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.yaml").write_text(
+        "name: old\ntasks:\n  - {name: a, command: 'true'}\n"
+    )
+    made = gpuswarm("run", "--gpus", "sim:1", "--plain", "--no-report", "old/run.yaml")
+    assert made.returncode == 0, made
+    [run] = find_runs(tmp_path / "old" / "runs")
+    for entry in runindex.index_dir().iterdir():  # as if made before the index
+        entry.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert json.loads(gpuswarm("ls", "--json", cwd=elsewhere).stdout) == []
+    resumed = gpuswarm("resume", run, "--plain", "--no-report")
+    assert resumed.returncode == 0, resumed
+    rows = json.loads(gpuswarm("ls", "--json", cwd=elsewhere).stdout)
+    assert [row["run"] for row in rows] == [str(run.resolve())]
+    [entry] = runindex.index_dir().iterdir()
+    created = json.loads(entry.read_text())["created"]
+    again = gpuswarm("resume", run, "--plain", "--no-report")
+    assert again.returncode == 0, again
+    assert json.loads(entry.read_text())["created"] == created  # not re-dated

@@ -57,7 +57,7 @@ from gpuswarm.outputs.status import run_state
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold
-from gpuswarm.store import release
+from gpuswarm.store import release, runindex
 from gpuswarm.store.leases import (
     attach,
     is_live,
@@ -282,6 +282,13 @@ def supervise(
             hold.release()
 
 
+def _index_joined(paths: RunPaths, info: dict[str, Any], mode: str) -> None:
+    """A run resumed or joined here that the index of the user's runs lacks (made before the
+    index existed, or on another host) is found from anywhere from now on."""
+    if mode != "run":  # a new run was indexed at its creation
+        runindex.remember(paths.root.resolve(), str(info.get("name") or paths.root.name))
+
+
 def _supervise(
     paths: RunPaths,
     setup: Setup,
@@ -298,6 +305,7 @@ def _supervise(
         backend.check()  # before anything is claimed: the daemon answers, the image is there
     with attach(paths, exclusive_start=mode == "resume") as hold:
         _, snapshot = open_run(paths.root)
+        _index_joined(paths, snapshot, mode)
         ledger = Ledger(paths.events, redact=run_redactor(snapshot).text)  # reasons, names
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         notifier: Notifier | None = None

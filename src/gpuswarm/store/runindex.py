@@ -69,6 +69,16 @@ def record(run: Path, name: str) -> None:
         _cap(folder)
 
 
+def remember(run: Path, name: str) -> None:
+    """:func:`record` unless the index has the run: a run made before the index existed, or
+    on another host (``work``), is found from anywhere once resumed or joined here; one it
+    has keeps its creation time (the newest run stays the newest made)."""
+    with contextlib.suppress(OSError):
+        if (index_dir() / f"{_key(run)}.json").exists():
+            return
+    record(run, name)
+
+
 def forget(run: Path) -> None:
     """Drop the entry of the run at ``run`` (it moved: a research experiment's queue is
     created in the experiment's staging folder); never raises."""
