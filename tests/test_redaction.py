@@ -97,6 +97,9 @@ def test_values_in_provisioned_files() -> None:
     dotenv = "export API_KEY='k-1234'\nPATH=/bin\npassword: pw-5678\nuser = bob\n"
     assert values_in_text(dotenv) == {"k-1234", "pw-5678"}
     assert values_in_text("[1, 2") == set()  # not JSON, no pairs
+    netrc = "machine api.example.com\n  login bob\n  password nrc-2468\n"
+    netrc += "default login x password d-1357\n"
+    assert values_in_text(netrc) == {"nrc-2468", "d-1357"}
 
 
 def test_provisioned_files_are_read_with_limits(tmp_path: Path) -> None:
