@@ -155,6 +155,19 @@ def test_what_docker_would_not_take_as_a_known_option_is_refused(
         RunConfig.model_validate(config(args))
 
 
+def test_a_refusal_of_a_flag_names_the_flag() -> None:
+    from gpuswarm.core.errors import ConfigError
+    from gpuswarm.exec.docker.plugin import apply_options
+
+    for args, shown in (
+        (["-v/:/h"], "--docker-arg: '-v/:/h' (--volume) is refused"),
+        (["--token=abcdefgh12345678"], "--docker-arg: the arguments look like they carry"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            apply_options(None, {"image": "i:1", "docker_args": args})
+        assert str(exc.value).startswith(shown), str(exc.value)  # was "option: args: ..."
+
+
 def test_the_table_is_consistent() -> None:
     assert not BOOLEAN & VALUED
     assert set(SHORT.values()) <= BOOLEAN | VALUED
