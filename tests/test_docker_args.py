@@ -168,6 +168,15 @@ def test_a_refusal_of_a_flag_names_the_flag() -> None:
         assert str(exc.value).startswith(shown), str(exc.value)  # was "option: args: ..."
 
 
+def test_gpus_in_args_is_refused_while_gpuswarm_gives_the_gpus() -> None:
+    for args in (["--gpus", "all"], ["--gpus=all"], ["-m1g", "--gpus", "device=0"]):
+        with pytest.raises(ValidationError, match="is refused: gpuswarm gives each container"):
+            RunConfig.model_validate(config(args))  # gpu_flags: auto
+        cfg = config(args)
+        cfg["docker"] = {**cfg["docker"], "gpu_flags": "none"}  # type: ignore[dict-item]
+        RunConfig.model_validate(cfg)  # the user's own GPUs
+
+
 def test_the_table_is_consistent() -> None:
     assert not BOOLEAN & VALUED
     assert set(SHORT.values()) <= BOOLEAN | VALUED

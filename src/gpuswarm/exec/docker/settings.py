@@ -70,4 +70,11 @@ class DockerConfig(BaseModel):
         why = runargs.refusal(self.args)  # read as docker reads them: any spelling
         if why is not None:
             raise ValueError(why)
+        gpus = [o for o in runargs.parse(self.args) if o.name == "gpus"]
+        if gpus and self.gpu_flags != "none":  # docker adds it to gpuswarm's: every GPU shown
+            raise ValueError(
+                f"args: {quote(gpus[0].written)} is refused: gpuswarm gives each container its "
+                f"slot's GPUs (gpu_flags: {self.gpu_flags}), and a second --gpus would show it "
+                "the other slots' GPUs too; set gpu_flags: none to give your own"
+            )
         return self
