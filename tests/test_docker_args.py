@@ -177,6 +177,14 @@ def test_gpus_in_args_is_refused_while_gpuswarm_gives_the_gpus() -> None:
         RunConfig.model_validate(cfg)  # the user's own GPUs
 
 
+def test_an_image_that_docker_would_read_as_an_option_is_refused() -> None:
+    for image in ("-v/:/host", "--privileged"):
+        cfg = config([])
+        cfg["docker"] = {"image": image}
+        with pytest.raises(ValidationError, match="starts with '-': docker would read it as an"):
+            RunConfig.model_validate(cfg)  # was: "not present ...: run `docker pull --privileged`"
+
+
 def test_the_table_is_consistent() -> None:
     assert not BOOLEAN & VALUED
     assert set(SHORT.values()) <= BOOLEAN | VALUED
