@@ -246,6 +246,10 @@ def test_with_overrides(tmp_path: Path) -> None:
     assert loaded.with_overrides() == loaded
     with pytest.raises(ConfigError, match=r"--name: 'a b' cannot be a folder name.*'a-b'"):
         loaded.with_overrides(name="a b")
+    with pytest.raises(
+        ConfigError, match=r"--name: 'n+\.\.\.n+' is 300 characters; a run name is 128"
+    ):
+        loaded.with_overrides(name="n" * 300)  # was: "cannot be a folder name ... e.g. 'nnn...'"
 
 
 # -- commands: shlex vs shell ----------------------------------------------------------------------

@@ -155,6 +155,36 @@ def test_what_docker_would_not_take_as_a_known_option_is_refused(
         RunConfig.model_validate(config(args))
 
 
+def test_a_refusal_of_a_flag_names_the_flag() -> None:
+    from gpuswarm.core.errors import ConfigError
+    from gpuswarm.exec.docker.plugin import apply_options
+
+    for args, shown in (
+        (["-v/:/h"], "--docker-arg: '-v/:/h' (--volume) is refused"),
+        (["--token=abcdefgh12345678"], "--docker-arg: the arguments look like they carry"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            apply_options(None, {"image": "i:1", "docker_args": args})
+        assert str(exc.value).startswith(shown), str(exc.value)  # was "option: args: ..."
+
+
+def test_gpus_in_args_is_refused_while_gpuswarm_gives_the_gpus() -> None:
+    for args in (["--gpus", "all"], ["--gpus=all"], ["-m1g", "--gpus", "device=0"]):
+        with pytest.raises(ValidationError, match="is refused: gpuswarm gives each container"):
+            RunConfig.model_validate(config(args))  # gpu_flags: auto
+        cfg = config(args)
+        cfg["docker"] = {**cfg["docker"], "gpu_flags": "none"}  # type: ignore[dict-item]
+        RunConfig.model_validate(cfg)  # the user's own GPUs
+
+
+def test_an_image_that_docker_would_read_as_an_option_is_refused() -> None:
+    for image in ("-v/:/host", "--privileged"):
+        cfg = config([])
+        cfg["docker"] = {"image": image}
+        with pytest.raises(ValidationError, match="starts with '-': docker would read it as an"):
+            RunConfig.model_validate(cfg)  # was: "not present ...: run `docker pull --privileged`"
+
+
 def test_the_table_is_consistent() -> None:
     assert not BOOLEAN & VALUED
     assert set(SHORT.values()) <= BOOLEAN | VALUED

@@ -169,6 +169,19 @@ def test_notifier_maps_quarantines_and_the_budget_and_stall_hooks(tmp_path: Path
     assert sent[4][1]["failed"] == 3 and "task" not in sent[4][1]  # the summary of 3
 
 
+def test_a_webhook_s_dashboard_link_never_carries_the_token() -> None:
+    """``notify.dashboard`` given as the URL the dashboard printed (with its token): the link
+    in every payload is the run's page without it."""
+    from gpuswarm.core.paths import RunPaths
+    from gpuswarm.notify.notifier import run_page
+
+    paths = RunPaths(Path("/w/runs/r/run_1"))
+    plain = run_page("http://127.0.0.1:8765", paths)
+    assert plain.startswith("http://127.0.0.1:8765/#/run/r") and len(plain) == 39
+    for given in ("http://127.0.0.1:8765/?token=Tk-1234", "http://127.0.0.1:8765?token=Tk-1234#/x"):
+        assert run_page(given, paths) == plain
+
+
 def test_the_exporter_loads_no_dashboard_stack() -> None:
     """``gpuswarm exporter`` works with the base install (prometheus_client is a dependency):
     neither Starlette nor uvicorn is imported by it."""

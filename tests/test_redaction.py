@@ -12,6 +12,7 @@ import pytest
 
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.core import redact
+from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.redact import REDACTED, Redactor, name_redactor, redact_shapes
 from gpuswarm.core.secretvalues import (
@@ -96,6 +97,9 @@ def test_values_in_provisioned_files() -> None:
     dotenv = "export API_KEY='k-1234'\nPATH=/bin\npassword: pw-5678\nuser = bob\n"
     assert values_in_text(dotenv) == {"k-1234", "pw-5678"}
     assert values_in_text("[1, 2") == set()  # not JSON, no pairs
+    netrc = "machine api.example.com\n  login bob\n  password nrc-2468\n"
+    netrc += "default login x password d-1357\n"
+    assert values_in_text(netrc) == {"nrc-2468", "d-1357"}
 
 
 def test_provisioned_files_are_read_with_limits(tmp_path: Path) -> None:
@@ -149,6 +153,38 @@ def test_names_are_redacted_like_commands_at_load(
     assert all("value" not in t.id and "json-in-name" not in t.id for t in tasks)
     lines = load_command_list(None, "echo sup-name-value\n", shell=False, base_dir=tmp_path).tasks
     assert lines[0].name == "echo ***" and lines[0].command == ["echo", "sup-name-value"]
+
+
+def test_a_group_name_holding_a_secret_is_refused_and_a_default_one_loses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group is matched by name (groups:, group:NAME, --group) and shown everywhere
+    (report.html, the dashboard, /metrics' labels): one holding a secret is exit 2 at its
+    field; a glob or matrix entry's default group is made from its redacted name."""
+    monkeypatch.setenv("SUPERVISOR_TOKEN", "sup-group-value")
+    cfg = tmp_path / "c.yaml"
+    for text, where in (
+        (
+            "defaults: {env: {MY_API_KEY: own-group-value}}\n"
+            "tasks: [{command: 'true', group: g-own-group-value}]\n",
+            "c.yaml:2: tasks[0].group: group 'g-***' holds a secret",
+        ),
+        (
+            "tasks: [{command: 'true', group: g-sup-group-value}]\n",
+            "c.yaml:1: tasks[0].group: group 'g-***' holds a secret",
+        ),
+        (
+            "groups: {g-sup-group-value: {max_parallel: 1}}\ntasks: [{command: 'true'}]\n",
+            "c.yaml:1: groups: group 'g-***' holds a secret",
+        ),
+    ):
+        cfg.write_text(text)
+        with pytest.raises(ConfigError) as exc:
+            load_config(cfg)
+        assert where in str(exc.value), str(exc.value)
+        assert "group-value" not in str(exc.value)  # not even in the message
+    cfg.write_text("tasks: [{name: 'ev-sup-group-value-{i}', matrix: {i: [1, 2]}, command: x}]\n")
+    assert {t.group for t in load_config(cfg).tasks} == {"ev"}
 
 
 def test_a_supervisors_journal_redacts_reasons_and_names(tmp_path: Path) -> None:

@@ -66,3 +66,23 @@ def test_a_stale_proposal_that_conflicts_is_refused(exp: session.Experiment) -> 
     with pytest.raises(ResearchError, match="conflicts with what was kept"):
         session.try_variant(exp, "LR 0.05", files={"train.py": proposal}, base=old)
     assert all(v.kind == "baseline" for v in exp.settle().variants.values())
+
+
+def test_a_variant_s_description_is_redacted_before_it_is_written(
+    exp: session.Experiment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proposer's (an agent's) description echoing a secret of this process: the variant's
+    description (state, results.tsv, the report, the dashboard) and its commit hold ***."""
+    monkeypatch.setenv("RESEARCH_API_TOKEN", "rs-secret-8642")
+    proposal = TRAIN.replace("LR = 0.04", "LR = 0.06").encode()
+    try:
+        data = session.try_variant(
+            exp, "LR 0.06 (key rs-secret-8642)", files={"train.py": proposal}
+        )
+        assert exp.settle().variants[data["id"]].description == "LR 0.06 (key ***)"
+        message = git(exp.paths.repo, "log", "-1", "--format=%B", data["commit"])
+        assert "rs-secret-8642" not in message
+        written = [p for p in exp.paths.root.rglob("*") if p.is_file()]
+        assert written and not [p for p in written if b"rs-secret-8642" in p.read_bytes()]
+    finally:
+        runner.stop_runner(exp.paths, grace=5)

@@ -17,6 +17,12 @@ capped and acted on in (``status``/``cancel``/``retry``/``pause --group``); a gl
 entry's default is its name before the first placeholder (else ``tasks-<index>``). Top level
 ``groups: {NAME: {max_parallel: N, priority: P}}``: at most N of its tasks run at once; P is its
 tasks' default priority.
+
+A group's name is shown and written everywhere (status, report.html, the dashboard, /metrics'
+labels) and matched by name (``groups:``, ``group:NAME``, ``--group``), so it is never redacted:
+a ``group:`` or ``groups:`` key that holds a secret (a secret variable's value, of this process
+or of the task's env, or a token's shape) is exit 2; an entry's default group is made from its
+name with the secrets taken out, as the tasks' names are.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from gpuswarm.config.models import TaskEntry, TaskOptions, TaskSpec
 from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote
 from gpuswarm.core.paths import slugify
 from gpuswarm.core.placeholders import find_placeholders, render, unknown_placeholders
+from gpuswarm.core.redact import Redactor, name_redactor
 
 DEP_FIELDS = ("after", "after_any", "after_failed")
 GROUP_PREFIX = "group:"
@@ -70,20 +77,43 @@ def rendered_refs(opts: TaskOptions, values: Mapping[str, str]) -> Refs:
     )
 
 
-def with_entry_group(opts: TaskOptions, entry: TaskEntry, index: int) -> TaskOptions:
-    """``opts`` with the entry's default group (:func:`entry_group`) when it names none."""
-    group = entry_group(entry, index) if opts.group is None else None
+def with_entry_group(
+    opts: TaskOptions,
+    entry: TaskEntry,
+    index: int,
+    loc: Locator,
+    path: PathKey,
+    groups: Collection[str] = (),
+    names: Redactor | None = None,
+) -> TaskOptions:
+    """``opts`` with the entry's default group (:func:`entry_group`) when it names none; a
+    group name (the entry's, or a ``groups:`` key, checked with the first entry) holding a
+    secret (``names``: the entry's name redactor) is a ConfigError at its field."""
+    if opts.group is None and entry.glob is None and entry.matrix is None and index:
+        return opts
+    names = names if names is not None else name_redactor(opts.env)
+    where = [((*path, "group"), opts.group)] + [(("groups",), k) for k in groups if not index]
+    for at, name in where:
+        if name is not None and names.name(name) != name:
+            raise loc.error(
+                at,
+                f"group {quote(names.name(name))} holds a secret (the value of a secret "
+                "variable, or a token's shape): group names are shown and written everywhere; "
+                "name the group without it",
+            )
+    group = entry_group(entry, index, names) if opts.group is None else None
     return opts if group is None else opts.model_copy(update={"group": group})
 
 
-def entry_group(entry: TaskEntry, index: int) -> str | None:
+def entry_group(entry: TaskEntry, index: int, names: Redactor | None = None) -> str | None:
     """A glob or matrix entry is a group by default, named after the entry: its name's text
-    before the first placeholder (``agent/{task_rel}`` -> ``agent``), else ``tasks-<index>``."""
+    before the first placeholder (``agent/{task_rel}`` -> ``agent``), else ``tasks-<index>``;
+    secrets in it (``names``) are taken out first."""
     if entry.glob is None and entry.matrix is None:
         return None
     text = entry.name or ""
     head = text.split("{", 1)[0]
-    name = slugify(head).strip("._-")
+    name = slugify(names.name(head) if names is not None else head).strip("._-")
     return name or f"tasks-{index}"
 
 

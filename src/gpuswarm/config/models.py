@@ -203,6 +203,10 @@ class HomeConfig(BaseModel):
 def check_run_name(name: str) -> str:
     """``name`` if it can be a run folder name, else ValueError with a suggestion."""
     if not _SAFE_NAME.match(name):
+        if len(name) > 128 and _SAFE_NAME.match(name[:128]):  # only too long: no "e.g." of it
+            raise ValueError(
+                f"{quote(name)} is {len(name):,} characters; a run name is 128 at most"
+            )
         raise ValueError(
             f"{quote(name)} cannot be a folder name; use letters, digits, '.', '_' and '-', "
             f"e.g. {quote(slugify(name))}"

@@ -294,7 +294,6 @@ def _expand_entry(
     _check_no_shell(entry, config, loc, path)
     origins = {k: _origin(entry, path, k) for k in deps.DEP_FIELDS}  # issue 35
     deps.check_ref_templates(opts, var_names, loc, origins)
-    opts = deps.with_entry_group(opts, entry, index)
     command = split_command(entry.command, opts.shell, loc, (*path, "command"))
     if opts.agent is not None:  # the agent over the task folder, then the command (issue 20)
         command, opts = agent_command(
@@ -307,6 +306,7 @@ def _expand_entry(
     root = tasks_root_of(config, base_dir)
     out = []
     names = name_redactor(opts.env)  # one per entry: its instances share the env
+    opts = deps.with_entry_group(opts, entry, index, loc, path, config.groups, names)
     usage = agent_usage(opts.agent, config.pricing) if opts.agent is not None else None
     for inst in repeated(instances(entry, index, base_dir, loc, root, fields), opts.repeats):
         try:

@@ -6,8 +6,9 @@
 - each task's own env (added by the views that read the task);
 - the files the run provisions into slot HOMEs (``home.provision``, an agent preset's login
   files): the values under secret-looking keys of a JSON file (``{"access_token": ...}``), of
-  ``KEY=value`` / ``key: value`` / ``key = value`` lines, and a file that is one word (a
-  token file such as ``~/.cache/huggingface/token``).
+  ``KEY=value`` / ``key: value`` / ``key = value`` lines, a ``.netrc``'s ``password X`` (and
+  ``account X``), and a file that is one word (a token file such as
+  ``~/.cache/huggingface/token``).
 
 A provisioned file is read with limits: regular files only (a link is not followed), at most
 ``FILE_MAX`` bytes each and ``FILES_MAX`` files per run; what cannot be read is skipped (the
@@ -37,6 +38,8 @@ _LINE_PAIR = re.compile(
     r"""(?m)^[ \t]*(?:export[ \t]+)?["']?([A-Za-z_][A-Za-z0-9_.\-]*)["']?[ \t]*[:=][ \t]*"""
     r"""(?:"([^"\n]*)"|'([^'\n]*)'|([^\s#'"][^\n]*?))[ \t]*,?[ \t]*$"""
 )
+
+_NETRC = re.compile(r"(?:^|\s)(?:password|account)\s+(\S+)")  # a .netrc: words, not pairs
 
 
 def _key_secret(key: str) -> bool:
@@ -68,6 +71,8 @@ def values_in_text(text: str) -> set[str]:
     for m in _LINE_PAIR.finditer(text):
         if _key_secret(m.group(1)):
             found.add(next(g for g in m.groups()[1:] if g is not None))
+    if "machine" in text or "default" in text:
+        found.update(m.group(1) for m in _NETRC.finditer(text))
     return found
 
 

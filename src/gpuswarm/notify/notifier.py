@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.core.events import Ev, Event, Finished, Other, Quarantined
@@ -186,7 +187,8 @@ def run_page(dashboard: str, paths: RunPaths) -> str:
     path (``dashboard.catalog.ident``: stable across restarts); opened once with the token,
     the browser keeps its session."""
     rid = "r" + hashlib.sha256(str(paths.root).encode()).hexdigest()[:10]
-    return f"{dashboard.rstrip('/')}/#/run/{rid}"
+    base = urlsplit(dashboard)  # the printed URL pasted whole: its ?token= never goes out
+    return f"{urlunsplit(base._replace(query='', fragment='')).rstrip('/')}/#/run/{rid}"
 
 
 def slack(payload: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from gpuswarm.agents.preset import AgentPreset, AgentUse
 from gpuswarm.app import api
 from gpuswarm.core.errors import ConfigError, ResearchError
 from gpuswarm.core.placeholders import render
+from gpuswarm.core.redact import name_redactor
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import remove_tree
@@ -202,7 +203,7 @@ class AgentProposer:
             pick = answer
         else:
             pick = lines[-1] if lines else "agent edit"
-        message = pick[:200]
+        message = name_redactor().name(pick[:200])  # it may echo a secret it was shown
         return Proposal(files, message, state.base, {"prompt": n})
 
     def _argv(

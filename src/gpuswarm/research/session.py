@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
+from gpuswarm.core.redact import name_redactor
 from gpuswarm.research import executor, exports, gitops, rules, runner, variants
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
 from gpuswarm.research.journal import ExperimentState, Variant, append, drop_row
@@ -99,7 +100,7 @@ def try_variant(
     The edit comes from the user's working tree (default), a patch, or ``files`` (proposers:
     the full new contents, made from ``base``; re-based when BASE has moved since).
     """
-    message = " ".join(message.split())
+    message = name_redactor().name(" ".join(message.split()))  # an agent may echo a secret
     if not message:
         raise ResearchError("-m: say in a few words what this variant tries")
     with flocked(exp.paths.lock):

@@ -43,6 +43,11 @@ def apply_options(block: BaseModel | None, values: Mapping[str, Any]) -> BaseMod
         return DockerConfig.model_validate(base)
     except ValidationError as exc:
         text = str(flag_error(exc)).replace("--args:", "--docker-arg:")
+        for said, flag in (
+            ("option: args: ", "--docker-arg: "),
+            ("option: args ", "--docker-arg: the arguments "),
+        ):
+            text = text.replace(said, flag)  # a refusal of the whole list names the flag too
         raise ConfigError(text.replace("--mounts:", "--mount:")) from None
 
 

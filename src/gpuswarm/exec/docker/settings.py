@@ -62,6 +62,11 @@ class DockerConfig(BaseModel):
     def _checked(self) -> DockerConfig:
         if self.shm_size is not None and not _SHM_SIZE.match(self.shm_size):
             raise ValueError(f"shm_size {quote(self.shm_size)} is not a size; write e.g. 16g")
+        if self.image.startswith("-"):  # docker run would read it as an option, the command
+            raise ValueError(  # as the image (the presence check only failed by chance)
+                f"image {quote(self.image)} starts with '-': docker would read it as an option; "
+                "give the image's name (e.g. my/train:1)"
+            )
         if redact_tree(self.args) != self.args or redact_tree(self.image) != self.image:
             raise ValueError(
                 "args look like they carry a secret (a token, a password in a URL); pass "
@@ -70,4 +75,11 @@ class DockerConfig(BaseModel):
         why = runargs.refusal(self.args)  # read as docker reads them: any spelling
         if why is not None:
             raise ValueError(why)
+        gpus = [o for o in runargs.parse(self.args) if o.name == "gpus"]
+        if gpus and self.gpu_flags != "none":  # docker adds it to gpuswarm's: every GPU shown
+            raise ValueError(
+                f"args: {quote(gpus[0].written)} is refused: gpuswarm gives each container its "
+                f"slot's GPUs (gpu_flags: {self.gpu_flags}), and a second --gpus would show it "
+                "the other slots' GPUs too; set gpu_flags: none to give your own"
+            )
         return self
