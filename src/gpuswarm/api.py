@@ -204,9 +204,12 @@ def remove_cut_writes(run: RunPaths) -> int:
 
 
 def running(run: RunPaths) -> dict[str, dict[str, Any]]:
-    """Task id -> {slot, since} for the tasks in running/ (the read model's one rule: a task
-    waiting out a retry backoff runs nowhere)."""
-    return {r.task: {"slot": r.slot or "?", "since": r.since} for r in RunReader(run).running()}
+    """Task id -> {slot, since, log} for the tasks in running/ (the read model's one rule: a
+    task waiting out a retry backoff runs nowhere); ``log``: the running attempt's output."""
+    return {
+        r.task: {"slot": r.slot or "?", "since": r.since, "log": r.log}
+        for r in RunReader(run).running()
+    }
 
 
 # -- reading outcomes --------------------------------------------------------------------------

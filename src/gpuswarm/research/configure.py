@@ -225,6 +225,7 @@ CHANGEABLE = (
     "linger",
     "metric_pattern",
     "memory_pattern",
+    "metric_progress_regex",
     *RULES,
 )
 

@@ -80,10 +80,19 @@ def show_wait(d: dict[str, Any]) -> None:
     _files_line(d)
 
 
+def pruned_text(d: Any) -> str:
+    """``, 3 pruned (GPU time saved 4m12s)`` (issue 38), from research/figures.py's numbers;
+    "" when nothing was pruned. ``d``: a Figures or its view."""
+    n = d["pruned"] if isinstance(d, dict) else d.pruned
+    saved = d["gpu_saved_s"] if isinstance(d, dict) else d.gpu_saved_s
+    return f", {n} pruned (GPU time saved {clock(saved)})" if n else ""
+
+
 def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept  ({runner})"
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept"
+        f"{pruned_text(d)}  ({runner})"
     )
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
@@ -141,12 +150,26 @@ def show_replay(d: dict[str, Any]) -> None:
         )
     click.echo(f"kept:       {', '.join(d['kept']) or 'none'}")
     click.echo(f"would keep: {', '.join(d['would_keep']) or 'none'}  (best {_metric(d['best'])})")
+    p = d.get("pruning")
+    if p:  # issue 38: what the pruning rule would have changed
+        click.echo(
+            f"pruning {p['rule']} (k {p['k']:g}, grace {p['grace']:.0%}) would stop "
+            f"{len(p['would_prune'])}: {', '.join(p['would_prune']) or 'none'}; GPU time saved "
+            f"{clock(p['gpu_saved_s'])}; best {_metric(p['best'])} with it, "
+            f"{_metric(p['best_unpruned'])} without"
+            + (" (the best changes)" if p["best_changed"] else " (the best is the same)")
+        )
+        for vid, r in p["runs"].items():
+            click.echo(
+                f"  {vid} stopped at {r['t']:.0f}s of {r['budget']:.0f}s: {r['value']:.6f} vs "
+                f"BASE {r['ref']:.6f} (noise {r['noise']:.6f}); it ended at {_metric(r['metric'])}"
+            )
 
 
 def show_loop(d: dict[str, Any]) -> None:
     click.echo(
-        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept "
-        f"({d['made']} started by this loop)"
+        f"{_headline(d)}  {d['experiments']} experiments, {d['kept']} changes kept"
+        f"{pruned_text(d)} ({d['made']} started by this loop)"
     )
     if d.get("exhausted"):
         click.echo(f"stopped: {d['exhausted']}")
@@ -204,7 +227,8 @@ def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions
             noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
         header["text"] = (
             f"BASE {s.base[:7]} ({exp.cfg.branch})  best {exp.cfg.metric} {best}  "
-            f"{f.experiments} experiments, {f.kept} changes kept  mode {opts.mode}{noise}"
+            f"{f.experiments} experiments, {f.kept} changes kept{pruned_text(f)}  mode {opts.mode}"
+            f"{noise}"
         )
 
     view = LiveView(
