@@ -160,9 +160,13 @@ class Verdict:
 
     def text(self, metric: str, k: float) -> str:
         return (
-            f"pruned at {self.t:.0f}s of {self.budget:.0f}s: {metric} {self.value:.6f}, BASE "
+            f"pruned at {_secs(self.t)} of {_secs(self.budget)}: {metric} {self.value:.6f}, BASE "
             f"{self.ref:.6f} + {k:g} x noise {self.noise:.6f}"
         )
+
+
+def _secs(t: float) -> str:
+    return f"{t:.0f}s" if t >= 100 else f"{t:.3g}s"
 
 
 def judge(opts: PruneOptions, ref: Reference, curve: progress.Curve, goal: str) -> Verdict | None:

@@ -29,6 +29,10 @@ def replay_finished(
     """The ``finished`` event ``e`` as it would read with ``opts`` pruning (``found`` collects
     each replayed prune: id -> its record and the seconds saved)."""
     v = state.variants.get(str(e.get("id")))
+    if opts.on and v is not None and isinstance(e.get("pruned"), dict):  # pruned for real
+        found[v.id] = {**e["pruned"], "saved_s": e.get("saved_s") or 0.0, "metric": None}
+        found[v.id]["recorded"] = True
+        return e
     if not opts.on or v is None or v.kind not in CHANGES or v.meta.get("full") or not e.get("ok"):
         return e
     if prune.waiting_reason(state, v.parent) is not None:
