@@ -96,7 +96,7 @@ def test_prune_a_clear_loser_replay_and_rerun(gpuswarm: Cli, tmp_path: Path) -> 
     ledger = research_ledger(repo, TAG)
     ids = {e["description"]: e["id"] for e in ledger if e["ev"] == "variant"}
     bad1, noop = ids["LR to 0.9"], ids["a comment"]
-    curves = {e["id"]: e.get("curve") for e in ledger if e["ev"] == "finished"}
+    curves = {e["id"]: e.get("curve") or [] for e in ledger if e["ev"] == "finished"}
     assert all(len(c) == 20 for c in curves.values()), curves  # every run recorded its curve
 
     # 2. the replay says what --prune median would have stopped: the loser only

@@ -57,7 +57,7 @@ def test_a_clear_loser_is_pruned_after_the_grace(rule: str) -> None:
     assert verdict is not None
     assert verdict.t == (2.0 if rule == "median" else 3.0)  # curve: two points beyond the band
     assert verdict.value - verdict.ref == pytest.approx(0.5 - 0.0075, abs=0.01)
-    assert verdict.text("val_bpb", 3).startswith(f"pruned at {verdict.t:g}s of 10s: val_bpb 2.")
+    assert verdict.text("val_bpb", 3).startswith(f"pruned at {verdict.t:g}s of 10s: val_bpb 3.")
 
 
 def test_goal_max_prunes_the_low_ones() -> None:
@@ -152,3 +152,18 @@ def test_curves_from_the_ledger_are_validated_and_interpolated() -> None:
     assert progress.at(curve, 2.0) == pytest.approx(2.5)
     assert progress.at(curve, 0.5) is None and progress.at(curve, 3.5) is None
     assert math.isclose(progress.at(curve, 3.0) or 0, 2.0)
+
+
+def test_progress_png_marks_pruned_rows_apart_from_crashes(tmp_path: Path) -> None:
+    from gpuswarm.research.plot import PlotRow, progress_png, summary_line
+
+    rows = [
+        PlotRow(2.0, "keep", "baseline", base=2.0, change=False),
+        PlotRow(None, "pruned", "double LR (pruned at 3s of 10s)"),
+        PlotRow(None, "crash", "OOM"),
+        PlotRow(1.9, "keep", "halve LR", base=1.9),
+    ]
+    assert summary_line(rows, "val_bpb", "min") == (
+        "4 experiments, 1 kept, best val_bpb 1.900000, 1 pruned, 1 crashed"
+    )
+    assert progress_png(rows, tmp_path / "p.png", metric="val_bpb").stat().st_size > 0

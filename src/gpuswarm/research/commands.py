@@ -56,6 +56,7 @@ def research() -> None:
 )
 @click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@click.option("--metric-progress-regex", help="progress lines: groups elapsed, value (pruning)")
 @click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")
 @click.option(
     "--mode",
@@ -89,6 +90,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         link=list(kw["link"]) or None,
         metric_regex=kw["metric_regex"],
         memory_regex=kw["memory_regex"],
+        progress_regex=kw["metric_progress_regex"],
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
