@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from common import GPUSWARM, Config, Row, env_for_bench, failed, say
