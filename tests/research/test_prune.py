@@ -167,3 +167,19 @@ def test_progress_png_marks_pruned_rows_apart_from_crashes(tmp_path: Path) -> No
         "4 experiments, 1 kept, best val_bpb 1.900000, 1 pruned, 1 crashed"
     )
     assert progress_png(rows, tmp_path / "p.png", metric="val_bpb").stat().st_size > 0
+
+
+def test_a_stop_journaled_after_the_run_ended_is_moot() -> None:
+    from gpuswarm.research.journal import apply_event
+
+    state = ExperimentState(base="b")
+    apply_event(state, {"ev": "variant", "id": "v0001", "kind": "variant", "commit": "c",
+                        "parent": "b", "description": "x", "ts": 1.0})  # fmt: skip
+    apply_event(state, {"ev": "pruned", "id": "v0001", "t": 3.0})
+    assert state.variants["v0001"].pruned == {"ev": "pruned", "id": "v0001", "t": 3.0}
+    apply_event(state, {"ev": "variant", "id": "v0002", "kind": "variant", "commit": "d",
+                        "parent": "b", "description": "y", "ts": 2.0})  # fmt: skip
+    apply_event(state, {"ev": "finished", "id": "v0002", "ok": True, "metric": 1.0})
+    apply_event(state, {"ev": "pruned", "id": "v0002", "t": 3.0})  # it had ended: ignored
+    assert state.variants["v0002"].pruned is None
+    assert not prune.prunable(state.variants["v0002"])
