@@ -90,11 +90,22 @@ def arm(cfg: Config, rule: str) -> dict[str, Any]:
         "gpu_saved_s": data.get("gpu_saved_s", 0.0),
         "kept": data.get("kept"),
     }
-    if rule == "off":
+    if rule == "off":  # what the rule would have stopped on these very runs (k 3, and k 2)
         replay = ["research", "log", "-C", str(repo), "--policy", "noise-aware"]
         replay += ["--prune", "median", "--json"]
         got["replay"] = json.loads(_gs(replay, env, 300)).get("pruning")
+        got["replay_k2"] = json.loads(_gs([*replay, "--prune-k", "2"], env, 300)).get("pruning")
+    got["gpu_s"] = _gpu_seconds(events)
     return got
+
+
+def _gpu_seconds(events: list[dict[str, Any]]) -> float:
+    """The GPU seconds of every recorded run (``finished`` events' ``seconds``)."""
+    return sum(
+        float(e["seconds"])
+        for e in events
+        if e["ev"] == "finished" and isinstance(e.get("seconds"), int | float)
+    )
 
 
 def run(cfg: Config) -> list[Row]:
@@ -116,13 +127,16 @@ def run(cfg: Config) -> list[Row]:
             f"{r['wall']:.0f} s; best val_bpb {r['best']}; {r['kept']} kept; {r['pruned']} "
             f"pruned, GPU time saved {r['gpu_saved_s']:.0f} s"
         )
-        replay = r.get("replay")
-        if replay:
-            row.note += (
-                f"; replayed with --prune median: would stop {len(replay['would_prune'])}, "
-                f"saving {replay['gpu_saved_s']:.0f} s, best "
-                + ("changed" if replay["best_changed"] else "unchanged")
-            )
+        for key, k in (("replay", 3), ("replay_k2", 2)):
+            replay = r.get(key)
+            if replay:
+                share = replay["gpu_saved_s"] / max(r["gpu_s"], 1e-9)
+                row.note += (
+                    f"; its ledger replayed with --prune median --prune-k {k}: would stop "
+                    f"{len(replay['would_prune'])}, saving {replay['gpu_saved_s']:.0f} s "
+                    f"({share:.0%} of its {r['gpu_s']:.0f} GPU s), best "
+                    + ("changed" if replay["best_changed"] else "unchanged")
+                )
         row.extra = {k: v for k, v in r.items()}
         rows.append(row)
     if "off" in got and "median" in got:
