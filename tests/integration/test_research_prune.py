@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_driver import CliResult
+from cli_driver import CliResult, wait_for
+from dashkit import start_dashboard
 from integration_support import make_research_repo, research_ledger, research_results
 
 pytestmark = pytest.mark.slow
@@ -130,6 +131,17 @@ def test_prune_a_clear_loser_replay_and_rerun(gpuswarm: Cli, tmp_path: Path) -> 
     assert "1 pruned (GPU time saved" in Path(files["report"]).read_text()
     shown = gpuswarm("research", "status", "-C", repo)
     assert "1 pruned (GPU time saved" in shown.stdout, str(shown)
+    served = start_dashboard(repo, cwd=tmp_path, log_dir=tmp_path / "_dash_logs")  # the real CLI
+    try:
+        eid = wait_for(lambda: (x := served.get("/api/runs")["experiments"]) and x[0]["id"], 20)
+        view = served.get(f"/api/experiments/{eid}")["view"]
+    finally:
+        assert served.process is not None
+        served.process.kill_group()
+        served.close()
+    assert (view["pruned"], view["gpu_saved_s"]) == (1, status["gpu_saved_s"]), view
+    shown_rows = {r["id"]: r for r in view["rows"]}
+    assert shown_rows[bad2]["status"] == "pruned" and shown_rows[bad2]["metric"] is None
 
     # 4. --rerun runs it again in full: a normal result, never pruned
     again = research(gpuswarm, repo, "try", "--rerun", bad2)
