@@ -179,9 +179,8 @@ def at(curve: Sequence[Sequence[float]], t: float) -> float | None:
     outside the span it covers (before its first point or after its last)."""
     if not curve or t < curve[0][0] or t > curve[-1][0]:
         return None
-    times = [p[0] for p in curve]
-    i = bisect_left(times, t)
-    if times[i] == t:
+    i = bisect_left(curve, t, key=lambda p: p[0])
+    if curve[i][0] == t:
         return float(curve[i][1])
     (t0, v0), (t1, v1) = curve[i - 1], curve[i]
     if t1 == t0:

@@ -84,9 +84,10 @@ def curve_of(v: Variant) -> progress.Curve:
 @dataclass(frozen=True)
 class Reference:
     curves: list[progress.Curve]  # runs of the compared commit (BASE), with curves
-    groups: list[list[progress.Curve]]  # runs of identical code, for the noise
+    groups: list[list[progress.Curve]]  # runs of identical code (2 or more), for the noise
     budget: float  # the median length (elapsed) of the reference curves
     full_seconds: float | None  # the median wall time of the reference runs
+    end_noise: float = 0.0  # the pooled sd of the groups' last points (the noise's floor)
 
     @property
     def runs(self) -> int:
@@ -97,45 +98,60 @@ class Reference:
         return sum(len(g) - 1 for g in self.groups if len(g) >= 2)
 
 
-def reference(state: ExperimentState, commit: str) -> Reference | None:
-    """BASE's (``commit``'s) curves and the noise groups; None without any curve of it."""
+def reference(
+    state: ExperimentState, commit: str, cache: dict[str, progress.Curve] | None = None
+) -> Reference | None:
+    """BASE's (``commit``'s) curves and the noise groups; None without any curve of it.
+    ``cache``: variant id -> its curve, kept by a caller that asks again and again (a recorded
+    run's curve never changes)."""
+    cache = {} if cache is None else cache
     by_commit: dict[str, list[Variant]] = {}
     for v in state.variants.values():
-        if curve_of(v):
+        if v.finished is None:
+            continue
+        if v.id not in cache:
+            cache[v.id] = curve_of(v)
+        if cache[v.id]:
             by_commit.setdefault(v.commit, []).append(v)
     mine = by_commit.get(commit, [])
     if not mine:
         return None
-    curves = [curve_of(v) for v in mine]
+    curves = [cache[v.id] for v in mine]
     seconds = [
         float(s) for v in mine if isinstance(s := (v.finished or {}).get("seconds"), int | float)
     ]
+    groups = [[cache[v.id] for v in runs] for runs in by_commit.values() if len(runs) >= 2]
     return Reference(
         curves=curves,
-        groups=[[curve_of(v) for v in runs] for runs in by_commit.values()],
+        groups=groups,
         budget=statistics.median(c[-1][0] for c in curves),
         full_seconds=statistics.median(seconds) if seconds else None,
+        end_noise=_pooled(groups, lambda c: c[-1][1])[0],
     )
+
+
+def _pooled(
+    groups: list[list[progress.Curve]], values_of: Callable[[progress.Curve], float | None]
+) -> tuple[float, int]:
+    """The pooled sample sd of each group's values (groups with 2+ values) and its dof."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        vals = [x for c in g if (x := values_of(c)) is not None]
+        if len(vals) >= 2:  # plain floats: statistics.variance is exact, and slow
+            mean = sum(vals) / len(vals)
+            ss += sum((x - mean) ** 2 for x in vals)
+            dof += len(vals) - 1
+    return (math.sqrt(ss / dof) if dof else 0.0), dof
 
 
 def noise_at(ref: Reference, t: float) -> float | None:
     """The pooled sd of the groups' values at ``t`` (groups of 2+ runs covering it), floored
     at that of their last points; None with fewer than 2 degrees of freedom."""
 
-    def pooled(values_of: Callable[[progress.Curve], float | None]) -> tuple[float, int]:
-        ss, dof = 0.0, 0
-        for g in ref.groups:
-            vals = [x for c in g if (x := values_of(c)) is not None]
-            if len(vals) >= 2:
-                ss += statistics.variance(vals) * (len(vals) - 1)
-                dof += len(vals) - 1
-        return (math.sqrt(ss / dof) if dof else 0.0), dof
-
-    at_t, dof = pooled(lambda c: progress.at(c, t))
+    at_t, dof = _pooled(ref.groups, lambda c: progress.at(c, t))
     if dof < MIN_RUNS - 1:
         return None
-    at_end, _ = pooled(lambda c: c[-1][1])
-    return max(at_t, at_end)
+    return max(at_t, ref.end_noise)
 
 
 @dataclass(frozen=True)
@@ -182,26 +198,30 @@ def judge(opts: PruneOptions, ref: Reference, curve: progress.Curve, goal: str) 
         if t < opts.grace * ref.budget:
             return None  # within the grace: too early to tell
         values = [x for c in ref.curves if (x := progress.at(c, t)) is not None]
+        if not values:
+            return None  # no BASE run got that far
+        centre = statistics.fmean(values) if opts.rule == "curve" else statistics.median(values)
+        if sign * (value - centre) <= opts.k * ref.end_noise:
+            return None  # within the noise's floor: no need to measure it at t
         noise = noise_at(ref, t)
-        if not values or noise is None:
-            return None  # no BASE run got that far, or the noise is not measured there
+        if noise is None:
+            return None  # the noise is not measured there
         if opts.rule == "curve":
             w = WINDOW * ref.budget
             near = [n for s in (t - w, t + w) if (n := noise_at(ref, s)) is not None]
-            noise, centre = max([noise, *near]), statistics.fmean(values)
-        else:
-            centre = statistics.median(values)
+            noise = max([noise, *near])
         if sign * (value - centre) <= opts.k * noise:
             return None  # the noise cannot tell it from BASE here
         found = Verdict(t, value, centre, noise, ref.budget)
     return found
 
 
-def waiting_reason(state: ExperimentState, commit: str) -> str | None:
-    """Why nothing can be pruned against ``commit`` yet (None: it can be)."""
+def waiting_reason(state: ExperimentState, commit: str, ref: Reference | None = None) -> str | None:
+    """Why nothing can be pruned against ``commit`` yet (None: it can be); ``ref``: its
+    reference, when the caller has it."""
     if rules.multi_platform(state):
         return "several GPU models: a running variant's model is known only when it ends"
-    ref = reference(state, commit)
+    ref = ref or reference(state, commit)
     have = 0 if ref is None else ref.runs
     if ref is None or ref.dof < MIN_RUNS - 1:
         return (
@@ -225,6 +245,7 @@ class Pruner:
         self.paths, self.cfg, self.opts, self.say = paths, cfg, opts, say
         self.next = 0.0
         self.said = ""
+        self.curves: dict[str, progress.Curve] = {}  # recorded runs' curves, read once
 
     def check(self, state: ExperimentState) -> list[str]:
         """Stop the running variants the rule prunes; returns their ids."""
@@ -233,15 +254,18 @@ class Pruner:
         self.next = time.monotonic() + CHECK_SECONDS
         running = executor.running(self.paths, self.cfg)
         stopped = []
+        refs: dict[str, Reference | None] = {}
         for vid, info in running.items():
             v = state.variants.get(vid)
             if v is None or not prunable(v) or not info.get("log"):
                 continue
-            why = waiting_reason(state, v.parent)
+            if v.parent not in refs:
+                refs[v.parent] = reference(state, v.parent, self.curves)
+            ref = refs[v.parent]
+            why = waiting_reason(state, v.parent, ref)
             if why is not None:
                 self._tell(f"pruning waits: {why}")
                 continue
-            ref = reference(state, v.parent)
             curve = progress.tail_curve(Path(str(info["log"])), self.cfg.progress_pattern)
             verdict = None if ref is None else judge(self.opts, ref, curve, self.cfg.goal)
             if verdict is None:

@@ -18,6 +18,8 @@ from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.figures import CHANGES
 from gpuswarm.research.journal import ExperimentState
 
+LOOKS = 50  # points of a recorded curve the rule is shown (the loop looks twice a second)
+
 
 def replay_finished(
     cfg: ExperimentConfig,
@@ -25,9 +27,11 @@ def replay_finished(
     e: dict[str, Any],
     opts: prune.PruneOptions,
     found: dict[str, dict[str, Any]],
+    cache: dict[str, progress.Curve],
 ) -> dict[str, Any]:
     """The ``finished`` event ``e`` as it would read with ``opts`` pruning (``found`` collects
-    each replayed prune: id -> its record and the seconds saved)."""
+    each replayed prune: id -> its record and the seconds saved; ``cache``: the recorded runs'
+    curves, read once per replay)."""
     v = state.variants.get(str(e.get("id")))
     if opts.on and v is not None and isinstance(e.get("pruned"), dict):  # pruned for real
         found[v.id] = {**e["pruned"], "saved_s": e.get("saved_s") or 0.0, "metric": None}
@@ -35,13 +39,14 @@ def replay_finished(
         return e
     if not opts.on or v is None or v.kind not in CHANGES or v.meta.get("full") or not e.get("ok"):
         return e
-    if prune.waiting_reason(state, v.parent) is not None:
+    ref = prune.reference(state, v.parent, cache)
+    if prune.waiting_reason(state, v.parent, ref) is not None:
         return e
-    ref = prune.reference(state, v.parent)
     curve = progress.valid_curve(e.get("curve"))
     if ref is None or not curve:
         return e
-    for i in range(len(curve)):
+    step = max(1, len(curve) // LOOKS)  # the loop, too, looks a few times per run
+    for i in [*range(0, len(curve) - 1, step), len(curve) - 1]:
         verdict = prune.judge(opts, ref, curve[: i + 1], cfg.goal)
         if verdict is None:
             continue

@@ -69,6 +69,7 @@ def replay_decisions(
     what that rule would have stopped (``prune_replay.py``)."""
     pruning = pruning or PruneOptions()
     pruned: dict[str, dict[str, Any]] = {}
+    curves: dict[str, list[list[float]]] = {}  # issue 38: recorded curves, read once
     state = ExperimentState()
     recorded: dict[str, dict[str, Any]] = {}
     wanted: dict[str, str] = {}  # variant -> the run the replayed policy wanted and lacked
@@ -84,7 +85,7 @@ def replay_decisions(
                 continue  # a baseline of a BASE this policy never kept measures nothing here
             e = _reparented(state, e)
         if ev == "finished":
-            e = replay_finished(cfg, state, e, pruning, pruned)
+            e = replay_finished(cfg, state, e, pruning, pruned, curves)
         apply_event(state, e)
         if ev in ("finished", "sealed", "variant"):
             _settle(cfg, state, wanted)
