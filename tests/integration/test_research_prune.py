@@ -105,6 +105,7 @@ def test_prune_a_clear_loser_replay_and_rerun(gpuswarm: Cli, tmp_path: Path) -> 
     pruning = replay["pruning"]
     assert pruning["would_prune"] == [bad1], pruning
     assert pruning["gpu_saved_s"] > 0 and pruning["best_changed"] is False, pruning
+    assert pruning["curves"] == 5, pruning  # 3 baselines and 2 variants recorded theirs
     rows = {r["id"]: r for r in replay["variants"]}
     assert (rows[bad1]["recorded"], rows[bad1]["replayed"]) == ("discard", "pruned")
     assert rows[noop]["replayed"] == rows[noop]["recorded"] == "discard"

@@ -69,9 +69,11 @@ def summary(
     found: dict[str, dict[str, Any]],
     best: float | None,
     best_unpruned: float | None,
+    curves: int,
 ) -> dict[str, Any]:
     """The replay's word on pruning: which runs, the GPU time saved, whether the best moved."""
     return {
+        "curves": curves,  # runs with a recorded curve: none, and the replay can stop nothing
         "rule": opts.rule,
         "grace": opts.grace,
         "k": opts.k,

@@ -187,6 +187,7 @@ def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[dict[st
 def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) -> dict[str, Any]:
     """``research log --policy SPEC``: the decisions SPEC's settings would have made (with
     ``pruning``, issue 38: also what that rule would have stopped, and the best without it)."""
+    from gpuswarm.api import read_journal as api_journal
     from gpuswarm.research.prune_replay import summary
     from gpuswarm.research.replay import parse_spec, replay_decisions
 
@@ -195,7 +196,8 @@ def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) ->
     data = replay_decisions(exp.paths, cfg, pruning)
     if pruning is not None and pruning.on:
         best = replay_decisions(exp.paths, cfg)["best"]
-        data["pruning"] = summary(pruning, data["pruned"], data["best"], best)
+        curves = sum(1 for e in api_journal(exp.paths.ledger) if e.get("curve"))
+        data["pruning"] = summary(pruning, data["pruned"], data["best"], best, curves)
     return {"tag": exp.cfg.tag, "spec": spec, **data}
 
 

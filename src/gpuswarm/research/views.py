@@ -50,6 +50,12 @@ def show_queued(d: dict[str, Any]) -> None:
 
 def show_try(d: dict[str, Any]) -> None:
     diff = d["diff"]
+    if d.get("rerun"):  # issue 38: `try --rerun ID`
+        click.echo(
+            f"{d['id']} {_short(d['commit'])} queued: {d['rerun']} again, in full (never pruned;"
+            f" +{diff['insertions']} -{diff['deletions']} lines on BASE {_short(d['parent'])})"
+        )
+        return
     extra = (
         f"; baseline {', '.join(d['baseline_queued'])} queued first" if d["baseline_queued"] else ""
     )
@@ -159,6 +165,11 @@ def show_replay(d: dict[str, Any]) -> None:
             f"{_metric(p['best_unpruned'])} without"
             + (" (the best changes)" if p["best_changed"] else " (the best is the same)")
         )
+        if not p.get("curves"):
+            click.echo(
+                "  no run recorded a progress curve (the script prints no line that "
+                "metric_progress_regex matches): there was nothing to prune on"
+            )
         for vid, r in p["runs"].items():
             click.echo(
                 f"  {vid} stopped at {r['t']:.0f}s of {r['budget']:.0f}s: {r['value']:.6f} vs "
