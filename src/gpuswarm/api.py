@@ -35,7 +35,7 @@ from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
-from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun, latest_run, open_run
@@ -195,6 +195,7 @@ def cancel(run: RunPaths, task_id: str, reason: str) -> None:
     from gpuswarm import control_ops  # the queue verbs: loaded by the one caller that cancels
 
     control_ops.cancel_tasks(run.root, [task_id], reason=reason, wait=None)
+    note_added(run)  # issue 38: live keepers apply it at their next quick look (0.25 s)
 
 
 def remove_cut_writes(run: RunPaths) -> int:
