@@ -6,7 +6,7 @@
     python bench/run.py --update-doc                    # also rewrite BENCHMARKS.md's tables
 
 Benchmarks: throughput, mechanisms, scale, idle_gap, cpu, research, docker, control, gpumem,
-dashboard, validation (see each module's docstring for what is measured and how). Prints one
+dashboard, validation, prune (see each module's docstring for what is measured and how). Prints one
 table and writes ``<out>/latest.json`` and ``<out>/latest.md`` (the markdown BENCHMARKS.md
 embeds: the queue-control rows in their own section, "Queue control", the dashboard's in
 "Dashboard", the mechanisms' in "Cost per task of each mechanism", the others in "Results"; a
@@ -35,6 +35,7 @@ import docker_overhead
 import gpu_memory
 import latency
 import mechanisms
+import prune
 import ray_dispatch
 import report
 import research_util
@@ -57,6 +58,7 @@ BENCHES: dict[str, Callable[[Config], list[Row]]] = {
     "gpumem": gpu_memory.run,  # issue 19: GPU memory packing vs one task per GPU
     "dashboard": dashboard.run,
     "validation": validation.run,  # issue 30: configs with thousands of problems
+    "prune": prune.run,  # issue 38: research loop --prune median vs off, experiments/hour
 }
 
 

@@ -36,7 +36,7 @@ from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
-from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun, latest_run, open_run
@@ -206,6 +206,7 @@ def cancel(run: RunPaths, task_id: str, reason: str) -> None:
     )
 
     control_ops.cancel_tasks(run.root, [task_id], reason=reason, wait=None)
+    note_added(run)  # issue 38: live keepers apply it at their next quick look (0.25 s)
 
 
 def remove_cut_writes(run: RunPaths) -> int:
@@ -215,9 +216,12 @@ def remove_cut_writes(run: RunPaths) -> int:
 
 
 def running(run: RunPaths) -> dict[str, dict[str, Any]]:
-    """Task id -> {slot, since} for the tasks in running/ (the read model's one rule: a task
-    waiting out a retry backoff runs nowhere)."""
-    return {r.task: {"slot": r.slot or "?", "since": r.since} for r in RunReader(run).running()}
+    """Task id -> {slot, since, log} for the tasks in running/ (the read model's one rule: a
+    task waiting out a retry backoff runs nowhere); ``log``: the running attempt's output."""
+    return {
+        r.task: {"slot": r.slot or "?", "since": r.since, "log": r.log}
+        for r in RunReader(run).running()
+    }
 
 
 # -- reading outcomes --------------------------------------------------------------------------

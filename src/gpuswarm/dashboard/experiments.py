@@ -101,7 +101,7 @@ class ExperimentHub:
                     "n": n,
                     "id": vid,
                     "commit": r[0],
-                    "metric": None if r[3] == "crash" else _number(r[1]),
+                    "metric": None if r[3] in ("crash", "pruned") else _number(r[1]),
                     "memory_gb": _number(r[2]),
                     "status": r[3],
                     "description": inert(redact_shapes(r[4])),

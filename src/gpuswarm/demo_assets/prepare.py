@@ -21,6 +21,7 @@ VAL_FRACTION = 0.15  # share of the corpus held out for validation
 VAL_BLOCK = 400  # the split alternates blocks of this many characters
 EVAL_POSITIONS = 6000  # validation characters scored by evaluate_bpb (fixed, evenly spread)
 EVAL_BATCH = 2000  # positions per predict_fn call during evaluation
+PROGRESS_STRIDE = 4  # progress_bpb scores every 4th evaluation position (quick)
 
 CORPUS = Path(__file__).resolve().with_name("corpus.txt")
 
@@ -103,14 +104,23 @@ def eval_positions() -> np.ndarray:
     return val_pos[np.linspace(0, len(val_pos) - 1, EVAL_POSITIONS).round().astype(np.int64)]
 
 
-def evaluate_bpb(predict_fn: Callable[[np.ndarray], np.ndarray]) -> float:
+def progress_bpb(predict_fn: Callable[[np.ndarray], np.ndarray]) -> float:
+    """evaluate_bpb on every PROGRESS_STRIDE-th of its positions: a quick intermediate value
+    for the progress lines train.py prints while it trains (``progress: elapsed=.. val_bpb=..``)."""
+    return evaluate_bpb(predict_fn, eval_positions()[::PROGRESS_STRIDE])
+
+
+def evaluate_bpb(
+    predict_fn: Callable[[np.ndarray], np.ndarray], positions: np.ndarray | None = None
+) -> float:
     """Bits per byte (= per character: the corpus is ASCII) of a model on the validation set.
 
     ``predict_fn`` maps contexts of shape (N, SEQ_LEN) (int64 vocab indices, oldest first) to
     logits of shape (N, vocab_size); the log-softmax is taken here, stably, in float64.
+    ``positions``: the fixed evaluation positions unless given (progress_bpb's subset).
     """
     data = load()
-    positions = eval_positions()
+    positions = eval_positions() if positions is None else positions
     total = 0.0
     for start in range(0, len(positions), EVAL_BATCH):
         chunk = positions[start : start + EVAL_BATCH]

@@ -103,11 +103,18 @@ def main() -> int:
     smooth = None
     start = time.perf_counter()
     last_print = start
+    report_at = budget / 10  # a progress line every tenth of the budget (gpuswarm's pruning)
     while True:
         now = time.perf_counter()
         elapsed = now - start
         if elapsed >= budget:
             break
+        if elapsed >= report_at:
+            bpb = prepare.progress_bpb(lambda ctx: forward(params, ctx)[0])
+            print(f"\nprogress: elapsed={elapsed:.3f} val_bpb={bpb:.6f}", flush=True)
+            report_at += budget / 10
+            start += time.perf_counter() - now  # the evaluation is not training time
+            continue
         lr = lr_at(elapsed / budget)
         x, y = prepare.get_batch("train", BATCH_SIZE, rng, CONTEXT)
         loss, grads = loss_and_grads(params, x, y)

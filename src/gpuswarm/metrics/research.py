@@ -14,7 +14,7 @@ from gpuswarm.research.readouts import best_recorded
 from gpuswarm.research.rules import noise
 
 #: the results.tsv statuses (label ``status``): a bounded set
-STATUSES = ("keep", "discard", "crash")
+STATUSES = ("keep", "discard", "crash", "pruned")  # pruned: issue 38
 
 
 @dataclass

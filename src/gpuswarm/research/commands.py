@@ -15,10 +15,12 @@ import click
 from gpuswarm.config.backends import click_options, plugins
 from gpuswarm.core.errors import (
     EXIT_UNFINISHED,
+    ResearchError,
 )
-from gpuswarm.research import configure, readouts, session, views
+from gpuswarm.research import configure, readouts, rerun, session, views
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.loop_commands import loop, serve, stop
+from gpuswarm.research.prune import options as prune_options
 from gpuswarm.research.ruleopts import rule_changes, rule_options
 
 
@@ -54,6 +56,7 @@ def research() -> None:
 )
 @click.option("--metric-regex", help="regex whose group 1 is the metric (default '^<metric>:')")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@click.option("--metric-progress-regex", help="progress lines: groups elapsed, value (pruning)")
 @click.option("--linger", default="2m", show_default=True, help="idle runner waits this long")
 @click.option(
     "--mode",
@@ -87,6 +90,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         link=list(kw["link"]) or None,
         metric_regex=kw["metric_regex"],
         memory_regex=kw["memory_regex"],
+        progress_regex=kw["metric_progress_regex"],
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
@@ -115,21 +119,30 @@ def baseline(where: Path, tag: str | None, as_json: bool, repeat: int) -> None:
 
 
 @research.command("try")
-@click.option("-m", "message", required=True, help="what the variant tries, in a few words")
+@click.option("-m", "message", help="what the variant tries, in a few words")
 @click.option("--patch", type=click.Path(dir_okay=False, path_type=Path), help="a unified diff")
 @click.option("--from", "from_id", help="re-try variant ID's change on the current BASE")
+@click.option("--rerun", "rerun_id", help="run variant ID again in full (e.g. a pruned one)")
 @experiment_options
 @handle_errors
 def try_cmd(
     where: Path,
     tag: str | None,
     as_json: bool,
-    message: str,
+    message: str | None,
     patch: Path | None,
     from_id: str | None,
+    rerun_id: str | None,
 ) -> None:
     """Snapshot your edit as a variant of BASE, restore the files, queue it. Returns at once."""
     exp = session.Experiment.open(where, tag)
+    if rerun_id is not None:  # issue 38
+        if patch is not None or from_id is not None:
+            raise ResearchError("--rerun takes no --patch or --from: it runs ID's own change")
+        emit(as_json, rerun.rerun(exp, rerun_id, message), views.show_try)
+        return
+    if message is None:
+        raise ResearchError("-m: say in a few words what this variant tries")
     data = session.try_variant(exp, message, patch=patch, from_id=from_id)
     emit(as_json, data, views.show_try)
 
@@ -185,6 +198,13 @@ def status(where: Path, tag: str | None, as_json: bool, last: int) -> None:
     help=f"the last N variants (0: all)  [default: all as text, {readouts.LOG_LIMIT} with --json]",
 )
 @click.option("--since", help="only variants after this one (v0012) or this recent (30m, 2h)")
+@click.option(
+    "--prune",
+    type=click.Choice(["off", "median", "curve"]),
+    help="with --policy: what this pruning rule would have stopped (from recorded curves)",
+)
+@click.option("--prune-grace", default="20%", show_default=True, help="with --prune")
+@click.option("--prune-k", type=float, default=3.0, show_default=True, help="with --prune")
 @experiment_options
 @handle_errors
 def log(
@@ -194,11 +214,15 @@ def log(
     replay: str | None,
     limit: int | None,
     since: str | None,
+    **kw: Any,
 ) -> None:
     """Every experiment so far (results.tsv, or all fields with --json)."""
     exp = session.Experiment.open(where, tag)
+    if kw["prune"] is not None and replay is None:
+        replay = exp.cfg.policy  # --prune alone: the experiment's own policy, with pruning
     if replay is not None:
-        emit(as_json, readouts.replayed(exp, replay), views.show_replay)
+        pruning = prune_options(kw["prune"] or "off", kw["prune_grace"], kw["prune_k"])
+        emit(as_json, readouts.replayed(exp, replay, pruning), views.show_replay)
         return
     if since is not None and not re.fullmatch(r"v\d{4,}", since):
         since = str(flag_duration("--since", since))
@@ -297,6 +321,7 @@ def mutate_cmd(
 @click.option("--linger", help="idle runner waits this long (its next start)")
 @click.option("--metric-regex", help="regex whose group 1 is the metric")
 @click.option("--memory-regex", help="regex whose group 1 is peak memory in MB")
+@click.option("--metric-progress-regex", help="progress lines: groups elapsed, value ('': default)")
 @rule_options
 @experiment_options
 @handle_errors
@@ -316,6 +341,8 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         changes["metric_pattern"] = kw["metric_regex"]
     if kw["memory_regex"] is not None:
         changes["memory_pattern"] = kw["memory_regex"]
+    if kw["metric_progress_regex"] is not None:  # issue 38
+        changes["metric_progress_regex"] = kw["metric_progress_regex"]
     emit(as_json, configure.configure(where, tag, changes), views.show_config)
 
 

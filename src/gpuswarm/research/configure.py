@@ -55,6 +55,7 @@ class InitOptions:
     link: list[str] | None = None
     metric_regex: str | None = None
     memory_regex: str | None = None
+    progress_regex: str | None = None  # issue 38: metric_progress_regex ("": the default)
     linger: float = 120.0
     checkout: bool = True
     mode: str = "rounds"
@@ -106,6 +107,7 @@ def init(where: Path, opts: InitOptions) -> dict[str, Any]:
             link=links,
             linger=opts.linger,
             memory_pattern=opts.memory_regex or DEFAULT_MEMORY_PATTERN,
+            metric_progress_regex=opts.progress_regex or "",
             confirm=opts.confirm,
             protect_sums=_protect_sums(repo, head, opts.protect),
             backend=backend,
@@ -228,6 +230,7 @@ CHANGEABLE = (
     "linger",
     "metric_pattern",
     "memory_pattern",
+    "metric_progress_regex",
     *RULES,
 )
 

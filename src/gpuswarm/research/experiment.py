@@ -40,6 +40,7 @@ from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
 from gpuswarm.research.amounts import AMOUNT_FIELDS, parse_amount
+from gpuswarm.research.progress import check_progress_pattern, default_pattern
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -136,6 +137,8 @@ class ExperimentConfig(BackendBlocks):
     metric_pattern: str
     memory_pattern: str = DEFAULT_MEMORY_PATTERN
     fail_pattern: str = DEFAULT_FAIL_PATTERN
+    # issue 38: intermediate values (elapsed, value); "": `progress: elapsed=<s> <metric>=<v>`
+    metric_progress_regex: str = ""
     timeout: float = 600.0
     gpus: str = "auto"
     policy: Literal["greedy", "noise-aware", "manual"] = "noise-aware"
@@ -167,9 +170,15 @@ class ExperimentConfig(BackendBlocks):
         check_pattern("--metric-regex", self.metric_pattern)
         check_pattern("--memory-regex", self.memory_pattern)
         check_pattern("fail_pattern", self.fail_pattern, group=False)
+        check_progress_pattern(self.progress_pattern)
         check_timeout(self.timeout)
         check_rules(self)
         return self
+
+    @property
+    def progress_pattern(self) -> str:
+        """The pattern of a progress line (issue 38): the setting, else the default."""
+        return self.metric_progress_regex or default_pattern(self.metric)
 
 
 def check_rules(cfg: ExperimentConfig) -> None:

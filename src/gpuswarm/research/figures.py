@@ -14,7 +14,10 @@ of them disagree:
 - **re-based**: a would-be keep measured on an older BASE, measured again as a combination
   (results.tsv says ``discard``, as the seed's three statuses allow; the views say re-based);
 - **modes**: the mode(s) the variants were made in (a loop's mode applies to that loop only,
-  so the experiment's setting afterwards may differ).
+  so the experiment's setting afterwards may differ);
+- **pruned**: rows marked ``pruned`` (issue 38: stopped early by ``research loop --prune``;
+  never a crash, never BASE); **gpu_saved_s**: the GPU seconds they did not spend, each a full
+  run of its BASE (the median of BASE's runs) less what it ran, as recorded when it ended.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Figures:
     crashed: int
     rebased: int
     modes: str
+    pruned: int = 0
+    gpu_saved_s: float = 0.0
 
     def view(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,7 +76,20 @@ def figures(state: ExperimentState) -> Figures:
         crashed=sum(1 for r in state.rows if r[3] == "crash"),
         rebased=sum(1 for v in state.variants.values() if rebased(state, v)),
         modes=", ".join(m for m in modes if m) or state.mode,
+        pruned=sum(1 for r in state.rows if r[3] == "pruned"),
+        gpu_saved_s=saved_seconds(state),
     )
+
+
+def saved_seconds(state: ExperimentState) -> float:
+    """GPU seconds the pruned runs did not spend (``saved_s`` of each, as recorded)."""
+    total = 0.0
+    for v in state.variants.values():
+        fin = v.finished or {}
+        s = fin.get("saved_s")
+        if fin.get("pruned") and isinstance(s, int | float) and not isinstance(s, bool):
+            total += float(s)
+    return round(total, 1)
 
 
 def energy_figures(state: ExperimentState) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class Variant:
     seen: bool = False  # its result was shown by `research wait`
     meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
     mode: str = ""  # the experiment's mode when it was made (rounds | async)
+    pruned: dict[str, Any] | None = None  # issue 38: the loop stopped it early (prune.py)
 
     @property
     def status(self) -> str:
@@ -212,6 +213,12 @@ def _on_controls(state: ExperimentState, e: dict[str, Any]) -> None:
     state.paired = bool(e.get("paired", True))
 
 
+def _on_pruned(state: ExperimentState, e: dict[str, Any]) -> None:
+    v = state.variants.get(e["id"])
+    if v is not None and v.finished is None:  # a stop that came after the run ended is moot
+        v.pruned = e
+
+
 _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "init": _on_init,
     "variant": _on_variant,
@@ -223,4 +230,5 @@ _HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
     "sealed": _on_sealed,
     "mode": _on_mode,
     "controls": _on_controls,
+    "pruned": _on_pruned,
 }

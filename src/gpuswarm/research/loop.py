@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuswarm.core.errors import ResearchError
@@ -30,6 +30,7 @@ from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.looplock import one_loop
 from gpuswarm.research.proposers import Proposal, Proposer
+from gpuswarm.research.prune import PruneOptions, Pruner
 from gpuswarm.research.settle import queue_control, seal_round, settle_locked
 
 POLL_SECONDS = 0.1
@@ -46,6 +47,7 @@ class LoopOptions:
     proposers: int = 1  # proposals made at the same time (e.g. several LLM agents)
     controls: int | None = None  # BASE control runs: async every N variants (None: one per GPU
     # slot's worth, i.e. every `slots` variants; 0: none); rounds: one per round unless 0
+    prune: PruneOptions = field(default_factory=PruneOptions)  # issue 38: prune.py
 
 
 @dataclass
@@ -88,6 +90,8 @@ def _run_loop(
             append(exp.paths, "mode", mode=opts.mode)
         if opts.controls != 0 and not state.paired:  # from now on, decisions are paired
             append(exp.paths, "controls", paired=True, every=opts.controls)
+        if opts.prune.on:  # issue 38: what this loop prunes by, on the record
+            append(exp.paths, "pruning", **vars(opts.prune))
     run = _Run(exp, proposer, opts, say, stop, tick, state)
     try:
         with on_stop_signals(stop.request):
@@ -133,7 +137,9 @@ class _Run:
         state: ExperimentState,
     ) -> None:
         self.exp, self.proposer, self.opts, self.say = exp, proposer, opts, say
-        self.stop, self.tick = stop, tick
+        self.stop = stop
+        self.pruner = Pruner(exp.paths, exp.cfg, opts.prune, say)
+        self.view_tick = tick
         self.slots = executor.slot_count(exp.paths, exp.cfg)
         self.slots_at = time.monotonic()
         self.deadline = None if opts.duration is None else time.monotonic() + opts.duration
@@ -147,6 +153,10 @@ class _Run:
         self.round_left = 0  # rounds: proposals still to start for the open round
         self.round_open = False  # rounds: the open round has proposals made or queued
         self.exhausted = False  # the proposer had nothing (new) to offer
+
+    def tick(self, state: ExperimentState) -> None:
+        self.pruner.check(state)  # issue 38: running variants are looked at while they run
+        self.view_tick(state)
 
     def step(self) -> bool:
         """Settle, queue what proposers made, ask for more, wait for news; False = done."""

@@ -31,6 +31,7 @@ from gpuswarm.research.experiment import ExpPaths, load_settings
 from gpuswarm.research.loop import LoopOptions, run_loop
 from gpuswarm.research.looplock import ensure_free
 from gpuswarm.research.proposers import MutateProposer, Proposer
+from gpuswarm.research.prune import options as prune_options
 from gpuswarm.ui.terminal import is_terminal
 
 
@@ -65,6 +66,16 @@ def stop(where: Path, tag: str | None, as_json: bool) -> None:
     help="BASE control runs that decisions are paired with: one per round; async: every N "
     "variants (auto: one per GPU slot's worth)",
 )
+@click.option(
+    "--prune",
+    type=click.Choice(["off", "median", "curve"]),
+    default="off",
+    show_default=True,
+    help="stop a variant whose progress is worse than BASE's curve by more than k x the noise "
+    "(docs/research.md, Pruning)",
+)
+@click.option("--prune-grace", default="20%", show_default=True, help="never before this share")
+@click.option("--prune-k", type=float, default=3.0, show_default=True, help="k x noise at t")
 @click.option("--seed", type=int, help="mutate: random seed (reproducible proposals)")
 @click.option(
     "--mutate",
@@ -129,6 +140,7 @@ def loop(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         lookahead=None if kw["lookahead"] is None else max(0, kw["lookahead"]),
         proposers=max(1, kw["proposers"]),
         controls=_controls(kw["controls"]),
+        prune=prune_options(kw["prune"], kw["prune_grace"], kw["prune_k"]),
     )
     if as_json:
         data = run_loop(exp, proposer, loop_opts, lambda _: None)

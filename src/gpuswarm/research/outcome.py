@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuswarm.app import api
 from gpuswarm.core.logs import log_tail
+from gpuswarm.research import progress
 from gpuswarm.research.executor import run_paths
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import protected_changes, protected_data_changes
@@ -65,6 +66,8 @@ def outcome(
         "tail": "\n".join(text.splitlines()[-15:]) if reason else "",
         "energy_j": last.energy_j,  # issue 37
         "energy_mode": last.energy_mode,
+        # issue 38: its progress curve (bounded), what pruning compares runs with
+        "curve": progress.read_curve(log, cfg.progress_pattern) if log else [],
     }
 
 

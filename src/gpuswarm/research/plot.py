@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 KEEP_COLOR = "#2ca02c"
 DISCARD_COLOR = "#bbbbbb"
 CRASH_COLOR = "#d62728"
+PRUNED_COLOR = "#ff7f0e"  # issue 38: stopped early by the loop's pruning
 DARK_GREEN = "#1b5e20"
 FIGSIZE = (12.0, 6.0)
 DPI = 120
@@ -51,7 +52,11 @@ def _short(text: str) -> str:
 
 
 def _has_metric(row: PlotRow) -> bool:
-    return row.status != "crash" and row.metric is not None and math.isfinite(row.metric)
+    return (
+        row.status not in ("crash", "pruned")
+        and row.metric is not None
+        and math.isfinite(row.metric)
+    )
 
 
 def _ylimits(kept: list[float], discarded: list[float], goal: str) -> tuple[float, float]:
@@ -103,7 +108,9 @@ def summary_line(
     _, ys = running_best(rows, goal)
     if ys:
         out += f", best {_esc(metric)} {ys[-1] if best_value is None else best_value:.6f}"
-    crashed = sum(1 for r in rows if not _has_metric(r))
+    crashed = sum(1 for r in rows if not _has_metric(r) and r.status != "pruned")
+    pruned = sum(1 for r in rows if r.status == "pruned")
+    out += f", {pruned} pruned" if pruned else ""
     return out + (f", {crashed} crashed" if crashed else "")
 
 
@@ -114,7 +121,8 @@ def _draw(
     n = len(rows)
     xs_keep = [i for i, r in enumerate(rows, 1) if _has_metric(r) and r.status == "keep"]
     xs_disc = [i for i, r in enumerate(rows, 1) if _has_metric(r) and r.status != "keep"]
-    xs_crash = [i for i, r in enumerate(rows, 1) if not _has_metric(r)]
+    xs_crash = [i for i, r in enumerate(rows, 1) if not _has_metric(r) and r.status != "pruned"]
+    xs_pruned = [i for i, r in enumerate(rows, 1) if r.status == "pruned"]
     val = {i: float(r.metric) for i, r in enumerate(rows, 1) if r.metric is not None}
     kept, disc = [val[i] for i in xs_keep], [val[i] for i in xs_disc]
     ax.set_xlim(0.3, n + 1 + 0.12 * n)  # room for the last labels (set first: labels are laid
@@ -176,6 +184,11 @@ def _draw(
         tr = ax.get_xaxis_transform()
         marks = ax.scatter(xs_crash, ys, s=30, c=CRASH_COLOR, marker="x", lw=1.5, transform=tr)
         marks.set(clip_on=False, zorder=4, label=f"crash ({len(xs_crash)})")
+    if xs_pruned:  # issue 38: stopped early, no final metric: a mark on the bottom edge
+        tr = ax.get_xaxis_transform()
+        ys = [0.05] * len(xs_pruned)
+        marks = ax.scatter(xs_pruned, ys, s=26, c=PRUNED_COLOR, marker="v", transform=tr)
+        marks.set(clip_on=False, zorder=4, label=f"pruned ({len(xs_pruned)})")
     return summary_line(rows, metric, goal, best_value)
 
 

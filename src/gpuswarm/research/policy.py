@@ -38,7 +38,7 @@ from gpuswarm.research.rules import Verdict
 @dataclass(frozen=True)
 class Decision:
     id: str
-    status: str  # keep | discard | crash | rebase (discard, evaluate a combination) | confirm
+    status: str  # keep | discard | crash | pruned | confirm | rebase (discard, evaluate a combo)
     reason: str
     metric: float | None = None  # BASE's metric after a keep that is not its single run
     note: str = ""  # its results.tsv row's word on the rule that decided ("+0.0008 for +20 lines")
@@ -62,7 +62,8 @@ def decide(cfg: ExperimentConfig, state: ExperimentState) -> list[Decision]:
     for v in waiting:
         if not _ok(v):
             assert v.finished is not None
-            out.append(Decision(v.id, "crash", str(v.finished.get("reason") or "crash")))
+            status = "pruned" if v.finished.get("pruned") else "crash"  # pruned: issue 38
+            out.append(Decision(v.id, status, str(v.finished.get("reason") or status)))
         elif v.kind == "baseline":
             out.append(Decision(v.id, "keep", "baseline"))
         elif v.kind == "control":  # a re-run of BASE: the reference of its period

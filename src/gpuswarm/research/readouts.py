@@ -15,6 +15,7 @@ from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.figures import CHANGES, energy_figures, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.plot import PlotRow
+from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.session import Experiment, files_of
 from gpuswarm.research.settle import seal_round, settle_locked
 
@@ -154,7 +155,7 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
             {
                 "id": vid,
                 "commit": r[0],
-                "metric": None if r[3] == "crash" else float(r[1]),  # numbers, as in the TSV
+                "metric": None if r[3] in ("crash", "pruned") else float(r[1]),  # as in the TSV
                 "memory_gb": float(r[2]),
                 "status": "re-based" if rebased(state, state.variants[vid]) else r[3],
                 "description": r[4],
@@ -194,16 +195,21 @@ def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[dict[st
     return out
 
 
-def replayed(exp: Experiment, spec: str) -> dict[str, Any]:
-    """``research log --policy SPEC``: the decisions SPEC's settings would have made."""
+def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) -> dict[str, Any]:
+    """``research log --policy SPEC``: the decisions SPEC's settings would have made (with
+    ``pruning``, issue 38: also what that rule would have stopped, and the best without it)."""
+    from gpuswarm.app.api import read_journal as api_journal
+    from gpuswarm.research.prune_replay import summary
     from gpuswarm.research.replay import parse_spec, replay_decisions
 
     exp.settle()
-    return {
-        "tag": exp.cfg.tag,
-        "spec": spec,
-        **replay_decisions(exp.paths, parse_spec(exp.cfg, spec)),
-    }
+    cfg = parse_spec(exp.cfg, spec)
+    data = replay_decisions(exp.paths, cfg, pruning)
+    if pruning is not None and pruning.on:
+        best = replay_decisions(exp.paths, cfg)["best"]
+        curves = sum(1 for e in api_journal(exp.paths.ledger) if e.get("curve"))
+        data["pruning"] = summary(pruning, data["pruned"], data["best"], best, curves)
+    return {"tag": exp.cfg.tag, "spec": spec, **data}
 
 
 def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, Any] | None:
@@ -306,7 +312,7 @@ def plot_rows(state: ExperimentState) -> list[PlotRow]:
         after = (v.decision or {}).get("base_metric") or {}
         rows.append(
             PlotRow(
-                metric=None if r[3] == "crash" else float(r[1]),
+                metric=None if r[3] in ("crash", "pruned") else float(r[1]),
                 status=r[3],
                 description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
                 base=None if after.get("value") is None else float(after["value"]),

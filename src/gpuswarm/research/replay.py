@@ -26,6 +26,8 @@ from gpuswarm.research.configure import CHANGEABLE
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, apply_event
 from gpuswarm.research.policy import Decision, decide
+from gpuswarm.research.prune import PruneOptions
+from gpuswarm.research.prune_replay import replay_finished
 
 POLICIES = ("greedy", "noise-aware", "manual")
 # what the policy decided is not replayed: it is decided anew
@@ -61,9 +63,15 @@ def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
         raise ResearchError(f"--policy {spec!r}: {where}: {msg}") from None
 
 
-def replay_decisions(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, Any]:
+def replay_decisions(
+    paths: ExpPaths, cfg: ExperimentConfig, pruning: PruneOptions | None = None
+) -> dict[str, Any]:
     """What ``cfg`` would have decided on this ledger: per variant the recorded and the
-    replayed status and reason, and which variants each kept."""
+    replayed status and reason, and which variants each kept; with ``pruning`` (issue 38),
+    what that rule would have stopped (``prune_replay.py``)."""
+    pruning = pruning or PruneOptions()
+    pruned: dict[str, dict[str, Any]] = {}
+    curves: dict[str, list[list[float]]] = {}  # issue 38: recorded curves, read once
     state = ExperimentState()
     recorded: dict[str, dict[str, Any]] = {}
     wanted: dict[str, str] = {}  # variant -> the run the replayed policy wanted and lacked
@@ -78,6 +86,8 @@ def replay_decisions(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, Any]:
             if e.get("kind") == "baseline" and state.base and e.get("commit") != state.base:
                 continue  # a baseline of a BASE this policy never kept measures nothing here
             e = _reparented(state, e)
+        if ev == "finished":
+            e = replay_finished(cfg, state, e, pruning, pruned, curves)
         apply_event(state, e)
         if ev in ("finished", "sealed", "variant"):
             _settle(cfg, state, wanted)
@@ -109,6 +119,7 @@ def replay_decisions(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, Any]:
         "would_keep": would,
         "best": state.best,
         "noise": rules.noise_view(state),
+        "pruned": pruned,  # issue 38: id -> where the replayed rule stopped it
     }
 
 

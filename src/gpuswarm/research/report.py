@@ -13,8 +13,9 @@ from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.figures import energy_figures, figures, shown_status
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.proposercost import COLUMNS, any_spent, spent
+from gpuswarm.ui.table import clock
 
-ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": ""}
+ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": "", "pruned": ""}
 
 
 def write_research_report(
@@ -72,6 +73,7 @@ def write_research_report(
         f"{counted(f.experiments, 'experiment')}, "
         f"{counted(f.kept, 'change')} kept, {f.crashed} crashed"
         + (f", {f.rebased} re-based" if f.rebased else "")
+        + (f", {f.pruned} pruned (GPU time saved {clock(f.gpu_saved_s)})" if f.pruned else "")
         + f"; goal {esc(cfg.goal)}; policy {esc(cfg.policy)}, mode {esc(f.modes)}</p>\n"
         + _energy_html(state)
         + _rules_html(cfg, state)

@@ -14,7 +14,17 @@ import statistics
 from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_text
-from gpuswarm.research import controls, executor, exports, gitops, outcome, rules, runner, variants
+from gpuswarm.research import (
+    controls,
+    executor,
+    exports,
+    gitops,
+    outcome,
+    prune,
+    rules,
+    runner,
+    variants,
+)
 from gpuswarm.research.announce import announce_kept
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
@@ -47,6 +57,8 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
         out = outcome.outcome(paths, cfg, v, found)
         if out is None:
             continue
+        if v.pruned is not None and not out["ok"]:  # issue 38: the loop stopped it early
+            out.update(prune.finished_fields(cfg, state, v, out))
         if v.kind != "baseline":
             out["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
         v.finished = append(paths, "finished", id=v.id, **out)
@@ -337,7 +349,7 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
     """The seed's five columns: 7-char commit, metric (6 decimals), memory GB (.1f), status,
     description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
     fin = v.finished or {}
-    crash = status == "crash"
+    crash = status in ("crash", "pruned")  # pruned (issue 38): no final metric either
     metric = 0.0 if crash or fin.get("metric") is None else float(fin["metric"])
     memory = 0.0 if crash or fin.get("memory_gb") is None else float(fin["memory_gb"])
     gpu = f"gpu{fin['gpu']}" if fin.get("gpu") not in (None, "") else ""

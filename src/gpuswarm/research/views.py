@@ -52,6 +52,12 @@ def show_queued(d: dict[str, Any]) -> None:
 
 def show_try(d: dict[str, Any]) -> None:
     diff = d["diff"]
+    if d.get("rerun"):  # issue 38: `try --rerun ID`
+        click.echo(
+            f"{d['id']} {_short(d['commit'])} queued: {d['rerun']} again, in full (never pruned;"
+            f" +{diff['insertions']} -{diff['deletions']} lines on BASE {_short(d['parent'])})"
+        )
+        return
     extra = (
         f"; baseline {', '.join(d['baseline_queued'])} queued first" if d["baseline_queued"] else ""
     )
@@ -82,11 +88,19 @@ def show_wait(d: dict[str, Any]) -> None:
     _files_line(d)
 
 
+def pruned_text(d: Any) -> str:
+    """``, 3 pruned (GPU time saved 4m12s)`` (issue 38), from research/figures.py's numbers;
+    "" when nothing was pruned. ``d``: a Figures or its view."""
+    n = d["pruned"] if isinstance(d, dict) else d.pruned
+    saved = d["gpu_saved_s"] if isinstance(d, dict) else d.gpu_saved_s
+    return f", {n} pruned (GPU time saved {clock(saved)})" if n else ""
+
+
 def show_status(d: dict[str, Any]) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
     click.echo(
         f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
-        f"{counted(d['kept'], 'change')} kept  ({runner})"
+        f"{counted(d['kept'], 'change')} kept{pruned_text(d)}  ({runner})"
     )
     for v in d["in_flight"]:
         where = str(v["slot"]) if v["slot"] is not None else "queued"
@@ -144,12 +158,31 @@ def show_replay(d: dict[str, Any]) -> None:
         )
     click.echo(f"kept:       {', '.join(d['kept']) or 'none'}")
     click.echo(f"would keep: {', '.join(d['would_keep']) or 'none'}  (best {_metric(d['best'])})")
+    p = d.get("pruning")
+    if p:  # issue 38: what the pruning rule would have changed
+        click.echo(
+            f"pruning {p['rule']} (k {p['k']:g}, grace {p['grace']:.0%}) would stop "
+            f"{len(p['would_prune'])}: {', '.join(p['would_prune']) or 'none'}; GPU time saved "
+            f"{clock(p['gpu_saved_s'])}; best {_metric(p['best'])} with it, "
+            f"{_metric(p['best_unpruned'])} without"
+            + (" (the best changes)" if p["best_changed"] else " (the best is the same)")
+        )
+        if not p.get("curves"):
+            click.echo(
+                "  no run recorded a progress curve (the script prints no line that "
+                "metric_progress_regex matches): there was nothing to prune on"
+            )
+        for vid, r in p["runs"].items():
+            click.echo(
+                f"  {vid} stopped at {r['t']:.0f}s of {r['budget']:.0f}s: {r['value']:.6f} vs "
+                f"BASE {r['ref']:.6f} (noise {r['noise']:.6f}); it ended at {_metric(r['metric'])}"
+            )
 
 
 def show_loop(d: dict[str, Any]) -> None:
     click.echo(
         f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
-        f"{counted(d['kept'], 'change')} kept "
+        f"{counted(d['kept'], 'change')} kept{pruned_text(d)} "
         f"({d['made']} started by this loop)"
     )
     if d.get("exhausted"):
@@ -231,8 +264,8 @@ def live_header(cfg: ExperimentConfig, s: ExperimentState, mode: str) -> str:
         noise += f"  DRIFT {moved[0].change:+.6f} (decisions paired)"
     return (
         f"BASE {s.base[:7]} ({cfg.branch})  best {cfg.metric} {best}  "
-        f"{counted(f.experiments, 'experiment')}, {counted(f.kept, 'change')} kept  "
-        f"mode {mode}{noise}"
+        f"{counted(f.experiments, 'experiment')}, {counted(f.kept, 'change')} kept"
+        f"{pruned_text(f)}  mode {mode}{noise}"
     )
 
 

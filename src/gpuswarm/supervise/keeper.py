@@ -9,7 +9,8 @@ file's mtime) is :mod:`.heartbeat`'s own thread, so no duty here can delay it.
 
 Between ticks it looks at the run's ``added`` marker every :data:`WAKE_LOOK` seconds (one
 ``stat``): ``gpuswarm add``, ``retry``, ``unpause`` and ``priority`` touch it, from any process
-on any host that shares the run folder, and a change wakes the loop to claim again. The loop
+on any host that shares the run folder, and a change wakes the loop to claim again (and applies
+control requests at once: ``api.cancel``, a research loop's prune, touches it too). The loop
 itself sleeps in ``poll()`` on its attempts' fds while they run, so without this a slot that
 went idle beside a long task would wait for that task's end to see new work.
 """
@@ -126,7 +127,7 @@ class Keeper:
         if mark == self._mark:
             return
         self._mark = mark
-        self.control.refresh_pause()
+        self.control.tick()  # pause flags again, and a cancel just requested (issue 38)
         self.run.more_work()
 
     def _check_leases(self) -> None:

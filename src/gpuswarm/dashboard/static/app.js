@@ -680,7 +680,8 @@ function experimentPage(eid) {
         stat(v.metric + (v.goal === 'min' ? ' ↓' : ' ↑'), 'metric'),
         stat(v.base || '—', 'BASE'), stat(fmtMetric(v.best), 'best (BASE)', 'best'),
         br ? stat(`${fmtMetric(br.metric)} (${br.id})`, 'best measured') : null,
-        stat(v.experiments, 'experiments', 'experiments'), stat(v.kept, 'kept'), stat(v.in_flight.length, 'in flight')));
+        stat(v.experiments, 'experiments', 'experiments'), stat(v.kept, 'kept'), stat(v.in_flight.length, 'in flight'),
+        v.pruned ? stat(`${v.pruned} (GPU time saved ${fmtSeconds(v.gpu_saved_s)})`, 'pruned', 'pruned') : null));
     replace(chart, progressChart(v, chart.clientWidth));
     const now = serverNow();
     replace(flight, v.in_flight.length ? el('table', { 'data-testid': 'in-flight-table' },
@@ -765,6 +766,12 @@ function progressChart(v, width) {
   }
   const labels = [];
   for (const r of rows) {
+    if (r.metric === null && r.status === 'pruned') { // issue 38: stopped early, a triangle
+      const cx = x(r.n), cy = H - B - 12;
+      svg.append(svgEl('path', { class: 'pruned', d: `M${cx - 4},${cy - 3}L${cx + 4},${cy - 3}L${cx},${cy + 4}Z`, 'data-variant': r.id },
+        svgEl('title', { text: `${r.id}: pruned, ${r.description}` })));
+      continue;
+    }
     if (r.metric === null) {
       const cx = x(r.n), cy = H - B - 4;
       svg.append(svgEl('path', { class: 'crash', d: `M${cx - 4},${cy - 4}L${cx + 4},${cy + 4}M${cx - 4},${cy + 4}L${cx + 4},${cy - 4}`, 'data-variant': r.id },
