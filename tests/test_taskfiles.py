@@ -254,3 +254,21 @@ def test_a_source_file_is_compared_without_following_anything(tmp_path: Path) ->
     os.ftruncate(big, 2 << 20)
     assert not same_bytes(big, big, 1 << 20)  # over the limit: never read, never "the same"
     os.close(big)
+
+
+def test_a_copied_completion_file_reads_the_same_for_every_task(tmp_path: Path) -> None:
+    """The copy's reason names the file by its path in the workspace, not each task's source
+    folder, so summary.json groups 63 copies as one reason (was one group per task)."""
+    from gpuswarm.exec.plan import check_written
+
+    reasons = []
+    for task in ("a", "b"):
+        source, workspace = tmp_path / "tasks" / task, tmp_path / "ws" / task
+        for folder in (source / "sub", workspace / "sub"):
+            folder.mkdir(parents=True)
+            (folder / "report.yaml").write_text("passed: true\n")
+        with pytest.raises(ResultFileError) as caught:
+            check_written(workspace / "sub" / "report.yaml", "sub/report.yaml", [source])
+        reasons.append(str(caught.value))
+    assert reasons[0] == reasons[1] and "sub/report.yaml" in reasons[0], reasons
+    assert "byte-identical" in reasons[0] and str(tmp_path) not in reasons[0]

@@ -269,9 +269,9 @@ def check_written(target: Path, rel: str, sources: list[Path]) -> None:
             finally:
                 os.close(theirs)
             if same:
-                raise ResultFileError(
-                    f"completion file {target.name} was not written by this attempt (it is "
-                    f"byte-identical to {folder / rel} in the task's source folder: a copy)"
+                raise ResultFileError(  # one text for every task: summary.json groups it
+                    f"completion file {rel} was not written by this attempt (it is "
+                    "byte-identical to the one in the task's source folder: a copy)"
                 )
     finally:
         os.close(mine)
