@@ -33,7 +33,7 @@ def test_one_of_a_kind_is_singular_and_add_says_what_it_renamed(
     config = _yaml(tmp_path / "one.yaml", [{"name": "bad", "command": "false"}])
     ran = gpuswarm("run", config, "--gpus", "sim:1", "--plain", "--no-report", "--workspace", "ws")
     assert ran.returncode == 1, ran
-    assert "(1 task on 1 slot)" in ran.stderr and "1 tasks" not in ran.stderr, ran
+    assert "1 task on 1 slot; run dir: " in ran.stderr and "1 tasks" not in ran.stderr, ran
     run = wait_for_run(tmp_path / "ws")
     status = gpuswarm("status", run)
     assert "1 task: " in status.stdout and "(1 attempt)" in status.stdout, status

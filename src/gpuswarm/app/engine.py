@@ -130,7 +130,7 @@ def _start(
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
     plugin = plugin_of(loaded.config.backend)
     where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
-    say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on {where})")
+    say(output, f"{counted(count, 'task')} on {where}; run dir: {paths.root}")
     setup = prepare(info=new.info, config=loaded, planned=(gpus, slots), provisions=provisions)
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 

@@ -98,7 +98,7 @@ class LoginNode:
         paths = create_run(new, suffix=suffix)
         loaded.tasks.clear()
         jobs = f"worker jobs of {counted(settings.nodes, 'node')}"
-        say(output, f"run dir: {paths.root}  ({counted(count, 'task')} on Slurm {jobs})")
+        say(output, f"{counted(count, 'task')} on Slurm {jobs}; run dir: {paths.root}")
         return drive(paths, settings, output)
 
     def resume(
