@@ -224,7 +224,13 @@ def test_node_joining_gets_work_and_node_lost_mid_task_is_requeued_done_once(
     wait_for(lambda: len(_events(run, "started")) >= 6, timeout=60)
     node = cluster.add_node()  # joins mid-run: its slots get the pending tasks
     prefix = node.node_id[:6]
-    wait_for(lambda: any(prefix in str(e.get("slot")) for e in _events(run, "started")), timeout=60)
+    # both of its slots running (a second start after the look made the lost set one larger)
+    wait_for(
+        lambda: (
+            len({e["slot"] for e in _events(run, "started") if prefix in str(e.get("slot"))}) == 2
+        ),
+        timeout=60,
+    )
     joined = [e for e in _events(run, "slots") if e.get("change") == "joined"]
     assert joined and joined[0]["node"] == node.node_id
     on_node = {e["task"] for e in _events(run, "started") if prefix in str(e.get("slot"))}
