@@ -54,10 +54,19 @@ def gpu_memory_lines(stats: Any) -> list[str]:
     ]
 
 
-def oom_retries(task: str, desc: Descriptor) -> list[tuple[str, int, Any, str]]:
-    """(task, attempt, measured peak MiB, reason) of each out-of-memory end retried bigger."""
+OOM_COLUMNS = {"task": "task", "attempt": "attempt", "peak": "peak MiB", "reason": "reason"}
+
+
+def oom_retries(task: str, desc: Descriptor) -> list[dict[str, Any]]:
+    """The row (by ``OOM_COLUMNS``) of each out-of-memory end retried bigger: the task, the
+    attempt, its measured peak MiB ("": not measured), its reason."""
     return [
-        (task, a.n, a.peak_vram_mb if a.peak_vram_mb is not None else "", a.reason or "")
+        {
+            "task": task,
+            "attempt": a.n,
+            "peak": a.peak_vram_mb if a.peak_vram_mb is not None else "",
+            "reason": a.reason or "",
+        }
         for a in desc.attempts
         if a.oom and OOM_RETRY_MARK in (a.reason or "")
     ]
@@ -65,7 +74,7 @@ def oom_retries(task: str, desc: Descriptor) -> list[tuple[str, int, Any, str]]:
 
 def gpu_memory_section(
     summary: Mapping[str, Any],
-    retries: Sequence[tuple[str, int, Any, str]],
+    retries: Sequence[Mapping[str, Any]],
     held: Mapping[int, str],
 ) -> str:
     """Empty when nothing was measured, retried or held (runs without a GPU query)."""
@@ -83,7 +92,7 @@ def gpu_memory_section(
         )
     if retries:
         out.append(f"<h3>CUDA out-of-memory retries ({len(retries)})</h3>")
-        out.append(html_table(("task", "attempt", "peak MiB", "reason"), list(retries)))
+        out.append(html_table(OOM_COLUMNS, retries))
     for gpu, why in sorted(held.items()):
         out.append(f"<p><b>GPU {esc(gpu)} held</b>: {esc(why)}</p>")
     return "\n".join(out) + "\n"
