@@ -36,7 +36,7 @@ class NoSuchTaskError(BadInputError):
 def _attempt(a: AttemptRecord, redactor: Redactor) -> dict[str, Any]:
     """Every field of the attempt's record (a new one shows without code here), its text
     redacted."""
-    out: dict[str, Any] = redactor.tree(a.field_values())
+    out: dict[str, object] = redactor.tree(a.field_values())
     out["reason"] = inert(redactor.text(a.reason or ""))
     out["oom"] = bool(a.oom)
     out["metrics"] = redactor.tree(a.metrics or {})

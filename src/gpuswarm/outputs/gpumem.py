@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, TypedDict
 
 from gpuswarm.core.models import Descriptor
 from gpuswarm.core.words import counted
+from gpuswarm.outputs.energy import Valued
 from gpuswarm.outputs.html import esc, html_table
 
 OOM_RETRY_MARK = "the retry reserves"  # supervise/packing.py's sized_oom_retry says it so
 
 
-class _Valued(Protocol):
-    """A result row (outputs/results.py ``Row``): its values by column."""
+class OomRetry(TypedDict):
+    """A row of the report's OOM retries, by column (``OOM_COLUMNS``)."""
 
-    values: dict[str, Any]
+    task: str
+    attempt: int
+    peak: int | str  # measured peak MiB ("": not measured)
+    reason: str
 
 
-def gpu_memory_stats(rows: Sequence[_Valued]) -> dict[str, Any]:
+def gpu_memory_stats(rows: Sequence[Valued]) -> dict[str, Any]:
     """Measured peak GPU memory over the tasks (issue 19): how many were measured, the peaks'
     max / mean / median (MiB), and the tasks whose reason says an OOM retry was sized."""
     peaks = [
@@ -57,7 +61,7 @@ def gpu_memory_lines(stats: Any) -> list[str]:
 OOM_COLUMNS = {"task": "task", "attempt": "attempt", "peak": "peak MiB", "reason": "reason"}
 
 
-def oom_retries(task: str, desc: Descriptor) -> list[dict[str, Any]]:
+def oom_retries(task: str, desc: Descriptor) -> list[OomRetry]:
     """The row (by ``OOM_COLUMNS``) of each out-of-memory end retried bigger: the task, the
     attempt, its measured peak MiB ("": not measured), its reason."""
     return [
@@ -74,7 +78,7 @@ def oom_retries(task: str, desc: Descriptor) -> list[dict[str, Any]]:
 
 def gpu_memory_section(
     summary: Mapping[str, Any],
-    retries: Sequence[Mapping[str, Any]],
+    retries: Sequence[OomRetry],
     held: Mapping[int, str],
 ) -> str:
     """Empty when nothing was measured, retried or held (runs without a GPU query)."""

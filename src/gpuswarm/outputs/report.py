@@ -22,7 +22,7 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.costreport import cost_section
 from gpuswarm.outputs.energy import energy_section
-from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
+from gpuswarm.outputs.gpumem import OomRetry, gpu_memory_section, oom_retries
 from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
@@ -68,7 +68,7 @@ class _Scan:
         self.skipped: list[Row] = []
         self.cancelled: list[Row] = []
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
-        self.oom_retries: list[dict[str, Any]] = []  # issue 19: gpumem's rows by column
+        self.oom_retries: list[OomRetry] = []  # issue 19
         self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
         self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():

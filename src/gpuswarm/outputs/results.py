@@ -69,7 +69,7 @@ def _exit_text(attempt: AttemptRecord | None) -> str:
     return "" if attempt.returncode is None else str(attempt.returncode)
 
 
-def _last_fields(last: AttemptRecord | None) -> dict[str, Any]:
+def _last_fields(last: AttemptRecord | None) -> dict[str, object]:
     """The row's cells of the last attempt's fields (``ROW_FIELDS``): "" where not set."""
     if last is None:
         return dict.fromkeys(ROW_FIELDS, "")

@@ -198,7 +198,7 @@ class AttemptRecord:
             usage_problem=get("usage_problem"),
         )
 
-    def field_values(self) -> dict[str, Any]:
+    def field_values(self) -> dict[str, object]:
         """Every field by name, absent ones as None (``gpus`` a list, unknown keys left out):
         what the api and the dashboard show of an attempt, so a new field reaches them."""
         out = {name: getattr(self, name) for name in _ATTEMPT_FIELDS}
