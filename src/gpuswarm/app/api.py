@@ -24,8 +24,8 @@ from gpuswarm.app.setup import backend_of
 from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
+from gpuswarm.core.models import AttemptRecord, base_name
 from gpuswarm.core.models import State as TaskState
-from gpuswarm.core.models import base_name
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
@@ -251,7 +251,10 @@ def finished_ids(run: RunPaths) -> set[str]:
 @dataclass(frozen=True)
 class Attempt:
     """The last attempt of an ended task that was not interrupted (a supervisor stopped or
-    crashing): what a client judges the task by. Fields are None when it never started."""
+    crashing): what a client judges the task by. Fields are None when it never started.
+
+    Every field of its record (``core/models/attempt.py``) reads through by name as well
+    (``last.energy_j``, ``last.tokens_in``): None when it never started."""
 
     state: TaskState
     n: int = 0
@@ -268,9 +271,14 @@ class Attempt:
     reason: str | None = None
     host: str | None = None  # the machine it ran on (as slot ids spell it)
     accelerator: str | None = None  # its GPUs' model ("NVIDIA H100 80GB HBM3", "sim")
-    peak_vram_mb: int | None = None  # measured by the VRAM sampler (None: not measured)
-    energy_j: float | None = None  # issue 37: its GPU energy (None: not measured)
-    energy_mode: str | None = None  # exclusive / shared
+    record: AttemptRecord | None = None  # the whole record (None: it never started)
+
+    def __getattr__(self, name: str) -> Any:
+        """A field of the record not spelled above (None when there is no record)."""
+        if name not in _RECORD_FIELDS:
+            raise AttributeError(name)
+        record = self.__dict__.get("record")
+        return None if record is None else getattr(record, name)
 
 
 def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
@@ -297,10 +305,11 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
         reason=last.reason,
         host=last.host,
         accelerator=last.accelerator,
-        peak_vram_mb=last.peak_vram_mb,
-        energy_j=last.energy_j,
-        energy_mode=last.energy_mode,
+        record=last,
     )
+
+
+_RECORD_FIELDS = frozenset(AttemptRecord.__dataclass_fields__) - {"extra"}
 
 
 def read_journal(path: Path) -> Iterator[dict[str, Any]]:

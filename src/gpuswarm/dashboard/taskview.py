@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.core.errors import BadInputError
-from gpuswarm.core.models import Descriptor, State
+from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.dashboard import sse
@@ -33,24 +33,14 @@ class NoSuchTaskError(BadInputError):
     """The page asks for a task the run does not have."""
 
 
-def _attempt(a: Any, redactor: Redactor) -> dict[str, Any]:
-    return {
-        "n": a.n,
-        "slot": a.slot,
-        "gpus": list(a.gpus or ()),
-        "started": a.started,
-        "ended": a.ended,
-        "duration": a.duration,
-        "kind": a.kind,
-        "returncode": a.returncode,
-        "signal": a.signal,
-        "reason": inert(redactor.text(a.reason or "")),
-        "oom": bool(a.oom),
-        "interrupted": a.interrupted,
-        "metrics": redactor.tree(a.metrics or {}),
-        "energy_j": a.energy_j,  # issue 37
-        "energy_mode": a.energy_mode,
-    }
+def _attempt(a: AttemptRecord, redactor: Redactor) -> dict[str, Any]:
+    """Every field of the attempt's record (a new one shows without code here), its text
+    redacted."""
+    out: dict[str, object] = redactor.tree(a.field_values())
+    out["reason"] = inert(redactor.text(a.reason or ""))
+    out["oom"] = bool(a.oom)
+    out["metrics"] = redactor.tree(a.metrics or {})
+    return out
 
 
 def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> dict[str, Any]:

@@ -24,18 +24,24 @@ def _cost(t: Mapping[str, Any]) -> str:
     return money(float(t.get("cost_usd") or 0.0), int(t.get("cost_unknown_attempts") or 0))
 
 
-def _totals_row(name: str, t: Mapping[str, Any]) -> list[object]:
-    return [
-        name,
-        t.get("attempts", 0),
-        t.get("tokens_in", 0),
-        t.get("tokens_cached", 0),
-        t.get("tokens_out", 0),
-        _cost(t),
-    ]
+def _totals_row(name: str, t: Mapping[str, Any]) -> dict[str, object]:
+    return {
+        "name": name,
+        "attempts": t.get("attempts", 0),
+        "tokens_in": t.get("tokens_in", 0),
+        "tokens_cached": t.get("tokens_cached", 0),
+        "tokens_out": t.get("tokens_out", 0),
+        "cost": _cost(t),
+    }
 
 
-_TOTAL_COLUMNS = ("attempts", "tokens in", "of them cached", "tokens out", "cost")
+_TOTAL_COLUMNS = {
+    "attempts": "attempts",
+    "tokens_in": "tokens in",
+    "tokens_cached": "of them cached",
+    "tokens_out": "tokens out",
+    "cost": "cost",
+}
 
 
 def cost_section(summary: Mapping[str, Any], rows: Sequence[Row]) -> str:
@@ -68,11 +74,17 @@ def cost_section(summary: Mapping[str, Any], rows: Sequence[Row]) -> str:
         out.append(f"<p class=note>{esc(problem)}</p>")
     slots = cost.get("per_slot") or {}
     out.append("<h3>Per slot</h3>")
-    out.append(html_table(("slot", *_TOTAL_COLUMNS), [_totals_row(s, t) for s, t in slots.items()]))
+    out.append(
+        html_table(
+            {"name": "slot", **_TOTAL_COLUMNS}, [_totals_row(s, t) for s, t in slots.items()]
+        )
+    )
     models = cost.get("per_model") or {}
     out.append("<h3>Per model</h3>")
     out.append(
-        html_table(("model", *_TOTAL_COLUMNS), [_totals_row(m, t) for m, t in models.items()])
+        html_table(
+            {"name": "model", **_TOTAL_COLUMNS}, [_totals_row(m, t) for m, t in models.items()]
+        )
     )
     out.append(_per_task(rows))
     return "\n".join(out) + "\n"
@@ -92,21 +104,21 @@ def _per_task(rows: Sequence[Row]) -> str:
         t = r.spend.total
         cost = money(t.cost_usd, t.unknown) if t.attempts else UNKNOWN
         table.append(
-            [
-                r.values.get("task"),
-                r.values.get("state"),
-                t.attempts,
-                t.tokens_in,
-                t.tokens_cached,
-                t.tokens_out,
-                cost,
-                r.spend.model or "",
-            ]
+            {
+                "task": r.values.get("task"),
+                "state": r.values.get("state"),
+                "attempts": t.attempts,
+                "tokens_in": t.tokens_in,
+                "tokens_cached": t.tokens_cached,
+                "tokens_out": t.tokens_out,
+                "cost": cost,
+                "model": r.spend.model or "",
+            }
         )
     note = (
         f"<p class=note>the {MAX_TASK_ROWS} most expensive of {len(spent)} tasks</p>\n"
         if len(spent) > MAX_TASK_ROWS
         else ""
     )
-    columns = ("task", "state", *_TOTAL_COLUMNS, "model")
+    columns = {"task": "task", "state": "state", **_TOTAL_COLUMNS, "model": "model"}
     return "<h3>Per task</h3>\n" + note + html_table(columns, table)

@@ -31,13 +31,13 @@ ENERGY_RULE = (
 )
 
 
-class _Valued(Protocol):
+class Valued(Protocol):
     """A result row (outputs/results.py ``Row``): its values by column."""
 
     values: dict[str, Any]
 
 
-def energy_stats(rows: Sequence[_Valued]) -> dict[str, Any]:
+def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
     """GPU energy over the tasks (issue 37): how many were measured, the total and the split
     by mode (joules), and the rule that apportions a shared GPU's."""
     total = {"exclusive": 0.0, "shared": 0.0}

@@ -154,13 +154,13 @@ def groups_section(table: Mapping[str, Mapping[str, Any]]) -> str:
         counts = ", ".join(f"{s} {n}" for s, n in g["counts"].items())
         eta = g["eta_seconds"]
         rows.append(
-            (
-                name,
-                f"{g['ended']}/{g['total']}",
-                f"{g['percent']:.1f}%",
-                counts,
-                "" if eta is None else f"{eta:.0f}s",
-            )
+            {
+                "group": name,
+                "ended": f"{g['ended']}/{g['total']}",
+                "progress": f"{g['percent']:.1f}%",
+                "states": counts,
+                "ETA": "" if eta is None else f"{eta:.0f}s",
+            }
         )
     head = "<h2>Groups</h2>\n<p class=note>per group: tasks ended of all, by state</p>\n"
     return head + html_table(("group", "ended", "progress", "states", "ETA"), rows) + "\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 CSS = """
@@ -79,18 +79,24 @@ def cell_text(value: object) -> str:
 
 
 def html_table(
-    columns: Sequence[str],
-    rows: Sequence[Sequence[object]],
+    columns: Sequence[str] | Mapping[str, str],
+    rows: Sequence[Mapping[str, object] | Sequence[object]],
     *,
     sortable: bool = True,
     row_classes: Sequence[str] | None = None,
 ) -> str:
-    """An HTML table of escaped cells; ``sortable`` tables sort by a click on a header."""
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    """An HTML table of escaped cells, each row a mapping by column key (what every table of
+    the reports passes: a column added or moved cannot shift another's values; a plain
+    sequence is taken cell by cell). ``columns``: the keys in order, each its own header, or
+    key -> header. ``sortable`` tables sort by a click on a header."""
+    heads = columns if isinstance(columns, Mapping) else {c: c for c in columns}
+    head = "".join(f"<th>{esc(c)}</th>" for c in heads.values())
     body = []
     for i, row in enumerate(rows):
         cls = f' class="{esc(row_classes[i])}"' if row_classes and row_classes[i] else ""
-        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(cell_text(v))}</td>" for v in row) + "</tr>")
+        values = [row.get(k) for k in heads] if isinstance(row, Mapping) else row
+        cells = "".join(f"<td>{esc(cell_text(v))}</td>" for v in values)
+        body.append(f"<tr{cls}>{cells}</tr>")
     klass = ' class="sortable"' if sortable else ""
     return (
         f"<table{klass}><thead><tr>{head}</tr></thead><tbody>\n"

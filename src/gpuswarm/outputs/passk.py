@@ -174,7 +174,9 @@ def repeats_section(summary: Mapping[str, Any]) -> str:
         sc, ps = st.get("score") or {}, st.get("passed") or {}
         pk = ps.get("pass@k") or {}
         top = pk.get(str(ps.get("n"))) if ps else None
-        rows.append([task, st.get("ended"), _num(sc.get("mean")), _ci(sc.get("ci95")),
-                     ps.get("c", ""), _num(ps.get("pass@1")), _num(top)])  # fmt: skip
+        rows.append({"task": task, "repeats ended": st.get("ended"),
+                     "mean score": _num(sc.get("mean")), "95 % CI": _ci(sc.get("ci95")),
+                     "passed": ps.get("c", ""), "pass@1": _num(ps.get("pass@1")),
+                     "pass@n": _num(top)})  # fmt: skip
     columns = ("task", "repeats ended", "mean score", "95 % CI", "passed", "pass@1", "pass@n")
     return f"<h2>Repeats</h2>\n<p>{line}</p>\n" + html_table(columns, rows) + "\n"

@@ -22,7 +22,7 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.costreport import cost_section
 from gpuswarm.outputs.energy import energy_section
-from gpuswarm.outputs.gpumem import gpu_memory_section, oom_retries
+from gpuswarm.outputs.gpumem import OomRetry, gpu_memory_section, oom_retries
 from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
@@ -68,7 +68,7 @@ class _Scan:
         self.skipped: list[Row] = []
         self.cancelled: list[Row] = []
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
-        self.oom_retries: list[tuple[str, int, Any, str]] = []  # issue 19
+        self.oom_retries: list[OomRetry] = []  # issue 19
         self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
         self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():
@@ -97,7 +97,8 @@ class _Scan:
                 self.rows.append(row)
         self.redactor: Redactor = run_redactor(info).including(values=secrets)
         redact_rows(self.rows, self.redactor)
-        self.oom_retries = [(t, n, p, self.redact(t, why)) for t, n, p, why in self.oom_retries]
+        for retry in self.oom_retries:
+            retry["reason"] = self.redact(retry["task"], retry["reason"])
 
     def _count_slots(self, data: Descriptor) -> None:
         for att in data.attempts:
@@ -205,12 +206,16 @@ def _rate(true: int, of: int, what: str) -> str:
 
 def _fields(fields: Mapping[str, Mapping[str, Any]]) -> str:
     rates = [
-        (k, _rate(f["true"], f["of_done"], "done"), _rate(f["true"], f["of_total"], "all"))
+        {
+            "field": k,
+            "pass rate of done": _rate(f["true"], f["of_done"], "done"),
+            "pass rate of all": _rate(f["true"], f["of_total"], "all"),
+        }
         for k, f in fields.items()
         if f.get("kind") == "bool"
     ]
     nums = [
-        (k, f["n"], f["mean"], f["median"], f["p90"], f["min"], f["max"])
+        {"field": k, **{c: f[c] for c in ("n", "mean", "median", "p90", "min", "max")}}
         for k, f in fields.items()
         if f.get("kind") == "number"
     ]
@@ -228,13 +233,19 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     shown, hidden = select_rows(scan.rows)
     metric_cols = sorted({k for r in scan.rows for k in r.metrics})
     result_cols = sorted({k for r in scan.rows for k in r.result})
-    columns = [*FIXED_COLUMNS, *metric_cols, *(f"result.{k}" for k in result_cols)]
-    table = []
-    for r in shown:
-        cells: list[object] = [r.values.get(c) for c in FIXED_COLUMNS]
-        table.append(
-            cells + [r.metrics.get(c) for c in metric_cols] + [r.result.get(c) for c in result_cols]
-        )
+    columns = {
+        **{c: c for c in FIXED_COLUMNS},
+        **{f"metric:{c}": c for c in metric_cols},  # a metric may share a fixed column's name
+        **{f"result.{c}": f"result.{c}" for c in result_cols},
+    }
+    table = [
+        {
+            **r.values,
+            **{f"metric:{c}": v for c, v in r.metrics.items()},
+            **{f"result.{c}": v for c, v in r.result.items()},
+        }
+        for r in shown
+    ]
     classes = [str(r.values.get("state", "")) for r in shown]
     note = ""
     if hidden:
@@ -260,7 +271,15 @@ def _slots(scan: _Scan, lanes: Sequence[str]) -> str:
     for label in labels:
         one = scan.slots.get(label) or {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
         host = ", ".join(sorted(one["hosts"])) if one["hosts"] else ""
-        table.append([label, host, one["attempts"], one["exited"], _seconds(one["busy"])])
+        table.append(
+            {
+                "slot": label,
+                "node": host,
+                "attempts": one["attempts"],
+                "exit 0": one["exited"],
+                "busy": _seconds(one["busy"]),
+            }
+        )
     return (
         "<h2>Slots</h2>\n<p class=note>every slot the run has had, with the machine it is on"
         "</p>\n" + html_table(["slot", "node", "attempts", "exit 0", "busy"], table) + "\n"
@@ -268,8 +287,9 @@ def _slots(scan: _Scan, lanes: Sequence[str]) -> str:
 
 
 def _failures(scan: _Scan) -> str:
-    def order(sd: tuple[str, Descriptor]) -> tuple[bool, str]:
-        return sd[0] != State.FAILED.value, sd[1].id if sd[1].has_id else "None"
+    def order(item: tuple[str, Descriptor]) -> tuple[bool, str]:
+        state, data = item
+        return state != State.FAILED.value, data.id if data.has_id else "None"
 
     items = sorted(scan.unfinished, key=order)
     corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]

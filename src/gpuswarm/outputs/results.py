@@ -18,11 +18,13 @@ from typing import Any
 from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
+from gpuswarm.core.models.attempt import ROW_FIELDS
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.energy import energy_of, energy_stats
+from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import repeat_of, repeat_stats
 from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
@@ -38,7 +40,7 @@ FIXED_COLUMNS = (
     "seconds",
     "exit",
     "reason",
-    "peak_vram_mb",  # issue 19: the last attempt's measured peak GPU memory ("": not measured)
+    *ROW_FIELDS,  # the last attempt's, named in its record (core/models/attempt.py)
     "energy_j",  # issue 37: GPU energy of every attempt of the task ("": not measured)
     "energy_mode",  # exclusive, or shared (apportioned: docs/monitoring.md, "Energy")
 )
@@ -48,6 +50,7 @@ _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows ar
 @dataclass(slots=True)  # 100k rows at the end of a 100k-task run: no __dict__ each
 class Row:
     values: dict[str, Any] = field(default_factory=dict)
+    last: AttemptRecord | None = None  # the attempt it is judged by (every field of it)
     metrics: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
     busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
@@ -66,6 +69,13 @@ def _exit_text(attempt: AttemptRecord | None) -> str:
     return "" if attempt.returncode is None else str(attempt.returncode)
 
 
+def _last_fields(last: AttemptRecord | None) -> dict[str, object]:
+    """The row's cells of the last attempt's fields (``ROW_FIELDS``): "" where not set."""
+    if last is None:
+        return dict.fromkeys(ROW_FIELDS, "")
+    return {k: "" if (v := getattr(last, k)) is None else v for k in ROW_FIELDS}
+
+
 def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     """The row of one descriptor (a JSON dict from callers not yet typed)."""
     if not isinstance(desc, Descriptor):
@@ -81,9 +91,10 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
         "seconds": round(float(last.duration), 3) if last and last.duration is not None else "",
         "exit": _exit_text(last),
         "reason": desc.reason or (last.reason if last else None) or "",
-        "peak_vram_mb": last.peak_vram_mb if last and last.peak_vram_mb is not None else "",
+        **_last_fields(last),
         **energy_of(desc),
     }
+    row.last = last
     row.busy = desc.busy_seconds
     row.inputs = desc.inputs or _EMPTY
     row.seq = desc.seq
@@ -385,24 +396,6 @@ def spend_stats(rows: list[Row]) -> dict[str, Any]:
         spend.add(r.spend, done=r.values["state"] == State.DONE.value)
     cost = spend.as_json()
     return {} if cost is None else {"cost": cost}
-
-
-def gpu_memory_stats(rows: list[Row]) -> dict[str, Any]:
-    """Measured peak GPU memory over the tasks (issue 19): how many were measured, the peaks'
-    max / mean / median (MiB), and the tasks whose reason says an OOM retry was sized."""
-    peaks = [
-        float(p)
-        for r in rows
-        if isinstance(p := r.values.get("peak_vram_mb"), int) and not isinstance(p, bool)
-    ]
-    out: dict[str, Any] = {"measured": len(peaks), "of_total": len(rows)}
-    if peaks:
-        out["peak_vram_mb"] = {
-            "max": max(peaks),
-            "mean": round(statistics.fmean(peaks), 1),
-            "median": statistics.median(peaks),
-        }
-    return out
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:

@@ -15,7 +15,7 @@ from gpuswarm.config.backends import settings_of
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.experiment import MEMORY_METRIC, ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import export, remove_export
 from gpuswarm.research.exports import protected_changes as _protected_changes
 from gpuswarm.research.journal import Variant
@@ -78,7 +78,7 @@ def task_for(paths: ExpPaths, cfg: ExperimentConfig, v: Variant) -> TaskSpec:
         grace=10.0,
         max_attempts=1,
         priority=10 if v.kind == "baseline" else 0,
-        metrics={cfg.metric: cfg.metric_pattern, "peak_vram_mb": cfg.memory_pattern},
+        metrics={cfg.metric: cfg.metric_pattern, MEMORY_METRIC: cfg.memory_pattern},
         accelerator=_platform(v),
     )
 

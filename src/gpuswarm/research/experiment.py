@@ -44,7 +44,10 @@ from gpuswarm.research.progress import check_progress_pattern, default_pattern
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-DEFAULT_MEMORY_PATTERN = r"^\s*peak_vram_mb:\s*([-+0-9.eE]+)"
+#: The memory line a training script prints, named as the attempt record's measured peak
+#: (``AttemptRecord``'s field of that name): the printed value stands in for the measured one.
+MEMORY_METRIC = "peak_vram_mb"
+DEFAULT_MEMORY_PATTERN = rf"^\s*{MEMORY_METRIC}:\s*([-+0-9.eE]+)"
 DEFAULT_FAIL_PATTERN = r"^FAIL\b"
 
 

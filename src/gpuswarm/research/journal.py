@@ -72,6 +72,16 @@ class Variant:
         }
 
 
+@dataclass(frozen=True)
+class BaseMove:
+    """A keep's move of the branch from BASE to its commit, decided but not yet journaled as
+    done (its ``base`` line): a crash between the two is finished by ``settle``."""
+
+    frm: str
+    to: str
+    id: str
+
+
 @dataclass
 class ExperimentState:
     base: str = ""
@@ -84,7 +94,7 @@ class ExperimentState:
     sealed: set[int] = field(default_factory=set)
     mode: str = "rounds"
     worktree_base: str = ""
-    pending_base: dict[str, Any] | None = None  # a keep whose branch move is not journaled yet
+    pending_base: BaseMove | None = None  # a keep whose branch move is not journaled yet
     gpu_models: dict[str, int] = field(default_factory=dict)  # at init: model -> GPU count
     paired: bool = False  # decisions are paired with BASE control runs (a loop turned it on)
 
@@ -182,7 +192,7 @@ def _on_decided(state: ExperimentState, e: dict[str, Any]) -> None:
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:
         state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))
     if e["status"] == "keep" and v.kind in ("variant", "combo"):
-        state.pending_base = {"from": state.base, "to": v.commit, "id": v.id}
+        state.pending_base = BaseMove(frm=state.base, to=v.commit, id=v.id)
 
 
 def _on_base(state: ExperimentState, e: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from gpuswarm.app import api
 from gpuswarm.core.logs import log_tail
 from gpuswarm.research import progress
 from gpuswarm.research.executor import run_paths
-from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
+from gpuswarm.research.experiment import MEMORY_METRIC, ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import protected_changes, protected_data_changes
 from gpuswarm.research.journal import Variant
 
@@ -50,7 +50,7 @@ def outcome(
     return {
         "ok": reason is None,
         "metric": float(metric) if reason is None and metric is not None else None,
-        "memory_gb": memory_gb(last.metrics.get("peak_vram_mb"), last.peak_vram_mb),
+        "memory_gb": memory_gb(last.metrics.get(MEMORY_METRIC), getattr(last, MEMORY_METRIC)),
         "reason": reason,
         "summary": summary_fields(log) if log else {},
         "gpu": ",".join(str(g) for g in last.gpus),
@@ -72,7 +72,7 @@ def outcome(
 
 
 def memory_gb(printed: Any, measured: int | None) -> float | None:
-    """GiB of GPU memory for the results row: what the script printed (``peak_vram_mb:``), else
+    """GiB of GPU memory for the results row: what the script printed (``MEMORY_METRIC``), else
     what gpuswarm's VRAM sampler measured (issue 19), else None (not measured)."""
     if isinstance(printed, bool) or not isinstance(printed, int | float):
         printed = measured

@@ -33,20 +33,20 @@ def write_research_report(
         metric = fin.get("metric")
         seconds = fin.get("seconds")
         rows.append(
-            [
-                v.id,
-                v.commit[:7],
-                "" if metric is None else f"{float(metric):.6f}",  # as results.tsv
-                fin.get("memory_gb"),
-                status,
-                (dec.get("row") or ["", "", "", "", v.description])[4],
-                f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
-                fin.get("gpu"),
-                "" if seconds is None else round(float(seconds)),
-                dec.get("reason") or fin.get("reason") or "",
-                "" if fin.get("energy_j") is None else round(float(fin["energy_j"])),
-                *(spent(v).values() if paid else ()),  # issue 34: the proposer's tokens, USD
-            ]
+            {
+                "id": v.id,
+                "commit": v.commit[:7],
+                "metric": "" if metric is None else f"{float(metric):.6f}",  # as results.tsv
+                "memory_gb": fin.get("memory_gb"),
+                "status": status,
+                "description": (dec.get("row") or ["", "", "", "", v.description])[4],
+                "diff": f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
+                "gpu": fin.get("gpu"),
+                "seconds": "" if seconds is None else round(float(seconds)),
+                "reason": dec.get("reason") or fin.get("reason") or "",
+                "energy_j": "" if fin.get("energy_j") is None else round(float(fin["energy_j"])),
+                **(spent(v) if paid else {}),  # issue 34: the proposer's tokens, USD
+            }
         )
         classes.append(ROW_CLASS.get(status, ""))
         if status == "crash" and fin.get("log"):
@@ -54,8 +54,10 @@ def write_research_report(
                 f'<li><a href="{esc(str(fin["log"]))}">{esc(v.id)} log</a>: '
                 f"{esc(str(fin.get('reason') or 'crash'))}</li>"
             )
-    columns = ["id", "commit", cfg.metric, "memory_gb", "status", "description", "diff"]
-    columns += ["gpu", "seconds", "reason", "energy_j", *(COLUMNS if paid else ())]
+    columns = {"id": "id", "commit": "commit", "metric": cfg.metric, "memory_gb": "memory_gb"}
+    for c in ("status", "description", "diff", "gpu", "seconds", "reason", "energy_j"):
+        columns[c] = c
+    columns.update({c: c for c in (COLUMNS if paid else ())})
     f = figures(state)
     best = "-" if f.best is None else f"{f.best:.6f}"
     gain = ""
@@ -127,12 +129,17 @@ def _rules_html(cfg: ExperimentConfig, state: ExperimentState) -> str:
     for p in rules.platforms(state):
         best = rules.reference(state, state.base, p)
         rows.append(
-            [
-                p,
-                "-" if best is None else f"{best:.6f}",
-                len(rules.runs_of(state, state.base, p)),
-                "yes" if rules.moves_base(cfg, state, p) else "no",
-            ]
+            {
+                "platform": p,
+                "base": "-" if best is None else f"{best:.6f}",
+                "runs": len(rules.runs_of(state, state.base, p)),
+                "moves": "yes" if rules.moves_base(cfg, state, p) else "no",
+            }
         )
-    columns = ["platform", f"BASE {cfg.metric}", "runs of BASE", "moves BASE"]
+    columns = {
+        "platform": "platform",
+        "base": f"BASE {cfg.metric}",
+        "runs": "runs of BASE",
+        "moves": "moves BASE",
+    }
     return text + "<h2>Platforms</h2>\n" + html_table(columns, rows) + "\n"

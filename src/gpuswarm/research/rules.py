@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from gpuswarm.research import controls
 from gpuswarm.research.amounts import amount as amount
 from gpuswarm.research.amounts import parse_amount as parse_amount
+from gpuswarm.research.experiment import MEMORY_METRIC
 from gpuswarm.research.journal import ExperimentState, Variant
 
 if TYPE_CHECKING:
@@ -54,13 +55,13 @@ def ok_metric(v: Variant) -> float | None:
 
 def peak_mb(v: Variant) -> float | None:
     """Peak GPU memory of a run in MB, as its results row has it (``memory_gb``: the script's
-    ``peak_vram_mb:`` line, else the peak gpuswarm's VRAM sampler measured), else a
-    ``peak_vram_mb`` of the log's summary block."""
+    ``MEMORY_METRIC`` line, else the peak gpuswarm's VRAM sampler measured), else a
+    ``MEMORY_METRIC`` of the log's summary block."""
     fin = v.finished or {}
     gb = fin.get("memory_gb")
     if isinstance(gb, int | float) and not isinstance(gb, bool) and gb > 0:
         return float(gb) * 1024
-    printed = (fin.get("summary") or {}).get("peak_vram_mb")
+    printed = (fin.get("summary") or {}).get(MEMORY_METRIC)
     return float(printed) if isinstance(printed, int | float) and printed > 0 else None
 
 

@@ -146,11 +146,11 @@ def _follow_branch(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentStat
         )
     move = state.pending_base
     if move is not None:
-        if tip == move["from"]:
-            gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", move["to"], move["from"])
-            tip = move["to"]
-        if tip == move["to"]:
-            _based(paths, state, move["from"], move["to"], move["id"])
+        if tip == move.frm:
+            gitops.update_ref(paths.repo, f"refs/heads/{cfg.branch}", move.to, move.frm)
+            tip = move.to
+        if tip == move.to:
+            _based(paths, state, move.frm, move.to, move.id)
             return
     if tip != state.base:
         if not gitops.is_ancestor(paths.repo, state.base, tip):

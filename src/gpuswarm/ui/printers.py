@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gpuswarm.core.redact import inert
 from gpuswarm.core.words import counted
+from gpuswarm.outputs.gpumem import gpu_memory_lines
 from gpuswarm.outputs.slurmview import slurm_lines
 from gpuswarm.outputs.spend import spend_line
 from gpuswarm.ui.table import clock
@@ -198,21 +199,6 @@ def end_line(report: RunReport) -> str:
     if not s.get("complete"):
         return f"unfinished: {pending} pending; finish with: {resume}"
     return ""
-
-
-def gpu_memory_lines(stats: Any) -> list[str]:
-    """``peak GPU memory: max 7.9 GiB, median 3.1 GiB (12 of 12 tasks measured)`` (issue 19)."""
-    if not isinstance(stats, dict) or not stats.get("measured"):
-        return []
-    peaks = stats.get("peak_vram_mb") or {}
-    try:
-        top, mid = float(peaks["max"]) / 1024, float(peaks["median"]) / 1024
-    except (KeyError, TypeError, ValueError):
-        return []
-    return [
-        f"peak GPU memory: max {top:.1f} GiB, median {mid:.1f} GiB "
-        f"({stats['measured']} of {counted(stats.get('of_total', 0), 'task')} measured)"
-    ]
 
 
 def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:

@@ -198,6 +198,13 @@ class AttemptRecord:
             usage_problem=get("usage_problem"),
         )
 
+    def field_values(self) -> dict[str, object]:
+        """Every field by name, absent ones as None (``gpus`` a list, unknown keys left out):
+        what the api and the dashboard show of an attempt, so a new field reaches them."""
+        out = {name: getattr(self, name) for name in _ATTEMPT_FIELDS}
+        out["gpus"] = list(self.gpus or ())
+        return out
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object: absent fields left out, null ones of a launched attempt kept.
         Spelled out field by field: it runs once per commit on the hot path."""
@@ -269,3 +276,6 @@ class AttemptRecord:
 
 _ATTEMPT_FIELDS = tuple(f.name for f in fields(AttemptRecord) if f.name != "extra")
 _FIELD_SET = frozenset(_ATTEMPT_FIELDS)
+#: The fields of a task's last attempt that are results.tsv columns (and summary.json's rows):
+#: "" where not measured.
+ROW_FIELDS = ("peak_vram_mb",)  # issue 19: the last attempt's measured peak GPU memory
