@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuswarm.config.commands import through_shell
-from gpuswarm.config.direct import SHELL_WORDS, DirectRule, shell_pwd
+from gpuswarm.config.direct import SHELL_WORDS, DirectRule, shell_env, shell_pwd
 from gpuswarm.config.load import load_command_list
 
 PATH = os.environ.get("PATH", "/usr/bin:/bin")
@@ -136,6 +136,23 @@ def test_shell_pwd(tmp_path: Path) -> None:
     assert shell_pwd("rel", str(tmp_path)) == str(tmp_path.resolve())
 
 
+def test_shell_env_is_what_sh_passes_on(tmp_path: Path) -> None:
+    env = {"PATH": PATH, "A-B": "1", "x.y": "2", "OK_1": "3", "PWD": "/"}
+    dump = "import json, os; print(json.dumps(dict(os.environ)))"
+    shell = subprocess.run(
+        ["/bin/sh", "-c", f"{PY} -c {shlex.quote(dump)}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    direct = subprocess.run(
+        [PY, "-c", dump], cwd=tmp_path, env=shell_env(env, str(tmp_path)), capture_output=True
+    )
+    assert json.loads(direct.stdout) == json.loads(shell.stdout)
+    assert json.loads(direct.stdout)["OK_1"] == "3"
+
+
 # -- equivalence: what goes direct gives what /bin/sh -c gives -------------------------------------
 _WORD_CHARS = "abcxyz019_@%+=:,./-"
 _plain = st.text(st.sampled_from(_WORD_CHARS), min_size=1, max_size=6)
@@ -171,7 +188,7 @@ def _run(argv: list[str], cwd: Path) -> tuple[bytes, bytes, int]:
 def test_direct_gives_what_sh_gives(line: str, tmp_path: Path) -> None:
     argv = RULE.argv(line)
     assert argv is not None, line  # the generator makes only lines the rule lets go direct
-    env = {**os.environ, "PWD": shell_pwd(os.environ.get("PWD"), str(tmp_path))}
+    env = shell_env(dict(os.environ), str(tmp_path))
     direct = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=30)
     shell = subprocess.run(["/bin/sh", "-c", line], cwd=tmp_path, capture_output=True, timeout=30)
     assert (direct.stdout, direct.stderr, direct.returncode) == (

@@ -1,8 +1,8 @@
 """Command-list lines run directly (issue 31): a line that ``/bin/sh -c`` would run as one plain
 program with its words, no shell feature used, is stored as that argv and exec'd without the
-shell process, with the same program, arguments, environment, working folder, exit status and
-signals. The task keeps ``shell: true``; its command, a list, records the choice (the queue keeps
-it, so a resume runs it the same way).
+shell process, with the same program, arguments, environment (as the shell passes it on:
+:func:`shell_env`), working folder, exit status and signals. The task keeps ``shell: true``;
+its command, a list, records the choice (the queue keeps it, so a resume runs it the same way).
 
 A line goes direct only when every character outside single quotes is plain (ASCII letters,
 digits, white space, double quotes and ``_ @ % + = : , . / -``: no ``$``, backtick, backslash,
@@ -151,6 +151,17 @@ def _executable(path: Path | None) -> bool:
     except OSError:
         return False
     return head.startswith(_MAGIC)
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+
+def shell_env(env: dict[str, str], cwd: str) -> dict[str, str]:
+    """The environment ``/bin/sh`` passes on to what it runs in ``cwd``: without variables
+    whose names are no shell names (dash drops ``A-B=1``), ``PWD`` as it sets it."""
+    out = {k: v for k, v in env.items() if _ENV_NAME.fullmatch(k)}
+    out["PWD"] = shell_pwd(env.get("PWD"), cwd)
+    return out
 
 
 def shell_pwd(inherited: str | None, cwd: str) -> str:
