@@ -153,22 +153,19 @@ def _executable(path: Path | None) -> bool:
     return head.startswith(_MAGIC)
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-
-
 def shell_env(env: dict[str, str], cwd: str) -> dict[str, str]:
     """The environment ``/bin/sh`` passes on to what it runs in ``cwd``: without variables
     whose names are no shell names (dash drops ``A-B=1``), ``PWD`` as it sets it."""
-    out = {k: v for k, v in env.items() if _ENV_NAME.fullmatch(k)}
+    out = {k: v for k, v in env.items() if k.isascii() and k.isidentifier()}  # [A-Za-z_]\w*
     out["PWD"] = shell_pwd(env.get("PWD"), cwd)
     return out
 
 
 def shell_pwd(inherited: str | None, cwd: str) -> str:
     """The ``PWD`` ``/bin/sh`` exports to what it runs in ``cwd``: the inherited value when it
-    names that folder (a logical path kept), else the physical path."""
-    if inherited and Path(inherited).is_absolute():
+    names that folder (a logical path kept), else the physical path. Per task: plain os calls."""
+    if inherited and inherited.startswith("/"):
         with contextlib.suppress(OSError):
-            if Path(inherited).samefile(cwd):
+            if os.path.samefile(inherited, cwd):  # noqa: PTH121 - two stats, no Path objects
                 return inherited
     return os.path.realpath(cwd)
