@@ -293,6 +293,23 @@ def test_a_command_list_runs_in_containers_from_the_cli_flags(
         assert log.split() == ["0"], (task, log)
 
 
+def test_a_plain_line_keeps_the_shell_in_a_container(
+    tmp_path: Path, gpuswarm: Cli, docker_image: str
+) -> None:
+    """Issue 31: a line that needs no shell runs as its argv on the local backend only; in a
+    container (whose PATH is not this one) it stays a /bin/sh line."""
+    (tmp_path / "cmds.txt").write_text("ls /proc/self\n")
+    res = gpuswarm(
+        *("run", "--gpus", "sim:1", "--no-report", "--workspace", "ws", "--backend", "docker"),
+        *("--image", docker_image, *USR_CLI_ARGS, tmp_path / "cmds.txt"),
+    )
+    assert res.returncode == 0, str(res)
+    (run_dir,) = find_runs(tmp_path / "ws")
+    (done,) = (run_dir / ".parallel" / "done").glob("*.json")
+    task = json.loads(done.read_text())["task"]
+    assert (task["shell"], task["command"]) == (True, "ls /proc/self")
+
+
 def test_the_queue_is_masked_where_a_mount_shows_it_under_another_path(
     tmp_path: Path, gpuswarm: Cli, docker_image: str
 ) -> None:

@@ -21,6 +21,7 @@ from gpuswarm.app.output import Output
 from gpuswarm.cli.support import refuse_list_options, stoppable
 from gpuswarm.config.backends import click_options
 from gpuswarm.config.budget import TOKENS_HELP, BudgetConfig, parse_tokens
+from gpuswarm.config.commands import CommandTasks, through_shell
 from gpuswarm.config.halt import HALT_HELP, canonical_halt
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -113,11 +114,22 @@ def _load_source(
         loaded = load_config(Path(source), repeats=defaults.repeats)
     elif source == "-":
         loaded = load_command_list(
-            None, read_stdin(), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
+            None,
+            read_stdin(),
+            shell=shell,
+            base_dir=Path.cwd(),
+            name=name,
+            defaults=defaults,
+            direct=True,
         )
     else:
         loaded = load_command_list(
-            Path(source), shell=shell, base_dir=Path.cwd(), name=name, defaults=defaults
+            Path(source),
+            shell=shell,
+            base_dir=Path.cwd(),
+            name=name,
+            defaults=defaults,
+            direct=True,
         )
     return loaded.with_overrides(name=name, workspace=Path(workspace) if workspace else None)
 
@@ -192,6 +204,8 @@ def run(
         loaded = (
             _load_source(source, shell=shell, name=name, workspace=workspace, defaults=defaults)
         ).with_backend(backend, backend_values)
+        if loaded.config.backend != "local" and isinstance(loaded.tasks, CommandTasks):
+            loaded = dataclasses.replace(loaded, tasks=through_shell(loaded.tasks))  # its PATH
         if halt is not None:  # the run's own from now on (run.json): a resume keeps it
             config = loaded.config.model_copy(update={"halt": canonical_halt(halt)})
             loaded = dataclasses.replace(loaded, config=config)

@@ -60,10 +60,14 @@ def list_tasks(
     base_dir: Path,
     grace: float,
     source: Path | None,
+    direct: bool = False,
 ) -> CommandTasks:
     """The tasks of a command list read from ``source`` (None: stdin; ``{config_dir}`` is its
-    folder, else ``base_dir``), each ``opts.repeats`` times (``{repeat}`` then known)."""
+    folder, else ``base_dir``), each ``opts.repeats`` times (``{repeat}`` then known);
+    ``direct``: as :func:`~gpuswarm.config.commands.command_tasks`'."""
     folder = source.expanduser().resolve().parent if source is not None else base_dir
     known = (REPEAT,) if opts.repeats is not None else ()
-    tasks = command_tasks(lines, opts, label, base_dir, grace, config_dir=folder, known=known)
+    tasks = command_tasks(
+        lines, opts, label, base_dir, grace, config_dir=folder, known=known, direct=direct
+    )
     return repeated_commands(tasks, opts.repeats)

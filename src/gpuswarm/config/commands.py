@@ -8,12 +8,16 @@ the list is loaded, and errors name the line.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
+import shlex
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from gpuswarm.config.direct import DirectRule
 from gpuswarm.config.instances import Instance
 from gpuswarm.config.models import TaskOptions, TaskSpec
 from gpuswarm.config.tasks import check_template, make_spec, split_command
@@ -87,15 +91,18 @@ def command_tasks(
     grace: float,
     config_dir: Path | None = None,
     known: Iterable[str] = (),
+    direct: bool = False,
 ) -> CommandTasks:
     """Check every line and build the tasks: ids ``cmd-<line number>`` (zero padded to at least
     5 digits), names the line cut to 60 characters. ``{config_dir}`` is ``config_dir`` (the
     list file's folder), else ``base_dir``; every task carries it when one line uses it.
-    ``known``: placeholders a later step supplies too (``{repeat}``: config/cmdrepeats.py)."""
+    ``known``: placeholders a later step supplies too (``{repeat}``: config/cmdrepeats.py).
+    ``direct``: a shell line that needs no shell is stored as its argv (config/direct.py)."""
     width = max(5, len(str(lines[-1][0])))
     allowed = {*PLACEHOLDERS_AT_LAUNCH, *PLACEHOLDERS_AT_LOAD, *known}
     rows: list[Row] = []
     names = name_redactor(opts.env)
+    rule = _direct_rule(opts) if direct else None
     for number, line in lines:
         where = Locator(source, {(): number})
         if "\0" in line:
@@ -109,6 +116,8 @@ def command_tasks(
         if "{" in line or "}" in line:
             check_template(line, allowed, where, (), "the command")
         command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")
+        if rule is not None:
+            command = rule.argv(line) or command
         name = names.name(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))
     uses = uses_placeholder((line for _, line in lines), "config_dir")
@@ -125,6 +134,24 @@ def command_tasks(
         folder = str(config_dir or base_dir)
         first = first.model_copy(update={"vars": {**first.vars, "config_dir": folder}})
     return CommandTasks(first.model_dump(mode="json"), rows)
+
+
+def _direct_rule(opts: TaskOptions) -> DirectRule | None:
+    """The rule for ``opts``' lines; None keeps every line on /bin/sh: no shell default, an
+    agent wraps the command, or the tasks' PATH is their own."""
+    if not opts.shell or opts.agent is not None or "PATH" in opts.env:
+        return None
+    return DirectRule(os.environ.get("PATH"))
+
+
+def through_shell(tasks: CommandTasks) -> CommandTasks:
+    """``tasks`` with each direct line given back to /bin/sh (``shlex.join``: the same argv),
+    for a backend that runs the command elsewhere (a container's PATH is not this one)."""
+    if not len(tasks) or tasks.with_holes().get("shell") is not True:
+        return tasks
+    out = copy.copy(tasks)
+    out._rows = [(i, n, shlex.join(c) if isinstance(c, list) else c) for i, n, c in tasks.rows()]
+    return out
 
 
 def task_dumps(tasks: Sequence[TaskSpec]) -> Iterator[dict[str, Any]]:

@@ -367,14 +367,14 @@ def load_command_list(
     base_dir: Path,
     name: str | None = None,
     defaults: TaskOptions | None = None,
+    direct: bool = False,
 ) -> LoadedConfig:
-    """Tasks from a GNU-parallel style list: one command per line.
-
-    Blank lines and lines starting with ``#`` are skipped. Each line is run by ``/bin/sh -c``
-    (GNU parallel's way), or split into arguments (shlex rules) when ``shell`` is False
-    (``--no-shell``). Task ids are ``cmd-<line number>``
-    (zero padded to at least 5 digits), names the line cut to 60 characters. ``source`` None means
-    stdin (read unless ``text`` is given). The run name defaults to the file's stem or ``stdin``.
+    """Tasks from a GNU-parallel style list: one command per line (blank lines and lines
+    starting with ``#`` skipped), each run by ``/bin/sh -c`` (GNU parallel's way; ``direct``: as
+    its argv when it needs no shell, config/direct.py), or split into arguments (shlex rules)
+    when ``shell`` is False (``--no-shell``). Task ids are ``cmd-<line number>`` (zero padded to
+    at least 5 digits), names the line cut to 60 characters. ``source`` None means stdin (read
+    unless ``text`` is given). The run name defaults to the file's stem or ``stdin``.
     """
     label = str(source) if source is not None else "<stdin>"
     if text is None:
@@ -389,7 +389,7 @@ def load_command_list(
         )
     base_dir = base_dir.expanduser().resolve()
     grace = RunConfig.model_fields["grace"].default
-    tasks = list_tasks(lines, opts, label, base_dir, grace, source)  # --repeats too (issue 34)
+    tasks = list_tasks(lines, opts, label, base_dir, grace, source, direct)  # --repeats too
     if name is not None:
         try:
             check_run_name(name)

@@ -4,7 +4,6 @@ launch placeholders ({gpu}, {attempt}, ...): what exec/ launches."""
 from __future__ import annotations
 
 import contextlib
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,15 +19,16 @@ def _values(task: TaskSpec, values: Mapping[str, str]) -> dict[str, str]:
 
 def render_command(task: TaskSpec, values: Mapping[str, str]) -> list[str]:
     """The argv to launch: ``[/bin/sh, -c, rendered]`` for shell tasks, else each arg rendered.
+    A shell task whose command is a list is a command-list line that needs no shell
+    (:mod:`gpuswarm.config.direct`): its argv, as ``/bin/sh`` would exec it.
 
     In a shell command each value is quoted for the shell (``{key!raw}`` splices it as is).
 
     ``values`` (the launch placeholders) win over the task's own :attr:`TaskSpec.vars`.
     """
     merged = _values(task, values)
-    if task.shell:
-        text = task.command if isinstance(task.command, str) else shlex.join(task.command)
-        return [SHELL, "-c", render_shell(text, merged)]  # values quoted for the shell
+    if task.shell and isinstance(task.command, str):
+        return [SHELL, "-c", render_shell(task.command, merged)]  # values quoted for the shell
     argv = task.command if isinstance(task.command, list) else shell_split(task.command)
     return [render(arg, merged) for arg in argv]
 

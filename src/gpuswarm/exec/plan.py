@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuswarm.agents.pricing import over_max_usd, usage_fields
+from gpuswarm.config.direct import shell_env
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import (
@@ -93,10 +94,13 @@ def launch_spec_for(
         env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
     start = inherited if inherited is not None else {}
     workspace = paths.task_dir(task.id)
+    cwd = render_cwd(task, values, base_dir)
+    if task.shell and isinstance(task.command, list):  # run direct: the env /bin/sh passes on
+        env = shell_env(env, str(cwd))
     return LaunchSpec(
         argv=render_command(task, values),
         env=env,
-        cwd=render_cwd(task, values, base_dir),
+        cwd=cwd,
         log_path=paths.attempt_log(task.id, n),  # Attempt.launch makes its folder
         timeout=task.timeout,
         grace=task.grace,
