@@ -18,7 +18,7 @@ import click
 
 from gpuswarm.app.control import YAML_SUFFIXES, add_tasks, execute, load_source, set_priority
 from gpuswarm.app.deps import run_task_ids
-from gpuswarm.cli.support import refuse_list_options, stoppable
+from gpuswarm.cli.support import SHELL_OPTION, refuse_list_options, stoppable
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core import verbs
 from gpuswarm.core.words import counted
@@ -40,12 +40,7 @@ def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
 @click.command()
 @_RUN
 @click.argument("source")
-@click.option(
-    "--shell/--no-shell",
-    default=True,
-    help="command list: run each line with /bin/sh -c (the default), or split it into "
-    "arguments and run the program without a shell",
-)
+@SHELL_OPTION
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--priority", type=int, help="command list: the tasks' priority (higher first)")

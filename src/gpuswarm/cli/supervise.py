@@ -18,7 +18,7 @@ from gpuswarm.app.engine import (
     work_run,
 )
 from gpuswarm.app.output import Output
-from gpuswarm.cli.support import refuse_list_options, stoppable
+from gpuswarm.cli.support import SHELL_OPTION, refuse_list_options, stoppable
 from gpuswarm.config.backends import click_options
 from gpuswarm.config.budget import TOKENS_HELP, BudgetConfig, parse_tokens
 from gpuswarm.config.commands import CommandTasks, through_shell
@@ -140,12 +140,7 @@ def _load_source(
 @click.option("--name", help="run name (default: the config's name or the file's stem)")
 @click.option("--workspace", help="folder runs go to: <workspace>/<name>/run_<timestamp>/")
 @click.option("--suffix", help="appended to the run folder's name")
-@click.option(
-    "--shell/--no-shell",
-    default=True,
-    help="command list: run each line with /bin/sh -c (the default), or split it into "
-    "arguments and run the program without a shell",
-)
+@SHELL_OPTION
 @click.option("--timeout", help="command list: per-task timeout (90s, 10m, 2h)")
 @click.option("--max-attempts", type=int, help="command list: attempts per task (default 1)")
 @click.option("--gpu-memory", help="command list: GPU memory per task (20G): packs GPUs by it")

@@ -58,6 +58,14 @@ def stoppable(viewer: bool = False) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+SHELL_OPTION = click.option(  # run and add: how a command list's lines run
+    "--shell/--no-shell",
+    default=True,
+    help="command list: run each line with /bin/sh -c (the default), or split it into "
+    "arguments and run the program without a shell",
+)
+
+
 def refuse_list_options(source: str, yaml_suffixes: tuple[str, ...], *names: str) -> None:
     """A YAML SOURCE with a command-list-only option given (``--timeout``, ``--no-shell``...):
     exit 2 naming it and the config's field, never an option silently left unused."""
@@ -71,10 +79,9 @@ def refuse_list_options(source: str, yaml_suffixes: tuple[str, ...], *names: str
         ):
             param = next(p for p in ctx.command.params if p.name == name)
             flag = "/".join(param.opts + param.secondary_opts)
-            field = "shell" if name == "shell" else name
             raise click.UsageError(
                 f"{flag} applies to a command list; {source} is a YAML config: set "
-                f"{field}: in its defaults: or on a task instead"
+                f"{name}: in its defaults: or on a task instead"
             )
 
 
