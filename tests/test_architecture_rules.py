@@ -249,7 +249,6 @@ OVER_400 = {
     "gpuswarm.config.tasks": 431,
     "gpuswarm.config.load": 426,
     "gpuswarm.agents.usage": 424,
-    "gpuswarm.placement.vram": 416,
 }
 
 

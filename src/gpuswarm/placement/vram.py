@@ -29,67 +29,20 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 
 from gpuswarm.placement.devices import Gpu
 from gpuswarm.placement.energy import EnergyBook, split
 from gpuswarm.placement.nvml import DeviceSample, GpuQuery
+from gpuswarm.placement.watched import GpuState, PidsOf, Usage, Watched, usage_of
+
+__all__ = ["GpuState", "PidsOf", "Usage", "VramSampler"]
 
 SAMPLE_SECONDS = 0.25  # 3 NVML calls per GPU a look: ~0.1 ms each on a real driver
 SETTLED_SAMPLE_SECONDS = 1.0  # once every attempt has run YOUNG_SECONDS and none is releasing
 YOUNG_SECONDS = 30.0  # a young attempt (short tasks, a peak while it loads) is looked at often
 RELEASE_TIMEOUT_SECONDS = 30.0
 FOREIGN_RECHECK_SECONDS = 5.0  # a pid once found foreign is asked about again after this
-
-PidsOf = Callable[[], Iterable[int]]
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What an attempt used, measured. ``peak_mb``/``mean_mb``: memory of its processes."""
-
-    peak_mb: int
-    mean_mb: int
-    peak_util: int | None
-    mean_util: int | None
-    samples: int
-    energy_j: float | None = None  # issue 37 (placement/energy.py); None: not measured
-    energy_mode: str | None = None  # "exclusive" / "shared"
-
-
-@dataclass(frozen=True)
-class GpuState:
-    """One GPU at the last look: its memory, what of it is ours (by attempt key), the rest."""
-
-    total_mb: int | None
-    used_mb: int | None
-    util: int | None
-    ours_mb: Mapping[str, int]  # attempt key -> memory its processes hold (releasing ones too)
-    foreign_mb: int  # used memory not held by a process of ours
-    foreign_pids: tuple[int, ...]
-    readable: bool  # its process list could be read (else nothing is attributed on it)
-
-
-@dataclass
-class _Watched:
-    key: str
-    gpus: tuple[int, ...]
-    pids_of: PidsOf
-    pids: set[int] = field(default_factory=set)  # ever seen on a GPU and attributed to it
-    samples: int = 0
-    peak: int = 0
-    total: int = 0
-    util_peak: int | None = None
-    util_total: int = 0
-    util_samples: int = 0
-    readable: bool = False  # at least one look could read a process list of its GPUs
-    since: float = field(default_factory=time.monotonic)
-    ended_at: float | None = None  # set by end(): releasing from then on
-    held: bool = False
-    energy_j: float = 0.0  # its share of its GPUs' energy (placement/energy.py)
-    energy_known: bool = False
-    shared: bool = False  # some interval's energy was split with another attempt
 
 
 class VramSampler:
@@ -116,7 +69,7 @@ class VramSampler:
         self.on_freed = on_freed  # (gpu, attempt key): a held GPU is free again
         self.on_tick = on_tick  # after every look (the host book publishes what it holds)
         self._lock = threading.Lock()
-        self._watched: dict[str, _Watched] = {}
+        self._watched: dict[str, Watched] = {}
         self._owner: dict[int, str] = {}  # pid -> attempt key
         self._foreign: dict[int, float] = {}  # pid -> when it was found foreign
         self._states: dict[int, GpuState] = {}
@@ -166,7 +119,7 @@ class VramSampler:
     def watch(self, key: str, gpus: Sequence[int], pids_of: PidsOf) -> None:
         """Measure attempt ``key`` on ``gpus`` from now; ``pids_of`` gives its host pids."""
         with self._lock:
-            self._watched[key] = _Watched(key, tuple(gpus), pids_of)
+            self._watched[key] = Watched(key, tuple(gpus), pids_of)
 
     def end(self, key: str) -> Usage | None:
         """Attempt ``key`` ended: what it used (None: not measured). It stays *releasing*
@@ -178,7 +131,7 @@ class VramSampler:
             w.ended_at = time.monotonic()
             if not self._holds(w):
                 self._forget(w)
-            return _usage(w)
+            return usage_of(w)
 
     def releasing(self, gpu: int) -> list[str]:
         """Keys of ended attempts whose processes still hold memory on ``gpu``."""
@@ -226,7 +179,7 @@ class VramSampler:
         if changed and self.on_change is not None:
             self.on_change()
 
-    def _unknown(self, looks: Mapping[int, DeviceSample]) -> tuple[set[int], list[_Watched]]:
+    def _unknown(self, looks: Mapping[int, DeviceSample]) -> tuple[set[int], list[Watched]]:
         """Pids on a GPU not attributed yet (a foreign one is asked about again after a while),
         and the live attempts to ask: only those on a GPU showing one."""
         now = time.monotonic()
@@ -248,7 +201,7 @@ class VramSampler:
         ]
         return unknown, ask
 
-    def _attribute(self, unknown: set[int], answers: list[tuple[_Watched, set[int]]]) -> None:
+    def _attribute(self, unknown: set[int], answers: list[tuple[Watched, set[int]]]) -> None:
         now = time.monotonic()
         for w, pids in answers:
             if self._watched.get(w.key) is not w:
@@ -328,7 +281,7 @@ class VramSampler:
                 w.energy_known = True
                 w.shared = w.shared or len(on) > 1
 
-    def _count(self, w: _Watched, mb: int, looks: Mapping[int, DeviceSample]) -> None:
+    def _count(self, w: Watched, mb: int, looks: Mapping[int, DeviceSample]) -> None:
         mine = [looks[g] for g in w.gpus if g in looks]
         if not any(look.procs is not None for look in mine):
             return  # no process list of its GPUs: not measured
@@ -343,12 +296,12 @@ class VramSampler:
             w.util_total += util
             w.util_samples += 1
 
-    def _holds(self, w: _Watched, gpu: int | None = None) -> bool:
+    def _holds(self, w: Watched, gpu: int | None = None) -> bool:
         """Whether a pid of ``w`` holds memory on ``gpu`` (any of its GPUs) at the last look."""
         gpus = w.gpus if gpu is None else (gpu,)
         return any(w.key in self._states[g].ours_mb for g in gpus if g in self._states)
 
-    def _forget(self, w: _Watched) -> None:
+    def _forget(self, w: Watched) -> None:
         self._watched.pop(w.key, None)
         for pid in w.pids:
             if self._owner.get(pid) == w.key:
@@ -375,7 +328,7 @@ class VramSampler:
         return events
 
 
-def _ask(watched: list[_Watched]) -> list[tuple[_Watched, set[int]]]:
+def _ask(watched: list[Watched]) -> list[tuple[Watched, set[int]]]:
     """Each attempt's pids from its backend; one that cannot say leaves its pids unattributed."""
     out = []
     for w in watched:
@@ -403,14 +356,3 @@ def _bind_freed(fn: Callable[[int, str], None], gpu: int, key: str) -> Callable[
 def _device_key(gpu: Gpu) -> str | int:
     """How the query finds a GPU: its UUID (MIG instances have nothing else), else its id."""
     return gpu.uuid or gpu.index
-
-
-def _usage(w: _Watched) -> Usage | None:
-    if not w.readable or w.samples == 0:
-        return None
-    mean_util = round(w.util_total / w.util_samples) if w.util_samples else None
-    energy = round(w.energy_j, 3) if w.energy_known else None
-    mode = None if energy is None else ("shared" if w.shared else "exclusive")
-    return Usage(
-        w.peak, round(w.total / w.samples), w.util_peak, mean_util, w.samples, energy, mode
-    )

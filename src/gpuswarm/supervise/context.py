@@ -19,7 +19,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Handle
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.placement.vram import Usage
+from gpuswarm.placement.watched import Usage
 from gpuswarm.store.control import Paused, Request
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import Claimed, DirQueue
