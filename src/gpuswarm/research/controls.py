@@ -43,9 +43,10 @@ def platform_of(v: Variant) -> str:
 
 def _metric(v: Variant) -> float | None:
     fin = v.finished or {}
-    if not fin.get("ok") or fin.get("metric") is None:
+    metric = fin.get("metric")
+    if not fin.get("ok") or metric is None:
         return None
-    return float(fin["metric"])
+    return float(metric)
 
 
 def _span(v: Variant) -> tuple[float, float] | None:

@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.journal import ExperimentState, Variant
 
 COLUMNS = ("proposer_tokens", "proposer_usd")
 
 
-def usage_meta(fields: dict[str, Any]) -> dict[str, Any]:
+def usage_meta(fields: dict[str, Any]) -> VariantMeta:
     """A proposal's usage fields (``tokens_in`` ... ``cost_usd``) as its variant's meta."""
-    out: dict[str, Any] = {}
+    out: VariantMeta = {}
     tin, tout = fields.get("tokens_in"), fields.get("tokens_out")
     if isinstance(tin, int) or isinstance(tout, int):
         out["proposer_tokens"] = (tin if isinstance(tin, int) else 0) + (

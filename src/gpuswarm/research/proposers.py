@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops, mutate, numeric
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState
 
@@ -25,7 +26,7 @@ class Proposal:
     files: dict[str, bytes | None]  # full new contents of changed editable files ...
     description: str
     base: str  # ... made from this BASE
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: VariantMeta = field(default_factory=VariantMeta)
 
 
 class Proposer(Protocol):

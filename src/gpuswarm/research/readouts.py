@@ -11,9 +11,10 @@ from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import controls, executor, proposercost, rules, runner, variants
+from gpuswarm.research.entries import DecidedEntry, ResultRow, metric_of
 from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.figures import CHANGES, energy_figures, figures, rebased
-from gpuswarm.research.journal import ExperimentState, Variant, append, replay
+from gpuswarm.research.journal import ExperimentState, Variant, VariantView, append, replay
 from gpuswarm.research.plot import PlotRow
 from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.session import Experiment, files_of
@@ -96,7 +97,7 @@ def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
     return out
 
 
-def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
+def shown(state: ExperimentState, v: Variant) -> VariantView:
     """``v.view()``; a finished variant waiting for its confirmation re-runs, or (paired) for
     a run of BASE of its period, says so."""
     out = v.view()
@@ -154,13 +155,15 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         "last": [
             {
                 "id": vid,
-                "commit": r[0],
-                "metric": None if r[3] in ("crash", "pruned") else float(r[1]),  # as in the TSV
-                "memory_gb": float(r[2]),
-                "status": "re-based" if rebased(state, state.variants[vid]) else r[3],
-                "description": r[4],
+                "commit": r.commit,
+                "metric": float(r.metric) if r.measured else None,  # as in the TSV
+                "memory_gb": float(r.memory_gb),
+                "status": "re-based" if rebased(state, state.variants[vid]) else r.status,
+                "description": r.description,
             }
-            for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
+            for vid, r in list(zip(state.row_ids, map(ResultRow.of, state.rows), strict=False))[
+                -last:
+            ]
             if last > 0
         ],
         "runner": bool(runner.runner_pids(exp.paths)),
@@ -220,10 +223,10 @@ def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, An
     if not runs:
         return None
     sign = 1.0 if cfg.goal == "min" else -1.0
-    top = min(runs, key=lambda v: sign * float((v.finished or {})["metric"]))
+    top = min(runs, key=lambda v: sign * metric_of(v.finished))
     return {
         "id": top.id,
-        "metric": float((top.finished or {})["metric"]),
+        "metric": metric_of(top.finished),
         "status": top.status,
         "commit": top.commit,
     }
@@ -308,14 +311,17 @@ def plot_rows(state: ExperimentState) -> list[PlotRow]:
     rows: list[PlotRow] = []
     with_rows = set(state.row_ids)
     for v in (v for vid, v in state.variants.items() if vid in with_rows):
-        r = list((v.decision or {}).get("row") or [])
-        after = (v.decision or {}).get("base_metric") or {}
+        dec: DecidedEntry = v.decision or {}
+        r = ResultRow.of(dec.get("row") or [])
+        after = dec.get("base_metric")
         rows.append(
             PlotRow(
-                metric=None if r[3] in ("crash", "pruned") else float(r[1]),
-                status=r[3],
-                description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
-                base=None if after.get("value") is None else float(after["value"]),
+                metric=float(r.metric) if r.measured else None,
+                status=r.status,
+                description=re.sub(
+                    r"^\[[^\]]*\]\s*", "", r.description
+                ),  # without the [R3 gpu2] tag
+                base=None if after is None else float(after["value"]),
                 change=v.kind in CHANGES,
             )
         )

@@ -48,9 +48,10 @@ def platform_of(v: Variant) -> str:
 
 def ok_metric(v: Variant) -> float | None:
     fin = v.finished or {}
-    if not fin.get("ok") or fin.get("metric") is None:
+    metric = fin.get("metric")
+    if not fin.get("ok") or metric is None:
         return None
-    return float(fin["metric"])
+    return float(metric)
 
 
 def peak_mb(v: Variant) -> float | None:
@@ -236,8 +237,8 @@ def judge(
         if ref is not None and m is not None:
             gains.append(gain_of(cfg, m, ref))
     g, n = statistics.fmean(gains), len(gains)
-    diff = (v.finished or {}).get("diff") or {}
-    net = int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
+    diff = (v.finished or {}).get("diff")
+    net = 0 if diff is None else int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
     est = _noise_for(state, platform_of(v), paired) if cfg.policy == "noise-aware" else None
     if paired and est is None and cfg.policy == "noise-aware":
         return None  # paired: the noise is that of controls over time; two periods are needed

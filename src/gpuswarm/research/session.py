@@ -12,6 +12,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.redact import name_redactor
 from gpuswarm.research import executor, exports, gitops, rules, runner, variants
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
 from gpuswarm.research.journal import ExperimentState, Variant, append, drop_row
 from gpuswarm.research.policy import Decision
@@ -93,7 +94,7 @@ def try_variant(
     from_id: str | None = None,
     base: str | None = None,
     source: str = "manual",
-    meta: dict[str, Any] | None = None,
+    meta: VariantMeta | None = None,
 ) -> dict[str, Any]:
     """Snapshot an edit as a variant on BASE, restore the user's files, queue it; returns at once.
 

@@ -15,10 +15,10 @@ import difflib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, append
 
@@ -38,7 +38,7 @@ def record(
     description: str,
     source: str,
     origin: str | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: VariantMeta | None = None,
     round: int | None = None,
 ) -> Variant:
     """Journal a new variant (its ref first, so the commit outlives any gc)."""
