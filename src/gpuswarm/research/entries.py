@@ -166,7 +166,7 @@ class ControlsEntry(TypedDict, total=False):
     ts: float
     ev: Literal["controls"]
     paired: bool
-    every: int
+    every: int | None  # a control run every this many results (None: as the loop decides)
 
 
 class PruningEntry(TypedDict, total=False):

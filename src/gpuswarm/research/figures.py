@@ -73,10 +73,10 @@ def figures(state: ExperimentState) -> Figures:
         best=state.best,
         experiments=len(state.rows),
         kept=sum(1 for v in state.variants.values() if v.kind in CHANGES and v.status == "keep"),
-        crashed=sum(1 for r in state.rows if r[3] == "crash"),
+        crashed=sum(1 for r in state.results() if r.status == "crash"),
         rebased=sum(1 for v in state.variants.values() if rebased(state, v)),
         modes=", ".join(m for m in modes if m) or state.mode,
-        pruned=sum(1 for r in state.rows if r[3] == "pruned"),
+        pruned=sum(1 for r in state.results() if r.status == "pruned"),
         gpu_saved_s=saved_seconds(state),
     )
 

@@ -17,6 +17,7 @@ from gpuswarm.research.entries import (
     Entry,
     FinishedEntry,
     PrunedEntry,
+    ResultRow,
     VariantEntry,
     VariantMeta,
 )
@@ -152,6 +153,10 @@ class ExperimentState:
             key=lambda p: order.get(p[0], len(order)),
         )
         return [row for vid, row in pairs if only is None or vid in only]
+
+    def results(self) -> list[ResultRow]:
+        """results.tsv's rows in the order they were decided, each read by column."""
+        return [ResultRow.of(row) for row in self.rows]
 
     def next_id(self) -> str:
         return f"v{len(self.variants) + 1:04d}"

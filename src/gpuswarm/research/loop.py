@@ -25,6 +25,7 @@ from typing import Any
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
+from gpuswarm.research.entries import ResultRow
 from gpuswarm.research.experiment import flocked
 from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
@@ -343,9 +344,9 @@ def _report(
     for v in state.variants.values():
         if v.decision is None or v.id in seen:
             continue
-        row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
-        new_base = " -> new BASE" if row[3] == "keep" and v.kind in CHANGES else ""
-        say(f"{v.id} {shown_status(state, v):<8} {row[1]} {row[4]}{new_base}")
+        row = ResultRow.of(v.decision.get("row") or ["", "-", "", v.status, v.description])
+        new_base = " -> new BASE" if row.status == "keep" and v.kind in CHANGES else ""
+        say(f"{v.id} {shown_status(state, v):<8} {row.metric} {row.description}{new_base}")
         seen.add(v.id)
         shown.append(v.id)
     if shown:  # reported here: a later `research wait` does not print them again
