@@ -20,6 +20,7 @@ from gpuswarm.core.errors import (
 from gpuswarm.research import configure, readouts, rerun, session, views
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.loop_commands import loop, serve, stop
+from gpuswarm.research.payloads import Knobs
 from gpuswarm.research.prune import options as prune_options
 from gpuswarm.research.ruleopts import rule_changes, rule_options
 
@@ -139,7 +140,7 @@ def try_cmd(
     if rerun_id is not None:  # issue 38
         if patch is not None or from_id is not None:
             raise ResearchError("--rerun takes no --patch or --from: it runs ID's own change")
-        emit(as_json, rerun.rerun(exp, rerun_id, message), views.show_try)
+        emit(as_json, rerun.rerun(exp, rerun_id, message), views.show_rerun)
         return
     if message is None:
         raise ResearchError("-m: say in a few words what this variant tries")
@@ -307,7 +308,8 @@ def mutate_cmd(
     exp = session.Experiment.open(where, tag)
     proposer = MutateProposer(exp.paths, exp.cfg, include=include, exclude=exclude)
     state = exp.settle()
-    emit(as_json, {"base": state.base, "settings": proposer.survey(state)}, views.show_knobs)
+    knobs: Knobs = {"base": state.base, "settings": proposer.survey(state)}
+    emit(as_json, knobs, views.show_knobs)
 
 
 @research.command("config")

@@ -31,6 +31,7 @@ from gpuswarm.research.experiment import (
     save_settings,
 )
 from gpuswarm.research.journal import append, replay
+from gpuswarm.research.payloads import Configured, Made
 from gpuswarm.research.session import files_of
 from gpuswarm.research.settle import write_tsv
 
@@ -65,7 +66,7 @@ class InitOptions:
     notify: str | None = None  # issue 37: --notify URL (kept improvements, failures)
 
 
-def init(where: Path, opts: InitOptions) -> dict[str, Any]:
+def init(where: Path, opts: InitOptions) -> Made:
     repo = gitops.toplevel(where)
     tag = check_tag(opts.tag)
     branch = f"{opts.branch_prefix}{tag}"
@@ -242,7 +243,7 @@ def _check_rules(rules: dict[str, Any]) -> None:
         raise ResearchError(f"unknown rule setting(s) {', '.join(sorted(unknown))}")
 
 
-def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> Configured:
     """Show the experiment's settings, or change some (journaled as one ``config`` event; they
     apply to variants queued and decisions made from now on). Works on stored settings a runner
     could not use, so they can be fixed."""

@@ -322,6 +322,6 @@ def _names(want: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _cut(raw: dict[str, Any], limit: int = 160) -> str:
+def _cut(raw: object, limit: int = 160) -> str:
     text = json.dumps(raw, default=str, separators=(",", ":"))
     return text if len(text) <= limit else text[: limit - 3] + "..."

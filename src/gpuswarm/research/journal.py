@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, overload
+from typing import Any, Literal, overload
 
 from gpuswarm.research import entries
 from gpuswarm.research.entries import (
@@ -22,6 +22,7 @@ from gpuswarm.research.entries import (
     VariantMeta,
 )
 from gpuswarm.research.experiment import ExpPaths
+from gpuswarm.research.payloads import VariantView
 
 
 @overload
@@ -48,25 +49,6 @@ def append(paths: ExpPaths, ev: str, **fields: Any) -> Entry:
     finally:
         os.close(fd)
     return entry
-
-
-class VariantView(TypedDict):
-    """``Variant.view()``: a variant as the research commands show it (``--json`` too)."""
-
-    id: str
-    kind: str
-    commit: str
-    parent: str
-    description: str
-    round: int
-    status: str
-    metric: float | None
-    memory_gb: float | None
-    gpu: str | None
-    seconds: float | None
-    reason: str | None
-    log: str | None
-    log_path: str | None
 
 
 @dataclass

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
@@ -30,6 +29,7 @@ from gpuswarm.research.experiment import flocked
 from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.looplock import one_loop
+from gpuswarm.research.payloads import LoopView
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.prune import PruneOptions, Pruner
 from gpuswarm.research.settle import queue_control, seal_round, settle_locked
@@ -67,7 +67,7 @@ def run_loop(
     say: Callable[[str], None],
     stop: LoopStop | None = None,
     tick: Callable[[ExperimentState], None] | None = None,
-) -> dict[str, Any]:
+) -> LoopView:
     """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
     (the live view follows the runner's journal with it)."""
     with one_loop(exp.paths, opts.mode):
@@ -81,7 +81,7 @@ def _run_loop(
     say: Callable[[str], None],
     stop: LoopStop | None,
     tick: Callable[[ExperimentState], None] | None,
-) -> dict[str, Any]:
+) -> LoopView:
     tick = tick or (lambda state: None)
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):

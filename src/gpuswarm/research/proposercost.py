@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import Spent
 
 COLUMNS = ("proposer_tokens", "proposer_usd")
 
@@ -33,10 +34,13 @@ def usage_meta(fields: dict[str, Any]) -> VariantMeta:
     return out
 
 
-def spent(v: Variant | None) -> dict[str, Any]:
+def spent(v: Variant | None) -> Spent:
     """``proposer_tokens`` and ``proposer_usd`` of a variant (None where unknown)."""
-    meta = v.meta if v is not None else {}
-    return {k: meta.get(k) for k in COLUMNS}
+    meta: VariantMeta = v.meta if v is not None else {}
+    return {
+        "proposer_tokens": meta.get("proposer_tokens"),
+        "proposer_usd": meta.get("proposer_usd"),
+    }
 
 
 def any_spent(state: ExperimentState) -> bool:

@@ -25,6 +25,7 @@ from gpuswarm.research.configure import CHANGEABLE
 from gpuswarm.research.entries import BaseEntry, DecidedEntry, Entry, VariantEntry, metric_of
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, apply_event
+from gpuswarm.research.payloads import Replay
 from gpuswarm.research.policy import Decision, decide
 from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.prune_replay import replay_finished
@@ -36,7 +37,7 @@ _REPLAYED = ("init", "variant", "finished", "sealed", "mode", "controls")
 
 def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
     """``greedy`` / ``noise-aware,noise_k=3,gain_per_line=0`` -> the settings to replay with."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, str] = {}
     for i, part in enumerate(p.strip() for p in spec.split(",")):
         if not part:
             continue
@@ -65,7 +66,7 @@ def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
 
 def replay_decisions(
     paths: ExpPaths, cfg: ExperimentConfig, pruning: PruneOptions | None = None
-) -> dict[str, Any]:
+) -> Replay:
     """What ``cfg`` would have decided on this ledger: per variant the recorded and the
     replayed status and reason, and which variants each kept; with ``pruning`` (issue 38),
     what that rule would have stopped (``prune_replay.py``)."""
@@ -91,7 +92,7 @@ def replay_decisions(
         if e["ev"] in ("finished", "sealed", "variant"):
             _settle(cfg, state, wanted)
     _settle(cfg, state, wanted, final=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for v in state.variants.values():
         rec: DecidedEntry = recorded.get(v.id) or {}
         dec: DecidedEntry = v.decision or {}

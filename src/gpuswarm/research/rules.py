@@ -26,13 +26,14 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuswarm.research import controls
 from gpuswarm.research.amounts import amount as amount
 from gpuswarm.research.amounts import parse_amount as parse_amount
 from gpuswarm.research.experiment import MEMORY_METRIC
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import NoiseView
 
 if TYPE_CHECKING:
     from gpuswarm.research.experiment import ExperimentConfig
@@ -149,12 +150,13 @@ class Noise:
     groups: int  # commits (on one platform) with two or more runs
     platform: str  # "" when pooled over every platform
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> NoiseView:
         return {
             "sigma": self.sigma,
             "runs": self.runs,
             "groups": self.groups,
             "platform": self.platform,
+            "paired": False,
         }
 
 
@@ -182,17 +184,17 @@ def noise(state: ExperimentState, platform: str | None = None) -> Noise | None:
     return _pooled(list(by_key.values()), "")
 
 
-def noise_view(state: ExperimentState) -> list[dict[str, Any]]:
+def noise_view(state: ExperimentState) -> list[NoiseView]:
     """The noise estimate per platform (one entry when there is one platform), for status:
     the paired one (``paired: true``) once control runs give it."""
-    out = []
+    out: list[NoiseView] = []
     names = platforms(state)
     paired = controls.in_use(state)
     for p in names if len(names) > 1 else [None]:
         est = noise(state, p)
         pair = controls.paired_noise(state, p or names[0]) if paired else None
         if pair is not None:
-            out.append({**pair.view(), "runs": pair.periods, "groups": 1, "platform": p or ""})
+            out.append(pair.view(p or ""))
         elif est is not None:
             out.append({**est.view(), "platform": p or est.platform, "paired": False})
     return out

@@ -58,11 +58,12 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
         out = outcome.outcome(paths, cfg, v, found)
         if out is None:
             continue
+        extra: dict[str, object] = {}  # what outcome.py cannot know
         if v.pruned is not None and not out["ok"]:  # issue 38: the loop stopped it early
-            out.update(prune.finished_fields(cfg, state, v, out))
+            extra.update(prune.finished_fields(cfg, state, v, dict(out)))
         if v.kind != "baseline":
-            out["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
-        v.finished = append(paths, "finished", id=v.id, **out)
+            extra["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
+        v.finished = append(paths, "finished", id=v.id, **{**out, **extra})
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
