@@ -187,7 +187,19 @@ class ConfigEntry(TypedDict, total=False):
     changes: dict[str, list[object]]
 
 
-class ProposalEntry(TypedDict, total=False):
+class ProposalUsage(TypedDict, total=False):
+    """What one agent run spent, as its CLI reported it (``spend.py``; a key it did not
+    report is absent)."""
+
+    tokens_in: int
+    tokens_cached: int
+    tokens_out: int
+    cost_usd: float
+    model: str
+    usage_problem: str
+
+
+class ProposalEntry(ProposalUsage, total=False):
     """A proposer agent's proposal made or failed, with what it spent (issue 34)."""
 
     ts: float
@@ -197,10 +209,6 @@ class ProposalEntry(TypedDict, total=False):
     reason: str
     prompt: int | None
     description: str
-    tokens_in: int
-    tokens_out: int
-    cost_usd: float
-    model: str
 
 
 Entry = (

@@ -11,16 +11,15 @@ empty where unknown (a baseline, a mutation, a proposal whose cost is unknown).
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
 
-from gpuswarm.research.entries import VariantMeta
+from gpuswarm.research.entries import ProposalUsage, VariantMeta
 from gpuswarm.research.journal import ExperimentState, Variant
 from gpuswarm.research.payloads import Spent
 
 COLUMNS = ("proposer_tokens", "proposer_usd")
 
 
-def usage_meta(fields: dict[str, Any]) -> VariantMeta:
+def usage_meta(fields: ProposalUsage) -> VariantMeta:
     """A proposal's usage fields (``tokens_in`` ... ``cost_usd``) as its variant's meta."""
     out: VariantMeta = {}
     tin, tout = fields.get("tokens_in"), fields.get("tokens_out")
