@@ -22,7 +22,7 @@ from gpuswarm.research.clikit import emit, experiment_options, flag_duration, ha
 from gpuswarm.research.loop_commands import loop, serve, stop
 from gpuswarm.research.payloads import Knobs
 from gpuswarm.research.prune import options as prune_options
-from gpuswarm.research.ruleopts import rule_changes, rule_options
+from gpuswarm.research.ruleopts import RuleSettings, rule_options, rules_into
 
 
 @click.group()
@@ -95,7 +95,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
-        rules=rule_changes(kw),
+        rules=rules_into(kw, RuleSettings()),
         notify=kw["notify"],
         **_backend_flags(kw),
     )
@@ -329,14 +329,26 @@ def mutate_cmd(
 @handle_errors
 def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Show the experiment's settings, or change them (journaled; for new variants)."""
-    changes: dict[str, Any] = rule_changes(kw)
-    for key in ("command", "shell", "policy", "noise_k", "confirm"):
-        if kw[key] is not None:
-            changes[key] = kw[key]
-    if kw["timeout"] is not None:
-        changes["timeout"] = flag_duration("--timeout", kw["timeout"])
-    if kw["linger"] is not None:
-        changes["linger"] = flag_duration("--linger", kw["linger"])
+    emit(as_json, configure.configure(where, tag, _setting_changes(kw)), views.show_config)
+
+
+def _setting_changes(kw: dict[str, Any]) -> configure.SettingChanges:
+    """``research config``'s flags as the settings they change (rules first, as given)."""
+    changes = rules_into(kw, configure.SettingChanges())
+    if kw["command"] is not None:
+        changes["command"] = kw["command"]
+    if kw["shell"] is not None:
+        changes["shell"] = kw["shell"]
+    if kw["policy"] is not None:
+        changes["policy"] = kw["policy"]
+    if kw["noise_k"] is not None:
+        changes["noise_k"] = kw["noise_k"]
+    if kw["confirm"] is not None:
+        changes["confirm"] = kw["confirm"]
+    if (timeout := flag_duration("--timeout", kw["timeout"])) is not None:
+        changes["timeout"] = timeout
+    if (linger := flag_duration("--linger", kw["linger"])) is not None:
+        changes["linger"] = linger
     if kw["link"]:
         changes["link"] = list(dict.fromkeys(kw["link"]))
     if kw["metric_regex"] is not None:
@@ -345,7 +357,7 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         changes["memory_pattern"] = kw["memory_regex"]
     if kw["metric_progress_regex"] is not None:  # issue 38
         changes["metric_progress_regex"] = kw["metric_progress_regex"]
-    emit(as_json, configure.configure(where, tag, changes), views.show_config)
+    return changes
 
 
 for _command in (loop, stop, serve):
