@@ -492,6 +492,7 @@ RAW_EVENT_READERS = {
     "gpuswarm.core.events": "the run journal's owner: decode",
     "gpuswarm.core.records": "the checks of journal lines read back",
     "gpuswarm.research.journal": "research's own ledger (ledger.jsonl): its owner",
+    "gpuswarm.research.entries": "research's ledger lines: their types and their parse",
     "gpuswarm.research.replay": "research's ledger replayed under another policy",
     # reads the `added` events' batch ids (the add batch moves into the queue this round)
     "gpuswarm.app.control": "gpuswarm add's batch, found again after a crash",

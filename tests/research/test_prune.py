@@ -10,6 +10,7 @@ import pytest
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import progress, prune
+from gpuswarm.research.entries import FinishedEntry
 from gpuswarm.research.journal import ExperimentState, Variant
 
 TIMES = [i * 1.0 for i in range(1, 11)]  # ten points over a 10 s budget
@@ -76,7 +77,7 @@ def test_too_few_runs_of_identical_code_never_prune() -> None:
 
 
 def _run(vid: str, commit: str, curve: progress.Curve, kind: str = "control") -> Variant:
-    fin = {"ok": True, "metric": curve[-1][1], "curve": curve, "seconds": 12.0}
+    fin: FinishedEntry = {"ok": True, "metric": curve[-1][1], "curve": curve, "seconds": 12.0}
     return Variant(vid, kind, commit, "b", "x", 1, "s", 0.0, finished=fin)
 
 

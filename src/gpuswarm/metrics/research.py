@@ -52,8 +52,8 @@ class ExperimentStats:
     def _figures(self, state: ExperimentState) -> ExperimentFigures:
         fig = figures(state)
         by_status = dict.fromkeys(STATUSES, 0)
-        for row in state.rows:
-            status = row[3] if row[3] in STATUSES else "discard"
+        for row in state.results():
+            status = row.status if row.status in STATUSES else "discard"
             by_status[status] += 1
         best = best_recorded(self.cfg, state)
         est = noise(state)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,8 @@ from gpuswarm.config.values import parse_duration
 from gpuswarm.core.errors import GpuswarmError, ResearchError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+P = TypeVar("P", bound=Mapping[str, object])  # a command's payload
 
 
 def handle_errors(fn: F) -> F:
@@ -65,7 +67,8 @@ def experiment_options(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="machine-readable output")(fn)
 
 
-def emit(as_json: bool, data: dict[str, Any], show: Callable[[dict[str, Any]], None]) -> None:
+def emit(as_json: bool, data: P, show: Callable[[P], None]) -> None:
+    """``data`` (a command's payload, research/payloads.py) as JSON, or ``show``'s text."""
     if as_json:
         click.echo(json.dumps(data, indent=1, default=str))
     else:

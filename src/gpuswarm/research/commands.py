@@ -20,8 +20,9 @@ from gpuswarm.core.errors import (
 from gpuswarm.research import configure, readouts, rerun, session, views
 from gpuswarm.research.clikit import emit, experiment_options, flag_duration, handle_errors
 from gpuswarm.research.loop_commands import loop, serve, stop
+from gpuswarm.research.payloads import Knobs
 from gpuswarm.research.prune import options as prune_options
-from gpuswarm.research.ruleopts import rule_changes, rule_options
+from gpuswarm.research.ruleopts import RuleSettings, rule_options, rules_into
 
 
 @click.group()
@@ -94,7 +95,7 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         linger=flag_duration("--linger", kw["linger"]) or 0.0,
         checkout=not kw["no_checkout"],
         mode=kw["mode"],
-        rules=rule_changes(kw),
+        rules=rules_into(kw, RuleSettings()),
         notify=kw["notify"],
         **_backend_flags(kw),
     )
@@ -139,7 +140,7 @@ def try_cmd(
     if rerun_id is not None:  # issue 38
         if patch is not None or from_id is not None:
             raise ResearchError("--rerun takes no --patch or --from: it runs ID's own change")
-        emit(as_json, rerun.rerun(exp, rerun_id, message), views.show_try)
+        emit(as_json, rerun.rerun(exp, rerun_id, message), views.show_rerun)
         return
     if message is None:
         raise ResearchError("-m: say in a few words what this variant tries")
@@ -307,7 +308,8 @@ def mutate_cmd(
     exp = session.Experiment.open(where, tag)
     proposer = MutateProposer(exp.paths, exp.cfg, include=include, exclude=exclude)
     state = exp.settle()
-    emit(as_json, {"base": state.base, "settings": proposer.survey(state)}, views.show_knobs)
+    knobs: Knobs = {"base": state.base, "settings": proposer.survey(state)}
+    emit(as_json, knobs, views.show_knobs)
 
 
 @research.command("config")
@@ -327,14 +329,26 @@ def mutate_cmd(
 @handle_errors
 def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
     """Show the experiment's settings, or change them (journaled; for new variants)."""
-    changes: dict[str, Any] = rule_changes(kw)
-    for key in ("command", "shell", "policy", "noise_k", "confirm"):
-        if kw[key] is not None:
-            changes[key] = kw[key]
-    if kw["timeout"] is not None:
-        changes["timeout"] = flag_duration("--timeout", kw["timeout"])
-    if kw["linger"] is not None:
-        changes["linger"] = flag_duration("--linger", kw["linger"])
+    emit(as_json, configure.configure(where, tag, _setting_changes(kw)), views.show_config)
+
+
+def _setting_changes(kw: dict[str, Any]) -> configure.SettingChanges:
+    """``research config``'s flags as the settings they change (rules first, as given)."""
+    changes = rules_into(kw, configure.SettingChanges())
+    if kw["command"] is not None:
+        changes["command"] = kw["command"]
+    if kw["shell"] is not None:
+        changes["shell"] = kw["shell"]
+    if kw["policy"] is not None:
+        changes["policy"] = kw["policy"]
+    if kw["noise_k"] is not None:
+        changes["noise_k"] = kw["noise_k"]
+    if kw["confirm"] is not None:
+        changes["confirm"] = kw["confirm"]
+    if (timeout := flag_duration("--timeout", kw["timeout"])) is not None:
+        changes["timeout"] = timeout
+    if (linger := flag_duration("--linger", kw["linger"])) is not None:
+        changes["linger"] = linger
     if kw["link"]:
         changes["link"] = list(dict.fromkeys(kw["link"]))
     if kw["metric_regex"] is not None:
@@ -343,7 +357,7 @@ def config_cmd(where: Path, tag: str | None, as_json: bool, **kw: Any) -> None:
         changes["memory_pattern"] = kw["memory_regex"]
     if kw["metric_progress_regex"] is not None:  # issue 38
         changes["metric_progress_regex"] = kw["metric_progress_regex"]
-    emit(as_json, configure.configure(where, tag, changes), views.show_config)
+    return changes
 
 
 for _command in (loop, stop, serve):

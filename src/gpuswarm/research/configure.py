@@ -31,6 +31,8 @@ from gpuswarm.research.experiment import (
     save_settings,
 )
 from gpuswarm.research.journal import append, replay
+from gpuswarm.research.payloads import Configured, Made
+from gpuswarm.research.ruleopts import RuleSettings
 from gpuswarm.research.session import files_of
 from gpuswarm.research.settle import write_tsv
 
@@ -49,7 +51,7 @@ class InitOptions:
     policy: str = "noise-aware"
     noise_k: float = 2.0
     confirm: int = 0
-    rules: dict[str, Any] | None = None  # the decision rules' settings (research/rules.py)
+    rules: RuleSettings | None = None  # the decision rules' settings (research/rules.py)
     branch_prefix: str = "autoresearch/"
     shell: bool = False
     link: list[str] | None = None
@@ -65,7 +67,7 @@ class InitOptions:
     notify: str | None = None  # issue 37: --notify URL (kept improvements, failures)
 
 
-def init(where: Path, opts: InitOptions) -> dict[str, Any]:
+def init(where: Path, opts: InitOptions) -> Made:
     repo = gitops.toplevel(where)
     tag = check_tag(opts.tag)
     branch = f"{opts.branch_prefix}{tag}"
@@ -219,6 +221,24 @@ RULES = (
     "vram_gain",
     "base_platform",
 )
+
+
+class SettingChanges(RuleSettings, total=False):
+    """``research config``'s changes (``CHANGEABLE``), in the order they were given."""
+
+    command: str
+    shell: bool
+    policy: str
+    noise_k: float
+    confirm: int
+    timeout: float
+    linger: float
+    link: list[str]
+    metric_pattern: str
+    memory_pattern: str
+    metric_progress_regex: str
+
+
 CHANGEABLE = (
     "command",
     "shell",
@@ -235,14 +255,14 @@ CHANGEABLE = (
 )
 
 
-def _check_rules(rules: dict[str, Any]) -> None:
+def _check_rules(rules: RuleSettings) -> None:
     """The decision rules' settings given to init, checked as the config command checks them."""
     unknown = set(rules) - set(RULES)
     if unknown:  # pragma: no cover - the CLI offers only these
         raise ResearchError(f"unknown rule setting(s) {', '.join(sorted(unknown))}")
 
 
-def configure(where: Path, tag: str | None, changes: dict[str, Any]) -> dict[str, Any]:
+def configure(where: Path, tag: str | None, changes: SettingChanges) -> Configured:
     """Show the experiment's settings, or change some (journaled as one ``config`` event; they
     apply to variants queued and decisions made from now on). Works on stored settings a runner
     could not use, so they can be fixed."""

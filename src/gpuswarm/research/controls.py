@@ -30,9 +30,9 @@ import itertools
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import DriftView, NoiseView
 
 CONTROL_KINDS = ("baseline", "control")
 
@@ -43,9 +43,10 @@ def platform_of(v: Variant) -> str:
 
 def _metric(v: Variant) -> float | None:
     fin = v.finished or {}
-    if not fin.get("ok") or fin.get("metric") is None:
+    metric = fin.get("metric")
+    if not fin.get("ok") or metric is None:
         return None
-    return float(fin["metric"])
+    return float(metric)
 
 
 def _span(v: Variant) -> tuple[float, float] | None:
@@ -160,12 +161,16 @@ class PairedNoise:
     periods: int
     platform: str
 
-    def view(self) -> dict[str, Any]:
+    def view(self, platform: str) -> NoiseView:
+        """As ``rules.noise_view`` shows it (on ``platform``): its periods are its runs, of one
+        group."""
         return {
             "sigma": self.sigma,
             "periods": self.periods,
-            "platform": self.platform,
+            "platform": platform,
             "paired": True,
+            "runs": self.periods,
+            "groups": 1,
         }
 
 
@@ -183,7 +188,7 @@ def paired_noise(state: ExperimentState, platform: str) -> PairedNoise | None:
     return PairedNoise(math.sqrt(statistics.fmean(d * d for d in diffs)), count, platform)
 
 
-def noise_words(n: dict[str, Any]) -> str:
+def noise_words(n: NoiseView) -> str:
     """What a noise estimate (an entry of rules.noise_view) was measured on, for the views:
     repeated runs of identical code, or (paired) successive periods of BASE's control runs."""
     if n.get("paired"):
@@ -201,7 +206,7 @@ class Drift:
     noise: float | None
     moving: bool  # |change| beyond noise_k x the paired noise
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> DriftView:
         return {
             "commit": self.commit,
             "platform": self.platform,

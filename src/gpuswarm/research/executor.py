@@ -19,6 +19,7 @@ from gpuswarm.research.experiment import MEMORY_METRIC, ExperimentConfig, ExpPat
 from gpuswarm.research.exports import export, remove_export
 from gpuswarm.research.exports import protected_changes as _protected_changes
 from gpuswarm.research.journal import Variant
+from gpuswarm.research.payloads import RunningVariant
 
 
 def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
@@ -129,6 +130,9 @@ def finished_ids(paths: ExpPaths, cfg: ExperimentConfig) -> set[str]:
     return api.finished_ids(run_paths(paths, cfg))
 
 
-def running(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, dict[str, Any]]:
-    """Variant id -> {slot, since} for the tasks in running/ (claim time = file mtime)."""
-    return api.running(run_paths(paths, cfg))
+def running(paths: ExpPaths, cfg: ExperimentConfig) -> dict[str, RunningVariant]:
+    """Variant id -> {slot, since, log} for the tasks in running/ (claim time = file mtime)."""
+    return {
+        vid: {"slot": str(r["slot"]), "since": float(r["since"]), "log": r["log"]}
+        for vid, r in api.running(run_paths(paths, cfg)).items()
+    }

@@ -39,14 +39,16 @@ from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.config.values import check_command_size
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.fsutil import atomic_write_json, read_json
+from gpuswarm.core.models.attempt import ROW_FIELDS
 from gpuswarm.research.amounts import AMOUNT_FIELDS, parse_amount
 from gpuswarm.research.progress import check_progress_pattern, default_pattern
 
 EXPERIMENTS = Path(".gpuswarm") / "research"
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 #: The memory line a training script prints, named as the attempt record's measured peak
-#: (``AttemptRecord``'s field of that name): the printed value stands in for the measured one.
-MEMORY_METRIC = "peak_vram_mb"
+#: (``AttemptRecord``'s field of that name, its one results row field): the printed value
+#: stands in for the measured one.
+(MEMORY_METRIC,) = ROW_FIELDS
 DEFAULT_MEMORY_PATTERN = rf"^\s*{MEMORY_METRIC}:\s*([-+0-9.eE]+)"
 DEFAULT_FAIL_PATTERN = r"^FAIL\b"
 

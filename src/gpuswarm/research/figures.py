@@ -22,10 +22,10 @@ of them disagree:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import EnergyFigures, FiguresView
 
 CHANGES = ("variant", "combo")
 
@@ -42,8 +42,18 @@ class Figures:
     pruned: int = 0
     gpu_saved_s: float = 0.0
 
-    def view(self) -> dict[str, Any]:
-        return asdict(self)
+    def view(self) -> FiguresView:
+        return {
+            "baseline": self.baseline,
+            "best": self.best,
+            "experiments": self.experiments,
+            "kept": self.kept,
+            "crashed": self.crashed,
+            "rebased": self.rebased,
+            "modes": self.modes,
+            "pruned": self.pruned,
+            "gpu_saved_s": self.gpu_saved_s,
+        }
 
 
 def first_base(state: ExperimentState) -> str | None:
@@ -73,10 +83,10 @@ def figures(state: ExperimentState) -> Figures:
         best=state.best,
         experiments=len(state.rows),
         kept=sum(1 for v in state.variants.values() if v.kind in CHANGES and v.status == "keep"),
-        crashed=sum(1 for r in state.rows if r[3] == "crash"),
+        crashed=sum(1 for r in state.results() if r.status == "crash"),
         rebased=sum(1 for v in state.variants.values() if rebased(state, v)),
         modes=", ".join(m for m in modes if m) or state.mode,
-        pruned=sum(1 for r in state.rows if r[3] == "pruned"),
+        pruned=sum(1 for r in state.results() if r.status == "pruned"),
         gpu_saved_s=saved_seconds(state),
     )
 
@@ -92,7 +102,7 @@ def saved_seconds(state: ExperimentState) -> float:
     return round(total, 1)
 
 
-def energy_figures(state: ExperimentState) -> dict[str, Any]:
+def energy_figures(state: ExperimentState) -> EnergyFigures:
     """Issue 37: the GPU energy of every recorded run (J) and per kept improvement (all of it
     over the changes kept: what an improvement cost); None where nothing was measured."""
     joules = [

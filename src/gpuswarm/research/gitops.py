@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpuswarm.core.errors import GitError, ResearchError
+from gpuswarm.research.entries import DiffStat
 
 FALLBACK_NAME = "gpuswarm"
 FALLBACK_EMAIL = "gpuswarm@localhost"
@@ -280,10 +281,10 @@ def merge_onto(repo: Path, commit: str, onto: str, message: str) -> str | None:
     return _commit_tree(repo, tree, onto, message)
 
 
-def diff_stat(repo: Path, a: str, b: str) -> dict[str, int]:
+def diff_stat(repo: Path, a: str, b: str) -> DiffStat:
     """``{"files", "insertions", "deletions"}`` between commits ``a`` and ``b``."""
     out = git(repo, "diff", "--no-ext-diff", "--no-color", "--no-renames", "--numstat", a, b, "--")
-    stat = {"files": 0, "insertions": 0, "deletions": 0}
+    stat: DiffStat = {"files": 0, "insertions": 0, "deletions": 0}
     for line in out.splitlines():
         ins, dels, _ = line.split("\t", 2)
         stat["files"] += 1

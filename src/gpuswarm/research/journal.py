@@ -1,31 +1,54 @@
 """The experiment's journal (``ledger.jsonl``, one fsynced JSON line per event) and its replay
 into a :class:`ExperimentState`: the variants, their results and decisions, BASE, the rounds.
-Everything the experiment knows is re-made from these lines, so a crash loses nothing journaled."""
+Everything the experiment knows is re-made from these lines, so a crash loses nothing journaled.
+The lines' types, their parse and their JSON live in ``entries.py``."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, overload
 
-from gpuswarm.app import api
+from gpuswarm.research import entries
+from gpuswarm.research.entries import (
+    DecidedEntry,
+    Entry,
+    FinishedEntry,
+    PrunedEntry,
+    ResultRow,
+    VariantEntry,
+    VariantMeta,
+)
 from gpuswarm.research.experiment import ExpPaths
+from gpuswarm.research.payloads import VariantView
 
 
-def append(paths: ExpPaths, ev: str, **fields: Any) -> dict[str, Any]:
-    """Append one event line and fsync it (decisions must survive a crash right after)."""
-    record: dict[str, Any] = {"ts": round(time.time(), 3), "ev": ev, **fields}
-    line = json.dumps(record, default=str, separators=(",", ":")).encode() + b"\n"
+@overload
+def append(paths: ExpPaths, ev: Literal["variant"], **fields: Any) -> VariantEntry: ...
+@overload
+def append(paths: ExpPaths, ev: Literal["finished"], **fields: Any) -> FinishedEntry: ...
+@overload
+def append(paths: ExpPaths, ev: Literal["decided"], **fields: Any) -> DecidedEntry: ...
+@overload
+def append(paths: ExpPaths, ev: Literal["pruned"], **fields: Any) -> PrunedEntry: ...
+@overload
+def append(paths: ExpPaths, ev: str, **fields: Any) -> Entry: ...
+def append(paths: ExpPaths, ev: str, **fields: Any) -> Entry:
+    """Append one event line and fsync it (decisions must survive a crash right after): the
+    entry ``entries.parse`` makes of it (a line it would refuse is never written)."""
+    entry = entries.parse({"ts": round(time.time(), 3), "ev": ev, **fields}, str(paths.ledger))
+    if entry is None:
+        raise ValueError(f"no journal entry kind {ev!r}")  # pragma: no cover - a bug of ours
+    line = entries.to_json(entry)
     fd = os.open(paths.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
         os.fsync(fd)
     finally:
         os.close(fd)
-    return record
+    return entry
 
 
 @dataclass
@@ -39,21 +62,21 @@ class Variant:
     source: str
     created: float
     origin: str | None = None  # the variant a combo re-bases
-    finished: dict[str, Any] | None = None
-    decision: dict[str, Any] | None = None
+    finished: FinishedEntry | None = None
+    decision: DecidedEntry | None = None
     seen: bool = False  # its result was shown by `research wait`
-    meta: dict[str, Any] = field(default_factory=dict)  # the proposer's notes (digest, ...)
+    meta: VariantMeta = field(default_factory=VariantMeta)  # the proposer's notes (digest, ...)
     mode: str = ""  # the experiment's mode when it was made (rounds | async)
-    pruned: dict[str, Any] | None = None  # issue 38: the loop stopped it early (prune.py)
+    pruned: PrunedEntry | None = None  # issue 38: the loop stopped it early (prune.py)
 
     @property
     def status(self) -> str:
         if self.decision is not None:
-            return str(self.decision["status"])
+            return self.decision["status"]
         return "finished" if self.finished is not None else "queued"
 
-    def view(self) -> dict[str, Any]:
-        fin = self.finished or {}
+    def view(self) -> VariantView:
+        fin: FinishedEntry = self.finished or {}
         return {
             "id": self.id,
             "kind": self.kind,
@@ -66,7 +89,7 @@ class Variant:
             "memory_gb": fin.get("memory_gb"),
             "gpu": fin.get("gpu"),
             "seconds": fin.get("seconds"),
-            "reason": (self.decision or {}).get("reason") or fin.get("reason"),
+            "reason": (self.decision or {"status": ""}).get("reason") or fin.get("reason"),
             "log": fin.get("log"),
             "log_path": fin.get("log_path"),
         }
@@ -113,6 +136,10 @@ class ExperimentState:
         )
         return [row for vid, row in pairs if only is None or vid in only]
 
+    def results(self) -> list[ResultRow]:
+        """results.tsv's rows in the order they were decided, each read by column."""
+        return [ResultRow.of(row) for row in self.rows]
+
     def next_id(self) -> str:
         return f"v{len(self.variants) + 1:04d}"
 
@@ -125,25 +152,53 @@ class ExperimentState:
 
 def replay(paths: ExpPaths) -> ExperimentState:
     state = ExperimentState()
-    for e in api.read_journal(paths.ledger):
+    for e in entries.read(paths.ledger):
         apply_event(state, e)
     return state
 
 
-def apply_event(state: ExperimentState, e: dict[str, Any]) -> None:
-    handler = _HANDLERS.get(str(e.get("ev")))
-    if handler is not None:
-        handler(state, e)
+def apply_event(state: ExperimentState, e: Entry) -> None:
+    """Fold one typed entry into ``state`` (a kind replay does not fold is left alone)."""
+    if e["ev"] == "variant":
+        _on_variant(state, e)
+    elif e["ev"] == "finished":
+        if e["id"] in state.variants:
+            state.variants[e["id"]].finished = e
+    elif e["ev"] == "decided":
+        _on_decided(state, e)
+    elif e["ev"] == "pruned":
+        v = state.variants.get(e["id"])
+        if v is not None and v.finished is None:  # a stop that came after the run ended is moot
+            v.pruned = e
+    elif e["ev"] == "seen":
+        for vid in e["ids"]:
+            if vid in state.variants:
+                state.variants[vid].seen = True
+    else:
+        _on_experiment(state, e)
 
 
-def _on_init(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.base = state.worktree_base = e["base"]
-    models = e.get("gpu_models")
-    if isinstance(models, dict):
-        state.gpu_models = {str(k): int(n) for k, n in models.items()}
+def _on_experiment(state: ExperimentState, e: Entry) -> None:
+    """The lines about the experiment as a whole: BASE, the rounds, its mode and controls."""
+    if e["ev"] == "init":
+        state.base = state.worktree_base = e["base"]
+        if isinstance(models := e.get("gpu_models"), dict):
+            state.gpu_models = {str(k): int(n) for k, n in models.items()}
+    elif e["ev"] == "base":
+        state.base = e["to"]
+        state.pending_base = None
+    elif e["ev"] == "worktree":
+        state.worktree_base = e["base"]
+    elif e["ev"] == "sealed":
+        state.sealed.add(int(e["n"]))
+        state.round = max(state.round, int(e["n"]) + 1)
+    elif e["ev"] == "mode":
+        state.mode = e["mode"]
+    elif e["ev"] == "controls":
+        state.paired = bool(e.get("paired", True))
 
 
-def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:
+def _on_variant(state: ExperimentState, e: VariantEntry) -> None:
     state.variants[e["id"]] = Variant(
         id=e["id"],
         kind=e["kind"],
@@ -157,11 +212,6 @@ def _on_variant(state: ExperimentState, e: dict[str, Any]) -> None:
         meta=e.get("meta") or {},
         mode=state.mode,
     )
-
-
-def _on_finished(state: ExperimentState, e: dict[str, Any]) -> None:
-    if e["id"] in state.variants:
-        state.variants[e["id"]].finished = e
 
 
 def drop_row(state: ExperimentState, v: Variant) -> None:
@@ -178,67 +228,18 @@ def drop_row(state: ExperimentState, v: Variant) -> None:
     v.decision = None
 
 
-def _on_decided(state: ExperimentState, e: dict[str, Any]) -> None:
+def _on_decided(state: ExperimentState, e: DecidedEntry) -> None:
     v = state.variants.get(e["id"])
     if v is None:
         return
     drop_row(state, v)  # decided again (a keep by hand of a discard): the new row replaces it
     v.decision = e
-    if e.get("row"):  # a withdrawn variant measured nothing: no row
-        state.rows.append(list(e["row"]))
+    if row := e.get("row"):  # a withdrawn variant measured nothing: no row
+        state.rows.append(list(row))
         state.row_ids.append(v.id)
-    if e.get("base_metric") is not None:
-        state.base_metric[e["base_metric"]["commit"]] = float(e["base_metric"]["value"])
+    if (base_metric := e.get("base_metric")) is not None:
+        state.base_metric[base_metric["commit"]] = float(base_metric["value"])
     if v.kind == "baseline" and e["status"] == "keep" and v.finished:
-        state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))
+        state.baselines.setdefault(v.commit, []).append(entries.metric_of(v.finished))
     if e["status"] == "keep" and v.kind in ("variant", "combo"):
         state.pending_base = BaseMove(frm=state.base, to=v.commit, id=v.id)
-
-
-def _on_base(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.base = e["to"]
-    state.pending_base = None
-
-
-def _on_worktree(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.worktree_base = e["base"]
-
-
-def _on_seen(state: ExperimentState, e: dict[str, Any]) -> None:
-    for vid in e["ids"]:
-        if vid in state.variants:
-            state.variants[vid].seen = True
-
-
-def _on_sealed(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.sealed.add(int(e["n"]))
-    state.round = max(state.round, int(e["n"]) + 1)
-
-
-def _on_mode(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.mode = e["mode"]
-
-
-def _on_controls(state: ExperimentState, e: dict[str, Any]) -> None:
-    state.paired = bool(e.get("paired", True))
-
-
-def _on_pruned(state: ExperimentState, e: dict[str, Any]) -> None:
-    v = state.variants.get(e["id"])
-    if v is not None and v.finished is None:  # a stop that came after the run ended is moot
-        v.pruned = e
-
-
-_HANDLERS: dict[str, Callable[[ExperimentState, dict[str, Any]], None]] = {
-    "init": _on_init,
-    "variant": _on_variant,
-    "finished": _on_finished,
-    "decided": _on_decided,
-    "base": _on_base,
-    "worktree": _on_worktree,
-    "seen": _on_seen,
-    "sealed": _on_sealed,
-    "mode": _on_mode,
-    "controls": _on_controls,
-    "pruned": _on_pruned,
-}

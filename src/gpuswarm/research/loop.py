@@ -20,15 +20,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.signals import on_stop_signals
 from gpuswarm.research import executor, readouts, runner, session
+from gpuswarm.research.entries import ResultRow
 from gpuswarm.research.experiment import flocked
 from gpuswarm.research.figures import CHANGES, shown_status
 from gpuswarm.research.journal import ExperimentState, append
 from gpuswarm.research.looplock import one_loop
+from gpuswarm.research.payloads import LoopView
 from gpuswarm.research.proposers import Proposal, Proposer
 from gpuswarm.research.prune import PruneOptions, Pruner
 from gpuswarm.research.settle import queue_control, seal_round, settle_locked
@@ -66,7 +67,7 @@ def run_loop(
     say: Callable[[str], None],
     stop: LoopStop | None = None,
     tick: Callable[[ExperimentState], None] | None = None,
-) -> dict[str, Any]:
+) -> LoopView:
     """Run until stopped or the budget is spent; ``tick(state)`` is called a few times a second
     (the live view follows the runner's journal with it)."""
     with one_loop(exp.paths, opts.mode):
@@ -80,7 +81,7 @@ def _run_loop(
     say: Callable[[str], None],
     stop: LoopStop | None,
     tick: Callable[[ExperimentState], None] | None,
-) -> dict[str, Any]:
+) -> LoopView:
     tick = tick or (lambda state: None)
     stop = stop or LoopStop(threading.Event(), threading.Event())
     with flocked(exp.paths.lock):
@@ -343,9 +344,9 @@ def _report(
     for v in state.variants.values():
         if v.decision is None or v.id in seen:
             continue
-        row = v.decision.get("row") or ["", "-", "", str(v.decision["status"]), v.description]
-        new_base = " -> new BASE" if row[3] == "keep" and v.kind in CHANGES else ""
-        say(f"{v.id} {shown_status(state, v):<8} {row[1]} {row[4]}{new_base}")
+        row = ResultRow.of(v.decision.get("row") or ["", "-", "", v.status, v.description])
+        new_base = " -> new BASE" if row.status == "keep" and v.kind in CHANGES else ""
+        say(f"{v.id} {shown_status(state, v):<8} {row.metric} {row.description}{new_base}")
         seen.add(v.id)
         shown.append(v.id)
     if shown:  # reported here: a later `research wait` does not print them again

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research.experiment import ExpPaths
@@ -25,16 +25,36 @@ from gpuswarm.research.experiment import ExpPaths
 _RECORD_MAX = 4096
 
 
-def _holder(fd: int) -> dict[str, Any]:
-    """The running loop's record in the lock file ({} when unreadable)."""
+class LoopHolder(TypedDict, total=False):
+    """The running loop's record in the lock file (what ``one_loop`` writes)."""
+
+    pid: int
+    host: str
+    mode: str
+    started: float
+
+
+def _holder(fd: int) -> LoopHolder:
+    """The running loop's record in the lock file ({} when unreadable; a field of another
+    type is left out)."""
+    data: object = None
     with contextlib.suppress(OSError, ValueError):
         data = json.loads(os.pread(fd, _RECORD_MAX, 0).decode("utf-8", "replace"))
-        if isinstance(data, dict):
-            return data
-    return {}
+    out: LoopHolder = {}
+    if not isinstance(data, dict):
+        return out
+    if isinstance(pid := data.get("pid"), int):
+        out["pid"] = pid
+    if isinstance(host := data.get("host"), str):
+        out["host"] = host
+    if isinstance(mode := data.get("mode"), str):
+        out["mode"] = mode
+    if isinstance(started := data.get("started"), int | float):
+        out["started"] = float(started)
+    return out
 
 
-def _describe(holder: dict[str, Any]) -> str:
+def _describe(holder: LoopHolder) -> str:
     if not holder:
         return "another process"
     since = time.strftime("%H:%M:%S", time.localtime(float(holder.get("started", 0))))

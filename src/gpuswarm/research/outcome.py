@@ -13,6 +13,7 @@ from typing import Any
 from gpuswarm.app import api
 from gpuswarm.core.logs import log_tail
 from gpuswarm.research import progress
+from gpuswarm.research.entries import FinishedEntry
 from gpuswarm.research.executor import run_paths
 from gpuswarm.research.experiment import MEMORY_METRIC, ExperimentConfig, ExpPaths
 from gpuswarm.research.exports import protected_changes, protected_data_changes
@@ -35,7 +36,7 @@ def summary_fields(log: Path, max_bytes: int = 65536) -> dict[str, float]:
 
 def outcome(
     paths: ExpPaths, cfg: ExperimentConfig, v: Variant, found: api.TaskRef
-) -> dict[str, Any] | None:
+) -> FinishedEntry | None:
     """What a variant's task (``found`` by ``executor.tasks``) produced; None while unfinished."""
     last = api.last_attempt(run_paths(paths, cfg), found)
     if last is None:

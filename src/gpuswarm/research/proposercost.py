@@ -11,16 +11,17 @@ empty where unknown (a baseline, a mutation, a proposal whose cost is unknown).
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
 
+from gpuswarm.research.entries import ProposalUsage, VariantMeta
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import Spent
 
 COLUMNS = ("proposer_tokens", "proposer_usd")
 
 
-def usage_meta(fields: dict[str, Any]) -> dict[str, Any]:
+def usage_meta(fields: ProposalUsage) -> VariantMeta:
     """A proposal's usage fields (``tokens_in`` ... ``cost_usd``) as its variant's meta."""
-    out: dict[str, Any] = {}
+    out: VariantMeta = {}
     tin, tout = fields.get("tokens_in"), fields.get("tokens_out")
     if isinstance(tin, int) or isinstance(tout, int):
         out["proposer_tokens"] = (tin if isinstance(tin, int) else 0) + (
@@ -32,10 +33,13 @@ def usage_meta(fields: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def spent(v: Variant | None) -> dict[str, Any]:
+def spent(v: Variant | None) -> Spent:
     """``proposer_tokens`` and ``proposer_usd`` of a variant (None where unknown)."""
-    meta = v.meta if v is not None else {}
-    return {k: meta.get(k) for k in COLUMNS}
+    meta: VariantMeta = v.meta if v is not None else {}
+    return {
+        "proposer_tokens": meta.get("proposer_tokens"),
+        "proposer_usd": meta.get("proposer_usd"),
+    }
 
 
 def any_spent(state: ExperimentState) -> bool:

@@ -12,12 +12,14 @@ import contextlib
 import random
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops, mutate, numeric
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState
+from gpuswarm.research.payloads import Knob
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class Proposal:
     files: dict[str, bytes | None]  # full new contents of changed editable files ...
     description: str
     base: str  # ... made from this BASE
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: VariantMeta = field(default_factory=VariantMeta)
 
 
 class Proposer(Protocol):
@@ -116,13 +118,13 @@ class MutateProposer:
             )
         return found
 
-    def survey(self, state: ExperimentState) -> list[dict[str, Any]]:
+    def survey(self, state: ExperimentState) -> list[Knob]:
         """Every numeric setting of BASE's editable files, and whether mutate may change it
         (``knob``) or why not (``why``): ``research mutate --list``."""
         files = _base_files(self.paths, self.cfg, state.base)
         select = self.selection(state.base, files)
         kept = {(c.path, c.name): options for c, options in mutate.candidates(files, select)}
-        rows: list[dict[str, Any]] = []
+        rows: list[Knob] = []
         for path in sorted(files):
             for c in numeric.constants(path, files[path]):
                 options = kept.get((c.path, c.name))

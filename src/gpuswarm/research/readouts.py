@@ -7,13 +7,26 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import controls, executor, proposercost, rules, runner, variants
+from gpuswarm.research.entries import DecidedEntry, ResultRow, metric_of
 from gpuswarm.research.experiment import ExperimentConfig, flocked
 from gpuswarm.research.figures import CHANGES, energy_figures, figures, rebased
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
+from gpuswarm.research.payloads import (
+    BestRecorded,
+    Headline,
+    InFlightView,
+    LoggedDecision,
+    LoggedVariant,
+    LogView,
+    PlatformView,
+    Replay,
+    StatusView,
+    VariantView,
+    WaitView,
+)
 from gpuswarm.research.plot import PlotRow
 from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.session import Experiment, files_of
@@ -29,7 +42,7 @@ def wait(
     mode: str = "all",
     timeout: float | None = None,
     ids: list[str] | None = None,
-) -> dict[str, Any]:
+) -> WaitView:
     """Block until any / all of the variants in flight (or ``ids``) are recorded; report them,
     and those recorded since the last wait, once."""
     with flocked(exp.paths.lock):
@@ -96,7 +109,7 @@ def _awaited(state: ExperimentState, targets: list[str]) -> set[str]:
     return out
 
 
-def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
+def shown(state: ExperimentState, v: Variant) -> VariantView:
     """``v.view()``; a finished variant waiting for its confirmation re-runs, or (paired) for
     a run of BASE of its period, says so."""
     out = v.view()
@@ -114,7 +127,7 @@ def shown(state: ExperimentState, v: Variant) -> dict[str, Any]:
     return out
 
 
-def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
+def _headline(exp: Experiment, state: ExperimentState) -> Headline:
     return {
         "tag": exp.cfg.tag,
         "branch": exp.cfg.branch,
@@ -129,11 +142,11 @@ def _headline(exp: Experiment, state: ExperimentState) -> dict[str, Any]:
     }
 
 
-def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
+def status(exp: Experiment, last: int = 10) -> StatusView:
     state = exp.settle()
     now = time.time()
     live = executor.running(exp.paths, exp.cfg)
-    in_flight = []
+    in_flight: list[InFlightView] = []
     for v in state.in_flight():
         run = live.get(v.id)
         in_flight.append(
@@ -154,13 +167,15 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
         "last": [
             {
                 "id": vid,
-                "commit": r[0],
-                "metric": None if r[3] in ("crash", "pruned") else float(r[1]),  # as in the TSV
-                "memory_gb": float(r[2]),
-                "status": "re-based" if rebased(state, state.variants[vid]) else r[3],
-                "description": r[4],
+                "commit": r.commit,
+                "metric": float(r.metric) if r.measured else None,  # as in the TSV
+                "memory_gb": float(r.memory_gb),
+                "status": "re-based" if rebased(state, state.variants[vid]) else r.status,
+                "description": r.description,
             }
-            for vid, r in list(zip(state.row_ids, state.rows, strict=False))[-last:]
+            for vid, r in list(zip(state.row_ids, map(ResultRow.of, state.rows), strict=False))[
+                -last:
+            ]
             if last > 0
         ],
         "runner": bool(runner.runner_pids(exp.paths)),
@@ -173,12 +188,12 @@ def status(exp: Experiment, last: int = 10) -> dict[str, Any]:
     }
 
 
-def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[dict[str, Any]]:
+def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[PlatformView]:
     """With several GPU models: per model, BASE's metric there, its first baseline and
     whether its wins move BASE (empty with one model)."""
     if not rules.multi_platform(state):
         return []
-    out = []
+    out: list[PlatformView] = []
     for p in rules.platforms(state):
         baselines = [v for v in state.variants.values() if v.kind == "baseline"]
         firsts = [rules.ok_metric(v) for v in baselines if rules.platform_of(v) == p]
@@ -195,7 +210,7 @@ def platform_view(cfg: ExperimentConfig, state: ExperimentState) -> list[dict[st
     return out
 
 
-def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) -> dict[str, Any]:
+def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) -> Replay:
     """``research log --policy SPEC``: the decisions SPEC's settings would have made (with
     ``pruning``, issue 38: also what that rule would have stopped, and the best without it)."""
     from gpuswarm.app.api import read_journal as api_journal
@@ -212,7 +227,7 @@ def replayed(exp: Experiment, spec: str, pruning: PruneOptions | None = None) ->
     return {"tag": exp.cfg.tag, "spec": spec, **data}
 
 
-def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, Any] | None:
+def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> BestRecorded | None:
     """The best metric any run measured (kept or not): BASE's metric is what the policy kept,
     this is what was seen (a lucky re-run, a discarded winner under noise-aware)."""
     runs = [v for v in state.variants.values() if v.finished and v.finished.get("ok")]
@@ -220,10 +235,10 @@ def best_recorded(cfg: ExperimentConfig, state: ExperimentState) -> dict[str, An
     if not runs:
         return None
     sign = 1.0 if cfg.goal == "min" else -1.0
-    top = min(runs, key=lambda v: sign * float((v.finished or {})["metric"]))
+    top = min(runs, key=lambda v: sign * metric_of(v.finished))
     return {
         "id": top.id,
-        "metric": float((top.finished or {})["metric"]),
+        "metric": metric_of(top.finished),
         "status": top.status,
         "commit": top.commit,
     }
@@ -254,13 +269,13 @@ def log_selection(
     return chosen, total - len(chosen)
 
 
-def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None) -> dict[str, Any]:
+def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None) -> LogView:
     """The variants (the last ``limit``, those after ``since``) with every field the ledger
     has: host, times, the summary block, diff stats, the log tail and path, the decision and
     its reason, the proposer's notes; ``left_out`` counts the rest."""
     state = exp.settle()
     chosen, left_out = log_selection(state, limit, since)
-    out = []
+    out: list[LoggedVariant] = []
     for v in chosen:
         fin = v.finished or {}
         out.append(
@@ -279,9 +294,7 @@ def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
                 "diff": fin.get("diff"),
                 "tail": fin.get("tail") or "",
                 "energy_j": fin.get("energy_j"),  # issue 37
-                "decision": None
-                if v.decision is None
-                else {k: v.decision.get(k) for k in ("status", "reason", "row", "ts")},
+                "decision": None if v.decision is None else _logged(v.decision),
             }
         )
     return {
@@ -290,6 +303,15 @@ def log(exp: Experiment, limit: int | None = LOG_LIMIT, since: str | None = None
         "variants": out,
         "total": len(state.variants),
         "left_out": left_out,
+    }
+
+
+def _logged(d: DecidedEntry) -> LoggedDecision:
+    return {
+        "status": d.get("status"),
+        "reason": d.get("reason"),
+        "row": d.get("row"),
+        "ts": d.get("ts"),
     }
 
 
@@ -308,14 +330,17 @@ def plot_rows(state: ExperimentState) -> list[PlotRow]:
     rows: list[PlotRow] = []
     with_rows = set(state.row_ids)
     for v in (v for vid, v in state.variants.items() if vid in with_rows):
-        r = list((v.decision or {}).get("row") or [])
-        after = (v.decision or {}).get("base_metric") or {}
+        dec: DecidedEntry = v.decision or {}
+        r = ResultRow.of(dec.get("row") or [])
+        after = dec.get("base_metric")
         rows.append(
             PlotRow(
-                metric=None if r[3] in ("crash", "pruned") else float(r[1]),
-                status=r[3],
-                description=re.sub(r"^\[[^\]]*\]\s*", "", r[4]),  # without the [R3 gpu2] tag
-                base=None if after.get("value") is None else float(after["value"]),
+                metric=float(r.metric) if r.measured else None,
+                status=r.status,
+                description=re.sub(
+                    r"^\[[^\]]*\]\s*", "", r.description
+                ),  # without the [R3 gpu2] tag
+                base=None if after is None else float(after["value"]),
                 change=v.kind in CHANGES,
             )
         )

@@ -19,12 +19,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
-from gpuswarm.research import controls, rules
+from gpuswarm.research import controls, entries, rules
 from gpuswarm.research.configure import CHANGEABLE
+from gpuswarm.research.entries import BaseEntry, DecidedEntry, Entry, VariantEntry, metric_of
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, apply_event
+from gpuswarm.research.payloads import Replay
 from gpuswarm.research.policy import Decision, decide
 from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.prune_replay import replay_finished
@@ -36,7 +37,7 @@ _REPLAYED = ("init", "variant", "finished", "sealed", "mode", "controls")
 
 def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
     """``greedy`` / ``noise-aware,noise_k=3,gain_per_line=0`` -> the settings to replay with."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, str] = {}
     for i, part in enumerate(p.strip() for p in spec.split(",")):
         if not part:
             continue
@@ -65,7 +66,7 @@ def parse_spec(cfg: ExperimentConfig, spec: str) -> ExperimentConfig:
 
 def replay_decisions(
     paths: ExpPaths, cfg: ExperimentConfig, pruning: PruneOptions | None = None
-) -> dict[str, Any]:
+) -> Replay:
     """What ``cfg`` would have decided on this ledger: per variant the recorded and the
     replayed status and reason, and which variants each kept; with ``pruning`` (issue 38),
     what that rule would have stopped (``prune_replay.py``)."""
@@ -73,29 +74,28 @@ def replay_decisions(
     pruned: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[list[float]]] = {}  # issue 38: recorded curves, read once
     state = ExperimentState()
-    recorded: dict[str, dict[str, Any]] = {}
+    recorded: dict[str, DecidedEntry] = {}
     wanted: dict[str, str] = {}  # variant -> the run the replayed policy wanted and lacked
-    for e in api.read_journal(paths.ledger):
-        ev = str(e.get("ev"))
-        if ev == "decided":
-            recorded[str(e["id"])] = e
+    for e in entries.read(paths.ledger):
+        if e["ev"] == "decided":
+            recorded[e["id"]] = e
             continue
-        if ev not in _REPLAYED:
+        if e["ev"] not in _REPLAYED:
             continue
-        if ev == "variant":
-            if e.get("kind") == "baseline" and state.base and e.get("commit") != state.base:
+        if e["ev"] == "variant":
+            if e["kind"] == "baseline" and state.base and e["commit"] != state.base:
                 continue  # a baseline of a BASE this policy never kept measures nothing here
             e = _reparented(state, e)
-        if ev == "finished":
-            e = replay_finished(cfg, state, e, pruning, pruned, curves)
+        elif e["ev"] == "finished":
+            e = _replayed_finished(paths, cfg, state, e, pruning, pruned, curves)
         apply_event(state, e)
-        if ev in ("finished", "sealed", "variant"):
+        if e["ev"] in ("finished", "sealed", "variant"):
             _settle(cfg, state, wanted)
     _settle(cfg, state, wanted, final=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for v in state.variants.values():
-        rec = recorded.get(v.id) or {}
-        dec = v.decision or {}
+        rec: DecidedEntry = recorded.get(v.id) or {}
+        dec: DecidedEntry = v.decision or {}
         rows.append(
             {
                 "id": v.id,
@@ -129,12 +129,26 @@ def _rule_keys() -> tuple[str, ...]:
     return RULES
 
 
-def _reparented(state: ExperimentState, e: dict[str, Any]) -> dict[str, Any]:
+def _reparented(state: ExperimentState, e: VariantEntry) -> VariantEntry:
     """A variant of the recorded BASE of its time is one of the replayed BASE of its time."""
-    e = dict(e)
-    if state.base and e.get("kind") in ("variant", "combo"):
+    e = e.copy()
+    if state.base and e["kind"] in ("variant", "combo"):
         e["parent"] = state.base
     return e
+
+
+def _replayed_finished(
+    paths: ExpPaths,
+    cfg: ExperimentConfig,
+    state: ExperimentState,
+    e: Entry,
+    pruning: PruneOptions,
+    pruned: dict[str, dict[str, Any]],
+    curves: dict[str, list[list[float]]],
+) -> Entry:
+    """The ``finished`` line ``e`` as it would read with ``pruning`` (``prune_replay.py``)."""
+    out = replay_finished(cfg, state, dict(e), pruning, pruned, curves)
+    return entries.parse(out, str(paths.ledger)) or e
 
 
 def _settle(
@@ -178,15 +192,16 @@ def _apply_in_memory(
         wanted[v.id] = f"{d.reason}: would be re-based and run again (not in the ledger)"
         v.decision = {"status": "discard", "reason": wanted[v.id]}
         return True
-    event: dict[str, Any] = {"ev": "decided", "id": v.id, "status": d.status, "reason": d.reason}
+    event: DecidedEntry = {"ev": "decided", "id": v.id, "status": d.status, "reason": d.reason}
     if d.status == "keep" and v.kind not in ("confirm", "control") and v.finished is not None:
         if v.kind == "baseline":
-            runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
+            runs = [*state.baselines.get(v.commit, []), metric_of(v.finished)]
             value = statistics.fmean(runs)
         else:
-            value = d.metric if d.metric is not None else float(v.finished["metric"])
+            value = d.metric if d.metric is not None else metric_of(v.finished)
         event["base_metric"] = {"commit": v.commit, "value": value}
     apply_event(state, copy.deepcopy(event))
     if d.status == "keep" and v.kind in ("variant", "combo"):
-        apply_event(state, {"ev": "base", "from": state.base, "to": v.commit, "id": v.id})
+        moved: BaseEntry = {"ev": "base", "from": state.base, "to": v.commit, "id": v.id}
+        apply_event(state, moved)
     return True

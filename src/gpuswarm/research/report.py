@@ -9,6 +9,7 @@ from gpuswarm.core.fsutil import atomic_write_text
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.html import esc, html_page, html_table, png_data_uri
 from gpuswarm.research import controls, rules
+from gpuswarm.research.entries import DecidedEntry, ResultRow
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.figures import energy_figures, figures, shown_status
 from gpuswarm.research.journal import ExperimentState
@@ -21,33 +22,35 @@ ROW_CLASS = {"keep": "keep", "crash": "failed", "discard": "", "re-based": "", "
 def write_research_report(
     paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, plot: Path | None
 ) -> Path:
-    rows = []
+    rows: list[dict[str, object]] = []
     classes = []
     crashes: list[str] = []
     paid = any_spent(state)
     for v in state.variants.values():
         fin = v.finished or {}
-        dec = v.decision or {}
-        diff = fin.get("diff") or {}
+        dec: DecidedEntry = v.decision or {}
+        diff = fin.get("diff")
         status = shown_status(state, v) if dec else ("finished" if v.finished else "running")
         metric = fin.get("metric")
         seconds = fin.get("seconds")
-        rows.append(
-            {
-                "id": v.id,
-                "commit": v.commit[:7],
-                "metric": "" if metric is None else f"{float(metric):.6f}",  # as results.tsv
-                "memory_gb": fin.get("memory_gb"),
-                "status": status,
-                "description": (dec.get("row") or ["", "", "", "", v.description])[4],
-                "diff": f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
-                "gpu": fin.get("gpu"),
-                "seconds": "" if seconds is None else round(float(seconds)),
-                "reason": dec.get("reason") or fin.get("reason") or "",
-                "energy_j": "" if fin.get("energy_j") is None else round(float(fin["energy_j"])),
-                **(spent(v) if paid else {}),  # issue 34: the proposer's tokens, USD
-            }
-        )
+        row: dict[str, object] = {
+            "id": v.id,
+            "commit": v.commit[:7],
+            "metric": "" if metric is None else f"{float(metric):.6f}",  # as results.tsv
+            "memory_gb": fin.get("memory_gb"),
+            "status": status,
+            "description": ResultRow.of(cells).description
+            if (cells := dec.get("row"))
+            else v.description,
+            "diff": f"+{diff.get('insertions', 0)} -{diff.get('deletions', 0)}" if diff else "",
+            "gpu": fin.get("gpu"),
+            "seconds": "" if seconds is None else round(float(seconds)),
+            "reason": dec.get("reason") or fin.get("reason") or "",
+            "energy_j": "" if (joules := fin.get("energy_j")) is None else round(float(joules)),
+        }
+        if paid:  # issue 34: the proposer's tokens, USD
+            row.update(spent(v))
+        rows.append(row)
         classes.append(ROW_CLASS.get(status, ""))
         if status == "crash" and fin.get("log"):
             crashes.append(

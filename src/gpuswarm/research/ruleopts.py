@@ -4,7 +4,7 @@ settings: docs/research.md, "Decisions"; their meaning: ``rules.py``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import click
 
@@ -38,11 +38,40 @@ def rule_options(fn: F) -> F:
     return fn
 
 
-def rule_changes(kw: dict[str, Any]) -> dict[str, Any]:
-    """The rule settings given on the command line (popped from ``kw``)."""
-    out = {}
-    for dest in ("simplify", *(f[1] for f in _FLAGS)):
-        value = kw.pop(dest, None)
-        if value is not None:
-            out[dest] = value
+class RuleSettings(TypedDict, total=False):
+    """The decision rules' settings given (``configure.RULES``; their types: the flags')."""
+
+    simplify: bool
+    noise_confirm: int
+    baseline_repeats: int
+    gain_per_line: str
+    equal_within: str
+    vram_share: float
+    vram_gain: str
+    base_platform: str
+
+
+RS = TypeVar("RS", bound=RuleSettings)
+
+
+def rules_into(kw: dict[str, Any], out: RS) -> RS:
+    """The rule settings given on the command line (popped from ``kw``), in the flags' order,
+    into ``out`` (a RuleSettings, or the settings they are the first part of)."""
+    given = {dest: kw.pop(dest, None) for dest in ("simplify", *(f[1] for f in _FLAGS))}
+    if given["simplify"] is not None:
+        out["simplify"] = given["simplify"]
+    if given["noise_confirm"] is not None:
+        out["noise_confirm"] = given["noise_confirm"]
+    if given["baseline_repeats"] is not None:
+        out["baseline_repeats"] = given["baseline_repeats"]
+    if given["gain_per_line"] is not None:
+        out["gain_per_line"] = given["gain_per_line"]
+    if given["equal_within"] is not None:
+        out["equal_within"] = given["equal_within"]
+    if given["vram_share"] is not None:
+        out["vram_share"] = given["vram_share"]
+    if given["vram_gain"] is not None:
+        out["vram_gain"] = given["vram_gain"]
+    if given["base_platform"] is not None:
+        out["base_platform"] = given["base_platform"]
     return out

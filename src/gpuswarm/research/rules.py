@@ -26,13 +26,14 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuswarm.research import controls
 from gpuswarm.research.amounts import amount as amount
 from gpuswarm.research.amounts import parse_amount as parse_amount
 from gpuswarm.research.experiment import MEMORY_METRIC
 from gpuswarm.research.journal import ExperimentState, Variant
+from gpuswarm.research.payloads import NoiseView
 
 if TYPE_CHECKING:
     from gpuswarm.research.experiment import ExperimentConfig
@@ -48,9 +49,10 @@ def platform_of(v: Variant) -> str:
 
 def ok_metric(v: Variant) -> float | None:
     fin = v.finished or {}
-    if not fin.get("ok") or fin.get("metric") is None:
+    metric = fin.get("metric")
+    if not fin.get("ok") or metric is None:
         return None
-    return float(fin["metric"])
+    return float(metric)
 
 
 def peak_mb(v: Variant) -> float | None:
@@ -148,12 +150,13 @@ class Noise:
     groups: int  # commits (on one platform) with two or more runs
     platform: str  # "" when pooled over every platform
 
-    def view(self) -> dict[str, Any]:
+    def view(self) -> NoiseView:
         return {
             "sigma": self.sigma,
             "runs": self.runs,
             "groups": self.groups,
             "platform": self.platform,
+            "paired": False,
         }
 
 
@@ -181,17 +184,17 @@ def noise(state: ExperimentState, platform: str | None = None) -> Noise | None:
     return _pooled(list(by_key.values()), "")
 
 
-def noise_view(state: ExperimentState) -> list[dict[str, Any]]:
+def noise_view(state: ExperimentState) -> list[NoiseView]:
     """The noise estimate per platform (one entry when there is one platform), for status:
     the paired one (``paired: true``) once control runs give it."""
-    out = []
+    out: list[NoiseView] = []
     names = platforms(state)
     paired = controls.in_use(state)
     for p in names if len(names) > 1 else [None]:
         est = noise(state, p)
         pair = controls.paired_noise(state, p or names[0]) if paired else None
         if pair is not None:
-            out.append({**pair.view(), "runs": pair.periods, "groups": 1, "platform": p or ""})
+            out.append(pair.view(p or ""))
         elif est is not None:
             out.append({**est.view(), "platform": p or est.platform, "paired": False})
     return out
@@ -236,8 +239,8 @@ def judge(
         if ref is not None and m is not None:
             gains.append(gain_of(cfg, m, ref))
     g, n = statistics.fmean(gains), len(gains)
-    diff = (v.finished or {}).get("diff") or {}
-    net = int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
+    diff = (v.finished or {}).get("diff")
+    net = 0 if diff is None else int(diff.get("insertions", 0)) - int(diff.get("deletions", 0))
     est = _noise_for(state, platform_of(v), paired) if cfg.policy == "noise-aware" else None
     if paired and est is None and cfg.policy == "noise-aware":
         return None  # paired: the noise is that of controls over time; two periods are needed

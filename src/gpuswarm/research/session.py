@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.redact import name_redactor
 from gpuswarm.research import executor, exports, gitops, rules, runner, variants
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked, load_settings, locate
 from gpuswarm.research.journal import ExperimentState, Variant, append, drop_row
+from gpuswarm.research.payloads import Decided, Files, Queued, Restored, Tried
 from gpuswarm.research.policy import Decision
 from gpuswarm.research.settle import apply, settle, settle_locked
 
@@ -32,7 +33,7 @@ class Experiment:
         return settle(self.paths, self.cfg)
 
 
-def files_of(paths: ExpPaths) -> dict[str, str]:
+def files_of(paths: ExpPaths) -> Files:
     return {"results": str(paths.results_tsv), "ledger": str(paths.ledger)}
 
 
@@ -74,7 +75,7 @@ def _queue_baselines(exp: Experiment, state: ExperimentState, repeat: int) -> li
     return out
 
 
-def baseline(exp: Experiment, repeat: int = 1) -> dict[str, Any]:
+def baseline(exp: Experiment, repeat: int = 1) -> Queued:
     if repeat < 1:
         raise ResearchError("--repeat: at least 1")
     with flocked(exp.paths.lock):
@@ -93,8 +94,8 @@ def try_variant(
     from_id: str | None = None,
     base: str | None = None,
     source: str = "manual",
-    meta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    meta: VariantMeta | None = None,
+) -> Tried:
     """Snapshot an edit as a variant on BASE, restore the user's files, queue it; returns at once.
 
     The edit comes from the user's working tree (default), a patch, or ``files`` (proposers:
@@ -179,7 +180,7 @@ def _from_variant(exp: Experiment, state: ExperimentState, vid: str, message: st
     return commit
 
 
-def restore(exp: Experiment) -> dict[str, Any]:
+def restore(exp: Experiment) -> Restored:
     """Put the editable files back to BASE (drops uncommitted edits of them)."""
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
@@ -188,7 +189,7 @@ def restore(exp: Experiment) -> dict[str, Any]:
 
 
 # -- manual decisions ----------------------------------------------------------------------------
-def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, Any]:
+def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> Decided:
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
         v = _variant(state, vid)
@@ -214,7 +215,7 @@ def keep(exp: Experiment, vid: str, reason: str = "kept by hand") -> dict[str, A
     return {"id": vid, "status": "keep", "base": state.base, "files": files}
 
 
-def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dict[str, Any]:
+def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> Decided:
     with flocked(exp.paths.lock):
         state = settle_locked(exp.paths, exp.cfg)
         v = _variant(state, vid)
@@ -226,7 +227,7 @@ def discard(exp: Experiment, vid: str, reason: str = "discarded by hand") -> dic
     return {"id": vid, "status": "discard", "base": state.base}
 
 
-def _withdraw(exp: Experiment, state: ExperimentState, v: Variant, reason: str) -> dict[str, Any]:
+def _withdraw(exp: Experiment, state: ExperimentState, v: Variant, reason: str) -> Decided:
     """A queued variant taken back before it runs: journaled, no results.tsv row (it measured
     nothing); a running one is refused (it is measuring already)."""
     if v.kind == "confirm":

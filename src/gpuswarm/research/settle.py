@@ -26,6 +26,7 @@ from gpuswarm.research import (
     variants,
 )
 from gpuswarm.research.announce import announce_kept
+from gpuswarm.research.entries import ResultRow, VariantMeta, metric_of
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.journal import ExperimentState, Variant, append, replay
 from gpuswarm.research.policy import Decision, decide
@@ -57,11 +58,12 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
         out = outcome.outcome(paths, cfg, v, found)
         if out is None:
             continue
+        extra: dict[str, object] = {}  # what outcome.py cannot know
         if v.pruned is not None and not out["ok"]:  # issue 38: the loop stopped it early
-            out.update(prune.finished_fields(cfg, state, v, out))
+            extra.update(prune.finished_fields(cfg, state, v, dict(out)))
         if v.kind != "baseline":
-            out["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
-        v.finished = append(paths, "finished", id=v.id, **out)
+            extra["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
+        v.finished = append(paths, "finished", id=v.id, **{**out, **extra})
     while decisions := decide(cfg, state):
         for d in decisions:
             apply(paths, cfg, state, d)
@@ -93,7 +95,7 @@ def _queue_base_run(
     state: ExperimentState,
     kind: str,
     description: str,
-    meta: dict[str, str] | None,
+    meta: VariantMeta | None,
 ) -> Variant:
     """Journal and queue one more run of BASE (a baseline or a control) and see that a runner
     serves it."""
@@ -122,7 +124,9 @@ def queue_control(
 ) -> Variant:
     """Queue a control run: BASE again, the reference of the variants of its period (with
     several GPU models, pinned to ``platform``'s GPUs when given)."""
-    pinned = {"platform": platform} if platform and rules.multi_platform(state) else None
+    pinned: VariantMeta | None = (
+        {"platform": platform} if platform and rules.multi_platform(state) else None
+    )
     description = f"control: BASE {gitops.short(state.base)} ({why})"
     return _queue_base_run(paths, cfg, state, "control", description, pinned)
 
@@ -185,10 +189,10 @@ def apply(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState, d: Dec
         if v.kind == "baseline" and rules.multi_platform(state):
             metric = {"commit": v.commit, "value": _shown_metric(state, v.commit)}
         elif v.kind == "baseline":
-            runs = [*state.baselines.get(v.commit, []), float(v.finished["metric"])]
+            runs = [*state.baselines.get(v.commit, []), metric_of(v.finished)]
             metric = {"commit": v.commit, "value": statistics.fmean(runs)}
         else:
-            value = d.metric if d.metric is not None else float(v.finished["metric"])
+            value = d.metric if d.metric is not None else metric_of(v.finished)
             metric = {"commit": v.commit, "value": value}
     _decided(paths, cfg, state, v, d.status, d.reason, metric, note=d.note)
     if d.status == "keep" and v.kind in ("variant", "combo"):
@@ -267,7 +271,7 @@ def _decided(
     if metric is not None:
         state.base_metric[str(metric["commit"])] = float(metric["value"])  # type: ignore[arg-type]
         if v.kind == "baseline":
-            state.baselines.setdefault(v.commit, []).append(float(v.finished["metric"]))  # type: ignore[index]
+            state.baselines.setdefault(v.commit, []).append(metric_of(v.finished))
     write_tsv(paths, cfg, state)  # the row is on disk before the branch moves
 
 
@@ -350,8 +354,8 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
     description (tagged ``[R3 gpu2]`` in rounds mode); crashes read ``0.000000  0.0``."""
     fin = v.finished or {}
     crash = status in ("crash", "pruned")  # pruned (issue 38): no final metric either
-    metric = 0.0 if crash or fin.get("metric") is None else float(fin["metric"])
-    memory = 0.0 if crash or fin.get("memory_gb") is None else float(fin["memory_gb"])
+    metric = 0.0 if crash else float(fin.get("metric") or 0.0)
+    memory = 0.0 if crash else float(fin.get("memory_gb") or 0.0)
     gpu = f"gpu{fin['gpu']}" if fin.get("gpu") not in (None, "") else ""
     if rules.multi_platform(state) and rules.platform_of(v):  # which baseline it is compared with
         gpu = " ".join(filter(None, (gpu, rules.short_platform(rules.platform_of(v)))))
@@ -368,7 +372,7 @@ def tsv_row(state: ExperimentState, v: Variant, status: str, note: str = "") -> 
     elif note:
         text = f"{text} ({note})"
     desc = " ".join((tag + text).replace("\t", " ").split())
-    return [gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc]
+    return list(ResultRow(gitops.short(v.commit), f"{metric:.6f}", f"{memory:.1f}", status, desc))
 
 
 def write_tsv(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from collections.abc import Mapping
 
 from gpuswarm.agents.preset import AgentPreset
 from gpuswarm.agents.pricing import AgentUsage, attempt_usage
@@ -16,6 +16,7 @@ from gpuswarm.agents.usage import parse_usage
 from gpuswarm.config.budget import suggested_tokens, tokens_text
 from gpuswarm.core.errors import BudgetSpentError
 from gpuswarm.core.events import kind_of
+from gpuswarm.research.entries import ProposalUsage
 from gpuswarm.research.experiment import ExpPaths
 
 FIELDS = ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model", "usage_problem")
@@ -50,9 +51,9 @@ class ProposerSpend:
             except ValueError:
                 continue
             if isinstance(e, dict) and kind_of(e) == "proposal":
-                self._count(e)
+                self._count(_usage(e))
 
-    def _count(self, fields: dict[str, Any]) -> None:
+    def _count(self, fields: ProposalUsage) -> None:
         cost = fields.get("cost_usd")
         tin, tout = fields.get("tokens_in"), fields.get("tokens_out")
         with self._lock:
@@ -66,20 +67,19 @@ class ProposerSpend:
 
     def add(self, preset: AgentPreset | None, stdout: str) -> None:
         """One agent run's output: its usage counted, kept for this thread's next event."""
-        self._local.last = {}
+        self._local.last = ProposalUsage()
         if preset is None or preset.usage is None:
             return
         usage = parse_usage(stdout, preset.usage)
-        fields = attempt_usage(usage, AgentUsage(spec=preset.usage, model=preset.model))
-        fields = {k: v for k, v in fields.items() if v is not None}
+        fields = _usage(attempt_usage(usage, AgentUsage(spec=preset.usage, model=preset.model)))
         self._local.last = fields
         if "tokens_in" in fields or "cost_usd" in fields:
             self._count(fields)
 
-    def last(self) -> dict[str, Any]:
+    def last(self) -> ProposalUsage:
         """The usage fields of this thread's last agent run (for its ``proposal`` event)."""
-        out: dict[str, Any] = getattr(self._local, "last", {})
-        self._local.last = {}
+        out: ProposalUsage = getattr(self._local, "last", ProposalUsage())
+        self._local.last = ProposalUsage()
         return out
 
     def check(self) -> None:
@@ -100,3 +100,21 @@ class ProposerSpend:
                 f"--budget-tokens {tokens_text(self.budget_tokens)}; raise it: research loop ... "
                 f"--budget-tokens {more}"
             )
+
+
+def _usage(fields: Mapping[str, object]) -> ProposalUsage:
+    """``attempt_usage``'s fields that it reported (None: not reported), in its order."""
+    out: ProposalUsage = {}
+    if isinstance(tin := fields.get("tokens_in"), int):
+        out["tokens_in"] = tin
+    if isinstance(cached := fields.get("tokens_cached"), int):
+        out["tokens_cached"] = cached
+    if isinstance(tout := fields.get("tokens_out"), int):
+        out["tokens_out"] = tout
+    if isinstance(cost := fields.get("cost_usd"), int | float):
+        out["cost_usd"] = cost
+    if isinstance(model := fields.get("model"), str):
+        out["model"] = model
+    if isinstance(problem := fields.get("usage_problem"), str):
+        out["usage_problem"] = problem
+    return out

@@ -15,12 +15,13 @@ import difflib
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import gitops
+from gpuswarm.research.entries import VariantMeta
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, append
+from gpuswarm.research.payloads import FilesCase
 
 
 def variant_ref(cfg: ExperimentConfig, variant_id: str) -> str:
@@ -38,7 +39,7 @@ def record(
     description: str,
     source: str,
     origin: str | None = None,
-    meta: dict[str, Any] | None = None,
+    meta: VariantMeta | None = None,
     round: int | None = None,
 ) -> Variant:
     """Journal a new variant (its ref first, so the commit outlives any gc)."""
@@ -212,7 +213,7 @@ def adopt_worktree(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentStat
         state.worktree_base = state.base
 
 
-def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> dict[str, object]:
+def files_case(paths: ExpPaths, cfg: ExperimentConfig, state: ExperimentState) -> FilesCase:
     """Which case the user's editable files are in, said plainly: they follow every keep only
     while HEAD is on the experiment branch and they hold what gpuswarm last wrote there."""
     head = gitops.git(paths.repo, "symbolic-ref", "-q", "--short", "HEAD", check=False)

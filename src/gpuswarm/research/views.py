@@ -14,12 +14,28 @@ from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.figures import figures
 from gpuswarm.research.journal import ExperimentState
 from gpuswarm.research.loop import LoopOptions, run_loop
+from gpuswarm.research.payloads import (
+    Configured,
+    Decided,
+    DriftView,
+    Headline,
+    Knobs,
+    LoopView,
+    Made,
+    NoiseFigures,
+    Queued,
+    Replay,
+    StatusView,
+    Tried,
+    VariantView,
+    WaitView,
+)
 from gpuswarm.research.proposers import Proposer
 from gpuswarm.ui.table import LiveView, clock, shown
 from gpuswarm.ui.watch import Follower
 
 
-def _metric(value: Any) -> str:
+def _metric(value: float | None) -> str:
     return "-" if value is None else f"{float(value):.6f}"
 
 
@@ -27,7 +43,7 @@ def _short(sha: str | None) -> str:
     return (sha or "")[:7]
 
 
-def _variant_line(v: dict[str, Any]) -> str:
+def _variant_line(v: VariantView) -> str:
     gpu = f"gpu{v['gpu']}" if v.get("gpu") not in (None, "") else ""
     mem = f"{v['memory_gb']:.1f}GB" if v.get("memory_gb") is not None else ""
     plain = ("baseline", "better than BASE", "best of its round")  # a keep's reason worth saying
@@ -39,18 +55,18 @@ def _variant_line(v: dict[str, Any]) -> str:
     )
 
 
-def show_init(d: dict[str, Any]) -> None:
+def show_init(d: Made) -> None:
     click.echo(f"experiment {d['tag']}: branch {d['branch']} at {_short(d['base'])}")
     click.echo(f"results: {d['results']}")
     click.echo("next: edit the file, then `gpuswarm research try -m '<idea>'` (once per idea)")
 
 
-def show_queued(d: dict[str, Any]) -> None:
+def show_queued(d: Queued) -> None:
     for v in d["queued"]:
         click.echo(f"queued {v['id']} ({v['description']}) on BASE {_short(d['base'])}")
 
 
-def show_try(d: dict[str, Any]) -> None:
+def show_try(d: Tried) -> None:
     diff = d["diff"]
     if d.get("rerun"):  # issue 38: `try --rerun ID`
         click.echo(
@@ -67,19 +83,36 @@ def show_try(d: dict[str, Any]) -> None:
     )
 
 
-def _headline(d: dict[str, Any]) -> str:
+def show_rerun(d: dict[str, Any]) -> None:
+    """``try --rerun ID``'s payload (research/rerun.py's; a Tried once it says so)."""
+    keys = ("id", "commit", "parent", "round", "baseline_queued", "diff", "rerun")
+    id_, commit, parent, round_, queued, diff, again = (d[k] for k in keys)
+    show_try(
+        {
+            "id": id_,
+            "commit": commit,
+            "parent": parent,
+            "round": round_,
+            "baseline_queued": queued,
+            "diff": diff,
+            "rerun": again,
+        }
+    )
+
+
+def _headline(d: Headline) -> str:
     best = _metric(d.get("best"))
     mode = d.get("modes") or d["mode"]
     return f"BASE {_short(d['base'])} ({d['branch']})  best {d['metric']} {best}  mode {mode}"
 
 
-def _files_line(d: dict[str, Any], always: bool = False) -> None:
-    files = d.get("files") or {}
+def _files_line(d: Headline | Decided, always: bool = False) -> None:
+    files = d.get("files")
     if files and (always or files["case"] not in ("following", "behind")):
         click.echo(f"files: {files['message']}")
 
 
-def show_wait(d: dict[str, Any]) -> None:
+def show_wait(d: WaitView) -> None:
     click.echo(_headline(d))
     for v in d["finished"]:
         click.echo(_variant_line(v))
@@ -96,7 +129,7 @@ def pruned_text(d: Any) -> str:
     return f", {n} pruned (GPU time saved {clock(saved)})" if n else ""
 
 
-def show_status(d: dict[str, Any]) -> None:
+def show_status(d: StatusView) -> None:
     runner = "runner live" if d["runner"] else "runner idle"
     click.echo(
         f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
@@ -108,8 +141,8 @@ def show_status(d: dict[str, Any]) -> None:
             f"  {where:<8} {v['id']}  {clock(v['elapsed']):>6}/{clock(d['timeout'])}  "
             f"{v['description']}"
         )
-    for v in d["undecided"]:
-        click.echo(f"  awaiting decision: {_variant_line(v)}")
+    for u in d["undecided"]:
+        click.echo(f"  awaiting decision: {_variant_line(u)}")
     click.echo(noise_line(d))
     for line in drift_lines(d.get("drift") or [], d["metric"]):
         click.echo(line)
@@ -126,12 +159,12 @@ def show_status(d: dict[str, Any]) -> None:
     click.echo(f"results: {d['results']}")
 
 
-def drift_lines(drifts: list[dict[str, Any]], metric: str) -> list[str]:
+def drift_lines(drifts: list[DriftView], metric: str) -> list[str]:
     """The drift of BASE's control runs where it is beyond the noise (controls.Drift.text)."""
     return [controls.Drift(**d).text(metric) for d in drifts if d["moving"]]
 
 
-def noise_line(d: dict[str, Any]) -> str:
+def noise_line(d: NoiseFigures) -> str:
     """``noise: sd 0.0031 (4 runs of 2 commits), policy noise-aware``."""
     parts = [
         f"sd {n['sigma']:.6f}"
@@ -143,7 +176,7 @@ def noise_line(d: dict[str, Any]) -> str:
     return f"noise: {estimate}; policy {d.get('policy')}"
 
 
-def show_replay(d: dict[str, Any]) -> None:
+def show_replay(d: Replay) -> None:
     """``research log --policy``: each variant's recorded and replayed decision."""
     click.echo(f"replay of {d['tag']} with {d['spec']} (nothing is changed)")
     for r in d["variants"]:
@@ -179,7 +212,7 @@ def show_replay(d: dict[str, Any]) -> None:
             )
 
 
-def show_loop(d: dict[str, Any]) -> None:
+def show_loop(d: LoopView) -> None:
     click.echo(
         f"{_headline(d)}  {counted(d['experiments'], 'experiment')}, "
         f"{counted(d['kept'], 'change')} kept{pruned_text(d)} "
@@ -195,7 +228,7 @@ def show_loop(d: dict[str, Any]) -> None:
     click.echo(f"results:  {d['results']}\nprogress: {d['plot']}\nreport:   {d['report']}")
 
 
-def show_config(d: dict[str, Any]) -> None:
+def show_config(d: Configured) -> None:
     for key, (old, new) in d["changed"].items():
         click.echo(f"changed {key}: {old!r} -> {new!r}")
     for key, value in d["settings"].items():
@@ -203,7 +236,7 @@ def show_config(d: dict[str, Any]) -> None:
     click.echo(f"settings: {d['file']}")
 
 
-def show_knobs(d: dict[str, Any]) -> None:
+def show_knobs(d: Knobs) -> None:
     """``research mutate --list``: one line per setting, the knobs first."""
     rows = sorted(d["settings"], key=lambda r: (not r["knob"], r["file"], r["line"]))
     width = max((len(r["name"]) for r in rows), default=4)
@@ -218,12 +251,12 @@ def show_knobs(d: dict[str, Any]) -> None:
             click.echo(f"  skip  {r['name']:<{width}} = {r['value']:<10} {where}  {r['why']}")
 
 
-def show_decided(d: dict[str, Any]) -> None:
+def show_decided(d: Decided) -> None:
     click.echo(f"{d['id']}: {d['status']}; BASE is {_short(d['base'])}")
     _files_line(d, always="files" in d)
 
 
-def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions) -> dict[str, Any]:
+def run_loop_live(exp: session.Experiment, proposer: Proposer, opts: LoopOptions) -> LoopView:
     """``research loop`` with the live table: the runner's slots (followed through the core
     run's journal) under a header with BASE, the best metric and the experiment count."""
     run = executor.run_paths(exp.paths, exp.cfg)
