@@ -24,6 +24,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
 from gpuswarm.outputs.results import APART, row_for
+from gpuswarm.outputs.taskrow import FailureJson, TaskRow
 from gpuswarm.outputs.timeline import bars_from_descriptor
 from gpuswarm.store.reader import RunReader
 
@@ -62,7 +63,7 @@ class _Slots:
         self.stats: dict[str, dict[str, Any]] = {}
         self.bars: dict[str, list[list[Any]]] = {}
         self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
-        self.failures: list[dict[str, Any]] = []  # as summary.json lists them (for a run
+        self.failures: list[FailureJson] = []  # as summary.json lists them (for a run
         self.not_done = 0  # that ended without one): every task not done, skipped, cancelled
 
     def add(self, state: State, desc: Descriptor) -> None:
@@ -71,10 +72,7 @@ class _Slots:
         if state not in ENDED_WELL:
             self.not_done += 1
             if len(self.failures) < MAX_FAILURES:
-                row = row_for(state, desc).values
-                self.failures.append(
-                    {"task": row["task"], "state": row["state"], "reason": row["reason"]}
-                )
+                self.failures.append(row_for(state, desc).values.failure_json())
         for att in desc.attempts:
             if not att.slot:
                 continue
@@ -138,11 +136,12 @@ def _failures(summary: dict[str, Any], redactor: Redactor) -> list[dict[str, Any
     out = []
     for f in (summary.get("failures") or [])[:MAX_FAILURES]:
         if isinstance(f, dict):
+            entry = TaskRow.from_json(f)
             out.append(
                 {
-                    "task": inert(str(f.get("task") or "")),
-                    "state": str(f.get("state") or ""),
-                    "reason": inert(redactor.text(str(f.get("reason") or ""))),
+                    "task": inert(entry.task),
+                    "state": entry.state,
+                    "reason": inert(redactor.text(entry.reason)),
                 }
             )
     return out

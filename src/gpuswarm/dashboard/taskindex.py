@@ -223,11 +223,11 @@ class TaskIndex:
                     "name": inert(self.redactor.name(desc.name)),
                     "state": _state_of(entry),
                     "priority": desc.priority,
-                    "attempts": values["attempts"],
+                    "attempts": values.attempts,
                     "max_attempts": desc.max_attempts,
-                    "seconds": values["seconds"],
-                    "exit": values["exit"],
-                    "reason": inert(self.redactor.text(str(values["reason"] or "")))[:300],
+                    "seconds": values.seconds,
+                    "exit": values.exit,
+                    "reason": inert(self.redactor.text(values.reason))[:300],
                 }
             )
         return rows

@@ -9,19 +9,19 @@ from typing import Any, Protocol
 
 from gpuswarm.core.models import Descriptor
 from gpuswarm.outputs.html import esc
+from gpuswarm.outputs.taskrow import TaskRow
 
 
-def energy_of(desc: Descriptor) -> dict[str, Any]:
-    """A task's GPU energy over its attempts (issue 37): joules, and shared when any
-    attempt's was apportioned; "" where no attempt was measured."""
+def energy_of(desc: Descriptor) -> tuple[float | str, str]:
+    """A task's GPU energy over its attempts (issue 37): joules (its row's ``energy_j``), and
+    shared when any attempt's was apportioned (``energy_mode``); "" where none was measured."""
     measured = [a for a in desc.attempts if a.energy_j is not None]
     if not measured:
-        return {"energy_j": "", "energy_mode": ""}
+        return "", ""
     shared = any(a.energy_mode == "shared" for a in measured)
-    return {
-        "energy_j": round(sum(float(a.energy_j or 0) for a in measured), 3),
-        "energy_mode": "shared" if shared else "exclusive",
-    }
+    return round(sum(float(a.energy_j or 0) for a in measured), 3), (
+        "shared" if shared else "exclusive"
+    )
 
 
 ENERGY_RULE = (
@@ -34,7 +34,7 @@ ENERGY_RULE = (
 class Valued(Protocol):
     """A result row (outputs/results.py ``Row``): its values by column."""
 
-    values: dict[str, Any]
+    values: TaskRow
 
 
 def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
     total = {"exclusive": 0.0, "shared": 0.0}
     measured = 0
     for r in rows:
-        j, mode = r.values.get("energy_j"), r.values.get("energy_mode")
+        j, mode = r.values.energy_j, r.values.energy_mode
         if isinstance(j, int | float) and not isinstance(j, bool) and mode in total:
             measured += 1
             total[str(mode)] += float(j)

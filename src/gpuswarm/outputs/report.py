@@ -26,8 +26,9 @@ from gpuswarm.outputs.gpumem import OomRetry, gpu_memory_section, oom_retries
 from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
-from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
+from gpuswarm.outputs.results import Row, redact_rows, row_for
 from gpuswarm.outputs.slurmview import slurm_section
+from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -48,9 +49,7 @@ TAIL_LINES = 20
 def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], int]:
     """At most ``limit`` rows, unfinished and failed ones first (each group in task order);
     also how many were left out."""
-    ordered = sorted(
-        rows, key=lambda r: (r.values.get("state") == State.DONE.value, str(r.values.get("task")))
-    )
+    ordered = sorted(rows, key=lambda r: (r.values.state == State.DONE.value, r.values.task))
     return ordered[:limit], max(0, len(ordered) - limit)
 
 
@@ -76,7 +75,7 @@ class _Scan:
             row = row_for(state, data)
             self.rows.append(row)
             self._count_slots(data)
-            retried = oom_retries(str(row.values["task"]), data)
+            retried = oom_retries(row.values.task, data)
             self.bars += bars_from_descriptor(data, state.value)
             if data.env:
                 secrets |= env_secret_values(data.env)
@@ -87,14 +86,11 @@ class _Scan:
                 self.cancelled.append(row)
             elif state is not State.DONE:
                 self.unfinished.append((state.value, data))
-        known = {str(r.values["task"]) for r in self.rows}
+        known = {r.values.task for r in self.rows}
         for fail in summary.get("failures", []):  # descriptors moved to corrupt/
             if fail.get("state") == "corrupt" and str(fail.get("task")) not in known:
-                row = Row(values=dict.fromkeys(FIXED_COLUMNS, ""))
-                row.values.update(
-                    task=fail["task"], state="corrupt", attempts=0, reason=fail.get("reason", "")
-                )
-                self.rows.append(row)
+                entry = TaskRow.from_json(fail)
+                self.rows.append(Row(values=TaskRow.corrupt(entry.task, entry.reason)))
         self.redactor: Redactor = run_redactor(info).including(values=secrets)
         redact_rows(self.rows, self.redactor)
         for retry in self.oom_retries:
@@ -240,13 +236,13 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     }
     table = [
         {
-            **r.values,
+            **r.values.to_json(),
             **{f"metric:{c}": v for c, v in r.metrics.items()},
             **{f"result.{c}": v for c, v in r.result.items()},
         }
         for r in shown
     ]
-    classes = [str(r.values.get("state", "")) for r in shown]
+    classes = [r.values.state for r in shown]
     note = ""
     if hidden:
         note = (
@@ -292,7 +288,7 @@ def _failures(scan: _Scan) -> str:
         return state != State.FAILED.value, data.id if data.has_id else "None"
 
     items = sorted(scan.unfinished, key=order)
-    corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
+    corrupt = [r for r in scan.rows if r.values.state == "corrupt"]
     if not items and not corrupt:
         return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"
     out = [f"<h2>Failures and unfinished tasks ({len(items) + len(corrupt)})</h2>"]
@@ -327,8 +323,8 @@ def _failures(scan: _Scan) -> str:
         )
     for r in corrupt:
         out.append(
-            f'<div class="fail"><h3>{esc(r.values["task"])} {_badge("corrupt", "corrupt")}</h3>'
-            f"<p>reason: <b>{esc(r.values['reason'])}</b></p></div>"
+            f'<div class="fail"><h3>{esc(r.values.task)} {_badge("corrupt", "corrupt")}</h3>'
+            f"<p>reason: <b>{esc(r.values.reason)}</b></p></div>"
         )
     return "\n".join(out) + "\n"
 
@@ -345,9 +341,8 @@ def _apart(scan: _Scan, title: str, rows: list[Row], why: str) -> str:
     if not rows:
         return ""
     items = "".join(
-        f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
+        f"<li><b>{esc(r.values.task)}</b>: {esc(scan.redact(r.values.task, r.values.reason))}</li>"
         for r in rows[:MAX_ROWS]
-        if (task := r.values["task"]) is not None
     )
     return (
         f"<h2>{title} ({len(rows)})</h2>\n<p class=note>{why}; left out of the pass "
