@@ -16,13 +16,14 @@ and its ``summary.json`` (the failures with their reasons, the quarantined slots
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
+from gpuswarm.dashboard.payloads import FinalView, ShownQuarantine, SlotCount, SlotShare
 from gpuswarm.outputs.results import APART, row_for
 from gpuswarm.outputs.taskrow import FailureJson, TaskRow
 from gpuswarm.outputs.timeline import bars_from_descriptor
@@ -60,7 +61,7 @@ class _Slots:
     """Per slot: attempts, exit 0, the attempts' bars (as report.html's slot table counts)."""
 
     def __init__(self) -> None:
-        self.stats: dict[str, dict[str, Any]] = {}
+        self.stats: dict[str, SlotCount] = {}
         self.bars: dict[str, list[list[Any]]] = {}
         self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
         self.failures: list[FailureJson] = []  # as summary.json lists them (for a run
@@ -89,7 +90,7 @@ class _Slots:
             )
 
 
-def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -> dict[str, Any]:
+def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -> FinalView:
     """The ended run's page data: ``window`` [first start, last end], ``busy_share`` over every
     lane, ``slots`` (label -> attempts, exited, busy_seconds, busy_share, quarantined),
     ``lanes`` (label -> bars), ``failures``, ``not_done``, ``quarantined``."""
@@ -105,7 +106,7 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     t1 = max((b[1] for b in every), default=None)
     span = (t1 - t0) if t0 is not None and t1 is not None else 0.0
     marks = quarantine_marks(paths, summary)
-    out_slots: dict[str, dict[str, Any]] = {}
+    out_slots: dict[str, SlotShare] = {}
     busy_all = 0.0
     for label in labels:
         bars = sorted(found.bars.get(label, []), key=lambda b: b[0])
@@ -113,7 +114,8 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
         busy_all += busy
         stats = found.stats.get(label, {"attempts": 0, "exited": 0})
         out_slots[label] = {
-            **stats,
+            "attempts": stats["attempts"],
+            "exited": stats["exited"],
             "busy_seconds": round(busy, 3),
             "busy_share": round(busy / span, 4) if span > 0 else (1.0 if bars else 0.0),
             "quarantined": marks.get(label),
@@ -121,7 +123,7 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
         found.bars[label] = bars[-MAX_BARS:]
     capacity = span * len(labels)
     return {
-        "window": [t0, t1] if t0 is not None else None,
+        "window": [t0, t1] if t0 is not None and t1 is not None else None,
         "busy_share": round(busy_all / capacity, 4) if capacity > 0 else None,
         "slots": out_slots,
         "lanes": {label: found.bars.get(label, []) for label in labels},
@@ -132,8 +134,8 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     }
 
 
-def _failures(summary: dict[str, Any], redactor: Redactor) -> list[dict[str, Any]]:
-    out = []
+def _failures(summary: dict[str, Any], redactor: Redactor) -> list[FailureJson]:
+    out: list[FailureJson] = []
     for f in (summary.get("failures") or [])[:MAX_FAILURES]:
         if isinstance(f, dict):
             entry = TaskRow.from_json(f)
@@ -154,7 +156,7 @@ def _quarantines(paths: RunPaths, summary: dict[str, Any]) -> list[dict[str, Any
     return [q for q in found if isinstance(q, dict) and q.get("slot")]
 
 
-def _shown(q: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+def _shown(q: Mapping[str, Any], redactor: Redactor) -> ShownQuarantine:
     return {
         "slot": str(q.get("slot")),
         "gpus": [g for g in q.get("gpus") or [] if isinstance(g, int)],
@@ -180,11 +182,11 @@ class FinalCache:
         self.paths, self.redactor = paths, redactor
         self.lock = threading.Lock()
         self._key: Any = None
-        self._view: dict[str, Any] | None = None
+        self._view: FinalView | None = None
         self._reading: Any = None  # the key a thread reads now
         self._fresh = False
 
-    def get(self, key: Any, tasks: int, slots: Iterable[str]) -> dict[str, Any] | None:
+    def get(self, key: Any, tasks: int, slots: Iterable[str]) -> FinalView | None:
         """The view for ``key``: None while a thread reads it (the older one is never shown:
         it may say another state)."""
         with self.lock:

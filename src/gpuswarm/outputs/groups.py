@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.models import Descriptor, State
@@ -28,6 +28,16 @@ ENDED = {
     State.CANCELLED.value,
     State.DEPENDENCY_FAILED.value,
 }
+
+
+class GroupProgress(TypedDict):
+    """A group's line of the progress table (``status --group``, the dashboard, /metrics)."""
+
+    counts: dict[str, int]
+    total: int
+    ended: int
+    percent: float  # of total
+    eta_seconds: float | None
 
 
 @dataclass
@@ -56,10 +66,10 @@ class GroupTally:
             if ended is not None and (group.last_end is None or ended > group.last_end):
                 group.last_end = float(ended)
 
-    def table(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+    def table(self, now: float | None = None) -> dict[str, GroupProgress]:
         """Group -> ``counts``, ``total``, ``ended``, ``percent`` (of total), ``eta_seconds``."""
         now = time.time() if now is None else now
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, GroupProgress] = {}
         for name in sorted(self.groups):
             g = self.groups[name]
             total = sum(g.counts.values())
@@ -99,13 +109,13 @@ class GroupCache:
     def __init__(self, folders: QueueFolders, seconds: float = 5.0) -> None:
         self.folders = folders
         self.seconds = seconds
-        self._first: dict[str, dict[str, Any]] = {}
+        self._first: dict[str, GroupProgress] = {}
         self._table = self._first
         self._taken = -seconds
         self._busy = False
         self._lock = threading.Lock()
 
-    def get(self) -> dict[str, dict[str, Any]]:
+    def get(self) -> dict[str, GroupProgress]:
         now = time.monotonic()
         with self._lock:
             start = not self._busy and now - self._taken >= self.seconds

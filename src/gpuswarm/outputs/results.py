@@ -13,7 +13,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
@@ -24,7 +24,7 @@ from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.energy import energy_of, energy_stats
 from gpuswarm.outputs.gpumem import gpu_memory_stats
-from gpuswarm.outputs.passk import repeat_of, repeat_stats
+from gpuswarm.outputs.passk import RepeatOf, repeat_of, repeat_stats
 from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
@@ -44,8 +44,7 @@ class Row:
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
     spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
-    # issue 34: a repeat's (task it repeats, which repeat, score field, passed field)
-    repeat: tuple[str, int, str | None, str | None] | None = None
+    repeat: RepeatOf | None = None  # issue 34: a repeat's task, which repeat, its fields
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -213,12 +212,40 @@ def to_tsv(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Best(TypedDict):
+    task: str
+    value: float
+    by: str  # lowest or highest
+
+
+class FieldStats(TypedDict, total=False):
+    """summary.json's ``fields[key]``: of a number (``kind: number``), a boolean (``bool``)
+    or a field that repeats the task's inputs (``input``)."""
+
+    kind: str
+    n: int
+    mean: float
+    median: float
+    p90: float
+    min: float
+    max: float
+    min_task: str
+    max_task: str
+    best: Best
+    values: list[str]  # an input's distinct values (50 at most)
+    true: int
+    of_done: int
+    of_total: int
+    rate_done: float | None
+    rate_total: float | None
+
+
 # a field named so says which end is best (loss: the lowest); any other: min and max only
 _LOWER = re.compile(r"loss|err|time|second|latency|bpb|perplex|ppl|mse|mae|rmse|cost|regret")
 _HIGHER = re.compile(r"acc|speedup|score|throughput|reward|f1|auc|precision|recall|bleu|gain")
 
 
-def _numeric_stats(points: list[tuple[float, str]], key: str) -> dict[str, Any]:
+def _numeric_stats(points: list[tuple[float, str]], key: str) -> FieldStats:
     """Stats of a numeric field over ``(value, task)`` points: the tasks at its ends (NaN
     never one), and the best point where the field's name says which end is best."""
     values = [v for v, _ in points]
@@ -226,7 +253,7 @@ def _numeric_stats(points: list[tuple[float, str]], key: str) -> dict[str, Any]:
     p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
     finite = [p for p in points if not math.isnan(p[0])] or points
     low, high = min(finite, key=lambda p: p[0]), max(finite, key=lambda p: p[0])
-    out: dict[str, Any] = {
+    out: FieldStats = {
         "kind": "number",
         "n": len(values),
         "mean": statistics.fmean(values),
@@ -266,7 +293,7 @@ def _is_input(key: str, rows: list[Row]) -> bool:
     return seen
 
 
-def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
+def field_stats(rows: list[Row]) -> dict[str, FieldStats]:
     """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers with the
     tasks at their ends (and the best one, by the field's name), the values of a field that
     only repeats the task's inputs (``kind: input``: never averaged)."""
@@ -283,7 +310,7 @@ def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
             columns.setdefault(f"result.{k}", []).append(v)
             tasks.setdefault(f"result.{k}", []).append(who)
     inputs = {k for r in rows for k in r.inputs}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FieldStats] = {}
     for key, values in sorted(columns.items()):
         short = key.removeprefix("result.")
         if key.startswith("result.") and short in inputs and _is_input(short, rows):
