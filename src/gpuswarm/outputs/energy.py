@@ -5,7 +5,7 @@ and how a shared GPU's is apportioned: ``placement/energy.py``."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from gpuswarm.core.models import Descriptor
 from gpuswarm.outputs.html import esc
@@ -37,7 +37,18 @@ class Valued(Protocol):
     values: TaskRow
 
 
-def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
+class EnergyStats(TypedDict, total=False):
+    """summary.json's ``energy`` (the totals once a task was measured)."""
+
+    measured: int
+    of_total: int
+    total_j: float
+    exclusive_j: float
+    shared_j: float
+    rule: str
+
+
+def energy_stats(rows: Sequence[Valued]) -> EnergyStats:
     """GPU energy over the tasks (issue 37): how many were measured, the total and the split
     by mode (joules), and the rule that apportions a shared GPU's."""
     total = {"exclusive": 0.0, "shared": 0.0}
@@ -47,14 +58,12 @@ def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
         if isinstance(j, int | float) and not isinstance(j, bool) and mode in total:
             measured += 1
             total[str(mode)] += float(j)
-    out: dict[str, Any] = {"measured": measured, "of_total": len(rows)}
+    out: EnergyStats = {"measured": measured, "of_total": len(rows)}
     if measured:
-        out.update(
-            total_j=round(sum(total.values()), 3),
-            exclusive_j=round(total["exclusive"], 3),
-            shared_j=round(total["shared"], 3),
-            rule=ENERGY_RULE,
-        )
+        out["total_j"] = round(sum(total.values()), 3)
+        out["exclusive_j"] = round(total["exclusive"], 3)
+        out["shared_j"] = round(total["shared"], 3)
+        out["rule"] = ENERGY_RULE
     return out
 
 

@@ -10,6 +10,7 @@ the rest. The page's pieces (escaping, tables, the sort script) are ``outputs/ht
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,14 @@ def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], 
 
 
 # -- reading the run ---------------------------------------------------------------------------
+@dataclass
+class SlotTally:  # a slot's line of the report: its machines, attempts, exit 0s, busy s
+    hosts: set[str] = field(default_factory=set)
+    attempts: int = 0
+    exited: int = 0
+    busy: float = 0.0
+
+
 class _Scan:
     """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
 
@@ -68,7 +77,7 @@ class _Scan:
         self.cancelled: list[Row] = []
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
         self.oom_retries: list[OomRetry] = []  # issue 19
-        self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
+        self.slots: dict[str, SlotTally] = {}  # slot label -> its node and its attempts
         self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():
             self.groups.add(state, data)
@@ -100,15 +109,13 @@ class _Scan:
         for att in data.attempts:
             if not att.slot:
                 continue
-            one = self.slots.setdefault(
-                str(att.slot), {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
-            )
+            one = self.slots.setdefault(str(att.slot), SlotTally())
             if att.host:
-                one["hosts"].add(str(att.host))
-            one["attempts"] += 1
-            one["exited"] += att.kind == "exited" and att.returncode == 0
+                one.hosts.add(str(att.host))
+            one.attempts += 1
+            one.exited += att.kind == "exited" and att.returncode == 0
             if att.started is not None and att.ended is not None:
-                one["busy"] += max(0.0, float(att.ended) - float(att.started))
+                one.busy += max(0.0, float(att.ended) - float(att.started))
 
     def redact(self, task: object, text: object) -> str:
         return self.redactor.text(cell_text(text))
@@ -265,15 +272,15 @@ def _slots(scan: _Scan, lanes: Sequence[str]) -> str:
         return ""
     table = []
     for label in labels:
-        one = scan.slots.get(label) or {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
-        host = ", ".join(sorted(one["hosts"])) if one["hosts"] else ""
+        one = scan.slots.get(label) or SlotTally()
+        host = ", ".join(sorted(one.hosts)) if one.hosts else ""
         table.append(
             {
                 "slot": label,
                 "node": host,
-                "attempts": one["attempts"],
-                "exit 0": one["exited"],
-                "busy": _seconds(one["busy"]),
+                "attempts": one.attempts,
+                "exit 0": one.exited,
+                "busy": _seconds(one.busy),
             }
         )
     return (

@@ -25,7 +25,7 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.energy import energy_of, energy_stats
 from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import RepeatOf, repeat_of, repeat_stats
-from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
+from gpuswarm.outputs.spend import USAGE_COLUMNS, RunCost, RunSpend, TaskSpend, task_spend
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -377,7 +377,7 @@ def summarize(
     }
 
 
-def spend_stats(rows: list[Row]) -> dict[str, Any]:
+def spend_stats(rows: list[Row]) -> dict[str, RunCost]:
     """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
     per task done; nothing when no task reported usage."""
     spend = RunSpend()
