@@ -35,7 +35,7 @@ def _row(task: str, state: str, ok: bool | None = None, reason: str = "") -> Row
 
 
 def _summary(rows: list[Row]) -> dict[str, Any]:
-    summary = summarize(rows, {"name": "t"}, None)
+    summary: dict[str, Any] = {**summarize(rows, {"name": "t"}, None)}
     summary["state"] = end_state(summary["counts"], False)
     return summary
 

@@ -122,3 +122,29 @@ class RunViewJson(RunHeader):
     nvml: bool
     groups: dict[str, GroupProgress]
     final: FinalSummary | None
+
+
+class TaskLine(TypedDict, total=False):
+    """A row of the run page's task table (a task that moved on since: id, name, state and
+    ``moving`` only)."""
+
+    id: str
+    name: str
+    state: str
+    moving: bool
+    priority: int
+    attempts: int | float | str
+    max_attempts: int
+    seconds: int | float | str
+    exit: str
+    reason: str
+
+
+class TaskPage(TypedDict):
+    """One page of the task table."""
+
+    total: int  # matching rows
+    offset: int
+    limit: int
+    rows: list[TaskLine]
+    names_known: bool

@@ -13,7 +13,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
@@ -26,6 +26,7 @@ from gpuswarm.outputs.energy import energy_of, energy_stats
 from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import RepeatOf, repeat_of, repeat_stats
 from gpuswarm.outputs.spend import USAGE_COLUMNS, RunCost, RunSpend, TaskSpend, task_spend
+from gpuswarm.outputs.summaryjson import FieldStats, SummaryJson
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -212,34 +213,6 @@ def to_tsv(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class Best(TypedDict):
-    task: str
-    value: float
-    by: str  # lowest or highest
-
-
-class FieldStats(TypedDict, total=False):
-    """summary.json's ``fields[key]``: of a number (``kind: number``), a boolean (``bool``)
-    or a field that repeats the task's inputs (``input``)."""
-
-    kind: str
-    n: int
-    mean: float
-    median: float
-    p90: float
-    min: float
-    max: float
-    min_task: str
-    max_task: str
-    best: Best
-    values: list[str]  # an input's distinct values (50 at most)
-    true: int
-    of_done: int
-    of_total: int
-    rate_done: float | None
-    rate_total: float | None
-
-
 # a field named so says which end is best (loss: the lowest); any other: min and max only
 _LOWER = re.compile(r"loss|err|time|second|latency|bpb|perplex|ppl|mse|mae|rmse|cost|regret")
 _HIGHER = re.compile(r"acc|speedup|score|throughput|reward|f1|auc|precision|recall|bleu|gain")
@@ -339,7 +312,7 @@ def field_stats(rows: list[Row]) -> dict[str, FieldStats]:
 
 def summarize(
     rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
-) -> dict[str, Any]:
+) -> SummaryJson:
     counts = {s.value: 0 for s in State}
     for r in rows:
         counts[r.values.state] = counts.get(r.values.state, 0) + 1
@@ -353,7 +326,7 @@ def summarize(
     for f in failures:
         if f["state"] == State.FAILED.value:
             reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
-    return {
+    out: SummaryJson = {
         "run": run_info.get("run_dir", ""),
         "name": run_info.get("name", ""),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -372,19 +345,21 @@ def summarize(
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
         "energy": energy_stats(rows),
-        **spend_stats(rows),
-        **({"repeats": reps} if (reps := repeat_stats(rows)) is not None else {}),
     }
+    if (cost := spend_stats(rows)) is not None:
+        out["cost"] = cost
+    if (reps := repeat_stats(rows)) is not None:
+        out["repeats"] = reps
+    return out
 
 
-def spend_stats(rows: list[Row]) -> dict[str, RunCost]:
+def spend_stats(rows: list[Row]) -> RunCost | None:
     """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
-    per task done; nothing when no task reported usage."""
+    per task done; None when no task reported usage."""
     spend = RunSpend()
     for r in rows:
         spend.add(r.spend, done=r.values.state == State.DONE.value)
-    cost = spend.as_json()
-    return {} if cost is None else {"cost": cost}
+    return spend.as_json()
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:
@@ -428,7 +403,7 @@ def write_outputs(
     redactor = run_redactor(run_info)
     rows = collect(queue, redactor)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
+    summary: dict[str, Any] = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
     summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

@@ -20,7 +20,6 @@ from gpuswarm.outputs.spend import spend_line
 from gpuswarm.ui.table import clock
 
 if TYPE_CHECKING:
-    from gpuswarm.outputs.results import FieldStats
     from gpuswarm.outputs.statusjson import (
         FailureLine,
         PausedJson,
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
         RunningLine,
         StatusJson,
     )
+    from gpuswarm.outputs.summaryjson import FieldStats
 
 if TYPE_CHECKING:
     from gpuswarm.outputs.results import RunReport
