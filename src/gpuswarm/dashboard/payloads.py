@@ -148,3 +148,37 @@ class TaskPage(TypedDict):
     limit: int
     rows: list[TaskLine]
     names_known: bool
+
+
+class SlotPlace(TypedDict):
+    slot: str
+    since: float
+
+
+class InFlightLine(TypedDict):
+    """A variant of an experiment not recorded yet, and where it is."""
+
+    id: str
+    kind: str
+    commit: str
+    description: str
+    round: int
+    status: str  # running | ended | queued
+    slot: str | None
+    since: float | None
+    timeout: float
+
+
+class VariantDiff(TypedDict):
+    """A variant's change against its parent, as the experiment page shows it."""
+
+    id: str
+    kind: str
+    commit: str
+    parent: str
+    description: str
+    status: str
+    metric: Any  # its finished record's, as the journal has it
+    reason: str
+    diff: str
+    seconds: float

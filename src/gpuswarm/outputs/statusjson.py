@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from gpuswarm.outputs.slurmview import SlurmView
+
 
 class RunningLine(TypedDict):
     task: str
@@ -68,7 +70,7 @@ class StatusShown(TypedDict):
     gpus_held: list[GpuHeld]
     waiting_for_gpu: list[GpuWait]
     paused: PausedJson
-    slurm: Any  # outputs/slurmview.py's view, None without Slurm
+    slurm: SlurmView | None  # issue 36: worker jobs, the allocation (None without Slurm)
     cost: Any  # store/spent.py's journal_spend, None without agents
 
 
