@@ -182,3 +182,33 @@ class VariantDiff(TypedDict):
     reason: str
     diff: str
     seconds: float
+
+
+class RunningAt(TypedDict):
+    slot: str | None
+    since: float
+    attempt: int
+
+
+class TaskDetail(TypedDict):
+    """The task page's record of a task (everything but the log)."""
+
+    id: str
+    name: str
+    state: str
+    waiting: bool
+    retry_at: float | None
+    reason: str
+    priority: int
+    max_attempts: int
+    used: int
+    timeout: float | None  # seconds, as its spec wrote them
+    command: Any  # its argv or shell line, redacted
+    command_line: Any
+    cwd: str | None
+    running: RunningAt | None
+    attempts: list[dict[str, object]]  # every field of each record (AttemptRecord.field_values)
+    metrics: Any  # the last counted attempt's, as the task reported them
+    result: Any  # the task's result file, as it wrote it
+    logs: list[int]
+    env: list[str]  # names only: values may be secrets

@@ -142,7 +142,20 @@ class GroupCache:
             self._busy = False
 
 
-def group_status(run_dir: Path, group: str | None = None) -> dict[str, Any]:
+class GroupStatus(TypedDict, total=False):
+    """``status --group [NAME] --json``: every group's table, or one group's line."""
+
+    run: str
+    groups: dict[str, GroupProgress]  # without NAME
+    group: str  # with NAME: its line's keys follow
+    counts: dict[str, int]
+    total: int
+    ended: int
+    percent: float
+    eta_seconds: float | None
+
+
+def group_status(run_dir: Path, group: str | None = None) -> GroupStatus:
     """``gpuswarm status --group NAME``: that group's progress (every group's without one);
     an unknown group is a BadInputError (exit 2) naming the run's groups."""
     paths, _ = open_run(run_dir)
@@ -152,7 +165,16 @@ def group_status(run_dir: Path, group: str | None = None) -> dict[str, Any]:
     if group not in table:
         known = ", ".join(table) or "none"
         raise BadInputError(f"no group {group!r} in {paths.root} (its groups: {known})")
-    return {"run": str(paths.root), "group": group, **table[group]}
+    g = table[group]
+    return {
+        "run": str(paths.root),
+        "group": group,
+        "counts": g["counts"],
+        "total": g["total"],
+        "ended": g["ended"],
+        "percent": g["percent"],
+        "eta_seconds": g["eta_seconds"],
+    }
 
 
 def groups_section(table: Mapping[str, Mapping[str, Any]]) -> str:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -248,6 +249,12 @@ def shown(view: LiveView, console: Console | None = None) -> Iterator[None]:
         yield
 
 
+@dataclass
+class _Sampled:  # the last look of gpu_sampler: when, and per slot its line
+    at: float = 0.0
+    data: dict[str, str] = field(default_factory=dict)
+
+
 def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
     """Per-slot ``util% used/total`` from NVML (:mod:`gpuswarm.placement.nvml`, sampled at most
     once a second), or None without it (``gpuswarm watch``; a live run shows its supervisor's
@@ -258,12 +265,12 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
     query = open_query(vendor) if vendor in ("nvidia", "amd") else None
     if query is None:
         return None
-    cache: dict[str, Any] = {"at": 0.0, "data": {}}
+    cache = _Sampled()
 
     def sample() -> dict[str, str]:
         now = time.monotonic()
-        if now - cache["at"] < 1.0:
-            return dict(cache["data"])
+        if now - cache.at < 1.0:
+            return dict(cache.data)
         data = {}
         for slot in slots:
             parts = []
@@ -273,7 +280,7 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
                     util = f"{look.util}% " if look.util is not None else ""
                     parts.append(f"{util}{look.used_mb / 1024:.1f}/{look.total_mb / 1024:.0f}G")
             data[slot.label] = " ".join(parts)
-        cache.update(at=now, data=data)
+        cache.at, cache.data = now, data
         return data
 
     return sample
