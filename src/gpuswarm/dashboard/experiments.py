@@ -95,17 +95,18 @@ class ExperimentHub:
         with self.lock:
             state = self.state
         rows = []
-        for n, (vid, r) in enumerate(zip(state.row_ids, state.rows, strict=False), 1):
+        for n, (vid, row) in enumerate(zip(state.row_ids, state.rows, strict=False), 1):
             v = state.variants.get(vid)
+            r = dict(zip(TSV_COLUMNS, row, strict=False))  # its cells by column name
             rows.append(
                 {
                     "n": n,
                     "id": vid,
-                    "commit": r[0],
-                    "metric": None if r[3] in ("crash", "pruned") else _number(r[1]),
-                    "memory_gb": _number(r[2]),
-                    "status": r[3],
-                    "description": inert(redact_shapes(r[4])),
+                    "commit": r["commit"],
+                    "metric": None if r["status"] in ("crash", "pruned") else _number(r["metric"]),
+                    "memory_gb": _number(r["memory_gb"]),
+                    "status": r["status"],
+                    "description": inert(redact_shapes(r["description"])),
                     "kind": v.kind if v else "",
                     "reason": inert(redact_shapes(str((v.decision or {}).get("reason") or "")))
                     if v
@@ -185,6 +186,11 @@ class ExperimentHub:
             "diff": redact_shapes(text),
             "seconds": round(time.monotonic() - started, 3),
         }
+
+
+#: results.tsv's first five columns (research/settle.py ``HEADER``; the metric's is named after
+#: the experiment's metric there)
+TSV_COLUMNS = ("commit", "metric", "memory_gb", "status", "description")
 
 
 def _number(text: str) -> float | None:

@@ -16,14 +16,14 @@ and its ``summary.json`` (the failures with their reasons, the quarantined slots
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
-from gpuswarm.dashboard.payloads import FinalView, ShownQuarantine, SlotCount, SlotShare
+from gpuswarm.dashboard.payloads import FinalBar, FinalView, ShownQuarantine, SlotCount, SlotShare
 from gpuswarm.outputs.results import APART, row_for
 from gpuswarm.outputs.taskrow import FailureJson, TaskRow
 from gpuswarm.outputs.timeline import bars_from_descriptor
@@ -62,7 +62,7 @@ class _Slots:
 
     def __init__(self) -> None:
         self.stats: dict[str, SlotCount] = {}
-        self.bars: dict[str, list[list[Any]]] = {}
+        self.bars: dict[str, list[FinalBar]] = {}
         self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
         self.failures: list[FailureJson] = []  # as summary.json lists them (for a run
         self.not_done = 0  # that ended without one): every task not done, skipped, cancelled
@@ -86,7 +86,7 @@ class _Slots:
             if outcome == "failed" and state in (State.SKIPPED, State.CANCELLED):
                 outcome = state.value  # its last attempt ended it skipped or cancelled
             self.bars.setdefault(bar.lane, []).append(
-                [round(bar.start, 3), round(bar.end, 3), outcome, bar.task, att.n]
+                FinalBar(round(bar.start, 3), round(bar.end, 3), outcome, bar.task, att.n)
             )
 
 
@@ -102,15 +102,15 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     redactor = redactor.including(values=found.secrets)
     labels = {*slots, *reader.slot_ids(), *found.stats, *found.bars}
     every = [b for bars in found.bars.values() for b in bars]
-    t0 = min((b[0] for b in every), default=None)
-    t1 = max((b[1] for b in every), default=None)
+    t0 = min((b.start for b in every), default=None)
+    t1 = max((b.end for b in every), default=None)
     span = (t1 - t0) if t0 is not None and t1 is not None else 0.0
     marks = quarantine_marks(paths, summary)
     out_slots: dict[str, SlotShare] = {}
     busy_all = 0.0
     for label in labels:
-        bars = sorted(found.bars.get(label, []), key=lambda b: b[0])
-        busy = merged_seconds((b[0], b[1]) for b in bars)
+        bars = sorted(found.bars.get(label, []), key=lambda b: b.start)
+        busy = merged_seconds((b.start, b.end) for b in bars)
         busy_all += busy
         stats = found.stats.get(label, {"attempts": 0, "exited": 0})
         out_slots[label] = {
@@ -156,7 +156,7 @@ def _quarantines(paths: RunPaths, summary: dict[str, Any]) -> list[dict[str, Any
     return [q for q in found if isinstance(q, dict) and q.get("slot")]
 
 
-def _shown(q: Mapping[str, Any], redactor: Redactor) -> ShownQuarantine:
+def _shown(q: dict[str, Any], redactor: Redactor) -> ShownQuarantine:
     return {
         "slot": str(q.get("slot")),
         "gpus": [g for g in q.get("gpus") or [] if isinstance(g, int)],

@@ -5,7 +5,7 @@ Typed so that a field a page reads is declared once; the JSON itself is what it 
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from typing_extensions import NotRequired
 
@@ -46,10 +46,21 @@ class FinalSummary(TypedDict):
     summary: bool
 
 
+class FinalBar(NamedTuple):
+    """An ended run's attempt on its lane: a JSON list ``[start, end, outcome, task, n]``
+    (a live run's bars have the same form: ``lanes.Bar.as_json``), read here by name."""
+
+    start: float
+    end: float
+    outcome: str
+    task: str
+    attempt: int
+
+
 class FinalView(FinalSummary):
     """``finished.final_view``: the summary and every lane's bars."""
 
-    lanes: dict[str, list[list[Any]]]  # label -> bars [start, end, outcome, task, attempt]
+    lanes: dict[str, list[FinalBar]]
 
 
 def without_lanes(view: FinalView) -> FinalSummary:
