@@ -17,6 +17,7 @@ from gpuswarm.app import api
 from gpuswarm.core.models import AttemptRecord
 from gpuswarm.core.models.attempt import ROW_FIELDS
 from gpuswarm.outputs.results import collect, to_tsv, write_outputs
+from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.store.queue import DirQueue
 
 # values a run can really hold (the rest are made up per type below); interrupted stays False
@@ -93,8 +94,16 @@ def test_every_attempt_field_reaches_the_row_the_api_and_the_dashboard(tmp_path:
     for name in ROW_FIELDS:
         assert row.values[name] == want[name]
         assert cells[header.index(name)] == str(want[name])
+    assert TaskRow.from_json(row.values.to_json()) == row.values  # the row model reads back
     write_outputs(run, DirQueue(run), {"run_dir": str(run.root)}, None)
-    assert json.loads(run.summary_json.read_text())["gpu_memory"]["measured"] == 1
+    summary = json.loads(run.summary_json.read_text())
+    assert summary["gpu_memory"]["measured"] == 1
+    assert summary["gpu_memory"]["peak_vram_mb"]["max"] == want["peak_vram_mb"]
+    assert summary["energy"]["measured"] == 1
+    assert summary["energy"]["shared_j"] == round(want["energy_j"], 3)
+    header, cells = (line.split("\t") for line in run.results_tsv.read_text().splitlines())
+    for name in ROW_FIELDS:  # results.tsv as written, by column name
+        assert cells[header.index(name)] == str(want[name])
 
     # the api
     last = api.last_attempt(run, ref)

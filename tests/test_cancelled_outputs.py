@@ -22,19 +22,20 @@ from gpuswarm.outputs.results import (
     shown_counts,
     summarize,
 )
+from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.ui.table import LiveView
 
 
 def _row(task: str, state: str, ok: bool | None = None, reason: str = "") -> Row:
     row = Row()
-    row.values = {"task": task, "name": task, "state": state, "attempts": 1, "reason": reason}
+    row.values = TaskRow(task=task, name=task, state=state, attempts=1, reason=reason)
     if ok is not None:
         row.result = {"ok": ok}
     return row
 
 
 def _summary(rows: list[Row]) -> dict[str, Any]:
-    summary = summarize(rows, {"name": "t"}, None)
+    summary: dict[str, Any] = {**summarize(rows, {"name": "t"}, None)}
     summary["state"] = end_state(summary["counts"], False)
     return summary
 

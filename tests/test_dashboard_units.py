@@ -181,3 +181,11 @@ def test_nvml_without_a_driver_shows_nothing(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setitem(sys.modules, "pynvml", broken)
     stats = GpuStats("nvidia", "box")
     assert not stats.works and stats.sample() == {}
+
+
+def test_the_experiment_page_reads_results_tsv_by_the_columns_settle_writes() -> None:
+    from gpuswarm.dashboard.experiments import TSV_COLUMNS
+    from gpuswarm.research.settle import HEADER
+
+    assert len(TSV_COLUMNS) == len(HEADER)  # the metric's column is named per experiment
+    assert TSV_COLUMNS[0] == HEADER[0] and TSV_COLUMNS[2:] == tuple(HEADER[2:])

@@ -26,6 +26,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.outputs.html import html_table, png_data_uri
 from gpuswarm.outputs.report import MAX_ROWS, select_rows, write_report
 from gpuswarm.outputs.results import Row
+from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -255,7 +256,7 @@ def test_html_table_escapes_and_sorts() -> None:
 
 
 def _row(task: str, state: str) -> Row:
-    return Row(values={"task": task, "state": state})
+    return Row(values=TaskRow(task=task, state=state))
 
 
 def test_select_rows_caps_failures_first() -> None:

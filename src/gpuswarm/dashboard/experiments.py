@@ -20,6 +20,7 @@ from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_shapes
+from gpuswarm.dashboard.payloads import InFlightLine, SlotPlace, VariantDiff
 from gpuswarm.dashboard.runhub import RunHub
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, load_settings
@@ -94,17 +95,18 @@ class ExperimentHub:
         with self.lock:
             state = self.state
         rows = []
-        for n, (vid, r) in enumerate(zip(state.row_ids, state.rows, strict=False), 1):
+        for n, (vid, row) in enumerate(zip(state.row_ids, state.rows, strict=False), 1):
             v = state.variants.get(vid)
+            r = dict(zip(TSV_COLUMNS, row, strict=False))  # its cells by column name
             rows.append(
                 {
                     "n": n,
                     "id": vid,
-                    "commit": r[0],
-                    "metric": None if r[3] in ("crash", "pruned") else _number(r[1]),
-                    "memory_gb": _number(r[2]),
-                    "status": r[3],
-                    "description": inert(redact_shapes(r[4])),
+                    "commit": r["commit"],
+                    "metric": None if r["status"] in ("crash", "pruned") else _number(r["metric"]),
+                    "memory_gb": _number(r["memory_gb"]),
+                    "status": r["status"],
+                    "description": inert(redact_shapes(r["description"])),
                     "kind": v.kind if v else "",
                     "reason": inert(redact_shapes(str((v.decision or {}).get("reason") or "")))
                     if v
@@ -130,10 +132,10 @@ class ExperimentHub:
         xs, ys = running_best(plot_rows(state), self.cfg.goal)
         return [[number[plotted[x - 1]], y] for x, y in zip(xs, ys, strict=False)]
 
-    def _in_flight(self, state: ExperimentState, run: RunHub | None) -> list[dict[str, Any]]:
+    def _in_flight(self, state: ExperimentState, run: RunHub | None) -> list[InFlightLine]:
         """The variants not recorded yet: where each is (its GPU slot and since when while it
         runs, queued, or ended and waiting to be recorded)."""
-        where: dict[str, dict[str, Any]] = {}
+        where: dict[str, SlotPlace] = {}
         ended: set[str] = set()
         if run is not None:
             with run.view.lock:
@@ -142,7 +144,7 @@ class ExperimentHub:
                         where[row.task] = {"slot": label, "since": row.since}
         if state.in_flight():  # the ended folders of a research run: a few names
             ended = api.finished_ids(self.run_paths)
-        out = []
+        out: list[InFlightLine] = []
         for v in state.in_flight():
             place = where.get(v.id)
             status = "running" if place else ("ended" if v.id in ended else "queued")
@@ -161,7 +163,7 @@ class ExperimentHub:
             )
         return out
 
-    def diff(self, vid: str) -> dict[str, Any]:
+    def diff(self, vid: str) -> VariantDiff:
         """The variant's change against its parent (a unified diff, cut near 200 kB)."""
         if not _VARIANT_RE.match(vid):
             raise ResearchError(f"{vid!r} is not a variant id (they look like v0007)")
@@ -184,6 +186,11 @@ class ExperimentHub:
             "diff": redact_shapes(text),
             "seconds": round(time.monotonic() - started, 3),
         }
+
+
+#: results.tsv's first five columns (research/settle.py ``HEADER``; the metric's is named after
+#: the experiment's metric there)
+TSV_COLUMNS = ("commit", "metric", "memory_gb", "status", "description")
 
 
 def _number(text: str) -> float | None:

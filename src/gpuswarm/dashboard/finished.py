@@ -23,7 +23,9 @@ from gpuswarm.core.fsutil import read_json
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, env_secret_values, inert
+from gpuswarm.dashboard.payloads import FinalBar, FinalView, ShownQuarantine, SlotCount, SlotShare
 from gpuswarm.outputs.results import APART, row_for
+from gpuswarm.outputs.taskrow import FailureJson, TaskRow
 from gpuswarm.outputs.timeline import bars_from_descriptor
 from gpuswarm.store.reader import RunReader
 
@@ -59,10 +61,10 @@ class _Slots:
     """Per slot: attempts, exit 0, the attempts' bars (as report.html's slot table counts)."""
 
     def __init__(self) -> None:
-        self.stats: dict[str, dict[str, Any]] = {}
-        self.bars: dict[str, list[list[Any]]] = {}
+        self.stats: dict[str, SlotCount] = {}
+        self.bars: dict[str, list[FinalBar]] = {}
         self.secrets: set[str] = set()  # every task's own (as report.html redacts them)
-        self.failures: list[dict[str, Any]] = []  # as summary.json lists them (for a run
+        self.failures: list[FailureJson] = []  # as summary.json lists them (for a run
         self.not_done = 0  # that ended without one): every task not done, skipped, cancelled
 
     def add(self, state: State, desc: Descriptor) -> None:
@@ -71,10 +73,7 @@ class _Slots:
         if state not in ENDED_WELL:
             self.not_done += 1
             if len(self.failures) < MAX_FAILURES:
-                row = row_for(state, desc).values
-                self.failures.append(
-                    {"task": row["task"], "state": row["state"], "reason": row["reason"]}
-                )
+                self.failures.append(row_for(state, desc).values.failure_json())
         for att in desc.attempts:
             if not att.slot:
                 continue
@@ -87,11 +86,11 @@ class _Slots:
             if outcome == "failed" and state in (State.SKIPPED, State.CANCELLED):
                 outcome = state.value  # its last attempt ended it skipped or cancelled
             self.bars.setdefault(bar.lane, []).append(
-                [round(bar.start, 3), round(bar.end, 3), outcome, bar.task, att.n]
+                FinalBar(round(bar.start, 3), round(bar.end, 3), outcome, bar.task, att.n)
             )
 
 
-def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -> dict[str, Any]:
+def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -> FinalView:
     """The ended run's page data: ``window`` [first start, last end], ``busy_share`` over every
     lane, ``slots`` (label -> attempts, exited, busy_seconds, busy_share, quarantined),
     ``lanes`` (label -> bars), ``failures``, ``not_done``, ``quarantined``."""
@@ -103,19 +102,20 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     redactor = redactor.including(values=found.secrets)
     labels = {*slots, *reader.slot_ids(), *found.stats, *found.bars}
     every = [b for bars in found.bars.values() for b in bars]
-    t0 = min((b[0] for b in every), default=None)
-    t1 = max((b[1] for b in every), default=None)
+    t0 = min((b.start for b in every), default=None)
+    t1 = max((b.end for b in every), default=None)
     span = (t1 - t0) if t0 is not None and t1 is not None else 0.0
     marks = quarantine_marks(paths, summary)
-    out_slots: dict[str, dict[str, Any]] = {}
+    out_slots: dict[str, SlotShare] = {}
     busy_all = 0.0
     for label in labels:
-        bars = sorted(found.bars.get(label, []), key=lambda b: b[0])
-        busy = merged_seconds((b[0], b[1]) for b in bars)
+        bars = sorted(found.bars.get(label, []), key=lambda b: b.start)
+        busy = merged_seconds((b.start, b.end) for b in bars)
         busy_all += busy
         stats = found.stats.get(label, {"attempts": 0, "exited": 0})
         out_slots[label] = {
-            **stats,
+            "attempts": stats["attempts"],
+            "exited": stats["exited"],
             "busy_seconds": round(busy, 3),
             "busy_share": round(busy / span, 4) if span > 0 else (1.0 if bars else 0.0),
             "quarantined": marks.get(label),
@@ -123,7 +123,7 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
         found.bars[label] = bars[-MAX_BARS:]
     capacity = span * len(labels)
     return {
-        "window": [t0, t1] if t0 is not None else None,
+        "window": [t0, t1] if t0 is not None and t1 is not None else None,
         "busy_share": round(busy_all / capacity, 4) if capacity > 0 else None,
         "slots": out_slots,
         "lanes": {label: found.bars.get(label, []) for label in labels},
@@ -134,15 +134,16 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
     }
 
 
-def _failures(summary: dict[str, Any], redactor: Redactor) -> list[dict[str, Any]]:
-    out = []
+def _failures(summary: dict[str, Any], redactor: Redactor) -> list[FailureJson]:
+    out: list[FailureJson] = []
     for f in (summary.get("failures") or [])[:MAX_FAILURES]:
         if isinstance(f, dict):
+            entry = TaskRow.from_json(f)
             out.append(
                 {
-                    "task": inert(str(f.get("task") or "")),
-                    "state": str(f.get("state") or ""),
-                    "reason": inert(redactor.text(str(f.get("reason") or ""))),
+                    "task": inert(entry.task),
+                    "state": entry.state,
+                    "reason": inert(redactor.text(entry.reason)),
                 }
             )
     return out
@@ -155,7 +156,7 @@ def _quarantines(paths: RunPaths, summary: dict[str, Any]) -> list[dict[str, Any
     return [q for q in found if isinstance(q, dict) and q.get("slot")]
 
 
-def _shown(q: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
+def _shown(q: dict[str, Any], redactor: Redactor) -> ShownQuarantine:
     return {
         "slot": str(q.get("slot")),
         "gpus": [g for g in q.get("gpus") or [] if isinstance(g, int)],
@@ -181,11 +182,11 @@ class FinalCache:
         self.paths, self.redactor = paths, redactor
         self.lock = threading.Lock()
         self._key: Any = None
-        self._view: dict[str, Any] | None = None
+        self._view: FinalView | None = None
         self._reading: Any = None  # the key a thread reads now
         self._fresh = False
 
-    def get(self, key: Any, tasks: int, slots: Iterable[str]) -> dict[str, Any] | None:
+    def get(self, key: Any, tasks: int, slots: Iterable[str]) -> FinalView | None:
         """The view for ``key``: None while a thread reads it (the older one is never shown:
         it may say another state)."""
         with self.lock:

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.placement.nvml import MB, GpuQuery, open_query
 
 SAMPLE_SECONDS = 1.0
+
+
+class GpuSample(TypedDict):
+    """One GPU's look, as a lane of the run page shows it."""
+
+    index: int
+    util: int  # %
+    mem_used: int  # bytes
+    mem_total: int
 
 
 class GpuStats:
@@ -24,13 +33,13 @@ class GpuStats:
         self._query: GpuQuery | None = open_query("nvidia") if vendor == "nvidia" else None
         self._lock = threading.Lock()
         self._at = 0.0
-        self._data: dict[int, dict[str, Any]] = {}
+        self._data: dict[int, GpuSample] = {}
 
     @property
     def works(self) -> bool:
         return self._query is not None
 
-    def sample(self) -> dict[int, dict[str, Any]]:
+    def sample(self) -> dict[int, GpuSample]:
         """GPU index -> {util (%), mem_used, mem_total (bytes)}; {} without NVML."""
         if self._query is None:
             return {}
@@ -38,7 +47,7 @@ class GpuStats:
             now = time.monotonic()
             if now - self._at < SAMPLE_SECONDS:
                 return self._data
-            data: dict[int, dict[str, Any]] = {}
+            data: dict[int, GpuSample] = {}
             for device in self._query.devices():
                 look = self._query.sample(device.index)
                 if look.util is None or look.used_mb is None or look.total_mb is None:

@@ -35,6 +35,14 @@ from gpuswarm.dashboard.gpustats import GpuStats
 from gpuswarm.dashboard.lanes import BARS_PER_LANE, Bar, add_event, natural
 from gpuswarm.dashboard.lanes import outcome_of as outcome_of
 from gpuswarm.dashboard.lanes import slot_place as slot_place
+from gpuswarm.dashboard.payloads import (
+    FinalView,
+    RunHeader,
+    RunViewJson,
+    SlotLine,
+    Spent,
+    without_lanes,
+)
 from gpuswarm.dashboard.taskindex import TaskIndex
 from gpuswarm.outputs.groups import GroupCache
 from gpuswarm.outputs.results import shown_counts
@@ -213,7 +221,7 @@ class RunHub:
             return None
         return end, [public_event(r, self.redactor) for r in raws if decode(r) is not None]
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> RunHeader:
         """The run's line on the runs page: state, counts, progress, ETA."""
         with self.view.lock:
             counts = shown_counts(dict(self.view.counts))
@@ -239,7 +247,7 @@ class RunHub:
             "spent": spent,  # issue 34: what the agents spent (None: none reported usage)
         }
 
-    def view_json(self, *, lines: bool = True) -> dict[str, Any]:
+    def view_json(self, *, lines: bool = True) -> RunViewJson:
         """The run page's live part: header, slots (task, attempt, since, timeout, last line,
         GPU use), pauses, quarantines, recent failures."""
         now = time.time()
@@ -247,13 +255,13 @@ class RunHub:
         with self.view.lock:
             rows = {label: row for label, row in self.view.slots.items()}
             failures = [inert(self.redactor.text(f)) for f in self.view.failures]
-            quarantined = dict(self.view.quarantined)
+            quarantined: dict[str, str | None] = dict(self.view.quarantined)
         stats = self.gpus.sample()
         final = None if self.live else self.final()
         done = {k: v["attempts"] for k, v in final["slots"].items()} if final else {}
         if final:  # every slot the run has had, its quarantine as the summary recorded it
             quarantined = {k: v["quarantined"] for k, v in final["slots"].items()}
-        slots = []
+        slots: list[SlotLine] = []
         for label in sorted({*rows, *done}, key=natural):
             row = rows.get(label) or SlotRow()
             host, gpus = slot_place(label)
@@ -283,10 +291,10 @@ class RunHub:
             "slurm": slurm_lines(slurm_view(self.paths.root)),  # issue 36: jobs, allocation
             "nvml": self.gpus.works,
             "groups": self.groups.get(),  # group -> counts, total, ended, percent, eta_seconds
-            "final": None if final is None else {k: v for k, v in final.items() if k != "lanes"},
+            "final": None if final is None else without_lanes(final),
         }
 
-    def final(self) -> dict[str, Any] | None:
+    def final(self) -> FinalView | None:
         """An ended run as report.html shows it (``finished.final_view``), read again when its
         summary or its journal changed; None while a large run's is being read."""
         with self.view.lock:
@@ -374,7 +382,7 @@ def hubs_changed(hubs: Iterable[RunHub]) -> list[RunHub]:
     return [h for h in hubs if h.poll()]
 
 
-def _spent(view: RunView) -> dict[str, Any] | None:
+def _spent(view: RunView) -> Spent | None:
     """The run's spend as the journal says (issue 34): known USD, tokens, unknown attempts."""
     if not view.spent_tokens and not view.spent_usd and not view.spent_unknown:
         return None

@@ -22,6 +22,7 @@ from gpuswarm.core.events import WAITING, Control, Event, Finished, Other, Recov
 from gpuswarm.core.events import Started as StartedEvent
 from gpuswarm.core.models import State, base_name
 from gpuswarm.core.redact import SHAPES, Redactor, inert
+from gpuswarm.dashboard.payloads import TaskLine, TaskPage
 from gpuswarm.outputs.results import row_for
 from gpuswarm.store.names import PRIORITY_LIMIT, descriptor_name, task_id_of
 from gpuswarm.store.reader import RunReader
@@ -141,7 +142,7 @@ class TaskIndex:
         offset: int = 0,
         limit: int = 50,
         query: str = "",
-    ) -> dict[str, Any]:
+    ) -> TaskPage:
         """One page of the table: ``total`` (matching rows), ``offset`` and the ``rows``."""
         limit = max(1, min(MAX_LIMIT, limit))
         query = query.strip().lower()
@@ -191,9 +192,9 @@ class TaskIndex:
             found.sort(key=lambda e: e.base, reverse=descending)
         return [e.id for e in found]
 
-    def _rows(self, chosen: list[Entry]) -> list[dict[str, Any]]:
+    def _rows(self, chosen: list[Entry]) -> list[TaskLine]:
         leased: dict[str, str] | None = None
-        rows = []
+        rows: list[TaskLine] = []
         for entry in chosen:
             state = State(entry.state) if entry.state in STATE_ORDER else State.FAILED
             file = entry.base
@@ -223,11 +224,11 @@ class TaskIndex:
                     "name": inert(self.redactor.name(desc.name)),
                     "state": _state_of(entry),
                     "priority": desc.priority,
-                    "attempts": values["attempts"],
+                    "attempts": values.attempts,
                     "max_attempts": desc.max_attempts,
-                    "seconds": values["seconds"],
-                    "exit": values["exit"],
-                    "reason": inert(self.redactor.text(str(values["reason"] or "")))[:300],
+                    "seconds": values.seconds,
+                    "exit": values.exit,
+                    "reason": inert(self.redactor.text(values.reason))[:300],
                 }
             )
         return rows

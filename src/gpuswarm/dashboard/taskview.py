@@ -14,13 +14,13 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.dashboard import sse
+from gpuswarm.dashboard.payloads import TaskDetail
 from gpuswarm.outputs.tasklog import Ended, Hop, LogTarget, follow
 from gpuswarm.store.lookup import locate
 from gpuswarm.store.reader import RunReader
@@ -33,7 +33,7 @@ class NoSuchTaskError(BadInputError):
     """The page asks for a task the run does not have."""
 
 
-def _attempt(a: AttemptRecord, redactor: Redactor) -> dict[str, Any]:
+def _attempt(a: AttemptRecord, redactor: Redactor) -> dict[str, object]:
     """Every field of the attempt's record (a new one shows without code here), its text
     redacted."""
     out: dict[str, object] = redactor.tree(a.field_values())
@@ -43,7 +43,7 @@ def _attempt(a: AttemptRecord, redactor: Redactor) -> dict[str, Any]:
     return out
 
 
-def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> dict[str, Any]:
+def task_detail(paths: RunPaths, task: str, redactor: Redactor) -> TaskDetail:
     """Everything the task page shows but the log (redacted by the run's ``redactor`` and the
     task's own env)."""
     reader = RunReader(paths)

@@ -5,23 +5,23 @@ and how a shared GPU's is apportioned: ``placement/energy.py``."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from gpuswarm.core.models import Descriptor
 from gpuswarm.outputs.html import esc
+from gpuswarm.outputs.taskrow import TaskRow
 
 
-def energy_of(desc: Descriptor) -> dict[str, Any]:
-    """A task's GPU energy over its attempts (issue 37): joules, and shared when any
-    attempt's was apportioned; "" where no attempt was measured."""
+def energy_of(desc: Descriptor) -> tuple[float | str, str]:
+    """A task's GPU energy over its attempts (issue 37): joules (its row's ``energy_j``), and
+    shared when any attempt's was apportioned (``energy_mode``); "" where none was measured."""
     measured = [a for a in desc.attempts if a.energy_j is not None]
     if not measured:
-        return {"energy_j": "", "energy_mode": ""}
+        return "", ""
     shared = any(a.energy_mode == "shared" for a in measured)
-    return {
-        "energy_j": round(sum(float(a.energy_j or 0) for a in measured), 3),
-        "energy_mode": "shared" if shared else "exclusive",
-    }
+    return round(sum(float(a.energy_j or 0) for a in measured), 3), (
+        "shared" if shared else "exclusive"
+    )
 
 
 ENERGY_RULE = (
@@ -34,27 +34,36 @@ ENERGY_RULE = (
 class Valued(Protocol):
     """A result row (outputs/results.py ``Row``): its values by column."""
 
-    values: dict[str, Any]
+    values: TaskRow
 
 
-def energy_stats(rows: Sequence[Valued]) -> dict[str, Any]:
+class EnergyStats(TypedDict, total=False):
+    """summary.json's ``energy`` (the totals once a task was measured)."""
+
+    measured: int
+    of_total: int
+    total_j: float
+    exclusive_j: float
+    shared_j: float
+    rule: str
+
+
+def energy_stats(rows: Sequence[Valued]) -> EnergyStats:
     """GPU energy over the tasks (issue 37): how many were measured, the total and the split
     by mode (joules), and the rule that apportions a shared GPU's."""
     total = {"exclusive": 0.0, "shared": 0.0}
     measured = 0
     for r in rows:
-        j, mode = r.values.get("energy_j"), r.values.get("energy_mode")
+        j, mode = r.values.energy_j, r.values.energy_mode
         if isinstance(j, int | float) and not isinstance(j, bool) and mode in total:
             measured += 1
             total[str(mode)] += float(j)
-    out: dict[str, Any] = {"measured": measured, "of_total": len(rows)}
+    out: EnergyStats = {"measured": measured, "of_total": len(rows)}
     if measured:
-        out.update(
-            total_j=round(sum(total.values()), 3),
-            exclusive_j=round(total["exclusive"], 3),
-            shared_j=round(total["shared"], 3),
-            rule=ENERGY_RULE,
-        )
+        out["total_j"] = round(sum(total.values()), 3)
+        out["exclusive_j"] = round(total["exclusive"], 3)
+        out["shared_j"] = round(total["shared"], 3)
+        out["rule"] = ENERGY_RULE
     return out
 
 

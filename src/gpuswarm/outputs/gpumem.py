@@ -25,7 +25,21 @@ class OomRetry(TypedDict):
     reason: str
 
 
-def gpu_memory_stats(rows: Sequence[Valued]) -> dict[str, Any]:
+class PeakStats(TypedDict):
+    max: float
+    mean: float
+    median: float
+
+
+class GpuMemoryStats(TypedDict, total=False):
+    """summary.json's ``gpu_memory`` (``peak_vram_mb`` once a task was measured)."""
+
+    measured: int
+    of_total: int
+    peak_vram_mb: PeakStats
+
+
+def gpu_memory_stats(rows: Sequence[Valued]) -> GpuMemoryStats:
     """Measured peak GPU memory over the tasks (issue 19): how many were measured, the peaks'
     max / mean / median (MiB), and the tasks whose reason says an OOM retry was sized."""
     peaks = [
@@ -33,7 +47,7 @@ def gpu_memory_stats(rows: Sequence[Valued]) -> dict[str, Any]:
         for r in rows
         if isinstance(p := r.values.get("peak_vram_mb"), int) and not isinstance(p, bool)
     ]
-    out: dict[str, Any] = {"measured": len(peaks), "of_total": len(rows)}
+    out: GpuMemoryStats = {"measured": len(peaks), "of_total": len(rows)}
     if peaks:
         out["peak_vram_mb"] = {
             "max": max(peaks),

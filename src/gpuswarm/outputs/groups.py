@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.models import Descriptor, State
@@ -28,6 +28,16 @@ ENDED = {
     State.CANCELLED.value,
     State.DEPENDENCY_FAILED.value,
 }
+
+
+class GroupProgress(TypedDict):
+    """A group's line of the progress table (``status --group``, the dashboard, /metrics)."""
+
+    counts: dict[str, int]
+    total: int
+    ended: int
+    percent: float  # of total
+    eta_seconds: float | None
 
 
 @dataclass
@@ -56,10 +66,10 @@ class GroupTally:
             if ended is not None and (group.last_end is None or ended > group.last_end):
                 group.last_end = float(ended)
 
-    def table(self, now: float | None = None) -> dict[str, dict[str, Any]]:
+    def table(self, now: float | None = None) -> dict[str, GroupProgress]:
         """Group -> ``counts``, ``total``, ``ended``, ``percent`` (of total), ``eta_seconds``."""
         now = time.time() if now is None else now
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, GroupProgress] = {}
         for name in sorted(self.groups):
             g = self.groups[name]
             total = sum(g.counts.values())
@@ -99,13 +109,13 @@ class GroupCache:
     def __init__(self, folders: QueueFolders, seconds: float = 5.0) -> None:
         self.folders = folders
         self.seconds = seconds
-        self._first: dict[str, dict[str, Any]] = {}
+        self._first: dict[str, GroupProgress] = {}
         self._table = self._first
         self._taken = -seconds
         self._busy = False
         self._lock = threading.Lock()
 
-    def get(self) -> dict[str, dict[str, Any]]:
+    def get(self) -> dict[str, GroupProgress]:
         now = time.monotonic()
         with self._lock:
             start = not self._busy and now - self._taken >= self.seconds
@@ -132,7 +142,20 @@ class GroupCache:
             self._busy = False
 
 
-def group_status(run_dir: Path, group: str | None = None) -> dict[str, Any]:
+class GroupStatus(TypedDict, total=False):
+    """``status --group [NAME] --json``: every group's table, or one group's line."""
+
+    run: str
+    groups: dict[str, GroupProgress]  # without NAME
+    group: str  # with NAME: its line's keys follow
+    counts: dict[str, int]
+    total: int
+    ended: int
+    percent: float
+    eta_seconds: float | None
+
+
+def group_status(run_dir: Path, group: str | None = None) -> GroupStatus:
     """``gpuswarm status --group NAME``: that group's progress (every group's without one);
     an unknown group is a BadInputError (exit 2) naming the run's groups."""
     paths, _ = open_run(run_dir)
@@ -142,7 +165,16 @@ def group_status(run_dir: Path, group: str | None = None) -> dict[str, Any]:
     if group not in table:
         known = ", ".join(table) or "none"
         raise BadInputError(f"no group {group!r} in {paths.root} (its groups: {known})")
-    return {"run": str(paths.root), "group": group, **table[group]}
+    g = table[group]
+    return {
+        "run": str(paths.root),
+        "group": group,
+        "counts": g["counts"],
+        "total": g["total"],
+        "ended": g["ended"],
+        "percent": g["percent"],
+        "eta_seconds": g["eta_seconds"],
+    }
 
 
 def groups_section(table: Mapping[str, Mapping[str, Any]]) -> str:

@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypedDict
 
 from gpuswarm.outputs.html import esc, html_table
 
@@ -26,11 +26,68 @@ _T975 = (
 ENDED = ("done", "failed")
 
 
+class MeanCi(TypedDict, total=False):
+    """``{n, mean, sd, ci95}`` (``sd`` only for n >= 2; mean and ci95 None when unknown)."""
+
+    n: int
+    mean: float | None
+    sd: float
+    ci95: list[float] | None
+
+
+class ScoreStats(MeanCi, total=False):
+    field: str
+
+
+PassedStats = TypedDict(  # keys with "@": the functional form
+    "PassedStats",
+    {"field": str, "n": int, "c": int, "pass@1": float, "pass@k": dict[str, float]},
+)
+
+
+class TaskRepeats(TypedDict, total=False):
+    """summary.json's ``repeats.tasks[task]``."""
+
+    repeats: int
+    ended: int
+    score: ScoreStats
+    passed: PassedStats
+
+
+RepeatsAggregate = TypedDict(
+    "RepeatsAggregate",
+    {
+        "tasks": int,
+        "score": MeanCi,
+        "pass@1": float,
+        "pass@k": dict[str, float],
+        "pass@1_ci95": list[float] | None,
+    },
+    total=False,
+)
+
+
+class RepeatsJson(TypedDict):
+    """summary.json's ``repeats``."""
+
+    tasks: dict[str, TaskRepeats]
+    aggregate: RepeatsAggregate
+
+
+class RepeatOf(NamedTuple):
+    """A repeat's group, from its spec: the task it repeats, which repeat, its fields."""
+
+    task: str
+    j: int
+    score: str | None
+    passed: str | None
+
+
 def t975(df: int) -> float:
     return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
-def mean_ci(values: list[float]) -> dict[str, Any]:
+def mean_ci(values: list[float]) -> MeanCi:
     """``{n, mean, ci95: [low, high] | None, sd}`` of ``values`` (None mean when empty)."""
     n = len(values)
     if not n:
@@ -61,9 +118,9 @@ class Repeats:
     scores: dict[int, float] = field(default_factory=dict)
     passes: dict[int, bool] = field(default_factory=dict)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> TaskRepeats:
         ended = [j for j, s in self.states.items() if s in ENDED]
-        out: dict[str, Any] = {"repeats": len(self.states), "ended": len(ended)}
+        out: TaskRepeats = {"repeats": len(self.states), "ended": len(ended)}
         if self.score is not None:
             out["score"] = {
                 "field": self.score,
@@ -88,17 +145,18 @@ def _value(fields: Iterable[Mapping[str, Any]], name: str) -> Any:
     return None
 
 
-def repeat_stats(rows: Iterable[Any]) -> dict[str, Any] | None:
+def repeat_stats(rows: Iterable[Any]) -> RepeatsJson | None:
     """summary.json's ``repeats``: per task and the aggregate; None without repeated tasks.
-    ``rows``: results rows (``repeat``: (task, j, score field, passed field), ``result``,
-    ``metrics``, ``values['state']``)."""
+    ``rows``: results rows (``repeat``: a :class:`RepeatOf`, ``result``, ``metrics``,
+    ``values.state``)."""
     groups: dict[str, Repeats] = {}
     for r in rows:
         if r.repeat is None:
             continue
-        task, j, score, passed = r.repeat
+        rep: RepeatOf = r.repeat
+        task, j, score, passed = rep.task, rep.j, rep.score, rep.passed
         g = groups.setdefault(task, Repeats(task, score, passed))
-        g.states[j] = str(r.values.get("state"))
+        g.states[j] = r.values.state
         fields = (r.result, r.metrics)
         if score is not None:
             v = _value(fields, score)
@@ -114,13 +172,11 @@ def repeat_stats(rows: Iterable[Any]) -> dict[str, Any] | None:
     return {"tasks": tasks, "aggregate": _aggregate(tasks)}
 
 
-def _aggregate(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _aggregate(tasks: dict[str, TaskRepeats]) -> RepeatsAggregate:
     """Over tasks: the mean of their mean scores with its CI (tasks are the samples), the mean
     pass@1, and the mean pass@k for each k every task has."""
-    means = [
-        s["score"]["mean"] for s in tasks.values() if s.get("score", {}).get("mean") is not None
-    ]
-    out: dict[str, Any] = {"tasks": len(tasks), "score": mean_ci(means)}
+    means = [m for s in tasks.values() if (m := s.get("score", {}).get("mean")) is not None]
+    out: RepeatsAggregate = {"tasks": len(tasks), "score": mean_ci(means)}
     passed = [s["passed"] for s in tasks.values() if "passed" in s]
     if passed:
         k_all = min(p["n"] for p in passed)
@@ -133,14 +189,14 @@ def _aggregate(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def repeat_of(task: Mapping[str, Any]) -> tuple[str, int, str | None, str | None] | None:
+def repeat_of(task: Mapping[str, Any]) -> RepeatOf | None:
     """A repeat's group from its spec's JSON (task it repeats, which repeat, score field,
     passed field); None when it is mistyped."""
     of, j = task.get("repeat_of"), task.get("repeat")
     score, passed = task.get("score"), task.get("passed")
     if not isinstance(of, str) or not isinstance(j, int) or isinstance(j, bool):
         return None
-    return (
+    return RepeatOf(
         of,
         j,
         score if isinstance(score, str) else None,

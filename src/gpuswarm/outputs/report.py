@@ -10,6 +10,7 @@ the rest. The page's pieces (escaping, tables, the sort script) are ``outputs/ht
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from gpuswarm.outputs.gpumem import OomRetry, gpu_memory_section, oom_retries
 from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
-from gpuswarm.outputs.results import FIXED_COLUMNS, Row, redact_rows, row_for
+from gpuswarm.outputs.results import Row, redact_rows, row_for
 from gpuswarm.outputs.slurmview import slurm_section
+from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow
 from gpuswarm.outputs.timeline import (
     Bar,
     bars_from_descriptor,
@@ -48,13 +50,19 @@ TAIL_LINES = 20
 def select_rows(rows: Sequence[Row], limit: int = MAX_ROWS) -> tuple[list[Row], int]:
     """At most ``limit`` rows, unfinished and failed ones first (each group in task order);
     also how many were left out."""
-    ordered = sorted(
-        rows, key=lambda r: (r.values.get("state") == State.DONE.value, str(r.values.get("task")))
-    )
+    ordered = sorted(rows, key=lambda r: (r.values.state == State.DONE.value, r.values.task))
     return ordered[:limit], max(0, len(ordered) - limit)
 
 
 # -- reading the run ---------------------------------------------------------------------------
+@dataclass
+class SlotTally:  # a slot's line of the report: its machines, attempts, exit 0s, busy s
+    hosts: set[str] = field(default_factory=set)
+    attempts: int = 0
+    exited: int = 0
+    busy: float = 0.0
+
+
 class _Scan:
     """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
 
@@ -69,14 +77,14 @@ class _Scan:
         self.cancelled: list[Row] = []
         secrets: set[str] = set()  # every task's own: one redactor (one pattern) for the run
         self.oom_retries: list[OomRetry] = []  # issue 19
-        self.slots: dict[str, dict[str, Any]] = {}  # slot label -> its node and its attempts
+        self.slots: dict[str, SlotTally] = {}  # slot label -> its node and its attempts
         self.groups = GroupTally()  # issue 35
         for state, _, data in reader.everything():
             self.groups.add(state, data)
             row = row_for(state, data)
             self.rows.append(row)
             self._count_slots(data)
-            retried = oom_retries(str(row.values["task"]), data)
+            retried = oom_retries(row.values.task, data)
             self.bars += bars_from_descriptor(data, state.value)
             if data.env:
                 secrets |= env_secret_values(data.env)
@@ -87,14 +95,11 @@ class _Scan:
                 self.cancelled.append(row)
             elif state is not State.DONE:
                 self.unfinished.append((state.value, data))
-        known = {str(r.values["task"]) for r in self.rows}
+        known = {r.values.task for r in self.rows}
         for fail in summary.get("failures", []):  # descriptors moved to corrupt/
             if fail.get("state") == "corrupt" and str(fail.get("task")) not in known:
-                row = Row(values=dict.fromkeys(FIXED_COLUMNS, ""))
-                row.values.update(
-                    task=fail["task"], state="corrupt", attempts=0, reason=fail.get("reason", "")
-                )
-                self.rows.append(row)
+                entry = TaskRow.from_json(fail)
+                self.rows.append(Row(values=TaskRow.corrupt(entry.task, entry.reason)))
         self.redactor: Redactor = run_redactor(info).including(values=secrets)
         redact_rows(self.rows, self.redactor)
         for retry in self.oom_retries:
@@ -104,15 +109,13 @@ class _Scan:
         for att in data.attempts:
             if not att.slot:
                 continue
-            one = self.slots.setdefault(
-                str(att.slot), {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
-            )
+            one = self.slots.setdefault(str(att.slot), SlotTally())
             if att.host:
-                one["hosts"].add(str(att.host))
-            one["attempts"] += 1
-            one["exited"] += att.kind == "exited" and att.returncode == 0
+                one.hosts.add(str(att.host))
+            one.attempts += 1
+            one.exited += att.kind == "exited" and att.returncode == 0
             if att.started is not None and att.ended is not None:
-                one["busy"] += max(0.0, float(att.ended) - float(att.started))
+                one.busy += max(0.0, float(att.ended) - float(att.started))
 
     def redact(self, task: object, text: object) -> str:
         return self.redactor.text(cell_text(text))
@@ -240,13 +243,13 @@ def _tasks(scan: _Scan, results_name: str) -> str:
     }
     table = [
         {
-            **r.values,
+            **r.values.to_json(),
             **{f"metric:{c}": v for c, v in r.metrics.items()},
             **{f"result.{c}": v for c, v in r.result.items()},
         }
         for r in shown
     ]
-    classes = [str(r.values.get("state", "")) for r in shown]
+    classes = [r.values.state for r in shown]
     note = ""
     if hidden:
         note = (
@@ -269,15 +272,15 @@ def _slots(scan: _Scan, lanes: Sequence[str]) -> str:
         return ""
     table = []
     for label in labels:
-        one = scan.slots.get(label) or {"hosts": set(), "attempts": 0, "exited": 0, "busy": 0.0}
-        host = ", ".join(sorted(one["hosts"])) if one["hosts"] else ""
+        one = scan.slots.get(label) or SlotTally()
+        host = ", ".join(sorted(one.hosts)) if one.hosts else ""
         table.append(
             {
                 "slot": label,
                 "node": host,
-                "attempts": one["attempts"],
-                "exit 0": one["exited"],
-                "busy": _seconds(one["busy"]),
+                "attempts": one.attempts,
+                "exit 0": one.exited,
+                "busy": _seconds(one.busy),
             }
         )
     return (
@@ -292,7 +295,7 @@ def _failures(scan: _Scan) -> str:
         return state != State.FAILED.value, data.id if data.has_id else "None"
 
     items = sorted(scan.unfinished, key=order)
-    corrupt = [r for r in scan.rows if r.values["state"] == "corrupt"]
+    corrupt = [r for r in scan.rows if r.values.state == "corrupt"]
     if not items and not corrupt:
         return "<h2>Failures</h2>\n<p>none: every task is done.</p>\n"
     out = [f"<h2>Failures and unfinished tasks ({len(items) + len(corrupt)})</h2>"]
@@ -327,8 +330,8 @@ def _failures(scan: _Scan) -> str:
         )
     for r in corrupt:
         out.append(
-            f'<div class="fail"><h3>{esc(r.values["task"])} {_badge("corrupt", "corrupt")}</h3>'
-            f"<p>reason: <b>{esc(r.values['reason'])}</b></p></div>"
+            f'<div class="fail"><h3>{esc(r.values.task)} {_badge("corrupt", "corrupt")}</h3>'
+            f"<p>reason: <b>{esc(r.values.reason)}</b></p></div>"
         )
     return "\n".join(out) + "\n"
 
@@ -345,9 +348,8 @@ def _apart(scan: _Scan, title: str, rows: list[Row], why: str) -> str:
     if not rows:
         return ""
     items = "".join(
-        f"<li><b>{esc(task)}</b>: {esc(scan.redact(task, r.values['reason']))}</li>"
+        f"<li><b>{esc(r.values.task)}</b>: {esc(scan.redact(r.values.task, r.values.reason))}</li>"
         for r in rows[:MAX_ROWS]
-        if (task := r.values["task"]) is not None
     )
     return (
         f"<h2>{title} ({len(rows)})</h2>\n<p class=note>{why}; left out of the pass "

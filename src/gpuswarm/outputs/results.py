@@ -18,38 +18,26 @@ from typing import Any
 from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
-from gpuswarm.core.models.attempt import ROW_FIELDS
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.energy import energy_of, energy_stats
 from gpuswarm.outputs.gpumem import gpu_memory_stats
-from gpuswarm.outputs.passk import repeat_of, repeat_stats
-from gpuswarm.outputs.spend import USAGE_COLUMNS, RunSpend, TaskSpend, task_spend
+from gpuswarm.outputs.passk import RepeatOf, repeat_of, repeat_stats
+from gpuswarm.outputs.spend import USAGE_COLUMNS, RunCost, RunSpend, TaskSpend, task_spend
+from gpuswarm.outputs.summaryjson import FieldStats, SummaryJson
+from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.spool import spooled_blobs
 
-FIXED_COLUMNS = (
-    "task",
-    "name",
-    "state",
-    "attempts",
-    "gpus",
-    "seconds",
-    "exit",
-    "reason",
-    *ROW_FIELDS,  # the last attempt's, named in its record (core/models/attempt.py)
-    "energy_j",  # issue 37: GPU energy of every attempt of the task ("": not measured)
-    "energy_mode",  # exclusive, or shared (apportioned: docs/monitoring.md, "Energy")
-)
 _EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
 
 
 @dataclass(slots=True)  # 100k rows at the end of a 100k-task run: no __dict__ each
 class Row:
-    values: dict[str, Any] = field(default_factory=dict)
+    values: TaskRow = field(default_factory=TaskRow)  # its cells by column (outputs/taskrow)
     last: AttemptRecord | None = None  # the attempt it is judged by (every field of it)
     metrics: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] = field(default_factory=dict)
@@ -57,8 +45,7 @@ class Row:
     inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
     seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
     spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
-    # issue 34: a repeat's (task it repeats, which repeat, score field, passed field)
-    repeat: tuple[str, int, str | None, str | None] | None = None
+    repeat: RepeatOf | None = None  # issue 34: a repeat's task, which repeat, its fields
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -69,31 +56,26 @@ def _exit_text(attempt: AttemptRecord | None) -> str:
     return "" if attempt.returncode is None else str(attempt.returncode)
 
 
-def _last_fields(last: AttemptRecord | None) -> dict[str, object]:
-    """The row's cells of the last attempt's fields (``ROW_FIELDS``): "" where not set."""
-    if last is None:
-        return dict.fromkeys(ROW_FIELDS, "")
-    return {k: "" if (v := getattr(last, k)) is None else v for k in ROW_FIELDS}
-
-
 def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     """The row of one descriptor (a JSON dict from callers not yet typed)."""
     if not isinstance(desc, Descriptor):
         desc = Descriptor(desc)
     last = desc.last_attempt
     row = Row()
-    row.values = {
-        "task": desc.id if desc.has_id else "",
-        "name": desc.name,
-        "state": state.value,
-        "attempts": desc.counted_count,
-        "gpus": ",".join(str(g) for g in last.gpus or ()) if last else "",
-        "seconds": round(float(last.duration), 3) if last and last.duration is not None else "",
-        "exit": _exit_text(last),
-        "reason": desc.reason or (last.reason if last else None) or "",
-        **_last_fields(last),
-        **energy_of(desc),
-    }
+    energy_j, energy_mode = energy_of(desc)
+    row.values = TaskRow(
+        task=desc.id if desc.has_id else "",
+        name=desc.name,
+        state=state.value,
+        attempts=desc.counted_count,
+        gpus=",".join(str(g) for g in last.gpus or ()) if last else "",
+        seconds=round(float(last.duration), 3) if last and last.duration is not None else "",
+        exit=_exit_text(last),
+        reason=desc.reason or (last.reason if last else None) or "",
+        last=last_fields(last),
+        energy_j=energy_j,
+        energy_mode=energy_mode,
+    )
     row.last = last
     row.busy = desc.busy_seconds
     row.inputs = desc.inputs or _EMPTY
@@ -127,7 +109,7 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
         rows.append(row_for(State.PENDING, spooled))
         if spooled.env:
             secrets |= env_secret_values(spooled.env)
-    rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
+    rows += _corrupt_rows(queue, {r.values.task for r in rows})
     rows.sort(key=_order)
     if redactor is not None:
         redact_rows(rows, redactor.including(values=secrets))
@@ -153,7 +135,7 @@ def _value_order(text: str) -> tuple[int, float, tuple[tuple[int, int | str], ..
 def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
     """The config's order (submission), then natural order of the ids (rows of no
     descriptor, tasks of equal place)."""
-    return row.seq, natural(str(row.values["task"]))
+    return row.seq, natural(row.values.task)
 
 
 def _has_text(d: dict[str, Any]) -> bool:
@@ -166,10 +148,11 @@ def redact_rows(rows: list[Row], redactor: Redactor) -> None:
     """Names, reasons and the string fields (and keys) of metrics and results, in place: a
     task writes its result file, and a name or a reason may quote a secret."""
     for r in rows:
-        for key in ("name", "reason"):
-            value = r.values.get(key)
-            if isinstance(value, str) and value:
-                r.values[key] = redactor.text(value)
+        cells = r.values
+        if cells.name:
+            cells.name = redactor.text(cells.name)
+        if cells.reason:
+            cells.reason = redactor.text(cells.reason)
         if r.metrics and _has_text(r.metrics):
             r.metrics = redactor.tree(r.metrics)
         if r.result and _has_text(r.result):
@@ -182,15 +165,7 @@ def _unusable_row(queue: DirQueue, state: State, name: str) -> list[Row]:
     why = why_unreadable(queue.paths.state_dir(state.value) / name)
     if why is None:
         return []
-    row = Row()
-    row.values = dict.fromkeys(FIXED_COLUMNS, "")
-    row.values.update(
-        task=task_id_of(name),
-        state="corrupt",
-        attempts=0,
-        reason=f"descriptor in {state.value}/: {why}",
-    )
-    return [row]
+    return [Row(values=TaskRow.corrupt(task_id_of(name), f"descriptor in {state.value}/: {why}"))]
 
 
 def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
@@ -203,10 +178,7 @@ def _corrupt_rows(queue: DirQueue, known: set[str]) -> list[Row]:
             continue  # e.g. a duplicate set aside by `check --repair`
         known.add(task)
         reason = corrupt_reason(name)
-        row = Row()
-        row.values = dict.fromkeys(FIXED_COLUMNS, "")
-        row.values.update(task=task, state="corrupt", attempts=0, reason=f"descriptor {reason}")
-        rows.append(row)
+        rows.append(Row(values=TaskRow.corrupt(task, f"descriptor {reason}")))
     return rows
 
 
@@ -231,7 +203,7 @@ def to_tsv(rows: list[Row]) -> str:
     header = [*FIXED_COLUMNS, *usage_cols, *metric_cols, *(f"result.{k}" for k in result_cols)]
     lines = ["\t".join(header)]
     for r in rows:
-        cells = [r.values.get(c) for c in FIXED_COLUMNS]
+        cells = r.values.cells()
         if usage_cols:
             spent = r.spend.cells() if r.spend is not None else _EMPTY
             cells += [spent.get(c) for c in usage_cols]
@@ -246,7 +218,7 @@ _LOWER = re.compile(r"loss|err|time|second|latency|bpb|perplex|ppl|mse|mae|rmse|
 _HIGHER = re.compile(r"acc|speedup|score|throughput|reward|f1|auc|precision|recall|bleu|gain")
 
 
-def _numeric_stats(points: list[tuple[float, str]], key: str) -> dict[str, Any]:
+def _numeric_stats(points: list[tuple[float, str]], key: str) -> FieldStats:
     """Stats of a numeric field over ``(value, task)`` points: the tasks at its ends (NaN
     never one), and the best point where the field's name says which end is best."""
     values = [v for v, _ in points]
@@ -254,7 +226,7 @@ def _numeric_stats(points: list[tuple[float, str]], key: str) -> dict[str, Any]:
     p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
     finite = [p for p in points if not math.isnan(p[0])] or points
     low, high = min(finite, key=lambda p: p[0]), max(finite, key=lambda p: p[0])
-    out: dict[str, Any] = {
+    out: FieldStats = {
         "kind": "number",
         "n": len(values),
         "mean": statistics.fmean(values),
@@ -294,16 +266,16 @@ def _is_input(key: str, rows: list[Row]) -> bool:
     return seen
 
 
-def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
+def field_stats(rows: list[Row]) -> dict[str, FieldStats]:
     """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers with the
     tasks at their ends (and the best one, by the field's name), the values of a field that
     only repeats the task's inputs (``kind: input``: never averaged)."""
-    total = sum(1 for r in rows if r.values["state"] not in APART)  # skipped, cancelled: apart
-    done = sum(1 for r in rows if r.values["state"] == State.DONE.value)
+    total = sum(1 for r in rows if r.values.state not in APART)  # skipped, cancelled: apart
+    done = sum(1 for r in rows if r.values.state == State.DONE.value)
     columns: dict[str, list[Any]] = {}
     tasks: dict[str, list[str]] = {}
     for r in rows:
-        who = str(r.values.get("name") or r.values["task"])
+        who = r.values.name or r.values.task
         for k, v in r.metrics.items():
             columns.setdefault(k, []).append(v)
             tasks.setdefault(k, []).append(who)
@@ -311,7 +283,7 @@ def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
             columns.setdefault(f"result.{k}", []).append(v)
             tasks.setdefault(f"result.{k}", []).append(who)
     inputs = {k for r in rows for k in r.inputs}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FieldStats] = {}
     for key, values in sorted(columns.items()):
         short = key.removeprefix("result.")
         if key.startswith("result.") and short in inputs and _is_input(short, rows):
@@ -340,31 +312,21 @@ def field_stats(rows: list[Row]) -> dict[str, dict[str, Any]]:
 
 def summarize(
     rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
-) -> dict[str, Any]:
+) -> SummaryJson:
     counts = {s.value: 0 for s in State}
     for r in rows:
-        counts[r.values["state"]] = counts.get(r.values["state"], 0) + 1
+        counts[r.values.state] = counts.get(r.values.state, 0) + 1
     failures = [
-        {"task": r.values["task"], "state": r.values["state"], "reason": r.values["reason"]}
-        for r in rows
-        if r.values["state"] not in (State.DONE.value, *APART)
+        r.values.failure_json() for r in rows if r.values.state not in (State.DONE.value, *APART)
     ]
-    skipped = [
-        {"task": r.values["task"], "reason": r.values["reason"]}
-        for r in rows
-        if r.values["state"] == State.SKIPPED.value
-    ]
-    cancelled = [
-        {"task": r.values["task"], "reason": r.values["reason"]}
-        for r in rows
-        if r.values["state"] == State.CANCELLED.value
-    ]
+    skipped = [r.values.apart_json() for r in rows if r.values.state == State.SKIPPED.value]
+    cancelled = [r.values.apart_json() for r in rows if r.values.state == State.CANCELLED.value]
     busy = sum(r.busy for r in rows)
     reasons: dict[str, int] = {}
     for f in failures:
         if f["state"] == State.FAILED.value:
-            reasons[str(f["reason"])] = reasons.get(str(f["reason"]), 0) + 1
-    return {
+            reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
+    out: SummaryJson = {
         "run": run_info.get("run_dir", ""),
         "name": run_info.get("name", ""),
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -383,19 +345,21 @@ def summarize(
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
         "energy": energy_stats(rows),
-        **spend_stats(rows),
-        **({"repeats": reps} if (reps := repeat_stats(rows)) is not None else {}),
     }
+    if (cost := spend_stats(rows)) is not None:
+        out["cost"] = cost
+    if (reps := repeat_stats(rows)) is not None:
+        out["repeats"] = reps
+    return out
 
 
-def spend_stats(rows: list[Row]) -> dict[str, Any]:
+def spend_stats(rows: list[Row]) -> RunCost | None:
     """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
-    per task done; nothing when no task reported usage."""
+    per task done; None when no task reported usage."""
     spend = RunSpend()
     for r in rows:
-        spend.add(r.spend, done=r.values["state"] == State.DONE.value)
-    cost = spend.as_json()
-    return {} if cost is None else {"cost": cost}
+        spend.add(r.spend, done=r.values.state == State.DONE.value)
+    return spend.as_json()
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:
@@ -439,7 +403,7 @@ def write_outputs(
     redactor = run_redactor(run_info)
     rows = collect(queue, redactor)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
+    summary: dict[str, Any] = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
     summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

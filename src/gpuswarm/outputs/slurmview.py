@@ -7,12 +7,26 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.fsutil import read_json
 
 MAX_BYTES = 1 << 20  # files gpuswarm wrote itself; larger ones are not read
 MAX_JOBS_SHOWN = 50
+
+
+class SlurmJob(TypedDict):
+    """A worker job as ``slurm/jobs.json`` lists it (its values as the file has them)."""
+
+    job: Any
+    state: Any
+    nodes: Any
+    reason: Any
+
+
+class SlurmView(TypedDict):
+    jobs: list[SlurmJob]  # the last MAX_JOBS_SHOWN
+    allocation: dict[str, Any] | None  # slurm/allocation.json, as it is
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -23,7 +37,7 @@ def _read(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def slurm_view(root: Path) -> dict[str, Any] | None:
+def slurm_view(root: Path) -> SlurmView | None:
     """None for a run that never ran under Slurm."""
     folder = root / "slurm"
     jobs = _read(folder / "jobs.json")
@@ -31,13 +45,19 @@ def slurm_view(root: Path) -> dict[str, Any] | None:
     if jobs is None and alloc is None:
         return None
     listed = [j for j in (jobs or {}).get("jobs", []) if isinstance(j, dict)]
-    shown = [
-        {k: j.get(k) for k in ("job", "state", "nodes", "reason")} for j in listed[-MAX_JOBS_SHOWN:]
+    shown: list[SlurmJob] = [
+        {
+            "job": j.get("job"),
+            "state": j.get("state"),
+            "nodes": j.get("nodes"),
+            "reason": j.get("reason"),
+        }
+        for j in listed[-MAX_JOBS_SHOWN:]
     ]
     return {"jobs": shown, "allocation": alloc}
 
 
-def slurm_lines(view: dict[str, Any] | None) -> list[str]:
+def slurm_lines(view: SlurmView | None) -> list[str]:
     """The view as plain lines for the terminal."""
     if not view:
         return []

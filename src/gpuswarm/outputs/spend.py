@@ -10,11 +10,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.models import AttemptRecord, Descriptor
 from gpuswarm.core.runview import RunView
 from gpuswarm.store.spent import journal_spend
+
+
+class TotalsJson(TypedDict):
+    attempts: int
+    tokens_in: int
+    tokens_cached: int
+    tokens_out: int
+    cost_usd: float
+    cost_unknown_attempts: int
+
+
+class RunCost(TotalsJson):
+    """summary.json's ``cost``."""
+
+    tasks: int
+    done_tasks: int
+    usd_per_done_task: float | None
+    complete: bool  # False: the known part only
+    per_slot: dict[str, TotalsJson]
+    per_model: dict[str, TotalsJson]
+    problems: list[str]
+
+
+class SpendCells(TypedDict):
+    """A task's results.tsv cells (``USAGE_COLUMNS``)."""
+
+    tokens_in: int
+    tokens_cached: int
+    tokens_out: int
+    cost_usd: float | str  # "unknown" when some attempt's is
+    model: str
 
 
 @dataclass
@@ -51,7 +82,7 @@ class Totals:
     def tokens(self) -> int:
         return self.tokens_in + self.tokens_out
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> TotalsJson:
         return {
             "attempts": self.attempts,
             "tokens_in": self.tokens_in,
@@ -75,10 +106,10 @@ class TaskSpend:
     slots: dict[str, Totals] = field(default_factory=dict)
     model: str | None = None
 
-    def cells(self) -> dict[str, Any]:
+    def cells(self) -> SpendCells:
         """Its results.tsv cells: a cost of ``unknown`` when some attempt's is."""
         t = self.total
-        cost: Any = UNKNOWN if t.unknown else round(t.cost_usd, 6)
+        cost: float | str = UNKNOWN if t.unknown else round(t.cost_usd, 6)
         return {
             "tokens_in": t.tokens_in,
             "tokens_cached": t.tokens_cached,
@@ -126,19 +157,21 @@ class RunSpend:
             _merge(self.slots.setdefault(slot, Totals()), t)
         _merge(self.models.setdefault(spend.model or "?", Totals()), spend.total)
 
-    def as_json(self) -> dict[str, Any] | None:
+    def as_json(self) -> RunCost | None:
         """summary.json's ``cost`` (None: no task reported usage)."""
         if not self.tasks:
             return None
-        out = self.total.as_json()
-        out["tasks"] = self.tasks
-        out["done_tasks"] = self.done
-        out["usd_per_done_task"] = round(self.total.cost_usd / self.done, 6) if self.done else None
-        out["complete"] = self.total.unknown == 0  # False: the known part only
-        out["per_slot"] = {s: t.as_json() for s, t in sorted(self.slots.items())}
-        out["per_model"] = {m: t.as_json() for m, t in sorted(self.models.items())}
-        out["problems"] = self.total.problems[:MAX_PROBLEMS]
-        return out
+        per_done = round(self.total.cost_usd / self.done, 6) if self.done else None
+        return {
+            **self.total.as_json(),
+            "tasks": self.tasks,
+            "done_tasks": self.done,
+            "usd_per_done_task": per_done,
+            "complete": self.total.unknown == 0,  # False: the known part only
+            "per_slot": {s: t.as_json() for s, t in sorted(self.slots.items())},
+            "per_model": {m: t.as_json() for m, t in sorted(self.models.items())},
+            "problems": self.total.problems[:MAX_PROBLEMS],
+        }
 
 
 def _merge(into: Totals, t: Totals) -> None:

@@ -20,6 +20,14 @@ from gpuswarm.core.redact import Redactor
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
 from gpuswarm.outputs.slurmview import slurm_view
+from gpuswarm.outputs.statusjson import (
+    Eta,
+    FailureLine,
+    RunLine,
+    RunningLine,
+    StatusJson,
+    StatusShown,
+)
 from gpuswarm.store.control import paused
 from gpuswarm.store.quarantines import lift_by_hand
 from gpuswarm.store.reader import RunReader
@@ -30,7 +38,7 @@ from gpuswarm.store.spent import journal_spend
 MAX_FAILURES = 20
 
 
-def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
+def _running(reader: RunReader, now: float) -> list[RunningLine]:
     return [
         {
             "task": r.task,
@@ -51,8 +59,8 @@ def _running(reader: RunReader, now: float) -> list[dict[str, Any]]:
 
 def _failures(
     reader: RunReader, redactor: Redactor, limit: int = MAX_FAILURES
-) -> list[dict[str, Any]]:
-    out = []
+) -> list[FailureLine]:
+    out: list[FailureLine] = []
     for name, found in reader.latest(State.FAILED, limit):
         desc = found if found is not None else Descriptor({"task": {}})
         task_id = reader.task_id(name, found)
@@ -78,7 +86,7 @@ def _redacted_tail(log: Path | None, desc: Descriptor, redactor: Redactor) -> st
     return redactor.including(desc.env).text(log_tail(log, max_lines=8))
 
 
-def _eta(reader: RunReader, pending: int, running: int, slots: int) -> dict[str, Any]:
+def _eta(reader: RunReader, pending: int, running: int, slots: int) -> Eta:
     durations = [
         float(e.seconds)
         for e in reader.tail()
@@ -91,7 +99,7 @@ def _eta(reader: RunReader, pending: int, running: int, slots: int) -> dict[str,
     return {"mean_seconds": round(mean, 3), "eta_seconds": round(remaining * mean / slots, 1)}
 
 
-def run_status(run_dir: Path) -> dict[str, Any]:
+def run_status(run_dir: Path) -> StatusJson:
     paths, info = open_run(run_dir)
     reader = RunReader(paths)
     redactor = run_redactor(info)
@@ -99,7 +107,7 @@ def run_status(run_dir: Path) -> dict[str, Any]:
     counts = shown_counts(reader.counts())
     slots = int(info.get("slot_count") or 1)
     live = reader.live()
-    shown = {
+    shown: StatusShown = {
         "name": info.get("name", ""),
         "created": info.get("created"),
         "live": live,
@@ -123,7 +131,8 @@ def run_status(run_dir: Path) -> dict[str, Any]:
         "slurm": slurm_view(paths.root),  # issue 36: worker jobs, the allocation
         "cost": journal_spend(paths.events, counts.get("done", 0)),  # issue 34; None: no agents
     }
-    return {"run": str(paths.root), **redactor.tree(shown)}  # names, reasons: one redactor
+    redacted: StatusShown = redactor.tree(shown)  # names, reasons: one redactor
+    return {"run": str(paths.root), **redacted}
 
 
 def _hint(paths: RunPaths, state: str) -> str:
@@ -191,11 +200,11 @@ def _ever_started(paths: RunPaths) -> bool:
     return any(isinstance(e, SupervisorStarted) for e in RunReader(paths).tail())
 
 
-def list_runs(workspace: Path, *, indexed: bool = False) -> list[dict[str, Any]]:
+def list_runs(workspace: Path, *, indexed: bool = False) -> list[RunLine]:
     """A row per run under ``workspace`` (``indexed``: and per run in the index of the user's
     runs, by absolute path), oldest first."""
     runs = known_runs(workspace)[::-1] if indexed else find_runs(workspace)
-    out = []
+    out: list[RunLine] = []
     for run in runs:
         reader = RunReader(RunPaths(run))
         try:

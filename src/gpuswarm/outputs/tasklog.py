@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.paths import RunPaths
@@ -38,6 +38,15 @@ class NoSuchAttemptError(BadInputError):
     """``--attempt N`` names an attempt the task does not have."""
 
 
+class LogJson(TypedDict):
+    """``gpuswarm logs --json``'s record of the log it shows."""
+
+    task: str
+    attempt: int | None
+    log: str | None
+    state: str
+
+
 @dataclass(frozen=True)
 class LogTarget:
     """Which log of which task: the attempt is None when the task never started."""
@@ -49,7 +58,7 @@ class LogTarget:
     log: Path | None
     live: bool = True  # whether a supervisor was on the run when it was looked up
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> LogJson:
         return {
             "task": self.task,
             "attempt": self.attempt,

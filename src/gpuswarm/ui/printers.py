@@ -4,6 +4,7 @@ module entirely."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,16 @@ from gpuswarm.outputs.gpumem import gpu_memory_lines
 from gpuswarm.outputs.slurmview import slurm_lines
 from gpuswarm.outputs.spend import spend_line
 from gpuswarm.ui.table import clock
+
+if TYPE_CHECKING:
+    from gpuswarm.outputs.statusjson import (
+        FailureLine,
+        PausedJson,
+        RunLine,
+        RunningLine,
+        StatusJson,
+    )
+    from gpuswarm.outputs.summaryjson import FieldStats
 
 if TYPE_CHECKING:
     from gpuswarm.outputs.results import RunReport
@@ -35,15 +46,17 @@ def _counts(counts: dict[str, int]) -> str:
     return text + (f"  corrupt {counts['corrupt']}" if counts.get("corrupt") else "")
 
 
-def paused_text(paused: dict[str, Any]) -> str:
+def paused_text(paused: PausedJson | None) -> str:
     """``paused: the run`` / ``paused: slots a, b`` ("" when nothing is paused)."""
+    if not paused:
+        return ""
     if paused.get("run"):
         return "paused: the run"
     slots = paused.get("slots") or []
     return inert("paused: slots " + ", ".join(str(s) for s in slots)) if slots else ""
 
 
-def _running_table(running: list[dict[str, Any]]) -> Table:
+def _running_table(running: list[RunningLine]) -> Table:
     table = Table("slot", "owner", "task", "attempt", "elapsed", "timeout", box=None)
     for r in running:
         waits = r.get("retry_at") is not None  # a retry waiting out its backoff runs nowhere
@@ -58,7 +71,7 @@ def _running_table(running: list[dict[str, Any]]) -> Table:
     return table
 
 
-def _held_gpus(con: Console, data: dict[str, Any]) -> None:
+def _held_gpus(con: Console, data: StatusJson) -> None:
     """GPUs an ended attempt still holds (issue 19): skipped until their memory is freed."""
     for held in data.get("gpus_held", []):
         con.print(f"[red]GPU HELD[/] {escape(inert(str(held.get('reason', ''))))}")
@@ -66,12 +79,12 @@ def _held_gpus(con: Console, data: dict[str, Any]) -> None:
         con.print(f"[yellow]waiting[/] {escape(inert(str(wait.get('reason', ''))))}")
 
 
-def _slurm(con: Console, data: dict[str, Any]) -> None:
+def _slurm(con: Console, data: StatusJson) -> None:
     for line in slurm_lines(data.get("slurm")):
         con.print(escape(inert(line)))
 
 
-def print_status(data: dict[str, Any]) -> None:
+def print_status(data: StatusJson) -> None:
     con = _console()
     state = data.get("state") or ("live" if data["live"] else "not running")
     color = {"live": "green", "complete": "green", "crashed": "red"}.get(state, "yellow")
@@ -80,7 +93,7 @@ def print_status(data: dict[str, Any]) -> None:
     con.print(f"{counted(data['total'], 'task')}: {_counts(data['counts'])}")
     if data.get("hint"):
         con.print(f"[{color}]{escape(data['hint'])}[/]")
-    if paused := paused_text(data.get("paused") or {}):
+    if paused := paused_text(data.get("paused")):
         con.print(f"[yellow]{escape(paused)}[/] (no new starts; gpuswarm unpause RUN)")
     _eta_and_cost(con, data)
     _slurm(con, data)  # issue 36: the worker jobs, the allocation
@@ -113,21 +126,21 @@ def print_status(data: dict[str, Any]) -> None:
             )
 
 
-def _eta_and_cost(con: Console, data: dict[str, Any]) -> None:
-    eta = data.get("eta") or {}
-    if eta.get("eta_seconds") is not None:
+def _eta_and_cost(con: Console, data: StatusJson) -> None:
+    eta = data.get("eta")
+    if eta and eta.get("eta_seconds") is not None:
         con.print(f"ETA {clock(eta['eta_seconds'])} (mean task {eta['mean_seconds']:.1f}s)")
     if data.get("cost"):  # issue 34: what the agents spent
         con.print(escape(spend_line(data["cost"])))
 
 
-def _interrupted(failure: dict[str, Any]) -> str:
+def _interrupted(failure: FailureLine) -> str:
     """`` + 1 interrupted``: attempts a stop handed back (numbered, not counted)."""
     n = int(failure.get("interrupted") or 0)
     return f" + {n} interrupted" if n else ""
 
 
-def print_ls(rows: list[dict[str, Any]], where: Path | str) -> None:
+def print_ls(rows: list[RunLine], where: Path | str) -> None:
     """One line per run; the path comes last and is never shortened."""
     if not rows:
         print(f"no runs under {where}")
@@ -201,7 +214,7 @@ def end_line(report: RunReport) -> str:
     return ""
 
 
-def field_lines(fields: dict[str, dict[str, Any]], limit: int = 8) -> list[str]:
+def field_lines(fields: Mapping[str, FieldStats], limit: int = 8) -> list[str]:
     """The best point of each field that names its best end (``best final_loss 0.0049:
     lr0.5-steps200-s1``), then one line per measured field: pass rates over done and over all
     tasks, or mean/median/p90 and the tasks at both ends. A field that only repeats the

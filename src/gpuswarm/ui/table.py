@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _natural(label: str) -> tuple[str, int]:
 
 TASK_CAP = 120  # characters of a task's id and name a row can show at most
 OUTPUT_CAP = 240  # and of its last output line
-_SHRINKS = (1, 4)  # task, last output: the columns that give way on a narrow terminal
+_SHRINKS = ("task", "last output")  # the columns that give way on a narrow terminal
 _FLEX_MIN = 6  # each keeps this much (an ellipsis and a few characters) while it can
 
 
@@ -63,25 +64,24 @@ class SlotTable:
 
     def __init__(self, *, gpu: bool = False) -> None:
         self.headers = (*self.HEADERS, "gpu") if gpu else self.HEADERS
-        self.rows: list[list[Text]] = []
+        self.rows: list[dict[str, Text]] = []
 
-    def add_row(self, cells: Sequence[str]) -> None:
-        """One row of rich markup cells, in the order of :attr:`headers`."""
-        self.rows.append([Text.from_markup(c) for c in cells])
+    def add_row(self, cells: Mapping[str, str]) -> None:
+        """One row of rich markup cells by header (a header it lacks: an empty cell)."""
+        self.rows.append({h: Text.from_markup(cells.get(h, "")) for h in self.headers})
 
     def widths(self, total: int, headers: Sequence[str] | None = None) -> list[int]:
         """Each column's width for a terminal ``total`` cells wide (two spaces between)."""
         heads = self.headers if headers is None else headers
-        natural = [max([len(h), *(r[i].cell_len for r in self.rows)]) for i, h in enumerate(heads)]
-        fixed = sum(w for i, w in enumerate(natural) if i not in _SHRINKS)
+        natural = {h: max([len(h), *(r[h].cell_len for r in self.rows)]) for h in heads}
+        fixed = sum(w for h, w in natural.items() if h not in _SHRINKS)
         room = total - 2 * (len(natural) - 1) - fixed
-        task, out = (natural[i] for i in _SHRINKS)
+        task, out = (natural[h] for h in _SHRINKS)
         if task + out > room:  # the output gets what the task leaves, the task at most 2/5
             task = min(task, max(_FLEX_MIN, room * 2 // 5, room - out))
             out = max(_FLEX_MIN, room - task)
-        widths = list(natural)
-        widths[_SHRINKS[0]], widths[_SHRINKS[1]] = task, out
-        return widths
+        natural.update(zip(_SHRINKS, (task, out), strict=True))
+        return list(natural.values())
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         headers = self.headers
@@ -96,7 +96,7 @@ class SlotTable:
         for header, width in zip(headers, widths, strict=True):
             table.add_column(header, no_wrap=True, overflow="ellipsis", width=width)
         for row in self.rows:
-            table.add_row(*row[: len(headers)])
+            table.add_row(*(row[h] for h in headers))
         yield table
 
 
@@ -202,20 +202,20 @@ class LiveView:
             if label in paused:
                 shown_label += " [yellow](paused)[/]"
             if why is not None and why != "probe" and not row.task:
-                cells = [shown_label, "[red]QUARANTINED[/]", "", "", escape(why)[:OUTPUT_CAP]]
+                cells = {"task": "[red]QUARANTINED[/]", "last output": escape(why)[:OUTPUT_CAP]}
             elif row.task:
                 limit = f"/{clock(row.timeout)}" if row.timeout else ""
-                cells = [
-                    shown_label,
-                    escape(inert(f"{row.task} {row.name}".strip()[:TASK_CAP])),
-                    str(row.attempt),
-                    f"{clock(now - row.since)}{limit}",
-                    self._last_line(row)[:OUTPUT_CAP],
-                ]
+                cells = {
+                    "task": escape(inert(f"{row.task} {row.name}".strip()[:TASK_CAP])),
+                    "try": str(row.attempt),
+                    "elapsed": f"{clock(now - row.since)}{limit}",
+                    "last output": self._last_line(row)[:OUTPUT_CAP],
+                }
             else:
-                cells = [shown_label, "[dim]idle[/]", "", "", f"[dim]{row.done} done[/]"]
+                cells = {"task": "[dim]idle[/]", "last output": f"[dim]{row.done} done[/]"}
+            cells["slot"] = shown_label
             if stats:
-                cells.append(stats.get(label, ""))
+                cells["gpu"] = stats.get(label, "")
             table.add_row(cells)
         return table
 
@@ -249,6 +249,12 @@ def shown(view: LiveView, console: Console | None = None) -> Iterator[None]:
         yield
 
 
+@dataclass
+class _Sampled:  # the last look of gpu_sampler: when, and per slot its line
+    at: float = 0.0
+    data: dict[str, str] = field(default_factory=dict)
+
+
 def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
     """Per-slot ``util% used/total`` from NVML (:mod:`gpuswarm.placement.nvml`, sampled at most
     once a second), or None without it (``gpuswarm watch``; a live run shows its supervisor's
@@ -259,12 +265,12 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
     query = open_query(vendor) if vendor in ("nvidia", "amd") else None
     if query is None:
         return None
-    cache: dict[str, Any] = {"at": 0.0, "data": {}}
+    cache = _Sampled()
 
     def sample() -> dict[str, str]:
         now = time.monotonic()
-        if now - cache["at"] < 1.0:
-            return dict(cache["data"])
+        if now - cache.at < 1.0:
+            return dict(cache.data)
         data = {}
         for slot in slots:
             parts = []
@@ -274,7 +280,7 @@ def gpu_sampler(slots: Sequence[Any]) -> Callable[[], dict[str, str]] | None:
                     util = f"{look.util}% " if look.util is not None else ""
                     parts.append(f"{util}{look.used_mb / 1024:.1f}/{look.total_mb / 1024:.0f}G")
             data[slot.label] = " ".join(parts)
-        cache.update(at=now, data=data)
+        cache.at, cache.data = now, data
         return data
 
     return sample

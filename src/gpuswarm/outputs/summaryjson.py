@@ -1,0 +1,67 @@
+"""summary.json, typed (issue 32, step 6): what ``outputs/results.py`` ``summarize`` writes
+(the supervisor adds its keys: quarantined, stopped, ..., ``state``). Built as a literal in its
+keys' order; readers of a file on disk parse it as JSON (older files lack newer keys)."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from typing_extensions import NotRequired
+
+from gpuswarm.outputs.energy import EnergyStats
+from gpuswarm.outputs.gpumem import GpuMemoryStats
+from gpuswarm.outputs.passk import RepeatsJson
+from gpuswarm.outputs.spend import RunCost
+from gpuswarm.outputs.taskrow import ApartJson, FailureJson
+
+
+class Best(TypedDict):
+    task: str
+    value: float
+    by: str  # lowest or highest
+
+
+class FieldStats(TypedDict, total=False):
+    """summary.json's ``fields[key]``: of a number (``kind: number``), a boolean (``bool``)
+    or a field that repeats the task's inputs (``input``)."""
+
+    kind: str
+    n: int
+    mean: float
+    median: float
+    p90: float
+    min: float
+    max: float
+    min_task: str
+    max_task: str
+    best: Best
+    values: list[str]  # an input's distinct values (50 at most)
+    true: int
+    of_done: int
+    of_total: int
+    rate_done: float | None
+    rate_total: float | None
+
+
+class SummaryJson(TypedDict):
+    """What ``summarize`` makes of a run's rows."""
+
+    run: Any  # run.json's run_dir, as it is there
+    name: Any
+    written: str
+    total: int
+    complete: bool  # every task ended done, skipped or cancelled
+    counts: dict[str, int]
+    busy_seconds: float
+    not_done: int  # the true count ("failures" lists the first 200)
+    failure_reasons: list[tuple[str, int]]
+    wall_seconds: float | None
+    failures: list[FailureJson]
+    skipped: list[ApartJson]
+    cancelled: list[ApartJson]
+    fields: dict[str, FieldStats]
+    gpu_memory: GpuMemoryStats
+    energy: EnergyStats
+    cost: NotRequired[RunCost]  # issue 34: when some task reported usage
+    repeats: NotRequired[RepeatsJson]  # issue 34: when some task is repeated
+    state: NotRequired[str]  # how the run ended (``end_state``), set when it is written
