@@ -63,6 +63,7 @@ def test_watch_and_status_number_an_attempt_alike(tmp_path: Path) -> None:
     claimed.data["attempts"] = [{"n": 1, "interrupted": True}, {"n": 2, "reason": "exit 1"}]
     queue.save(claimed)
     (row,) = run_status(paths.root)["running"]
+    assert row["log"] is not None
     assert row["attempt"] == 3 and row["log"].endswith("attempt-3/output.log")
     state = RunReader(paths).view()
     assert [r.attempt for r in state.slots.values() if r.task == "a"] == [3]

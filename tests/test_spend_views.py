@@ -93,6 +93,7 @@ def test_pass_at_k_and_confidence_intervals() -> None:
     half = 12.706 * math.sqrt(2) / math.sqrt(2)
     assert two["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
     many = mean_ci([float(x) for x in range(40)])  # above 30 repeats: the normal 1.96
+    assert many["ci95"] is not None and many["mean"] is not None
     assert many["ci95"][1] - many["mean"] == pytest.approx(1.96 * many["sd"] / math.sqrt(40))
 
 
