@@ -62,7 +62,8 @@ from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
-from gpuswarm.store.runs import open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import open_record
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SHOWN_IDS = 100  # ids an ``added`` event (and add's output) lists at most
@@ -107,7 +108,7 @@ def _resolve(s: _Session, args: Sequence[str]) -> tuple[dict[str, tuple[State, s
 @dataclass
 class _Session:
     paths: RunPaths
-    info: dict[str, Any]
+    info: RunRecord
     queue: DirQueue
     ledger: Ledger
     me: str
@@ -128,7 +129,7 @@ class _Session:
 
 def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
     """Open the run, hold the control lock, finish cut-short holds, run ``body``."""
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
     queue = DirQueue(paths)
     ledger = Ledger(paths.events)
     try:
@@ -171,8 +172,8 @@ def _fresh_id(task_id: str, taken: set[str]) -> str:
         n += 1
 
 
-def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: str) -> None:
-    per_task = int(info.get("gpus_per_task", 1))
+def _check_fits(dumps: Iterable[dict[str, Any]], info: RunRecord, source: str) -> None:
+    per_task = info.gpus_per_task
     for dump in dumps:
         gpus = dump.get("gpus")
         if isinstance(gpus, int) and gpus > per_task:
