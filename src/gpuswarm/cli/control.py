@@ -33,7 +33,7 @@ def _emit(data: Reply, as_json: bool, lines: list[str]) -> None:
         return
     for line in lines:
         click.echo(line)
-    if hint := (data["hint"] if "hint" in data else ""):  # add, retry, requeue: what to run
+    if hint := data.get("hint", ""):  # add, retry, requeue: what to run
         click.echo(f"gpuswarm: {hint}", err=True)
 
 
