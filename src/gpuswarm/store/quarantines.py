@@ -20,11 +20,15 @@ from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.paths import RunPaths
 
 
-class QuarantineInfo(TypedDict):
-    """Why a slot is out of rotation, and until when (a quarantine file holds it)."""
+class _Why(TypedDict):
+    reason: str
+
+
+class QuarantineInfo(_Why, total=False):
+    """Why a slot is out of rotation, and until when (a quarantine file holds it; the breaker
+    writes every key)."""
 
     gpus: list[int]
-    reason: str
     probe_at: float  # epoch seconds of its next probe
 
 
