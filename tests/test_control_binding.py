@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.app.control import cancel_tasks, retry_tasks
+from gpuswarm.app.replies import TaskRow
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
@@ -170,7 +171,7 @@ def test_a_cancel_made_for_the_attempt_that_failed_does_not_cancel_its_waiting_r
 
 def test_cancel_binds_the_attempt_it_sees_and_cancels_a_waiting_retry(tmp_path: Path) -> None:
     paths = new_run(tmp_path, [task("t", "import sys; sys.exit(1)", max_attempts=3)])
-    rows: list[dict[str, Any]] = []
+    rows: list[TaskRow] = []
 
     def cancel() -> None:
         wait_for(lambda: any(e["state"] == "waiting" for e in events(paths, "finished")))

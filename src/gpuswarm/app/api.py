@@ -20,7 +20,6 @@ from typing import Any, NamedTuple, TextIO
 from gpuswarm.app.engine import supervise
 from gpuswarm.app.output import Output
 from gpuswarm.app.prepare import prepare
-from gpuswarm.app.setup import backend_of
 from gpuswarm.config.backends import plugins
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import BackendError
@@ -39,7 +38,7 @@ from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runinfo import RunInfo
-from gpuswarm.store.runs import NewRun, latest_run, open_run
+from gpuswarm.store.runs import NewRun, latest_run, open_record
 from gpuswarm.store.runs import create_run as _create_run
 
 __all__ = [
@@ -174,9 +173,9 @@ def slot_count(run: RunPaths) -> int:
     """How many slots the run has (one task each at a time): as planned, or for a cluster's
     run (a backend whose nodes join and leave) the slots its last supervisor has now,
     from the journal (as planned when none has started yet)."""
-    _, info = open_run(run.root)
-    planned = int(info.get("slot_count", 1))
-    if not owns_slots(backend_of(info)):
+    _, info = open_record(run.root)
+    planned = info.slot_count
+    if not owns_slots(info.backend):
         return planned
     view = RunView({})
     for e in read_journal(run.events):
@@ -328,7 +327,7 @@ def serve(run: RunPaths, *, stream: TextIO | None) -> RunReport:
     """Supervise an existing run on its own GPUs until every queued task has ended (or the run
     lingers idle as its settings say): recovers a crashed supervisor's leftovers first, never
     retries what failed, writes no report.html (the client writes its own)."""
-    _, info = open_run(run.root)
+    _, info = open_record(run.root)
     return supervise(
         run,
         prepare(info=info),

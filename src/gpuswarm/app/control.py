@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
-from gpuswarm.app import deps, groups
+from gpuswarm.app import deps, groups, replies
 from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig, load_command_list, load_config, read_stdin
 from gpuswarm.config.models import TaskOptions
@@ -53,7 +53,7 @@ from gpuswarm.core import verbs
 from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State, base_name
-from gpuswarm.core.paths import RunPaths, check_task_id
+from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.verbs import Prerequisites as After
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
@@ -62,7 +62,8 @@ from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue, note_added
 from gpuswarm.store.reader import RunReader
-from gpuswarm.store.runs import open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import open_record
 
 YAML_SUFFIXES = (".yaml", ".yml")
 SHOWN_IDS = 100  # ids an ``added`` event (and add's output) lists at most
@@ -107,7 +108,7 @@ def _resolve(s: _Session, args: Sequence[str]) -> tuple[dict[str, tuple[State, s
 @dataclass
 class _Session:
     paths: RunPaths
-    info: dict[str, Any]
+    info: RunRecord
     queue: DirQueue
     ledger: Ledger
     me: str
@@ -128,7 +129,7 @@ class _Session:
 
 def _session(run_dir: Path, body: Callable[[_Session], Any]) -> Any:
     """Open the run, hold the control lock, finish cut-short holds, run ``body``."""
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
     queue = DirQueue(paths)
     ledger = Ledger(paths.events)
     try:
@@ -159,20 +160,8 @@ def load_source(
     return load_command_list(Path(source), shell=shell, base_dir=Path.cwd(), defaults=defaults)
 
 
-def _fresh_id(task_id: str, taken: set[str]) -> str:
-    if task_id not in taken:
-        return task_id
-    n = 2
-    while True:
-        tail = f"-{n}"
-        candidate = task_id[: 128 - len(tail)] + tail
-        if candidate not in taken:
-            return check_task_id(candidate)
-        n += 1
-
-
-def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: str) -> None:
-    per_task = int(info.get("gpus_per_task", 1))
+def _check_fits(dumps: Iterable[dict[str, Any]], info: RunRecord, source: str) -> None:
+    per_task = info.gpus_per_task
     for dump in dumps:
         gpus = dump.get("gpus")
         if isinstance(gpus, int) and gpus > per_task:
@@ -182,13 +171,13 @@ def _check_fits(dumps: Iterable[dict[str, Any]], info: dict[str, Any], source: s
             )
 
 
-def add_tasks(run_dir: Path, loaded: LoadedConfig, after: After | None = None) -> dict[str, Any]:
+def add_tasks(run_dir: Path, loaded: LoadedConfig, after: After | None = None) -> replies.AddReply:
     """Append ``loaded``'s tasks to a run (live or not; ``after``: prerequisites, issue 35)."""
     source = str(loaded.path) if loaded.path else "<stdin>"
     return execute(run_dir, verbs.Add(tuple(task_dumps(loaded.tasks)), source, **(after or {})))
 
 
-def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
+def _add(s: _Session, req: verbs.Add) -> replies.AddReply:
     dumps = [dict(dump) for dump in req.tasks]
     _check_fits(dumps, s.info, req.source)
     taken: set[str] = set()
@@ -202,11 +191,11 @@ def _add(s: _Session, req: verbs.Add) -> dict[str, Any]:
         if found is not None:
             taken.add(found)
     renamed: dict[str, str] = {}
-    added = deps.AddedDeps.of(req, s.paths, dumps, deps.fresh_ids(dumps, taken, _fresh_id))
+    added = deps.AddedDeps.of(req, s.paths, dumps, deps.fresh_ids(dumps, taken, deps.fresh_id))
     descs: list[Descriptor] = []
     for dump in dumps:
         original = str(dump["id"])
-        tid = _fresh_id(original, taken)
+        tid = deps.fresh_id(original, taken)
         taken.add(tid)
         if tid != original:
             renamed[original] = tid
@@ -273,19 +262,19 @@ def _seq_of(name: str) -> int:
 # -- cancel ----------------------------------------------------------------------------------
 def cancel_tasks(
     run_dir: Path, args: Sequence[str], *, reason: str, wait: float | None
-) -> dict[str, Any]:
+) -> replies.CancelReply:
     """Cancel tasks: pending ones now, running ones by a request (``wait`` seconds: block
     until they left running/). Each row: task, was, now, note."""
     return execute(run_dir, verbs.Cancel(tuple(args), reason, wait))
 
 
-def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
+def _cancel(s: _Session, req: verbs.Cancel) -> replies.CancelReply:
     known, ids = _resolve(s, req.tasks)
     live = is_live(s.paths)
-    rows: list[dict[str, Any]] = []
+    rows: list[replies.TaskRow] = []
     for tid in ids:
         state, name = known[tid]
-        row: dict[str, Any] = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        row: replies.TaskRow = {"task": tid, "was": state.value, "now": state.value, "note": ""}
         gone, state, name = deps.cancel_blocked(s.queue, s.ledger, state, name, req.reason, s.me)
         if gone:
             rows.append({**row, "now": State.CANCELLED.value})  # issue 35: dependents follow
@@ -309,7 +298,7 @@ def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
         else:
             row["note"] = f"already {state.value}: nothing to do"
         rows.append(row)
-    result = {"run": str(s.paths.root), "tasks": rows, "live": live, "timed_out": False}
+    result = replies.CancelReply(run=str(s.paths.root), tasks=rows, live=live, timed_out=False)
     asked = [r for r in rows if r["now"] == "cancel requested"]
     if req.wait is not None and asked and live:
         wait, paths = req.wait, s.paths
@@ -321,7 +310,7 @@ def _cancel(s: _Session, req: verbs.Cancel) -> dict[str, Any]:
     return result
 
 
-def _wait_left_running(paths: RunPaths, rows: list[dict[str, Any]], timeout: float) -> bool:
+def _wait_left_running(paths: RunPaths, rows: list[replies.TaskRow], timeout: float) -> bool:
     """Poll until every row's task has left running/ (its row's ``now`` updated)."""
     queue = DirQueue(paths)
     deadline = time.monotonic() + timeout
@@ -342,13 +331,13 @@ def _wait_left_running(paths: RunPaths, rows: list[dict[str, Any]], timeout: flo
 # -- retry -----------------------------------------------------------------------------------
 def retry_tasks(
     run_dir: Path, args: Sequence[str], *, failed: bool, cancelled: bool
-) -> dict[str, Any]:
+) -> replies.RetryReply:
     """Failed / cancelled tasks (named, or every one with ``failed`` / ``cancelled``) back to
     pending with a fresh attempt budget."""
     return execute(run_dir, verbs.Retry(tuple(args), failed=failed, cancelled=cancelled))
 
 
-def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
+def _retry(s: _Session, req: verbs.Retry) -> replies.RetryReply:
     known, ids = _resolve(s, req.tasks)
     deps.check_requeue(known, ids, "retry")  # issue 35: not a dependency_failed task
     for tid in ids:
@@ -360,13 +349,13 @@ def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
     wanted = set(ids)
     wanted |= {t for t, (st, _) in known.items() if req.failed and st is State.FAILED}
     wanted |= {t for t, (st, _) in known.items() if req.cancelled and st is State.CANCELLED}
-    rows: list[dict[str, Any]] = []
+    rows: list[replies.TaskRow] = []
     back = {t for t in wanted if known[t][0] in (State.FAILED, State.CANCELLED)}
     _drop_requests(s, back)
     gate = deps.Gate(s.queue, s.ledger, known, back, "retry", s.me)  # issue 35
     for tid in sorted(wanted):
         state, name = known[tid]
-        row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        row: replies.TaskRow = {"task": tid, "was": state.value, "now": state.value, "note": ""}
         if state in (State.FAILED, State.CANCELLED):
             gate.move(row, s.queue.retry, state, name, _retry_announce(s, state))
         else:
@@ -375,7 +364,7 @@ def _retry(s: _Session, req: verbs.Retry) -> dict[str, Any]:
     return _requeued(s, rows, gate)
 
 
-def _requeued(s: _Session, rows: list[dict[str, Any]], gate: deps.Gate) -> dict[str, Any]:
+def _requeued(s: _Session, rows: list[replies.TaskRow], gate: deps.Gate) -> replies.RetryReply:
     deps.retried(s.queue, s.ledger, rows)  # issue 35: dependency_failed dependents back
     gate.settle()
     if any(r["now"] == State.PENDING.value for r in rows):
@@ -391,21 +380,21 @@ def _requeued(s: _Session, rows: list[dict[str, Any]], gate: deps.Gate) -> dict[
 
 
 # -- requeue ---------------------------------------------------------------------------------
-def requeue_tasks(run_dir: Path, args: Sequence[str]) -> dict[str, Any]:
+def requeue_tasks(run_dir: Path, args: Sequence[str]) -> replies.RetryReply:
     """Ended tasks back to pending as a fresh attempt series (``verbs.Requeue``)."""
     return execute(run_dir, verbs.Requeue(tuple(args)))
 
 
-def _requeue(s: _Session, req: verbs.Requeue) -> dict[str, Any]:
+def _requeue(s: _Session, req: verbs.Requeue) -> replies.RetryReply:
     known, ids = _resolve(s, req.tasks)
     deps.check_requeue(known, ids, "requeue")  # issue 35: as retry
     back = {t for t in ids if known[t][0].is_terminal()}
     _drop_requests(s, back)
-    rows: list[dict[str, Any]] = []
+    rows: list[replies.TaskRow] = []
     gate = deps.Gate(s.queue, s.ledger, known, back, "requeue", s.me)  # issue 35
     for tid in ids:
         state, name = known[tid]
-        row = {"task": tid, "was": state.value, "now": state.value, "note": ""}
+        row: replies.TaskRow = {"task": tid, "was": state.value, "now": state.value, "note": ""}
         if not state.is_terminal():
             row["note"] = f"{state.value}: not ended, nothing to do"
         else:
@@ -463,12 +452,12 @@ def _retry_announce(s: _Session, frm: State) -> Callable[[Descriptor], object]:
 
 
 # -- pause -----------------------------------------------------------------------------------
-def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> dict[str, Any]:
+def set_paused(run_dir: Path, slot: str | None, *, paused: bool) -> replies.PauseReply:
     """Pause (or unpause) the run, or one slot (an id as ``status`` shows it)."""
     return execute(run_dir, verbs.Pause(slot) if paused else verbs.Unpause(slot))
 
 
-def _pause(s: _Session, req: verbs.Pause | verbs.Unpause) -> dict[str, Any]:
+def _pause(s: _Session, req: verbs.Pause | verbs.Unpause) -> replies.PauseReply:
     slot, paused = req.slot, req.kind is verbs.Kind.PAUSE
     if req.group is not None:  # issue 35: the group's flag
         return groups.set_group_paused(s.paths, req.group, paused=paused)
@@ -499,7 +488,7 @@ def _pause(s: _Session, req: verbs.Pause | verbs.Unpause) -> dict[str, Any]:
 
 
 # -- priority --------------------------------------------------------------------------------
-def set_priority(run_dir: Path, task: str, priority: int) -> dict[str, Any]:
+def set_priority(run_dir: Path, task: str, priority: int) -> replies.PriorityReply:
     """A pending task's new priority (higher runs first)."""
     if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
         raise BadInputError(
@@ -508,7 +497,7 @@ def set_priority(run_dir: Path, task: str, priority: int) -> dict[str, Any]:
     return execute(run_dir, verbs.Priority(task, priority))
 
 
-def _priority(s: _Session, req: verbs.Priority) -> dict[str, Any]:
+def _priority(s: _Session, req: verbs.Priority) -> replies.PriorityReply:
     priority = req.priority
     known, (tid,) = _resolve(s, [req.task])
     state, name = known[tid]
@@ -537,7 +526,7 @@ def _priority(s: _Session, req: verbs.Priority) -> dict[str, Any]:
 
 
 # -- the verbs -------------------------------------------------------------------------------
-Handler = Callable[[_Session, Any], dict[str, Any]]
+Handler = Callable[[_Session, Any], replies.Reply]
 
 #: one handler per verb (tests: every ``verbs.Kind`` has one)
 HANDLERS: dict[verbs.Kind, Handler] = {
@@ -551,10 +540,20 @@ HANDLERS: dict[verbs.Kind, Handler] = {
 }
 
 
-def execute(run_dir: Path, req: verbs.Verb) -> dict[str, Any]:
+@overload
+def execute(run_dir: Path, req: verbs.Add) -> replies.AddReply: ...
+@overload
+def execute(run_dir: Path, req: verbs.Cancel) -> replies.CancelReply: ...
+@overload
+def execute(run_dir: Path, req: verbs.Retry | verbs.Requeue) -> replies.RetryReply: ...
+@overload
+def execute(run_dir: Path, req: verbs.Pause | verbs.Unpause) -> replies.PauseReply: ...
+@overload
+def execute(run_dir: Path, req: verbs.Priority) -> replies.PriorityReply: ...
+def execute(run_dir: Path, req: verbs.Verb) -> replies.Reply:
     """Apply one typed request to the run at ``run_dir`` by its kind's handler, under the run's
     control lock (what a killed earlier command left is finished first); what the handler
     leaves for later (``cancel --wait``) runs once the lock is released."""
     handler = HANDLERS[req.kind]  # a Cancel's or Retry's --group: its tasks named (issue 35)
-    result: dict[str, Any] = _session(run_dir, lambda s: handler(s, groups.named(s.paths, req)))
+    result: replies.Reply = _session(run_dir, lambda s: handler(s, groups.named(s.paths, req)))
     return result

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpuswarm.app.replies import TaskRow
 from gpuswarm.core import faults, verbs
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
-from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.store import release
 from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
@@ -104,6 +105,19 @@ def fresh_ids(
         seen.add(tid)
         out[str(dump["id"])] = tid
     return out
+
+
+def fresh_id(task_id: str, taken: set[str]) -> str:
+    """``task_id``, or with the first suffix (-2, -3, ...) no task of the run has (add's rule)."""
+    if task_id not in taken:
+        return task_id
+    n = 2
+    while True:
+        tail = f"-{n}"
+        candidate = task_id[: 128 - len(tail)] + tail
+        if candidate not in taken:
+            return check_task_id(candidate)
+        n += 1
 
 
 def cancel_blocked(
@@ -192,9 +206,7 @@ class Gate:
         self.states = {t: st.value for t, (st, _) in known.items() if t not in back}
         self.parked: list[Edge] = []
 
-    def move(
-        self, row: dict[str, Any], plain: Move, state: State, name: str, announce: Announce
-    ) -> None:
+    def move(self, row: TaskRow, plain: Move, state: State, name: str, announce: Announce) -> None:
         """``plain`` (the usual move into pending/, ``announce`` journals it) when the task's
         prerequisites all ended (or it has none), else into blocked/; ``row`` says where it
         went (``now``), or that it was gone meanwhile (``note``)."""
@@ -247,7 +259,7 @@ class Gate:
         release.settle_added(self.queue, self.ledger, self.parked)
 
 
-def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[dict[str, Any]]) -> int:
+def retried(queue: DirQueue, ledger: Ledger, rows: Sequence[TaskRow]) -> int:
     """After a retry or a requeue: the end marks of the tasks now pending (or blocked) again
     go, their dependency_failed (and after_failed skipped) dependents, and theirs, are
     blocked again."""

@@ -69,7 +69,8 @@ from gpuswarm.store.leases import (
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import NewRun, create_run, open_record, open_run, write_record
 from gpuswarm.store.spool import stream, streamed
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.budget import Budget
@@ -131,7 +132,8 @@ def _start(
     plugin = plugin_of(loaded.config.backend)
     where = counted(len(slots), "slot") if slots else f"{plugin.slots_phrase} ({gpus.spec})"
     say(output, f"{counted(count, 'task')} on {where}; run dir: {paths.root}")
-    setup = prepare(info=new.info, config=loaded, planned=(gpus, slots), provisions=provisions)
+    info = RunRecord.from_json(new.info)
+    setup = prepare(info=info, config=loaded, planned=(gpus, slots), provisions=provisions)
     return supervise(paths, setup, mode="run", output=output, hold=hold)
 
 
@@ -179,7 +181,7 @@ def resume_run(
     budget_usd: float | None = None,
     budget_tokens: int | None = None,
 ) -> RunReport:
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
     if (driven := resume_driven(paths, info, output, retry_failed=retry_failed)) is not None:
         return driven  # its workers run elsewhere (slurm's worker jobs, from the login node)
     setup = prepare(
@@ -212,7 +214,7 @@ def work_run(
     halt: str | None = None,
 ) -> RunReport:
     """Attach more GPUs (or another host on a shared filesystem) to a run, live or not."""
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
     setup = prepare(info=info, gpus=gpus_spec, halt=halt)
     single = plugin_of(setup.backend).single_driver
     if single:
@@ -221,9 +223,9 @@ def work_run(
 
 
 def _check_config_change(
-    paths: RunPaths, info: dict[str, Any], loaded: LoadedConfig, allow: bool
+    paths: RunPaths, info: RunRecord, loaded: LoadedConfig, allow: bool
 ) -> None:
-    if spec_hash(loaded) == info.get("fingerprint"):
+    if spec_hash(loaded) == info.fingerprint:
         return
     if not allow:
         raise ConfigError(
@@ -246,10 +248,9 @@ def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: Loade
             added += 1
         elif known[task_id][0] is State.PENDING:
             queue.update_pending(known[task_id][1], dump)
-    _, info = open_run(paths.root)
-    info["fingerprint"] = spec_hash(loaded)
-    info["config"] = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
-    atomic_write_json(paths.run_json, info)
+    _, info = open_record(paths.root)
+    config = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
+    write_record(paths, info.with_values(fingerprint=spec_hash(loaded), config=config))
     ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
     release.settle_locked(queue, ledger)  # issue 35: added ones whose prerequisites ended
     return added
@@ -282,11 +283,11 @@ def supervise(
             hold.release()
 
 
-def _index_joined(paths: RunPaths, info: dict[str, Any], mode: str) -> None:
+def _index_joined(paths: RunPaths, info: RunRecord, mode: str) -> None:
     """A run resumed or joined here that the index of the user's runs lacks (made before the
     index existed, or on another host) is found from anywhere from now on."""
     if mode != "run":  # a new run was indexed at its creation
-        runindex.remember(paths.root.resolve(), str(info.get("name") or paths.root.name))
+        runindex.remember(paths.root.resolve(), info.name or paths.root.name)
 
 
 def _supervise(
@@ -304,9 +305,10 @@ def _supervise(
     if mode != "run":  # a new run checked it before it was created (check_backend_ready)
         backend.check()  # before anything is claimed: the daemon answers, the image is there
     with attach(paths, exclusive_start=mode == "resume") as hold:
-        _, snapshot = open_run(paths.root)
+        _, snapshot = open_record(paths.root)
         _index_joined(paths, snapshot, mode)
-        ledger = Ledger(paths.events, redact=run_redactor(snapshot).text)  # reasons, names
+        redactor = run_redactor(snapshot.to_json())
+        ledger = Ledger(paths.events, redact=redactor.text)  # reasons, names
         queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
         notifier: Notifier | None = None
         try:
@@ -332,7 +334,7 @@ def _supervise(
             sup = Supervisor(paths, queue, ledger, cfg, backend)
             shown = reporter(paths, queue, ledger, setup.slots, output, sup.gpus.slot_stats)
             started = time.time()
-            notifier = notifier_for(paths, snapshot, run_redactor(snapshot).text, mode)  # 37
+            notifier = notifier_for(paths, snapshot, redactor.text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
                     with streamed(paths, queue.push, ledger, sup.request_stop):  # a big run's
@@ -385,14 +387,13 @@ def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
     plugin, settings = plugin_of(setup.backend), setup.backend_settings
     if settings is None or plugin.resume_moved is None:
         return
-    _, info = open_run(paths.root)
-    before = (info.get("config") or {}).get(plugin.name) or {}
+    _, info = open_record(paths.root)
+    before = info.config.get(plugin.name) or {}
     moved = plugin.resume_moved(settings, before)
     if moved is None:
         return
     now = settings.model_dump(mode="json", exclude_unset=True)
-    info.setdefault("config", {})[plugin.name] = {**before, **now}
-    atomic_write_json(paths.run_json, info)
+    write_record(paths, info.with_values(config={**info.config, plugin.name: {**before, **now}}))
     ledger.emit(Ev.SLOTS, **moved)
 
 
@@ -506,7 +507,7 @@ def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
     """``gpuswarm check [--repair]``: the findings of :func:`outputs.check.check_run`; a repair
     recovers the run as resume would, ending a dead owner's leftovers through its backend."""
 
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
 
     def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
         backend = recovery_backend(info)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from gpuswarm.app.replies import PauseReply
 from gpuswarm.core import verbs
 from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.fsutil import atomic_write_bytes
@@ -66,7 +67,7 @@ def retry_states(failed: bool, cancelled: bool) -> tuple[State, ...]:
     return (State.FAILED,) * failed + (State.CANCELLED,) * cancelled
 
 
-def set_group_paused(paths: RunPaths, group: str, *, paused: bool) -> dict[str, Any]:
+def set_group_paused(paths: RunPaths, group: str, *, paused: bool) -> PauseReply:
     """Pause (or unpause) ``group``: its pending tasks start no more; running ones go on."""
     group_tasks(paths, group, ())  # exit 2 for a group the run does not have
     flag = _flag(paths, group)

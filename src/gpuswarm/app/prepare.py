@@ -12,7 +12,6 @@ from typing import Any, Final
 
 from gpuswarm.app.setup import (
     Setup,
-    backend_of,
     backend_settings_of,
     run_plugin,
     with_backend_options,
@@ -24,6 +23,7 @@ from gpuswarm.config.load import LoadedConfig
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot, parse_gpu_spec, plan_slots
+from gpuswarm.store.runinfo import RunRecord
 
 
 class Keep(Enum):
@@ -37,7 +37,7 @@ KEEP: Final = Keep.KEEP
 
 def prepare(
     *,
-    info: dict[str, Any],
+    info: RunRecord,
     config: LoadedConfig | None = None,
     planned: tuple[GpuSet, list[Slot]] | None = None,
     provisions: tuple[Provision, ...] = (),
@@ -72,7 +72,7 @@ def _of_config(
     loaded: LoadedConfig,
     planned: tuple[GpuSet, list[Slot]],
     provisions: tuple[Provision, ...],
-    info: dict[str, Any],
+    info: RunRecord,
 ) -> Setup:
     gpus, slots = planned
     cfg = loaded.config
@@ -84,7 +84,7 @@ def _of_config(
         loaded.base_dir,
         isolate,
         provisions,
-        info["settings"],
+        info.settings,
         tuple(cfg.preflight),
         cfg.after_all,
         cfg.backend,
@@ -95,31 +95,29 @@ def _of_config(
     )
 
 
-def _of_run(info: dict[str, Any], gpus_spec: str | None) -> Setup:
+def _of_run(info: RunRecord, gpus_spec: str | None) -> Setup:
     """The setup of an existing run (its run.json), on the GPUs given now or its own."""
-    per_task, per_gpu = int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
+    per_task, per_gpu = info.gpus_per_task, info.tasks_per_gpu
     if run_plugin(info).owns_slots:  # made by the backend once it joins its cluster
-        spec = gpus_spec or str(info.get("gpus") or "auto")
+        spec = gpus_spec or info.gpus or "auto"
         slots: list[Slot] = []
     else:
-        slots = plan_slots(
-            parse_gpu_spec(gpus_spec or str(info.get("gpus") or "auto")), per_task, per_gpu
-        )
+        slots = plan_slots(parse_gpu_spec(gpus_spec or info.gpus or "auto"), per_task, per_gpu)
         spec = None
-    home = info.get("home", {})
+    home = info.home
     provisions = tuple(
         Provision(src=Path(p["src"]).expanduser(), dest=p["dest"])
         for p in home.get("provision", [])
     )
-    base_dir = Path(info.get("base_dir", "."))
-    config = info.get("config") or {}
-    backend = backend_of(info)
+    base_dir = Path(info.base_dir)
+    config = info.config
+    backend = info.backend
     return Setup(
         slots,
         base_dir,
         bool(home.get("isolate")) or run_plugin(info).isolates_home,
         provisions,
-        info.get("settings", {}),
+        info.settings,
         tuple(config.get("preflight") or ()),
         config.get("after_all"),
         backend,

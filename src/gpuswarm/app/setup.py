@@ -32,7 +32,7 @@ from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
 from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
-from gpuswarm.core.fsutil import COMPACT, atomic_write_json
+from gpuswarm.core.fsutil import COMPACT
 from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
@@ -44,8 +44,8 @@ from gpuswarm.outputs.results import RunReport
 from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
 from gpuswarm.placement.hostlock import gpu_keys
-from gpuswarm.store.runinfo import RunInfo
-from gpuswarm.store.runs import NewRun, open_run
+from gpuswarm.store.runinfo import RunInfo, RunRecord, RunSettings
+from gpuswarm.store.runs import NewRun, open_record, write_record
 from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
@@ -150,7 +150,7 @@ def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
     )
 
 
-def _settings(cfg: RunConfig) -> dict[str, Any]:
+def _settings(cfg: RunConfig) -> RunSettings:
     rel = cfg.reliability
     return {
         "lease_ttl": rel.lease_ttl,
@@ -175,7 +175,7 @@ class Setup:
     base_dir: Path
     isolate: bool
     provisions: tuple[Provision, ...]
-    settings: dict[str, Any]
+    settings: RunSettings
     preflight: tuple[str, ...] = ()  # run once per slot before it claims anything
     after_all: str | None = None  # run once after every slot finished
     backend: str = "local"  # what runs the attempts (exec.base.create_backend)
@@ -207,7 +207,7 @@ class Setup:
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
         known = set(SupervisorConfig.__dataclass_fields__)
-        extra = {k: v for k, v in self.settings.items() if k in known}
+        extra: dict[str, Any] = {k: v for k, v in self.settings.items() if k in known}
         return SupervisorConfig(
             self.slots,
             self.base_dir,
@@ -250,7 +250,7 @@ def with_backend_options(setup: Setup, command: str, values: Mapping[str, Any]) 
     return setup
 
 
-def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
+def budget_settings(budget: BudgetConfig | None) -> RunSettings:
     """run.json's settings of ``budget:`` (none without one)."""
     if budget is None:
         return {}
@@ -264,36 +264,35 @@ def budget_settings(budget: BudgetConfig | None) -> dict[str, Any]:
 def with_budget(setup: Setup, usd: float | None, tokens: int | None = None) -> Setup:
     """``--budget-usd`` / ``--budget-tokens`` over the run's ``budget.usd`` / ``.tokens``
     (resume: raised for this session and, by :func:`remember_budget`, in run.json)."""
-    given: dict[str, Any] = {}
+    settings = setup.settings.copy()
     if usd is not None:
-        given["budget_usd"] = check_usd(usd)
+        settings["budget_usd"] = check_usd(usd)
     if tokens is not None:
-        given["budget_tokens"] = parse_tokens(tokens)
-    return replace(setup, settings={**setup.settings, **given}) if given else setup
+        settings["budget_tokens"] = parse_tokens(tokens)
+    return replace(setup, settings=settings)
 
 
 def remember_budget(paths: RunPaths, setup: Setup) -> None:
     """``resume --budget-usd`` / ``--budget-tokens``: the raised budget goes into run.json
     (under the run lock), so that the next ``resume`` keeps it."""
-    _, info = open_run(paths.root)
-    settings = info.setdefault("settings", {})
-    changed = False
-    for key in ("budget_usd", "budget_tokens"):
-        value = setup.settings.get(key)
-        if value is not None and settings.get(key) != value:
-            settings[key], changed = value, True
-    if changed:
+    _, info = open_record(paths.root)
+    settings = info.settings.copy()
+    if (usd := setup.settings.get("budget_usd")) is not None:
+        settings["budget_usd"] = usd
+    if (tokens := setup.settings.get("budget_tokens")) is not None:
+        settings["budget_tokens"] = tokens
+    if settings != info.settings:
         settings.setdefault("budget_on_exceed", "finish")
-        atomic_write_json(paths.run_json, info)
+        write_record(paths, info.with_values(settings=settings))
 
 
-def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:
+def backend_settings_of(info: RunRecord) -> BaseModel | None:
     """The settings of its backend a run was made with (run.json); its defaults where the run
     has no block (a backend that needs one: None)."""
-    plugin = _plugin(backend_of(info))
+    plugin = _plugin(info.backend)
     if plugin.settings is None:
         return None
-    raw = (info.get("config") or {}).get(plugin.name)
+    raw = info.config.get(plugin.name)
     if raw is None and plugin.needs_block:
         return None
     try:
@@ -304,10 +303,10 @@ def backend_settings_of(info: dict[str, Any]) -> BaseModel | None:
         ) from None
 
 
-def run_plugin(info: dict[str, Any]) -> BackendPlugin:
+def run_plugin(info: RunRecord) -> BackendPlugin:
     """The plugin of the backend a run was made with (run.json); RunDirError naming it when it
     is unknown here."""
-    return _plugin(backend_of(info))
+    return _plugin(info.backend)
 
 
 def _plugin(name: str) -> BackendPlugin:
@@ -319,10 +318,10 @@ def _plugin(name: str) -> BackendPlugin:
         ) from None
 
 
-def recovery_backend(info: dict[str, Any]) -> Backend:
+def recovery_backend(info: RunRecord) -> Backend:
     """The backend that ends a dead owner's leftovers of a run (resume, check --repair)."""
     options = BackendOptions(settings=backend_settings_of(info))
-    return create_backend(backend_of(info), options)
+    return create_backend(info.backend, options)
 
 
 def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> None:
@@ -394,11 +393,6 @@ def gpu_keys_of(slots: list[Slot]) -> list[str]:
     return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
 
 
-def backend_of(info: dict[str, Any]) -> str:
-    """The backend a run's attempts ran on, from its run.json (runs before backends: local)."""
-    return str((info.get("config") or {}).get("backend") or "local")
-
-
 class RunDriver(Protocol):
     """A backend whose workers run elsewhere (``BackendPlugin.driver``: slurm's worker jobs):
     this host makes the run and drives them, with no supervisor, slot or GPU work here."""
@@ -408,7 +402,7 @@ class RunDriver(Protocol):
     ) -> RunReport: ...
 
     def resume(
-        self, paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+        self, paths: RunPaths, info: RunRecord, output: Output, *, retry_failed: bool
     ) -> RunReport | None:
         """The run resumed and driven to its end; None: supervised here, as any run."""
         ...
@@ -425,10 +419,10 @@ def driver_of(backend: str) -> RunDriver | None:
 
 
 def resume_driven(
-    paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+    paths: RunPaths, info: RunRecord, output: Output, *, retry_failed: bool
 ) -> RunReport | None:
     """A resume of a run whose backend has a driver, by that driver; None: supervised here."""
-    driver = driver_of(backend_of(info))
+    driver = driver_of(info.backend)
     if driver is None:
         return None
     return driver.resume(paths, info, output, retry_failed=retry_failed)

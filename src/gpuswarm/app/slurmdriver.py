@@ -51,7 +51,8 @@ from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.runs import NewRun, create_run, open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import NewRun, create_run, open_record
 from gpuswarm.supervise.context import SupervisorConfig
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor
@@ -102,7 +103,7 @@ class LoginNode:
         return drive(paths, settings, output)
 
     def resume(
-        self, paths: RunPaths, info: dict[str, Any], output: Output, *, retry_failed: bool
+        self, paths: RunPaths, info: RunRecord, output: Output, *, retry_failed: bool
     ) -> RunReport | None:
         """``gpuswarm resume RUN`` on the login node: recovered as any resume (no supervisor of
         the run may be live: its earlier jobs' workers are gone), then driven again. Inside an
@@ -127,7 +128,8 @@ def drive(
 ) -> RunReport:
     """Submit and watch the worker jobs until the work is done, holding the run's live lock
     (``status`` shows it live; a second ``resume`` refuses), then write the outputs."""
-    _, info = open_run(paths.root)
+    _, record = open_record(paths.root)
+    info = record.to_json()  # for the outputs
     ledger = Ledger(paths.events, redact=run_redactor(info).text)
     queue = DirQueue(paths)
     driver = JobDriver(paths, settings, queue, ledger, output)
@@ -137,10 +139,10 @@ def drive(
         with attach(paths, exclusive_start=resume) as hold, on_stop_signals(driver.stop):
             if resume:
                 finish_adds(paths)  # a `gpuswarm add` a crash cut short: finished or undone
-                recover(queue, ledger, retry_failed=retry_failed, backend=recovery_backend(info))
+                recover(queue, ledger, retry_failed=retry_failed, backend=recovery_backend(record))
             hold.end_init()
             # the run's webhooks (issue 37) are this process's: the nodes' workers send none
-            notifier = notifier_for(paths, info, run_redactor(info).text)
+            notifier = notifier_for(paths, record, run_redactor(info).text)
             driver.run()
         extra: dict[str, Any] = {"stopped": driver.stopping.is_set()}
         if driver.gave_up:
@@ -314,8 +316,7 @@ def _stop_before_of(paths: RunPaths) -> float | None:
     if not os.environ.get("SLURM_JOB_ID"):  # not in an allocation: nothing to read
         return None
     with contextlib.suppress(OSError, ValueError, RunDirError):
-        _, info = open_run(paths.root)
-        settings = backend_settings_of(info)
+        settings = backend_settings_of(open_record(paths.root)[1])
         if isinstance(settings, SlurmSettings):
             return settings.stop_before
     return None

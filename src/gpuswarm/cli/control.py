@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from gpuswarm.app.control import YAML_SUFFIXES, add_tasks, execute, load_source, set_priority
 from gpuswarm.app.deps import run_task_ids
+from gpuswarm.app.replies import PauseReply, Reply
 from gpuswarm.cli.support import SHELL_OPTION, refuse_list_options, stoppable
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core import verbs
@@ -27,14 +27,14 @@ _RUN = click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path))
 _JSON = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 
 
-def _emit(data: dict[str, Any], as_json: bool, lines: list[str]) -> None:
+def _emit(data: Reply, as_json: bool, lines: list[str]) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=1))
         return
     for line in lines:
         click.echo(line)
-    if data.get("hint"):
-        click.echo(f"gpuswarm: {data['hint']}", err=True)
+    if hint := data.get("hint", ""):  # add, retry, requeue: what to run
+        click.echo(f"gpuswarm: {hint}", err=True)
 
 
 @click.command()
@@ -179,7 +179,7 @@ def requeue(run_dir: Path, tasks: tuple[str, ...], as_json: bool) -> None:
     _emit(data, as_json, lines)
 
 
-def _pause_lines(data: dict[str, Any], verb: str) -> list[str]:
+def _pause_lines(data: PauseReply, verb: str) -> list[str]:
     what = f"slot {data['slot']}" if data["slot"] else "the run"
     if not data["changed"]:
         return [f"{what} was {'already' if verb == 'paused' else 'not'} paused"]

@@ -27,7 +27,7 @@ import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypedDict, TypeVar
 
 from pydantic import BaseModel, create_model
 
@@ -63,6 +63,15 @@ class Option:
 ApplyOptions = Callable[[BaseModel | None, Mapping[str, Any]], BaseModel]
 
 
+class Moved(TypedDict):
+    """What a resume whose options moved the backend journals (the ``slots`` event's fields):
+    ``change`` "moved", where it is now and where it was."""
+
+    change: str
+    address: str
+    before: str
+
+
 @dataclass(frozen=True)
 class BackendPlugin:
     """What a backend declares. The defaults are a local backend's."""
@@ -80,7 +89,7 @@ class BackendPlugin:
     isolates_home: bool = False  # every slot gets a private HOME, whatever ``home.isolate`` says
     runs_on_host: bool = True  # False: attempts see another filesystem (a container's image)
     pass_env: Callable[[BaseModel, list[str]], BaseModel] | None = None  # variables by name
-    resume_moved: Callable[[BaseModel, Mapping[str, Any]], dict[str, Any] | None] | None = None
+    resume_moved: Callable[[BaseModel, Mapping[str, Any]], Moved | None] | None = None
     on_cli: bool = True  # offered by ``--backend`` (wrapped: by ``backend:`` only, for tests)
     # "module:object": an app.setup.RunDriver that runs the run from this host with no supervisor,
     # slot or GPU work here (its workers elsewhere run the attempts: slurm's worker jobs);

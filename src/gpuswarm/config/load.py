@@ -126,7 +126,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuswarm.config.agents import with_agents
 from gpuswarm.config.backends import config_model, options_given, plugins, with_settings
@@ -193,7 +193,7 @@ class LoadedConfig:
             if plugin.name != name:
                 assert plugin.refuse_options is not None
                 raise ConfigError(plugin.refuse_options(name))
-        update: dict[str, Any] = {p.name: None for p in with_settings()}
+        update: dict[str, BaseModel | None] = {p.name: None for p in with_settings()}
         chosen = plugins().get(name)
         if chosen is not None and chosen.apply_options is not None:
             block = getattr(self.config, name, None) if self.config.backend == name else None

@@ -38,7 +38,7 @@ def to_number(text: str) -> float | int | str:
         return text
 
 
-def parse_metrics(log: Path, patterns: Mapping[str, str]) -> dict[str, Any]:
+def parse_metrics(log: Path, patterns: Mapping[str, str]) -> dict[str, float | int | str]:
     """Apply each ``name -> regex`` to the log (multiline); the last match wins.
 
     The value is the first capture group (or the whole match), converted to a number when it is
@@ -47,7 +47,7 @@ def parse_metrics(log: Path, patterns: Mapping[str, str]) -> dict[str, Any]:
     if not patterns:
         return {}
     text = _log_text(log)
-    out: dict[str, Any] = {}
+    out: dict[str, float | int | str] = {}
     for name, pattern in patterns.items():
         last = None
         for last in re.finditer(pattern, text, re.MULTILINE):  # noqa: B007 - keep the last one

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 _NUMBER = (int, float)
+#: the attempt field of its measured peak GPU memory (issue 19): what /metrics' VRAM histogram
+#: folds (metrics/runstats.py), named here once beside its type
+PEAK_VRAM_FIELD = "peak_vram_mb"
 _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "n": (int,),
     "slot": (str,),
@@ -30,7 +33,7 @@ _ATTEMPT_TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,),
     "accelerator": (str,),
     # GPU use (issue 19): the VRAM sampler's measurements
-    "peak_vram_mb": (int,),
+    PEAK_VRAM_FIELD: (int,),
     "mean_vram_mb": (int,),
     "peak_gpu_util": (int,),
     "mean_gpu_util": (int,),

@@ -17,6 +17,14 @@ from gpuswarm.app.control import (
     set_paused,
     set_priority,
 )
+from gpuswarm.app.replies import (
+    AddReply,
+    CancelReply,
+    PauseReply,
+    PriorityReply,
+    Reply,
+    RetryReply,
+)
 from gpuswarm.config.load import load_command_list
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import BadInputError
@@ -62,26 +70,26 @@ def _int(body: dict[str, Any], key: str, *, required: bool = False) -> int | Non
         raise BadActionError(f"{key}: {value!r} is not a whole number") from None
 
 
-def cancel(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def cancel(run: Path, info: dict[str, Any], body: dict[str, Any]) -> CancelReply:
     return cancel_tasks(run, _tasks(body), reason=REASON, wait=None)
 
 
-def retry(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def retry(run: Path, info: dict[str, Any], body: dict[str, Any]) -> RetryReply:
     failed = body.get("failed") is True
     cancelled = body.get("cancelled") is True
     tasks = _tasks(body, required=not (failed or cancelled))
     return retry_tasks(run, tasks, failed=failed, cancelled=cancelled)
 
 
-def pause(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def pause(run: Path, info: dict[str, Any], body: dict[str, Any]) -> PauseReply:
     return set_paused(run, _slot(body), paused=True)
 
 
-def unpause(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def unpause(run: Path, info: dict[str, Any], body: dict[str, Any]) -> PauseReply:
     return set_paused(run, _slot(body), paused=False)
 
 
-def priority(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def priority(run: Path, info: dict[str, Any], body: dict[str, Any]) -> PriorityReply:
     task = body.get("task")
     if not isinstance(task, str) or not task:
         raise BadActionError("task: give the task's id")
@@ -90,7 +98,7 @@ def priority(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str,
     return set_priority(run, task, value)
 
 
-def add(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def add(run: Path, info: dict[str, Any], body: dict[str, Any]) -> AddReply:
     """A command list (one command per line, as ``gpuswarm add RUN LIST``), relative paths
     from the run's base folder; each line run by ``/bin/sh -c`` unless ``shell`` is false."""
     text = body.get("commands")
@@ -114,7 +122,7 @@ def add(run: Path, info: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]
     return add_tasks(run, loaded)
 
 
-ACTIONS: dict[str, Callable[[Path, dict[str, Any], dict[str, Any]], dict[str, Any]]] = {
+ACTIONS: dict[str, Callable[[Path, dict[str, Any], dict[str, Any]], Reply]] = {
     "cancel": cancel,
     "retry": retry,
     "pause": pause,

@@ -37,6 +37,7 @@ from gpuswarm.core.events import (
 )
 from gpuswarm.core.models import AttemptRecord, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.records import PEAK_VRAM_FIELD
 from gpuswarm.core.runview import RunView
 from gpuswarm.outputs.groups import GroupCache
 from gpuswarm.store.folders import QueueFolders
@@ -234,8 +235,8 @@ class RecordFold:
                 continue
             last = max(last, rec.n)
             self.by_kind[rec.kind or "unknown"] = self.by_kind.get(rec.kind or "unknown", 0) + 1
-            if rec.peak_vram_mb is not None:
-                self.vram.observe(rec.peak_vram_mb)
+            if (peak := getattr(rec, PEAK_VRAM_FIELD)) is not None:
+                self.vram.observe(peak)
             self._energy(rec)
             self._agent(rec)
         self.seen[task_id] = last

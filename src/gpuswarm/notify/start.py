@@ -5,27 +5,27 @@ stop a run."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
 from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.notify.notifier import Notifier, NotifyError
+from gpuswarm.store.runinfo import RunRecord
 
 
 def notifier_for(
-    paths: RunPaths, info: Mapping[str, Any], redact: Callable[[str], str], mode: str = "run"
+    paths: RunPaths, info: RunRecord, redact: Callable[[str], str], mode: str = "run"
 ) -> Notifier | None:
     """``mode`` work (a supervisor joining a live run): none, the run's first supervisor
     notifies (two would send every event twice)."""
-    raw = (info.get("config") or {}).get("notify")
+    raw = info.config.get("notify")
     if not raw or mode == "work":
         return None
     try:
         cfg = NotifyConfig.model_validate(raw)
-        research = (info.get("config") or {}).get("research")
+        research = info.config.get("research")
         experiment = research if isinstance(research, str) and research else None
         return Notifier(paths, cfg, title=_title(paths, info), redact=redact, experiment=experiment)
     except (ValidationError, NotifyError) as exc:
@@ -40,9 +40,8 @@ def _first(exc: ValidationError) -> str:
     return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
 
 
-def _title(paths: RunPaths, info: Mapping[str, Any]) -> str:
-    name = info.get("name")
-    return f"{name}/{paths.root.name}" if isinstance(name, str) and name else paths.root.name
+def _title(paths: RunPaths, info: RunRecord) -> str:
+    return f"{info.name}/{paths.root.name}" if info.name else paths.root.name
 
 
 def last_word(notifier: Notifier | None, *, stopped: bool, why: str | None) -> Notifier | None:

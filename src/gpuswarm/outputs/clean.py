@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.core.fsutil import read_json
+from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.outputs.results import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
 from gpuswarm.outputs.status import list_runs
@@ -31,6 +31,7 @@ from gpuswarm.store.cleanup import (
     in_use,
     remove_run,
 )
+from gpuswarm.store.runinfo import read_record
 
 FINISHED = (COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED)
 
@@ -103,9 +104,8 @@ def disk_bytes(root: Path) -> int:
 def lease_ttl(paths: RunPaths) -> float:
     """The run's lease_ttl (how old an owner's heartbeat may be), from run.json."""
     try:
-        info = read_json(paths.run_json)
-        return float(info.get("settings", {}).get("lease_ttl", DEFAULT_LEASE_TTL))
-    except (OSError, ValueError, TypeError, AttributeError):
+        return float(read_record(paths.run_json).settings.get("lease_ttl", DEFAULT_LEASE_TTL))
+    except (RunDirError, ValueError, TypeError):
         return DEFAULT_LEASE_TTL
 
 

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
@@ -47,6 +47,20 @@ MAX_REQUESTS = 10_000  # read per tick at most (the rest wait for the next ticks
 PAUSED = "paused"  # the whole run; paused@<slot-id>: one slot
 
 
+class _Body(TypedDict):
+    kind: str
+    task: str
+    by: str
+    at: float
+    reason: str
+
+
+class RequestBody(_Body, total=False):
+    """A request file's JSON (:func:`put`)."""
+
+    attempt: int
+
+
 @dataclass(frozen=True)
 class Request:
     """One control request: ``kind`` (cancel) of ``task``, asked by ``by`` at ``at``."""
@@ -58,9 +72,6 @@ class Request:
     at: float
     reason: str = ""
     attempt: int | None = None  # the attempt it was made for (None: any, an older request)
-
-    def as_event(self) -> dict[str, Any]:
-        return {"request": self.kind, "task": self.task, "by": self.by, "asked_at": self.at}
 
 
 def asker() -> str:
@@ -87,8 +98,7 @@ def put(
     folder.mkdir(exist_ok=True)
     name = f"{time.time_ns():020d}-{kind}-{uuid.uuid4().hex[:8]}.json"
     req = Request(name, kind, task, asker(), time.time(), reason, attempt)
-    body: dict[str, Any] = {"kind": kind, "task": task, "by": req.by, "at": req.at}
-    body["reason"] = reason
+    body: RequestBody = {"kind": kind, "task": task, "by": req.by, "at": req.at, "reason": reason}
     if attempt is not None:
         body["attempt"] = attempt
     atomic_write_bytes(folder / name, dumps_compact(body))

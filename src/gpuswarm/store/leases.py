@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
@@ -48,7 +48,13 @@ def owner_file(paths: RunPaths, owner: str) -> Path:
     return paths.owner_file(owner)
 
 
-def write_owner_file(paths: RunPaths, owner: str, detail: dict[str, Any]) -> Path:
+class OwnerDetail(TypedDict, total=False):
+    """What an owner file says besides who and since when."""
+
+    slots: list[str]  # the labels of its slots, by index
+
+
+def write_owner_file(paths: RunPaths, owner: str, detail: OwnerDetail) -> Path:
     path = owner_file(paths, owner)
     path.parent.mkdir(exist_ok=True)
     atomic_write_json(path, {"owner": owner, "since": time.time(), **detail})

@@ -14,10 +14,36 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.paths import RunPaths
+
+
+class _Why(TypedDict):
+    reason: str
+
+
+class QuarantineInfo(_Why, total=False):
+    """Why a slot is out of rotation, and until when (a quarantine file holds it; the breaker
+    writes every key)."""
+
+    gpus: list[int]
+    probe_at: float  # epoch seconds of its next probe
+
+
+class _Held(TypedDict):
+    slot: str
+    gpus: list[int]
+    reason: str
+    probe_at: float
+    lifted: str | None  # why it ended (a probe succeeded, by hand); None: it goes on
+
+
+class Quarantined(_Held, total=False):
+    """summary.json's record of one quarantine (``quarantined``)."""
+
+    probes: int  # probes that failed since
 
 
 def _safe(text: str) -> str:
@@ -28,7 +54,7 @@ def quarantine_file(paths: RunPaths, slot: str, owner: str) -> Path:
     return paths.quarantine / f"{_safe(slot)}@{_safe(owner)}.json"
 
 
-def write_quarantine(paths: RunPaths, slot: str, owner: str, info: dict[str, Any]) -> Path:
+def write_quarantine(paths: RunPaths, slot: str, owner: str, info: QuarantineInfo) -> Path:
     """Take ``slot`` of ``owner`` out of rotation durably (its supervisor removes the file when
     a probe succeeds; ``unquarantine`` removes it by hand)."""
     path = quarantine_file(paths, slot, owner)

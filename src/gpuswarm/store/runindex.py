@@ -25,6 +25,7 @@ from pathlib import Path
 from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps
 from gpuswarm.core.paths import RUN_PREFIX, RunPaths, find_runs, resolve_run_dir, slugify
+from gpuswarm.store.runinfo import RunRecord
 
 STATE_ENV = "GPUSWARM_STATE_DIR"
 MAX_ENTRIES = 500
@@ -167,8 +168,8 @@ def is_research(run: Path) -> bool:
     """Whether ``run`` is a research experiment's queue run (its loop's runner serves it)."""
     try:
         with RunPaths(run).run_json.open("rb") as fh:
-            return bool(json.loads(fh.read(MAX_ENTRY_BYTES)).get("source") == "research")
-    except (OSError, ValueError, AttributeError):
+            return RunRecord.from_json(json.loads(fh.read(MAX_ENTRY_BYTES))).source == "research"
+    except (OSError, ValueError, RunDirError):
         return False
 
 

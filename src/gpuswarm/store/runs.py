@@ -34,6 +34,7 @@ from gpuswarm.store.blocked import Edge, write_blocked, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runinfo import RunRecord
 from gpuswarm.store.spool import write_spool
 from gpuswarm.store.staging import Encoded, create_layout, encoded, write_pending, write_skipped
 
@@ -180,9 +181,22 @@ def _remove_tree(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
+def open_record(run_dir: Path) -> tuple[RunPaths, RunRecord]:
+    """The run's paths and its run.json read back (:class:`RunRecord`), or RunDirError naming
+    what is wrong. ``run_dir`` may be a path inside the run or a name (as :func:`open_run`)."""
+    paths, info = open_run(run_dir)
+    return paths, RunRecord.from_json(info, str(paths.run_json))
+
+
+def write_record(paths: RunPaths, record: RunRecord) -> None:
+    """run.json rewritten (a resume's new config, raised budget, moved backend)."""
+    atomic_write_json(paths.run_json, record.to_json())
+
+
 def open_run(run_dir: Path) -> tuple[RunPaths, dict[str, Any]]:
-    """The run's paths and its run.json, or RunDirError naming what is wrong. ``run_dir`` may
-    be a path inside the run or a name (./runs, then the index of the user's runs)."""
+    """The run's paths and its raw run.json (the one place it is parsed off disk; typed:
+    :func:`open_record`), or RunDirError naming what is wrong. ``run_dir`` may be a path inside
+    the run or a name (./runs, then the index of the user's runs)."""
     paths = RunPaths(runindex.resolve(run_dir).resolve()).require_run()
     try:
         info = read_json(paths.run_json)

@@ -6,13 +6,23 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.events import kind_of
 from gpuswarm.core.records import parse_event
 
 
-def journal_spend(events: Path, done: int, upto: int | None = None) -> dict[str, Any] | None:
+class Spent(TypedDict):
+    """What a run's attempts spent (status's ``cost``)."""
+
+    attempts: int  # those that reported usage
+    tokens: int
+    cost_usd: float  # the known costs' sum
+    cost_unknown_attempts: int
+    usd_per_done_task: float | None
+
+
+def journal_spend(events: Path, done: int, upto: int | None = None) -> Spent | None:
     """What the journal's ``finished`` lines say the run's attempts spent (a live run's too):
     ``tokens``, known ``cost_usd``, ``cost_unknown_attempts``, ``usd_per_done_task``; None when
     no attempt reported usage. Only lines that carry ``"tokens"`` are parsed."""

@@ -18,13 +18,27 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
 from gpuswarm.supervise.preflight import SHELL
 
 LOG_NAME = "after_all.log"
+
+
+class _Ran(TypedDict):
+    command: str
+    log: str  # the file of its output, in the run folder
+
+
+class AfterAllRecord(_Ran, total=False):
+    """summary.json's ``after_all`` (and the ``after_all`` event's fields, but ``command``)."""
+
+    ok: bool
+    exit: int | None
+    seconds: float
+    reason: str | None  # stopped, its wait failed, or why it failed
 
 
 def run_once(
@@ -36,7 +50,7 @@ def run_once(
     base_env: Mapping[str, str],
     backend: Backend,
     home: Path | None = None,
-) -> dict[str, Any] | None:
+) -> AfterAllRecord | None:
     """Run ``command`` unless another supervisor of the run already did for the run as it is
     now (its log is newer than the last task that ended); None when skipped. Supervisors that
     finish together take turns on a flock, so it runs once."""
@@ -74,7 +88,7 @@ def run_after_all(
     base_env: Mapping[str, str],
     backend: Backend,
     home: Path | None = None,
-) -> dict[str, Any]:
+) -> AfterAllRecord:
     """Run ``command`` as one attempt of the run's ``backend`` (a container of its own, for
     docker, that sees the run folder but its queue); return its record for summary.json
     (``ok``, ``exit``, ``log``...). ``base_env``: the supervisor's environment; ``home``: a
@@ -98,7 +112,7 @@ def run_after_all(
         own_env=frozenset(k for k, v in env.items() if base_env.get(k) != v),
         identity={"kind": "after_all"},
     )
-    record: dict[str, Any] = {"command": command, "log": LOG_NAME}
+    record: AfterAllRecord = {"command": command, "log": LOG_NAME}
     with contextlib.suppress(FileNotFoundError):
         own.unlink()  # a run cut short left it: this run's output starts afresh
     t0 = time.time()
@@ -118,7 +132,7 @@ def run_after_all(
     if not ends:
         return {**record, "ok": False, "exit": None, "reason": "its wait failed"}
     end = ends[0]
-    record.update(ok=end.ok, exit=end.returncode, seconds=round(time.time() - t0, 3))
+    record.update({"ok": end.ok, "exit": end.returncode, "seconds": round(time.time() - t0, 3)})
     if stopped:
         record["reason"] = "stopped"
     elif not end.ok:

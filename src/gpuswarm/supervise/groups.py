@@ -16,21 +16,20 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
-from gpuswarm.core.fsutil import read_json
+from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.names import task_id_of
+from gpuswarm.store.runinfo import RunRecord, read_record
 
 Accept = Callable[[str], bool]
 LOOK_EVERY = 0.25  # seconds between looks at the paused groups' folder
 
 
-def caps_of(info: dict[str, Any]) -> dict[str, int]:
+def caps_of(info: RunRecord) -> dict[str, int]:
     """``max_parallel`` per group, from run.json's config."""
-    config = info.get("config")
-    groups = config.get("groups") if isinstance(config, dict) else None
+    groups = info.config.get("groups")
     out: dict[str, int] = {}
     for name, cfg in (groups or {}).items():
         cap = cfg.get("max_parallel") if isinstance(cfg, dict) else None
@@ -42,10 +41,10 @@ def caps_of(info: dict[str, Any]) -> dict[str, int]:
 def gate_of(paths: RunPaths) -> GroupGate:
     """The gate of a run (no caps when its run.json cannot be read: a bare queue)."""
     try:
-        info = read_json(paths.run_json)
-    except (OSError, ValueError):
-        info = {}
-    return GroupGate(paths, caps_of(info if isinstance(info, dict) else {}))
+        info = read_record(paths.run_json)
+    except RunDirError:
+        info = RunRecord()
+    return GroupGate(paths, caps_of(info))
 
 
 class GroupGate:

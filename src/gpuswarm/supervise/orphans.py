@@ -23,7 +23,7 @@ from gpuswarm.exec.plan import STALE_SLACK_SECONDS, check_written, source_folder
 from gpuswarm.store.leases import slot_label
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import Claimed, DirQueue
-from gpuswarm.store.runs import open_run
+from gpuswarm.store.runs import open_record
 
 
 def _lease_time(path: Path) -> float | None:
@@ -103,7 +103,7 @@ def judge_orphan(queue: DirQueue, ledger: Ledger, claimed: Claimed, why: str) ->
 def _base_dir(paths: RunPaths) -> Path:
     """Where the run's tasks without ``cwd`` run (run.json's ``base_dir``, as resume uses it)."""
     try:
-        _, info = open_run(paths.root)
+        _, info = open_record(paths.root)
     except GpuswarmError:
         return Path()
-    return Path(str(info.get("base_dir", ".")))
+    return Path(info.base_dir)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from typing import Any
 
 from gpuswarm.core.events import Ev
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.placement.gpus import Slot
-from gpuswarm.store.quarantines import quarantine_file, write_quarantine
+from gpuswarm.store.quarantines import (
+    Quarantined,
+    QuarantineInfo,
+    quarantine_file,
+    write_quarantine,
+)
 from gpuswarm.supervise.breaker import Breaker
 from gpuswarm.supervise.context import Shared
 
@@ -25,7 +29,7 @@ class Quarantine:
         self.run = run
         cfg = run.cfg
         self.breaker = Breaker(cfg.breaker_failures, cfg.breaker_window, cfg.breaker_cooldown)
-        self.quarantined: list[dict[str, Any]] = []  # summary.json's record of every quarantine
+        self.quarantined: list[Quarantined] = []  # summary.json's record of every quarantine
         self._cooling: dict[int, tuple[float, Slot]] = {}  # quarantined: slot -> (probe at, slot)
         self._qfiles: set[int] = set()  # quarantined slots whose file was written (can be lifted)
 
@@ -65,14 +69,23 @@ class Quarantine:
                 f"same work succeeded on other slots{last}; check this GPU and its driver"
             )
         probe_at = time.time() + cooldown
-        info = {"gpus": list(slot.gpu_ids), "reason": reason, "probe_at": round(probe_at, 3)}
+        info: QuarantineInfo = {
+            "gpus": list(slot.gpu_ids),
+            "reason": reason,
+            "probe_at": round(probe_at, 3),
+        }
         with run.lock:
             self._cooling[slot.index] = (time.monotonic() + cooldown, slot)
         open_ = [q for q in self.quarantined if q["slot"] == slot.label and q["lifted"] is None]
         if open_:  # a failed probe: the same quarantine goes on
-            open_[-1].update(info, probes=open_[-1].get("probes", 0) + 1)
+            q = open_[-1]
+            q["gpus"], q["reason"], q["probe_at"] = info["gpus"], reason, info["probe_at"]
+            q["probes"] = q.get("probes", 0) + 1
         else:
-            self.quarantined.append({"slot": slot.label, **info, "lifted": None})
+            gpus, at = info["gpus"], info["probe_at"]
+            self.quarantined.append(
+                {"slot": slot.label, "gpus": gpus, "reason": reason, "probe_at": at, "lifted": None}
+            )
         try:
             write_quarantine(run.paths, slot.label, run.cfg.owner, info)
             self._qfiles.add(slot.index)

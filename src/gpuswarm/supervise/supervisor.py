@@ -36,7 +36,6 @@ import select
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.events import Ev
@@ -110,7 +109,7 @@ class Supervisor:
         query = membership_of(self.backend) is None
         self.gpus = GpuPlacement(self.shared, cfg.slots, query)  # VRAM sampler, reservations (19)
         self.groups = gate_of(paths)  # issue 35: max_parallel, pause --group
-        self.quarantined: list[dict[str, Any]] = self.quarantine.quarantined
+        self.quarantined = self.quarantine.quarantined  # store.quarantines.Quarantined each
         self.until = AllocationEnd(queue, cfg.claim_until)  # a Slurm allocation's end (36)
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
         self._wake_r, self._wake_w = os.pipe()

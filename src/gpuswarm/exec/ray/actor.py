@@ -32,6 +32,14 @@ from gpuswarm.exec.base import AttemptEnd, LaunchSpec
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.tree import become_subreaper
 from gpuswarm.exec.ray.guard import Guard
+from gpuswarm.exec.ray.shapes import (
+    ActorInfo,
+    EndWire,
+    HeldAttempt,
+    PollReply,
+    SetupReply,
+    StartReply,
+)
 from gpuswarm.exec.ray.wire import (
     Staged,
     TooLarge,
@@ -67,7 +75,7 @@ def punch_hole(fd: int, upto: int) -> int:
 SETUP_TAIL = 4096
 
 
-def end_dict(end: AttemptEnd) -> dict[str, Any]:
+def end_dict(end: AttemptEnd) -> EndWire:
     return {
         "kind": end.kind.value,
         "returncode": end.returncode,
@@ -111,7 +119,7 @@ class SlotActor:
         become_subreaper()
 
     # -- who and where ---------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ActorInfo:
         import ray
 
         ctx = ray.get_runtime_context()
@@ -123,7 +131,7 @@ class SlotActor:
         }
 
     # -- per-node setup --------------------------------------------------------------------------
-    def setup(self, command: str, key: str, timeout: float) -> dict[str, Any]:
+    def setup(self, command: str, key: str, timeout: float) -> SetupReply:
         """Run ``command`` once per node (``key``: the node): the first slot runs it under a
         lock, the others wait and read its result."""
         done = self._scratch / f"setup-{key}.done"
@@ -157,7 +165,7 @@ class SlotActor:
 
     def start(
         self, data: dict[str, Any], tree: bytes | None = None, home: bytes | None = None
-    ) -> dict[str, Any]:
+    ) -> StartReply:
         """Launch the attempt (idempotent by token). ``need_tree`` / ``need_home``: send the
         shipped folder / the slot's HOME (a node without the run folder, once each)."""
         token = str(data["token"])
@@ -214,7 +222,7 @@ class SlotActor:
             run.end = end
             self._cond.notify_all()
 
-    def poll(self, token: str, offset: int, wait: float) -> dict[str, Any]:
+    def poll(self, token: str, offset: int, wait: float) -> PollReply:
         """New log bytes from ``offset`` (negative: from what was last handed over, for a
         driver that reattaches), and the outcome once the attempt ended and every byte of its
         log was handed over. ``known`` False: this actor has no such attempt."""
@@ -241,7 +249,7 @@ class SlotActor:
             run.delivered = max(run.delivered, offset)  # what the driver asks from, it has
             if offset - run.punched >= PUNCH_EVERY:  # the driver has everything before offset
                 run.punched = max(run.punched, punch_hole(log.fileno(), offset))
-        out: dict[str, Any] = {"known": True, "data": data, "offset": offset + len(data)}
+        out: PollReply = {"known": True, "data": data, "offset": offset + len(data)}
         if ended and offset + len(data) >= size:
             assert run.end is not None
             out["end"] = end_dict(run.end)
@@ -268,7 +276,7 @@ class SlotActor:
         if run.staged.stage is not None:
             shutil.rmtree(run.staged.stage.parent, ignore_errors=True)
 
-    def attempts(self) -> list[dict[str, Any]]:
+    def attempts(self) -> list[HeldAttempt]:
         """What this actor holds (a reattaching driver): token, identity, ended or not."""
         with self._cond:
             return [

@@ -31,6 +31,7 @@ from gpuswarm.exec.ray import messages
 from gpuswarm.exec.ray.cluster import connect, nodes, parse_filter
 from gpuswarm.exec.ray.handle import RayHandle
 from gpuswarm.exec.ray.settings import RayConfig
+from gpuswarm.exec.ray.shapes import HeldAttempt
 from gpuswarm.exec.ray.slots import SlotPool, run_actors
 from gpuswarm.exec.ray.wire import pack_tree
 from gpuswarm.exec.sandbox import Provision
@@ -86,7 +87,7 @@ class RayBackend:
         self.probe = ""
         self._trees: dict[str, tuple[str, Any]] = {}
         self._trees_lock = threading.Lock()
-        self._kept: dict[str, tuple[str, dict[str, Any]]] = {}  # task -> (actor, attempt)
+        self._kept: dict[str, tuple[str, HeldAttempt]] = {}  # task -> (actor, attempt)
 
     # -- the cluster -----------------------------------------------------------------------------
     @property
@@ -222,7 +223,7 @@ class RayBackend:
             self.membership.adopt(self._kept, self)
         return Leftovers(names, frozenset(tasks), killed)
 
-    def _keep(self, name: str, held: list[dict[str, Any]]) -> None:
+    def _keep(self, name: str, held: list[HeldAttempt]) -> None:
         for item in held:
             task = str(item["identity"].get("task") or "")
             if task and item["identity"].get("kind", "attempt") == "attempt":

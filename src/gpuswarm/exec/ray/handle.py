@@ -22,6 +22,7 @@ from gpuswarm.exec.base import AttemptEnd, BackendOptions, LaunchSpec
 from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
 from gpuswarm.exec.ray.cluster import Node
 from gpuswarm.exec.ray.settings import RayConfig
+from gpuswarm.exec.ray.shapes import PollReply, StartReply
 from gpuswarm.exec.ray.wire import TooLarge, wire, write_outputs
 from gpuswarm.placement.gpus import Slot
 
@@ -193,7 +194,7 @@ class RayHandle:
         self._pid = res.get("pid")
         return None
 
-    def _get(self, ref: Any, timeout: float) -> dict[str, Any]:
+    def _get(self, ref: Any, timeout: float) -> StartReply:
         """``ray.get`` of an actor call, given up early when its node dies meanwhile."""
         from ray.exceptions import GetTimeoutError
 
@@ -204,7 +205,7 @@ class RayHandle:
                 raise _Gone(why)
             if time.monotonic() > deadline:
                 raise GetTimeoutError(f"no answer within {timeout:.0f} s")
-        got: dict[str, Any] = ray.get(ref)
+        got: StartReply = ray.get(ref)
         return got
 
     def _with_shared(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -252,7 +253,7 @@ class RayHandle:
         except GetTimeoutError:
             return self._lost("its slot actor did not answer the start")
 
-    def _poll(self, offset: int) -> dict[str, Any] | AttemptEnd:
+    def _poll(self, offset: int) -> PollReply | AttemptEnd:
         """One long poll: its answer, or the end of an attempt whose node or actor is gone.
         While it is out, a cancel is sent and the node's death noticed every TICK."""
         from ray.exceptions import ActorUnavailableError, RayActorError
@@ -272,7 +273,7 @@ class RayHandle:
                 if why := dead(node):
                     return self._gone(why)
             try:
-                res: dict[str, Any] = ray.get(ref)
+                res: PollReply = ray.get(ref)
             except ActorUnavailableError:  # for a moment (a network blip), or for good
                 if why := dead(node):
                     return self._gone(why)
@@ -290,7 +291,7 @@ class RayHandle:
         self._send_cancel(force=True)
         return self._lost(why)
 
-    def _finish(self, res: dict[str, Any], fd: int) -> AttemptEnd:
+    def _finish(self, res: PollReply, fd: int) -> AttemptEnd:
         e = res["end"]
         end = AttemptEnd(
             EndKind(e["kind"]),

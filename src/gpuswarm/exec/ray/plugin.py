@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from gpuswarm.config.backends import BackendPlugin, Option
+from gpuswarm.config.backends import BackendPlugin, Moved, Option
 from gpuswarm.config.errors import flag_error
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.exec.ray.settings import RayConfig
@@ -35,7 +35,7 @@ def _refuse(backend: str) -> str:
     return f"--ray-address is ray's, but the backend is {backend}; drop one"
 
 
-def resume_moved(block: BaseModel, before: Mapping[str, Any]) -> dict[str, Any] | None:
+def resume_moved(block: BaseModel, before: Mapping[str, Any]) -> Moved | None:
     """``resume --ray-address``: what the journal's ``slots`` event says when the address moved
     from run.json's (``before``: its ``ray:`` block); None when it did not."""
     assert isinstance(block, RayConfig)

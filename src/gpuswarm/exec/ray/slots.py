@@ -28,6 +28,7 @@ from gpuswarm.exec.ray.cluster import head_address as head_address
 from gpuswarm.exec.ray.cluster import run_actors as run_actors
 from gpuswarm.exec.ray.handle import RayHandle
 from gpuswarm.exec.ray.settings import RayConfig
+from gpuswarm.exec.ray.shapes import ActorInfo, HeldAttempt
 from gpuswarm.placement.devices import Gpu, Vendor
 from gpuswarm.placement.gpus import Slot
 
@@ -80,7 +81,7 @@ class SlotPool:
         self._thread: threading.Thread | None = None
         self._head_thread: threading.Thread | None = None
         self._cls: Any = None
-        self._kept: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._kept: dict[str, tuple[str, HeldAttempt]] = {}
         self._backend: Any = None
 
     # -- the Membership protocol -----------------------------------------------------------------
@@ -108,7 +109,7 @@ class SlotPool:
                 self._pending.adopted.append(Adopted(task, attempt, rs.slot, handle))
         return found
 
-    def adopt(self, kept: dict[str, tuple[str, dict[str, Any]]], backend: Any) -> None:
+    def adopt(self, kept: dict[str, tuple[str, HeldAttempt]], backend: Any) -> None:
         """Attempts a dead driver's actors hold: offered to the loop with the first slots."""
         self._kept = dict(kept)
         self._backend = backend
@@ -242,13 +243,12 @@ class SlotPool:
                 )
         return made
 
-    def _ready(self, actors: list[Any]) -> list[dict[str, Any] | None]:
-        """Each actor's info once it is placed and up, all waited for together; None for one
-        that is not up within READY_TIMEOUT (its node died, its GPUs are another run's)."""
+    def _ready(self, actors: list[Any]) -> list[ActorInfo | None]:
+        """Each actor's info once up (all waited for together); None: not up in READY_TIMEOUT."""
         refs = [actor.info.remote() for actor in actors]
         with contextlib.suppress(Exception):
             self.ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
-        out: list[dict[str, Any] | None] = []
+        out: list[ActorInfo | None] = []
         for ref in refs:
             try:
                 out.append(self.ray.get(ref, timeout=0.1))
