@@ -12,6 +12,7 @@ import os
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,10 +77,16 @@ def _last_fields(last: AttemptRecord | None) -> dict[str, object]:
     return {k: "" if (v := getattr(last, k)) is None else v for k in ROW_FIELDS}
 
 
+# the cells of a task with no attempt yet, after its reason (the order of a full row's)
+_NO_ATTEMPT = {**dict.fromkeys(ROW_FIELDS, ""), "energy_j": "", "energy_mode": ""}
+
+
 def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     """The row of one descriptor (a JSON dict from callers not yet typed)."""
     if not isinstance(desc, Descriptor):
         desc = Descriptor(desc)
+    if not desc.raw.get("attempts"):  # most rows of a stopped big run: never attempted
+        return _unattempted_row(state, desc)
     last = desc.last_attempt
     row = Row()
     row.values = {
@@ -107,6 +114,34 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     return row
 
 
+def _unattempted_row(state: State, desc: Descriptor) -> Row:
+    """:func:`row_for` of a descriptor with no attempt: the same row, without building the
+    empty attempt's cells per task (100k at the warm stop of a big run)."""
+    row = Row()
+    row.values = {
+        "task": desc.id if desc.has_id else "",
+        "name": desc.name,
+        "state": state.value,
+        "attempts": 0,
+        "gpus": "",
+        "seconds": "",
+        "exit": "",
+        "reason": desc.reason or "",
+        **_NO_ATTEMPT,
+    }
+    row.busy = 0  # as the sum over no attempts
+    row.inputs = desc.inputs or _EMPTY
+    row.seq = desc.seq
+    row.metrics = _EMPTY
+    row.result = desc.result or _EMPTY
+    task = desc.task
+    if task.get("usage") is not None:
+        row.spend = task_spend(desc)
+    if task.get("repeat_of") is not None:
+        row.repeat = repeat_of(task)
+    return row
+
+
 def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
     """Every task's row, redacted by ``redactor`` and every task's own env (one pattern for
     the run: the tasks' secret values are gathered first)."""
@@ -128,7 +163,7 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
         if spooled.env:
             secrets |= env_secret_values(spooled.env)
     rows += _corrupt_rows(queue, {str(r.values["task"]) for r in rows})
-    rows.sort(key=_order)
+    sort_rows(rows)
     if redactor is not None:
         redact_rows(rows, redactor.including(values=secrets))
     return rows
@@ -154,6 +189,14 @@ def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
     """The config's order (submission), then natural order of the ids (rows of no
     descriptor, tasks of equal place)."""
     return row.seq, natural(str(row.values["task"]))
+
+
+def sort_rows(rows: list[Row]) -> None:
+    """``rows.sort(key=_order)``, with the natural order of the ids built only for rows that
+    share their place (corrupt ones, rows of no descriptor): the same order, without a regex
+    split of 100k ids."""
+    shared = Counter(r.seq for r in rows)
+    rows.sort(key=lambda r: _order(r) if shared[r.seq] > 1 else (r.seq, ()))
 
 
 def _has_text(d: dict[str, Any]) -> bool:
