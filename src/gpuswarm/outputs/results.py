@@ -12,6 +12,7 @@ import os
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +57,17 @@ def _exit_text(attempt: AttemptRecord | None) -> str:
     return "" if attempt.returncode is None else str(attempt.returncode)
 
 
+# the attempt cells of a task with no attempt yet: one dict shared by those rows (nothing
+# writes into a row's ``last``), not 100k copies at the warm stop of a big run
+_NO_LAST = last_fields(None)
+
+
 def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     """The row of one descriptor (a JSON dict from callers not yet typed)."""
     if not isinstance(desc, Descriptor):
         desc = Descriptor(desc)
+    if desc.attempt_count == 0:  # most rows of a stopped big run: never attempted
+        return _unattempted_row(state, desc)
     last = desc.last_attempt
     row = Row()
     energy_j, energy_mode = energy_of(desc)
@@ -89,6 +97,30 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     return row
 
 
+def _unattempted_row(state: State, desc: Descriptor) -> Row:
+    """:func:`row_for` of a descriptor with no attempt: the same row, without building the
+    empty attempt's cells per task (100k at the warm stop of a big run)."""
+    row = Row()
+    row.values = TaskRow(
+        task=desc.id if desc.has_id else "",
+        name=desc.name,
+        state=state.value,
+        reason=desc.reason or "",
+        last=_NO_LAST,
+    )
+    row.busy = 0  # as the sum over no attempts
+    row.inputs = desc.inputs or _EMPTY
+    row.seq = desc.seq
+    row.metrics = _EMPTY
+    row.result = desc.result or _EMPTY
+    task = desc.task
+    if task.get("usage") is not None:
+        row.spend = task_spend(desc)
+    if task.get("repeat_of") is not None:
+        row.repeat = repeat_of(task)
+    return row
+
+
 def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
     """Every task's row, redacted by ``redactor`` and every task's own env (one pattern for
     the run: the tasks' secret values are gathered first)."""
@@ -110,7 +142,7 @@ def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
         if spooled.env:
             secrets |= env_secret_values(spooled.env)
     rows += _corrupt_rows(queue, {r.values.task for r in rows})
-    rows.sort(key=_order)
+    sort_rows(rows)
     if redactor is not None:
         redact_rows(rows, redactor.including(values=secrets))
     return rows
@@ -136,6 +168,14 @@ def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
     """The config's order (submission), then natural order of the ids (rows of no
     descriptor, tasks of equal place)."""
     return row.seq, natural(row.values.task)
+
+
+def sort_rows(rows: list[Row]) -> None:
+    """``rows.sort(key=_order)``, with the natural order of the ids built only for rows that
+    share their place (corrupt ones, rows of no descriptor): the same order, without a regex
+    split of 100k ids."""
+    shared = Counter(r.seq for r in rows)
+    rows.sort(key=lambda r: _order(r) if shared[r.seq] > 1 else (r.seq, ()))
 
 
 def _has_text(d: dict[str, Any]) -> bool:
