@@ -103,8 +103,7 @@ class DirQueue(QueueBatches):
 
     def submit(self, task: dict[str, Any], seq: int) -> str:
         """:meth:`add_pending` by this queue, which may claim it at once."""
-        name = self.add_pending(self.paths, task, seq, durable=self.durable)
-        self.push(name)
+        self.push(name := self.add_pending(self.paths, task, seq, durable=self.durable))
         return name
 
     # -- claiming ------------------------------------------------------------------------------
