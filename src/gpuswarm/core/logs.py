@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import select
+import stat
 import threading
 import time
 from pathlib import Path
@@ -77,7 +78,17 @@ def cap_log(path: Path, limit: int) -> int:
     O_APPEND, so after the truncation its next writes land after the kept tail. A log that is
     a symlink, a FIFO or anything but a regular file is left alone. Returns the bytes dropped
     (0 when the log is within the limit).
+
+    One ``lstat`` decides when nothing is to cut (the hot path: every commit asks): a log
+    within the limit, missing, or no regular file is not opened at all; one over it is opened
+    without following a symlink and its size is read again from the open file.
     """
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if st.st_size <= limit or not stat.S_ISREG(st.st_mode):
+        return 0
     try:
         fd = open_regular(path, RDWR_FLAGS)
     except OSError:

@@ -82,6 +82,7 @@ class DirQueue(QueueBatches):
         self._claims = itertools.count(1)
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
         self._state_paths = {state: paths.state_dir(state) for state in STATES}  # made once
+        self._added_path = str(paths.added_marker)  # a str, made once: one stat per claim
         self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
 
     # -- submitting ----------------------------------------------------------------------------
@@ -102,14 +103,13 @@ class DirQueue(QueueBatches):
 
     def submit(self, task: dict[str, Any], seq: int) -> str:
         """:meth:`add_pending` by this queue, which may claim it at once."""
-        name = self.add_pending(self.paths, task, seq, durable=self.durable)
-        self.push(name)
+        self.push(name := self.add_pending(self.paths, task, seq, durable=self.durable))
         return name
 
     # -- claiming ------------------------------------------------------------------------------
     def _added_mark(self) -> int | None:
         try:
-            return self.paths.added_marker.stat().st_mtime_ns
+            return os.stat(self._added_path).st_mtime_ns  # noqa: PTH116 - hot path, no Path
         except FileNotFoundError:
             return None
 

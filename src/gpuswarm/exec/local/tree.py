@@ -111,15 +111,37 @@ def _my_children(*, everywhere: bool = True) -> list[int]:
             return [c.pid for c in psutil.Process().children()]
         return []
     if not everywhere and threading.main_thread().is_alive():
-        leader = f"/proc/self/task/{os.getpid()}/children"
-        with contextlib.suppress(OSError), open(leader, "rb") as fh:
-            return [int(x) for x in fh.read().split()]
+        with contextlib.suppress(OSError):
+            return _leader_children()
     pids: list[int] = []
     with os.scandir("/proc/self/task") as tasks:
         for task in tasks:
             with contextlib.suppress(OSError), open(f"{task.path}/children", "rb") as fh:
                 pids.extend(int(x) for x in fh.read().split())
     return pids
+
+
+_READ_MAX = 1 << 16
+_leader: list[tuple[int, int]] = []  # (our pid, the main thread's children file, kept open)
+_leader_lock = threading.Lock()
+
+
+def _leader_children() -> list[int]:
+    """The main thread's children (every attempt's leftover check reads them: the hot path).
+
+    The file stays open and is read with ``pread`` at offset 0, which makes procfs list them
+    afresh on each read (a seq_file restarts at 0): one syscall instead of open, read, close.
+    A forked child of ours opens its own; a list too long for one read is read whole."""
+    with _leader_lock:
+        if not _leader or _leader[0][0] != os.getpid():
+            path = f"/proc/self/task/{os.getpid()}/children"
+            _leader[:] = [(os.getpid(), os.open(path, os.O_RDONLY | os.O_CLOEXEC))]
+        fd = _leader[0][1]
+    data = os.pread(fd, _READ_MAX, 0)
+    if len(data) >= _READ_MAX:  # more than one read holds (thousands of children)
+        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as fh:
+            data = fh.read()
+    return [int(x) for x in data.split()]
 
 
 def _stat(pid: int) -> _Stat | None:
