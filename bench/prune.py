@@ -14,8 +14,12 @@ experiments (variants, confirmation re-runs and re-based combinations: what
 ``--max-experiments`` counts; baselines and BASE's control runs are extra) / its wall time; the
 ratio is median's over off's. The final best is BASE's metric at the end of each loop (lower is
 better); the off arm's ledger is also replayed with ``--prune median`` (what the rule would
-have stopped on exactly those runs, and whether the best would have changed). Both arms start
-from the same seed, so they propose the same variants until their decisions differ.
+have stopped on exactly those runs, and whether the best would have changed), and its ceiling
+is computed: an oracle that knew each run's end and stopped every variant that ended
+``discard`` at the grace (20% of its run) would have saved that share of its GPU time, and
+experiments/hour could have grown by at most ``gpu_s / (gpu_s - saved)`` (confirmation re-runs
+and BASE's controls are never stopped, by any rule). Both arms start from the same seed, so they
+propose the same variants until their decisions differ.
 """
 
 from __future__ import annotations
@@ -96,7 +100,32 @@ def arm(cfg: Config, rule: str) -> dict[str, Any]:
         got["replay"] = json.loads(_gs(replay, env, 300)).get("pruning")
         got["replay_k2"] = json.loads(_gs([*replay, "--prune-k", "2"], env, 300)).get("pruning")
     got["gpu_s"] = _gpu_seconds(events)
+    got["oracle"] = oracle(events)
     return got
+
+
+GRACE = 0.2  # the loop's default --prune-grace
+
+
+def oracle(events: list[dict[str, Any]], grace: float = GRACE) -> dict[str, float]:
+    """The most any stopping rule could have saved on these runs: every variant or re-based
+    combination that ended ``discard``, stopped at ``grace`` of its run (an upper bound: the
+    start-up and the evaluation before that point are counted as saved too). ``ceiling``: the
+    experiments/hour ratio that would give, the same runs otherwise."""
+    kinds = {e["id"]: e["kind"] for e in events if e["ev"] == "variant"}
+    status = {e["id"]: e["status"] for e in events if e["ev"] == "decided"}
+    losers = [
+        float(e["seconds"])
+        for e in events
+        if e["ev"] == "finished"
+        and kinds.get(e["id"]) in ("variant", "combo")
+        and status.get(e["id"]) == "discard"
+        and isinstance(e.get("seconds"), int | float)
+    ]
+    total = _gpu_seconds(events)
+    saved = sum(s * (1 - grace) for s in losers)
+    ceiling = total / (total - saved) if total > saved else float("inf")
+    return {"losers": len(losers), "saved_s": saved, "ceiling": ceiling}
 
 
 def _gpu_seconds(events: list[dict[str, Any]]) -> float:
@@ -137,6 +166,14 @@ def run(cfg: Config) -> list[Row]:
                     f"({share:.0%} of its {r['gpu_s']:.0f} GPU s), best "
                     + ("changed" if replay["best_changed"] else "unchanged")
                 )
+        if rule == "off":
+            o = r["oracle"]
+            share = o["saved_s"] / max(r["gpu_s"], 1e-9)
+            row.note += (
+                f"; an oracle stopping all {o['losers']} variants that ended discard at 20% of "
+                f"their run would save {o['saved_s']:.0f} s ({share:.0%}): at most "
+                f"{o['ceiling']:.2f}x"
+            )
         row.extra = {k: v for k, v in r.items()}
         rows.append(row)
     if "off" in got and "median" in got:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cli_driver import CliResult, wait_for
-from dashkit import start_dashboard
+from dashkit import browser_context, browser_missing, require_browser, start_dashboard
 from integration_support import make_research_repo, research_ledger, research_results
 
 pytestmark = pytest.mark.slow
@@ -136,6 +136,7 @@ def test_prune_a_clear_loser_replay_and_rerun(gpuswarm: Cli, tmp_path: Path) -> 
     try:
         eid = wait_for(lambda: (x := served.get("/api/runs")["experiments"]) and x[0]["id"], 20)
         view = served.get(f"/api/experiments/{eid}")["view"]
+        browser_shows(served.url, eid, bad2, tmp_path / "chromium-profile")
     finally:
         assert served.process is not None
         served.process.kill_group()
@@ -154,3 +155,30 @@ def test_prune_a_clear_loser_replay_and_rerun(gpuswarm: Cli, tmp_path: Path) -> 
     fin = next(e for e in ledger if e["ev"] == "finished" and e["id"] == again["id"])
     assert fin["ok"] and len(fin["curve"]) == 20 and fin["metric"] > 2.5, fin
     research(gpuswarm, repo, "stop")
+
+
+WAIT_MS = 15_000  # DOM polls: generous (a loaded 2-core machine), never a timing assertion
+
+
+def browser_shows(url: str, eid: str, pruned: str, profile: Path) -> None:
+    """The dashboard in a real browser: the pruned count with the GPU time saved in the
+    header, the pruned row in the table, its triangle on the chart (not a crash's cross)."""
+    if browser_missing() is not None:
+        require_browser()  # skips here, fails under CI
+    with browser_context(profile) as ctx:
+        page = ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(url)
+        page.wait_for_selector(f"[data-exp='{eid}'] a", timeout=WAIT_MS)
+        page.click(f"[data-exp='{eid}'] a")
+        stat = page.locator("[data-stat=pruned]")
+        stat.wait_for(timeout=WAIT_MS)
+        assert re.fullmatch(r"1 \(GPU time saved [^)]+\)\s*pruned", stat.inner_text()), stat
+        row = page.locator(f"[data-testid=exp-rows] tr[data-variant='{pruned}']")
+        row.wait_for(timeout=WAIT_MS)
+        assert "pruned" in row.inner_text(), row.inner_text()
+        chart = page.locator(f"[data-testid=chart] path.pruned[data-variant='{pruned}']")
+        chart.wait_for(timeout=WAIT_MS)
+        assert page.locator(f"[data-testid=chart] path.crash[data-variant='{pruned}']").count() == 0
+        assert not errors, errors

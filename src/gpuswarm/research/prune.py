@@ -14,12 +14,13 @@ than that of their last points. Two rules:
   late or early on a steep part of the curve is not "worse"); the variant's last two points
   must both be outside it (slower to decide, for scripts whose intermediate values are noisy).
 
-Never before ``grace`` x the budget (the median length of BASE's curves), never a baseline, a
-control, a confirmation re-run or a ``research try --rerun`` (a run in full), never without
-``MIN_RUNS`` runs with curves in groups of identical code (the noise must be measured: the
-loop says so while it waits), and never with several GPU models (a running variant's model is
-known only once it ends). A stop goes through the queue's cancel (the process tree dies, the
-GPU takes the next variant); the run's row says ``pruned``.
+Never before ``grace`` x the budget (the median length of BASE's curves), never from ``LATE``
+x the budget on (a stop there saves under a tenth of the run and loses its metric), never a
+baseline, a control, a confirmation re-run or a ``research try --rerun`` (a run in full),
+never without ``MIN_RUNS`` runs with curves in groups of identical code (the noise must be
+measured: the loop says so while it waits), and never with several GPU models (a running
+variant's model is known only once it ends). A stop goes through the queue's cancel (the
+process tree dies, the GPU takes the next variant); the run's row says ``pruned``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ RULES = ("off", "median", "curve")
 MIN_RUNS = 3  # runs with a curve, in groups of identical code (2 degrees of freedom)
 CHECK_SECONDS = 0.5  # the loop looks at running variants this often
 WINDOW = 0.05  # curve: the band's width in time, a share of the budget
+LATE = 0.9  # never from this share of the budget on: little left to save, the metric is near
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def judge(opts: PruneOptions, ref: Reference, curve: progress.Curve, goal: str) 
     for t, value in points:
         if t < opts.grace * ref.budget:
             return None  # within the grace: too early to tell
+        if t >= LATE * ref.budget:
+            return None  # nearly done: the full result costs less than what it tells
         values = [x for c in ref.curves if (x := progress.at(c, t)) is not None]
         if not values:
             return None  # no BASE run got that far
