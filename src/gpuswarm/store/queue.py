@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError, QueueError
@@ -47,6 +46,7 @@ from gpuswarm.core.fsutil import (
 )
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.batches import QueueBatches
 from gpuswarm.store.claimed import Claimed as Claimed  # re-exported: the queue hands them out
 from gpuswarm.store.folders import visible
@@ -86,9 +86,7 @@ class DirQueue(QueueBatches):
 
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod
-    def add_pending(
-        paths: RunPaths, task: dict[str, Any], seq: int, *, durable: bool = True
-    ) -> str:
+    def add_pending(paths: RunPaths, task: TaskDump, seq: int, *, durable: bool = True) -> str:
         """Add one task to a run that may be live (temp + fsync + rename into pending/), then
         touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
         added later with a higher priority is claimed before those already in their heaps."""
@@ -100,7 +98,7 @@ class DirQueue(QueueBatches):
         note_added(paths)
         return name
 
-    def submit(self, task: dict[str, Any], seq: int) -> str:
+    def submit(self, task: TaskDump, seq: int) -> str:
         """:meth:`add_pending` by this queue, which may claim it at once."""
         name = self.add_pending(self.paths, task, seq, durable=self.durable)
         self.push(name)
@@ -330,7 +328,7 @@ class DirQueue(QueueBatches):
         return mine
 
     # -- transitions of descriptors no process holds -------------------------------------------
-    def update_pending(self, name: str, task: dict[str, Any]) -> None:
+    def update_pending(self, name: str, task: TaskDump) -> None:
         """Give a pending task a new spec (a config change, under the run lock)."""
         desc = self.read_desc(State.PENDING, name) or Descriptor({})
         desc.task = task
