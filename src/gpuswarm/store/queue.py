@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError, QueueError
@@ -86,19 +87,19 @@ class DirQueue(QueueBatches):
 
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod
-    def add_pending(paths: RunPaths, task: TaskDump, seq: int, *, durable: bool = True) -> str:
+    def add_pending(
+        paths: RunPaths, task: TaskDump | dict[str, Any], seq: int, *, durable: bool = True
+    ) -> str:
         """Add one task to a run that may be live (temp + fsync + rename into pending/), then
         touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
         added later with a higher priority is claimed before those already in their heaps."""
         desc = Descriptor.new(task, seq)
-        name = descriptor_name(desc.priority, seq, desc.id)
-        atomic_write_bytes(
-            paths.state_dir("pending") / name, dumps_compact(desc.raw), durable=durable
-        )
+        path = paths.state_dir("pending") / descriptor_name(desc.priority, seq, desc.id)
+        atomic_write_bytes(path, dumps_compact(desc.raw), durable=durable)
         note_added(paths)
-        return name
+        return path.name
 
-    def submit(self, task: TaskDump, seq: int) -> str:
+    def submit(self, task: TaskDump | dict[str, Any], seq: int) -> str:
         """:meth:`add_pending` by this queue, which may claim it at once."""
         name = self.add_pending(self.paths, task, seq, durable=self.durable)
         self.push(name)
@@ -328,7 +329,7 @@ class DirQueue(QueueBatches):
         return mine
 
     # -- transitions of descriptors no process holds -------------------------------------------
-    def update_pending(self, name: str, task: TaskDump) -> None:
+    def update_pending(self, name: str, task: TaskDump | dict[str, Any]) -> None:
         """Give a pending task a new spec (a config change, under the run lock)."""
         desc = self.read_desc(State.PENDING, name) or Descriptor({})
         desc.task = task
