@@ -20,12 +20,12 @@ from gpuswarm.agents.pricing import (
     price_of,
     usage_fields,
 )
+from gpuswarm.agents.spend import event_fields
 from gpuswarm.agents.usage import (
     ModelTokens,
     Usage,
     UsageSpec,
     answer_text,
-    event_fields,
     parse_usage,
     read_log_usage,
 )

@@ -409,16 +409,3 @@ def _codex_answer(text: str) -> str | None:
             if isinstance(item, dict) and item.get("type") == "agent_message":
                 answer = item.get("text") if isinstance(item.get("text"), str) else answer
     return answer
-
-
-def event_fields(record: Any) -> dict[str, Any]:
-    """The ``finished`` event's spend fields of an attempt record (none: it reported no usage)."""
-    tin = getattr(record, "tokens_in", None)
-    cost = getattr(record, "cost_usd", None)
-    if tin is None and cost is None and getattr(record, "usage_problem", None) is None:
-        return {}
-    tokens = (tin or 0) + (getattr(record, "tokens_out", None) or 0)
-    out: dict[str, Any] = {"tokens": tokens, "cost_usd": cost}
-    if cost is None:
-        out["cost_unknown"] = True
-    return out

@@ -21,7 +21,7 @@ from gpuswarm.app.engine import supervise
 from gpuswarm.app.output import Output
 from gpuswarm.app.prepare import prepare
 from gpuswarm.config.backends import plugins
-from gpuswarm.config.models import TaskSpec
+from gpuswarm.config.models import TaskSpec, task_dump
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.models import AttemptRecord, base_name
 from gpuswarm.core.models import State as TaskState
@@ -188,7 +188,7 @@ def slot_count(run: RunPaths) -> int:
 def submit(run: RunPaths, task: TaskSpec, seq: int) -> str:
     """Queue one task in a run that may be live (durably); live supervisors see it at their
     next claim. Returns the task's queue entry name."""
-    return DirQueue.add_pending(run, task.model_dump(), seq)
+    return DirQueue.add_pending(run, task_dump(task), seq)
 
 
 def withdraw(run: RunPaths, task_id: str) -> bool:

@@ -54,6 +54,7 @@ from gpuswarm.core.errors import BadInputError, ConfigError, QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.core.verbs import Prerequisites as After
 from gpuswarm.store import control
 from gpuswarm.store.leases import is_live, registered_slot_ids
@@ -160,7 +161,7 @@ def load_source(
     return load_command_list(Path(source), shell=shell, base_dir=Path.cwd(), defaults=defaults)
 
 
-def _check_fits(dumps: Iterable[dict[str, Any]], info: RunRecord, source: str) -> None:
+def _check_fits(dumps: Iterable[TaskDump], info: RunRecord, source: str) -> None:
     per_task = info.gpus_per_task
     for dump in dumps:
         gpus = dump.get("gpus")
@@ -178,7 +179,7 @@ def add_tasks(run_dir: Path, loaded: LoadedConfig, after: After | None = None) -
 
 
 def _add(s: _Session, req: verbs.Add) -> replies.AddReply:
-    dumps = [dict(dump) for dump in req.tasks]
+    dumps = [dump.copy() for dump in req.tasks]
     _check_fits(dumps, s.info, req.source)
     taken: set[str] = set()
     max_seq = -1

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from gpuswarm.app.replies import TaskRow
 from gpuswarm.core import faults, verbs
@@ -25,6 +25,7 @@ from gpuswarm.core.errors import BadInputError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, check_task_id
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store import release
 from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
@@ -37,7 +38,11 @@ from gpuswarm.store.runs import open_run
 Announce = Callable[[Descriptor], object]
 Move = Callable[[State, str, Announce], "Descriptor | None"]  # DirQueue.retry / requeue
 CANCEL_LOOKS = 200  # a move out of blocked/ takes well under 5 ms x 200
-FLAG_FIELDS = {"after": "--after", "after_any": "--after-any", "after_failed": "--after-failed"}
+FLAG_FIELDS: dict[Literal["after", "after_any", "after_failed"], str] = {
+    "after": "--after",
+    "after_any": "--after-any",
+    "after_failed": "--after-failed",
+}
 
 
 def run_task_ids(run_dir: Path) -> frozenset[str]:
@@ -55,7 +60,7 @@ class AddedDeps:
 
     @classmethod
     def of(
-        cls, req: verbs.Add, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]
+        cls, req: verbs.Add, paths: RunPaths, dumps: list[TaskDump], fresh: dict[str, str]
     ) -> AddedDeps:
         """The request's ``--after`` & co. on every task of ``dumps`` (:meth:`prepare`)."""
         flags = {"after": req.after, "after_any": req.after_any, "after_failed": req.after_failed}
@@ -63,7 +68,7 @@ class AddedDeps:
         out.prepare(paths, dumps, fresh)
         return out
 
-    def prepare(self, paths: RunPaths, dumps: list[dict[str, Any]], fresh: dict[str, str]) -> None:
+    def prepare(self, paths: RunPaths, dumps: list[TaskDump], fresh: dict[str, str]) -> None:
         """The flags' prerequisites on every task; references to the batch's own tasks
         follow their new ids (``fresh``: original id -> id the add gives it)."""
         resolved = {k: resolve_tasks(paths, v) for k, v in self.flags.items() if v}
@@ -95,7 +100,7 @@ class AddedDeps:
 
 
 def fresh_ids(
-    dumps: Iterable[dict[str, Any]], taken: set[str], fresh: Callable[[str, set[str]], str]
+    dumps: Iterable[TaskDump], taken: set[str], fresh: Callable[[str, set[str]], str]
 ) -> dict[str, str]:
     """The ids the add will give its tasks (``fresh``: its rule), without taking them."""
     seen = set(taken)

@@ -38,6 +38,7 @@ from gpuswarm.core.models import Descriptor
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.exec.base import Backend, BackendOptions, create_backend
 from gpuswarm.exec.sandbox import Provision, check_provision_dest
 from gpuswarm.outputs.results import RunReport
@@ -120,7 +121,7 @@ def new_run(
     return NewRun(loaded.name, loaded.workspace, info, queued(loaded), stream_after=first)
 
 
-def queued(loaded: LoadedConfig) -> Iterator[dict[str, Any] | Encoded]:
+def queued(loaded: LoadedConfig) -> Iterator[TaskDump | Encoded]:
     """The tasks to enqueue, one at a time (never a copy): a command list's descriptors filled
     into one encoded template (the same bytes, several times cheaper), others' dumps."""
     tasks = loaded.tasks

@@ -11,21 +11,21 @@ per task: the rows stay rows of one template.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.config.commands import CommandTasks, Row, command_tasks
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.config.repeats import REPEAT
+from gpuswarm.core.taskdump import TaskDump
 
 
 class RepeatedCommandTasks(CommandTasks):
     """A command list's tasks, each repeated: the rows and which repeat of which task each is."""
 
-    def __init__(self, template: dict[str, Any], rows: list[Row], of: list[tuple[str, int]]):
+    def __init__(self, template: TaskDump, rows: list[Row], of: list[tuple[str, int]]):
         super().__init__(template, rows)
         self._of = of
 
-    def dump(self, index: int) -> dict[str, Any]:
+    def dump(self, index: int) -> TaskDump:
         out = super().dump(index)
         repeat_of, j = self._of[index]
         out["vars"] = {**out.get("vars", {}), REPEAT: str(j)}
@@ -41,11 +41,10 @@ def repeated_commands(tasks: CommandTasks, k: int | None) -> CommandTasks:
     """``tasks`` with each task ``k`` times (None: as they are)."""
     if k is None or len(tasks) == 0:
         return tasks
-    template: dict[str, Any] = {}
+    template = tasks.dump(0)  # the first dump, as every row's template
     rows: list[Row] = []
     of: list[tuple[str, int]] = []
     for dump in tasks.dumps():
-        template = template or dump
         task_id, name, command = dump["id"], dump["name"], dump["command"]
         for j in range(1, k + 1):
             rows.append((f"{task_id}-r{j}", f"{name}-r{j}", command))

@@ -19,7 +19,7 @@ from typing import Any, overload
 
 from gpuswarm.config.direct import DirectRule
 from gpuswarm.config.instances import Instance
-from gpuswarm.config.models import TaskOptions, TaskSpec
+from gpuswarm.config.models import TaskOptions, TaskSpec, task_dump
 from gpuswarm.config.tasks import check_template, make_spec, split_command
 from gpuswarm.config.values import check_command_size
 from gpuswarm.config.yamlload import Locator
@@ -30,6 +30,7 @@ from gpuswarm.core.placeholders import (
     uses_placeholder,
 )
 from gpuswarm.core.redact import name_redactor
+from gpuswarm.core.taskdump import TaskDump
 
 NAME_MAX = 60
 Row = tuple[str, str, list[str] | str]  # id, name, command
@@ -38,7 +39,7 @@ Row = tuple[str, str, list[str] | str]  # id, name, command
 class CommandTasks(Sequence[TaskSpec]):
     """The tasks of a command list: one template (a validated TaskSpec's dump) and its rows."""
 
-    def __init__(self, template: dict[str, Any], rows: list[Row]) -> None:
+    def __init__(self, template: TaskDump, rows: list[Row]) -> None:
         self._template = template
         self._rows = rows
 
@@ -56,10 +57,10 @@ class CommandTasks(Sequence[TaskSpec]):
             return [TaskSpec.model_validate(self.dump(i)) for i in range(len(self))[index]]
         return TaskSpec.model_validate(self.dump(range(len(self))[index]))
 
-    def dump(self, index: int) -> dict[str, Any]:
+    def dump(self, index: int) -> TaskDump:
         """What ``self[index].model_dump(mode="json")`` returns, without building the model."""
         task_id, name, command = self._rows[index]
-        out = dict(self._template)
+        out = self._template.copy()
         out["id"], out["name"] = task_id, name
         out["command"] = list(command) if isinstance(command, list) else command
         return out
@@ -76,7 +77,7 @@ class CommandTasks(Sequence[TaskSpec]):
         """``(id, name, command)`` of each line, in order (read-only)."""
         return self._rows
 
-    def dumps(self) -> Iterator[dict[str, Any]]:
+    def dumps(self) -> Iterator[TaskDump]:
         return (self.dump(i) for i in range(len(self._rows)))
 
     def clear(self) -> None:
@@ -133,7 +134,7 @@ def command_tasks(
     if uses:  # the first line may not use it: the template every row shares carries it
         folder = str(config_dir or base_dir)
         first = first.model_copy(update={"vars": {**first.vars, "config_dir": folder}})
-    return CommandTasks(first.model_dump(mode="json"), rows)
+    return CommandTasks(task_dump(first), rows)
 
 
 def _direct_rule(opts: TaskOptions) -> DirectRule | None:
@@ -154,11 +155,11 @@ def through_shell(tasks: CommandTasks) -> CommandTasks:
     return out
 
 
-def task_dumps(tasks: Sequence[TaskSpec]) -> Iterator[dict[str, Any]]:
+def task_dumps(tasks: Sequence[TaskSpec]) -> Iterator[TaskDump]:
     """The JSON dicts of ``tasks``, one at a time (no model is built for a command list)."""
     if isinstance(tasks, CommandTasks):
         return tasks.dumps()
-    return (t.model_dump(mode="json") for t in tasks)
+    return (task_dump(t) for t in tasks)
 
 
 def tasks_digest(tasks: Sequence[TaskSpec], layout: dict[str, Any]) -> str:

@@ -47,6 +47,7 @@ from gpuswarm.config.yamlload import quote
 from gpuswarm.core.paths import slugify
 from gpuswarm.core.placeholders import GLOB_VARS, PLACEHOLDERS_AT_LAUNCH, PLACEHOLDERS_AT_LOAD
 from gpuswarm.core.redact import redact_argv, redact_shapes
+from gpuswarm.core.taskdump import TaskDump
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -373,6 +374,11 @@ def default_name(command: str | list[str]) -> str:
     """The name of an explicit task without ``name:``: its command, cut to 60 characters."""
     text = command if isinstance(command, str) else " ".join(redact_argv(command))
     return " ".join(redact_shapes(text).split())[:60]  # redacted before it is cut
+
+
+def task_dump(task: TaskSpec) -> TaskDump:
+    """``task``'s JSON form, as the queue stores it (every field: the keys of a TaskDump)."""
+    return cast("TaskDump", task.model_dump(mode="json"))
 
 
 def to_plain(model: BaseModel) -> dict[str, Any]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypedDict
+from typing import TypedDict
+
+from gpuswarm.core.taskdump import TaskDump
 
 
 class Kind(str, Enum):
@@ -37,7 +39,7 @@ class Prerequisites(TypedDict, total=False):
 class Add:
     """Append tasks (their dumps, as ``config.commands.task_dumps`` gives them)."""
 
-    tasks: tuple[dict[str, Any], ...]
+    tasks: tuple[TaskDump, ...]
     source: str  # the file they came from ("<stdin>"), journaled in ``added``
     # issue 35: prerequisites every added task gets (``--after`` & co.; ids or name prefixes):
     # a task with any waits in blocked/

@@ -47,6 +47,7 @@ from gpuswarm.core.fsutil import (
 )
 from gpuswarm.core.models import Descriptor, State, base_name
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.batches import QueueBatches
 from gpuswarm.store.claimed import Claimed as Claimed  # re-exported: the queue hands them out
 from gpuswarm.store.folders import visible
@@ -88,20 +89,18 @@ class DirQueue(QueueBatches):
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod
     def add_pending(
-        paths: RunPaths, task: dict[str, Any], seq: int, *, durable: bool = True
+        paths: RunPaths, task: TaskDump | dict[str, Any], seq: int, *, durable: bool = True
     ) -> str:
         """Add one task to a run that may be live (temp + fsync + rename into pending/), then
         touch the ``added`` marker so every supervisor's next claim re-reads pending/: a task
         added later with a higher priority is claimed before those already in their heaps."""
         desc = Descriptor.new(task, seq)
-        name = descriptor_name(desc.priority, seq, desc.id)
-        atomic_write_bytes(
-            paths.state_dir("pending") / name, dumps_compact(desc.raw), durable=durable
-        )
+        path = paths.state_dir("pending") / descriptor_name(desc.priority, seq, desc.id)
+        atomic_write_bytes(path, dumps_compact(desc.raw), durable=durable)
         note_added(paths)
-        return name
+        return path.name
 
-    def submit(self, task: dict[str, Any], seq: int) -> str:
+    def submit(self, task: TaskDump | dict[str, Any], seq: int) -> str:
         """:meth:`add_pending` by this queue, which may claim it at once."""
         self.push(name := self.add_pending(self.paths, task, seq, durable=self.durable))
         return name
@@ -330,7 +329,7 @@ class DirQueue(QueueBatches):
         return mine
 
     # -- transitions of descriptors no process holds -------------------------------------------
-    def update_pending(self, name: str, task: dict[str, Any]) -> None:
+    def update_pending(self, name: str, task: TaskDump | dict[str, Any]) -> None:
         """Give a pending task a new spec (a config change, under the run lock)."""
         desc = self.read_desc(State.PENDING, name) or Descriptor({})
         desc.task = task

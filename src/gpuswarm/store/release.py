@@ -18,13 +18,13 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core import faults
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.blocked import (
     ENDED,
     BlockedFolder,
@@ -195,7 +195,7 @@ def park(
     return folder.block_again(state, name, announce, prepare=fresh)
 
 
-def submit(queue: DirQueue, task: dict[str, Any], seq: int) -> str:
+def submit(queue: DirQueue, task: TaskDump, seq: int) -> str:
     """:meth:`DirQueue.submit`, except that a task with prerequisites goes to blocked/ (its
     edge written first): a config change adding tasks on resume (settle them after)."""
     desc = Descriptor.new(task, seq)

@@ -29,6 +29,7 @@ from gpuswarm.core.fsutil import (
 )
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths, find_runs, run_dir_name, slugify
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store import runindex
 from gpuswarm.store.blocked import Edge, write_blocked, write_edges
 from gpuswarm.store.ledger import Ledger
@@ -45,7 +46,7 @@ class NewRun:
     workspace: Path
     info: dict[str, Any]  # the run.json content, secrets already redacted
     # TaskSpec dumps (or their descriptors already encoded), in submission order (read once)
-    tasks: Iterable[dict[str, Any] | Encoded]
+    tasks: Iterable[TaskDump | dict[str, Any] | Encoded]  # a partial dict: a test's
     # a streamed enqueue (store/spool.py): the first ``stream_after`` tasks in pending/, the
     # others in the spool, moved into pending/ by the run's supervisor while it runs
     stream_after: int | None = None
@@ -126,7 +127,7 @@ def _write_tasks(staging: RunPaths, new: NewRun) -> int:
     return count + spooled + skipped
 
 
-def _descriptor(seq: int, task: dict[str, Any] | Encoded) -> Descriptor | Encoded:
+def _descriptor(seq: int, task: TaskDump | dict[str, Any] | Encoded) -> Descriptor | Encoded:
     """The ``seq``-th task's pending (or skipped) descriptor."""
     if isinstance(task, Encoded):
         if task.seq != seq:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
@@ -36,22 +36,19 @@ def create_layout(paths: RunPaths) -> None:
     paths.corrupt.mkdir(exist_ok=True)
 
 
-def encoded(item: Descriptor | dict[str, Any] | Encoded) -> tuple[str, bytes, bool]:
+def encoded(item: Descriptor | Encoded) -> tuple[str, bytes, bool]:
     """``(file name, bytes, skipped)`` of a new descriptor (skipped: excluded by the config)."""
     if isinstance(item, Encoded):
         return descriptor_name(item.priority, item.seq, item.task_id), item.blob, False
-    desc = item if isinstance(item, Descriptor) else Descriptor(item)
-    name = descriptor_name(desc.priority, desc.seq, desc.id)
-    return name, dumps_compact(desc.raw), desc.state == State.SKIPPED.value
+    name = descriptor_name(item.priority, item.seq, item.id)
+    return name, dumps_compact(item.raw), item.state == State.SKIPPED.value
 
 
 def write_skipped(paths: RunPaths, name: str, blob: bytes) -> None:
     atomic_write_bytes(paths.state_dir(State.SKIPPED.value) / name, blob, durable=False)
 
 
-def write_pending(
-    paths: RunPaths, descriptors: Iterable[Descriptor | dict[str, Any] | Encoded]
-) -> int:
+def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | Encoded]) -> int:
     """Write descriptors into ``pending/`` (``skipped/`` for excluded ones) of a staged run.
 
     No per-file fsync: the caller syncs the filesystem once before it makes the staged run
@@ -64,7 +61,7 @@ def write_pending(
     try:
         for item in descriptors:
             if not isinstance(item, Encoded):  # a command list's have no prerequisites
-                desc = item if isinstance(item, Descriptor) else Descriptor(item)
+                desc = item
                 if desc.state != State.SKIPPED.value and desc.has_prerequisites:
                     name = descriptor_name(desc.priority, desc.seq, desc.id)
                     count += write_blocked(paths, desc, name, edges)

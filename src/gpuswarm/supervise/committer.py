@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from gpuswarm.agents.pricing import usage_fields
-from gpuswarm.agents.usage import event_fields
+from gpuswarm.agents.spend import event_fields
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError

@@ -31,12 +31,12 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import cap_log, log_tail
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_text
+from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.core.taskfiles import read_tail
 from gpuswarm.core.words import counted
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
@@ -233,7 +233,7 @@ class _SlotCheck:
 
 
 # -- programs that cannot be found -----------------------------------------------------------------
-def program_of(task: dict[str, Any]) -> str | None:
+def program_of(task: TaskDump) -> str | None:
     """The program a task dump runs, when it can be told without running anything: the first
     word of its command (of its first simple command, for a shell command); None when it
     depends on a placeholder, a variable or shell syntax."""
@@ -292,7 +292,7 @@ def _found(word: str, cwd: Path, path_var: str | None, shell: bool) -> bool:
     return shutil.which(word, path=path_var) is not None
 
 
-def missing_programs(tasks: Iterable[dict[str, Any]], base_dir: Path) -> tuple[dict[str, int], int]:
+def missing_programs(tasks: Iterable[TaskDump], base_dir: Path) -> tuple[dict[str, int], int]:
     """``({program: tasks that run it}, tasks checked)`` for programs not found on PATH (or, for
     a path, not an executable file relative to the task's folder)."""
     cache: dict[tuple[str, str, str | None, bool], bool] = {}  # by the task's own cwd text

@@ -8,6 +8,7 @@ from typing import Any
 from gpuswarm.core.models.attempt import AttemptRecord
 from gpuswarm.core.models.kinds import DESCRIPTOR_VERSION, EndKind, RecordError, State
 from gpuswarm.core.records import descriptor_problem, parse_descriptor
+from gpuswarm.core.taskdump import TaskDump
 
 # the MAX_LOST-th lost attempt in a row counts: the task may be what brings its supervisor or
 # node down (it would be re-run for ever)
@@ -27,7 +28,7 @@ class Descriptor:
 
     # construction ------------------------------------------------------------------------
     @classmethod
-    def new(cls, task: dict[str, Any], seq: int) -> Descriptor:
+    def new(cls, task: TaskDump | dict[str, Any], seq: int) -> Descriptor:
         """A fresh pending descriptor of ``task`` (a TaskSpec dump), the ``seq``-th submitted."""
         return cls(
             {
@@ -106,7 +107,7 @@ class Descriptor:
         return task
 
     @task.setter
-    def task(self, spec: dict[str, Any]) -> None:
+    def task(self, spec: TaskDump | dict[str, Any]) -> None:
         self.raw["task"] = spec
 
     @property
