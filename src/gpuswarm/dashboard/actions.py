@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, get_args
 
 from gpuswarm.app.control import (
     add_tasks,
@@ -28,6 +28,9 @@ from gpuswarm.app.replies import (
 from gpuswarm.config.load import load_command_list
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import BadInputError
+
+if TYPE_CHECKING:
+    from gpuswarm.dashboard.runhub import RunHub
 
 REASON = "cancelled from the dashboard"
 MAX_TASKS = 1000  # tasks one request names at most
@@ -164,7 +167,9 @@ def add(run: Path, base_dir: Path, body: ActionBody) -> AddReply:
     return add_tasks(run, loaded)
 
 
-ACTIONS: dict[str, Callable[[Path, Path, ActionBody], Reply]] = {
+Action = Callable[[Path, Path, ActionBody], Reply]
+
+ACTIONS: dict[str, Action] = {
     "cancel": cancel,
     "retry": retry,
     "pause": pause,
@@ -172,3 +177,10 @@ ACTIONS: dict[str, Callable[[Path, Path, ActionBody], Reply]] = {
     "priority": priority,
     "add": add,
 }
+
+
+def call(action: Action, hub: RunHub, raw: dict[Any, Any]) -> Reply:
+    """``action`` on ``hub``'s run with a request's parsed JSON object (relative task paths
+    start at run.json's ``base_dir``; none: the run folder)."""
+    run = hub.paths.root
+    return action(run, Path(str(hub.info.get("base_dir") or run)), action_body(raw))
