@@ -408,6 +408,6 @@ def cli_check(run_dir: Path) -> dict[str, Any] | None:
         from gpuswarm.outputs.check import check_run as gpuswarm_check
     except ImportError:
         return None
-    report: dict[str, Any] = gpuswarm_check(run_dir)
+    report: dict[str, Any] = dict(gpuswarm_check(run_dir))
     report["exit_code"] = 0 if report.get("consistent") else 1
     return report

@@ -50,7 +50,7 @@ from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm.session import check_nodes_see
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
-from gpuswarm.outputs.check import check_run
+from gpuswarm.outputs.check import CheckReport, check_run
 from gpuswarm.outputs.report import write_report
 from gpuswarm.outputs.results import RunReport, write_outputs
 from gpuswarm.outputs.status import run_state
@@ -503,7 +503,7 @@ def _corrupt(ledger: Ledger, name: str, reason: str) -> None:
     ledger.emit(Ev.CORRUPT, task=task_id_of(name), file=name, reason=reason)
 
 
-def check_run_dir(run_dir: Path, *, repair: bool = False) -> dict[str, Any]:
+def check_run_dir(run_dir: Path, *, repair: bool = False) -> CheckReport:
     """``gpuswarm check [--repair]``: the findings of :func:`outputs.check.check_run`; a repair
     recovers the run as resume would, ending a dead owner's leftovers through its backend."""
 

@@ -11,15 +11,77 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import click
 
 from gpuswarm.agents.command import agent_argv, find_program, provision_sources
-from gpuswarm.agents.preset import CUSTOM, AgentPreset, preset_names, shipped_preset
+from gpuswarm.agents.preset import CUSTOM, AgentPreset, AgentStatus, preset_names, shipped_preset
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research.agent import check_agent, load_preset
 from gpuswarm.research.clikit import emit, handle_errors
+
+
+class PresetRow(TypedDict):
+    preset: str
+    program: str
+    found: str | None  # where its CLI is, None: not installed
+    description: str
+
+
+class PresetList(TypedDict):
+    presets: list[PresetRow]
+
+
+class ProvisionJson(TypedDict):
+    src: str
+    dest: str
+    found: bool
+
+
+class StatusJson(TypedDict):
+    """An :class:`AgentStatus` as JSON (its fields in order)."""
+
+    argv: list[str]
+    expect: str | None
+    env_any: list[str]
+    files_any: list[str]
+    hint: str
+
+
+class PresetJson(TypedDict):
+    """``agents show --json``."""
+
+    preset: str
+    argv: list[str]
+    prompt: Literal["arg", "file", "stdin"]
+    timeout: float
+    env: dict[str, str]
+    pass_env: dict[str, bool]  # a variable passed by name -> set here
+    provision: list[ProvisionJson]
+    status: StatusJson
+    install: str
+    program_found: str | None
+
+
+class CheckRow(TypedDict):
+    agent: str
+    ready: bool
+    report: str
+
+
+class CheckList(TypedDict):
+    agents: list[CheckRow]
+
+
+def status_json(status: AgentStatus) -> StatusJson:
+    return {
+        "argv": list(status.argv),
+        "expect": status.expect,
+        "env_any": list(status.env_any),
+        "files_any": list(status.files_any),
+        "hint": status.hint,
+    }
 
 
 @click.group("agents", invoke_without_command=True)
@@ -30,7 +92,7 @@ def agents(ctx: click.Context, as_json: bool) -> None:
     """Coding-agent CLIs as workers: the presets (docs/agents.md)."""
     if ctx.invoked_subcommand is not None:
         return
-    rows = []
+    rows: list[PresetRow] = []
     for name in preset_names():
         if name == CUSTOM:
             continue
@@ -39,16 +101,16 @@ def agents(ctx: click.Context, as_json: bool) -> None:
             {"preset": name, "program": preset.program, "found": find_program(preset),
              "description": preset.description}
         )  # fmt: skip
-    emit(as_json, {"presets": rows}, _show_list)
+    emit(as_json, PresetList(presets=rows), _show_list)
 
 
-def _show_list(data: dict[str, Any]) -> None:
+def _show_list(data: PresetList) -> None:
     for row in data["presets"]:
         where = row["found"] or "not installed"
         click.echo(f"{row['preset']:<12} {row['program']:<13} {where:<32} {row['description']}")
 
 
-def _describe(preset: AgentPreset) -> dict[str, Any]:
+def _describe(preset: AgentPreset) -> PresetJson:
     argv = agent_argv(
         preset,
         find_program(preset) or preset.program,
@@ -68,13 +130,13 @@ def _describe(preset: AgentPreset) -> dict[str, Any]:
         "provision": [
             {"src": p.src, "dest": p.dest, "found": p.dest in found} for p in preset.provision
         ],
-        "status": preset.status.model_dump(),
+        "status": status_json(preset.status),
         "install": preset.install,
         "program_found": find_program(preset),
     }
 
 
-def _show_one(data: dict[str, Any]) -> None:
+def _show_one(data: PresetJson) -> None:
     quoted = " ".join(a if a and " " not in a else repr(a) for a in data["argv"])
     click.echo(f"{data['preset']}: {quoted}")
     via = {"stdin": "on its standard input", "arg": "as one argument", "file": "in a file"}
@@ -107,7 +169,7 @@ def show(name: str, model: str | None, effort: str | None, as_json: bool) -> Non
     emit(as_json, _describe(load_preset(name, model=model, effort=effort)), _show_one)
 
 
-def _show_checks(data: dict[str, Any]) -> None:
+def _show_checks(data: CheckList) -> None:
     for row in data["agents"]:
         click.echo(row["report"])
 
@@ -118,12 +180,12 @@ def _show_checks(data: dict[str, Any]) -> None:
 @handle_errors
 def check(names: tuple[str, ...], as_json: bool) -> None:
     """Is each agent installed and logged in here? Exit 2 when one is not."""
-    results = []
+    results: list[CheckRow] = []
     for name in names:
         try:
             results.append({"agent": name, "ready": True, "report": check_agent(load_preset(name))})
         except ResearchError as exc:
             results.append({"agent": name, "ready": False, "report": str(exc)})
-    emit(as_json, {"agents": results}, _show_checks)
+    emit(as_json, CheckList(agents=results), _show_checks)
     if not all(r["ready"] for r in results):
         raise SystemExit(2)

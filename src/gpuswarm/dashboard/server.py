@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from gpuswarm.core.errors import BadInputError, GpuswarmError
 from gpuswarm.dashboard import sse
-from gpuswarm.dashboard.actions import ACTIONS
+from gpuswarm.dashboard.actions import ACTIONS, call
 from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root
 from gpuswarm.dashboard.metricspage import MetricsPage
 from gpuswarm.dashboard.security import Guard, GuardMiddleware, new_token
@@ -314,7 +314,7 @@ class Dashboard:
         if not isinstance(body, dict):
             return _error(400, "the request's body must be a JSON object")
         try:
-            data = await run_in_threadpool(handler, hub.paths.root, hub.info, body)
+            data = await run_in_threadpool(call, handler, hub, body)
         except BadInputError as exc:
             return _error(400, str(exc))
         except GpuswarmError as exc:

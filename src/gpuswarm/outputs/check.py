@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from gpuswarm.core.errors import RunLockedError
 from gpuswarm.core.models import Descriptor, State
@@ -50,6 +50,32 @@ class Finding:
     detail: str
     task: str | None = None
     repaired: bool = False
+
+    def to_json(self) -> FindingJson:
+        return {
+            "kind": self.kind,
+            "detail": self.detail,
+            "task": self.task,
+            "repaired": self.repaired,
+        }
+
+
+class FindingJson(TypedDict):
+    kind: str
+    detail: str
+    task: str | None
+    repaired: bool
+
+
+class CheckReport(TypedDict):
+    """``gpuswarm check --json``: the findings on a run."""
+
+    run: str
+    live: bool
+    tasks: int
+    counts: dict[str, int]  # skipped, cancelled: only when some are
+    findings: list[FindingJson]
+    consistent: bool
 
 
 def _corrupt_task_ids(paths: RunPaths) -> set[str]:
@@ -163,11 +189,11 @@ def _task_findings(
     return out
 
 
-def _lost(paths: RunPaths, info: dict[str, Any], where: Where, journal: RunView) -> list[Finding]:
+def _lost(paths: RunPaths, task_count: int, where: Where, journal: RunView) -> list[Finding]:
     known = set(where) | _corrupt_task_ids(paths)
     missing = sorted(set(_tasks(journal)) - known)
     out = [Finding("lost", "in the journal, in no folder", t) for t in missing]
-    expected = int(info.get("task_count", 0)) + journal.added
+    expected = task_count + journal.added
     if len(known) < expected:
         out.append(Finding("lost", f"{counted(expected, 'task')} created, {len(known)} found"))
     return out
@@ -225,7 +251,7 @@ def check_run(
     repair: bool = False,
     recover: Recover | None = None,
     leftovers: Leftovers | None = None,
-) -> dict[str, Any]:
+) -> CheckReport:
     """The findings on a run; with ``repair`` (and the caller's ``recover``) first repaired."""
     if repair and recover is None:
         raise ValueError("check_run(repair=True) needs the recover to run")
@@ -258,7 +284,7 @@ def check_run(
     journal = _journal(paths)
     findings += _task_findings(reader, where, journal, live, ttl)
     findings += _duplicate_completions(journal)
-    findings += _lost(paths, info, where, journal)
+    findings += _lost(paths, int(info.get("task_count", 0)), where, journal)
     findings += _bad_events(paths)
     open_problems = [
         f
@@ -272,6 +298,6 @@ def check_run(
         "live": live,
         "tasks": len(where),
         "counts": shown_counts(reader.counts()),  # skipped, cancelled: only when some are
-        "findings": [asdict(f) for f in findings],
+        "findings": [f.to_json() for f in findings],
         "consistent": not open_problems,
     }

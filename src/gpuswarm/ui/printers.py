@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from gpuswarm.outputs.summaryjson import FieldStats
 
 if TYPE_CHECKING:
+    from gpuswarm.outputs.check import CheckReport
     from gpuswarm.outputs.results import RunReport
 
 
@@ -242,7 +243,7 @@ def field_lines(fields: Mapping[str, FieldStats], limit: int = 8) -> list[str]:
     return lines
 
 
-def print_check(report: dict[str, Any]) -> None:
+def print_check(report: CheckReport) -> None:
     verdict = "consistent" if report["consistent"] else "INCONSISTENT"
     live = " (live)" if report["live"] else ""
     print(f"{report['run']}{live}: {counted(report['tasks'], 'task')}, {verdict}")
