@@ -112,9 +112,29 @@ class CliProcess:
         return self.stdout_path.read_text(errors="replace")
 
     def wait(self, timeout: float = 60) -> CliResult:
-        rc = self.popen.wait(timeout)
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(self._stalled(timeout)) from None
         seconds = time.monotonic() - self.started
         return CliResult(self.args, rc, self.stdout(), self.stderr(), seconds)
+
+    def _stalled(self, timeout: float) -> str:
+        """What a CLI that did not end in time was doing: its stderr's tail and, where py-spy is
+        installed, every thread's stack (a stall under load then names where it waits)."""
+        stacks = "(py-spy is not installed: no stacks)"
+        with contextlib.suppress(FileNotFoundError, subprocess.TimeoutExpired):
+            dump = subprocess.run(
+                ["py-spy", "dump", "--pid", str(self.popen.pid)],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            stacks = dump.stdout + dump.stderr
+        return (
+            f"{' '.join(self.args)} still running after {timeout:g}s\n"
+            f"stderr's tail:\n{self.stderr()[-3000:]}\nstacks:\n{stacks[-6000:]}"
+        )
 
     def kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

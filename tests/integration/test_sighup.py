@@ -25,7 +25,7 @@ def test_sighup_is_a_warm_stop_named_as_such(tmp_path: Path, gpuswarm_popen: Pop
     run = wait_for_run(tmp_path / "ws")
     wait_for(lambda: any(e.get("ev") == "started" for e in read_events(run)), what="a task started")
     proc.send(signal.SIGHUP)
-    result = proc.wait()
+    result = proc.wait(40)  # below the test's timeout: a stall shows its stacks
     assert result.returncode == 130, result
     assert (
         "stopped by SIGHUP (the terminal closed): 1 running task put back in the queue, 2 pending"
