@@ -27,7 +27,7 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, check_task_id
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store import release
-from gpuswarm.store.blocked import ENDED, Edge, verdict, write_edges
+from gpuswarm.store.blocked import Edge, verdict, write_edges
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import descriptor_name, task_id_of
@@ -234,7 +234,7 @@ class Gate:
 
     def _ended(self, task: str) -> str | None:
         st = self.states.get(task)
-        return st if st is not None and State(st) in ENDED else None
+        return st if st is not None and State(st).is_terminal() else None
 
     def _announce(self, frm: State) -> Callable[[Descriptor], object]:
         def announce(desc: Descriptor) -> None:

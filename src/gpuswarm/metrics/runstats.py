@@ -66,7 +66,8 @@ VRAM_BUCKETS = (
 )
 #: the journal's outcome of an ended attempt (label ``outcome``): a bounded set
 OUTCOMES = ("done", "failed", "retried", "skipped", "cancelled", "interrupted")
-ENDED_STATES = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
+# the ended tasks whose attempt records are read: dependency_failed ones never ran
+RAN_AND_ENDED = tuple(s for s in State.terminal() if s is not State.DEPENDENCY_FAILED)
 TOKEN_FIELDS = ("tokens_in", "tokens_cached", "tokens_out")
 
 
@@ -300,7 +301,7 @@ class RunStats:
         with self.view.lock:
             counts = dict(self.view.counts)
         reader = self.follower.reader
-        for state in ENDED_STATES:
+        for state in RAN_AND_ENDED:
             now = counts.get(state.value, 0)
             if self.records.listed.get(state.value) == now:
                 continue  # nothing moved there since the last listing

@@ -21,13 +21,7 @@ from gpuswarm.outputs.html import html_table
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.runs import open_run
 
-ENDED = {
-    State.DONE.value,
-    State.FAILED.value,
-    State.SKIPPED.value,
-    State.CANCELLED.value,
-    State.DEPENDENCY_FAILED.value,
-}
+_ENDED_VALUES = frozenset(s.value for s in State.terminal())  # the counts' keys
 
 
 class GroupProgress(TypedDict):
@@ -73,7 +67,7 @@ class GroupTally:
         for name in sorted(self.groups):
             g = self.groups[name]
             total = sum(g.counts.values())
-            ended = sum(n for s, n in g.counts.items() if s in ENDED)
+            ended = sum(n for s, n in g.counts.items() if s in _ENDED_VALUES)
             eta = None
             if 0 < ended < total and g.first_start is not None:
                 rate = ended / max(1e-6, now - g.first_start)

@@ -23,7 +23,7 @@ _T975 = (
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
-ENDED = ("done", "failed")
+SCORED = ("done", "failed")  # the repeats whose score counts (not every ended state)
 
 
 class MeanCi(TypedDict, total=False):
@@ -119,7 +119,7 @@ class Repeats:
     passes: dict[int, bool] = field(default_factory=dict)
 
     def stats(self) -> TaskRepeats:
-        ended = [j for j, s in self.states.items() if s in ENDED]
+        ended = [j for j, s in self.states.items() if s in SCORED]
         out: TaskRepeats = {"repeats": len(self.states), "ended": len(ended)}
         if self.score is not None:
             out["score"] = {

@@ -25,7 +25,9 @@ from gpuswarm.store.names import descriptor_name
 
 ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
 REQUEUING = ".requeue-"  # <ended>/.requeue-<pid>-<name>: a task a requeue holds a moment
-ENDED_STATES = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
+# the ended states a requeue takes from: every one but dependency_failed (it never ran: its
+# prerequisite is requeued, app/deps.py)
+REQUEUABLE = tuple(s for s in State.terminal() if s is not State.DEPENDENCY_FAILED)
 Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
 
 
@@ -117,7 +119,7 @@ class QueueBatches(QueueFolders):
         series: held under a hidden name in its folder, saved there (fresh budget, no reason,
         no result), ``announce`` (journal), renamed into pending/. None when it is unreadable
         or gone. A crash in between is finished by :meth:`finish_requeues`."""
-        if state not in ENDED_STATES:
+        if state not in REQUEUABLE:
             raise ValueError(f"requeue from {state.value}: only ended tasks")
         folder = self.paths.state_dir(state.value)
         held = folder / f"{REQUEUING}{os.getpid()}-{name}"
@@ -143,7 +145,7 @@ class QueueBatches(QueueFolders):
         again (the journal never lags behind the folders) and renamed into pending/; one not
         saved yet goes back to its folder as it was. Returns how many were requeued."""
         requeued = 0
-        for state in ENDED_STATES:
+        for state in REQUEUABLE:
             folder = self.paths.state_dir(state.value)
             try:
                 names = [n for n in os.listdir(folder) if n.startswith(REQUEUING)]

@@ -34,9 +34,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders
 
 SETTLE = ".settle-"  # blocked/.settle-<pid>-<name>: a move out of blocked/ under way
-ENDED = frozenset(
-    {State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED, State.DEPENDENCY_FAILED}
-)
+_ENDED_VALUES = frozenset(s.value for s in State.terminal())  # an end mark's words
 FAILED_ENDS = frozenset({State.FAILED.value, State.DEPENDENCY_FAILED.value})
 Announce = Callable[[Descriptor], object]
 
@@ -212,7 +210,7 @@ def ended_state(paths: RunPaths, task: str) -> str | None:
         text = os.read(fd, 64).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-    return text if text in {s.value for s in ENDED} else None
+    return text if text in _ENDED_VALUES else None
 
 
 # -- the moves out of blocked/ (and back) -------------------------------------------------------

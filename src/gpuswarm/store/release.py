@@ -26,7 +26,6 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.blocked import (
-    ENDED,
     BlockedFolder,
     Edge,
     EdgeIndex,
@@ -233,7 +232,7 @@ def settle_all(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
     index = index_of(paths)
     for pre in list(index.dependents):
         st = states.get(pre)
-        if st is not None and State(st) in ENDED:
+        if st is not None and State(st).is_terminal():
             mark_ended(paths, pre, State(st))
         else:
             unmark(paths, pre)
@@ -283,7 +282,7 @@ def _settle(
 
 def _ended(states: dict[str, str], task: str) -> str | None:
     st = states.get(task)
-    return st if st is not None and State(st) in ENDED else None
+    return st if st is not None and State(st).is_terminal() else None
 
 
 def _recovered(ledger: Ledger, desc: Descriptor, to: State) -> None:
@@ -336,7 +335,7 @@ def _finish_block_again(queue: DirQueue, ledger: Ledger) -> int:
     prerequisites had not ended, cut short)."""
     folder = BlockedFolder(queue.paths, durable=queue.durable)
     count = 0
-    for state in sorted(ENDED, key=lambda st: st.value):
+    for state in sorted(State.terminal(), key=lambda st: st.value):
         for name, desc in queue.iter_descs(state):
             if desc.state == State.BLOCKED.value:
                 announce = _back(ledger, desc.id, "recovery", state)

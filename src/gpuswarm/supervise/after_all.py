@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
+from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
 from gpuswarm.supervise.preflight import SHELL
@@ -73,9 +74,9 @@ def _ran_since_last_end(paths: RunPaths) -> bool:
     except FileNotFoundError:
         return False
     last = 0.0
-    for state in ("done", "failed", "skipped", "cancelled"):
+    for state in State.terminal():
         with contextlib.suppress(FileNotFoundError):
-            last = max(last, paths.state_dir(state).stat().st_mtime)
+            last = max(last, paths.state_dir(state.value).stat().st_mtime)
     return ran >= last
 
 

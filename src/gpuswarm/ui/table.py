@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuswarm.core.logs import log_tail
+from gpuswarm.core.models import State
 from gpuswarm.core.redact import Redactor, inert
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.spend import money, tokens_text
@@ -154,7 +155,7 @@ class LiveView:
         if self.paused is not None:
             run_paused, slots_paused = self.paused()
         total = max(1, sum(counts.values()))
-        ended = ("done", "failed", "skipped", "cancelled", "dependency_failed")
+        ended = tuple(s.value for s in State.terminal())
         finished = sum(counts.get(k, 0) for k in ended)
         apart = "".join(f"  {k} {counts[k]}" for k in (*ended[2:], "blocked") if counts.get(k))
         head = Text.from_markup(
