@@ -15,7 +15,7 @@ from gpuswarm.core.fsutil import atomic_write_json
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Backend
-from gpuswarm.outputs.results import write_outputs
+from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import open_run

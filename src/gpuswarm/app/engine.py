@@ -49,7 +49,7 @@ from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm.session import check_nodes_see
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
-from gpuswarm.outputs.results import RunReport
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold

@@ -8,9 +8,9 @@ from pathlib import Path
 from gpuswarm.app.control import finish_adds
 from gpuswarm.app.setup import recovery_backend
 from gpuswarm.core.fsutil import read_json
+from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.outputs.check import CheckReport, check_run
 from gpuswarm.outputs.report import write_report
-from gpuswarm.outputs.results import write_outputs
 from gpuswarm.outputs.status import run_state
 from gpuswarm.store.leases import is_live
 from gpuswarm.store.ledger import Ledger

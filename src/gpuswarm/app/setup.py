@@ -40,7 +40,7 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.exec.base import Backend, BackendOptions, create_backend
 from gpuswarm.exec.sandbox import Provision
-from gpuswarm.outputs.results import RunReport
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.runinfo import RunInfo, RunRecord, RunSettings

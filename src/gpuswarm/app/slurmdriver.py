@@ -46,7 +46,8 @@ from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
-from gpuswarm.outputs.results import RunReport, write_outputs
+from gpuswarm.outputs.aggregate import write_outputs
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.outputs.results import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
+from gpuswarm.outputs.aggregate import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
 from gpuswarm.outputs.status import list_runs
 from gpuswarm.store.cleanup import (
     DEFAULT_LEASE_TTL,

@@ -1,4 +1,4 @@
-"""summary.json, typed (issue 32, step 6): what ``outputs/results.py`` ``summarize`` writes
+"""summary.json, typed (issue 32, step 6): what ``outputs/aggregate.py`` ``summarize`` writes
 (the supervisor adds its keys: quarantined, stopped, ..., ``state``). Built as a literal in its
 keys' order; readers of a file on disk parse it as JSON (older files lack newer keys)."""
 
