@@ -241,7 +241,6 @@ OVER_400 = {
     "gpuswarm.store.queue": 570,
     "gpuswarm.app.control": 561,
     "gpuswarm.supervise.packing": 502,
-    "gpuswarm.dashboard.server": 483,
     "gpuswarm.supervise.supervisor": 479,
     "gpuswarm.config.tasks": 431,
     "gpuswarm.config.load": 426,
