@@ -16,6 +16,7 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Backend
 from gpuswarm.outputs.aggregate import write_outputs
+from gpuswarm.outputs.summaryjson import SessionEnd
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import open_run
@@ -35,13 +36,13 @@ def aggregate(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """summary.json and results.tsv of the run as the supervisor left it, and its run.json."""
     _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
-    extra: dict[str, Any] = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
+    extra: SessionEnd = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
     if sup.shared.ended_by:
         extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
     elif sup.halt.reason:  # issue 28: the halt rule was met ("halt: 3 tasks failed ...")
-        extra.update(stopped=True, stopped_by=sup.halt.reason)
+        extra["stopped"], extra["stopped_by"] = True, sup.halt.reason
     elif (spent := budget_line(sup.budget)) is not None:  # issue 34: the budget was spent
-        extra.update(stopped=True, stopped_by=spent)
+        extra["stopped"], extra["stopped_by"] = True, spent
     elif sup.stopping.is_set() and sup.shared.stop_cause:
         extra["stopped_by"] = sup.shared.stop_cause  # Ctrl-C (SIGINT), SIGTERM
     if sup.stopping.is_set():

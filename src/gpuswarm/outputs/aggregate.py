@@ -16,7 +16,7 @@ from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import repeat_stats
 from gpuswarm.outputs.results import APART, Row, collect, shown_counts, to_tsv
 from gpuswarm.outputs.spend import RunCost, RunSpend
-from gpuswarm.outputs.summaryjson import SummaryJson
+from gpuswarm.outputs.summaryjson import SessionEnd, SummaryJson
 from gpuswarm.store.queue import DirQueue
 
 
@@ -96,7 +96,7 @@ def write_outputs(
     queue: DirQueue,
     run_info: dict[str, Any],
     window: tuple[float, float] | None,
-    extra: dict[str, Any] | None = None,
+    extra: SessionEnd | None = None,
 ) -> dict[str, Any]:
     """Write results.tsv and summary.json atomically (redacted by the run's redactor); return
     the summary."""
