@@ -16,7 +16,8 @@ from dashkit import serve_here
 from gpuswarm.app import api
 from gpuswarm.core.models import AttemptRecord
 from gpuswarm.core.models.attempt import ROW_FIELDS
-from gpuswarm.outputs.results import collect, to_tsv, write_outputs
+from gpuswarm.outputs.aggregate import write_outputs
+from gpuswarm.outputs.results import collect, to_tsv
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.store.queue import DirQueue
 

@@ -13,15 +13,9 @@ from rich.console import Console
 from gpuswarm.core.errors import EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
-from gpuswarm.outputs.results import (
-    COMPLETE,
-    WITH_FAILURES,
-    Row,
-    RunReport,
-    end_state,
-    shown_counts,
-    summarize,
-)
+from gpuswarm.outputs.aggregate import COMPLETE, WITH_FAILURES, end_state, summarize
+from gpuswarm.outputs.results import Row, shown_counts
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.ui.table import LiveView
 

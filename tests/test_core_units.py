@@ -11,7 +11,8 @@ from gpuswarm.core.events import Ev
 from gpuswarm.core.metrics import ResultFileError, flatten, load_result_file, parse_metrics
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths, check_task_id, slugify
-from gpuswarm.outputs.results import collect, field_stats, to_tsv
+from gpuswarm.outputs.fieldstats import field_stats
+from gpuswarm.outputs.results import collect, to_tsv
 from gpuswarm.store.ledger import Ledger, read_events, tail_events
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run, latest_run

@@ -15,7 +15,7 @@ import pytest
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
-from gpuswarm.outputs.results import RunReport
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.outputs.status import run_status
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader

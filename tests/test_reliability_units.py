@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuswarm.app.engine import check_run_dir as check_run
+from gpuswarm.app.inspection import check_run_dir as check_run
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log

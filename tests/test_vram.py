@@ -17,7 +17,7 @@ import pytest
 from fakenvml import GPU_TASK, FakeMachine, gpu, load_fake
 from pydantic import ValidationError
 
-from gpuswarm.app.setup import tasks_per_gpu
+from gpuswarm.app.planning import tasks_per_gpu
 from gpuswarm.config.load import load_command_list, load_config
 from gpuswarm.config.models import TaskOptions
 from gpuswarm.core.errors import GpuSpecError

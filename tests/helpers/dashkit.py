@@ -107,7 +107,8 @@ def serve_here(paths: list[Path], *, read_only: bool = False) -> Iterator[Served
     import uvicorn
 
     from gpuswarm.dashboard.catalog import classify
-    from gpuswarm.dashboard.server import SHUTDOWN_SECONDS, Settings, bind_socket, build_app
+    from gpuswarm.dashboard.server import Settings, build_app
+    from gpuswarm.dashboard.serving import SHUTDOWN_SECONDS, bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     settings = Settings(roots=[classify(p) for p in paths], read_only=read_only)

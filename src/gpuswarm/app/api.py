@@ -29,7 +29,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.exec.base import BackendOptions, backend_names, create_backend
 from gpuswarm.exec.local import host_processes
-from gpuswarm.outputs.results import RunReport
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders

@@ -13,34 +13,33 @@ from pathlib import Path
 from typing import Any
 
 from gpuswarm.app.control import finish_adds
+from gpuswarm.app.ending import after_all, aggregate, all_ended, budget_line
 from gpuswarm.app.output import Output, after_disk_full, reporter, say, write_report_safely
-from gpuswarm.app.prepare import prepare
-from gpuswarm.app.setup import (
-    Setup,
+from gpuswarm.app.planning import (
     check_backend,
     check_backend_ready,
-    driver_of,
     gpu_keys_of,
-    new_run,
     plan,
-    recovery_backend,
-    redact_config,
-    remember_budget,
     resolve_provisions,
-    resume_driven,
 )
+from gpuswarm.app.prepare import prepare
+from gpuswarm.app.reconfigure import (
+    apply_config,
+    check_config_change,
+    remember_budget,
+    remember_moved,
+)
+from gpuswarm.app.setup import Setup, driver_of, new_run, resume_driven
 from gpuswarm.app.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.config.backends import plugin_of
 from gpuswarm.config.commands import task_dumps
-from gpuswarm.config.load import LoadedConfig, spec_hash
+from gpuswarm.config.load import LoadedConfig
 from gpuswarm.core.errors import (
     ConfigError,
     PreflightError,
     disk_full,
 )
 from gpuswarm.core.events import Ev
-from gpuswarm.core.fsutil import atomic_write_json, read_json
-from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.signals import on_stop_signals
@@ -50,17 +49,13 @@ from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm.session import check_nodes_see
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
-from gpuswarm.outputs.check import CheckReport, check_run
-from gpuswarm.outputs.report import write_report
-from gpuswarm.outputs.results import RunReport, write_outputs
-from gpuswarm.outputs.status import run_state
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.store import release, runindex
 from gpuswarm.store.leases import (
     attach,
-    is_live,
     owner_id,
     register_named_slots,
     register_slots,
@@ -70,21 +65,17 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runinfo import RunRecord
-from gpuswarm.store.runs import NewRun, create_run, open_record, open_run, write_record
-from gpuswarm.store.spool import stream, streamed
-from gpuswarm.supervise.after_all import run_once
-from gpuswarm.supervise.budget import Budget
+from gpuswarm.store.runs import NewRun, create_run, open_record
+from gpuswarm.store.spool import streamed
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
 
 __all__ = [
-    "check_run_dir",
     "resume_run",
     "start_run",
     "supervise",
     "work_run",
-    "write_run_report",
 ]
 
 
@@ -193,7 +184,7 @@ def resume_run(
         backend_options=backend_options,  # e.g. a cluster that moved (a new head after a loss)
     )
     if new_config is not None:
-        _check_config_change(paths, info, new_config, allow_change)
+        check_config_change(paths, info, new_config, allow_change)
     return supervise(
         paths,
         setup,
@@ -220,40 +211,6 @@ def work_run(
     if single:
         raise ConfigError(f"{paths.root}: {single}")
     return supervise(paths, setup, mode="work", output=output, share_gpus=share_gpus)
-
-
-def _check_config_change(
-    paths: RunPaths, info: RunRecord, loaded: LoadedConfig, allow: bool
-) -> None:
-    if spec_hash(loaded) == info.fingerprint:
-        return
-    if not allow:
-        raise ConfigError(
-            f"{loaded.path}: the config differs from the snapshot this run was created with "
-            f"({paths.run_json}); pass --allow-config-change to apply it to unfinished tasks, "
-            "or resume without --config"
-        )
-
-
-def apply_config(paths: RunPaths, queue: DirQueue, ledger: Ledger, loaded: LoadedConfig) -> int:
-    """Under the run lock: update pending tasks' specs and enqueue tasks the run lacks."""
-    stream(paths, queue.push, ledger)  # a streamed enqueue cut short: its tasks are known first
-    known, max_seq = queue.index()
-    added = 0
-    for dump in task_dumps(loaded.tasks):
-        task_id = str(dump["id"])
-        if task_id not in known:
-            max_seq += 1
-            release.submit(queue, dump, max_seq)  # blocked/ when it has prerequisites
-            added += 1
-        elif known[task_id][0] is State.PENDING:
-            queue.update_pending(known[task_id][1], dump)
-    _, info = open_record(paths.root)
-    config = redact_config(loaded.config.model_dump(mode="json"), loaded.base_dir)
-    write_record(paths, info.with_values(fingerprint=spec_hash(loaded), config=config))
-    ledger.emit(Ev.REQUEUED, reason="config-change", added=added)
-    release.settle_locked(queue, ledger)  # issue 35: added ones whose prerequisites ended
-    return added
 
 
 # -- supervising -------------------------------------------------------------------------------
@@ -320,7 +277,7 @@ def _supervise(
             reclaim_dead(queue, ledger, owner, lease_ttl=cfg.lease_ttl, backend=backend)
             release.settle_locked(queue, ledger, only=mode == "work")  # issue 35: see there
             if mode == "resume":
-                _remember_moved(paths, ledger, setup)
+                remember_moved(paths, ledger, setup)
                 remember_budget(paths, setup)
             if new_config is not None:
                 apply_config(paths, queue, ledger, new_config)
@@ -344,9 +301,9 @@ def _supervise(
                         stopped=sup.stopping.is_set() and sup.halt.reason is None,
                         why=sup.shared.ended_by or sup.shared.stop_cause,
                     )
-                    summary, info = _aggregate(paths, queue, ledger, sup, started)
-                    if setup.after_all and _all_ended(queue) and not sup.stopping.is_set():
-                        _after_all(paths, ledger, setup, output, sup, summary, backend)
+                    summary, info = aggregate(paths, queue, ledger, sup, started)
+                    if setup.after_all and all_ended(queue) and not sup.stopping.is_set():
+                        after_all(paths, ledger, setup, output, sup, summary, backend)
                 except OSError as exc:
                     if not disk_full(exc):
                         raise
@@ -374,29 +331,6 @@ def _supervise(
     )
 
 
-def budget_line(budget: Budget) -> str | None:
-    """``budget: $1.20 spent of budget.usd $1.00; raise it: gpuswarm resume RUN --budget-usd
-    1.6`` once the run's budget is spent (None: it is not)."""
-    return None if budget.reason is None else f"{budget.reason}; {budget.how}"
-
-
-def _remember_moved(paths: RunPaths, ledger: Ledger, setup: Setup) -> None:
-    """A resume's backend options moved the run's backend (``resume --ray-address``: the
-    cluster's new address): its settings go into run.json (under the run lock), so the next
-    ``resume`` finds it without the flag, and the journal's ``slots`` event says so."""
-    plugin, settings = plugin_of(setup.backend), setup.backend_settings
-    if settings is None or plugin.resume_moved is None:
-        return
-    _, info = open_record(paths.root)
-    before = info.config.get(plugin.name) or {}
-    moved = plugin.resume_moved(settings, before)
-    if moved is None:
-        return
-    now = settings.model_dump(mode="json", exclude_unset=True)
-    write_record(paths, info.with_values(config={**info.config, plugin.name: {**before, **now}}))
-    ledger.emit(Ev.SLOTS, **moved)
-
-
 def _registered_slots(
     paths: RunPaths, owner: str, setup: Setup, cfg: SupervisorConfig, backend: Backend
 ) -> list[Slot]:
@@ -406,74 +340,6 @@ def _registered_slots(
     if membership is None:
         return register_slots(paths, owner, setup.slots, cfg.lease_ttl)
     return register_named_slots(paths, owner, membership.initial_slots(), cfg.lease_ttl)
-
-
-def _aggregate(
-    paths: RunPaths, queue: DirQueue, ledger: Ledger, sup: Supervisor, started: float
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """summary.json and results.tsv of the run as the supervisor left it, and its run.json."""
-    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
-    extra: dict[str, Any] = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
-    if sup.shared.ended_by:
-        extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
-    elif sup.halt.reason:  # issue 28: the halt rule was met ("halt: 3 tasks failed ...")
-        extra.update(stopped=True, stopped_by=sup.halt.reason)
-    elif (spent := budget_line(sup.budget)) is not None:  # issue 34: the budget was spent
-        extra.update(stopped=True, stopped_by=spent)
-    elif sup.stopping.is_set() and sup.shared.stop_cause:
-        extra["stopped_by"] = sup.shared.stop_cause  # Ctrl-C (SIGINT), SIGTERM
-    if sup.stopping.is_set():
-        extra["requeued"] = sup.shared.requeued  # running tasks the stop put back
-    summary = write_outputs(paths, queue, info, (started, time.time()), extra)
-    ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
-    return summary, info
-
-
-def _after_all(
-    paths: RunPaths,
-    ledger: Ledger,
-    setup: Setup,
-    output: Output,
-    sup: Supervisor,
-    summary: dict[str, Any],
-    backend: Backend,
-) -> None:
-    """The after_all step, once every task ended; its result goes into summary.json."""
-    assert setup.after_all is not None
-    say(output, f"after_all: {setup.after_all}")
-    after = run_once(
-        paths,
-        setup.after_all,
-        cwd=setup.base_dir,
-        stop=sup.stopping,
-        base_env=sup.cfg.base_env,
-        backend=backend,
-        # a container has no HOME but a private one (the host's is not mounted)
-        home=paths.slot_home("after_all") if plugin_of(setup.backend).isolates_home else None,
-    )
-    if after is not None:
-        fields = {k: v for k, v in after.items() if k != "command"}
-        ledger.emit(Ev.AFTER_ALL, **fields)
-        summary["after_all"] = after
-        atomic_write_json(paths.summary_json, summary)
-
-
-def _all_ended(queue: DirQueue) -> bool:
-    counts = queue.counts()
-    return not counts[State.PENDING] + counts[State.RUNNING] + counts[State.BLOCKED]  # issue 35
-
-
-def write_run_report(run_dir: Path) -> Path:
-    """``gpuswarm report``: the outputs and the report of a run as it stands (live or not)."""
-    paths, info = open_run(run_dir)
-    queue = DirQueue(paths)
-    if paths.summary_json.is_file() and not is_live(paths):
-        summary = read_json(paths.summary_json)  # as its supervisor wrote it (wall time, ...)
-    else:
-        summary = write_outputs(paths, queue, info, None)
-    counts = {s.value: n for s, n in queue.counts().items()}
-    summary["state"] = run_state(paths, counts, is_live(paths))  # live, crashed, ...
-    return write_report(paths, queue, summary, info)
 
 
 def _preflight(paths: RunPaths, setup: Setup, cfg: SupervisorConfig, backend: Backend) -> None:
@@ -501,23 +367,3 @@ def _preflight(paths: RunPaths, setup: Setup, cfg: SupervisorConfig, backend: Ba
 
 def _corrupt(ledger: Ledger, name: str, reason: str) -> None:
     ledger.emit(Ev.CORRUPT, task=task_id_of(name), file=name, reason=reason)
-
-
-def check_run_dir(run_dir: Path, *, repair: bool = False) -> CheckReport:
-    """``gpuswarm check [--repair]``: the findings of :func:`outputs.check.check_run`; a repair
-    recovers the run as resume would, ending a dead owner's leftovers through its backend."""
-
-    paths, info = open_record(run_dir)
-
-    def recover_run(queue: DirQueue, ledger: Ledger) -> dict[str, int]:
-        backend = recovery_backend(info)
-        try:
-            finish_adds(queue.paths)
-            return recover(queue, ledger, retry_failed=False, backend=backend)
-        finally:
-            backend.close()
-
-    def leftovers() -> list[int | str]:
-        return recovery_backend(info).leftovers(str(paths.root))
-
-    return check_run(run_dir, repair=repair, recover=recover_run, leftovers=leftovers)

@@ -18,9 +18,9 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.core.secretvalues import run_redactor
+from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.outputs.groups import group_lines, tally_run
 from gpuswarm.outputs.report import write_report
-from gpuswarm.outputs.results import write_outputs
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue

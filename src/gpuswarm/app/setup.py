@@ -1,10 +1,10 @@
 """What a supervisor needs besides the queue, from a config (a new run) or a run.json (resume):
 :class:`Setup`, built by :func:`gpuswarm.app.prepare.prepare` alone.
 
-Composition only: the slots (placement), the provisions (checked now, before anything runs),
-the reliability settings and the backend's name, and the run.json snapshot of them; and, for a
-backend that drives workers elsewhere instead (``BackendPlugin.driver``), its
-:class:`RunDriver`.
+Composition only: the slots, the provisions, the reliability settings and the backend's name,
+and the run.json snapshot of them (the plan and the checks before anything is made:
+``app/planning.py``); and, for a backend that drives workers elsewhere instead
+(``BackendPlugin.driver``), its :class:`RunDriver`.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ from gpuswarm.config.backends import (
     backend_names,
     plugin_of,
     plugins,
-    settings_of,
 )
 from gpuswarm.config.budget import BudgetConfig, check_usd, parse_tokens
 from gpuswarm.config.commands import CommandTasks, task_dumps
 from gpuswarm.config.halt import canonical_halt
 from gpuswarm.config.load import LoadedConfig, spec_hash
 from gpuswarm.config.models import RunConfig
-from gpuswarm.core.errors import BadInputError, ConfigError, RunDirError
+from gpuswarm.core.errors import ConfigError, RunDirError
 from gpuswarm.core.fsutil import COMPACT
 from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.models import Descriptor
@@ -40,29 +39,14 @@ from gpuswarm.core.redact import SHAPES
 from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.exec.base import Backend, BackendOptions, create_backend
-from gpuswarm.exec.sandbox import Provision, check_provision_dest
-from gpuswarm.outputs.results import RunReport
-from gpuswarm.placement.devices import GpuSet, Vendor, model_matches
-from gpuswarm.placement.gpus import Slot, memory_slots, parse_gpu_spec, plan_slots
-from gpuswarm.placement.hostlock import gpu_keys
+from gpuswarm.exec.sandbox import Provision
+from gpuswarm.outputs.runreport import RunReport
+from gpuswarm.placement.devices import GpuSet
+from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.runinfo import RunInfo, RunRecord, RunSettings
-from gpuswarm.store.runs import NewRun, open_record, write_record
+from gpuswarm.store.runs import NewRun
 from gpuswarm.store.staging import Encoded
 from gpuswarm.supervise.supervisor import SupervisorConfig
-
-
-def resolve_provisions(loaded: LoadedConfig) -> tuple[Provision, ...]:
-    """Check every provisioned file now, so a missing credential fails before anything runs."""
-    home = loaded.config.home
-    out = []
-    for i, item in enumerate(home.provision if home else []):
-        src = Path(item.src).expanduser()
-        src = src if src.is_absolute() else loaded.base_dir / src
-        where = f"{loaded.path or '<config>'}: home.provision[{i}].src"
-        if not src.exists():
-            raise ConfigError(f"{where}: {src} does not exist; fix the path or remove the entry")
-        out.append(Provision(src=src, dest=check_provision_dest(item.dest)))
-    return tuple(out)
 
 
 def resume_reads() -> tuple[str, ...]:
@@ -264,27 +248,14 @@ def budget_settings(budget: BudgetConfig | None) -> RunSettings:
 
 def with_budget(setup: Setup, usd: float | None, tokens: int | None = None) -> Setup:
     """``--budget-usd`` / ``--budget-tokens`` over the run's ``budget.usd`` / ``.tokens``
-    (resume: raised for this session and, by :func:`remember_budget`, in run.json)."""
+    (resume: raised for this session and, by
+    :func:`gpuswarm.app.reconfigure.remember_budget`, in run.json)."""
     settings = setup.settings.copy()
     if usd is not None:
         settings["budget_usd"] = check_usd(usd)
     if tokens is not None:
         settings["budget_tokens"] = parse_tokens(tokens)
     return replace(setup, settings=settings)
-
-
-def remember_budget(paths: RunPaths, setup: Setup) -> None:
-    """``resume --budget-usd`` / ``--budget-tokens``: the raised budget goes into run.json
-    (under the run lock), so that the next ``resume`` keeps it."""
-    _, info = open_record(paths.root)
-    settings = info.settings.copy()
-    if (usd := setup.settings.get("budget_usd")) is not None:
-        settings["budget_usd"] = usd
-    if (tokens := setup.settings.get("budget_tokens")) is not None:
-        settings["budget_tokens"] = tokens
-    if settings != info.settings:
-        settings.setdefault("budget_on_exceed", "finish")
-        write_record(paths, info.with_values(settings=settings))
 
 
 def backend_settings_of(info: RunRecord) -> BaseModel | None:
@@ -323,75 +294,6 @@ def recovery_backend(info: RunRecord) -> Backend:
     """The backend that ends a dead owner's leftovers of a run (resume, check --repair)."""
     options = BackendOptions(settings=backend_settings_of(info))
     return create_backend(info.backend, options)
-
-
-def check_backend_ready(loaded: LoadedConfig, gpus_spec: str | None = None) -> None:
-    """Before anything is made: the backend can run attempts at all (docker: the daemon
-    answers, the image is present, mount sources exist); BackendError (exit 2) otherwise."""
-    cfg = loaded.config
-    options = BackendOptions(
-        settings=settings_of(cfg), base_dir=str(loaded.base_dir), gpus=gpus_spec or cfg.gpus
-    )
-    backend = create_backend(cfg.backend, options)
-    try:
-        backend.check()
-    except BadInputError as exc:
-        raise type(exc)(f"{loaded.path or '<config>'}: {exc}") from None
-
-
-def plan(loaded: LoadedConfig, gpus_spec: str | None) -> tuple[GpuSet, list[Slot]]:
-    found = plugins().get(loaded.config.backend)
-    if found is not None and found.owns_slots:  # its GPUs, filtered by the spec: no slots yet
-        return GpuSet(Vendor.NVIDIA, (), gpus_spec or loaded.config.gpus or "auto"), []
-    gpus = parse_gpu_spec(gpus_spec or loaded.config.gpus or "auto")
-    slots = plan_slots(gpus, loaded.config.gpus_per_task, tasks_per_gpu(loaded, gpus))
-    check_accelerators(loaded, gpus)
-    return gpus, slots
-
-
-def check_accelerators(loaded: LoadedConfig, gpus: GpuSet) -> None:
-    """A task's ``accelerator:`` must name a model among the run's GPUs (a task no slot may
-    take would wait forever): ConfigError naming the task and the models there are."""
-    found = loaded.tasks
-    tasks = found if isinstance(found, list) else [found[0]] if len(found) else []
-    names = sorted({g.name for g in gpus.gpus})
-    where = loaded.path or "the command list"
-    for task in tasks:
-        wanted = task.accelerator
-        if wanted and not any(model_matches(n, wanted) for n in names):
-            raise ConfigError(
-                f"{where}: task {task.name!r}: accelerator {wanted!r} is none of this "
-                f"run's GPUs ({', '.join(names)}); name one of them, or pick GPUs of that "
-                "model with --gpus"
-            )
-
-
-def tasks_per_gpu(loaded: LoadedConfig, gpus: GpuSet) -> int:
-    """Slots per GPU: the config's ``tasks_per_gpu`` when it sets one (a hard cap); else, when
-    tasks declare ``gpu_memory`` (issue 19), as many as the smallest need fits on the smallest
-    GPU (:func:`memory_slots`); else 1."""
-    cfg = loaded.config
-    if "tasks_per_gpu" in cfg.model_fields_set or cfg.gpus_per_task > 1:
-        return cfg.tasks_per_gpu
-    tasks = loaded.tasks
-    if isinstance(tasks, list):
-        needs = [t.gpu_memory_mb for t in tasks if t.gpu_memory_mb]
-    else:  # a command list: one template for every line
-        needs = [tasks[0].gpu_memory_mb] if len(tasks) and tasks[0].gpu_memory_mb else []
-    return memory_slots(needs, [g.memory_mb for g in gpus.gpus if g.memory_mb])
-
-
-def check_backend(loaded: LoadedConfig) -> None:
-    name = loaded.config.backend
-    if name not in backend_names():
-        known = ", ".join(backend_names())
-        raise ConfigError(
-            f"{loaded.path or '<config>'}: backend: unknown backend {name!r}; known: {known}"
-        )
-
-
-def gpu_keys_of(slots: list[Slot]) -> list[str]:
-    return gpu_keys(slots[0].vendor.value, {i for s in slots for i in s.gpu_ids}) if slots else []
 
 
 class RunDriver(Protocol):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from gpuswarm.app.control import finish_adds
 from gpuswarm.app.output import Output, say, write_report_safely
@@ -46,7 +46,10 @@ from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.exec.slurm.settings import SlurmSettings
 from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
-from gpuswarm.outputs.results import RunReport, write_outputs
+from gpuswarm.outputs.aggregate import write_outputs
+from gpuswarm.outputs.runreport import RunReport
+from gpuswarm.outputs.slurmview import JobRecord
+from gpuswarm.outputs.summaryjson import SessionEnd
 from gpuswarm.placement.devices import GpuSet, Vendor
 from gpuswarm.store.leases import attach
 from gpuswarm.store.ledger import Ledger
@@ -144,7 +147,7 @@ def drive(
             # the run's webhooks (issue 37) are this process's: the nodes' workers send none
             notifier = notifier_for(paths, record, run_redactor(info).text)
             driver.run()
-        extra: dict[str, Any] = {"stopped": driver.stopping.is_set()}
+        extra: SessionEnd = {"stopped": driver.stopping.is_set()}
         if driver.gave_up:
             extra["stopped_by"] = driver.gave_up
         elif driver.stopping.is_set():
@@ -183,7 +186,7 @@ class JobDriver:
         self.folder = paths.root / "slurm"
         self.stopping = threading.Event()
         self.gave_up: str | None = None
-        self.records: list[dict[str, Any]] = []  # every job submitted, as jobs.json has it
+        self.records: list[JobRecord] = []  # every job submitted, as jobs.json has it
         self._woken = threading.Event()
         self._earlier = 0  # jobs of earlier sessions (a resume)
 
@@ -259,13 +262,14 @@ class JobDriver:
         login-node process died) is watched again; ``max_jobs`` counts this session's."""
         with contextlib.suppress(OSError, ValueError):
             data = read_json(self.folder / JOBS_FILE)
-            self.records = [r for r in data.get("jobs", []) if isinstance(r, dict) and "job" in r]
+            found = [r for r in data.get("jobs", []) if isinstance(r, dict) and "job" in r]
+            self.records = cast("list[JobRecord]", found)  # this driver's own file, as written
         self._earlier = len(self.records)
 
     def _submit(self, script: Path) -> None:
         name = f"gpuswarm-{self.paths.root.parent.name}"[:64]
         job = slurm_jobs.submit(self.settings, script, name, self.folder.resolve())
-        record = {"job": job, "state": "SUBMITTED", "nodes": "", "active": True,
+        record: JobRecord = {"job": job, "state": "SUBMITTED", "nodes": "", "active": True,
                   "submitted": round(time.time(), 3), "reason": ""}  # fmt: skip
         self.records.append(record)
         self._write()
@@ -282,7 +286,8 @@ class JobDriver:
         record = next(r for r in self.records if r["job"] == job)
         if record["state"] == state and (not nodes or record["nodes"] == nodes):
             return
-        record.update(state=state, active=state in slurm_jobs.ACTIVE, reason=reason)
+        record["state"], record["active"] = state, state in slurm_jobs.ACTIVE
+        record["reason"] = reason
         if nodes:
             record["nodes"] = nodes
         if not record["active"]:

@@ -57,7 +57,8 @@ def dashboard(
                 f"the dashboard needs Starlette and uvicorn ({exc.name} is missing): {EXTRA_HINT}"
             ) from None
         from gpuswarm.dashboard.catalog import classify
-        from gpuswarm.dashboard.server import Settings, serve
+        from gpuswarm.dashboard.server import Settings
+        from gpuswarm.dashboard.serving import serve
 
         roots = [classify(p) for p in (paths or _your_workspaces())]
         if bind != "127.0.0.1":

@@ -100,8 +100,8 @@ def check(run_dir: Path, repair: bool, as_json: bool) -> None:
     Exit code 0 when the run is consistent (after --repair, if given), 1 when problems remain.
     """
     try:
-        from gpuswarm.app.engine import (
-            check_run_dir,  # the engine: only for the commands that use it
+        from gpuswarm.app.inspection import (
+            check_run_dir,  # the engine's pieces: only for the commands that use them
         )
 
         report = check_run_dir(run_dir, repair=repair)
@@ -143,7 +143,7 @@ def ls_cmd(workspace: Path | None, as_json: bool) -> None:
 def report_cmd(run_dir: Path, as_json: bool) -> None:
     """Write RUN_DIR/report.html (self-contained) and timeline.png from the run as it is now."""
     with stoppable():
-        from gpuswarm.app.engine import write_run_report
+        from gpuswarm.app.inspection import write_run_report
 
         path = write_run_report(run_dir)
     if as_json:  # issue 34: the numbers of the page (summary.json's, as the report read them)

@@ -31,7 +31,7 @@ from gpuswarm.core.errors import (
     EXIT_INTERRUPTED,
 )
 from gpuswarm.core.signals import leave
-from gpuswarm.outputs.results import RunReport
+from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.store import runindex
 from gpuswarm.store.runs import latest_run
 from gpuswarm.ui.terminal import is_terminal

@@ -1,15 +1,14 @@
 """The dashboard's web server: a Starlette app (JSON, Server-Sent Events, the one page and its
-script and style), behind :class:`~gpuswarm.dashboard.security.GuardMiddleware`, served by
-uvicorn on 127.0.0.1 unless told otherwise.
+script and style), behind :class:`~gpuswarm.dashboard.security.GuardMiddleware`; served by
+``dashboard/serving.py`` (uvicorn, 127.0.0.1 unless told otherwise).
 
 One poller task (every ``POLL_SECONDS``, in a worker thread) looks at every hub: a stat of each
 journal and ledger, a liveness check a second, the catalog's folders every two seconds; streams
 of what changed are woken (``sse.Signal``). Blocking reads (snapshots, task pages, actions) run
 in threads, never on the event loop.
 
-Stopping: uvicorn's graceful shutdown waits for open connections, and an SSE stream never ends
-by itself; the server's exit handler first ends every stream (``Signal.stop``), and
-``timeout_graceful_shutdown`` bounds what is left, so Ctrl-C exits within a second or two.
+Stopping: an SSE stream never ends by itself; :meth:`Dashboard.stop_streams` ends every one
+(``Signal.stop``) before uvicorn's graceful shutdown waits for open connections.
 """
 
 from __future__ import annotations
@@ -17,18 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, TextIO
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gpuswarm.core.errors import BadInputError, GpuswarmError
@@ -36,6 +34,15 @@ from gpuswarm.dashboard import sse
 from gpuswarm.dashboard.actions import ACTIONS, call
 from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root
 from gpuswarm.dashboard.metricspage import MetricsPage
+from gpuswarm.dashboard.responses import (
+    NotFoundError,
+    bad_input,
+    error_response,
+    event_stream,
+    json_response,
+    not_found,
+    query_number,
+)
 from gpuswarm.dashboard.security import Guard, GuardMiddleware, new_token
 from gpuswarm.dashboard.taskview import (
     LogPump,
@@ -47,7 +54,6 @@ from gpuswarm.dashboard.taskview import (
 
 POLL_SECONDS = 0.2
 LINES_SECONDS = 1.0  # how often running lanes' last output lines are looked at (pages open)
-SHUTDOWN_SECONDS = 2
 STATIC = {
     "app.js": "text/javascript; charset=utf-8",
     "app.css": "text/css; charset=utf-8",
@@ -193,7 +199,7 @@ class Dashboard:
     async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in self.assets:
-            return _error(404, f"no such file: {name}")
+            return error_response(404, f"no such file: {name}")
         return Response(self.assets[name], media_type=STATIC[name])
 
     async def _ready(self) -> None:
@@ -201,7 +207,7 @@ class Dashboard:
 
     async def runs(self, request: Request) -> Response:
         await self._ready()
-        return _json(await run_in_threadpool(self._listing))
+        return json_response(await run_in_threadpool(self._listing))
 
     def _listing(self) -> dict[str, Any]:
         return {**self.catalog.listing(), "read_only": self.settings.read_only}
@@ -219,12 +225,12 @@ class Dashboard:
             last[0] = text
             return sse.frame("runs", data)
 
-        return _stream(sse.follow(self.signal, "*", frame, frame))
+        return event_stream(sse.follow(self.signal, "*", frame, frame))
 
     def _hub(self, request: Request) -> Any:
         hub = self.catalog.run(request.path_params["rid"])
         if hub is None:
-            raise _NotFound(
+            raise NotFoundError(
                 f"no run {request.path_params['rid']!r} here (the runs page lists them)"
             )
         return hub
@@ -233,7 +239,7 @@ class Dashboard:
         await self._ready()
         hub = self._hub(request)
         data = await run_in_threadpool(hub.snapshot)
-        return _json({**data, "read_only": self.settings.read_only})
+        return json_response({**data, "read_only": self.settings.read_only})
 
     async def run_events(self, request: Request) -> Response:
         await self._ready()
@@ -259,7 +265,7 @@ class Dashboard:
             finally:
                 hub.watchers -= 1
 
-        return _stream(body())
+        return event_stream(body())
 
     async def tasks(self, request: Request) -> Response:
         await self._ready()
@@ -271,12 +277,12 @@ class Dashboard:
                 state=state,
                 sort=q.get("sort", "order"),
                 descending=q.get("dir") == "desc",
-                offset=_num(q.get("offset"), 0),
-                limit=_num(q.get("limit"), 50),
+                offset=query_number(q.get("offset"), 0),
+                limit=query_number(q.get("limit"), 50),
                 query=q.get("q", "")[:200],
             )
         )
-        return _json(data)
+        return json_response(data)
 
     async def task(self, request: Request) -> Response:
         await self._ready()
@@ -284,7 +290,7 @@ class Dashboard:
         data = await run_in_threadpool(
             task_detail, hub.paths, request.path_params["tid"], hub.redactor
         )
-        return _json(
+        return json_response(
             {**data, "run": hub.id, "run_title": hub.title, "read_only": self.settings.read_only}
         )
 
@@ -296,35 +302,35 @@ class Dashboard:
         pump = await run_in_threadpool(
             LogPump, hub.paths, request.path_params["tid"], resume, hub.redactor
         )
-        return _stream(log_stream(pump, self.signal))
+        return event_stream(log_stream(pump, self.signal))
 
     async def action(self, request: Request) -> Response:
         await self._ready()
         if self.settings.read_only:
-            return _error(403, "this dashboard is read-only (started with --read-only)")
+            return error_response(403, "this dashboard is read-only (started with --read-only)")
         hub = self._hub(request)
         name = request.path_params["action"]
         handler = ACTIONS.get(name)
         if handler is None:
-            return _error(404, f"no action {name!r}; actions: {', '.join(ACTIONS)}")
+            return error_response(404, f"no action {name!r}; actions: {', '.join(ACTIONS)}")
         try:
             body = await request.json()
         except ValueError:
-            return _error(400, "the request's body is no JSON")
+            return error_response(400, "the request's body is no JSON")
         if not isinstance(body, dict):
-            return _error(400, "the request's body must be a JSON object")
+            return error_response(400, "the request's body must be a JSON object")
         try:
             data = await run_in_threadpool(call, handler, hub, body)
         except BadInputError as exc:
-            return _error(400, str(exc))
+            return error_response(400, str(exc))
         except GpuswarmError as exc:
-            return _error(409, str(exc))
-        return _json(data)
+            return error_response(409, str(exc))
+        return json_response(data)
 
     def _exp(self, request: Request) -> Any:
         exp = self.catalog.experiment(request.path_params["eid"])
         if exp is None:
-            raise _NotFound(f"no experiment {request.path_params['eid']!r} here")
+            raise NotFoundError(f"no experiment {request.path_params['eid']!r} here")
         return exp
 
     def _exp_snapshot(self, exp: Any) -> dict[str, Any]:
@@ -334,7 +340,7 @@ class Dashboard:
     async def experiment(self, request: Request) -> Response:
         await self._ready()
         exp = self._exp(request)
-        return _json(await run_in_threadpool(self._exp_snapshot, exp))
+        return json_response(await run_in_threadpool(self._exp_snapshot, exp))
 
     async def experiment_events(self, request: Request) -> Response:
         await self._ready()
@@ -350,7 +356,7 @@ class Dashboard:
             last[0] = text
             return sse.frame("experiment", data, data["pos"])
 
-        return _stream(sse.follow(self.signal, exp.id, frame, frame))
+        return event_stream(sse.follow(self.signal, exp.id, frame, frame))
 
     async def diff(self, request: Request) -> Response:
         await self._ready()
@@ -358,44 +364,8 @@ class Dashboard:
         try:
             data = await run_in_threadpool(exp.diff, request.path_params["vid"])
         except BadInputError as exc:
-            return _error(404, str(exc))
-        return _json(data)
-
-
-class _NotFound(Exception):
-    pass
-
-
-def _json(data: Any) -> Response:
-    return Response(
-        json.dumps(data, separators=(",", ":"), default=str).encode(),
-        media_type="application/json",
-    )
-
-
-def _error(status: int, message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=status)
-
-
-def _num(value: str | None, default: int) -> int:
-    found = sse.number(value)
-    return default if found is None else found
-
-
-def _stream(body: AsyncIterator[bytes]) -> Response:
-    return StreamingResponse(
-        body,
-        media_type="text/event-stream",
-        headers={"X-Accel-Buffering": "no"},
-    )
-
-
-async def _not_found(request: Request, exc: Exception) -> Response:
-    return _error(404, str(exc))
-
-
-async def _bad_input(request: Request, exc: Exception) -> Response:
-    return _error(400, str(exc))
+            return error_response(404, str(exc))
+        return json_response(data)
 
 
 def build_app(settings: Settings) -> tuple[Starlette, Dashboard, Guard]:
@@ -412,72 +382,10 @@ def build_app(settings: Settings) -> tuple[Starlette, Dashboard, Guard]:
         routes=dash.routes(),
         lifespan=dash.lifespan,
         exception_handlers={
-            _NotFound: _not_found,
-            NoSuchTaskError: _not_found,
-            BadInputError: _bad_input,
+            NotFoundError: not_found,
+            NoSuchTaskError: not_found,
+            BadInputError: bad_input,
         },
     )
     app.add_middleware(GuardMiddleware, guard=guard)
     return app, dash, guard
-
-
-def bind_socket(address: str, port: int) -> socket.socket:
-    """A listening socket on ``address:port`` (port 0: a free one), made before the app so
-    that the printed URL names the port really bound."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # accepted connections inherit it: an answer's headers and body go out at once (with
-    # Nagle's algorithm, the body waited for the client's delayed ACK: 40 ms per request)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((address, port))
-    except OSError as exc:
-        sock.close()
-        raise BadInputError(
-            f"--port {port}: cannot listen on {address}:{port} ({exc.strerror}); pick another "
-            "port, or leave --port out for a free one"
-        ) from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
-def serve(
-    settings: Settings, *, stream: TextIO, on_url: Callable[[str], None] | None = None
-) -> int:
-    """Serve until Ctrl-C / SIGTERM; prints the URL (with its token) on ``stream``."""
-    import uvicorn
-
-    sock = bind_socket(settings.bind, settings.port)
-    port = int(sock.getsockname()[1])
-    settings.port = port
-    app, dash, guard = build_app(settings)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-        lifespan="on",
-        ws="none",
-        server_header=False,
-    )
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if dash.loop is not None:  # streams end: the graceful shutdown can finish
-                dash.loop.call_soon_threadsafe(dash.stop_streams)
-            super().handle_exit(sig, frame)
-
-    server = Server(config)
-    host = "127.0.0.1" if settings.bind in ("0.0.0.0", "::") else settings.bind
-    url = guard.url(host)
-    stream.write(f"{url}\n")
-    stream.flush()
-    if on_url is not None:
-        on_url(url)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        sock.close()
-    return 0

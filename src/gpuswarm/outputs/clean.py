@@ -18,11 +18,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
+
+from typing_extensions import NotRequired
 
 from gpuswarm.core.errors import RunDirError
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.outputs.results import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
+from gpuswarm.outputs.aggregate import COMPLETE, STOPPED, UNFINISHED, WITH_FAILURES
 from gpuswarm.outputs.status import list_runs
 from gpuswarm.store.cleanup import (
     DEFAULT_LEASE_TTL,
@@ -36,6 +38,17 @@ from gpuswarm.store.runinfo import read_record
 FINISHED = (COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED)
 
 
+class CandidateJson(TypedDict):
+    """``clean --json``'s entry of one run."""
+
+    run: str
+    state: str
+    age_s: float
+    bytes: int
+    removed: bool
+    kept_because: NotRequired[str]
+
+
 @dataclass
 class Candidate:
     """A finished run idle for long enough, and what became of it."""
@@ -47,8 +60,8 @@ class Candidate:
     removed: bool = False
     kept_because: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def as_json(self) -> CandidateJson:
+        out: CandidateJson = {
             "run": str(self.run),
             "state": self.state,
             "age_s": round(self.age_s, 1),

@@ -1,33 +1,22 @@
-"""Aggregation: one row per task (failed ones included) into results.tsv and summary.json.
-
-Rates use honest denominators: a boolean result field is reported over the tasks that finished
-(``of_done``) and over every task of the run (``of_total``), so a run where half the tasks crashed
-cannot look perfect.
+"""results.tsv's rows: one per task (failed ones included), read from the queue, sorted in the
+config's order, redacted, written as TSV; the states apart from the pass rates and the counts
+the outputs show. summary.json is :mod:`gpuswarm.outputs.aggregate`'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import statistics
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
-from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
-from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
-from gpuswarm.core.secretvalues import run_redactor
-from gpuswarm.outputs.energy import energy_of, energy_stats
-from gpuswarm.outputs.gpumem import gpu_memory_stats
-from gpuswarm.outputs.passk import RepeatOf, repeat_of, repeat_stats
-from gpuswarm.outputs.spend import USAGE_COLUMNS, RunCost, RunSpend, TaskSpend, task_spend
-from gpuswarm.outputs.summaryjson import FieldStats, SummaryJson
+from gpuswarm.outputs.energy import energy_of
+from gpuswarm.outputs.passk import RepeatOf, repeat_of
+from gpuswarm.outputs.spend import USAGE_COLUMNS, TaskSpend, task_spend
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -156,14 +145,6 @@ def natural(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(text) if p)
 
 
-def _value_order(text: str) -> tuple[int, float, tuple[tuple[int, int | str], ...]]:
-    """Numbers by value (0.01 before 0.1), then other text in natural order."""
-    try:
-        return (0, float(text), ())
-    except ValueError:
-        return (1, 0.0, natural(text))
-
-
 def _order(row: Row) -> tuple[float, tuple[tuple[int, int | str], ...]]:
     """The config's order (submission), then natural order of the ids (rows of no
     descriptor, tasks of equal place)."""
@@ -253,155 +234,6 @@ def to_tsv(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# a field named so says which end is best (loss: the lowest); any other: min and max only
-_LOWER = re.compile(r"loss|err|time|second|latency|bpb|perplex|ppl|mse|mae|rmse|cost|regret")
-_HIGHER = re.compile(r"acc|speedup|score|throughput|reward|f1|auc|precision|recall|bleu|gain")
-
-
-def _numeric_stats(points: list[tuple[float, str]], key: str) -> FieldStats:
-    """Stats of a numeric field over ``(value, task)`` points: the tasks at its ends (NaN
-    never one), and the best point where the field's name says which end is best."""
-    values = [v for v, _ in points]
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * (len(ordered) - 1) + 0.5))]
-    finite = [p for p in points if not math.isnan(p[0])] or points
-    low, high = min(finite, key=lambda p: p[0]), max(finite, key=lambda p: p[0])
-    out: FieldStats = {
-        "kind": "number",
-        "n": len(values),
-        "mean": statistics.fmean(values),
-        "median": statistics.median(values),
-        "p90": p90,
-        "min": ordered[0],
-        "max": ordered[-1],
-        "min_task": low[1],
-        "max_task": high[1],
-    }
-    name = key.rsplit(".", 1)[-1].lower()
-    if _LOWER.search(name):
-        out["best"] = {"task": low[1], "value": low[0], "by": "lowest"}
-    elif _HIGHER.search(name):
-        out["best"] = {"task": high[1], "value": high[0], "by": "highest"}
-    return out
-
-
-def _is_input(key: str, rows: list[Row]) -> bool:
-    """Whether result field ``key`` repeats what each task was made from (``result.lr`` of a
-    matrix over ``lr``): no measurement, so never averaged."""
-    seen = False
-    for r in rows:
-        if key not in r.result:
-            continue
-        given = r.inputs.get(key)
-        if given is None:
-            return False
-        value = r.result[key]
-        try:
-            same = float(value) == float(given)
-        except (TypeError, ValueError):
-            same = str(value) == given
-        if not same:
-            return False
-        seen = True
-    return seen
-
-
-def field_stats(rows: list[Row]) -> dict[str, FieldStats]:
-    """Per result/metric field: pass rates for booleans, mean/median/p90 for numbers with the
-    tasks at their ends (and the best one, by the field's name), the values of a field that
-    only repeats the task's inputs (``kind: input``: never averaged)."""
-    total = sum(1 for r in rows if r.values.state not in APART)  # skipped, cancelled: apart
-    done = sum(1 for r in rows if r.values.state == State.DONE.value)
-    columns: dict[str, list[Any]] = {}
-    tasks: dict[str, list[str]] = {}
-    for r in rows:
-        who = r.values.name or r.values.task
-        for k, v in r.metrics.items():
-            columns.setdefault(k, []).append(v)
-            tasks.setdefault(k, []).append(who)
-        for k, v in r.result.items():
-            columns.setdefault(f"result.{k}", []).append(v)
-            tasks.setdefault(f"result.{k}", []).append(who)
-    inputs = {k for r in rows for k in r.inputs}
-    out: dict[str, FieldStats] = {}
-    for key, values in sorted(columns.items()):
-        short = key.removeprefix("result.")
-        if key.startswith("result.") and short in inputs and _is_input(short, rows):
-            distinct = sorted({str(v) for v in values}, key=_value_order)
-            out[key] = {"kind": "input", "n": len(values), "values": distinct[:50]}
-        elif all(isinstance(v, bool) for v in values):
-            true = sum(1 for v in values if v)
-            out[key] = {
-                "kind": "bool",
-                "true": true,
-                "of_done": done,
-                "of_total": total,
-                "rate_done": true / done if done else None,
-                "rate_total": true / total if total else None,
-            }
-        else:
-            nums = [
-                (float(v), who)
-                for v, who in zip(values, tasks[key], strict=True)
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            ]
-            if nums:
-                out[key] = _numeric_stats(nums, key)
-    return out
-
-
-def summarize(
-    rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
-) -> SummaryJson:
-    counts = {s.value: 0 for s in State}
-    for r in rows:
-        counts[r.values.state] = counts.get(r.values.state, 0) + 1
-    failures = [
-        r.values.failure_json() for r in rows if r.values.state not in (State.DONE.value, *APART)
-    ]
-    skipped = [r.values.apart_json() for r in rows if r.values.state == State.SKIPPED.value]
-    cancelled = [r.values.apart_json() for r in rows if r.values.state == State.CANCELLED.value]
-    busy = sum(r.busy for r in rows)
-    reasons: dict[str, int] = {}
-    for f in failures:
-        if f["state"] == State.FAILED.value:
-            reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
-    out: SummaryJson = {
-        "run": run_info.get("run_dir", ""),
-        "name": run_info.get("name", ""),
-        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "total": len(rows),
-        # complete: every task ended done, skipped or cancelled (a person's choice; --strict
-        # makes cancelled ones an exit code 1)
-        "complete": counts[State.DONE.value] + sum(counts[k] for k in APART) == len(rows),
-        "counts": shown_counts(counts),
-        "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
-        "not_done": len(failures),  # the true count ("failures" lists the first 200)
-        "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
-        "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
-        "failures": failures[:200],
-        "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
-        "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
-        "fields": field_stats(rows),
-        "gpu_memory": gpu_memory_stats(rows),
-        "energy": energy_stats(rows),
-    }
-    if (cost := spend_stats(rows)) is not None:
-        out["cost"] = cost
-    if (reps := repeat_stats(rows)) is not None:
-        out["repeats"] = reps
-    return out
-
-
-def spend_stats(rows: list[Row]) -> RunCost | None:
-    """summary.json's ``cost`` (issue 34): tokens and USD in total, per slot and model, and
-    per task done; None when no task reported usage."""
-    spend = RunSpend()
-    for r in rows:
-        spend.add(r.spend, done=r.values.state == State.DONE.value)
-    return spend.as_json()
-
-
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:
     """Counts per state as outputs show them: ``skipped`` and ``cancelled`` only when some task
     is (runs without them read as they always did); ``blocked`` too (issue 35)."""
@@ -410,73 +242,3 @@ def shown_counts(counts: dict[str, int]) -> dict[str, int]:
 
 #: States that ended a task without a failure and stay out of the pass-rate denominators.
 APART = (State.SKIPPED.value, State.CANCELLED.value, State.DEPENDENCY_FAILED.value)  # + issue 35
-
-
-#: How a run ended (summary.json ``state``); ``status``/``ls``/report add "live" and "crashed".
-COMPLETE, WITH_FAILURES, STOPPED, UNFINISHED = (
-    "complete",
-    "finished with failures",
-    "stopped",
-    "unfinished",
-)
-
-
-def end_state(counts: dict[str, int], stopped: bool) -> str:
-    """complete (every task done, skipped or cancelled), finished with failures (every task
-    ran, some failed), stopped (Ctrl-C / SIGTERM; resume finishes it) or unfinished (tasks
-    left)."""
-    if counts.get(State.PENDING.value, 0) + counts.get(State.RUNNING.value, 0) == 0:
-        bad = sum(n for k, n in counts.items() if k not in (State.DONE.value, *APART))
-        return COMPLETE if bad == 0 else WITH_FAILURES
-    return STOPPED if stopped else UNFINISHED
-
-
-def write_outputs(
-    paths: RunPaths,
-    queue: DirQueue,
-    run_info: dict[str, Any],
-    window: tuple[float, float] | None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Write results.tsv and summary.json atomically (redacted by the run's redactor); return
-    the summary."""
-    redactor = run_redactor(run_info)
-    rows = collect(queue, redactor)
-    atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary: dict[str, Any] = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
-    summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
-    atomic_write_json(paths.summary_json, summary)
-    return summary
-
-
-@dataclass
-class RunReport:
-    """What a supervised run ended as: its folder, summary.json, and the exit code it means."""
-
-    paths: RunPaths
-    summary: dict[str, Any]
-    interrupted: bool
-    recovered: dict[str, int] | None = None
-    strict: bool = False  # --strict: a cancelled task makes the exit code 1
-    stopped_by: str | None = None  # the backend stopped it (its cluster's head is gone)
-    halted: str | None = None  # the halt rule stopped it (issue 28): its reason
-    budget: str | None = None  # the budget was spent (issue 34): its reason, how to raise it
-
-    @property
-    def exit_code(self) -> int:
-        if self.halted:  # tasks are left: 1 when one failed (a fail= halt), 0 when the
-            failed = (self.summary.get("counts") or {}).get(State.FAILED.value, 0)
-            return EXIT_UNFINISHED if failed else EXIT_OK  # halt found what it waited for
-        if self.stopped_by:
-            return EXIT_UNFINISHED  # no one interrupted it: unfinished, `resume` goes on
-        if self.budget and not self.summary.get("complete"):
-            return EXIT_UNFINISHED  # issue 34: tasks left pending (reason budget)
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        after = self.summary.get("after_all")
-        if isinstance(after, dict) and not after.get("ok"):
-            return EXIT_UNFINISHED  # the post-processing step failed
-        if not self.summary.get("complete"):
-            return EXIT_UNFINISHED
-        cancelled = (self.summary.get("counts") or {}).get(State.CANCELLED.value, 0)
-        return EXIT_UNFINISHED if self.strict and cancelled else EXIT_OK

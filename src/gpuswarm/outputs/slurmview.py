@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
+from typing_extensions import NotRequired
+
 from gpuswarm.core.fsutil import read_json
 
 MAX_BYTES = 1 << 20  # files gpuswarm wrote itself; larger ones are not read
@@ -22,6 +24,19 @@ class SlurmJob(TypedDict):
     state: Any
     nodes: Any
     reason: Any
+
+
+class JobRecord(TypedDict):
+    """A worker job as the login-node driver writes it into ``slurm/jobs.json`` (and
+    summary.json's ``slurm_jobs``)."""
+
+    job: str
+    state: str  # SUBMITTED, then Slurm's (PENDING, RUNNING, COMPLETED, ...)
+    nodes: str
+    active: bool
+    submitted: float
+    reason: str
+    ended: NotRequired[float]
 
 
 class SlurmView(TypedDict):

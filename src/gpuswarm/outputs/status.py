@@ -18,7 +18,8 @@ from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.core.redact import Redactor
 from gpuswarm.core.secretvalues import run_redactor
-from gpuswarm.outputs.results import STOPPED, UNFINISHED, WITH_FAILURES, end_state, shown_counts
+from gpuswarm.outputs.aggregate import STOPPED, UNFINISHED, WITH_FAILURES, end_state
+from gpuswarm.outputs.results import shown_counts
 from gpuswarm.outputs.slurmview import slurm_view
 from gpuswarm.outputs.statusjson import (
     Eta,

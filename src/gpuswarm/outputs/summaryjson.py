@@ -1,4 +1,4 @@
-"""summary.json, typed (issue 32, step 6): what ``outputs/results.py`` ``summarize`` writes
+"""summary.json, typed (issue 32, step 6): what ``outputs/aggregate.py`` ``summarize`` writes
 (the supervisor adds its keys: quarantined, stopped, ..., ``state``). Built as a literal in its
 keys' order; readers of a file on disk parse it as JSON (older files lack newer keys)."""
 
@@ -11,8 +11,10 @@ from typing_extensions import NotRequired
 from gpuswarm.outputs.energy import EnergyStats
 from gpuswarm.outputs.gpumem import GpuMemoryStats
 from gpuswarm.outputs.passk import RepeatsJson
+from gpuswarm.outputs.slurmview import JobRecord
 from gpuswarm.outputs.spend import RunCost
 from gpuswarm.outputs.taskrow import ApartJson, FailureJson
+from gpuswarm.store.quarantines import Quarantined
 
 
 class Best(TypedDict):
@@ -65,3 +67,14 @@ class SummaryJson(TypedDict):
     cost: NotRequired[RunCost]  # issue 34: when some task reported usage
     repeats: NotRequired[RepeatsJson]  # issue 34: when some task is repeated
     state: NotRequired[str]  # how the run ended (``end_state``), set when it is written
+
+
+class SessionEnd(TypedDict, total=False):
+    """What a session's supervisor (or Slurm's login-node driver) adds to summary.json: how it
+    ended, over what ``summarize`` makes of the rows."""
+
+    quarantined: list[Quarantined]
+    stopped: bool
+    stopped_by: str  # the backend's reason, the halt rule's, the budget's, a signal's
+    requeued: int  # running tasks a stop put back
+    slurm_jobs: list[JobRecord]  # issue 36: a login-node run's worker jobs

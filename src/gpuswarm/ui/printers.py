@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 if TYPE_CHECKING:
     from gpuswarm.outputs.check import CheckReport
-    from gpuswarm.outputs.results import RunReport
+    from gpuswarm.outputs.runreport import RunReport
 
 
 def _console() -> Console:
