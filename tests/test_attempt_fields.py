@@ -20,6 +20,7 @@ from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.outputs.results import collect, to_tsv
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runinfo import RunRecord
 
 # values a run can really hold (the rest are made up per type below); interrupted stays False
 # so the attempt is the one the task is judged by
@@ -96,7 +97,7 @@ def test_every_attempt_field_reaches_the_row_the_api_and_the_dashboard(tmp_path:
         assert row.values[name] == want[name]
         assert cells[header.index(name)] == str(want[name])
     assert TaskRow.from_json(row.values.to_json()) == row.values  # the row model reads back
-    write_outputs(run, DirQueue(run), {"run_dir": str(run.root)}, None)
+    write_outputs(run, DirQueue(run), RunRecord.from_json({"run_dir": str(run.root)}), None)
     summary = json.loads(run.summary_json.read_text())
     assert summary["gpu_memory"]["measured"] == 1
     assert summary["gpu_memory"]["peak_vram_mb"]["max"] == want["peak_vram_mb"]

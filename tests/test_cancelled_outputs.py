@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from rich.console import Console
 
@@ -16,7 +16,9 @@ from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.aggregate import COMPLETE, WITH_FAILURES, end_state, summarize
 from gpuswarm.outputs.results import Row, shown_counts
 from gpuswarm.outputs.runreport import RunReport
+from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import TaskRow
+from gpuswarm.store.runinfo import RunRecord
 from gpuswarm.ui.table import LiveView
 
 
@@ -28,8 +30,8 @@ def _row(task: str, state: str, ok: bool | None = None, reason: str = "") -> Row
     return row
 
 
-def _summary(rows: list[Row]) -> dict[str, Any]:
-    summary: dict[str, Any] = {**summarize(rows, {"name": "t"}, None)}
+def _summary(rows: list[Row]) -> RunSummary:
+    summary = cast(RunSummary, {**summarize(rows, RunRecord.from_json({"name": "t"}), None)})
     summary["state"] = end_state(summary["counts"], False)
     return summary
 

@@ -8,7 +8,7 @@ import io
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -17,6 +17,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView
 from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.outputs.status import run_status
+from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
@@ -139,7 +140,9 @@ def _report(
     tmp_path: Path, summary: dict[str, Any], *, interrupted: bool = False, halted: str = ""
 ) -> RunReport:
     paths = RunPaths(tmp_path / "r")
-    return RunReport(paths, summary, interrupted=interrupted, halted=halted or None)
+    return RunReport(
+        paths, cast(RunSummary, summary), interrupted=interrupted, halted=halted or None
+    )
 
 
 def test_the_end_line_says_how_the_run_ended(tmp_path: Path) -> None:
@@ -198,6 +201,8 @@ def test_the_live_view_keeps_saying_why_a_halt_now_stops_the_run() -> None:
 
 def test_a_budget_stop_counts_the_tasks_it_left(tmp_path: Path) -> None:
     """Issue 33's plurals: ``1 task left pending``, never ``1 tasks``."""
-    left = {"counts": {"done": 4, "pending": 1}, "complete": False, "state": "stopped"}
+    left = cast(
+        RunSummary, {"counts": {"done": 4, "pending": 1}, "complete": False, "state": "stopped"}
+    )
     report = RunReport(RunPaths(tmp_path / "r"), left, interrupted=False, budget="budget $1.00")
     assert end_line(report) == "stopped by budget $1.00 (1 task left pending, reason budget)"

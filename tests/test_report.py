@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from PIL import Image
@@ -26,6 +26,7 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.outputs.html import html_table, png_data_uri
 from gpuswarm.outputs.report import MAX_ROWS, select_rows, write_report
 from gpuswarm.outputs.results import Row
+from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.outputs.timeline import (
     Bar,
@@ -38,6 +39,7 @@ from gpuswarm.outputs.timeline import (
 from gpuswarm.store.leases import host_slug
 from gpuswarm.store.names import descriptor_name
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runinfo import RunRecord
 from gpuswarm.store.staging import create_layout
 
 PY = sys.executable
@@ -109,7 +111,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunPaths, Path]:
     (root,) = sorted(folder.glob("runs/rep/run_*"))
     paths = RunPaths(root)
     summary = json.loads(paths.summary_json.read_text())
-    info = json.loads(paths.run_json.read_text())
+    info = RunRecord.from_json(json.loads(paths.run_json.read_text()))
     return paths, write_report(paths, DirQueue(paths), summary, info)
 
 
@@ -297,8 +299,13 @@ def test_report_caps_the_table(tmp_path: Path) -> None:
             "state": state,
         }
         (paths.state_dir(state) / descriptor_name(0, i, f"t{i}")).write_bytes(dumps(desc))
-    summary = {"name": "big", "total": 2100, "counts": {"done": 2097, "failed": 3}, "fields": {}}
-    info = {"name": "big", "gpus": "sim:3", "gpu_ids": [0, 1, 2], "vendor": "sim"}
+    summary = cast(
+        RunSummary,
+        {"name": "big", "total": 2100, "counts": {"done": 2097, "failed": 3}, "fields": {}},
+    )
+    info = RunRecord.from_json(
+        {"name": "big", "gpus": "sim:3", "gpu_ids": [0, 1, 2], "vendor": "sim"}
+    )
     page = write_report(paths, DirQueue(paths), summary, info).read_text()
     assert page.count("<tr class=") == MAX_ROWS
     assert "100 more tasks are not shown" in page and "results.tsv" in page

@@ -5,7 +5,6 @@ line when it was spent."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from gpuswarm.app.output import Output, say
 from gpuswarm.app.setup import Setup
@@ -16,10 +15,11 @@ from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import Backend
 from gpuswarm.outputs.aggregate import write_outputs
-from gpuswarm.outputs.summaryjson import SessionEnd
+from gpuswarm.outputs.summaryjson import RunSummary, SessionEnd
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.runs import open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import open_record
 from gpuswarm.supervise.after_all import run_once
 from gpuswarm.supervise.budget import Budget
 from gpuswarm.supervise.supervisor import Supervisor
@@ -33,9 +33,9 @@ def budget_line(budget: Budget) -> str | None:
 
 def aggregate(
     paths: RunPaths, queue: DirQueue, ledger: Ledger, sup: Supervisor, started: float
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[RunSummary, RunRecord]:
     """summary.json and results.tsv of the run as the supervisor left it, and its run.json."""
-    _, info = open_run(paths.root)  # a late Ctrl-C must not cut the summary
+    _, info = open_record(paths.root)  # a late Ctrl-C must not cut the summary
     extra: SessionEnd = {"quarantined": sup.quarantined, "stopped": sup.stopping.is_set()}
     if sup.shared.ended_by:
         extra["stopped_by"] = sup.shared.ended_by  # the backend's reason (a head lost)
@@ -58,7 +58,7 @@ def after_all(
     setup: Setup,
     output: Output,
     sup: Supervisor,
-    summary: dict[str, Any],
+    summary: RunSummary,
     backend: Backend,
 ) -> None:
     """The after_all step, once every task ended; its result goes into summary.json."""

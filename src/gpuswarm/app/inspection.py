@@ -15,13 +15,13 @@ from gpuswarm.outputs.status import run_state
 from gpuswarm.store.leases import is_live
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.runs import open_record, open_run
+from gpuswarm.store.runs import open_record
 from gpuswarm.supervise.recovery import recover
 
 
 def write_run_report(run_dir: Path) -> Path:
     """``gpuswarm report``: the outputs and the report of a run as it stands (live or not)."""
-    paths, info = open_run(run_dir)
+    paths, info = open_record(run_dir)
     queue = DirQueue(paths)
     if paths.summary_json.is_file() and not is_live(paths):
         summary = read_json(paths.summary_json)  # as its supervisor wrote it (wall time, ...)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from gpuswarm.core.errors import DiskFullError
 from gpuswarm.core.models import State
@@ -21,10 +21,12 @@ from gpuswarm.core.secretvalues import run_redactor
 from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.outputs.groups import group_lines, tally_run
 from gpuswarm.outputs.report import write_report
+from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.queue import DirQueue
-from gpuswarm.store.runs import open_run
+from gpuswarm.store.runinfo import RunRecord
+from gpuswarm.store.runs import open_record, open_run
 from gpuswarm.store.spool import spooled_ids
 from gpuswarm.ui.terminal import PlainReporter, is_terminal, paused_now
 
@@ -114,7 +116,7 @@ MAX_GROUP_LINES = 8
 
 
 def write_report_safely(
-    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any], out: Output
+    paths: RunPaths, queue: DirQueue, summary: RunSummary, info: RunRecord, out: Output
 ) -> None:
     """report.html + timeline.png; a failure here is reported, never the run's failure."""
     try:
@@ -127,7 +129,7 @@ def after_disk_full(paths: RunPaths, queue: DirQueue, exc: OSError) -> DiskFullE
     """The run stopped on a full disk: write the outputs if they still fit, say what to do."""
     where = f" ({exc.filename})" if exc.filename else ""
     try:
-        _, info = open_run(paths.root)
+        _, info = open_record(paths.root)
         write_outputs(paths, queue, info, None)
         wrote = "summary.json and results.tsv are written"
     except OSError:

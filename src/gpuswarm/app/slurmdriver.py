@@ -132,8 +132,8 @@ def drive(
     """Submit and watch the worker jobs until the work is done, holding the run's live lock
     (``status`` shows it live; a second ``resume`` refuses), then write the outputs."""
     _, record = open_record(paths.root)
-    info = record.to_json()  # for the outputs
-    ledger = Ledger(paths.events, redact=run_redactor(info).text)
+    redactor = run_redactor(record.to_json())
+    ledger = Ledger(paths.events, redact=redactor.text)
     queue = DirQueue(paths)
     driver = JobDriver(paths, settings, queue, ledger, output)
     started = time.time()
@@ -145,7 +145,7 @@ def drive(
                 recover(queue, ledger, retry_failed=retry_failed, backend=recovery_backend(record))
             hold.end_init()
             # the run's webhooks (issue 37) are this process's: the nodes' workers send none
-            notifier = notifier_for(paths, record, run_redactor(info).text)
+            notifier = notifier_for(paths, record, redactor.text)
             driver.run()
         extra: SessionEnd = {"stopped": driver.stopping.is_set()}
         if driver.gave_up:
@@ -154,10 +154,10 @@ def drive(
             extra["stopped_by"] = "stopped by hand (its Slurm jobs cancelled)"
         notifier = last_word(notifier, stopped="stopped_by" in extra, why=extra.get("stopped_by"))
         extra["slurm_jobs"] = driver.records
-        summary = write_outputs(paths, queue, info, (started, time.time()), extra)
+        summary = write_outputs(paths, queue, record, (started, time.time()), extra)
         ledger.emit(Ev.AGGREGATED, counts=summary["counts"], complete=summary["complete"])
         if output.report:
-            write_report_safely(paths, queue, summary, info, output)
+            write_report_safely(paths, queue, summary, record, output)
     finally:
         last_word(notifier, stopped=True, why="the login-node driver failed")  # an error ended it
         ledger.close()

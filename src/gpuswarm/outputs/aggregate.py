@@ -4,7 +4,6 @@ memory, energy, cost, repeats), with results.tsv, and how the run ended (``end_s
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from gpuswarm.core.fsutil import atomic_write_json, atomic_write_text
 from gpuswarm.core.models import State
@@ -16,12 +15,13 @@ from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import repeat_stats
 from gpuswarm.outputs.results import APART, Row, collect, shown_counts, to_tsv
 from gpuswarm.outputs.spend import RunCost, RunSpend
-from gpuswarm.outputs.summaryjson import SessionEnd, SummaryJson
+from gpuswarm.outputs.summaryjson import RunSummary, SessionEnd, SummaryJson
 from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.runinfo import RunRecord
 
 
 def summarize(
-    rows: list[Row], run_info: dict[str, Any], events_window: tuple[float, float] | None
+    rows: list[Row], record: RunRecord, events_window: tuple[float, float] | None
 ) -> SummaryJson:
     counts = {s.value: 0 for s in State}
     for r in rows:
@@ -37,8 +37,8 @@ def summarize(
         if f["state"] == State.FAILED.value:
             reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
     out: SummaryJson = {
-        "run": run_info.get("run_dir", ""),
-        "name": run_info.get("name", ""),
+        "run": record.run_dir,
+        "name": record.name,
         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "total": len(rows),
         # complete: every task ended done, skipped or cancelled (a person's choice; --strict
@@ -94,16 +94,17 @@ def end_state(counts: dict[str, int], stopped: bool) -> str:
 def write_outputs(
     paths: RunPaths,
     queue: DirQueue,
-    run_info: dict[str, Any],
+    record: RunRecord,
     window: tuple[float, float] | None,
     extra: SessionEnd | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Write results.tsv and summary.json atomically (redacted by the run's redactor); return
     the summary."""
-    redactor = run_redactor(run_info)
+    redactor = run_redactor(record.to_json())
     rows = collect(queue, redactor)
     atomic_write_text(paths.results_tsv, to_tsv(rows))
-    summary: dict[str, Any] = {**summarize(rows, run_info, window), **redactor.tree(extra or {})}
+    ended: SessionEnd = redactor.tree(extra or {})
+    summary: RunSummary = {**summarize(rows, record, window), **ended}
     summary["state"] = end_state(summary["counts"], bool(summary.get("stopped")))
     atomic_write_json(paths.summary_json, summary)
     return summary

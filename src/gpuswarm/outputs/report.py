@@ -29,6 +29,7 @@ from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_dat
 from gpuswarm.outputs.passk import repeats_section
 from gpuswarm.outputs.results import Row, redact_rows, row_for
 from gpuswarm.outputs.slurmview import slurm_section
+from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow
 from gpuswarm.outputs.timeline import (
     Bar,
@@ -41,6 +42,7 @@ from gpuswarm.placement.devices import Gpu, GpuSet, Vendor
 from gpuswarm.placement.gpus import plan_slots
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader, last_attempt
+from gpuswarm.store.runinfo import RunRecord
 
 MAX_ROWS = 2000
 MAX_FAILURES = 200
@@ -66,9 +68,7 @@ class SlotTally:  # a slot's line of the report: its machines, attempts, exit 0s
 class _Scan:
     """One pass over the queue: rows, bars, and the descriptors of tasks that are not done."""
 
-    def __init__(
-        self, reader: RunReader, summary: Mapping[str, Any], info: Mapping[str, Any]
-    ) -> None:
+    def __init__(self, reader: RunReader, summary: Mapping[str, Any], record: RunRecord) -> None:
         self.reader = reader
         self.rows: list[Row] = []
         self.bars: list[Bar] = []
@@ -100,7 +100,7 @@ class _Scan:
             if fail.get("state") == "corrupt" and str(fail.get("task")) not in known:
                 entry = TaskRow.from_json(fail)
                 self.rows.append(Row(values=TaskRow.corrupt(entry.task, entry.reason)))
-        self.redactor: Redactor = run_redactor(info).including(values=secrets)
+        self.redactor: Redactor = run_redactor(record.to_json()).including(values=secrets)
         redact_rows(self.rows, self.redactor)
         for retry in self.oom_retries:
             retry["reason"] = self.redact(retry["task"], retry["reason"])
@@ -121,15 +121,13 @@ class _Scan:
         return self.redactor.text(cell_text(text))
 
 
-def _lanes(info: Mapping[str, Any]) -> list[str]:
+def _lanes(record: RunRecord) -> list[str]:
     """Slot labels of the run (idle slots are lanes too); [] when run.json does not say."""
     try:
-        vendor = Vendor(str(info.get("vendor", "sim")))
-        gpus = tuple(Gpu(int(i), "", vendor) for i in info.get("gpu_ids") or [])
-        gpu_set = GpuSet(vendor, gpus, str(info.get("gpus", "")))
-        slots = plan_slots(
-            gpu_set, int(info.get("gpus_per_task", 1)), int(info.get("tasks_per_gpu", 1))
-        )
+        vendor = Vendor(record.vendor or "sim")
+        gpus = tuple(Gpu(i, "", vendor) for i in record.gpu_ids)
+        gpu_set = GpuSet(vendor, gpus, record.gpus)
+        slots = plan_slots(gpu_set, record.gpus_per_task, record.tasks_per_gpu)
     except Exception:  # a report must not fail on an odd run.json
         return []
     return [s.label for s in slots]
@@ -149,16 +147,16 @@ def _badge(kind: str, text: object) -> str:
 
 
 def _header(
-    paths: RunPaths, summary: Mapping[str, Any], info: Mapping[str, Any], stats: Mapping[str, float]
+    paths: RunPaths, summary: Mapping[str, Any], record: RunRecord, stats: Mapping[str, float]
 ) -> str:
-    name = info.get("name") or summary.get("name") or paths.root.parent.name
-    ids = ",".join(str(i) for i in info.get("gpu_ids") or [])
+    name = record.name or summary.get("name") or paths.root.parent.name
+    ids = ",".join(str(i) for i in record.gpu_ids)
     label = str(summary.get("state") or ("complete" if summary.get("complete") else "unfinished"))
     state = _badge("ok" if label == "complete" else "no", label)
     badges = "".join(_badge(k, f"{k} {v}") for k, v in (summary.get("counts") or {}).items())
     meta = {
         "run": paths.root.name,
-        "GPUs": f"{info.get('gpus', '?')} (ids {ids or '?'})",
+        "GPUs": f"{record.gpus or '?'} (ids {ids or '?'})",
         "written": summary.get("written", ""),
         "wall time": _seconds(summary.get("wall_seconds")),
         "task time (all attempts)": _seconds(summary.get("busy_seconds")),
@@ -357,14 +355,12 @@ def _apart(scan: _Scan, title: str, rows: list[Row], why: str) -> str:
     )
 
 
-def write_report(
-    paths: RunPaths, queue: DirQueue, summary: dict[str, Any], info: dict[str, Any]
-) -> Path:
+def write_report(paths: RunPaths, queue: DirQueue, summary: RunSummary, record: RunRecord) -> Path:
     """Write ``timeline.png`` and the self-contained ``report.html`` into the run folder."""
-    scan = _Scan(RunReader(paths, queue), summary, info)
-    lanes = scan.reader.slot_ids() or _lanes(info)  # every slot id the run has had
+    scan = _Scan(RunReader(paths, queue), summary, record)
+    lanes = scan.reader.slot_ids() or _lanes(record)  # every slot id the run has had
     stats = idle_stats(scan.bars, lanes)
-    name = str(info.get("name") or summary.get("name") or "")
+    name = str(record.name or summary.get("name") or "")
     try:
         png = timeline_png(
             scan.bars,
@@ -377,7 +373,7 @@ def write_report(
     except Exception as exc:  # the page is still worth having without the chart
         image = f"<p class=note>timeline not available: {esc(exc)}</p>"
     body = (
-        _header(paths, summary, info, stats)
+        _header(paths, summary, record, stats)
         + _quarantines(summary)
         + slurm_section(paths.root, esc)  # issue 36: the worker jobs, the allocation
         + gpu_memory_section(summary, scan.oom_retries, scan.reader.held_gpus())

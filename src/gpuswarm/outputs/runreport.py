@@ -4,11 +4,11 @@ exit code they mean."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpuswarm.core.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.outputs.summaryjson import RunSummary
 
 
 @dataclass
@@ -16,7 +16,7 @@ class RunReport:
     """What a supervised run ended as: its folder, summary.json, and the exit code it means."""
 
     paths: RunPaths
-    summary: dict[str, Any]
+    summary: RunSummary
     interrupted: bool
     recovered: dict[str, int] | None = None
     strict: bool = False  # --strict: a cancelled task makes the exit code 1

@@ -4,7 +4,7 @@ keys' order; readers of a file on disk parse it as JSON (older files lack newer 
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from typing_extensions import NotRequired
 
@@ -48,8 +48,8 @@ class FieldStats(TypedDict, total=False):
 class SummaryJson(TypedDict):
     """What ``summarize`` makes of a run's rows."""
 
-    run: Any  # run.json's run_dir, as it is there
-    name: Any
+    run: str  # run.json's run_dir
+    name: str
     written: str
     total: int
     complete: bool  # every task ended done, skipped or cancelled
@@ -69,6 +69,21 @@ class SummaryJson(TypedDict):
     state: NotRequired[str]  # how the run ended (``end_state``), set when it is written
 
 
+class _AfterAllRan(TypedDict):
+    command: str
+    log: str  # the file of its output, in the run folder
+
+
+class AfterAllJson(_AfterAllRan, total=False):
+    """summary.json's ``after_all``: the post-processing step's outcome (the shape of
+    ``supervise/after_all.py``'s ``AfterAllRecord``; outputs never import supervise)."""
+
+    ok: bool
+    exit: int | None
+    seconds: float
+    reason: str | None  # stopped, its wait failed, or why it failed
+
+
 class SessionEnd(TypedDict, total=False):
     """What a session's supervisor (or Slurm's login-node driver) adds to summary.json: how it
     ended, over what ``summarize`` makes of the rows."""
@@ -78,3 +93,8 @@ class SessionEnd(TypedDict, total=False):
     stopped_by: str  # the backend's reason, the halt rule's, the budget's, a signal's
     requeued: int  # running tasks a stop put back
     slurm_jobs: list[JobRecord]  # issue 36: a login-node run's worker jobs
+    after_all: AfterAllJson  # once every task ended: the post-processing step's outcome
+
+
+class RunSummary(SummaryJson, SessionEnd):
+    """summary.json as a session writes it: the rows' aggregate and how the session ended."""
