@@ -11,17 +11,35 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from gpuswarm.core.errors import BadInputError, GpuswarmError
 from gpuswarm.core.paths import RunPaths, find_runs
 from gpuswarm.dashboard.experiments import ExperimentHub, is_experiment
+from gpuswarm.dashboard.payloads import RunHeader
 from gpuswarm.dashboard.runhub import RunHub
 from gpuswarm.research.experiment import EXPERIMENTS, ExpPaths, load_settings
 
 RESCAN_SECONDS = 2.0
+
+
+class Listing(TypedDict):
+    """The runs page's data (``/api/runs``): every run's line, newest first, every
+    experiment's, the PATHs given and the folders that cannot be shown (and why)."""
+
+    runs: list[RunHeader]
+    experiments: list[Mapping[str, object]]  # ExperimentHub.header's lines
+    roots: list[str]
+    problems: dict[str, str]
+
+
+class RunsPage(Listing):
+    """The listing as the server answers it: with whether the dashboard is read-only."""
+
+    read_only: bool
 
 
 class NoSuchPathError(BadInputError):
@@ -165,7 +183,7 @@ class Catalog:
         with self.lock:
             return list(self.runs.values()), list(self.experiments.values())
 
-    def listing(self) -> dict[str, object]:
+    def listing(self) -> Listing:
         """The runs page: every run's header (newest first) and every experiment's."""
         runs, exps = self.hubs()
         by_id = {h.id: h for h in runs}

@@ -32,7 +32,8 @@ from starlette.routing import Route
 from gpuswarm.core.errors import BadInputError, GpuswarmError
 from gpuswarm.dashboard import sse
 from gpuswarm.dashboard.actions import ACTIONS, call
-from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root
+from gpuswarm.dashboard.catalog import RESCAN_SECONDS, Catalog, Root, RunsPage
+from gpuswarm.dashboard.experiments import ExperimentHub
 from gpuswarm.dashboard.metricspage import MetricsPage
 from gpuswarm.dashboard.responses import (
     NotFoundError,
@@ -209,7 +210,7 @@ class Dashboard:
         await self._ready()
         return json_response(await run_in_threadpool(self._listing))
 
-    def _listing(self) -> dict[str, Any]:
+    def _listing(self) -> RunsPage:
         return {**self.catalog.listing(), "read_only": self.settings.read_only}
 
     async def runs_events(self, request: Request) -> Response:
@@ -327,20 +328,17 @@ class Dashboard:
             return error_response(409, str(exc))
         return json_response(data)
 
-    def _exp(self, request: Request) -> Any:
+    def _exp(self, request: Request) -> ExperimentHub:
         exp = self.catalog.experiment(request.path_params["eid"])
         if exp is None:
             raise NotFoundError(f"no experiment {request.path_params['eid']!r} here")
         return exp
 
-    def _exp_snapshot(self, exp: Any) -> dict[str, Any]:
-        data: dict[str, Any] = exp.snapshot(self.catalog.run(exp.run_id))
-        return data
-
     async def experiment(self, request: Request) -> Response:
         await self._ready()
         exp = self._exp(request)
-        return json_response(await run_in_threadpool(self._exp_snapshot, exp))
+        run = self.catalog.run(exp.run_id)
+        return json_response(await run_in_threadpool(exp.snapshot, run))
 
     async def experiment_events(self, request: Request) -> Response:
         await self._ready()
@@ -349,7 +347,7 @@ class Dashboard:
         last = [""]
 
         def frame() -> bytes | None:
-            data = self._exp_snapshot(exp)
+            data = exp.snapshot(self.catalog.run(exp.run_id))
             text = json.dumps(data, sort_keys=True, default=str)
             if text == last[0]:
                 return None
