@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO, TypedDict
 
 from gpuswarm.app.engine import supervise
 from gpuswarm.app.output import Output
@@ -214,7 +214,16 @@ def remove_cut_writes(run: RunPaths) -> int:
     return DirQueue(run).remove_cut_writes()
 
 
-def running(run: RunPaths) -> dict[str, dict[str, Any]]:
+class RunningTask(TypedDict):
+    """Where a task in running/ runs: its slot ("?" without a lease), since when (its claim
+    time), and the running attempt's output (None while it waits or has no id)."""
+
+    slot: str
+    since: float
+    log: Path | None
+
+
+def running(run: RunPaths) -> dict[str, RunningTask]:
     """Task id -> {slot, since, log} for the tasks in running/ (the read model's one rule: a
     task waiting out a retry backoff runs nowhere); ``log``: the running attempt's output."""
     return {
@@ -311,9 +320,10 @@ def last_attempt(run: RunPaths, ref: TaskRef) -> Attempt | None:
 _RECORD_FIELDS = frozenset(AttemptRecord.__dataclass_fields__) - {"extra"}
 
 
-def read_journal(path: Path) -> Iterator[dict[str, Any]]:
+def read_journal(path: Path) -> Iterator[Mapping[str, object]]:
     """Every complete event line of a journal in the run's format (``events.jsonl``, or a
-    client's own journal written the same way), in order; a torn last line is left out."""
+    client's own journal written the same way), in order; a torn last line is left out. Each
+    is an event of any kind, a client's own among them: ``core.events.decode`` types one."""
     return read_events(path)
 
 

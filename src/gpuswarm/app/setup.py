@@ -67,8 +67,8 @@ def redact_config(value: Any, base_dir: str | Path | None = None) -> Any:
     return {k: (SHAPES if k in reads else redactor).tree({k: v})[k] for k, v in value.items()}
 
 
-def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str, Any]:
-    """run.json of a run made from ``loaded`` (:class:`~gpuswarm.store.runinfo.RunInfo`)."""
+def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> RunInfo:
+    """run.json of a run made from ``loaded``."""
     cfg = loaded.config
     home = cfg.home
     return RunInfo(
@@ -88,7 +88,7 @@ def run_info(loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot]) -> dict[str,
         settings=_settings(cfg),
         config=redact_config(cfg.model_dump(mode="json"), loaded.base_dir),
         task_count=len(loaded.tasks),
-    ).to_json()
+    )
 
 
 STREAM_FIRST = 2000  # a bigger run's first tasks; the rest streams (store/spool.py)
@@ -101,7 +101,7 @@ def new_run(
     run of more than :data:`STREAM_FIRST` tasks is created with those, the others spooled (its
     supervisor moves them into pending/ while the first ones run)."""
     first = STREAM_FIRST if stream and len(loaded.tasks) > STREAM_FIRST else None
-    info = run_info(loaded, gpus, slots)
+    info = run_info(loaded, gpus, slots).to_json()
     return NewRun(loaded.name, loaded.workspace, info, queued(loaded), stream_after=first)
 
 
@@ -191,19 +191,24 @@ class Setup:
         raise AttributeError(name)
 
     def supervisor_config(self, owner: str) -> SupervisorConfig:
-        known = set(SupervisorConfig.__dataclass_fields__)
-        extra: dict[str, Any] = {k: v for k, v in self.settings.items() if k in known}
         return SupervisorConfig(
             self.slots,
             self.base_dir,
             owner,
             self.isolate,
             self.provisions,
-            **extra,
+            **_supervisor_settings(self.settings),
             backend=self.backend,
             base_env=dict(os.environ),  # read once, here: the attempts start from it
             preflight=self.preflight,
         )
+
+
+def _supervisor_settings(settings: RunSettings) -> RunSettings:
+    """The settings of run.json a SupervisorConfig takes: those another version wrote that it
+    does not know are left out."""
+    known = SupervisorConfig.__dataclass_fields__
+    return cast(RunSettings, {k: v for k, v in settings.items() if k in known})
 
 
 def with_halt(setup: Setup, halt: str | None) -> Setup:

@@ -96,7 +96,7 @@ class LoginNode:
         new = NewRun(
             name=loaded.name,
             workspace=loaded.workspace,
-            info=run_info(loaded, gpus, []),
+            info=run_info(loaded, gpus, []).to_json(),
             tasks=task_dumps(loaded.tasks),
         )
         paths = create_run(new, suffix=suffix)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from typing_extensions import NotRequired
 
@@ -39,12 +39,25 @@ class JobRecord(TypedDict):
     ended: NotRequired[float]
 
 
+class Allocation(TypedDict, total=False):
+    """``slurm/allocation.json``: the allocation a run inside one ran in, as its head wrote it
+    (``exec/slurm/session.py``)."""
+
+    job: str
+    nodes: list[str]
+    head: str  # the node the supervisor ran on
+    workers: list[str]  # the nodes it started a worker on
+    ends_at: float | None  # epoch seconds (None: no time limit)
+
+
 class SlurmView(TypedDict):
     jobs: list[SlurmJob]  # the last MAX_JOBS_SHOWN
-    allocation: dict[str, Any] | None  # slurm/allocation.json, as it is
+    allocation: Allocation | None  # slurm/allocation.json, as it is
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(path: Path) -> object:
+    """The JSON object in ``path``; None when it is absent, unreadable, too large or no
+    object."""
     with contextlib.suppress(OSError, ValueError):
         if path.is_file() and path.stat().st_size <= MAX_BYTES:
             data = read_json(path)
@@ -59,7 +72,8 @@ def slurm_view(root: Path) -> SlurmView | None:
     alloc = _read(folder / "allocation.json")
     if jobs is None and alloc is None:
         return None
-    listed = [j for j in (jobs or {}).get("jobs", []) if isinstance(j, dict)]
+    found = jobs.get("jobs", []) if isinstance(jobs, dict) else []
+    listed = [j for j in found if isinstance(j, dict)]
     shown: list[SlurmJob] = [
         {
             "job": j.get("job"),
@@ -69,7 +83,7 @@ def slurm_view(root: Path) -> SlurmView | None:
         }
         for j in listed[-MAX_JOBS_SHOWN:]
     ]
-    return {"jobs": shown, "allocation": alloc}
+    return {"jobs": shown, "allocation": cast(Allocation | None, alloc)}
 
 
 def slurm_lines(view: SlurmView | None) -> list[str]:

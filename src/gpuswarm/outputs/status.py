@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from gpuswarm.core.events import Finished, SupervisorStarted
 from gpuswarm.core.fsutil import read_json
@@ -24,13 +25,15 @@ from gpuswarm.outputs.slurmview import slurm_view
 from gpuswarm.outputs.statusjson import (
     Eta,
     FailureLine,
+    LiftedQuarantine,
+    QuarantineFile,
     RunLine,
     RunningLine,
     StatusJson,
     StatusShown,
 )
 from gpuswarm.store.control import paused
-from gpuswarm.store.quarantines import lift_by_hand
+from gpuswarm.store.quarantines import Quarantined, lift_by_hand
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runindex import known_runs
 from gpuswarm.store.runs import open_run
@@ -158,22 +161,28 @@ def _stopped_by(paths: RunPaths) -> str | None:
     return why if isinstance(why, str) and why else None
 
 
-def _quarantined(reader: RunReader, live: bool) -> list[dict[str, Any]]:
+def _quarantined(reader: RunReader, live: bool) -> list[QuarantineFile | Quarantined]:
     """Slots out of rotation: a live run's quarantine files, else what its summary recorded."""
     if live:
-        return [{k: v for k, v in q.items() if k != "file"} for q in reader.quarantines()]
+        return [_file_record(q) for q in reader.quarantines()]
     try:
         summary = read_json(reader.paths.summary_json)
     except (OSError, ValueError):
         return []
     found = summary.get("quarantined") if isinstance(summary, dict) else None
-    return [q for q in found or [] if isinstance(q, dict) and not q.get("lifted")]
+    held = [q for q in found or [] if isinstance(q, dict) and not q.get("lifted")]
+    return cast(list[QuarantineFile | Quarantined], held)  # as its supervisor wrote them
 
 
-def lift_quarantine(run_dir: Path, slot: str | None) -> list[dict[str, Any]]:
+def _file_record(found: Mapping[str, object]) -> QuarantineFile:
+    """A quarantine file as read (``store.reader``), without the name it was read from."""
+    return cast(QuarantineFile, {k: v for k, v in found.items() if k != "file"})
+
+
+def lift_quarantine(run_dir: Path, slot: str | None) -> list[LiftedQuarantine]:
     """``gpuswarm unquarantine``: remove the quarantine files of a live run's slot(s)."""
     paths, _ = open_run(run_dir)
-    return lift_by_hand(paths, slot)
+    return cast(list[LiftedQuarantine], lift_by_hand(paths, slot))
 
 
 LIVE, CRASHED = "live", "crashed"

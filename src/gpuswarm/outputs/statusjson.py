@@ -6,6 +6,25 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from gpuswarm.outputs.slurmview import SlurmView
+from gpuswarm.store.quarantines import Quarantined
+
+
+class QuarantineFile(TypedDict, total=False):
+    """A live run's quarantine file (``store/quarantines.py``): the slot, its supervisor, since
+    when, and the breaker's reason, GPUs and next probe."""
+
+    slot: str
+    owner: str
+    since: float  # epoch seconds
+    reason: str
+    gpus: list[int]
+    probe_at: float  # epoch seconds of its next probe
+
+
+class LiftedQuarantine(QuarantineFile, total=False):
+    """A quarantine ``gpuswarm unquarantine`` lifted: its file, by name."""
+
+    file: str
 
 
 class RunningLine(TypedDict):
@@ -66,7 +85,7 @@ class StatusShown(TypedDict):
     failures: list[FailureLine]
     eta: Eta | None
     corrupt: list[str]
-    quarantined: list[dict[str, Any]]  # the quarantine files' records (or summary.json's)
+    quarantined: list[QuarantineFile | Quarantined]  # a live run's files, else summary.json's
     gpus_held: list[GpuHeld]
     waiting_for_gpu: list[GpuWait]
     paused: PausedJson
