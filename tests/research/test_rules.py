@@ -427,7 +427,9 @@ def test_replay_shows_what_another_policy_would_have_kept(tmp_path: Path) -> Non
     assert rows[lucky]["recorded"] == "discard" and rows[lucky]["replayed"] == "keep"
     strict = replay_decisions(led.paths, parse_spec(cfg(), "noise-aware,noise_confirm=0"))
     assert strict["would_keep"] == []
-    assert "re-runs are off" in {r["id"]: r for r in strict["variants"]}[lucky]["replayed_reason"]
+    assert "re-runs are off" in (
+        {r["id"]: r for r in strict["variants"]}[lucky]["replayed_reason"] or ""
+    )
     assert greedy["noise"][0]["runs"] == 2
     for bad, match in (("fast", "neither a policy"), ("greedy,timeout=3", "not a decision")):
         with pytest.raises(Exception, match=match):

@@ -114,13 +114,13 @@ class _Event:
 
     kind: ClassVar[Ev]
     ts: float | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Any:
         """The event of a journal line of this kind; None when a field is missing or mistyped."""
         specs, known = _spec(cls)
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # the payload's keywords, each checked against its field
         for name, required, types, bool_ok in specs:
             value = data.get(name, _ABSENT)
             if value is _ABSENT:
@@ -140,8 +140,8 @@ class _Event:
         """An event this process just emitted (``Ledger.emit``'s record, handed to listeners):
         its fields are ours, so they are taken as they are; None if a needed one is missing."""
         _, known = _spec(cls)
-        values: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # the payload's keywords, as this process emitted them
+        extra: dict[str, object] = {}
         for k, v in data.items():
             if k not in known:
                 extra[k] = v
@@ -152,8 +152,10 @@ class _Event:
         except TypeError:
             return None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ts": self.ts, "ev": self.ev}
+    def to_json(self) -> dict[str, object]:
+        """The journal line: ``ts``, ``ev``, the fields that are set, then the fields this
+        version has no name for (any JSON: readers narrow what they take)."""
+        out: dict[str, object] = {"ts": self.ts, "ev": self.ev}
         for f in dataclasses.fields(self):
             if f.name not in _BASE and getattr(self, f.name) is not None:
                 out[f.name] = getattr(self, f.name)
@@ -303,7 +305,7 @@ class Other(_Event):
     def ev(self) -> str:
         return self.name
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = {"ts": self.ts, "ev": self.name, **self.extra}
         if self.ts is None:
             del out["ts"]

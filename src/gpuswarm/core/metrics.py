@@ -121,9 +121,10 @@ def _check_shape(data: Any) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def flatten(data: Any, prefix: str = "", max_items: int = 200) -> dict[str, Any]:
-    """Flatten nested mappings into ``a.b.c`` keys; lists of scalars become one joined value."""
-    out: dict[str, Any] = {}
+def flatten(data: Any, prefix: str = "", max_items: int = 200) -> dict[str, object]:
+    """Flatten nested mappings into ``a.b.c`` keys; lists of scalars become one joined value.
+    The values are the task's own (a result file's scalars: any JSON or YAML leaf)."""
+    out: dict[str, object] = {}
 
     def walk(value: Any, key: str) -> None:
         if len(out) >= max_items:

@@ -10,6 +10,7 @@ returns an event line's object or None.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,9 @@ def _wrong(where: str, value: Any, types: tuple[type, ...]) -> str:
     return f"{where} is {type(value).__name__}, not {want}"
 
 
-def _check(obj: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str) -> str | None:
+def _check(
+    obj: Mapping[str, object], types: dict[str, tuple[type, ...]], prefix: str
+) -> str | None:
     for key, allowed in types.items():
         if key in obj:
             value = obj[key]

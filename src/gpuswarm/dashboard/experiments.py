@@ -14,13 +14,19 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.app import api
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.redact import inert, redact_shapes
-from gpuswarm.dashboard.payloads import InFlightLine, SlotPlace, VariantDiff
+from gpuswarm.dashboard.payloads import (
+    ExperimentHeader,
+    ExperimentSnapshot,
+    InFlightLine,
+    ResultLine,
+    SlotPlace,
+    VariantDiff,
+)
 from gpuswarm.dashboard.runhub import RunHub
 from gpuswarm.research import gitops
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, load_settings
@@ -69,7 +75,7 @@ class ExperimentHub:
     def position(self) -> int:
         return self._size
 
-    def header(self, run: RunHub | None) -> dict[str, Any]:
+    def header(self, run: RunHub | None) -> ExperimentHeader:
         with self.lock:
             state = self.state
         best = best_recorded(self.cfg, state)
@@ -91,10 +97,10 @@ class ExperimentHub:
             "state": run.state if run else "",
         }
 
-    def snapshot(self, run: RunHub | None) -> dict[str, Any]:
+    def snapshot(self, run: RunHub | None) -> ExperimentSnapshot:
         with self.lock:
             state = self.state
-        rows = []
+        rows: list[ResultLine] = []
         for n, (vid, row) in enumerate(zip(state.row_ids, state.rows, strict=False), 1):
             v = state.variants.get(vid)
             r = dict(zip(TSV_COLUMNS, row, strict=False))  # its cells by column name

@@ -16,7 +16,7 @@ and its ``summary.json`` (the failures with their reasons, the quarantined slots
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuswarm.core.fsutil import read_json
@@ -36,8 +36,10 @@ ENDED_WELL = (State.DONE, *(State(s) for s in APART))  # not failures (summary.j
 SYNC_TASKS = 5000  # a run of more tasks is read in a thread (the page paints first)
 
 
-def read_summary(paths: RunPaths) -> dict[str, Any]:
-    """The run's summary.json, {} when it has none (a crashed run) or it cannot be read."""
+def read_summary(paths: RunPaths) -> Mapping[str, object]:
+    """The run's summary.json, {} when it has none (a crashed run) or it cannot be read. Any
+    JSON object: an older version's or a hand-edited one reads too (each key is narrowed
+    where it is read)."""
     try:
         if paths.summary_json.stat().st_size > SUMMARY_BYTES:
             return {}
@@ -128,15 +130,23 @@ def final_view(paths: RunPaths, redactor: Redactor, slots: Iterable[str] = ()) -
         "slots": out_slots,
         "lanes": {label: found.bars.get(label, []) for label in labels},
         "failures": _failures(summary if summary else {"failures": found.failures}, redactor),
-        "not_done": summary.get("not_done") if summary else found.not_done,
+        "not_done": _count(summary.get("not_done")) if summary else found.not_done,
         "quarantined": [_shown(q, redactor) for q in _quarantines(paths, summary)],
         "summary": bool(summary),
     }
 
 
-def _failures(summary: dict[str, Any], redactor: Redactor) -> list[FailureJson]:
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _listed(value: object) -> list[object]:
+    return value if isinstance(value, list) else []
+
+
+def _failures(summary: Mapping[str, object], redactor: Redactor) -> list[FailureJson]:
     out: list[FailureJson] = []
-    for f in (summary.get("failures") or [])[:MAX_FAILURES]:
+    for f in _listed(summary.get("failures"))[:MAX_FAILURES]:
         if isinstance(f, dict):
             entry = TaskRow.from_json(f)
             out.append(
@@ -149,23 +159,23 @@ def _failures(summary: dict[str, Any], redactor: Redactor) -> list[FailureJson]:
     return out
 
 
-def _quarantines(paths: RunPaths, summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _quarantines(paths: RunPaths, summary: Mapping[str, object]) -> list[Mapping[str, object]]:
     """The summary's record of quarantined slots (lifted ones too); without a summary, the
     run's quarantine files (a run that ended without writing one)."""
-    found = (summary.get("quarantined") or []) if summary else RunReader(paths).quarantines()
+    found = _listed(summary.get("quarantined")) if summary else RunReader(paths).quarantines()
     return [q for q in found if isinstance(q, dict) and q.get("slot")]
 
 
-def _shown(q: dict[str, Any], redactor: Redactor) -> ShownQuarantine:
+def _shown(q: Mapping[str, object], redactor: Redactor) -> ShownQuarantine:
     return {
         "slot": str(q.get("slot")),
-        "gpus": [g for g in q.get("gpus") or [] if isinstance(g, int)],
+        "gpus": [g for g in _listed(q.get("gpus")) if isinstance(g, int)],
         "reason": inert(redactor.text(str(q.get("reason") or ""))),
         "lifted": inert(redactor.text(str(q["lifted"]))) if q.get("lifted") else None,
     }
 
 
-def quarantine_marks(paths: RunPaths, summary: dict[str, Any]) -> dict[str, str]:
+def quarantine_marks(paths: RunPaths, summary: Mapping[str, object]) -> dict[str, str]:
     """Slot -> its badge: "quarantined" (still out at the end) or "was quarantined"."""
     out: dict[str, str] = {}
     for q in _quarantines(paths, summary):

@@ -12,6 +12,7 @@ from typing_extensions import NotRequired
 from gpuswarm.dashboard.gpustats import GpuSample
 from gpuswarm.outputs.groups import GroupProgress
 from gpuswarm.outputs.taskrow import FailureJson
+from gpuswarm.research.payloads import BestRecorded, FiguresView
 
 
 class SlotCount(TypedDict):
@@ -223,3 +224,80 @@ class TaskDetail(TypedDict):
     result: Any  # the task's result file, as it wrote it
     logs: list[int]
     env: list[str]  # names only: values may be secrets
+
+
+class PageSettings(TypedDict):
+    timeout_default: float | None
+
+
+class RunSnapshot(TypedDict):
+    """What a run page gets first (``runhub.RunHub.snapshot``): the view, every lane, the
+    recent journal lines for its feed, at journal offset ``pos``."""
+
+    pos: int
+    view: RunViewJson
+    lanes: dict[str, list[Any]]  # label -> bars as JSON lists (FinalBar's form)
+    feed: list[dict[str, object]]  # journal lines, redacted (``runhub.public_event``)
+    settings: PageSettings
+
+
+class RunUpdate(TypedDict):
+    """What a run page at an older offset gets (``runhub.RunHub.update``)."""
+
+    pos: int
+    events: list[dict[str, object]]  # the journal lines it missed, redacted
+    view: RunViewJson
+    lanes: dict[str, list[Any]]  # the lanes those lines touched
+
+
+class ExperimentFacts(FiguresView):
+    """What an experiment's line on the runs page and its page's view both say."""
+
+    id: str
+    kind: str
+    title: str
+    path: str
+    repo: str
+    branch: str
+    metric: str
+    goal: str
+    base: str
+    best_recorded: BestRecorded | None
+    run: str
+    live: bool
+    state: str
+
+
+class ExperimentHeader(ExperimentFacts):
+    """An experiment's line on the runs page (``experiments.ExperimentHub.header``)."""
+
+    in_flight: int  # how many variants are not recorded yet
+
+
+class ResultLine(TypedDict):
+    """A results.tsv row as the experiment page shows it."""
+
+    n: int
+    id: str
+    commit: str
+    metric: float | None
+    memory_gb: float | None
+    status: str
+    description: str
+    kind: str
+    reason: str
+
+
+class ExperimentView(ExperimentFacts):
+    """The experiment page's view: its facts, its results and its variants in flight."""
+
+    rows: list[ResultLine]
+    best_steps: list[list[float]]  # [experiment number, BASE's metric] after each keep
+    in_flight: list[InFlightLine]
+
+
+class ExperimentSnapshot(TypedDict):
+    """What an experiment page gets (``experiments.ExperimentHub.snapshot``)."""
+
+    pos: int
+    view: ExperimentView

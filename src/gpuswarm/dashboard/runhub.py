@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,8 @@ from gpuswarm.dashboard.lanes import slot_place as slot_place
 from gpuswarm.dashboard.payloads import (
     FinalView,
     RunHeader,
+    RunSnapshot,
+    RunUpdate,
     RunViewJson,
     SlotLine,
     Spent,
@@ -64,10 +66,11 @@ ENDED_CHECK_SECONDS = 5.0
 EVERY_LANE = ("requeued", "supervisor_stopped", "supervisor_started")
 
 
-def public_event(raw: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
-    """A journal line as a page gets it: strings redacted by the run's redactor (events hold
-    no environments; a reason may quote a command line)."""
-    out: dict[str, Any] = redactor.tree(raw)
+def public_event(raw: Mapping[str, object], redactor: Redactor) -> dict[str, object]:
+    """A journal line (any JSON object: a later version's fields too) as a page gets it:
+    strings redacted by the run's redactor (events hold no environments; a reason may quote
+    a command line)."""
+    out: dict[str, object] = redactor.tree(raw)
     return out
 
 
@@ -75,7 +78,7 @@ def public_event(raw: dict[str, Any], redactor: Redactor) -> dict[str, Any]:
 class _Batch:
     start: int
     end: int
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, object]] = field(default_factory=list)
 
 
 class RunHub:
@@ -97,7 +100,7 @@ class RunHub:
         self.view: RunView = self.follower.view
         self.position = self.follower.position
         self.lanes: dict[str, deque[Bar]] = {}
-        self.feed: deque[dict[str, Any]] = deque(maxlen=FEED_EVENTS)
+        self.feed: deque[dict[str, object]] = deque(maxlen=FEED_EVENTS)
         self._ring: deque[_Batch] = deque()
         self._ring_events = 0
         self.version = 0
@@ -200,7 +203,7 @@ class RunHub:
         return run_state(self.paths, shown_counts(counts), live)
 
     # -- what pages get ------------------------------------------------------------------------
-    def since(self, pos: int) -> tuple[int, list[dict[str, Any]]] | None:
+    def since(self, pos: int) -> tuple[int, list[dict[str, object]]] | None:
         """The events after journal offset ``pos`` up to now, and the offset they end at; None
         when ``pos`` cannot be resumed from (then a snapshot is sent)."""
         with self.lock:
@@ -317,7 +320,7 @@ class RunHub:
                 if labels is None or label in labels
             }
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RunSnapshot:
         with self.lock:
             feed = list(self.feed)
             pos = self.position
@@ -329,7 +332,7 @@ class RunHub:
             "settings": {"timeout_default": None},
         }
 
-    def update(self, events: list[dict[str, Any]], pos: int) -> dict[str, Any]:
+    def update(self, events: list[dict[str, object]], pos: int) -> RunUpdate:
         """What a page that is at an older position gets: the events it missed, the live view,
         and the lanes those events touched."""
         touched: set[str] | None = {str(e.get("slot")) for e in events if e.get("slot")}

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 
@@ -97,16 +98,24 @@ def init(where: Path, as_json: bool, **kw: Any) -> None:
         mode=kw["mode"],
         rules=rules_into(kw, RuleSettings()),
         notify=kw["notify"],
-        **_backend_flags(kw),
+        **_backend_flags(kw["backend"], kw),
     )
     emit(as_json, configure.init(where, opts), views.show_init)
 
 
-def _backend_flags(kw: dict[str, Any]) -> dict[str, Any]:
-    """``--backend NAME`` and the backends' options as InitOptions' backend fields."""
+class _BackendFlags(TypedDict):
+    """InitOptions' backend fields."""
+
+    backend: str
+    backend_values: dict[str, object]
+
+
+def _backend_flags(backend: str, kw: Mapping[str, object]) -> _BackendFlags:
+    """``--backend NAME`` and the backends' options (among the command's keywords ``kw``) as
+    InitOptions' backend fields."""
     init = configure.INIT
     values = {o.dest: kw.get(o.dest) for p in plugins().values() for o in p.options_for(init)}
-    return {"backend": kw["backend"], "backend_values": values}
+    return {"backend": backend, "backend_values": values}
 
 
 @research.command()

@@ -4,9 +4,9 @@ rename so it exists whole or not at all) and showing or changing its settings.""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -63,7 +63,7 @@ class InitOptions:
     mode: str = "rounds"
     backend: str = "local"  # what runs every variant (config/backends.py)
     # its options' values, by keyword (``--image``, ``--ray-address``, ...): its settings
-    backend_values: dict[str, Any] = field(default_factory=dict)
+    backend_values: Mapping[str, object] = field(default_factory=dict)
     notify: str | None = None  # issue 37: --notify URL (kept improvements, failures)
 
 
@@ -269,7 +269,7 @@ def configure(where: Path, tag: str | None, changes: SettingChanges) -> Configur
     paths = locate(gitops.toplevel(where), tag)
     with flocked(paths.lock):
         try:
-            raw: dict[str, Any] = dict(read_json(paths.config))
+            raw: dict[str, object] = dict(read_json(paths.config))
         except (OSError, ValueError) as exc:
             raise ResearchError(f"{paths.config}: unreadable experiment settings ({exc})") from None
         unknown = set(changes) - set(CHANGEABLE)
@@ -288,10 +288,12 @@ def configure(where: Path, tag: str | None, changes: SettingChanges) -> Configur
     return {"settings": shown, "changed": diff, "file": str(paths.config)}
 
 
-def _validated(merged: dict[str, Any]) -> ExperimentConfig:
-    """The settings as the experiment would store them, or a ResearchError naming the field."""
-    if int(merged.get("confirm", 0)) < 0:
-        raise ResearchError(f"--confirm {merged['confirm']}: the number of re-runs, 0 or more")
+def _validated(merged: Mapping[str, object]) -> ExperimentConfig:
+    """The settings as the experiment would store them (the stored file's, any JSON, with the
+    changes over them), or a ResearchError naming the field."""
+    confirm = merged.get("confirm", 0)
+    if isinstance(confirm, int | float | str) and int(confirm) < 0:
+        raise ResearchError(f"--confirm {confirm}: the number of re-runs, 0 or more")
     try:
         return ExperimentConfig.model_validate(merged)
     except ValidationError as exc:

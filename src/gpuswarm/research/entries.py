@@ -73,12 +73,9 @@ class VariantEntry(TypedDict, total=False):
     meta: VariantMeta
 
 
-class PrunedEntry(TypedDict, total=False):
-    """Issue 38: the loop stopped a run early (``prune.py``'s verdict)."""
+class PruneVerdict(TypedDict, total=False):
+    """Issue 38: where and why ``prune.py``'s rule stopped a run (``Verdict.record``)."""
 
-    ts: float
-    ev: Literal["pruned"]
-    id: str
     t: float
     value: float
     ref: float
@@ -87,6 +84,14 @@ class PrunedEntry(TypedDict, total=False):
     rule: str
     k: float
     grace: float
+
+
+class PrunedEntry(PruneVerdict, total=False):
+    """Issue 38: the loop stopped a run early (``prune.py``'s verdict)."""
+
+    ts: float
+    ev: Literal["pruned"]
+    id: str
 
 
 class FinishedEntry(TypedDict, total=False):
@@ -116,7 +121,7 @@ class FinishedEntry(TypedDict, total=False):
     curve: list[list[float]]  # issue 38
     diff: DiffStat
     withdrawn: bool
-    pruned: PrunedEntry
+    pruned: PruneVerdict  # the loop's ``pruned`` line, or a replay's verdict
     saved_s: float
 
 

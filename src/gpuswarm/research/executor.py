@@ -8,7 +8,7 @@ an ended task produced is ``outcome.py``, the background runner that serves the 
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from collections.abc import Mapping
 
 from gpuswarm.app import api
 from gpuswarm.config.backends import settings_of
@@ -46,9 +46,10 @@ def create_queue(paths: ExpPaths, cfg: ExperimentConfig) -> str:
     return str(run.root.relative_to(paths.root))
 
 
-def _backend_config(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The run's recorded config: the experiment's tag, and what runs its variants."""
-    config: dict[str, Any] = {"research": cfg.tag}
+def _backend_config(cfg: ExperimentConfig) -> dict[str, str | Mapping[str, object]]:
+    """The run's recorded config: the experiment's tag, and what runs its variants (its
+    notifier's and its backend's settings as JSON, the latter under the backend's name)."""
+    config: dict[str, str | Mapping[str, object]] = {"research": cfg.tag}
     if cfg.notify is not None:  # issue 37: the runner's notifier (docs/notifications.md)
         config["notify"] = cfg.notify.model_dump(mode="json")
     settings = settings_of(cfg)

@@ -5,11 +5,11 @@ by the views by key. A leaf: it imports only the journal's entry types."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from typing_extensions import NotRequired
+from typing_extensions import NotRequired, Required
 
-from gpuswarm.research.entries import DiffStat, VariantMeta
+from gpuswarm.research.entries import DiffStat, PruneVerdict, VariantMeta
 
 
 class VariantView(TypedDict):
@@ -213,19 +213,67 @@ class LogView(Headline, EnergyFigures):
     left_out: int
 
 
+class ReplayedVerdict(PruneVerdict):
+    """Issue 38: a run the replayed pruning rule stops (``prune_replay.py``): the verdict,
+    the GPU seconds it saves and the metric it loses."""
+
+    saved_s: float
+    metric: float | None
+
+
+class RecordedPrune(PruneVerdict, total=False):
+    """Issue 38: a run the loop stopped for real: its ``pruned`` line (with its ``ts``, ``ev``
+    and ``id``), the seconds it saved (its metric was never measured)."""
+
+    saved_s: Required[float]
+    metric: Required[None]
+    recorded: Required[bool]
+
+
+ReplayedPrune = ReplayedVerdict | RecordedPrune
+
+
+class PruningReplay(TypedDict):
+    """Issue 38: ``prune_replay.summary``: which runs the rule stops, the GPU time saved."""
+
+    curves: int  # runs with a recorded curve: none, and the replay can stop nothing
+    rule: str
+    grace: float
+    k: float
+    would_prune: list[str]
+    runs: dict[str, ReplayedPrune]
+    gpu_saved_s: float
+    best: float | None
+    best_unpruned: float | None
+    best_changed: bool
+
+
+class ReplayedVariant(TypedDict):
+    """One variant of a replay: what was recorded and what the replayed policy decides (None
+    where there is no status or reason)."""
+
+    id: str
+    kind: str
+    description: str
+    metric: float | None
+    platform: str
+    recorded: str | None
+    recorded_reason: str | None
+    replayed: str | None
+    replayed_reason: str | None
+
+
 class Replay(TypedDict, total=False):
     """``replay.replay_decisions``: what other settings would have decided."""
 
     policy: dict[str, object]
-    # per variant: id, kind, description, metric, platform, recorded / replayed (status) and
-    # their reasons (None where there is none)
-    variants: list[dict[str, Any]]
+    variants: list[ReplayedVariant]
     kept: list[str]
     would_keep: list[str]
     best: float | None
     noise: list[NoiseView]
-    pruned: dict[str, dict[str, Any]]  # issue 38: prune_replay.py's, per variant
-    pruning: dict[str, Any]  # issue 38: prune_replay.summary's
+    pruned: dict[str, ReplayedPrune]  # issue 38: prune_replay.py's, per variant
+    pruning: PruningReplay  # issue 38
     tag: str
     spec: str
 

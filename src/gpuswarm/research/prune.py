@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import executor, progress, rules
+from gpuswarm.research.entries import FinishedEntry, PruneVerdict
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths, flocked
 from gpuswarm.research.figures import CHANGES
 from gpuswarm.research.journal import ExperimentState, Variant, append
@@ -164,7 +164,8 @@ class Verdict:
     noise: float
     budget: float
 
-    def record(self, opts: PruneOptions) -> dict[str, Any]:
+    def record(self, opts: PruneOptions) -> PruneVerdict:
+        """The ``pruned`` line's fields (its ``id`` and ``ts`` are the journal's)."""
         return {
             "t": round(self.t, 3),
             "value": self.value,
@@ -293,8 +294,8 @@ class Pruner:
 
 # -- recording a pruned run ----------------------------------------------------------------------
 def finished_fields(
-    cfg: ExperimentConfig, state: ExperimentState, v: Variant, out: dict[str, Any]
-) -> dict[str, Any]:
+    cfg: ExperimentConfig, state: ExperimentState, v: Variant, out: FinishedEntry
+) -> FinishedEntry:
     """What a pruned variant's ``finished`` event says: not ok, why, the last value and the GPU
     time saved (a full run of BASE's median length less what this one ran)."""
     rec = v.pruned or {}

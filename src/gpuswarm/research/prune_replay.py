@@ -11,12 +11,12 @@ point: it stays pruned (a replay cannot tell what it would have measured).
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpuswarm.research import progress, prune
+from gpuswarm.research.entries import FinishedEntry
 from gpuswarm.research.experiment import ExperimentConfig
 from gpuswarm.research.figures import CHANGES
 from gpuswarm.research.journal import ExperimentState
+from gpuswarm.research.payloads import PruningReplay, ReplayedPrune
 
 LOOKS = 50  # points of a recorded curve the rule is shown (the loop looks twice a second)
 
@@ -24,18 +24,19 @@ LOOKS = 50  # points of a recorded curve the rule is shown (the loop looks twice
 def replay_finished(
     cfg: ExperimentConfig,
     state: ExperimentState,
-    e: dict[str, Any],
+    e: FinishedEntry,
     opts: prune.PruneOptions,
-    found: dict[str, dict[str, Any]],
+    found: dict[str, ReplayedPrune],
     cache: dict[str, progress.Curve],
-) -> dict[str, Any]:
+) -> FinishedEntry:
     """The ``finished`` event ``e`` as it would read with ``opts`` pruning (``found`` collects
     each replayed prune: id -> its record and the seconds saved; ``cache``: the recorded runs'
     curves, read once per replay)."""
     v = state.variants.get(str(e.get("id")))
-    if opts.on and v is not None and isinstance(e.get("pruned"), dict):  # pruned for real
-        found[v.id] = {**e["pruned"], "saved_s": e.get("saved_s") or 0.0, "metric": None}
-        found[v.id]["recorded"] = True
+    real = e.get("pruned")
+    if opts.on and v is not None and isinstance(real, dict):  # pruned for real
+        saved_s = e.get("saved_s") or 0.0
+        found[v.id] = {**real, "saved_s": saved_s, "metric": None, "recorded": True}
         return e
     if not opts.on or v is None or v.kind not in CHANGES or v.meta.get("full") or not e.get("ok"):
         return e
@@ -66,11 +67,11 @@ def replay_finished(
 
 def summary(
     opts: prune.PruneOptions,
-    found: dict[str, dict[str, Any]],
+    found: dict[str, ReplayedPrune],
     best: float | None,
     best_unpruned: float | None,
     curves: int,
-) -> dict[str, Any]:
+) -> PruningReplay:
     """The replay's word on pruning: which runs, the GPU time saved, whether the best moved."""
     return {
         "curves": curves,  # runs with a recorded curve: none, and the replay can stop nothing

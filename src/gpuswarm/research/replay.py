@@ -15,17 +15,23 @@ from __future__ import annotations
 
 import copy
 import statistics
-from typing import Any
 
 from pydantic import ValidationError
 
 from gpuswarm.core.errors import ResearchError
 from gpuswarm.research import controls, entries, rules
 from gpuswarm.research.configure import CHANGEABLE
-from gpuswarm.research.entries import BaseEntry, DecidedEntry, Entry, VariantEntry, metric_of
+from gpuswarm.research.entries import (
+    BaseEntry,
+    DecidedEntry,
+    Entry,
+    FinishedEntry,
+    VariantEntry,
+    metric_of,
+)
 from gpuswarm.research.experiment import ExperimentConfig, ExpPaths
 from gpuswarm.research.journal import ExperimentState, Variant, apply_event
-from gpuswarm.research.payloads import Replay
+from gpuswarm.research.payloads import Replay, ReplayedPrune, ReplayedVariant
 from gpuswarm.research.policy import Decision, decide
 from gpuswarm.research.prune import PruneOptions
 from gpuswarm.research.prune_replay import replay_finished
@@ -71,7 +77,7 @@ def replay_decisions(
     replayed status and reason, and which variants each kept; with ``pruning`` (issue 38),
     what that rule would have stopped (``prune_replay.py``)."""
     pruning = pruning or PruneOptions()
-    pruned: dict[str, dict[str, Any]] = {}
+    pruned: dict[str, ReplayedPrune] = {}
     curves: dict[str, list[list[float]]] = {}  # issue 38: recorded curves, read once
     state = ExperimentState()
     recorded: dict[str, DecidedEntry] = {}
@@ -92,7 +98,7 @@ def replay_decisions(
         if e["ev"] in ("finished", "sealed", "variant"):
             _settle(cfg, state, wanted)
     _settle(cfg, state, wanted, final=True)
-    rows: list[dict[str, Any]] = []
+    rows: list[ReplayedVariant] = []
     for v in state.variants.values():
         rec: DecidedEntry = recorded.get(v.id) or {}
         dec: DecidedEntry = v.decision or {}
@@ -141,14 +147,14 @@ def _replayed_finished(
     paths: ExpPaths,
     cfg: ExperimentConfig,
     state: ExperimentState,
-    e: Entry,
+    e: FinishedEntry,
     pruning: PruneOptions,
-    pruned: dict[str, dict[str, Any]],
+    pruned: dict[str, ReplayedPrune],
     curves: dict[str, list[list[float]]],
 ) -> Entry:
     """The ``finished`` line ``e`` as it would read with ``pruning`` (``prune_replay.py``)."""
-    out = replay_finished(cfg, state, dict(e), pruning, pruned, curves)
-    return entries.parse(out, str(paths.ledger)) or e
+    out = replay_finished(cfg, state, e, pruning, pruned, curves)
+    return entries.parse(dict(out), str(paths.ledger)) or e
 
 
 def _settle(

@@ -60,7 +60,7 @@ def settle_locked(paths: ExpPaths, cfg: ExperimentConfig) -> ExperimentState:
             continue
         extra: dict[str, object] = {}  # what outcome.py cannot know
         if v.pruned is not None and not out["ok"]:  # issue 38: the loop stopped it early
-            extra.update(prune.finished_fields(cfg, state, v, dict(out)))
+            extra.update(prune.finished_fields(cfg, state, v, out))
         if v.kind != "baseline":
             extra["diff"] = gitops.diff_stat(paths.repo, v.parent, v.commit)
         v.finished = append(paths, "finished", id=v.id, **{**out, **extra})

@@ -205,10 +205,11 @@ def show_replay(d: Replay) -> None:
                 "  no run recorded a progress curve (the script prints no line that "
                 "metric_progress_regex matches): there was nothing to prune on"
             )
-        for vid, r in p["runs"].items():
+        for vid, run in p["runs"].items():
             click.echo(
-                f"  {vid} stopped at {r['t']:.0f}s of {r['budget']:.0f}s: {r['value']:.6f} vs "
-                f"BASE {r['ref']:.6f} (noise {r['noise']:.6f}); it ended at {_metric(r['metric'])}"
+                f"  {vid} stopped at {run['t']:.0f}s of {run['budget']:.0f}s: {run['value']:.6f} "
+                f"vs BASE {run['ref']:.6f} (noise {run['noise']:.6f}); it ended at "
+                f"{_metric(run['metric'])}"
             )
 
 

@@ -13,7 +13,7 @@ shape are skipped (every reader's rule); the head's own records already reached 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ class NodeFeed:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="node-feed", daemon=True)
 
-    def foreign(self, raw: dict[str, Any]) -> bool:
+    def foreign(self, raw: Mapping[str, object]) -> bool:
         """Whether a journal line is another node's slot record (checked field by field)."""
         event = decode(raw)
         if event is None:

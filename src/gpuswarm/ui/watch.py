@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from gpuswarm.core.events import Event
 from gpuswarm.core.paths import RunPaths
@@ -46,10 +46,10 @@ class Follower:
         """Whether the journal has lines not folded yet (one stat)."""
         return self._tail.grew()
 
-    def poll(self) -> list[Event | dict[str, Any]]:
+    def poll(self) -> list[Event | dict[str, object]]:
         """Fold the lines appended since the last call; each one's typed event, or the raw
-        line when it is of the wrong shape (skipped)."""
-        out: list[Event | dict[str, Any]] = []
+        line (any JSON object) when it is of the wrong shape (skipped)."""
+        out: list[Event | dict[str, object]] = []
         for raw in self._tail.poll():
             event = self.view.apply(raw)
             out.append(raw if event is None else event)

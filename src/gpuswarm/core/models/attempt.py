@@ -31,11 +31,11 @@ class AttemptRecord:
     reason: str | None = None
     oom: bool | None = None
     killed: int | None = None
-    metrics: dict[str, Any] | None = None
+    metrics: dict[str, float | int | str] | None = None  # parsed from its log (core/metrics)
     interrupted: bool = False
     host: str | None = None  # the machine it ran on, as slot ids spell it (``<host>-gpu3``)
     accelerator: str | None = None  # its GPUs' name ("NVIDIA H100 80GB HBM3", "sim")
-    extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know
+    extra: dict[str, object] = field(default_factory=dict)  # keys this version does not know
     # -- GPU use, measured by the VRAM sampler (placement/vram.py); None: not measured -----
     peak_vram_mb: int | None = None  # the most GPU memory its processes held at once
     mean_vram_mb: int | None = None  # their mean over the attempt's looks
@@ -205,15 +205,16 @@ class AttemptRecord:
         out["gpus"] = list(self.gpus or ())
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object: absent fields left out, null ones of a launched attempt kept.
-        Spelled out field by field: it runs once per commit on the hot path."""
-        out: dict[str, Any] = {"n": self.n}
+    def to_json(self) -> dict[str, object]:
+        """The JSON object: absent fields left out, null ones of a launched attempt kept, the
+        keys this version does not know (``extra``: any JSON) after them. Spelled out field by
+        field: it runs once per commit on the hot path."""
+        out: dict[str, object] = {"n": self.n}
         self._put_run(out)
         self._put_end(out)
         return out
 
-    def _put_run(self, out: dict[str, Any]) -> None:
+    def _put_run(self, out: dict[str, object]) -> None:
         if self.slot is not None:
             out["slot"] = self.slot
         if self.gpus is not None:
@@ -231,7 +232,7 @@ class AttemptRecord:
         if self.accelerator is not None:
             out["accelerator"] = self.accelerator
 
-    def _put_end(self, out: dict[str, Any]) -> None:
+    def _put_end(self, out: dict[str, object]) -> None:
         launched = self.started is not None
         if launched or self.returncode is not None:
             out["returncode"] = self.returncode
@@ -253,7 +254,7 @@ class AttemptRecord:
         if self.extra:
             out.update(self.extra)
 
-    def _put_gpu_use(self, out: dict[str, Any]) -> None:
+    def _put_gpu_use(self, out: dict[str, object]) -> None:
         if self.peak_vram_mb is not None:
             out["peak_vram_mb"] = self.peak_vram_mb
         if self.mean_vram_mb is not None:
@@ -267,7 +268,7 @@ class AttemptRecord:
         if self.energy_mode is not None:
             out["energy_mode"] = self.energy_mode
 
-    def _put_usage(self, out: dict[str, Any]) -> None:
+    def _put_usage(self, out: dict[str, object]) -> None:
         for key in ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model"):
             out[key] = getattr(self, key)  # all five, null or not: cost null = unknown
         if self.usage_problem is not None:

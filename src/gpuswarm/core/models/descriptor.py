@@ -195,12 +195,13 @@ class Descriptor:
         self.raw["reason"] = reason
 
     @property
-    def result(self) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self.raw.get("result")
+    def result(self) -> dict[str, object] | None:
+        """The completion file's values (``metrics.flatten``'s: the task's own JSON)."""
+        result: dict[str, object] | None = self.raw.get("result")
         return result
 
     @result.setter
-    def result(self, result: dict[str, Any] | None) -> None:
+    def result(self, result: dict[str, object] | None) -> None:
         self.raw["result"] = result
 
     @property
