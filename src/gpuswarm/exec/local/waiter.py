@@ -19,7 +19,7 @@ import psutil
 
 from gpuswarm.core.logs import LogPump, LogSink
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
-from gpuswarm.exec.local.tree import _REG, _SLICE
+from gpuswarm.exec.local.tree import REGISTRY, SLICE
 
 _MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
 
@@ -57,8 +57,8 @@ class AttemptState:
         poller = select.poll()
         if main and self._pidfd is not None:
             poller.register(self._pidfd, select.POLLIN)
-        elif main and (timeout is None or timeout > _SLICE):
-            timeout = _SLICE  # no pidfd: poll the main process in slices
+        elif main and (timeout is None or timeout > SLICE):
+            timeout = SLICE  # no pidfd: poll the main process in slices
         if self._wake is not None:
             poller.register(self._wake[0], select.POLLIN)
         ms = None if timeout is None else min(_MAX_POLL_MS, math.ceil(max(timeout, 0) * 1000))
@@ -86,9 +86,9 @@ class AttemptState:
         with self._pid_lock:
             self._rc = self._popen.wait()
             self._reaped = True
-        with _REG.lock:
-            if self.pid is not None and _REG.live.get(self.pid) is self:
-                del _REG.live[self.pid]
+        with REGISTRY.lock:
+            if self.pid is not None and REGISTRY.live.get(self.pid) is self:
+                del REGISTRY.live[self.pid]
         return True
 
     def _open_wake(self) -> None:
