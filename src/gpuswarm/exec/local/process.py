@@ -156,11 +156,6 @@ class Attempt(AttemptState):
         self._end = AttemptEnd(kind, None, None, reason, False, self.started, now, None, 0)
         return self
 
-    @property
-    def done(self) -> bool:
-        """True once :meth:`wait` has returned (or the attempt never started)."""
-        return self._end is not None
-
     def cancel(self, *, hard: bool = False) -> None:
         """Stop the attempt: soft = SIGTERM, grace, SIGKILL; hard = SIGKILL now. Thread-safe."""
         if self._end is not None:
@@ -191,22 +186,6 @@ class Attempt(AttemptState):
                 if proc.is_running():
                     roots.append(pid)
         return sorted(shared_descendants(roots)) if roots else []
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
-        return self._cancelled
-
-    @property
-    def exit_fd(self) -> int | None:
-        """A pidfd that polls readable once the main process exits (None: no pidfd here; then
-        only :meth:`wait` can tell)."""
-        return self._pidfd
-
-    @property
-    def deadline(self) -> float | None:
-        """When the timeout expires, on the ``time.monotonic`` clock."""
-        return None if self.spec.timeout is None else self._t0 + self.spec.timeout
 
     def end_if_clean(self) -> AttemptEnd | None:
         """The end of an attempt whose main process exited with nothing of it left, without

@@ -1,7 +1,8 @@
 """The waiting side of a local attempt: its state, and the blocking primitives of its waiter.
 
-:class:`AttemptState` holds what an attempt knows about its processes and sleeps in ``poll()``
-on its pidfd (or in slices, without one) and on the wake-up pipe that ``cancel`` writes to; the
+:class:`AttemptState` holds what an attempt knows about its processes, reads it out as the
+Handle's flags (``done``, ``cancelled``, ``exit_fd``, ``deadline``) and sleeps in ``poll()`` on
+its pidfd (or in slices, without one) and on the wake-up pipe that ``cancel`` writes to; the
 launch, the stop and the verdict are :class:`gpuswarm.exec.local.process.Attempt`'s.
 """
 
@@ -50,6 +51,28 @@ class AttemptState:
         self._wait_lock = threading.Lock()
         self._pid_lock = threading.Lock()
         self._fd_lock = threading.RLock()  # re-entrant: cancel() may run in a signal handler
+
+    # -- what it reads as (the Handle's flags) -----------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once :meth:`wait` has returned (or the attempt never started)."""
+        return self._end is not None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
+        return self._cancelled
+
+    @property
+    def exit_fd(self) -> int | None:
+        """A pidfd that polls readable once the main process exits (None: no pidfd here; then
+        only :meth:`wait` can tell)."""
+        return self._pidfd
+
+    @property
+    def deadline(self) -> float | None:
+        """When the timeout expires, on the ``time.monotonic`` clock."""
+        return None if self.spec.timeout is None else self._t0 + self.spec.timeout
 
     # -- waiting -----------------------------------------------------------------------------------
     def _block(self, timeout: float | None, *, main: bool) -> None:
