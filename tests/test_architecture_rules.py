@@ -248,7 +248,6 @@ OVER_400 = {
     "gpuswarm.dashboard.server": 483,
     "gpuswarm.supervise.supervisor": 479,
     "gpuswarm.app.setup": 462,
-    "gpuswarm.agents.usage": 424,
 }
 
 
