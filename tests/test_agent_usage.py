@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuswarm.agents.answer import answer_text
 from gpuswarm.agents.preset import AgentUse, shipped_preset
 from gpuswarm.agents.pricing import (
     AgentUsage,
@@ -25,7 +26,6 @@ from gpuswarm.agents.usage import (
     ModelTokens,
     Usage,
     UsageSpec,
-    answer_text,
     parse_usage,
     read_log_usage,
 )

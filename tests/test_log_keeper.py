@@ -16,7 +16,7 @@ import pytest
 
 from gpuswarm.core.logs import LogPump, LogSink
 from gpuswarm.exec.local.keeper import RUN_VAR, LogKeeper
-from gpuswarm.exec.local.tree import _candidates, sweep_orphans
+from gpuswarm.exec.local.tree import candidates, sweep_orphans
 
 
 def _open_log(path: Path) -> int:
@@ -54,7 +54,7 @@ def test_a_dead_supervisors_keeper_moves_the_pipe_into_the_log(tmp_path: Path) -
     sink = pump.add(_open_log(log), 1 << 20)
     pid = keeper.pid
     assert pid is not None and psutil.Process(pid).environ()[RUN_VAR] == str(tmp_path)
-    assert not [p for p, _ in _candidates(None).alive if p == pid]  # never an escapee
+    assert not [p for p, _ in candidates(None).alive if p == pid]  # never an escapee
     assert sweep_orphans() == 0 and psutil.Process(pid).is_running()
     writer = os.dup(sink.write_fd)  # the task's stdout: it outlives the supervisor
     os.write(writer, b"before\n")

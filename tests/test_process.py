@@ -45,7 +45,7 @@ def no_leftovers() -> Iterator[None]:
     for child in new:  # clean up before failing, so one failure does not cascade
         kill_tree([child.pid], 0)
     assert not new, f"left behind: {new}"
-    assert not tree._REG.live
+    assert not tree.REGISTRY.live
 
 
 def make_spec(

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuswarm.agents.answer import answer_text
 from gpuswarm.agents.preset import AgentPreset, AgentUse, PromptTemplate
-from gpuswarm.agents.usage import answer_text
 
 STATUS_TIMEOUT = 60  # seconds a login check may take
 KILL_AFTER = 10  # seconds between the agent's TERM at its timeout and its KILL

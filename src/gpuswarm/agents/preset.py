@@ -22,9 +22,10 @@ Placeholders of the argument lists:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -267,7 +268,9 @@ def preset_names() -> list[str]:
 
 
 @cache
-def _shipped(name: str) -> dict[str, Any]:
+def _shipped(name: str) -> Mapping[str, object]:
+    """The fields of a shipped preset's YAML, as written (AgentPreset validates them once a
+    use's overrides are over them); read-only: it is cached."""
     if not _NAME.match(name) or name not in preset_names():
         raise ConfigError(
             f"agent {name!r} is not a preset; use one of {', '.join(preset_names())} "
@@ -291,12 +294,14 @@ def resolve(use: AgentUse) -> AgentPreset:
         value = getattr(use, key)
         if value is not None:
             data[key] = value.model_dump() if isinstance(value, BaseModel) else value
-    data["env"] = {**data.get("env", {}), **(use.env or {})}
+    env = data.get("env", {})
+    if isinstance(env, dict):  # else AgentPreset refuses it below
+        data["env"] = {**env, **(use.env or {})}
     for key in _ADDED:
-        extra = getattr(use, key)
-        if extra:
+        extra, shipped = getattr(use, key), data.get(key, [])
+        if extra and isinstance(shipped, list):  # else AgentPreset refuses it below
             mine = [x.model_dump() if isinstance(x, BaseModel) else x for x in extra]
-            data[key] = [*data.get(key, []), *mine]
+            data[key] = [*shipped, *mine]
     if use.preset == CUSTOM and (not data.get("program") or not data.get("args")):
         raise ConfigError(
             "agent: preset custom needs program: (the CLI) and args: (its non-interactive "

@@ -27,17 +27,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from gpuswarm.agents.jsonlog import Garbled, last_object
 from gpuswarm.core.taskfiles import read_tail
 
 SCAN_BYTES = 1 << 20  # the end of the log that is read (the final record is there)
-MAX_CANDIDATES = 64  # JSON objects tried per log, from its end
 MAX_RECORDS = 10_000  # codex events / aider lines summed per log
 Format = Literal["claude-json", "codex-jsonl", "gemini-json", "aider", "regex", "json"]
 FIELDS = ("tokens_in", "tokens_cached", "tokens_out", "cost_usd", "model")
@@ -103,10 +103,6 @@ class Usage:
     problem: str | None = None  # a usage record that is there but unreadable
 
 
-class Garbled(Exception):
-    """A usage record found but unreadable (its message says which field)."""
-
-
 # -- reading a log -------------------------------------------------------------------------------
 def read_log_usage(log: Path, spec: UsageSpec) -> Usage | None:
     """The usage in the attempt's ``log`` (None: the CLI reported none, or there is no log)."""
@@ -127,7 +123,7 @@ def parse_usage(text: str, spec: UsageSpec) -> Usage | None:
         return Usage(problem=f"garbled usage record ({spec.format}): {exc}")
 
 
-def _count(obj: Any, key: str, where: str, *, required: bool = False) -> int:
+def _count(obj: object, key: str, where: str, *, required: bool = False) -> int:
     value = obj.get(key) if isinstance(obj, dict) else None
     if value is None and not required:
         return 0
@@ -136,7 +132,7 @@ def _count(obj: Any, key: str, where: str, *, required: bool = False) -> int:
     return value
 
 
-def _money(value: Any, where: str) -> float | None:
+def _money(value: object, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e7:
@@ -144,41 +140,15 @@ def _money(value: Any, where: str) -> float | None:
     return float(value)
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return "missing" if value is None else repr(value)[:40]
 
 
-def _json_candidates(text: str) -> list[int]:
-    """Starts of the last :data:`MAX_CANDIDATES` lines that open a JSON object, last first."""
-    starts = [m.start() for m in re.finditer(r"(?m)^\{", text)]
-    return starts[: -MAX_CANDIDATES - 1 : -1]
-
-
-def _last_object(text: str, marker: str, want: Callable[[dict[str, Any]], bool]) -> Any:
-    """The last JSON object in ``text`` that opens a line and passes ``want``; Garbled when the
-    last line that looks like one (it holds ``marker``) does not parse; None when none."""
-    decoder = json.JSONDecoder()
-    broken: str | None = None
-    for start in _json_candidates(text):
-        try:
-            obj, _end = decoder.raw_decode(text, start)
-        except (ValueError, RecursionError):
-            line = text[start : start + 4096].split("\n", 1)[0]
-            if broken is None and marker in line:
-                broken = line[:60]
-            continue
-        if isinstance(obj, dict) and want(obj):
-            return obj
-    if broken is not None:
-        raise Garbled(f"{broken!r}... is not JSON")
-    return None
-
-
 def _claude(text: str, spec: UsageSpec) -> Usage | None:
-    def want(obj: dict[str, Any]) -> bool:
+    def want(obj: Mapping[str, object]) -> bool:
         return obj.get("type") == "result" and ("usage" in obj or "total_cost_usd" in obj)
 
-    obj = _last_object(text, '"result"', want)
+    obj = last_object(text, '"result"', want)
     if obj is None:
         return None
     usage = obj.get("usage") or {}
@@ -195,7 +165,7 @@ def _claude(text: str, spec: UsageSpec) -> Usage | None:
     return Usage(fresh + written + read, read, out, cost, model, parts)
 
 
-def _claude_models(models: Any) -> tuple[ModelTokens, ...]:
+def _claude_models(models: object) -> tuple[ModelTokens, ...]:
     if not isinstance(models, dict):
         return ()
     out = []
@@ -235,13 +205,14 @@ def _codex(text: str, spec: UsageSpec) -> Usage | None:
 
 
 def _gemini(text: str, spec: UsageSpec) -> Usage | None:
-    def want(obj: dict[str, Any]) -> bool:
+    def want(obj: Mapping[str, object]) -> bool:
         return isinstance(obj.get("stats"), dict)
 
-    obj = _last_object(text, '"stats"', want)
+    obj = last_object(text, '"stats"', want)
     if obj is None:
         return None
-    models = obj["stats"].get("models")
+    stats = obj["stats"]  # an object: want() chose it for that
+    models = stats.get("models") if isinstance(stats, dict) else None
     if not isinstance(models, dict):
         raise Garbled(f"stats.models is {_shown(models)}, not an object")
     parts = []
@@ -323,7 +294,7 @@ def _regex(text: str, spec: UsageSpec) -> Usage | None:
     return _of_fields({k: v.replace(",", "") if k != "model" else v for k, v in found.items()})
 
 
-def _of_fields(values: dict[str, Any]) -> Usage:
+def _of_fields(values: Mapping[str, object]) -> Usage:
     counts = {}
     for name in ("tokens_in", "tokens_cached", "tokens_out"):
         value = values.get(name)
@@ -344,7 +315,7 @@ def _of_fields(values: dict[str, Any]) -> Usage:
     return Usage(tin, tcached, tout, _money(cost, "cost_usd"), model, parts)
 
 
-def _dotted(obj: Any, path: str) -> Any:
+def _dotted(obj: object, path: str) -> object:
     for key in path.split("."):
         if isinstance(obj, list) and key.isdigit():
             obj = obj[int(key)] if int(key) < len(obj) else None
@@ -359,7 +330,7 @@ def _json_path(text: str, spec: UsageSpec) -> Usage | None:
     key = spec.tokens_in or spec.cost_usd
     assert key is not None
     marker = '"' + key.split(".")[0] + '"'
-    obj = _last_object(text, marker, lambda o: _dotted(o, key) is not None)
+    obj = last_object(text, marker, lambda o: _dotted(o, key) is not None)
     if obj is None:
         return None
     values = {n: _dotted(obj, getattr(spec, n)) for n in FIELDS if getattr(spec, n) is not None}
@@ -374,38 +345,3 @@ _READERS: dict[str, Callable[[str, UsageSpec], Usage | None]] = {
     "regex": _regex,
     "json": _json_path,
 }
-
-
-# -- the answer in a structured output -------------------------------------------------------
-def answer_text(fmt: str, text: str) -> str | None:
-    """The agent's final answer in output of a structured ``fmt`` (Claude Code's ``result``,
-    Codex's last ``agent_message``, Gemini CLI's ``response``); None: ``fmt`` is text, or the
-    output holds no answer."""
-    try:
-        if fmt == "claude-json":
-            obj = _last_object(text, '"result"', lambda o: o.get("type") == "result")
-            value = obj.get("result") if obj else None
-        elif fmt == "gemini-json":
-            obj = _last_object(text, '"response"', lambda o: "response" in o)
-            value = obj.get("response") if obj else None
-        elif fmt == "codex-jsonl":
-            value = _codex_answer(text)
-        else:
-            return None
-    except Garbled:
-        return None
-    return value if isinstance(value, str) else None
-
-
-def _codex_answer(text: str) -> str | None:
-    answer = None
-    for line in text.splitlines():
-        if line.startswith("{") and '"agent_message"' in line:
-            try:
-                event = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            item = event.get("item") if isinstance(event, dict) else None
-            if isinstance(item, dict) and item.get("type") == "agent_message":
-                answer = item.get("text") if isinstance(item.get("text"), str) else answer
-    return answer

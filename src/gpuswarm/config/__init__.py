@@ -11,7 +11,7 @@ the one facade for clients of gpuswarm is ``gpuswarm.app.api``. Where things liv
 - ``models``     the pydantic models: RunConfig, TaskOptions, TaskEntry, TaskSpec, HomeConfig, ...
 - ``backends``   the backend registry: each backend's settings model, options and capabilities
 - ``values``     the value types the models use; parse_duration, DURATION_HELP, expand_user
-- ``tasks``      tasks: entries -> TaskSpecs (checks, specs, unique ids); task_id_for
+- ``tasks``      tasks: entries -> TaskSpecs (checks, specs); task_id_for; ``taskids``: unique ids
 - ``instances``  one entry's instances: matrix combinations, glob matches, {config.*} fields
 - ``commands``   command lists (CommandTasks, one template + a row per line), task_dumps
 - ``render``     an attempt's argv, env and cwd rendered from its TaskSpec

@@ -170,7 +170,7 @@ def config_model(base: type[_M]) -> type[_M]:
     fields and one optional field per backend with settings, named as the backend."""
     if base in _COMPOSED:
         return base
-    blocks: dict[str, Any] = {}
+    blocks: dict[str, Any] = {}  # create_model types its field definitions as Any
     for plugin in with_settings():
         if plugin.name in base.model_fields:
             raise ConfigError(

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import shlex
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -68,7 +68,7 @@ class CommandTasks(Sequence[TaskSpec]):
     def ids(self) -> list[str]:
         return [row[0] for row in self._rows]
 
-    def with_holes(self) -> dict[str, Any]:
+    def with_holes(self) -> TaskDump:
         """The shared dump with :func:`~gpuswarm.core.jsontemplate.hole` 0, 1 and 2 for id,
         name and command: ``dump(i)`` is it with row ``i``'s values (:meth:`rows`) put in."""
         return {**self._template, "id": hole(0), "name": hole(1), "command": hole(2)}
@@ -162,7 +162,7 @@ def task_dumps(tasks: Sequence[TaskSpec]) -> Iterator[TaskDump]:
     return (task_dump(t) for t in tasks)
 
 
-def tasks_digest(tasks: Sequence[TaskSpec], layout: dict[str, Any]) -> str:
+def tasks_digest(tasks: Sequence[TaskSpec], layout: Mapping[str, object]) -> str:
     """sha256 of ``json.dumps({**layout, "tasks": tasks sorted by id}, sort_keys=True,
     separators=(",", ":"), ensure_ascii=False)``, hashed piece by piece: the same digest,
     without a string of the whole task list in memory."""

@@ -130,12 +130,12 @@ from pydantic import BaseModel, ValidationError
 
 from gpuswarm.config.agents import with_agents
 from gpuswarm.config.backends import config_model, options_given, plugins, with_settings
+from gpuswarm.config.cmdlist import command_config, command_lines
 from gpuswarm.config.cmdrepeats import list_tasks
-from gpuswarm.config.commands import NAME_MAX, CommandTasks, tasks_digest
+from gpuswarm.config.commands import CommandTasks, tasks_digest
 from gpuswarm.config.errors import config_error
 from gpuswarm.config.models import (
     RunConfig,
-    TaskEntry,
     TaskOptions,
     TaskSpec,
     check_run_name,
@@ -145,9 +145,6 @@ from gpuswarm.config.tasks import expand_entries, task_id_for
 from gpuswarm.config.values import check_folder_path, expand_user
 from gpuswarm.config.yamlload import LineMap, Locator, load_yaml, paused_gc, quote
 from gpuswarm.core.errors import ConfigError
-from gpuswarm.core.redact import name_redactor
-
-COMMANDS_IN_SNAPSHOT = 1000  # a longer command list is summarised in run.json's config
 
 
 @dataclass(frozen=True)
@@ -324,40 +321,6 @@ def expand_tasks(
 
 
 # -- command lists ---------------------------------------------------------------------------------
-def _command_lines(text: str) -> list[tuple[int, str]]:
-    out: list[tuple[int, str]] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            out.append((number, line))
-    return out
-
-
-def _command_config(
-    name: str, base_dir: Path, opts: TaskOptions, lines: list[tuple[int, str]], source: str
-) -> RunConfig:
-    if len(lines) <= COMMANDS_IN_SNAPSHOT:
-        shown = lines
-    else:  # run.json names the source; the queue holds every command
-        shown = [(0, f"{len(lines)} commands from {source}, the first: {lines[0][1]}")]
-    names = name_redactor(opts.env)
-    entries = [
-        {"name": names.name(line)[:NAME_MAX], "command": line, "shell": opts.shell}
-        for _, line in shown
-    ]
-    data = {
-        "name": name,
-        "workspace": str(base_dir / "runs"),
-        "gpus_per_task": max(1, opts.gpus or 1),
-        "defaults": opts,
-        "tasks": [TaskEntry.model_validate(entry) for entry in entries],
-    }
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as exc:
-        raise config_error(exc, data, Locator(source), config_model(RunConfig)) from None
-
-
 @paused_gc()
 def load_command_list(
     source: Path | None,
@@ -381,7 +344,7 @@ def load_command_list(
         text = _read_text(source, label) if source is not None else read_stdin()
     base = defaults or TaskOptions()
     opts = base.model_copy(update={"shell": shell})
-    lines = _command_lines(text)
+    lines = command_lines(text)
     if not lines:
         raise ConfigError(
             f"{label}: no commands (blank lines and lines starting with # are skipped); "
@@ -396,7 +359,7 @@ def load_command_list(
         except ValueError as exc:
             raise ConfigError(f"--name: {exc}") from None
     run_name = name or _safe_name(source.stem if source is not None else "stdin")
-    config = _command_config(run_name, base_dir, opts, lines, label)
+    config = command_config(run_name, base_dir, opts, lines, label)
     workspace = _workspace(config.workspace, base_dir)
     return LoadedConfig(config, source, base_dir, tasks, run_name, workspace)
 

@@ -17,6 +17,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
     model_validator,
 )
@@ -381,6 +382,6 @@ def task_dump(task: TaskSpec) -> TaskDump:
     return cast("TaskDump", task.model_dump(mode="json"))
 
 
-def to_plain(model: BaseModel) -> dict[str, Any]:
+def to_plain(model: BaseModel) -> dict[str, JsonValue]:
     """A JSON-ready dict of ``model`` (used for snapshots and fingerprints)."""
     return model.model_dump(mode="json")

@@ -1,15 +1,15 @@
 """Expand the entries of ``tasks:`` (explicit, ``glob:``, ``matrix:``) into :class:`TaskSpec` s.
 
-An entry's instances (a matrix combination, a glob match) are ``instances.py``; this module
-checks each entry's fields and templates, makes the specs and refuses duplicate ids. Everything
-here raises :class:`ConfigError` located with a :class:`Locator` (file, line, field).
+An entry's instances (a matrix combination, a glob match) are ``instances.py``, and which of
+two specs with one id stands is ``taskids.py``; this module checks each entry's fields and
+templates and makes the specs. Everything here raises :class:`ConfigError` located with a
+:class:`Locator` (file, line, field).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import NoReturn
 
 from gpuswarm.config import deps
 from gpuswarm.config.agents import agent_command, agent_usage, merge_agent
@@ -31,8 +31,9 @@ from gpuswarm.config.models import (
 )
 from gpuswarm.config.repeats import REPEAT, repeat_fields, repeated
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
+from gpuswarm.config.taskids import keeps_first, refuse_duplicate, same_folder
 from gpuswarm.config.values import check_name_size, parse_duration
-from gpuswarm.config.yamlload import Locator, PathKey, format_path, quote, shorten
+from gpuswarm.config.yamlload import Locator, PathKey, format_path, shorten
 from gpuswarm.core.errors import ConfigError
 from gpuswarm.core.paths import check_task_id, slugify
 from gpuswarm.core.placeholders import (
@@ -40,7 +41,6 @@ from gpuswarm.core.placeholders import (
     GLOB_VARS,
     PLACEHOLDERS_AT_LAUNCH,
     PLACEHOLDERS_AT_LOAD,
-    find_placeholders,
     render,
     shell_split,
     unknown_placeholders,
@@ -270,18 +270,6 @@ def _check_gpus(
         )
 
 
-def _dedupe_hint(entry: TaskEntry) -> str:
-    if entry.matrix is not None:
-        example = "-".join(f"{k}{{{k}}}" for k in entry.matrix)
-        return f'use every matrix key in the name, e.g. name: "{example}"'
-    if entry.glob is not None:
-        return (
-            "two task folders give one id (ids are their paths relative to tasks_root, made "
-            'safe): rename one folder, or keep {task_rel} in the name, e.g. name: "v2-{task_rel}"'
-        )
-    return "set a different name: on one of them"
-
-
 def _expand_entry(
     config: RunConfig, index: int, base_dir: Path, loc: Locator
 ) -> list[tuple[TaskSpec, Instance]]:
@@ -360,72 +348,11 @@ def expand_entries(
                 seen[spec.id] = (inst, path, len(specs))
                 specs.append(spec)
                 continue
-            if not _same_folder(inst, found[0]):
-                _duplicate(spec, inst, found[:2], entry, loc, path)
-            if not _keeps_first(spec, specs[found[2]], inst, found[1], loc, path):
+            if not same_folder(inst, found[0]):
+                refuse_duplicate(spec, inst, found[:2], entry, loc, path)
+            if not keeps_first(spec, specs[found[2]], inst, found[1], loc, path):
                 specs[found[2]] = spec
                 seen[spec.id] = (inst, path, found[2])
         if len(specs) > MAX_TASKS:
             raise loc.error(path, f"the config gives over {MAX_TASKS} tasks; split it")
     return deps.resolve(specs, {tid: found[1] for tid, found in seen.items()}, loc, known=known)
-
-
-def _same_folder(a: Instance, b: Instance) -> bool:
-    return bool(a.unit) and a.unit == b.unit
-
-
-def _keeps_first(
-    spec: TaskSpec,
-    first: TaskSpec,
-    inst: Instance,
-    first_path: PathKey,
-    loc: Locator,
-    path: PathKey,
-) -> bool:
-    """Two glob entries selected one folder under one id: True keeps the first's task, False
-    takes the second's (the first excludes the folder); different settings are refused."""
-    if spec.skip_reason is not None:
-        return True
-    if first.skip_reason is not None:
-        return False
-    fields = _differences(spec, first)
-    if not fields:
-        return True  # the same task twice: one task
-    line = loc.line(first_path)
-    at = f" (line {line})" if line is not None else ""
-    raise loc.error(
-        path,
-        f"the task folder {inst.vars.get('task_rel', inst.unit)} is selected already by "
-        f"{format_path(first_path)}{at}, with other settings ({', '.join(fields)}); a folder "
-        "is one task: narrow one glob or exclude: the folder from one entry, or give one a "
-        'name: of its own (e.g. "v2-{task_rel}") to run it twice',
-    )
-
-
-def _differences(a: TaskSpec, b: TaskSpec) -> list[str]:
-    """The fields in which two specs of one folder differ (``vars``: only those used)."""
-    one, two = a.model_dump(), b.model_dump()
-    texts = [a.command] if isinstance(a.command, str) else list(a.command)
-    texts += [t for t in (a.cwd, a.done_when) if t is not None] + list(a.env.values())
-    used = {key for text in texts for key in find_placeholders(text)}
-    out = [key for key in one if key != "vars" and one[key] != two[key]]
-    out += [f"{{{key}}}" for key in sorted(used) if a.vars.get(key) != b.vars.get(key)]
-    return out
-
-
-def _duplicate(
-    spec: TaskSpec,
-    inst: Instance,
-    first: tuple[Instance, PathKey],
-    entry: TaskEntry,
-    loc: Locator,
-    path: PathKey,
-) -> NoReturn:
-    other, other_path = first
-    line = loc.line(other_path)
-    at = f" at line {line}" if line is not None else ""
-    raise loc.error(
-        path,
-        f"task id {quote(spec.id)} (name {quote(spec.name)}) of {inst.label} is already used by "
-        f"{other.label}{at}; task ids must be unique: {_dedupe_hint(entry)}",
-    )

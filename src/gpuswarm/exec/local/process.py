@@ -33,18 +33,18 @@ from gpuswarm.exec.local.spawn import (
     verdict,
 )
 from gpuswarm.exec.local.tree import (
-    _REG,
-    _SETTLE,
+    REGISTRY,
+    SETTLE,
     TOKEN_VAR,
-    _candidates,
-    _descendants,
-    _none_alive,
-    _procs,
-    _send,
-    _Stat,
-    _token_of,
-    _wait_until,
+    Stat,
+    candidates,
+    descendants,
+    none_alive,
+    processes,
     shared_descendants,
+    signal_alive,
+    token_of,
+    wait_until,
 )
 from gpuswarm.exec.local.waiter import AttemptState
 
@@ -123,8 +123,8 @@ class Attempt(AttemptState):
 
     def _spawn(self, log: int, keep: tuple[int, ...] = ()) -> tuple[EndKind, str] | None:
         env = {**self.spec.env, TOKEN_VAR: self.token}
-        with _REG.lock:
-            _REG.launching += 1
+        with REGISTRY.lock:
+            REGISTRY.launching += 1
         try:
             self._popen = subprocess.Popen(
                 self.spec.argv,
@@ -141,11 +141,11 @@ class Attempt(AttemptState):
             self._close()
             return spawn_failure(exc, self.spec)
         finally:
-            with _REG.lock:  # registered before `launching` drops: never mistaken for a stray
-                _REG.launching -= 1
+            with REGISTRY.lock:  # registered before `launching` drops: never mistaken for a stray
+                REGISTRY.launching -= 1
                 if self._popen is not None:
                     self.pid, self._reaped = self._popen.pid, False
-                    _REG.live[self.pid] = self
+                    REGISTRY.live[self.pid] = self
         if _USE_PIDFD and self.pid is not None:
             with contextlib.suppress(OSError):  # no pidfd: _block() polls in slices
                 self._pidfd = os.pidfd_open(self.pid)
@@ -155,11 +155,6 @@ class Attempt(AttemptState):
         now = time.time()
         self._end = AttemptEnd(kind, None, None, reason, False, self.started, now, None, 0)
         return self
-
-    @property
-    def done(self) -> bool:
-        """True once :meth:`wait` has returned (or the attempt never started)."""
-        return self._end is not None
 
     def cancel(self, *, hard: bool = False) -> None:
         """Stop the attempt: soft = SIGTERM, grace, SIGKILL; hard = SIGKILL now. Thread-safe."""
@@ -191,22 +186,6 @@ class Attempt(AttemptState):
                 if proc.is_running():
                     roots.append(pid)
         return sorted(shared_descendants(roots)) if roots else []
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
-        return self._cancelled
-
-    @property
-    def exit_fd(self) -> int | None:
-        """A pidfd that polls readable once the main process exits (None: no pidfd here; then
-        only :meth:`wait` can tell)."""
-        return self._pidfd
-
-    @property
-    def deadline(self) -> float | None:
-        """When the timeout expires, on the ``time.monotonic`` clock."""
-        return None if self.spec.timeout is None else self._t0 + self.spec.timeout
 
     def end_if_clean(self) -> AttemptEnd | None:
         """The end of an attempt whose main process exited with nothing of it left, without
@@ -260,7 +239,7 @@ class Attempt(AttemptState):
             self._block(left, main=True)
 
     # -- leftovers ---------------------------------------------------------------------------------
-    def _owns(self, pid: int, st: _Stat, live: frozenset[int]) -> bool:
+    def _owns(self, pid: int, st: Stat, live: frozenset[int]) -> bool:
         """Ours by an earlier tree snapshot, or by our process group or session."""
         seen = self._seen.get(pid)
         if seen is not None:
@@ -273,13 +252,13 @@ class Attempt(AttemptState):
 
     def _claimed(self) -> list[int]:
         """Our live children (re-parented escapees) that belong to this attempt."""
-        scan = _candidates(self)
+        scan = candidates(self)
         out = []
         for pid, st in scan.alive:
             if self._owns(pid, st, scan.live):
                 out.append(pid)
                 continue
-            token = _token_of(pid)
+            token = token_of(pid)
             if token == self.token or (token is None and scan.lonely):
                 out.append(pid)
         return out
@@ -299,19 +278,19 @@ class Attempt(AttemptState):
             except PermissionError:
                 return True
             if first:
-                _candidates(self)  # reap our zombies of the group, then look again
+                candidates(self)  # reap our zombies of the group, then look again
         return True
 
     def _snapshot(self) -> dict[int, psutil.Process]:
         roots = self._claimed()
         if not self._reaped and self.pid is not None:
             roots.append(self.pid)
-        procs = _procs(_descendants(roots) - {self.pid}) if roots else {}
+        procs = processes(descendants(roots) - {self.pid}) if roots else {}
         self._seen.update(procs)
         return procs
 
     def _signal(self, procs: dict[int, psutil.Process], sig: int) -> None:
-        self._killed |= _send(procs, sig)  # first, so that the count sees them alive
+        self._killed |= signal_alive(procs, sig)  # first, so that the count sees them alive
         if self.pid is not None and self._group_alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
@@ -319,7 +298,7 @@ class Attempt(AttemptState):
     def _all_gone(self, procs: dict[int, psutil.Process]) -> bool:
         if not self._poll_main() or self._group_alive():
             return False
-        return _none_alive(procs)
+        return none_alive(procs)
 
     def _terminate(self, *, graceful: bool) -> None:
         """SIGTERM the group and the tree, wait out the grace, then SIGKILL what is left."""
@@ -327,14 +306,14 @@ class Attempt(AttemptState):
         if graceful and self.spec.grace > 0 and not self._hard:
             self._signal(procs, signal.SIGTERM)
             deadline = time.monotonic() + self.spec.grace
-            if _wait_until(lambda: self._all_gone(procs), deadline, self._nap):
+            if wait_until(lambda: self._all_gone(procs), deadline, self._nap):
                 return
             procs.update(self._snapshot())
         self._main_killed = self._main_killed or not self._poll_main()
         self._signal(procs, signal.SIGKILL)
-        _wait_until(
+        wait_until(
             lambda: self._all_gone(procs),
-            time.monotonic() + _SETTLE,
+            time.monotonic() + SETTLE,
             lambda s: self._nap(s) and False,
         )
 

@@ -1,7 +1,7 @@
 """The process table side of the local backend: the child subreaper, tree kills, the sweep.
 
 Escapees of an attempt (``setsid``, double fork) are re-parented to the supervisor, a child
-subreaper, so they show up as its direct children; :func:`_candidates` lists them for an
+subreaper, so they show up as its direct children; :func:`candidates` lists them for an
 attempt to claim (by token, process group/session or an earlier snapshot of its tree). Only
 specific pids are passed to ``waitpid``, never the main pid of another live attempt.
 """
@@ -23,19 +23,19 @@ import psutil
 
 TOKEN_VAR = "GPUSWARM_ATTEMPT_TOKEN"
 _PR_SET_CHILD_SUBREAPER = 36
-_SETTLE = 2.0  # seconds to wait for SIGKILLed processes to vanish
-_SLICE = 0.05  # poll slice where no pidfd is available
+SETTLE = 2.0  # seconds to wait for SIGKILLed processes to vanish
+SLICE = 0.05  # poll slice where no pidfd is available
 _HAVE_CHILDREN_FILE = Path(f"/proc/self/task/{os.getpid()}/children").exists()
 
 
-class _Stat(NamedTuple):
+class Stat(NamedTuple):
     zombie: bool
     pgid: int
     sid: int
 
 
-class _Scan(NamedTuple):
-    alive: list[tuple[int, _Stat]]  # our live children in another session, not live mains
+class Scan(NamedTuple):
+    alive: list[tuple[int, Stat]]  # our live children in another session, not live mains
     live: frozenset[int]  # main pids of the other live attempts
     quiet: bool  # no launch was in flight
 
@@ -51,10 +51,10 @@ class Attempt(Protocol):
     pid: int | None
     _reaped: bool  # its main process was reaped: its pid may be another process's now
 
-    def _owns(self, pid: int, st: _Stat, live: frozenset[int]) -> bool: ...
+    def _owns(self, pid: int, st: Stat, live: frozenset[int]) -> bool: ...
 
 
-class _Registry:
+class Registry:
     """Live attempts by main pid, and how many launches are between fork and registration."""
 
     def __init__(self) -> None:
@@ -65,12 +65,12 @@ class _Registry:
         self.helpers: set[int] = set()  # our own helper processes (the log keeper): no leftovers
 
 
-_REG = _Registry()
+REGISTRY = Registry()
 
 
 def become_subreaper() -> bool:
     """Make this process adopt orphaned descendants (Linux only). Idempotent."""
-    if _REG.subreaper:
+    if REGISTRY.subreaper:
         return True
     if not sys.platform.startswith("linux"):
         return False
@@ -83,19 +83,19 @@ def become_subreaper() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    _REG.subreaper = True
+    REGISTRY.subreaper = True
     return True
 
 
 def note_helper(pid: int) -> None:
     """``pid`` is a helper of this supervisor (in its own session): never an attempt's escapee."""
-    with _REG.lock:
-        _REG.helpers.add(pid)
+    with REGISTRY.lock:
+        REGISTRY.helpers.add(pid)
 
 
 def forget_helper(pid: int) -> None:
-    with _REG.lock:
-        _REG.helpers.discard(pid)
+    with REGISTRY.lock:
+        REGISTRY.helpers.discard(pid)
 
 
 # -- reading the process table ---------------------------------------------------------------------
@@ -144,15 +144,15 @@ def _leader_children() -> list[int]:
     return [int(x) for x in data.split()]
 
 
-def _stat(pid: int) -> _Stat | None:
+def _stat(pid: int) -> Stat | None:
     try:
         zombie = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        return _Stat(zombie, os.getpgid(pid), os.getsid(pid))
+        return Stat(zombie, os.getpgid(pid), os.getsid(pid))
     except (psutil.Error, OSError):
         return None
 
 
-def _token_of(pid: int) -> str | None:
+def token_of(pid: int) -> str | None:
     """The attempt token in a process's environment; None when absent or unreadable."""
     try:
         return psutil.Process(pid).environ().get(TOKEN_VAR)
@@ -173,7 +173,7 @@ _shared_lock = threading.Lock()
 
 
 def shared_descendants(roots: Iterable[int]) -> set[int]:
-    """:func:`_descendants` from a process table at most 0.2 s old, shared by every caller:
+    """:func:`descendants` from a process table at most 0.2 s old, shared by every caller:
     the VRAM sampler asks each live attempt for its pids in one look (``Handle.pids``), and one
     pass over /proc serves them all. Never for killing: that reads the table fresh."""
     global _shared_table
@@ -182,10 +182,10 @@ def shared_descendants(roots: Iterable[int]) -> set[int]:
         if now - _shared_table[0] > _SHARED_TABLE_SECONDS:
             _shared_table = (now, _children_table())
         kids = _shared_table[1]
-    return _descendants(roots, kids)
+    return descendants(roots, kids)
 
 
-def _descendants(roots: Iterable[int], kids: dict[int, list[int]] | None = None) -> set[int]:
+def descendants(roots: Iterable[int], kids: dict[int, list[int]] | None = None) -> set[int]:
     """``roots`` and every process below them, from one pass over the process table (or the
     parent -> children table ``kids`` given)."""
     if kids is None:
@@ -201,7 +201,7 @@ def _descendants(roots: Iterable[int], kids: dict[int, list[int]] | None = None)
     return out
 
 
-def _procs(pids: Iterable[int]) -> dict[int, psutil.Process]:
+def processes(pids: Iterable[int]) -> dict[int, psutil.Process]:
     out: dict[int, psutil.Process] = {}
     for pid in pids:
         with contextlib.suppress(psutil.Error):
@@ -211,7 +211,7 @@ def _procs(pids: Iterable[int]) -> dict[int, psutil.Process]:
 
 def _reap(pid: int) -> None:
     """Collect a dead child's status, unless it is the main process of a live attempt."""
-    if pid not in _REG.live:
+    if pid not in REGISTRY.live:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
 
@@ -229,7 +229,7 @@ def _alive(proc: psutil.Process) -> bool:
     return False
 
 
-def _none_alive(procs: dict[int, psutil.Process]) -> bool:
+def none_alive(procs: dict[int, psutil.Process]) -> bool:
     if any([_alive(p) for p in procs.values()]):  # a list: check (and reap) every one
         return False
     for proc in procs.values():  # reap zombies re-parented to us while we looked
@@ -237,7 +237,7 @@ def _none_alive(procs: dict[int, psutil.Process]) -> bool:
     return True
 
 
-def _send(procs: dict[int, psutil.Process], sig: int) -> set[int]:
+def signal_alive(procs: dict[int, psutil.Process], sig: int) -> set[int]:
     sent: set[int] = set()
     for pid, proc in procs.items():
         if _alive(proc):
@@ -247,18 +247,18 @@ def _send(procs: dict[int, psutil.Process], sig: int) -> set[int]:
     return sent
 
 
-def _candidates(owner: Attempt | None) -> _Scan:
+def candidates(owner: Attempt | None) -> Scan:
     """Our children that may be leftovers; reaps zombies that are safe to reap on the way.
 
     An attempt's own checks read where its leftovers land (the main thread's children); the
     sweep at the end (``owner`` None) reads every thread's."""
     kids = _my_children(everywhere=owner is None)
-    with _REG.lock:
-        live = frozenset(pid for pid, att in _REG.live.items() if att is not owner)
-        quiet = _REG.launching == 0
-        helpers = frozenset(_REG.helpers)
+    with REGISTRY.lock:
+        live = frozenset(pid for pid, att in REGISTRY.live.items() if att is not owner)
+        quiet = REGISTRY.launching == 0
+        helpers = frozenset(REGISTRY.helpers)
     my_sid = os.getsid(0)
-    alive: list[tuple[int, _Stat]] = []
+    alive: list[tuple[int, Stat]] = []
     for pid in kids:
         if pid in live or pid in helpers:
             continue
@@ -271,17 +271,17 @@ def _candidates(owner: Attempt | None) -> _Scan:
             alive.append((pid, st))
         elif quiet or (owner is not None and owner._owns(pid, st, live)):
             _reap(pid)
-    return _Scan(alive, live, quiet)
+    return Scan(alive, live, quiet)
 
 
-def _wait_until(cond: Callable[[], bool], deadline: float, nap: Callable[[float], bool]) -> bool:
+def wait_until(cond: Callable[[], bool], deadline: float, nap: Callable[[float], bool]) -> bool:
     """Re-check ``cond`` with growing naps: True once it holds, False at the deadline or on stop."""
     delay = 0.002
     while not cond():
         left = deadline - time.monotonic()
         if left <= 0 or nap(min(delay, left)):
             return False
-        delay = min(delay * 2, _SLICE)
+        delay = min(delay * 2, SLICE)
     return True
 
 
@@ -295,13 +295,13 @@ def kill_tree(pids: Iterable[int], grace: float) -> int:
 
     Dead children of ours among them are reaped. Returns how many processes were signalled.
     """
-    procs = _procs(_descendants(pids))
+    procs = processes(descendants(pids))
 
-    sent = _send(procs, signal.SIGTERM if grace > 0 else signal.SIGKILL)
-    if grace <= 0 or not _wait_until(lambda: _none_alive(procs), time.monotonic() + grace, _sleep):
-        procs.update(_procs(_descendants(procs)))
-        sent |= _send(procs, signal.SIGKILL)
-        _wait_until(lambda: _none_alive(procs), time.monotonic() + _SETTLE, _sleep)
+    sent = signal_alive(procs, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+    if grace <= 0 or not wait_until(lambda: none_alive(procs), time.monotonic() + grace, _sleep):
+        procs.update(processes(descendants(procs)))
+        sent |= signal_alive(procs, signal.SIGKILL)
+        wait_until(lambda: none_alive(procs), time.monotonic() + SETTLE, _sleep)
     return len(sent)
 
 
@@ -337,10 +337,10 @@ def sweep_orphans(token_prefix: str | None = None, *, grace: float = 1.0) -> int
 
     With ``token_prefix``, only those whose attempt token starts with it. For supervisor exit.
     """
-    scan = _candidates(None)
+    scan = candidates(None)
     pids = []
     for pid, _ in scan.alive:
-        token = _token_of(pid)
+        token = token_of(pid)
         if token_prefix is None:
             take = token is not None or scan.quiet
         else:

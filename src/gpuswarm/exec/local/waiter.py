@@ -1,7 +1,8 @@
 """The waiting side of a local attempt: its state, and the blocking primitives of its waiter.
 
-:class:`AttemptState` holds what an attempt knows about its processes and sleeps in ``poll()``
-on its pidfd (or in slices, without one) and on the wake-up pipe that ``cancel`` writes to; the
+:class:`AttemptState` holds what an attempt knows about its processes, reads it out as the
+Handle's flags (``done``, ``cancelled``, ``exit_fd``, ``deadline``) and sleeps in ``poll()`` on
+its pidfd (or in slices, without one) and on the wake-up pipe that ``cancel`` writes to; the
 launch, the stop and the verdict are :class:`gpuswarm.exec.local.process.Attempt`'s.
 """
 
@@ -19,7 +20,7 @@ import psutil
 
 from gpuswarm.core.logs import LogPump, LogSink
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
-from gpuswarm.exec.local.tree import _REG, _SLICE
+from gpuswarm.exec.local.tree import REGISTRY, SLICE
 
 _MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
 
@@ -51,14 +52,36 @@ class AttemptState:
         self._pid_lock = threading.Lock()
         self._fd_lock = threading.RLock()  # re-entrant: cancel() may run in a signal handler
 
+    # -- what it reads as (the Handle's flags) -----------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once :meth:`wait` has returned (or the attempt never started)."""
+        return self._end is not None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
+        return self._cancelled
+
+    @property
+    def exit_fd(self) -> int | None:
+        """A pidfd that polls readable once the main process exits (None: no pidfd here; then
+        only :meth:`wait` can tell)."""
+        return self._pidfd
+
+    @property
+    def deadline(self) -> float | None:
+        """When the timeout expires, on the ``time.monotonic`` clock."""
+        return None if self.spec.timeout is None else self._t0 + self.spec.timeout
+
     # -- waiting -----------------------------------------------------------------------------------
     def _block(self, timeout: float | None, *, main: bool) -> None:
         """Sleep until ``timeout``, a cancel() wake-up, or (``main``) the main process exits."""
         poller = select.poll()
         if main and self._pidfd is not None:
             poller.register(self._pidfd, select.POLLIN)
-        elif main and (timeout is None or timeout > _SLICE):
-            timeout = _SLICE  # no pidfd: poll the main process in slices
+        elif main and (timeout is None or timeout > SLICE):
+            timeout = SLICE  # no pidfd: poll the main process in slices
         if self._wake is not None:
             poller.register(self._wake[0], select.POLLIN)
         ms = None if timeout is None else min(_MAX_POLL_MS, math.ceil(max(timeout, 0) * 1000))
@@ -86,9 +109,9 @@ class AttemptState:
         with self._pid_lock:
             self._rc = self._popen.wait()
             self._reaped = True
-        with _REG.lock:
-            if self.pid is not None and _REG.live.get(self.pid) is self:
-                del _REG.live[self.pid]
+        with REGISTRY.lock:
+            if self.pid is not None and REGISTRY.live.get(self.pid) is self:
+                del REGISTRY.live[self.pid]
         return True
 
     def _open_wake(self) -> None:
