@@ -61,7 +61,8 @@ from gpuswarm.store.leases import is_live, registered_slot_ids
 from gpuswarm.store.ledger import Ledger, read_events
 from gpuswarm.store.lookup import resolve_tasks, task_index
 from gpuswarm.store.names import PRIORITY_LIMIT, corrupt_task_id, task_id_of
-from gpuswarm.store.queue import DirQueue, note_added
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.queuebase import note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runinfo import RunRecord
 from gpuswarm.store.runs import open_record

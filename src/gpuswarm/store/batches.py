@@ -1,7 +1,7 @@
 """A person's batches of queue transitions: ``gpuswarm add``'s batch and ``gpuswarm requeue``,
-part of :class:`gpuswarm.store.queue.DirQueue` (this is its mixin, as :mod:`.folders` is for
-reading): each save -> journal (the caller's) -> rename, and what a crash cut short finished
-by the next control command or resume.
+part of :class:`gpuswarm.store.queue.DirQueue` (this is its mixin, as :mod:`.moves` is for a
+claimed descriptor's moves): each save -> journal (the caller's) -> rename, and what a crash cut
+short finished by the next control command or resume.
 
 Layout (under ``RunPaths.parallel``)::
 
@@ -20,27 +20,16 @@ from pathlib import Path
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.queuebase import Announce, QueueBase
 
 ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
 REQUEUING = ".requeue-"  # <ended>/.requeue-<pid>-<name>: a task a requeue holds a moment
 ENDED_STATES = (State.DONE, State.FAILED, State.SKIPPED, State.CANCELLED)
-Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
 
 
-class QueueBatches(QueueFolders):
+class QueueBatches(QueueBase):
     """DirQueue's transitions of a person's batches (see the module's doc)."""
-
-    durable: bool  # DirQueue's: fsync what it writes
-
-    def push(self, name: str) -> None:
-        """DirQueue's: a name now in pending/ that this queue may claim."""
-        raise NotImplementedError
-
-    def note_new_work(self) -> None:
-        """DirQueue's: live supervisors look at pending/ again."""
-        raise NotImplementedError
 
     def add_batch(self, descs: list[Descriptor], journal: Callable[[str], object]) -> list[str]:
         """Add ``descs`` to pending/ as one batch: each written under a hidden name (no fsync
