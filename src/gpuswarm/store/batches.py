@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuswarm.core.events import Ev, kind_of
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import descriptor_name
 from gpuswarm.store.queuebase import Announce, QueueBase
 
@@ -153,6 +155,14 @@ class QueueBatches(QueueBase):
                 else:
                     os.rename(folder / held_name, folder / name)
         return requeued
+
+
+def journaled_batches(paths: RunPaths) -> set[str]:
+    """The batches the journal's ``added`` events name (:meth:`QueueBatches.finish_adds`'s
+    ``journaled``: a cut-short add it names is finished, one it does not is removed)."""
+    return {
+        str(e.get("batch")) for e in read_events(paths.events) if kind_of(e) == Ev.ADDED.value
+    }
 
 
 def _open_blocked(paths: RunPaths) -> int:
