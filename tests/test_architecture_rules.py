@@ -422,7 +422,7 @@ def renames(mod: Module) -> list[int]:
 # who renames files, and what: only store/queue.py and its mixins rename a descriptor between (or
 # inside) the queue's state folders; the others rename files of their own
 RENAMERS = {
-    "gpuswarm.store.queue": "every queue transition (save -> journal -> rename)",
+    "gpuswarm.store.queue": "a claim, a reclaim (take_lease), a descriptor set aside",
     "gpuswarm.store.moves": "a claimed descriptor moved on (DirQueue's mixin)",
     "gpuswarm.store.holds": "pending tasks held: withdraw, cancel, priority (DirQueue's mixin)",
     "gpuswarm.store.retries": "failed and cancelled tasks retried (DirQueue's mixin)",
