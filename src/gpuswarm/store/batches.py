@@ -160,9 +160,7 @@ class QueueBatches(QueueBase):
 def journaled_batches(paths: RunPaths) -> set[str]:
     """The batches the journal's ``added`` events name (:meth:`QueueBatches.finish_adds`'s
     ``journaled``: a cut-short add it names is finished, one it does not is removed)."""
-    return {
-        str(e.get("batch")) for e in read_events(paths.events) if kind_of(e) == Ev.ADDED.value
-    }
+    return {str(e.get("batch")) for e in read_events(paths.events) if kind_of(e) == Ev.ADDED.value}
 
 
 def _open_blocked(paths: RunPaths) -> int:
