@@ -299,7 +299,8 @@ def create_floor(folder: Path, n: int) -> float:
 
 
 def _add(cfg: Config) -> list[Row]:
-    from gpuswarm.app.control import add_tasks, load_source
+    from gpuswarm.app.adding import load_source
+    from gpuswarm.app.control import add_tasks
     from gpuswarm.config.models import TaskOptions
 
     n = cfg.control_add
@@ -413,7 +414,8 @@ def _with_control_files(paths: Any, task: str, slot: str, count: int) -> None:
 
 def _two_supervisors(work: Path, n: int, requests: int) -> dict[str, Any]:
     """B holds one sleeping task and is stopped; A runs ``n`` added tasks ``true``."""
-    from gpuswarm.app.control import add_tasks, load_source
+    from gpuswarm.app.adding import load_source
+    from gpuswarm.app.control import add_tasks
     from gpuswarm.config.models import TaskOptions
     from gpuswarm.store import control
     from gpuswarm.store.leases import registered_slot_ids

@@ -51,24 +51,25 @@ def _no_keeper() -> None:
 
 def _no_fencing() -> None:
     """A save under a lease is a plain temp + rename (no RENAME_EXCHANGE, no unlink after)."""
-    from gpuswarm.store import queue
+    from gpuswarm.store import moves
 
-    real = vars(queue)["atomic_write_bytes"]
+    real = vars(moves)["atomic_write_bytes"]
 
     def unfenced(*args: Any, **kwargs: Any) -> None:
         kwargs["fenced"] = False
         real(*args, **kwargs)
 
-    _patch(queue, "atomic_write_bytes", unfenced)
+    _patch(moves, "atomic_write_bytes", unfenced)
 
 
 def _no_fsync() -> None:
     """The queue's writes are not made durable (no fsync of descriptors, none of folders)."""
     from gpuswarm.core import fsutil
-    from gpuswarm.store import queue
+    from gpuswarm.store import holds, moves, queue, retries
 
     lazy = functools.partial(fsutil.atomic_write_bytes, durable=False)
-    _patch(queue, "atomic_write_bytes", lazy)
+    for module in (queue, moves, holds, retries):  # the queue and its mixins
+        _patch(module, "atomic_write_bytes", lazy)
     _patch(fsutil.DirSyncer, "sync", lambda self, path: None)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cli_driver import run_cli
 
-from gpuswarm.app.control import load_source
+from gpuswarm.app.adding import load_source
 from gpuswarm.config import errors as config_errors
 from gpuswarm.config import load as load_module
 from gpuswarm.config import yamlload

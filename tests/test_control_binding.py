@@ -22,8 +22,9 @@ from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store import control
+from gpuswarm.store.holds import HELD
 from gpuswarm.store.ledger import Ledger, read_events
-from gpuswarm.store.queue import HELD, DirQueue
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig

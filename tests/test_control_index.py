@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuswarm.app import control as control_ops
+from gpuswarm.app import controlframe
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import QueueError
 from gpuswarm.store.runs import NewRun, create_run
@@ -26,13 +27,13 @@ def test_a_scan_that_missed_a_moving_task_is_taken_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = create_run(NewRun("idx", tmp_path, {"name": "idx"}, [task("t1")]))
-    real, scans = control_ops._index, []
+    real, scans = controlframe._index, []
 
     def flaky(queue: Any) -> Any:
         scans.append(1)
         return {} if len(scans) == 1 else real(queue)  # the first scan missed it mid-move
 
-    monkeypatch.setattr(control_ops, "_index", flaky)
+    monkeypatch.setattr(controlframe, "_index", flaky)
     out = control_ops.cancel_tasks(paths.root, ["t1"], reason="test", wait=None)
     assert [r["now"] for r in out["tasks"]] == ["cancelled"] and len(scans) == 2
 
@@ -41,7 +42,7 @@ def test_a_task_that_never_settles_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = create_run(NewRun("idx", tmp_path, {"name": "idx"}, [task("t1")]))
-    monkeypatch.setattr(control_ops, "_index", lambda queue: {})
-    monkeypatch.setattr(control_ops, "INDEX_TRIES", 3)
+    monkeypatch.setattr(controlframe, "_index", lambda queue: {})
+    monkeypatch.setattr(controlframe, "INDEX_TRIES", 3)
     with pytest.raises(QueueError, match="kept moving between states"):
         control_ops.cancel_tasks(paths.root, ["t1"], reason="test", wait=None)

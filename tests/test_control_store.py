@@ -10,7 +10,8 @@ from pathlib import Path
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store import control
-from gpuswarm.store.queue import HELD, DirQueue, parse_hold
+from gpuswarm.store.holds import HELD, parse_hold
+from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 
 

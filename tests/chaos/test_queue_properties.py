@@ -37,10 +37,11 @@ from gpuswarm.core.fsutil import atomic_write_bytes, dumps
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.models.descriptor import MAX_LOST
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.holds import HELD, parse_hold
 from gpuswarm.store.leases import owner_file, write_owner_file
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import lease_of, reclaim_name
-from gpuswarm.store.queue import HELD, Claimed, DirQueue, parse_hold
+from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.store.staging import create_layout, write_pending
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 

@@ -35,7 +35,8 @@ from gpuswarm.store import runindex
 from gpuswarm.store.folders import QueueFolders
 from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import task_id_of
-from gpuswarm.store.queue import DirQueue, note_added
+from gpuswarm.store.queue import DirQueue
+from gpuswarm.store.queuebase import note_added
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runinfo import RunInfo
 from gpuswarm.store.runs import NewRun, latest_run, open_record

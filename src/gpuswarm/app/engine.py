@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpuswarm.app.control import finish_adds
+from gpuswarm.app.controlframe import finish_adds
 from gpuswarm.app.ending import after_all, aggregate, all_ended, budget_line
 from gpuswarm.app.output import Output, after_disk_full, reporter, say, write_report_safely
 from gpuswarm.app.planning import (

@@ -23,7 +23,7 @@ from gpuswarm.core.fsutil import atomic_write_bytes
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.folders import QueueFolders
-from gpuswarm.store.queue import note_added
+from gpuswarm.store.queuebase import note_added
 
 CANCELLABLE = (State.PENDING, State.RUNNING, State.BLOCKED)
 AnyVerb = TypeVar("AnyVerb", bound=verbs.Verb)

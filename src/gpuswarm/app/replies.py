@@ -23,7 +23,7 @@ class TaskRow(_Row, total=False):
 class AddReply(TypedDict):
     run: str
     added: int
-    ids: list[str]  # the first ones (control.SHOWN_IDS)
+    ids: list[str]  # the first ones (adding.SHOWN_IDS)
     renamed: dict[str, str]  # an id the run had already -> its new one (the first ones)
     renamed_count: int
     live: bool

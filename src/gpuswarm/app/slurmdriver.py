@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from gpuswarm.app.control import finish_adds
+from gpuswarm.app.controlframe import finish_adds
 from gpuswarm.app.output import Output, say, write_report_safely
 from gpuswarm.app.setup import backend_settings_of, recovery_backend, run_info
 from gpuswarm.config.backends import settings_of

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from gpuswarm.app.control import YAML_SUFFIXES, add_tasks, execute, load_source, set_priority
+from gpuswarm.app.adding import YAML_SUFFIXES, load_source
+from gpuswarm.app.control import add_tasks, execute, set_priority
 from gpuswarm.app.deps import run_task_ids
 from gpuswarm.app.replies import PauseReply, Reply
 from gpuswarm.cli.support import SHELL_OPTION, refuse_list_options, stoppable

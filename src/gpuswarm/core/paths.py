@@ -147,6 +147,11 @@ class RunPaths:
         return self.parallel / "control"
 
     @property
+    def control_lock(self) -> Path:
+        """``.parallel/control.lock``: the queue's control lock (one person's change at a time)."""
+        return self.parallel / "control.lock"
+
+    @property
     def edges(self) -> Path:
         """Issue 35: one line per task with prerequisites (the reverse index's source)."""
         return self.parallel / "edges.jsonl"

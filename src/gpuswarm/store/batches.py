@@ -1,7 +1,7 @@
 """A person's batches of queue transitions: ``gpuswarm add``'s batch and ``gpuswarm requeue``,
-part of :class:`gpuswarm.store.queue.DirQueue` (this is its mixin, as :mod:`.folders` is for
-reading): each save -> journal (the caller's) -> rename, and what a crash cut short finished
-by the next control command or resume.
+part of :class:`gpuswarm.store.queue.DirQueue` (this is its mixin, as :mod:`.moves` is for a
+claimed descriptor's moves): each save -> journal (the caller's) -> rename, and what a crash cut
+short finished by the next control command or resume.
 
 Layout (under ``RunPaths.parallel``)::
 
@@ -17,32 +17,23 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuswarm.core.events import Ev, kind_of
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact, fsync_dir, pid_alive, sync_tree
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.store.folders import QueueFolders
+from gpuswarm.store.ledger import read_events
 from gpuswarm.store.names import descriptor_name
+from gpuswarm.store.queuebase import Announce, QueueBase
 
 ADDING = ".adding-"  # pending/.adding-<pid>.<ns>-<name>: a task an add has written, not shown
 REQUEUING = ".requeue-"  # <ended>/.requeue-<pid>-<name>: a task a requeue holds a moment
 # the ended states a requeue takes from: every one but dependency_failed (it never ran: its
 # prerequisite is requeued, app/deps.py)
 REQUEUABLE = tuple(s for s in State.terminal() if s is not State.DEPENDENCY_FAILED)
-Announce = Callable[[Descriptor], object]  # journals a transition between its save and rename
 
 
-class QueueBatches(QueueFolders):
+class QueueBatches(QueueBase):
     """DirQueue's transitions of a person's batches (see the module's doc)."""
-
-    durable: bool  # DirQueue's: fsync what it writes
-
-    def push(self, name: str) -> None:
-        """DirQueue's: a name now in pending/ that this queue may claim."""
-        raise NotImplementedError
-
-    def note_new_work(self) -> None:
-        """DirQueue's: live supervisors look at pending/ again."""
-        raise NotImplementedError
 
     def add_batch(self, descs: list[Descriptor], journal: Callable[[str], object]) -> list[str]:
         """Add ``descs`` to pending/ as one batch: each written under a hidden name (no fsync
@@ -166,6 +157,12 @@ class QueueBatches(QueueFolders):
                 else:
                     os.rename(folder / held_name, folder / name)
         return requeued
+
+
+def journaled_batches(paths: RunPaths) -> set[str]:
+    """The batches the journal's ``added`` events name (:meth:`QueueBatches.finish_adds`'s
+    ``journaled``: a cut-short add it names is finished, one it does not is removed)."""
+    return {str(e.get("batch")) for e in read_events(paths.events) if kind_of(e) == Ev.ADDED.value}
 
 
 def _open_blocked(paths: RunPaths) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuswarm.core.models import Descriptor, Lease, State
 from gpuswarm.core.paths import RunPaths
+from gpuswarm.store.names import corrupt_task_id, seq_of, task_id_of
 
 
 def visible(name: str) -> bool:
@@ -100,6 +101,23 @@ class QueueFolders:
                     known[desc.id] = (state, name)
                     max_seq = max(max_seq, desc.seq)
         return known, max_seq
+
+    def ids_taken(self) -> tuple[set[str], int]:
+        """Every task id the run has (those set aside in corrupt/ too: a task set aside keeps
+        its id) and its highest seq, from the names alone: what an add's new tasks must not
+        reuse."""
+        taken: set[str] = set()
+        max_seq = -1
+        for state in State:
+            for name in self.names(state):
+                taken.add(task_id_of(name))
+                max_seq = max(max_seq, seq_of(name))
+        corrupt = self.paths.corrupt
+        for name in os.listdir(corrupt) if corrupt.is_dir() else []:
+            found = corrupt_task_id(name)
+            if found is not None:
+                taken.add(found)
+        return taken, max_seq
 
     def leases(self) -> list[tuple[str, Lease]]:
         """Each running file's name with its lease (names without one are skipped): what runs

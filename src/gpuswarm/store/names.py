@@ -32,6 +32,12 @@ def task_id_of(file_name: str) -> str:
     return stem[_RANK_SEQ:-5] if stem.endswith(".json") else stem[_RANK_SEQ:]
 
 
+def seq_of(file_name: str) -> int:
+    """The submission seq in a queue file's name; -1 for a name without one."""
+    digits = base_name(file_name)[4 : _RANK_SEQ - 1]
+    return int(digits) if digits.isdigit() else -1
+
+
 def corrupt_task_id(name: str) -> str | None:
     """The task id of a file in corrupt/ (``<descriptor name>[@lease].<reason>``)."""
     end = name.find(".json")
@@ -87,5 +93,6 @@ __all__ = [
     "leased_by",
     "reclaim_name",
     "reclaimed_from",
+    "seq_of",
     "task_id_of",
 ]
