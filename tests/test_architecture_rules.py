@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -514,14 +514,19 @@ def test_who_reads_raw_event_keys() -> None:
 def test_the_checks_see_raw_reads_and_process_imports() -> None:
     known = modules()
     assert raw_kind_reads(known["gpuswarm.core.events"])  # kind_of: data.get("ev")
-    assert raw_descriptor_reads(known["gpuswarm.supervise.recovery"])  # desc.raw.get("id")
+    assert raw_reads_in(ast.walk(ast.parse('task = desc.raw.get("id")')))
     assert "gpuswarm.exec.local.process" in importers_of("subprocess")
 
 
 def raw_descriptor_reads(mod: Module) -> list[int]:
     """Lines that read a descriptor's raw JSON object (``desc.raw[...]``, ``desc.raw.get``)."""
+    return raw_reads_in(nodes(mod))
+
+
+def raw_reads_in(found: Iterable[ast.AST]) -> list[int]:
+    """The lines of ``found`` (a tree's nodes) that read ``x.raw[...]`` or ``x.raw.get(...)``."""
     out = []
-    for node in nodes(mod):
+    for node in found:
         target: ast.expr | None = None
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             target = node.value
@@ -532,8 +537,7 @@ def raw_descriptor_reads(mod: Module) -> list[int]:
     return out
 
 
-# `desc.raw.get("id")` (an id that may be missing): in supervise, changed by other work now
-RAW_DESCRIPTOR_READERS = {"gpuswarm.supervise.recovery": 1, "gpuswarm.supervise.controls": 1}
+RAW_DESCRIPTOR_READERS: dict[str, int] = {}
 
 
 def test_who_reads_raw_descriptor_keys() -> None:
@@ -575,11 +579,9 @@ def run_path_joins(mod: Module) -> list[int]:
     return out
 
 
-# the after_all's and preflight's own logs and locks, and the queue's control lock: in
-# supervise and store/queue.py, changed by other work now (RunPaths gets their names then)
+# the queue's control lock: in store/queue.py, changed by other work now (RunPaths gets its
+# name then)
 RUN_PATH_JOINERS = {
-    "gpuswarm.supervise.after_all": 2,
-    "gpuswarm.supervise.preflight": 1,
     "gpuswarm.store.queue": 1,
 }
 
