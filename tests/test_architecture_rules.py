@@ -241,7 +241,6 @@ OVER_400 = {
     "gpuswarm.store.queue": 570,
     "gpuswarm.app.control": 561,
     "gpuswarm.app.engine": 530,
-    "gpuswarm.supervise.packing": 502,
     "gpuswarm.outputs.results": 485,
     "gpuswarm.dashboard.server": 483,
     "gpuswarm.supervise.supervisor": 479,

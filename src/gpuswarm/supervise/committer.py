@@ -35,7 +35,7 @@ from gpuswarm.store.queue import Claimed
 from gpuswarm.store.release import released
 from gpuswarm.supervise.context import LiveAttempt, Shared
 from gpuswarm.supervise.controls import drop_late, move_cancelled, still_bound
-from gpuswarm.supervise.packing import sized_oom_retry, with_usage
+from gpuswarm.supervise.oom import sized_oom_retry, with_usage
 
 MAX_BACKOFF_SECONDS = 600.0
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
