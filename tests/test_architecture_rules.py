@@ -243,7 +243,6 @@ OVER_400 = {
     "gpuswarm.app.engine": 530,
     "gpuswarm.outputs.results": 485,
     "gpuswarm.dashboard.server": 483,
-    "gpuswarm.supervise.supervisor": 479,
     "gpuswarm.app.setup": 462,
     "gpuswarm.config.tasks": 431,
     "gpuswarm.config.load": 426,
