@@ -34,7 +34,7 @@ class IdleRule:
         """Nothing of ours runs and nothing is claimable: wait (and how long between looks at
         pending/; None = until woken) or end? ``busy_at``: the last claim or release."""
         queue = self.run.queue
-        if self.committer.waiting():
+        if self.committer.retries.waiting():
             return True, None  # the keeper wakes us when a retry's backoff is over
         if self._others_running():
             return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die

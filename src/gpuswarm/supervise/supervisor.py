@@ -137,7 +137,7 @@ class Supervisor:
             while thread.is_alive():
                 thread.join(0.5)
         self.keeper.stop(keeper)
-        self.committer.release_delayed(everything=True)
+        self.committer.retries.release_delayed(everything=True)
         self.backend.close()
         self.gpus.close()
         self.ledger.emit(
