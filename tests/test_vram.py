@@ -42,7 +42,8 @@ from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.staging import create_layout
 from gpuswarm.supervise import packing
 from gpuswarm.supervise.context import Shared, SupervisorConfig
-from gpuswarm.supervise.packing import GpuPlacement, oom_retry_need
+from gpuswarm.supervise.oom import oom_retry_need
+from gpuswarm.supervise.packing import GpuPlacement
 
 pytestmark = pytest.mark.timeout(30)
 

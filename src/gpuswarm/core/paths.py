@@ -90,6 +90,21 @@ class RunPaths:
         """The after_all step's output (summary.json's ``after_all.log`` names it)."""
         return self.root / "after_all.log"
 
+    @property
+    def after_all_output(self) -> Path:
+        """The after_all step's launch log (``after_all/output.log``), moved to
+        :attr:`after_all_log` once it ends."""
+        return self.root / "after_all" / "output.log"
+
+    @property
+    def preflight(self) -> Path:
+        """``preflight/``: each slot's preflight log and its commands' own outputs."""
+        return self.root / "preflight"
+
+    def preflight_output(self, slot_name: str, i: int) -> Path:
+        """Preflight command ``i``'s own output on a slot (its launch makes the folder)."""
+        return self.preflight / slot_name / f"cmd-{i}" / "output.log"
+
     @cached_property  # (a per-task path's prefix: made once, not per call)
     def parallel(self) -> Path:
         return self.root / ".parallel"
@@ -107,6 +122,11 @@ class RunPaths:
     def ray_probe(self) -> Path:
         """``.parallel/ray-probe`` (backend ray): a node that reads it back sees the run folder."""
         return self.parallel / RAY_PROBE
+
+    @property
+    def after_all_lock(self) -> Path:
+        """``.parallel/after_all.lock``: supervisors that finish together run after_all once."""
+        return self.parallel / "after_all.lock"
 
     @property
     def corrupt(self) -> Path:

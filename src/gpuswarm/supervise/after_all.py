@@ -25,8 +25,6 @@ from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, LaunchSpec
 from gpuswarm.supervise.preflight import SHELL
 
-LOG_NAME = "after_all.log"
-
 
 class _Ran(TypedDict):
     command: str
@@ -55,7 +53,7 @@ def run_once(
     """Run ``command`` unless another supervisor of the run already did for the run as it is
     now (its log is newer than the last task that ended); None when skipped. Supervisors that
     finish together take turns on a flock, so it runs once."""
-    lock = paths.parallel / "after_all.lock"
+    lock = paths.after_all_lock
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -70,7 +68,7 @@ def run_once(
 
 def _ran_since_last_end(paths: RunPaths) -> bool:
     try:
-        ran = (paths.root / LOG_NAME).stat().st_mtime
+        ran = paths.after_all_log.stat().st_mtime
     except FileNotFoundError:
         return False
     last = 0.0
@@ -101,7 +99,7 @@ def run_after_all(
         "GPUSWARM_RESULTS": str(paths.results_tsv),
         "GPUSWARM_SUMMARY": str(paths.summary_json),
     }
-    own = paths.root / "after_all" / "output.log"  # the launch makes its folder afresh
+    own = paths.after_all_output  # the launch makes its folder afresh
     spec = LaunchSpec(
         argv=[SHELL, "-c", command],
         env=env,
@@ -113,7 +111,7 @@ def run_after_all(
         own_env=frozenset(k for k, v in env.items() if base_env.get(k) != v),
         identity={"kind": "after_all"},
     )
-    record: AfterAllRecord = {"command": command, "log": LOG_NAME}
+    record: AfterAllRecord = {"command": command, "log": paths.after_all_log.name}
     with contextlib.suppress(FileNotFoundError):
         own.unlink()  # a run cut short left it: this run's output starts afresh
     t0 = time.time()
@@ -128,7 +126,7 @@ def run_after_all(
             stopped = True
             handle.cancel()  # TERM, grace, KILL: nothing of it outlives it
     with contextlib.suppress(OSError):
-        os.replace(own, paths.root / LOG_NAME)
+        os.replace(own, paths.after_all_log)
         own.parent.rmdir()
     if not ends:
         return {**record, "ok": False, "exit": None, "reason": "its wait failed"}

@@ -5,7 +5,7 @@ commits them in batches: the batch's saved descriptors are made durable together
 for several, ``DirQueue.grouped_commit``), then each is journaled and renamed in order, and each
 destination folder is fsynced once. A waiter thread commits its own attempt's
 outcome itself. A failed attempt with attempts left waits out its backoff in running/, under
-our lease; the keeper calls :meth:`Committer.release_delayed` when it is due.
+our lease (:mod:`.retries`); the keeper releases it when it is due.
 
 An attempt a person cancelled (``gpuswarm cancel``, :mod:`.controls`) ends its task
 ``cancelled``: never retried, not a failure, even when a stop came too; only an attempt that was
@@ -15,7 +15,6 @@ done for sure before the cancel took effect stays done.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import queue as threadq
 import time
 from collections.abc import Callable
@@ -30,12 +29,12 @@ from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.exec.base import AttemptEnd
 from gpuswarm.exec.plan import Outcome, judge, record_of
-from gpuswarm.store.control import Request
 from gpuswarm.store.queue import Claimed
 from gpuswarm.store.release import released
 from gpuswarm.supervise.context import LiveAttempt, Shared
-from gpuswarm.supervise.controls import drop_late, move_cancelled, still_bound
-from gpuswarm.supervise.packing import sized_oom_retry, with_usage
+from gpuswarm.supervise.controls import drop_late, move_cancelled
+from gpuswarm.supervise.oom import sized_oom_retry, with_usage
+from gpuswarm.supervise.retries import DelayedRetries, requeued
 
 MAX_BACKOFF_SECONDS = 600.0
 COMMITTERS = 1  # threads that commit outcomes (the loop never waits for a disk)
@@ -57,9 +56,7 @@ class Committer:
         self._queue: threadq.SimpleQueue[list[Committable] | None] = threadq.SimpleQueue()
         self._to_commit: list[Committable] = []  # the loop's outcomes, handed over before it sleeps
         self._commits = 0  # outcomes queued or being committed
-        self._delayed: list[tuple[float, int, Claimed]] = []  # retries waiting for their backoff
-        self._delay_seq = 0
-        self._releasing = 0  # retries taken off the heap, not yet in pending/
+        self.retries = DelayedRetries(run, self.after_end)  # retries waiting out their backoff
 
     # -- the loop's side ---------------------------------------------------------------------------
     def add(self, live: LiveAttempt, end: AttemptEnd) -> None:
@@ -83,12 +80,6 @@ class Committer:
         """Outcomes the loop handed over (or is about to) that are not committed yet."""
         with self.run.lock:
             return self._commits
-
-    def waiting(self) -> bool:
-        """Whether a retry waits out its backoff, or is on its way to pending/ (the loop does
-        not end meanwhile: it would leave the retry pending)."""
-        with self.run.lock:
-            return bool(self._delayed) or self._releasing > 0
 
     def end_threads(self, count: int) -> None:
         for _ in range(count):
@@ -211,9 +202,7 @@ class Committer:
         if delay > 0:  # wait in running/ under our lease; the keeper requeues it when due
             at = desc.retry_at = round(time.time() + delay, 3)
             run.queue.save(claimed)
-            with run.lock:  # the loop does not end while a retry waits
-                self._delay_seq += 1
-                heapq.heappush(self._delayed, (at, self._delay_seq, claimed))
+            self.retries.add(at, claimed)
         rec = outcome.record
         target = State.PENDING if retry else state
 
@@ -279,7 +268,8 @@ class Committer:
                     self._on_attempt(record)
             claimed.desc.add_attempt(record.but(interrupted=True, reason=self._why(record)))
         claimed.desc.note_interrupted()
-        self.run.queue.move(claimed, State.PENDING, self._requeued(claimed, reason, "running"))
+        announce = requeued(self.run.ledger, claimed, reason, "running")
+        self.run.queue.move(claimed, State.PENDING, announce)
         with self.run.lock:
             self.run.requeued += 1
 
@@ -292,68 +282,6 @@ class Committer:
             return record.reason  # a node that left (lost): its own reason
         how = (record.reason or "").removeprefix("cancelled").strip(" ()")
         return f"interrupted by {cause}{f' ({how})' if how else ''}; back in the queue"
-
-    # -- retries waiting out their backoff ---------------------------------------------------------
-    def cancel_waiting(self, task_id: str, reqs: list[Request]) -> bool:
-        """A retry of ours waiting out its backoff (in running/, under our lease) is cancelled
-        now (keeper thread); False when ``task_id`` is no such retry."""
-        run = self.run
-        with run.lock:
-            hit = next((item for item in self._delayed if item[2].task_id == task_id), None)
-        if hit is None:
-            return False
-        # the keeper's thread both releases retries and calls this: the hit stays put meanwhile
-        reqs = still_bound(run.queue, run.ledger, reqs, hit[2].desc, run.cfg.owner)
-        if not reqs:
-            return True  # made for the attempt before this retry: dropped as too late
-        with run.lock:
-            if hit not in self._delayed:
-                return False
-            self._delayed.remove(hit)
-            heapq.heapify(self._delayed)
-            self._releasing += 1  # the loop does not end before it is in cancelled/
-        claimed = hit[2]
-        try:
-            claimed.desc.take_retry_at()
-            move_cancelled(run.queue, run.ledger, claimed, reqs, run.cfg.owner, None)
-            self.after_end(task_id, State.CANCELLED)
-        except LeaseLostError:
-            run.lease_lost(task_id, None, "its cancel is left to the reclaimer")
-        finally:
-            with run.lock:
-                self._releasing -= 1
-        run.wakeup()
-        return True
-
-    def release_delayed(self, *, everything: bool) -> None:
-        """Move retries whose backoff is over (or all of them, on stop) back to pending/."""
-        run = self.run
-        now = time.time()
-        while True:
-            with run.lock:
-                if not self._delayed or (not everything and self._delayed[0][0] > now):
-                    return
-                _, _, claimed = heapq.heappop(self._delayed)
-                self._releasing += 1
-            try:
-                self._release(claimed)
-            finally:
-                with run.lock:
-                    self._releasing -= 1
-
-    def _release(self, claimed: Claimed) -> None:
-        run = self.run
-        claimed.desc.take_retry_at()
-        try:
-            run.queue.move(claimed, State.PENDING, self._requeued(claimed, "retry", "waiting"))
-        except LeaseLostError:
-            run.lease_lost(claimed.task_id, None, "its retry is left to the reclaimer")
-            return
-        run.more_work()  # before _releasing drops: a loop that sees neither claims again
-
-    def _requeued(self, claimed: Claimed, reason: str, frm: str) -> Callable[[], object]:
-        ledger = self.run.ledger
-        return lambda: ledger.emit(Ev.REQUEUED, task=claimed.task_id, reason=reason, frm=frm)
 
 
 def _lost_again(live: LiveAttempt, end: AttemptEnd) -> bool:

@@ -205,7 +205,7 @@ def finish_holds(queue: DirQueue, ledger: Ledger, applied_by: str) -> int:
         emit_control(
             ledger,
             request=CANCEL,
-            task=str(desc.raw.get("id")),
+            task=str(desc.id_if_any),
             applied_by=applied_by,
             state=State.CANCELLED.value,
         )

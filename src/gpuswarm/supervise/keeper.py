@@ -45,7 +45,7 @@ class Keeper:
         self.backend = backend
         self.committer = committer
         self.cooling = cooling  # whether some slot is quarantined (its cool-down may be over)
-        self.control = Controller(run, committer.cancel_waiting)
+        self.control = Controller(run, committer.retries.cancel_waiting)
         self.done = threading.Event()
         self._log_sizes: dict[Path, int] = {}
         self._reclaimer: threading.Thread | None = None
@@ -87,7 +87,7 @@ class Keeper:
         while not self._rest(tick):
             now = time.monotonic()
             tick = min(1.0, beat_every) if self._cap_logs() else FAST_TICK
-            self.committer.release_delayed(everything=run.stopping.is_set())
+            self.committer.retries.release_delayed(everything=run.stopping.is_set())
             self._check_leases()
             self.stalls.tick()
             self.spends.tick()

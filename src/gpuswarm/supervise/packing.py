@@ -11,9 +11,10 @@ attempts, and the placement predicate the slot loop hands :meth:`DirQueue.claim`
   publishes what it takes per GPU; a whole claim is made under the host's guard lock). The
   need is the descriptor's raised ``gpu_memory_mb`` (after an out-of-memory end), else the
   task's declared ``gpu_memory``; a running attempt whose processes hold more than its
-  reservation counts with what it holds (plus :data:`MARGIN`). A task that declares nothing
-  reserves ``1/gpu_share`` of its GPU (``gpu_share`` = the ``tasks_per_gpu`` the config set;
-  1: the whole GPU, today's one task per GPU) and ignores foreign memory, as before.
+  reservation counts with what it holds (plus :data:`.reservations.MARGIN`). A task that
+  declares nothing reserves ``1/gpu_share`` of its GPU (``gpu_share`` = the ``tasks_per_gpu``
+  the config set; 1: the whole GPU, today's one task per GPU) and ignores foreign memory, as
+  before.
 - **Fits.** A declared need fits a GPU when ``total - foreign - ours >= need``: memory held by
   processes that are not this run's counts as used; a task that fits nowhere waits (the loop
   claims again when room appears: an attempt ends, a GPU is released, a foreign process exits).
@@ -22,88 +23,46 @@ attempts, and the placement predicate the slot loop hands :meth:`DirQueue.claim`
 - **Released before reuse.** A GPU with an ended attempt whose processes still hold memory
   takes no task until NVML shows them gone; past the sampler's ``release_timeout`` it is
   reported held (event ``gpu_held``) and skipped until it is free (``gpu_freed``).
-- **OOM.** :func:`oom_retry_need` sizes the next attempt of a task that ended in CUDA
+- **OOM.** :func:`.oom.oom_retry_need` sizes the next attempt of a task that ended in CUDA
   out-of-memory: 1.25x its observed peak (or its reservation), never less than it had.
 
 Without a GPU query (simulated GPUs, no driver) nothing is measured, totals come from discovery
 (``memory_mb``, where known), and a GPU of unknown size fits every need.
+
+The booking and its arithmetic (room per GPU, what the host's other supervisors are told) are
+:class:`.reservations.Reservations`'; this module decides which slot claims what, and when.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 from gpuswarm.core.events import Ev
-from gpuswarm.core.models import AttemptRecord, Descriptor, State
-from gpuswarm.exec.plan import Outcome
+from gpuswarm.core.models import Descriptor, State
 from gpuswarm.placement.devices import Gpu, Vendor, model_matches
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostbook import HostBook
 from gpuswarm.placement.nvml import GpuQuery, open_query
 from gpuswarm.placement.vram import GpuState, Usage, VramSampler
 from gpuswarm.store.queue import Claimed
+from gpuswarm.supervise.oom import gib
+from gpuswarm.supervise.reservations import Reservations, declared_of, need_of
 
 if TYPE_CHECKING:
     from gpuswarm.supervise.context import LiveAttempt, Shared
 
-MARGIN = 0.10  # an attempt holding more than it reserved counts with 10% more than it holds
-OOM_FACTOR = 1.25  # an out-of-memory retry reserves 1.25x the peak it reached
 BACKFILL_LIMIT_SECONDS = 120.0  # a task passed over this long holds back the ones behind it
 
-__all__ = ["GpuPlacement", "oom_retry_need", "with_usage"]
+__all__ = ["GpuPlacement"]
 
 
 def attempt_key(task_id: str, attempt: int) -> str:
     return f"{task_id}/{attempt}"
-
-
-def with_usage(record: AttemptRecord, usage: Usage | None) -> AttemptRecord:
-    """The record with what the sampler measured (unchanged when nothing was)."""
-    if usage is None:
-        return record
-    return record.but(
-        peak_vram_mb=usage.peak_mb,
-        mean_vram_mb=usage.mean_mb,
-        peak_gpu_util=usage.peak_util,
-        mean_gpu_util=usage.mean_util,
-        energy_j=usage.energy_j,  # issue 37
-        energy_mode=usage.energy_mode,
-    )
-
-
-def oom_retry_need(record: AttemptRecord, reserved_mb: int | None) -> int | None:
-    """What the retry of an out-of-memory attempt reserves: 1.25x its observed peak (or of its
-    reservation where nothing was measured), never less than it had; None: no figure at all."""
-    base = max(record.peak_vram_mb or 0, reserved_mb or 0)
-    if base <= 0:
-        return None
-    return max(math.ceil(base * OOM_FACTOR), reserved_mb or 0)
-
-
-def sized_oom_retry(desc: Descriptor, outcome: Outcome, reserved: int | None) -> Outcome:
-    """A CUDA out-of-memory end with attempts left: its retry reserves :func:`oom_retry_need`
-    (saved in the descriptor: it waits for a GPU with that much room), and its reason says so."""
-    record = outcome.record
-    need = oom_retry_need(record, reserved or desc.gpu_memory_mb)
-    if need is None:
-        return outcome
-    desc.gpu_memory_mb = need
-    if record.peak_vram_mb:
-        seen = f"{OOM_FACTOR:g}x its measured peak of {gib(record.peak_vram_mb)}"
-    else:
-        seen = f"{OOM_FACTOR:g}x its reservation of {gib(reserved or 0)}: no peak measured"
-    why = f"{outcome.reason}: the retry reserves {gib(need)} of GPU memory ({seen})"
-    return Outcome(outcome.state, why, record.but(reason=why))
-
-
-def gib(mb: int) -> str:
-    return f"{mb / 1024:.1f} GiB"
 
 
 class GpuPlacement:
@@ -113,19 +72,14 @@ class GpuPlacement:
         self, run: Shared, slots: Sequence[Slot], query: GpuQuery | bool | None = True
     ) -> None:
         self.run = run
-        self.share = max(1, run.cfg.gpu_share)
         self.gpus: dict[int, Gpu] = {}
         for slot in slots:
             for gpu in slot.devices_of(slot.gpu_ids):
                 self.gpus.setdefault(gpu.index, gpu)
         self.vendor = slots[0].vendor if slots else Vendor.SIM
-        self._lock = threading.Lock()
-        self._reserved: dict[int, dict[str, int]] = {g: {} for g in self.gpus}
-        self._need: dict[str, int | None] = {}  # attempt key -> its declared/raised need
         self._refused = False  # the last fill pass found tasks that fit nowhere now
         self._waiting: dict[str, float] = {}  # pending name -> when it first found no room
         self._head: tuple[Descriptor, int | None] | None = None  # this pass's first refused
-        self._totals: dict[int, int] = {}  # GPU -> its memory as NVML says (MiB)
         self.sampler: VramSampler | None = None
         self.book: HostBook | None = None  # other supervisors' reservations on this host
         if query is True:
@@ -134,19 +88,19 @@ class GpuPlacement:
         # several GPU models: a task's ``accelerator:`` picks its slots (every claim asks)
         self._models = {g.name.casefold() for g in self.gpus.values()}
         self.mixed = len(self._models) > 1
-        if isinstance(query, bool) or query is None:
-            return
-        self.sampler = VramSampler(
-            query,
-            list(self.gpus.values()),
-            release_timeout=run.cfg.release_timeout,
-            on_change=run.more_work,
-            on_held=self._held,
-            on_freed=self._freed,
-            on_tick=self._publish_now,
-        )
-        self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
-        self._packing = True
+        if not (isinstance(query, bool) or query is None):
+            self.sampler = VramSampler(
+                query,
+                list(self.gpus.values()),
+                release_timeout=run.cfg.release_timeout,
+                on_change=run.more_work,
+                on_held=self._held,
+                on_freed=self._freed,
+                on_tick=self._publish_now,
+            )
+            self.book = HostBook.open(self.vendor.value, sorted(self.gpus))
+            self._packing = True
+        self.room = Reservations(self.gpus, max(1, run.cfg.gpu_share), self.sampler, self.book)
 
     # -- life ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -190,7 +144,7 @@ class GpuPlacement:
             return next(([s] for s in free if not holds(s)), [])
         out: list[Slot] = []
         seen: set[tuple[str, tuple[int, ...]]] = set()  # (its node: a cluster's, GPUs)
-        blocked = self._blocked()
+        blocked = self.room.blocked()
         for slot in free:
             group = (slot.host, slot.gpu_ids)
             if holds(slot) or group in seen or blocked.intersection(slot.gpu_ids):
@@ -201,7 +155,7 @@ class GpuPlacement:
             self._refused = True  # a slot waits for a release: the loop must not end
         if not self.packing:
             return out if self.mixed else out[:1]  # mixed: each model's slot asks in turn
-        room = self._rooms()
+        room = self.room.rooms()
         out.sort(key=lambda s: -min(room.get(g, math.inf) for g in s.gpu_ids))
         return out
 
@@ -257,7 +211,7 @@ class GpuPlacement:
             if not self.packing:
                 return True
             need = need_of(desc)
-            if self.fits(slot.gpu_ids, need, declared_of(desc)):
+            if self.room.fits(slot.gpu_ids, need, declared_of(desc)):
                 self._waiting.pop(name, None)
                 if self._head is not None and self._head[0].id == desc.id:
                     self._head = None  # it found room on another GPU after all
@@ -269,14 +223,16 @@ class GpuPlacement:
             since = self._waiting.setdefault(name, now)
             if len(self._waiting) > 10_000:  # names claimed elsewhere meanwhile: start afresh
                 self._waiting = {name: since}
-            held_back = now - since >= BACKFILL_LIMIT_SECONDS and self._could_fit(slot, need)
+            held_back = now - since >= BACKFILL_LIMIT_SECONDS and self.room.could_fit(
+                slot.gpu_ids, need
+            )
             return False
 
         return fits
 
     def _tell_waiting(self, desc: Descriptor, need: int | None) -> None:
         """Journal once that a task first in line fits no GPU now (the live table shows it)."""
-        rooms = self._rooms()
+        rooms = self.room.rooms()
         best = max(rooms.values(), default=0)
         what = f"{gib(need)} of GPU memory" if need else "a whole GPU"
         self.run.ledger.emit(
@@ -286,43 +242,6 @@ class GpuPlacement:
             room_mb=best,
             reason=f"{desc.id} waits for {what} (the most free now: {gib(max(0, best))})",
         )
-
-    def _could_fit(self, slot: Slot, need: int | None) -> bool:
-        """Whether ``need`` would fit ``slot``'s GPUs once our attempts there ended (their
-        whole memory but what foreign processes hold)."""
-        if need is None:
-            return True
-        states = self._states()
-        for gpu in slot.gpu_ids:
-            total = self._total(gpu)
-            foreign = states[gpu].foreign_mb if gpu in states else 0
-            if total is not None and need > total - foreign:
-                return False
-        return True
-
-    def fits(self, gpu_ids: Sequence[int], need: int | None, declared: bool = True) -> bool:
-        """Whether a task needing ``need`` MiB (None: no figure) fits on ``gpu_ids`` now. An
-        undeclared task (``declared`` False) also takes its ``1/gpu_share`` of each GPU from
-        our reservations; a need (declared, or raised after an OOM) must fit the room left."""
-        rooms = self._rooms(gpu_ids)
-        largest = max((t for g in self.gpus if (t := self._total(g))), default=0)
-        with self._lock:
-            for gpu in gpu_ids:
-                total = self._total(gpu)
-                if total is None:
-                    continue
-                reserved = self._reserved.get(gpu, {})
-                if not declared and sum(reserved.values()) + total // self.share > total:
-                    return False
-                if need is None:
-                    continue
-                if need > largest:  # larger than every GPU: alone on one, or not at all
-                    if reserved:
-                        return False
-                    continue
-                if rooms.get(gpu, total) < need:
-                    return False
-        return True
 
     def claiming(self) -> AbstractContextManager[object]:
         """Hold while claiming and reserving: no other supervisor of this host places a task
@@ -336,107 +255,33 @@ class GpuPlacement:
             return  # nothing to place by: no reservation (the hot path of sim runs)
         desc = claimed.desc
         key = attempt_key(claimed.task_id, desc.next_attempt)
-        need, declared = need_of(desc), declared_of(desc)
-        with self._lock:
-            self._need[key] = need
-            for gpu in slot.gpu_ids:
-                total = self._total(gpu)
-                share = total // self.share if total and not declared else 0
-                self._reserved.setdefault(gpu, {})[key] = max(need or 0, share)
-        self._publish(slot.gpu_ids)
+        self.room.reserve(key, slot.gpu_ids, need_of(desc), declared_of(desc))
 
     def unreserve(self, slot: Slot, claimed: Claimed) -> None:
         """The claimed task did not start (a stop came first, it did not parse)."""
-        self._drop(attempt_key(claimed.task_id, claimed.desc.next_attempt), slot.gpu_ids)
+        self.room.drop(attempt_key(claimed.task_id, claimed.desc.next_attempt), slot.gpu_ids)
 
     def launched(self, live: LiveAttempt) -> None:
         """Watch ``live`` (reserved at its claim) with its handle's pids."""
         key = attempt_key(live.task_id, live.attempt)
-        with self._lock:
-            live.reserved_mb = self._need.get(key)
+        live.reserved_mb = self.room.need(key)
         if self.sampler is not None:
             self.sampler.watch(key, live.gpu_ids, live.handle.pids)
-
-    def _drop(self, key: str, gpus: Sequence[int]) -> None:
-        with self._lock:
-            for gpu in gpus:
-                self._reserved.get(gpu, {}).pop(key, None)
-            self._need.pop(key, None)
-        self._publish(gpus)
-
-    def _publish_now(self) -> None:
-        """After a look (sampler thread): what ours hold now, unless the guard is busy."""
-        self._publish(None, wait=False)
-
-    def _publish(self, gpus: Iterable[int] | None = None, *, wait: bool = True) -> None:
-        """Tell the host's other supervisors what ours take on ``gpus`` (all: None)."""
-        if self.book is None:
-            return
-        states = self._states()
-        for gpu in self.gpus if gpus is None else gpus:
-            state = states.get(gpu)
-            held = dict(state.ours_mb) if state is not None else {}
-            with self._lock:
-                reserved = dict(self._reserved.get(gpu, {}))
-            self.book.publish(gpu, _taken(reserved, held), sum(held.values()), wait=wait)
 
     def ended(self, live: LiveAttempt) -> Usage | None:
         """``live`` ended: its reservation is dropped (what its processes still hold counts
         until the sampler sees it released); what it used."""
         key = attempt_key(live.task_id, live.attempt)
         usage = self.sampler.end(key) if self.sampler is not None else None
-        self._drop(key, live.slot.gpu_ids)
+        self.room.drop(key, live.slot.gpu_ids)
         return usage
 
     def reserved(self, task_id: str, attempt: int) -> int | None:
-        with self._lock:
-            return self._need.get(attempt_key(task_id, attempt))
+        return self.room.need(attempt_key(task_id, attempt))
 
-    # -- arithmetic ------------------------------------------------------------------------------
-    def _total(self, gpu: int) -> int | None:
-        """The GPU's memory: NVML's figure once seen (kept: it never changes), else
-        discovery's (None: unknown)."""
-        known = self._totals.get(gpu)
-        if known is not None:
-            return known
-        state = self._states().get(gpu)
-        if state is not None and state.total_mb:
-            self._totals[gpu] = state.total_mb
-            return state.total_mb
-        found = self.gpus.get(gpu)
-        return found.memory_mb if found is not None else None
-
-    def _states(self) -> dict[int, GpuState]:
-        return self.sampler.snapshot() if self.sampler is not None else {}
-
-    def _rooms(self, gpus: Iterable[int] | None = None) -> dict[int, int]:
-        """GPU -> MiB a declared need may still take: total - foreign - ours (each attempt of
-        ours with the larger of its reservation and what it holds + margin), of ``gpus``
-        (all: None)."""
-        states = self._states()
-        out: dict[int, int] = {}
-        with self._lock:
-            for gpu in self.gpus if gpus is None else gpus:
-                total = self._total(gpu)
-                if total is None:
-                    continue
-                state = states.get(gpu)
-                held = dict(state.ours_mb) if state is not None else {}
-                ours = _taken(self._reserved.get(gpu, {}), held)
-                foreign = state.foreign_mb if state is not None else 0
-                out[gpu] = total - foreign - ours
-        if self.book is not None:
-            for gpu in out:
-                taken, theirs = self.book.others(gpu)  # theirs: part of "foreign" above
-                foreign = states[gpu].foreign_mb if gpu in states else 0
-                out[gpu] += foreign - max(0, foreign - theirs) - taken
-        return out
-
-    def _blocked(self) -> set[int]:
-        """GPUs that take no task now: an ended attempt's processes still hold memory there."""
-        if self.sampler is None:
-            return set()
-        return {g for g in self.gpus if self.sampler.releasing(g)}
+    def _publish_now(self) -> None:
+        """After a look (sampler thread): what ours hold now, unless the guard is busy."""
+        self.room.publish_now()
 
     # -- views -----------------------------------------------------------------------------------
     def slot_stats(self) -> dict[str, str]:
@@ -465,35 +310,10 @@ def gpu_text(state: GpuState) -> str:
     return f"{util}{state.used_mb / 1024:.1f}/{state.total_mb / 1024:.0f}G"
 
 
-def _taken(reserved: dict[str, int], held: dict[str, int]) -> int:
-    """What our attempts take on a GPU: each the larger of its reservation and what its
-    processes hold (+ the margin); an ended one still holding memory counts with that."""
-    total = 0
-    for key in reserved.keys() | held.keys():
-        now = held.get(key, 0)
-        total += max(reserved.get(key, 0), math.ceil(now * (1 + MARGIN)) if now else 0)
-    return total
-
-
-def need_of(desc: Descriptor) -> int | None:
-    """What a task's next attempt reserves: the raised need after an OOM, else declared."""
-    raised = desc.gpu_memory_mb
-    if raised is not None:
-        return raised
-    declared = desc.task.get("gpu_memory_mb")
-    return declared if isinstance(declared, int) and declared > 0 else None
-
-
 def accelerator_of(desc: Descriptor) -> str | None:
     """The GPU model the task asks for (``accelerator:``), or None."""
     wanted = desc.task.get("accelerator")
     return wanted if isinstance(wanted, str) and wanted.strip() else None
-
-
-def declared_of(desc: Descriptor) -> bool:
-    """Whether the task itself declares ``gpu_memory`` (else it takes its GPU share)."""
-    declared = desc.task.get("gpu_memory_mb")
-    return isinstance(declared, int) and declared > 0
 
 
 def _query_for(vendor: Vendor, enabled: bool) -> GpuQuery | None:

@@ -93,7 +93,7 @@ def run_preflight(
     slot, the command and its output). Returns the slot labels checked."""
     if not commands:
         return []
-    folder = paths.root / "preflight"
+    folder = paths.preflight
     folder.mkdir(exist_ok=True)
     failures: list[Failure] = []
     lock = threading.Lock()
@@ -182,7 +182,7 @@ class _SlotCheck:
             os.fchmod(fd, 0o600)  # private, like every log (an earlier start's may be 0644)
             for i, command in enumerate(commands):
                 out.write(f"$ {command}\n".encode())
-                own = folder / name / f"cmd-{i}" / "output.log"  # the launch makes its folder
+                own = self.paths.preflight_output(name, i)  # the launch makes its folder
                 with contextlib.suppress(FileNotFoundError):
                     own.unlink()  # an earlier start's output is not this one's
                 end = self._wait(backend, self._spec(command, own, i), own)

@@ -296,7 +296,7 @@ def _retry_failed(queue: DirQueue, ledger: Ledger, name: str) -> int:
 
 def _retry_journaled(ledger: Ledger, frm: str = "failed") -> Callable[[Descriptor], object]:
     return lambda desc: ledger.emit(
-        Ev.REQUEUED, task=desc.raw.get("id"), reason="resume-retry", frm=frm
+        Ev.REQUEUED, task=desc.id_if_any, reason="resume-retry", frm=frm
     )
 
 

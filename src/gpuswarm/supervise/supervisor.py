@@ -10,7 +10,8 @@ grace, KILL, leftovers) and hands the slot back.
 
 The loop talks to attempts through :class:`gpuswarm.exec.base.Handle` only; what runs them is a
 :class:`~gpuswarm.exec.base.Backend`. The other roles are their own modules: committing and
-retries (:mod:`.committer`), the periodic duties (:mod:`.keeper`), quarantines (:mod:`.quarantine`).
+retries (:mod:`.committer`), the periodic duties (:mod:`.keeper`), quarantines (:mod:`.quarantine`),
+the poll set and the waiter threads (:mod:`.watch`), whether an idle loop waits (:mod:`.idle`).
 
 The first stop request (Ctrl-C / SIGTERM) is a warm shutdown: no more claims, running attempts are
 stopped (SIGTERM, grace, SIGKILL) and handed back to pending/ as interrupted, not as failed
@@ -31,22 +32,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue as threadq
-import select
 import threading
 import time
 from collections import deque
 
 from gpuswarm.core.errors import LeaseLostError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.models import EndKind, State
+from gpuswarm.core.models import EndKind
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import AttemptEnd, Backend, BackendOptions, create_backend, membership_of
 from gpuswarm.exec.plan import skipped, slot_base_env
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.leases import owner_file
 from gpuswarm.store.ledger import Ledger
-from gpuswarm.store.names import lease_of
 from gpuswarm.store.queue import Claimed, DirQueue
 from gpuswarm.supervise.allocation_end import AllocationEnd
 from gpuswarm.supervise.budget import Budget
@@ -55,21 +53,15 @@ from gpuswarm.supervise.context import LiveAttempt, Shared, SupervisorConfig
 from gpuswarm.supervise.groups import gate_of
 from gpuswarm.supervise.halt import Halt
 from gpuswarm.supervise.heartbeat import Heartbeat
+from gpuswarm.supervise.idle import LINGER_POLL_SECONDS, IdleRule
 from gpuswarm.supervise.keeper import Keeper
 from gpuswarm.supervise.launch import plan_attempt, task_of
 from gpuswarm.supervise.membership import SlotSync
-from gpuswarm.supervise.outside_stop import ended, from_outside
 from gpuswarm.supervise.packing import GpuPlacement
 from gpuswarm.supervise.quarantine import Quarantine
+from gpuswarm.supervise.watch import Returned, Watch
 
 __all__ = ["LiveAttempt", "Supervisor", "SupervisorConfig"]
-
-IDLE_POLL_SECONDS = 2.0  # an idle supervisor re-checks a queue other supervisors still work on
-LINGER_POLL_SECONDS = 0.1  # a lingering idle supervisor looks for new tasks this often
-MAX_SLEEP_MS = 3_600_000  # poll() takes a C int of milliseconds (24.8 days): re-armed after
-
-# (slot, end, error, slow: from a waiter, task id, neutral: an end the breaker ignores)
-Returned = tuple[Slot, AttemptEnd | None, BaseException | None, bool, str, bool]
 
 
 class Supervisor:
@@ -112,18 +104,12 @@ class Supervisor:
         self.quarantined = self.quarantine.quarantined  # store.quarantines.Quarantined each
         self.until = AllocationEnd(queue, cfg.claim_until)  # a Slurm allocation's end (36)
         self._busy_at = time.monotonic()  # last claim or release (the linger counts from it)
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        self._returns: threadq.SimpleQueue[Returned] = threadq.SimpleQueue()
-        self._waiters: list[threading.Thread] = []
-        self._by_fd: dict[int, LiveAttempt] = {}  # attempts the loop itself watches
-        self._slow = 0  # attempts in waiter threads
-        self._poller = select.poll()
+        self.attempts = Watch(self._settle, self.stopping)  # pidfds, the wake-up pipe, waiters
         self._homes: dict[int, dict[str, str]] = {}  # slot -> its base environment
         self.slot_sync = SlotSync(
             self.shared, self.backend, self._homes, self._slot_env, self._adopt
         )
+        self.idle = IdleRule(self.shared, self.committer, self.gpus, self.slot_sync)
 
     # -- top level -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -151,7 +137,7 @@ class Supervisor:
             while thread.is_alive():
                 thread.join(0.5)
         self.keeper.stop(keeper)
-        self.committer.release_delayed(everything=True)
+        self.committer.retries.release_delayed(everything=True)
         self.backend.close()
         self.gpus.close()
         self.ledger.emit(
@@ -162,9 +148,7 @@ class Supervisor:
         with contextlib.suppress(FileNotFoundError):
             owner_file(self.paths, self.cfg.owner).unlink()
         self.quarantine.remove_files()
-        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
-        for fd in fds:  # a stop request from now on must not write into a reused fd number
-            os.close(fd)
+        self.attempts.close()  # a stop request from now on writes into no reused fd number
         if self.errors:
             raise self.errors[0]
 
@@ -186,10 +170,7 @@ class Supervisor:
 
     def _wakeup(self) -> None:
         """Make the loop look again (safe from signal handlers and any thread)."""
-        if self._wake_w < 0:  # the run is over
-            return
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        self.attempts.wakeup()
 
     def _more_work(self) -> None:
         """Tasks may have come back to pending/ (a retry, a reclaim): claim again."""
@@ -206,10 +187,10 @@ class Supervisor:
             self.request_stop()
             self.committer.hand_over()  # outcomes already known are still committed
             with contextlib.suppress(BaseException):
-                self._drain()
+                self.attempts.drain(cold=self.cold)
 
     def _loop(self) -> None:
-        self._poller.register(self._wake_r, select.POLLIN)
+        self.attempts.listen()
         free: deque[Slot] = deque()
         for slot in self.cfg.slots:
             self._homes[slot.index] = self._slot_env(slot)
@@ -221,10 +202,10 @@ class Supervisor:
             self.gpus.add_slots(self.slot_sync.sync(free))
             if self.stopping.is_set() or self.halt.draining or self.budget.draining:
                 if self.stopping.is_set():
-                    self._hand_all_to_waiters()
-                if not self._by_fd and self._slow == 0 and not self.committer.busy():
+                    self.attempts.hand_all_to_waiters(cold=self.cold)
+                if not self.attempts.busy() and not self.committer.busy():
                     return
-                self._sleep(self._timeout(None))
+                self._sleep(self.attempts.timeout(None))
                 continue
             with self._lock:
                 generation = self._generation
@@ -233,16 +214,16 @@ class Supervisor:
                 if self._fill(free):
                     seen = -1  # a slot got a task: the next free slot may claim at once
                     continue
-            busy = bool(self._by_fd) or self._slow > 0 or self.committer.busy()
+            busy = self.attempts.busy() or self.committer.busy()
             if busy:
                 poll = LINGER_POLL_SECONDS if free and self.cfg.linger > 0 else None
             else:
-                wait, poll = self._idle_wait()
+                wait, poll = self.idle.wait(self._busy_at)
                 if not wait and not self._changed_since(generation):
                     return
                 if not wait:
                     continue  # tasks came back meanwhile (a retry released): claim them
-            if self._sleep(self._timeout(poll)):
+            if self._sleep(self.attempts.timeout(poll)):
                 seen = -1  # a poll interval is over: look at pending/ again
 
     def _fill(self, free: deque[Slot]) -> bool:
@@ -277,112 +258,15 @@ class Supervisor:
         with self._lock:
             return self._generation != generation
 
-    def _idle_wait(self) -> tuple[bool, float | None]:
-        """Nothing of ours runs and nothing is claimable: wait (and how long between looks at
-        pending/; None = until woken) or end?"""
-        if self.committer.waiting():
-            return True, None  # the keeper wakes us when a retry's backoff is over
-        if self._others_running():
-            return True, IDLE_POLL_SECONDS  # their retries land in pending/, or they die
-        if time.monotonic() - self._busy_at < self.cfg.linger:
-            return True, LINGER_POLL_SECONDS  # new tasks may be enqueued
-        if self.queue.paths.enqueue_spool.exists():  # a streamed enqueue: more are coming
-            return True, LINGER_POLL_SECONDS
-        if self._paused_with_work():  # the keeper wakes us when the pause changes; the
-            return True, IDLE_POLL_SECONDS  # look: other supervisors may empty pending/
-        if self.gpus.waiting():  # tasks wait for GPU memory (the sampler wakes us on room)
-            return True, IDLE_POLL_SECONDS
-        if self.slot_sync.checking and self.queue.counts()[State.PENDING] > 0:
-            return True, IDLE_POLL_SECONDS  # joined slots run their preflight (then wake us)
-        if self.slot_sync.waiting_for_slots():  # a cluster's nodes all gone: one may join
-            return True, IDLE_POLL_SECONDS
-        return False, None
-
-    def _paused_with_work(self) -> bool:
-        """Some of our slots are paused and pending/ still holds tasks (they would claim)."""
-        if not any(self.shared.holds(s) for s in self.cfg.slots):
-            return False
-        return self.queue.counts()[State.PENDING] > 0
-
-    def _timeout(self, poll: float | None) -> float | None:
-        """The poll interval, or sooner when a running attempt's timeout expires."""
-        now = time.monotonic()
-        deadlines = [d for live in self._by_fd.values() if (d := live.handle.deadline) is not None]
-        if deadlines:
-            left = max(0.0, min(deadlines) - now)
-            return left if poll is None else min(left, poll)
-        return poll
-
     def _sleep(self, timeout: float | None) -> bool:
         """Wait for an exit, a wake-up or ``timeout``; handle what happened. True on timeout."""
         self.committer.hand_over()
-        ms = None if timeout is None else min(MAX_SLEEP_MS, max(0, int(timeout * 1000 + 0.999)))
-        ready = self._poller.poll(ms)
-        for fd, _ in ready:
-            if fd == self._wake_r:
-                with contextlib.suppress(OSError):
-                    os.read(self._wake_r, 4096)
-            elif fd in self._by_fd:
-                self._exited(self._by_fd[fd])
-        now = time.monotonic()
-        for live in list(self._by_fd.values()):
-            if live.ending:  # a cancel, a stall, max_usd crossed (issue 34)
-                self._to_waiter(live)  # a person cancelled it: TERM, grace, KILL take time
-                continue
-            deadline = live.handle.deadline
-            if deadline is not None and deadline <= now:
-                self._to_waiter(live)  # its timeout: TERM, grace, KILL take time
-        return not ready
-
-    def _exited(self, live: LiveAttempt) -> None:
-        self._unwatch(live)
-        if (end := live.handle.end_if_clean()) is None or from_outside(live, end):
-            self._to_waiter(live)  # something of it is left, a stop cancelled it, or a stop
-            return  # signal from outside killed it: its supervisor's may follow (.outside_stop)
-        self._returns.put(self._settle(live, end))
-
-    def _unwatch(self, live: LiveAttempt) -> None:
-        """Stop polling the attempt's pidfd (before it is closed: the number may be reused)."""
-        fd, live.fd = live.fd, None
-        if fd is not None:
-            del self._by_fd[fd]
-            self._poller.unregister(fd)
-
-    def _to_waiter(self, live: LiveAttempt) -> None:
-        """Let a thread run the blocking end of this attempt (stop, grace, leftovers)."""
-        self._unwatch(live)
-        self._slow += 1
-        waiter = threading.Thread(target=self._wait_slow, args=(live,), daemon=True)
-        self._waiters = [w for w in self._waiters if w.is_alive()]
-        self._waiters.append(waiter)
-        waiter.start()
-
-    def _wait_slow(self, live: LiveAttempt) -> None:
-        try:
-            self._returns.put(self._settle(live, ended(live, self.stopping), slow=True))
-        except BaseException as exc:
-            self._returns.put((live.slot, None, exc, True, live.task_id, False))
-        self._wakeup()
-
-    def _hand_all_to_waiters(self) -> None:
-        for live in list(self._by_fd.values()):
-            live.handle.cancel(hard=self.cold)
-            self._to_waiter(live)
-
-    def _drain(self) -> None:
-        """After a loop error: stop what runs and wait for it (nothing runs unsupervised)."""
-        self._hand_all_to_waiters()
-        for waiter in self._waiters:
-            waiter.join()
+        return self.attempts.sleep(timeout)
 
     def _collect_returns(self, free: deque[Slot]) -> None:
         """Slots whose attempt has an outcome: back in rotation, unless their breaker trips."""
-        while True:
-            try:
-                slot, end, exc, slow, task_id, neutral = self._returns.get_nowait()
-            except threadq.Empty:
-                return
-            self._slow -= slow
+        while (back := self.attempts.take()) is not None:
+            slot, end, exc, _, task_id, neutral = back
             self._busy_at = time.monotonic()
             if exc is not None:  # a bug or a broken disk: stop the run, keep the queue
                 self.shared.fail(exc)
@@ -392,13 +276,6 @@ class Supervisor:
             free.append(slot)
             with self._lock:
                 self._generation += 1
-
-    def _others_running(self) -> bool:
-        """Whether other supervisors hold tasks (they may requeue them, or die and be reclaimed)."""
-        return any(
-            (lease := lease_of(name)) is not None and lease[0] != self.cfg.owner
-            for name in self.queue.names(State.RUNNING)
-        )
 
     # -- one attempt -----------------------------------------------------------------------------
     def _start(self, slot: Slot, claimed: Claimed, free: deque[Slot]) -> None:
@@ -441,20 +318,18 @@ class Supervisor:
             timeout=task.timeout,
         )
         if handle.done:  # it could not start: its end is known already
-            self._returns.put(self._settle(live, handle.wait()))
+            self.attempts.returned(self._settle(live, handle.wait()))
         elif self.stopping.is_set() or handle.exit_fd is None:
             if self.stopping.is_set():
                 handle.cancel(hard=self.cold)
-            self._to_waiter(live)  # no wake-up fd: the blocking wait in a thread
+            self.attempts.to_waiter(live)  # no wake-up fd: the blocking wait in a thread
         else:
-            live.fd = handle.exit_fd
-            self._by_fd[live.fd] = live
-            self._poller.register(live.fd, select.POLLIN)
+            self.attempts.watch(live, handle.exit_fd)
 
     def _adopt(self, live: LiveAttempt) -> None:
         """An attempt a dead supervisor started, still known to the backend: waited for."""
         self.live[live.slot.index] = live
-        self._to_waiter(live)
+        self.attempts.to_waiter(live)
 
     def _settle(self, live: LiveAttempt, end: AttemptEnd, slow: bool = False) -> Returned:
         """The attempt has ended: its slot is free; its outcome is committed by a committer

@@ -354,3 +354,10 @@ class Descriptor:
 
     def __repr__(self) -> str:
         return f"Descriptor({self.raw!r})"
+
+    @property
+    def id_if_any(self) -> str | None:
+        """The id, or None where the descriptor lacks one (a hand-edited file, journaled as
+        it is)."""
+        found = self.raw.get("id")
+        return None if found is None else str(found)
