@@ -13,7 +13,7 @@ from gpuswarm.core.words import counted
 from gpuswarm.outputs.energy import Valued
 from gpuswarm.outputs.html import esc, html_table
 
-OOM_RETRY_MARK = "the retry reserves"  # supervise/packing.py's sized_oom_retry says it so
+OOM_RETRY_MARK = "the retry reserves"  # supervise/oom.py's sized_oom_retry says it so
 
 
 class OomRetry(TypedDict):
