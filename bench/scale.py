@@ -50,7 +50,8 @@ OWNER = "bench-host:1:1"
 def api_run(n: int, where: Path, *, stream: bool = False) -> tuple[Any, float, float]:
     """(RunPaths, load seconds, create_run seconds) of a fresh run of ``n`` ``true`` tasks;
     ``stream``: as ``gpuswarm run`` makes it (the first tasks in pending/, the rest spooled)."""
-    from gpuswarm.app.setup import new_run, plan
+    from gpuswarm.app.planning import plan
+    from gpuswarm.app.setup import new_run
     from gpuswarm.config.load import load_command_list
     from gpuswarm.store.runs import create_run
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuswarm.app.control import finish_adds
+from gpuswarm.app.controlframe import finish_adds
 from gpuswarm.app.setup import recovery_backend
 from gpuswarm.core.fsutil import read_json
 from gpuswarm.outputs.aggregate import write_outputs
