@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuswarm.core.paths import slugify
 from gpuswarm.exec.base import Adopted, LaunchSpec, SlotChanges
-from gpuswarm.exec.ray import cluster
+from gpuswarm.exec.ray import cluster, nodeactors
 from gpuswarm.exec.ray.actor import SlotActor
 from gpuswarm.exec.ray.cluster import GpuFilter, Node, alive_ids, nodes
 from gpuswarm.exec.ray.cluster import head_address as head_address
@@ -34,8 +34,6 @@ from gpuswarm.placement.gpus import Slot
 
 WATCH_SECONDS = 0.5
 HEAD_PROBE_SECONDS = 1.0  # a TCP connect to the head's GCS port, at most this long, each second
-READY_TIMEOUT = 60.0  # a node's actors not up by then (its GPUs are another run's): no slot
-ACTOR_THREADS = 8  # start, poll, cancel, forget of one slot may overlap
 
 
 @dataclass
@@ -178,33 +176,26 @@ class SlotPool:
         return made
 
     def _add_node(self, node: Node) -> list[Slot]:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         count = self._slots_of(node)
         if count == 0:  # (--gpus N reached): looked at again when a node's GPUs come free
             return []
         self._gpus_used += (count // self.per_gpu) * self.per_task
-        cls = self._actor_class()
         num_gpus = self.per_task if self.per_gpu == 1 else 1.0 / self.per_gpu
-        strategy = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
-        actors = []
-        for k in range(count):
-            name = f"{cluster.actor_prefix(self.run_key)}{node.node_id}/{k}"
-            actor = cls.options(
-                name=name,
-                namespace=self.cfg.namespace,
-                lifetime="detached",
-                get_if_exists=True,
-                num_cpus=0,
-                num_gpus=num_gpus,
-                max_concurrency=ACTOR_THREADS,
-                max_restarts=0,
-                scheduling_strategy=strategy,
-            ).remote(self.run_key, self.max_result)
-            actors.append((name, actor))
-        infos = self._ready([actor for _, actor in actors])
-        if self.cfg.setup:
-            self._setup(node, actors, infos)
+        actors = nodeactors.start_actors(
+            self._actor_class(),
+            self.cfg,
+            self.run_key,
+            node,
+            count,
+            num_gpus=num_gpus,
+            max_result=self.max_result,
+        )
+        infos = nodeactors.ready(self.ray, [actor for _, actor in actors])
+        if self.cfg.setup and (
+            failed := nodeactors.run_setup(self.ray, self.cfg, node, actors, infos)
+        ):
+            with self.lock:
+                self._pending.notes.append(failed)
         made = []
         shares: dict[tuple[int, ...], int] = {}
         with self.lock:
@@ -217,15 +208,7 @@ class SlotPool:
                 gpu_ids = tuple(int(g) for g in info["gpus"]) or (0,)
                 share = shares.get(gpu_ids, 0)
                 shares[gpu_ids] = share + 1
-                slot = Slot(
-                    self._next_index,
-                    gpu_ids,
-                    Vendor.NVIDIA,
-                    share,
-                    ident=slot_label(str(info["host"]), node.node_id, gpu_ids, share),
-                    devices=tuple(Gpu(i, node.accelerator, Vendor.NVIDIA) for i in gpu_ids),
-                    host=slugify(str(info["host"]), 60),
-                )
+                slot = slot_of(self._next_index, node, info, gpu_ids, share)
                 self._next_index += 1
                 self.by_label[slot.label] = RaySlot(slot, node, actor, name)
                 self.labels_of.setdefault(node.node_id, []).append(slot.label)
@@ -242,47 +225,6 @@ class SlotPool:
                     }
                 )
         return made
-
-    def _ready(self, actors: list[Any]) -> list[ActorInfo | None]:
-        """Each actor's info once up (all waited for together); None: not up in READY_TIMEOUT."""
-        refs = [actor.info.remote() for actor in actors]
-        with contextlib.suppress(Exception):
-            self.ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
-        out: list[ActorInfo | None] = []
-        for ref in refs:
-            try:
-                out.append(self.ray.get(ref, timeout=0.1))
-            except Exception:
-                out.append(None)
-        return out
-
-    def _setup(self, node: Node, actors: list[tuple[str, Any]], infos: list[Any]) -> None:
-        """The per-node ``setup:`` once, before the node's first attempt (a failure: the node
-        gets no slots, and the journal says why)."""
-        assert self.cfg.setup is not None
-        first = next((a for (_, a), i in zip(actors, infos, strict=True) if i is not None), None)
-        if first is None:
-            return
-        try:
-            result = self.ray.get(
-                first.setup.remote(self.cfg.setup, node.node_id, self.cfg.setup_timeout),
-                timeout=self.cfg.setup_timeout + 60,
-            )
-        except Exception as exc:
-            result = {"rc": -1, "tail": str(exc), "ran": True}
-        if result.get("rc") != 0:
-            for i in range(len(infos)):
-                infos[i] = None
-            with self.lock:
-                self._pending.notes.append(
-                    {
-                        "change": "setup_failed",
-                        "node": node.node_id,
-                        "host": node.host,
-                        "rc": result.get("rc"),
-                        "tail": str(result.get("tail", ""))[-2000:],
-                    }
-                )
 
     # -- watching --------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -391,6 +333,20 @@ class SlotPool:
             with contextlib.suppress(Exception):
                 self.ray.kill(rs.actor, no_restart=True)
         cluster.kill_run_actors(self.ray, self.run_key, self.cfg.namespace)
+
+
+def slot_of(index: int, node: Node, info: ActorInfo, gpu_ids: tuple[int, ...], share: int) -> Slot:
+    """Slot ``index`` of the run: the GPUs ``gpu_ids`` an actor on ``node`` reported (``info``),
+    its ``share``-th on them."""
+    return Slot(
+        index,
+        gpu_ids,
+        Vendor.NVIDIA,
+        share,
+        ident=slot_label(str(info["host"]), node.node_id, gpu_ids, share),
+        devices=tuple(Gpu(i, node.accelerator, Vendor.NVIDIA) for i in gpu_ids),
+        host=slugify(str(info["host"]), 60),
+    )
 
 
 def slot_label(host: str, node_id: str, gpu_ids: tuple[int, ...], share: int) -> str:
