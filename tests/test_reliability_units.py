@@ -15,7 +15,7 @@ from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.events import Ev
 from gpuswarm.core.logs import cap_log
 from gpuswarm.core.models import State
-from gpuswarm.core.models.descriptor import MAX_LOST
+from gpuswarm.core.models.budget import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.placement.gpus import parse_gpu_spec, plan_slots
 from gpuswarm.store.leases import attach, is_live, owner_alive, owner_id, write_owner_file

@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps
 from gpuswarm.core.models import Descriptor, State
-from gpuswarm.core.models.descriptor import MAX_LOST
+from gpuswarm.core.models.budget import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.store.holds import HELD, parse_hold
 from gpuswarm.store.leases import owner_file, write_owner_file

@@ -20,7 +20,7 @@ from typing import Protocol
 from gpuswarm.core.errors import QueueError
 from gpuswarm.core.events import Ev
 from gpuswarm.core.models import AttemptRecord, Descriptor, Lease, State
-from gpuswarm.core.models.descriptor import MAX_LOST
+from gpuswarm.core.models.budget import MAX_LOST
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.exec.base import create_backend
 from gpuswarm.store.control import Request

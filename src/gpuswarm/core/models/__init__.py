@@ -1,7 +1,8 @@
 """The typed records of a run: queue states, attempt end kinds, the lease, attempt records and the
 descriptor. Each has one JSON form (what today's code writes, so old run folders still open) and
 no module but this package reads or writes their raw keys. Import them from here
-(``gpuswarm.core.models``); the modules inside are kinds, lease, attempt and descriptor.
+(``gpuswarm.core.models``); the modules inside are kinds, lease, attempt, descriptor and
+budget (the descriptor's attempts, a mixin).
 
 Why a :class:`Descriptor` is a typed view over its JSON object instead of a copy of it: a claim
 and a commit happen once per task on the hot path, and the object read from disk is the object
