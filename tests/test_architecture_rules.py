@@ -243,6 +243,32 @@ def test_no_module_over_400_lines() -> None:
     assert not bad, "split these modules: " + "; ".join(bad)
 
 
+MAX_CLASS_LINES = 300
+
+
+def big_classes(mod: Module) -> list[str]:
+    """``Name: lines`` of each class of ``mod`` longer than :data:`MAX_CLASS_LINES` (from its
+    ``class`` line to its last line, nested classes counted in their own right too)."""
+    return [
+        f"{node.name}: {size} lines"
+        for node in nodes(mod)
+        if isinstance(node, ast.ClassDef)
+        and (size := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES
+    ]
+
+
+def test_no_class_over_300_lines() -> None:
+    bad = [f"{_short(m.name)}.{c}" for m in modules().values() for c in big_classes(m)]
+    assert not bad, "split these classes (a mixin or a collaborator): " + "; ".join(bad)
+
+
+def test_the_check_sees_a_big_class() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_CLASS_LINES))
+    text = f"class Big:\n{body}\n\n\nclass Small:\n    y = 1\n"
+    mod = Module("gpuswarm.big", Path("big.py"), ast.parse(text), len(text.splitlines()))
+    assert big_classes(mod) == [f"Big: {MAX_CLASS_LINES + 1} lines"]
+
+
 # -- no import of another module's private names -------------------------------------------------
 
 
