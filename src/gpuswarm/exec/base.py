@@ -90,6 +90,25 @@ class AttemptEnd:
         return self.ended - self.started
 
 
+class EndFlags:
+    """A handle's ``done`` and ``cancelled``, read alike by every backend: its end once known
+    (``_end``) and a stop's mark (``_cancelled``), both set by the handle itself."""
+
+    __slots__ = ()
+    _end: AttemptEnd | None
+    _cancelled: bool
+
+    @property
+    def done(self) -> bool:
+        """True once its end is known (it ended, or it never started)."""
+        return self._end is not None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a stop cancelled it (its end may still be an exit 0)."""
+        return self._cancelled
+
+
 class Leftovers(NamedTuple):
     """What :meth:`Backend.end_leftovers` found of a dead owner and ended."""
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from gpuswarm.core.errors import BackendError
 from gpuswarm.core.logs import log_tail
 from gpuswarm.core.models import EndKind
-from gpuswarm.exec.base import AttemptEnd, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, EndFlags, LaunchSpec
 from gpuswarm.exec.docker.client import ContainerState, DockerCLI, host_pids, signal_container
 from gpuswarm.exec.local.process import Attempt
 from gpuswarm.exec.local.spawn import verdict
@@ -48,7 +48,7 @@ _SIGNALS = {int(s) for s in signal.Signals}
 _RETRIES = (0.5, 1.0, 2.0, None)  # seconds between inspect tries when the daemon stalls
 
 
-class ContainerAttempt:
+class ContainerAttempt(EndFlags):
     """One launched attempt in container ``name``. ``wait`` from one thread at a time."""
 
     def __init__(
@@ -97,14 +97,6 @@ class ContainerAttempt:
     @property
     def pid(self) -> int | None:
         return self._client.pid  # the docker client's (the container's own pids are its own)
-
-    @property
-    def done(self) -> bool:
-        return self._end is not None
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
 
     @property
     def exit_fd(self) -> None:

@@ -1,9 +1,10 @@
 """The waiting side of a local attempt: its state, and the blocking primitives of its waiter.
 
 :class:`AttemptState` holds what an attempt knows about its processes, reads it out as the
-Handle's flags (``done``, ``cancelled``, ``exit_fd``, ``deadline``) and sleeps in ``poll()`` on
-its pidfd (or in slices, without one) and on the wake-up pipe that ``cancel`` writes to; the
-launch, the stop and the verdict are :class:`gpuswarm.exec.local.process.Attempt`'s.
+Handle's flags (``done`` and ``cancelled`` through exec/base.py's EndFlags, ``exit_fd``,
+``deadline``) and sleeps in ``poll()`` on its pidfd (or in slices, without one) and on the
+wake-up pipe that ``cancel`` writes to; the launch, the stop and the verdict are
+:class:`gpuswarm.exec.local.process.Attempt`'s.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import time
 import psutil
 
 from gpuswarm.core.logs import LogPump, LogSink
-from gpuswarm.exec.base import AttemptEnd, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, EndFlags, LaunchSpec
 from gpuswarm.exec.local.tree import REGISTRY, SLICE
 
 _MAX_POLL_MS = 3_600_000  # poll() takes a C int of milliseconds: longer waits are re-armed
 
 
-class AttemptState:
+class AttemptState(EndFlags):
     """One attempt's processes, fds and flags (see :class:`~.process.Attempt`)."""
 
     def __init__(self, spec: LaunchSpec, token: str, started: float) -> None:
@@ -53,16 +54,6 @@ class AttemptState:
         self._fd_lock = threading.RLock()  # re-entrant: cancel() may run in a signal handler
 
     # -- what it reads as (the Handle's flags) -----------------------------------------------------
-    @property
-    def done(self) -> bool:
-        """True once :meth:`wait` has returned (or the attempt never started)."""
-        return self._end is not None
-
-    @property
-    def cancelled(self) -> bool:
-        """Whether a stop cancelled this attempt (its end may still be an exit 0)."""
-        return self._cancelled
-
     @property
     def exit_fd(self) -> int | None:
         """A pidfd that polls readable once the main process exits (None: no pidfd here; then

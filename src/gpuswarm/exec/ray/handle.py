@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuswarm.core.models import EndKind
-from gpuswarm.exec.base import AttemptEnd, BackendOptions, LaunchSpec
+from gpuswarm.exec.base import AttemptEnd, BackendOptions, EndFlags, LaunchSpec
 from gpuswarm.exec.local.spawn import PUMPED_LOG_FLAGS, fresh_log_dir
 from gpuswarm.exec.ray.cluster import Node
 from gpuswarm.exec.ray.settings import RayConfig
@@ -70,7 +70,7 @@ class _Gone(Exception):
     """The attempt's node died (or the head is gone) while a call to its actor was out."""
 
 
-class RayHandle:
+class RayHandle(EndFlags):
     def __init__(
         self,
         backend: Driver,
@@ -93,14 +93,6 @@ class RayHandle:
     @property
     def pid(self) -> int | None:
         return self._pid
-
-    @property
-    def done(self) -> bool:
-        return self._end is not None
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
 
     @property
     def exit_fd(self) -> int | None:
