@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +61,25 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def terminal_signals() -> None:
+    """Let the CLIs under test start with SIGINT and SIGHUP at their defaults, as from a
+    terminal, even when the suite itself runs under ``nohup`` or as a background job: those
+    start it with the two ignored, an ignored disposition is inherited across exec (a handled
+    one is reset to the default), and gpuswarm keeps an ignored SIGHUP ignored, as nohup means
+    (so a test of SIGHUP, or of Ctrl-C in a follower, would wait forever). The suite's own
+    process keeps ignoring SIGHUP (a no-op handler) and gets Ctrl-C as Python's default."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _ignored)
+
+
+def _ignored(signum: int, frame: object) -> None:
+    """SIGHUP in the suite's own process: nothing (it was ignored)."""
+
+
 def run_cli(
     *args: str | os.PathLike[str],
     cwd: Path,
@@ -69,6 +89,7 @@ def run_cli(
 ) -> CliResult:
     argv = cli_argv(*args)
     t0 = time.monotonic()
+    terminal_signals()
     proc = subprocess.run(
         argv,
         cwd=cwd,
@@ -155,6 +176,7 @@ def start_cli(
     out, err = log_dir / f"cli-{n}.out", log_dir / f"cli-{n}.err"
     argv = cli_argv(*args, prefix=prefix)
     with out.open("wb") as fo, err.open("wb") as fe:
+        terminal_signals()
         popen = subprocess.Popen(
             argv,
             cwd=cwd,
