@@ -14,7 +14,8 @@ from gpuswarm.core.errors import EXIT_OK, EXIT_UNFINISHED
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.core.runview import RunView, SlotRow
 from gpuswarm.outputs.aggregate import COMPLETE, WITH_FAILURES, end_state, summarize
-from gpuswarm.outputs.results import Row, shown_counts
+from gpuswarm.outputs.results import shown_counts
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import TaskRow

@@ -25,7 +25,7 @@ from gpuswarm.core.fsutil import dumps
 from gpuswarm.core.paths import RunPaths
 from gpuswarm.outputs.html import html_table, png_data_uri
 from gpuswarm.outputs.report import MAX_ROWS, select_rows, write_report
-from gpuswarm.outputs.results import Row
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.outputs.timeline import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 
 from gpuswarm.core.models import Descriptor, State
-from gpuswarm.outputs.results import Row, _order, row_for, sort_rows, to_tsv
+from gpuswarm.outputs.results import _order, row_for, sort_rows, to_tsv
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow
 
 

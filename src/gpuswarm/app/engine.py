@@ -54,6 +54,7 @@ from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
 from gpuswarm.placement.hostlock import GpuHold
 from gpuswarm.store import release, runindex
+from gpuswarm.store.created import Created
 from gpuswarm.store.leases import (
     attach,
     owner_id,
@@ -116,7 +117,8 @@ def _start(
     suffix: str | None,
     output: Output,
 ) -> RunReport:
-    new = new_run(loaded, gpus, slots, stream=True)  # the tasks one at a time, never a copy
+    created = Created()  # what it writes, remembered for the end-of-run outputs (issue 31)
+    new = new_run(loaded, gpus, slots, stream=True, created=created)  # one at a time, no copy
     paths = _create(new, suffix)
     hold.set_run(str(paths.root))
     loaded.tasks.clear()  # the queue has them now: a 100k-task list is not kept for the run
@@ -125,7 +127,7 @@ def _start(
     say(output, f"{counted(count, 'task')} on {where}; run dir: {paths.root}")
     info = RunRecord.from_json(new.info)
     setup = prepare(info=info, config=loaded, planned=(gpus, slots), provisions=provisions)
-    return supervise(paths, setup, mode="run", output=output, hold=hold)
+    return supervise(paths, setup, mode="run", output=output, hold=hold, created=created)
 
 
 def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
@@ -224,17 +226,19 @@ def supervise(
     new_config: LoadedConfig | None = None,
     hold: GpuHold | None = None,
     share_gpus: bool = False,
+    created: Created | None = None,
 ) -> RunReport:
     """Attach to the run, initialise (recover / reclaim), run the slots, write the outputs.
 
     ``mode``: ``run`` (a fresh run), ``resume`` (no other supervisor may be live; repairs
     everything) or ``work`` (joins live supervisors; reclaims only dead owners' tasks).
+    ``created``: what a fresh run's creation wrote (store/created.py), for its outputs.
     """
     own_hold = hold is None  # resume / work: hold this run's GPUs now (same run never blocks)
     if hold is None:
         hold = GpuHold.acquire(gpu_keys_of(setup.slots), run=str(paths.root), share=share_gpus)
     try:
-        return _supervise(paths, setup, mode, output, retry_failed, new_config)
+        return _supervise(paths, setup, mode, output, retry_failed, new_config, created)
     finally:
         if own_hold:
             hold.release()
@@ -254,6 +258,7 @@ def _supervise(
     output: Output,
     retry_failed: bool,
     new_config: LoadedConfig | None,
+    created: Created | None = None,
 ) -> RunReport:
     owner = owner_id()
     cfg, alloc = in_allocation(setup.supervisor_config(owner), paths, mode)  # Slurm's (36)
@@ -266,7 +271,9 @@ def _supervise(
         _index_joined(paths, snapshot, mode)
         redactor = run_redactor(snapshot.to_json())
         ledger = Ledger(paths.events, redact=redactor.text)  # reasons, names
-        queue = DirQueue(paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why))
+        queue = DirQueue(
+            paths, on_corrupt=lambda name, why: _corrupt(ledger, name, why), created=created
+        )
         notifier: Notifier | None = None
         try:
             if mode == "resume":
@@ -294,7 +301,9 @@ def _supervise(
             notifier = notifier_for(paths, snapshot, redactor.text, mode)  # 37
             with on_stop_signals(lambda: sup.request_stop(), named=sup.shared.stopped_by), shown:
                 try:
-                    with streamed(paths, queue.push, ledger, sup.request_stop):  # a big run's
+                    with streamed(
+                        paths, queue.push, ledger, sup.request_stop, created
+                    ):  # a big run's
                         run_in_allocation(sup, alloc, paths, mode, ledger, output)
                     notifier = last_word(  # its own thread; waits at most notify.end_wait
                         notifier,

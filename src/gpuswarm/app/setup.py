@@ -43,6 +43,7 @@ from gpuswarm.exec.sandbox import Provision
 from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet
 from gpuswarm.placement.gpus import Slot
+from gpuswarm.store.created import Created
 from gpuswarm.store.runinfo import RunInfo, RunRecord, RunSettings
 from gpuswarm.store.runs import NewRun
 from gpuswarm.store.staging import Encoded
@@ -95,14 +96,21 @@ STREAM_FIRST = 2000  # a bigger run's first tasks; the rest streams (store/spool
 
 
 def new_run(
-    loaded: LoadedConfig, gpus: GpuSet, slots: list[Slot], *, stream: bool = False
+    loaded: LoadedConfig,
+    gpus: GpuSet,
+    slots: list[Slot],
+    *,
+    stream: bool = False,
+    created: Created | None = None,
 ) -> NewRun:
     """What :func:`gpuswarm.store.runs.create_run` makes of a loaded config; ``stream``: a
     run of more than :data:`STREAM_FIRST` tasks is created with those, the others spooled (its
-    supervisor moves them into pending/ while the first ones run)."""
+    supervisor moves them into pending/ while the first ones run); ``created`` remembers what
+    is written (store/created.py)."""
     first = STREAM_FIRST if stream and len(loaded.tasks) > STREAM_FIRST else None
     info = run_info(loaded, gpus, slots).to_json()
-    return NewRun(loaded.name, loaded.workspace, info, queued(loaded), stream_after=first)
+    tasks = queued(loaded)
+    return NewRun(loaded.name, loaded.workspace, info, tasks, stream_after=first, created=created)
 
 
 def queued(loaded: LoadedConfig) -> Iterator[TaskDump | Encoded]:
@@ -130,7 +138,7 @@ def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
     priority = int(shared.get("priority") or 0)
     rows = tasks.rows()
     return (
-        Encoded(priority, seq, row[0], template.fill((*row, seq)).encode() + b"\n")
+        Encoded(priority, seq, row[0], template.fill((*row, seq)).encode() + b"\n", row[1])
         for seq, row in enumerate(rows)
     )
 

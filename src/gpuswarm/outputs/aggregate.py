@@ -13,9 +13,11 @@ from gpuswarm.outputs.energy import energy_stats
 from gpuswarm.outputs.fieldstats import field_stats
 from gpuswarm.outputs.gpumem import gpu_memory_stats
 from gpuswarm.outputs.passk import repeat_stats
-from gpuswarm.outputs.results import APART, Row, collect, shown_counts, to_tsv
+from gpuswarm.outputs.results import APART, collect, shown_counts, to_tsv
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.spend import RunCost, RunSpend
 from gpuswarm.outputs.summaryjson import RunSummary, SessionEnd, SummaryJson
+from gpuswarm.outputs.taskrow import ApartJson
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runinfo import RunRecord
 
@@ -26,16 +28,15 @@ def summarize(
     counts = {s.value: 0 for s in State}
     for r in rows:
         counts[r.values.state] = counts.get(r.values.state, 0) + 1
-    failures = [
-        r.values.failure_json() for r in rows if r.values.state not in (State.DONE.value, *APART)
-    ]
-    skipped = [r.values.apart_json() for r in rows if r.values.state == State.SKIPPED.value]
-    cancelled = [r.values.apart_json() for r in rows if r.values.state == State.CANCELLED.value]
+    failing = [r for r in rows if r.values.state not in _NOT_FAILED]  # rows, not 100k dicts
+    failures = [r.values.failure_json() for r in failing[:200]]
+    skipped = _apart(rows, State.SKIPPED.value, counts)
+    cancelled = _apart(rows, State.CANCELLED.value, counts)
     busy = sum(r.busy for r in rows)
     reasons: dict[str, int] = {}
-    for f in failures:
-        if f["state"] == State.FAILED.value:
-            reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
+    for r in failing:
+        if r.values.state == State.FAILED.value:
+            reasons[r.values.reason] = reasons.get(r.values.reason, 0) + 1
     out: SummaryJson = {
         "run": record.run_dir,
         "name": record.name,
@@ -46,12 +47,12 @@ def summarize(
         "complete": counts[State.DONE.value] + sum(counts[k] for k in APART) == len(rows),
         "counts": shown_counts(counts),
         "busy_seconds": round(busy, 3),  # every attempt of every task, retries included
-        "not_done": len(failures),  # the true count ("failures" lists the first 200)
+        "not_done": len(failing),  # the true count ("failures" lists the first 200)
         "failure_reasons": sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
         "wall_seconds": round(events_window[1] - events_window[0], 3) if events_window else None,
-        "failures": failures[:200],
-        "skipped": skipped[:200],  # not failed, out of the pass rates (counts.skipped: all)
-        "cancelled": cancelled[:200],  # by a person: not failed, out of the pass rates
+        "failures": failures,  # the first 200
+        "skipped": skipped,  # not failed, out of the pass rates (counts.skipped: all)
+        "cancelled": cancelled,  # by a person: not failed, out of the pass rates
         "fields": field_stats(rows),
         "gpu_memory": gpu_memory_stats(rows),
         "energy": energy_stats(rows),
@@ -61,6 +62,16 @@ def summarize(
     if (reps := repeat_stats(rows)) is not None:
         out["repeats"] = reps
     return out
+
+
+_NOT_FAILED = frozenset((State.DONE.value, *APART))
+
+
+def _apart(rows: list[Row], state: str, counts: dict[str, int]) -> list[ApartJson]:
+    """summary.json's entries of the first 200 rows in ``state`` (none looked for when none is)."""
+    if not counts.get(state):
+        return []
+    return [r.values.apart_json() for r in rows if r.values.state == state][:200]
 
 
 def spend_stats(rows: list[Row]) -> RunCost | None:

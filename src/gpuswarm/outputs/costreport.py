@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuswarm.core.words import counted
 from gpuswarm.outputs.html import esc, html_table
-from gpuswarm.outputs.results import Row
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.spend import UNKNOWN, money, tokens_text
 
 MAX_TASK_ROWS = 500  # the most expensive first; every task is in results.tsv

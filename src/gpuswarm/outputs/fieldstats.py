@@ -14,7 +14,8 @@ import statistics
 from typing import Any
 
 from gpuswarm.core.models import State
-from gpuswarm.outputs.results import APART, Row, natural
+from gpuswarm.outputs.results import APART, natural
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.summaryjson import FieldStats
 
 

@@ -27,7 +27,8 @@ from gpuswarm.outputs.gpumem import OomRetry, gpu_memory_section, oom_retries
 from gpuswarm.outputs.groups import GroupTally, groups_section
 from gpuswarm.outputs.html import cell_text, esc, html_page, html_table, png_data_uri
 from gpuswarm.outputs.passk import repeats_section
-from gpuswarm.outputs.results import Row, redact_rows, row_for
+from gpuswarm.outputs.results import redact_rows, row_for
+from gpuswarm.outputs.rowtypes import Row
 from gpuswarm.outputs.slurmview import slurm_section
 from gpuswarm.outputs.summaryjson import RunSummary
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow

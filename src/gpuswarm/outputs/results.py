@@ -8,34 +8,21 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from typing import Any
 
 from gpuswarm.core.models import AttemptRecord, Descriptor, State
 from gpuswarm.core.records import why_unreadable
 from gpuswarm.core.redact import Redactor, env_secret_values
+from gpuswarm.outputs.createdrows import CreatedRows
 from gpuswarm.outputs.energy import energy_of
-from gpuswarm.outputs.passk import RepeatOf, repeat_of
-from gpuswarm.outputs.spend import USAGE_COLUMNS, TaskSpend, task_spend
+from gpuswarm.outputs.passk import repeat_of
+from gpuswarm.outputs.rowtypes import EMPTY, Row, unattempted_row
+from gpuswarm.outputs.spend import USAGE_COLUMNS, task_spend
 from gpuswarm.outputs.taskrow import FIXED_COLUMNS, TaskRow, last_fields
 from gpuswarm.store.names import corrupt_reason, corrupt_task_id, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.spool import spooled_blobs
-
-_EMPTY: dict[str, Any] = {}  # shared by rows without metrics or result; rows are read-only
-
-
-@dataclass(slots=True)  # 100k rows at the end of a 100k-task run: no __dict__ each
-class Row:
-    values: TaskRow = field(default_factory=TaskRow)  # its cells by column (outputs/taskrow)
-    last: AttemptRecord | None = None  # the attempt it is judged by (every field of it)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    result: dict[str, Any] = field(default_factory=dict)
-    busy: float = 0.0  # seconds of every attempt (retries and interrupted ones too)
-    inputs: dict[str, str] = field(default_factory=dict)  # the matrix values it was made from
-    seq: float = float("inf")  # its place in the config (a row of no descriptor: last)
-    spend: TaskSpend | None = None  # issue 34: an agent task's tokens and cost (outputs/spend)
-    repeat: RepeatOf | None = None  # issue 34: a repeat's task, which repeat, its fields
 
 
 def _exit_text(attempt: AttemptRecord | None) -> str:
@@ -46,17 +33,12 @@ def _exit_text(attempt: AttemptRecord | None) -> str:
     return "" if attempt.returncode is None else str(attempt.returncode)
 
 
-# the attempt cells of a task with no attempt yet: one dict shared by those rows (nothing
-# writes into a row's ``last``), not 100k copies at the warm stop of a big run
-_NO_LAST = last_fields(None)
-
-
 def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     """The row of one descriptor (a JSON dict from callers not yet typed)."""
     if not isinstance(desc, Descriptor):
         desc = Descriptor(desc)
     if desc.attempt_count == 0:  # most rows of a stopped big run: never attempted
-        return _unattempted_row(state, desc)
+        return unattempted_row(state, desc)
     last = desc.last_attempt
     row = Row()
     energy_j, energy_mode = energy_of(desc)
@@ -75,10 +57,10 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     )
     row.last = last
     row.busy = desc.busy_seconds
-    row.inputs = desc.inputs or _EMPTY
+    row.inputs = desc.inputs or EMPTY
     row.seq = desc.seq
-    row.metrics = (last.metrics if last else None) or _EMPTY  # the descriptor's dicts: no copies
-    row.result = desc.result or _EMPTY
+    row.metrics = (last.metrics if last else None) or EMPTY  # the descriptor's dicts: no copies
+    row.result = desc.result or EMPTY
     if desc.task.get("usage") is not None:  # an agent's task: what its attempts spent
         row.spend = task_spend(desc)
     if desc.task.get("repeat_of") is not None:
@@ -86,54 +68,49 @@ def row_for(state: State, desc: Descriptor | dict[str, Any]) -> Row:
     return row
 
 
-def _unattempted_row(state: State, desc: Descriptor) -> Row:
-    """:func:`row_for` of a descriptor with no attempt: the same row, without building the
-    empty attempt's cells per task (100k at the warm stop of a big run)."""
-    row = Row()
-    row.values = TaskRow(
-        task=desc.id if desc.has_id else "",
-        name=desc.name,
-        state=state.value,
-        reason=desc.reason or "",
-        last=_NO_LAST,
-    )
-    row.busy = 0  # as the sum over no attempts
-    row.inputs = desc.inputs or _EMPTY
-    row.seq = desc.seq
-    row.metrics = _EMPTY
-    row.result = desc.result or _EMPTY
-    task = desc.task
-    if task.get("usage") is not None:
-        row.spend = task_spend(desc)
-    if task.get("repeat_of") is not None:
-        row.repeat = repeat_of(task)
-    return row
-
-
 def collect(queue: DirQueue, redactor: Redactor | None = None) -> list[Row]:
     """Every task's row, redacted by ``redactor`` and every task's own env (one pattern for
-    the run: the tasks' secret values are gathered first)."""
+    the run: the tasks' secret values are gathered first). The tasks this process created and
+    nobody changed since are not read (outputs/createdrows.py)."""
     rows: list[Row] = []
     secrets: set[str] = set()
+    created = CreatedRows.of(queue)
     for state in State:
-        for name in queue.names(state):
-            desc = queue.read_desc(state, name)
-            if desc is None:  # empty, garbage or mistyped: counted corrupt, never vanished
-                rows += _unusable_row(queue, state, name)
-                continue
-            desc.default_id(task_id_of(name))
-            rows.append(row_for(state, desc))
-            if desc.env:
-                secrets |= env_secret_values(desc.env)
-    for _, blob in spooled_blobs(queue.paths):  # a streamed enqueue's, not yet in pending/
-        spooled = Descriptor.parse(blob)
-        rows.append(row_for(State.PENDING, spooled))
-        if spooled.env:
-            secrets |= env_secret_values(spooled.env)
+        with nullcontext(None) if created is None else created.in_folder(queue, state) as known:
+            for name in queue.names(state):
+                if known is not None and (row := known(name)) is not None:
+                    rows.append(row)
+                    continue
+                desc = queue.read_desc(state, name)
+                if desc is None:  # empty, garbage or mistyped: counted corrupt, never vanished
+                    rows += _unusable_row(queue, state, name)
+                    continue
+                desc.default_id(task_id_of(name))
+                rows.append(row_for(state, desc))
+                if desc.env:
+                    secrets |= env_secret_values(desc.env)
+    if created is not None and (spooled_rows := created.spooled(queue.paths)) is not None:
+        rows += spooled_rows
+    else:
+        rows += _spooled_rows(queue, secrets)
+    if created is not None:
+        secrets |= created.secrets()
     rows += _corrupt_rows(queue, {r.values.task for r in rows})
     sort_rows(rows)
     if redactor is not None:
         redact_rows(rows, redactor.including(values=secrets))
+    return rows
+
+
+def _spooled_rows(queue: DirQueue, secrets: set[str]) -> list[Row]:
+    """The rows of a streamed enqueue's tasks not yet in pending/ (the spool read); their
+    secret values join ``secrets``."""
+    rows: list[Row] = []
+    for _, blob in spooled_blobs(queue.paths):
+        spooled = Descriptor.parse(blob)
+        rows.append(row_for(State.PENDING, spooled))
+        if spooled.env:
+            secrets |= env_secret_values(spooled.env)
     return rows
 
 
@@ -226,12 +203,22 @@ def to_tsv(rows: list[Row]) -> str:
     for r in rows:
         cells = r.values.cells()
         if usage_cols:
-            spent = r.spend.cells() if r.spend is not None else _EMPTY
+            spent = r.spend.cells() if r.spend is not None else EMPTY
             cells += [spent.get(c) for c in usage_cols]
         cells += [r.metrics.get(c) for c in metric_cols]
         cells += [r.result.get(c) for c in result_cols]
-        lines.append("\t".join(map(_cell, cells)))
+        lines.append(_tsv_line(cells))
     return "\n".join(lines) + "\n"
+
+
+def _tsv_line(cells: list[object]) -> str:
+    """``"\t".join(map(_cell, cells))``: the strings joined as they are, then checked in one
+    pass for a tab or line break inside one of them (100k rows at a big run's end)."""
+    parts = [c if type(c) is str else _cell(c) for c in cells]
+    line = "\t".join(parts)
+    if line.count("\t") == len(parts) - 1 and "\n" not in line and "\r" not in line:
+        return line
+    return "\t".join(map(_cell, cells))
 
 
 def shown_counts(counts: dict[str, int]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from gpuswarm.core.models import LEASE_SEP, Lease, base_name
 
 PRIORITY_LIMIT = 4999
 _RANK_SEQ = 14  # 4 digits of rank, 9 of seq, then "_"
+SEQ = slice(4, _RANK_SEQ - 1)  # the seq's digits in a name (one without a lease part)
 
 
 def descriptor_name(priority: int, seq: int, task_id: str) -> str:
@@ -28,13 +29,13 @@ def lease_of(file_name: str) -> tuple[str, int] | None:
 
 
 def task_id_of(file_name: str) -> str:
-    stem = base_name(file_name)
+    stem = base_name(file_name) if LEASE_SEP in file_name else file_name
     return stem[_RANK_SEQ:-5] if stem.endswith(".json") else stem[_RANK_SEQ:]
 
 
 def seq_of(file_name: str) -> int:
     """The submission seq in a queue file's name; -1 for a name without one."""
-    digits = base_name(file_name)[4 : _RANK_SEQ - 1]
+    digits = base_name(file_name)[SEQ]
     return int(digits) if digits.isdigit() else -1
 
 

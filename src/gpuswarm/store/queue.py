@@ -46,6 +46,7 @@ from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.batches import QueueBatches
 from gpuswarm.store.claimed import Claimed as Claimed  # re-exported: the queue hands them out
+from gpuswarm.store.created import Created
 from gpuswarm.store.folders import visible
 from gpuswarm.store.holds import QueueHolds
 from gpuswarm.store.moves import QueueMoves
@@ -65,9 +66,11 @@ class DirQueue(QueueMoves, QueueHolds, QueueRetries, QueueBatches):
         *,
         durable: bool = True,
         on_corrupt: Callable[[str, str], object] | None = None,
+        created: Created | None = None,
     ) -> None:
         super().__init__(paths)
         self.durable = durable
+        self.created = created  # the run's descriptors this process created (store/created.py)
         self.on_corrupt = on_corrupt  # (file name, reason): journals what a claim moved aside
         self._heap: list[str] = []
         self._lock = threading.Lock()

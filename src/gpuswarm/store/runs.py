@@ -32,6 +32,7 @@ from gpuswarm.core.paths import STATES, RunPaths, find_runs, run_dir_name, slugi
 from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store import runindex
 from gpuswarm.store.blocked import Edge, write_blocked, write_edges
+from gpuswarm.store.created import Created
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
@@ -50,6 +51,8 @@ class NewRun:
     # a streamed enqueue (store/spool.py): the first ``stream_after`` tasks in pending/, the
     # others in the spool, moved into pending/ by the run's supervisor while it runs
     stream_after: int | None = None
+    # what this process wrote, remembered for the end-of-run outputs (store/created.py)
+    created: Created | None = None
 
 
 def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None = None) -> RunPaths:
@@ -96,9 +99,10 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
 def _write_tasks(staging: RunPaths, new: NewRun) -> int:
     """Every task into the staged run: pending/ (skipped/), the spool after ``stream_after``."""
     items = map(_descriptor, itertools.count(), new.tasks)
+    created = new.created
     if new.stream_after is None:
-        return write_pending(staging, items)
-    count = write_pending(staging, itertools.islice(items, new.stream_after))
+        return write_pending(staging, items, created)
+    count = write_pending(staging, itertools.islice(items, new.stream_after), created)
     skipped = 0
     edges: list[Edge] = []
 
@@ -118,9 +122,13 @@ def _write_tasks(staging: RunPaths, new: NewRun) -> int:
                 write_skipped(staging, name, blob)
                 skipped += 1
             else:
+                if created is not None and isinstance(item, Encoded):
+                    created.spooled(name, item.name, blob)
                 yield name, blob
 
     spooled = write_spool(staging, rest())
+    if created is not None:
+        created.spool_lines = spooled
     write_edges(staging, edges, durable=False)  # synced with the staged run
     if not spooled:
         staging.enqueue_spool.unlink()

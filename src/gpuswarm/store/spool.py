@@ -28,6 +28,7 @@ from gpuswarm.core import faults
 from gpuswarm.core.events import Ev
 from gpuswarm.core.fsutil import fsync_dir, sync_tree
 from gpuswarm.core.paths import STATES, RunPaths
+from gpuswarm.store.created import Created
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import corrupt_task_id, task_id_of
 
@@ -111,8 +112,10 @@ class Streamer:
         push: Callable[[str], None],
         ledger: Ledger,
         on_error: Callable[[BaseException], None] | None = None,
+        created: Created | None = None,
     ) -> None:
         self.paths = paths
+        self._created = created  # the run this process created: what it writes is remembered
         self._on_error = on_error
         self._push = push
         self._ledger = ledger
@@ -132,7 +135,10 @@ class Streamer:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if stream(self.paths, self._push, self._ledger, self._stop) is not None:
+                if (
+                    stream(self.paths, self._push, self._ledger, self._stop, self._created)
+                    is not None
+                ):
                     return
                 self._stop.wait(RETRY_LOCK_SECONDS)  # another supervisor streams: it may die
         except Exception as exc:  # the spool keeps the rest: the next supervisor writes them
@@ -147,6 +153,7 @@ def streamed(
     push: Callable[[str], None],
     ledger: Ledger,
     stop_run: Callable[[], None],
+    created: Created | None = None,
 ) -> Iterator[None]:
     """While the block runs (a supervisor's loop), the run's spool is moved into pending/ and
     each name handed to ``push`` (its claim heap); stopped when the block ends first (a stop:
@@ -155,7 +162,8 @@ def streamed(
     if not paths.enqueue_spool.exists():
         yield
         return
-    streamer = Streamer(paths, push, ledger, on_error=lambda _: stop_run()).start()
+    streamer = Streamer(paths, push, ledger, on_error=lambda _: stop_run(), created=created)
+    streamer.start()
     try:
         yield
     finally:
@@ -167,6 +175,7 @@ def stream(
     push: Callable[[str], None],
     ledger: Ledger,
     stop: threading.Event | None = None,
+    created: Created | None = None,
 ) -> int | None:
     """Move the spool's tasks into pending/ (``push`` each name once it is there); how many it
     wrote, 0 when there is no spool, None when another live process streams this run (or a
@@ -182,7 +191,7 @@ def stream(
             return None
         if os.fstat(fd).st_nlink == 0:
             return 0  # its holder finished and removed it between our open and our lock
-        written = _write_all(paths, _entries(fh), push, stop)
+        written = _write_all(paths, _entries(fh), push, stop, created)
         if written is None:
             return None
         sync_tree(paths.root)  # every descriptor is on disk before the spool goes
@@ -197,6 +206,7 @@ def _write_all(
     entries: Iterator[tuple[str, bytes]],
     push: Callable[[str], None],
     stop: threading.Event | None,
+    created: Created | None,
 ) -> int | None:
     known = present_ids(paths)
     folder = os.open(paths.state_dir("pending"), os.O_RDONLY | os.O_DIRECTORY)
@@ -208,7 +218,7 @@ def _write_all(
                 continue
             if stop is not None and stop.is_set():
                 return None
-            _write_one(folder, name, blob)
+            _write_one(folder, name, blob, created)
             batch.append(name)
             written += 1
             if len(batch) >= CHUNK:
@@ -226,13 +236,16 @@ def _hand(batch: list[str], push: Callable[[str], None]) -> None:
     batch.clear()
 
 
-def _write_one(folder: int, name: str, blob: bytes) -> None:
-    """Temp file, then rename into pending/: a claim (any supervisor's scan) sees it whole."""
+def _write_one(folder: int, name: str, blob: bytes, created: Created | None = None) -> None:
+    """Temp file, then rename into pending/: a claim (any supervisor's scan) sees it whole.
+    ``created`` remembers the file as written (before the rename: a claim may move it at once)."""
     tmp = f".tmp-{name}.{os.getpid()}.{threading.get_native_id()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = os.open(tmp, flags, 0o644, dir_fd=folder)
     try:
         os.write(fd, blob)
+        if created is not None:
+            created.moved_in(name, fd)
     finally:
         os.close(fd)
     os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)

@@ -15,6 +15,7 @@ from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.blocked import Edge, write_blocked, write_edges
+from gpuswarm.store.created import Created
 from gpuswarm.store.names import descriptor_name
 
 
@@ -26,6 +27,7 @@ class Encoded(NamedTuple):
     seq: int
     task_id: str
     blob: bytes
+    name: str = ""  # the task's name (its row's, store/created.py)
 
 
 def create_layout(paths: RunPaths) -> None:
@@ -48,8 +50,11 @@ def write_skipped(paths: RunPaths, name: str, blob: bytes) -> None:
     atomic_write_bytes(paths.state_dir(State.SKIPPED.value) / name, blob, durable=False)
 
 
-def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | Encoded]) -> int:
-    """Write descriptors into ``pending/`` (``skipped/`` for excluded ones) of a staged run.
+def write_pending(
+    paths: RunPaths, descriptors: Iterable[Descriptor | Encoded], created: Created | None = None
+) -> int:
+    """Write descriptors into ``pending/`` (``skipped/`` for excluded ones) of a staged run;
+    ``created`` remembers the encoded ones (store/created.py).
 
     No per-file fsync: the caller syncs the filesystem once before it makes the staged run
     visible with a rename, so 100k tasks cost one sync, not 100k.
@@ -74,6 +79,8 @@ def write_pending(paths: RunPaths, descriptors: Iterable[Descriptor | Encoded]) 
             fd = os.open(name, flags, 0o644, dir_fd=folder)  # no path to build or walk
             try:
                 os.write(fd, blob)  # a few hundred bytes: one write
+                if created is not None and isinstance(item, Encoded):
+                    created.wrote(name, fd, item.name, blob)
             finally:
                 os.close(fd)
     finally:
