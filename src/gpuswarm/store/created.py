@@ -19,69 +19,93 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 
-Identity = tuple[int, int, int]  # st_ino, st_size, st_mtime_ns of the file as written
+from gpuswarm.core.models import LEASE_SEP
+from gpuswarm.store.names import SEQ
 
 
-def identity(st: os.stat_result) -> Identity:
-    return st.st_ino, st.st_size, st.st_mtime_ns
+def identity(st: os.stat_result) -> int:
+    """One number for a file's inode, size and mtime (never 0: 0 is "not written")."""
+    return hash((st.st_ino, st.st_size, st.st_mtime_ns)) or 1
+
+
+def seq_in(name: str) -> int | None:
+    """The seq of a descriptor's file name without a lease part, None for another name."""
+    digits = name[SEQ]
+    return int(digits) if digits.isdigit() and LEASE_SEP not in name else None
 
 
 class Created:
-    """The descriptors of one run this process created, by file name (see the module)."""
+    """The descriptors of one run this process created, by seq (see the module): a number a
+    task (an array of them, 8 bytes each, and the task's name), not a record: 100,000 tasks
+    cost some 7 MB for the whole run."""
 
-    __slots__ = ("_files", "_lock", "_spooled", "shared", "spool_lines")
+    __slots__ = ("_ids", "_lock", "_names", "_spooled", "shared", "spool_lines")
 
     def __init__(self) -> None:
-        # file name -> (its identity when written, None while only in the spool; task name)
-        self._files: dict[str, tuple[Identity | None, str]] = {}
+        self._ids = array("q")  # by seq: the file's identity when written, 0 while spooled
+        self._names: list[str] = []  # by seq: the task's name
         self._lock = threading.Lock()  # the streamer's thread writes while others read
         self.shared: bytes | None = None  # one of them, whole: the fields they share
-        self._spooled: list[str] = []  # the spool's names, in its order
+        self._spooled: list[str] | None = []  # the spool's file names while it is there
         self.spool_lines: int | None = None  # how many lines the spool was made with
 
     def __len__(self) -> int:
-        return len(self._files)
+        return len(self._names)
+
+    def _add(self, name: str, ident: int, task_name: str, blob: bytes) -> bool:
+        seq = seq_in(name)
+        if seq != len(self._names):  # created in seq order from 0: another is not ours
+            return False
+        self._ids.append(ident)
+        self._names.append(task_name)
+        if self.shared is None:
+            self.shared = blob
+        return True
 
     def wrote(self, name: str, fd: int, task_name: str, blob: bytes) -> None:
         """``name`` was written through ``fd`` (before its close) with ``blob``."""
-        self._files[name] = (identity(os.fstat(fd)), task_name)
-        if self.shared is None:
-            self.shared = blob
+        self._add(name, identity(os.fstat(fd)), task_name, blob)
 
     def spooled(self, name: str, task_name: str, blob: bytes) -> None:
         """``name`` went into the spool (not yet a file)."""
-        self._files[name] = (None, task_name)
-        self._spooled.append(name)
-        if self.shared is None:
-            self.shared = blob
+        if self._add(name, 0, task_name, blob) and self._spooled is not None:
+            self._spooled.append(name)
 
     def moved_in(self, name: str, fd: int) -> None:
         """The streamer wrote spooled ``name`` into pending/ through ``fd`` (the spool's bytes)."""
+        seq = seq_in(name)
         with self._lock:
-            got = self._files.get(name)
-            if got is not None:
-                self._files[name] = (identity(os.fstat(fd)), got[1])
+            if seq is not None and seq < len(self._ids):
+                self._ids[seq] = identity(os.fstat(fd))
+
+    def spool_gone(self) -> None:
+        """Every spooled task is in pending/ and the spool removed: its names are not needed."""
+        self._spooled = None
 
     def name_if_unchanged(self, name: str, folder: int) -> str | None:
-        """The task name of ``name`` in the folder open as ``folder`` when that file is the one
+        """The task name of ``name`` in the folder open as ``folder`` when that file is one
         this process wrote, unchanged; None otherwise (not ours, rewritten, gone)."""
-        got = self._files.get(name)
-        if got is None or got[0] is None:
+        seq = seq_in(name)
+        if seq is None or seq >= len(self._ids) or not (ident := self._ids[seq]):
             return None
         try:
             st = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except OSError:
             return None
-        return got[1] if identity(st) == got[0] else None
+        return self._names[seq] if identity(st) == ident else None
 
     def spool_names(self) -> list[str] | None:
         """The name of every line of the run's spool, None when not every one was
         remembered here (then the spool itself is read)."""
-        return self._spooled if self.spool_lines == len(self._spooled) else None
+        names = self._spooled
+        if names is None:
+            return [] if self.spool_lines is not None else None
+        return names if self.spool_lines == len(names) else None
 
     def spooled_name(self, name: str) -> str | None:
         """The task name of a spooled ``name`` this process created (the spool's line is never
         rewritten), None for another."""
-        got = self._files.get(name)
-        return got[1] if got is not None else None
+        seq = seq_in(name)
+        return self._names[seq] if seq is not None and seq < len(self._names) else None

@@ -198,6 +198,8 @@ def stream(
         ledger.emit(Ev.ENQUEUED, tasks=written)
         paths.enqueue_spool.unlink()
         fsync_dir(paths.parallel)
+        if created is not None:
+            created.spool_gone()
     return written
 
 
