@@ -17,7 +17,7 @@ from gpuswarm.core.redact import env_secret_values
 from gpuswarm.outputs.rowtypes import Row, unattempted_row
 from gpuswarm.outputs.taskrow import TaskRow
 from gpuswarm.store.created import Created
-from gpuswarm.store.names import SEQ, task_id_of
+from gpuswarm.store.names import seq_of, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.spool import present_ids
 
@@ -101,7 +101,7 @@ class CreatedRows:
             metrics=shared.metrics,
             result=shared.result,
             inputs=shared.inputs,
-            seq=int(name[SEQ]),
+            seq=seq_of(name),
             spend=shared.spend,
             repeat=shared.repeat,
         )

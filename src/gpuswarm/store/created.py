@@ -22,7 +22,7 @@ import threading
 from array import array
 
 from gpuswarm.core.models import LEASE_SEP
-from gpuswarm.store.names import SEQ
+from gpuswarm.store.names import seq_of
 
 
 def identity(st: os.stat_result) -> int:
@@ -32,8 +32,8 @@ def identity(st: os.stat_result) -> int:
 
 def seq_in(name: str) -> int | None:
     """The seq of a descriptor's file name without a lease part, None for another name."""
-    digits = name[SEQ]
-    return int(digits) if digits.isdigit() and LEASE_SEP not in name else None
+    seq = seq_of(name)
+    return seq if seq >= 0 and LEASE_SEP not in name else None
 
 
 class Created:

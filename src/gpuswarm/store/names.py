@@ -12,7 +12,6 @@ from gpuswarm.core.models import LEASE_SEP, Lease, base_name
 
 PRIORITY_LIMIT = 4999
 _RANK_SEQ = 14  # 4 digits of rank, 9 of seq, then "_"
-SEQ = slice(4, _RANK_SEQ - 1)  # the seq's digits in a name (one without a lease part)
 
 
 def descriptor_name(priority: int, seq: int, task_id: str) -> str:
@@ -35,7 +34,8 @@ def task_id_of(file_name: str) -> str:
 
 def seq_of(file_name: str) -> int:
     """The submission seq in a queue file's name; -1 for a name without one."""
-    digits = base_name(file_name)[SEQ]
+    stem = base_name(file_name) if LEASE_SEP in file_name else file_name
+    digits = stem[4 : _RANK_SEQ - 1]
     return int(digits) if digits.isdigit() else -1
 
 
