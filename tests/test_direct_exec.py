@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuswarm.config.commands import through_shell
-from gpuswarm.config.direct import SHELL_WORDS, DirectRule, shell_env, shell_pwd
+from gpuswarm.config.direct import _PLAIN, SHELL_WORDS, DirectRule, shell_env, shell_pwd
+from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
+from gpuswarm.core.placeholders import shell_split
 from gpuswarm.config.load import load_command_list
 
 PATH = os.environ.get("PATH", "/usr/bin:/bin")
@@ -103,6 +105,31 @@ def test_plain_lines_go_direct(line: str, argv: list[str] | None) -> None:
 )
 def test_shell_lines_keep_the_shell(line: str) -> None:
     assert RULE.argv(line) is None
+
+
+_SPECIAL = "'\"$`\\|&;<>()*?#~{}\n!é"
+_SEGMENT = st.one_of(
+    st.text(alphabet="ab_ 9\t@%+=:,./-", min_size=1, max_size=5),  # plain outside quotes
+    st.text(alphabet='a $`|;#~*"\\', max_size=4).map(lambda t: f"'{t}'"),  # all literal
+    st.text(alphabet="a_ 9@%+=:,./'-", max_size=4).map(lambda t: f'"{t}"'),
+    st.sampled_from(_SPECIAL),  # anything else: the pattern must refuse it
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_SEGMENT, min_size=1, max_size=6).map("".join))
+def test_a_plain_line_needs_no_syntax_check(line: str) -> None:
+    """DirectRule.argv runs neither shell_syntax nor unclosed_quote on a line its pattern
+    matches: such a line has no construct the shell acts on but a first word NAME=value (which
+    the rule refuses by its ``=``), closes every quote, and splits as shell_split does."""
+    if not _PLAIN.fullmatch(line):
+        return
+    argv = shell_split(line)
+    assert shell_syntax(line) is None or "=" in argv[0]
+    assert unclosed_quote(line) is None
+    got = RULE.argv(line)
+    if got is not None:
+        assert got == argv == shlex.split(line)
 
 
 def test_every_builtin_keeps_the_shell() -> None:

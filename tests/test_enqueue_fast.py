@@ -7,10 +7,13 @@ any command (quotes, unicode, placeholders, --no-shell argument lists) and any s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +27,7 @@ from gpuswarm.core.fsutil import COMPACT, dumps_compact
 from gpuswarm.core.jsontemplate import JsonTemplate, TemplateError, hole
 from gpuswarm.core.models import Descriptor
 from gpuswarm.store.staging import Encoded
-from gpuswarm.supervise.preflight import _first_words
+from gpuswarm.supervise.preflight import _first_words, missing_programs
 
 LINES = [
     'echo "héllo wörld" {config_dir}',
@@ -81,11 +84,18 @@ def test_fingerprint_is_the_long_ways(tmp_path: Path, shell: bool) -> None:
     st.lists(st.text(min_size=1, max_size=20).filter(lambda s: s.strip()), min_size=1, max_size=5)
 )
 def test_template_fills_any_text(values: list[str]) -> None:
-    obj = {"a": hole(0), "b": [1, {"c": hole(1)}], "id": hole(0), "n": hole(2)}
-    template = JsonTemplate(obj, (2, 1, 1), COMPACT.encode)
-    row = (values[0], values[-1], len(values))
-    filled = {"a": row[0], "b": [1, {"c": row[1]}], "id": row[0], "n": row[2]}
-    assert template.fill(row) == COMPACT.encode(filled)
+    obj = {"a": hole(0), "b": [1, {"c": hole(1)}], "id": hole(0), "n": hole(2), "v": hole(3)}
+    spaced = functools.partial(json.dumps, ensure_ascii=False)  # ", " between list items
+    encoders: list[tuple[Callable[[Any], str], bool]] = [(COMPACT.encode, True), (spaced, False)]
+    rows: list[tuple[Any, ...]] = [
+        (values[0], values[-1], len(values), values),  # an argv: joined by the template
+        (values[0], values[-1], values, [1, *values, None]),  # not all strings: the encoder's
+    ]
+    for row in rows:
+        filled = {"a": row[0], "b": [1, {"c": row[1]}], "id": row[0], "n": row[2], "v": row[3]}
+        for dumps, ascii_ in encoders:
+            template = JsonTemplate(obj, (2, 1, 1, 1), dumps, ensure_ascii=ascii_)
+            assert template.fill(row) == dumps(filled)
 
 
 def test_a_value_that_looks_like_a_hole_is_refused() -> None:
@@ -103,3 +113,14 @@ def test_first_word_is_shlexs(command: str) -> None:
     except ValueError:
         expected = None
     assert _first_words(command) == expected
+
+
+@pytest.mark.parametrize("shell", [True, False])
+def test_missing_programs_of_a_command_list_are_the_long_ways(tmp_path: Path, shell: bool) -> None:
+    lines = [*LINES, "no-such-prog-gs a", "no-such-prog-gs b", "./missing.sh", "A=1 x", "$HOME/x"]
+    text = "\n".join(lines * 3) + "\n"
+    loaded = load_command_list(None, text, base_dir=tmp_path, shell=shell, defaults=OPTIONS[2])
+    as_list = [loaded.tasks[i] for i in range(len(loaded.tasks))]  # TaskSpecs: the long way
+    got = missing_programs(loaded.tasks, tmp_path)
+    assert got == missing_programs(as_list, tmp_path)
+    assert got[0]["no-such-prog-gs"] == 6

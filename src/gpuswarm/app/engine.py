@@ -32,7 +32,6 @@ from gpuswarm.app.reconfigure import (
 from gpuswarm.app.setup import Setup, driver_of, new_run, resume_driven
 from gpuswarm.app.slurmdriver import in_allocation, run_in_allocation
 from gpuswarm.config.backends import plugin_of
-from gpuswarm.config.commands import task_dumps
 from gpuswarm.config.load import LoadedConfig
 from gpuswarm.core.errors import (
     ConfigError,
@@ -133,7 +132,7 @@ def _start(
 def _check_programs(loaded: LoadedConfig, count: int, output: Output) -> None:
     """Before anything is created: a run whose every task runs a program that cannot be found
     ends here, with one line naming it; some such tasks get a warning (they will fail)."""
-    missing, _ = missing_programs(task_dumps(loaded.tasks), loaded.base_dir)
+    missing, _ = missing_programs(loaded.tasks, loaded.base_dir)
     if not missing:
         return
     named = ", ".join(f"{p} ({n} task{'s' if n != 1 else ''})" for p, n in sorted(missing.items()))

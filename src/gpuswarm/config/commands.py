@@ -105,20 +105,20 @@ def command_tasks(
     names = name_redactor(opts.env)
     rule = _direct_rule(opts) if direct else None
     for number, line in lines:
-        where = Locator(source, {(): number})
         if "\0" in line:
-            raise where.error(
+            raise Locator(source, {(): number}).error(
                 (), "the command holds a NUL byte, which no argument can carry; remove it"
             )
         try:
             check_command_size(line)
         except ValueError as exc:
-            raise where.error((), str(exc)) from None
+            raise Locator(source, {(): number}).error((), str(exc)) from None
         if "{" in line or "}" in line:
-            check_template(line, allowed, where, (), "the command")
-        command = split_command(line, opts.shell, where, (), shell_hint="drop --no-shell")
-        if rule is not None:
-            command = rule.argv(line) or command
+            check_template(line, allowed, Locator(source, {(): number}), (), "the command")
+        # a direct line closes its quotes (config/direct.py): split_command has nothing to check
+        command = (rule.argv(line) if rule is not None else None) or split_command(
+            line, opts.shell, Locator(source, {(): number}), (), shell_hint="drop --no-shell"
+        )
         name = names.name(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))
     uses = uses_placeholder((line for _, line in lines), "config_dir")

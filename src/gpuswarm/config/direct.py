@@ -23,7 +23,6 @@ import re
 import shutil
 from pathlib import Path
 
-from gpuswarm.config.shellsyntax import shell_syntax
 from gpuswarm.core.placeholders import shell_split
 
 # POSIX special and regular builtins, dash's and bash's common ones, and the reserved words
@@ -115,11 +114,17 @@ class DirectRule:
         self._found: dict[str, bool] = {}
 
     def argv(self, line: str) -> list[str] | None:
-        """The argv ``/bin/sh -c line`` would exec, or None when the line keeps the shell."""
-        if self._path is None or not _PLAIN.fullmatch(line) or shell_syntax(line) is not None:
+        """The argv ``/bin/sh -c line`` would exec, or None when the line keeps the shell.
+
+        A line :data:`_PLAIN` matches closes every quote and holds nothing
+        :func:`~gpuswarm.config.shellsyntax.shell_syntax` acts on but a first word
+        ``NAME=value``, which the ``=`` check refuses (tests/test_direct_exec.py checks this over
+        generated lines), so neither is run per line; one without quotes splits at its blanks
+        (only spaces and tabs can be in it), as :func:`shell_split` would."""
+        if self._path is None or not _PLAIN.fullmatch(line):
             return None
         try:
-            argv = shell_split(line)
+            argv = shell_split(line) if "'" in line or '"' in line else line.split()
         except ValueError:
             return None
         if not argv or "=" in argv[0]:

@@ -33,7 +33,7 @@ class TemplateError(ValueError):
 class JsonTemplate:
     """The text of ``obj`` (built with :func:`hole` values) split around its holes."""
 
-    __slots__ = ("_dumps", "_pieces", "_slots", "_string")
+    __slots__ = ("_dumps", "_lists", "_pieces", "_slots", "_string")
 
     def __init__(
         self,
@@ -68,12 +68,23 @@ class JsonTemplate:
         self._string = encode_basestring_ascii if ensure_ascii else encode_basestring
         if self._string(hole(0)) != dumps(hole(0)):
             raise TemplateError("ensure_ascii does not match the encoder's")
+        # a list of strings (an argv) joined here when the encoder writes lists compactly
+        self._lists = (
+            dumps([hole(0), hole(1)]) == f"[{self._string(hole(0))},{self._string(hole(1))}]"
+        )
 
     def fill(self, values: Sequence[Any]) -> str:
         """The text of the object with hole ``n`` replaced by ``values[n]``."""
         dumps, string, pieces = self._dumps, self._string, self._pieces
         encoded = [
-            string(v) if type(v) is str else str(v) if type(v) is int else dumps(v) for v in values
+            string(v)
+            if type(v) is str
+            else str(v)
+            if type(v) is int
+            else f"[{','.join(map(string, v))}]"
+            if type(v) is list and self._lists and all(type(x) is str for x in v)
+            else dumps(v)
+            for v in values
         ]
         out = [pieces[0]]
         for slot, piece in zip(self._slots, pieces[1:], strict=True):

@@ -28,10 +28,13 @@ import shlex
 import shutil
 import subprocess
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuswarm.config.commands import CommandTasks, task_dumps
+from gpuswarm.config.models import TaskSpec
 from gpuswarm.core.errors import PreflightError
 from gpuswarm.core.logs import cap_log, log_tail
 from gpuswarm.core.paths import RunPaths
@@ -237,7 +240,11 @@ def program_of(task: TaskDump) -> str | None:
     """The program a task dump runs, when it can be told without running anything: the first
     word of its command (of its first simple command, for a shell command); None when it
     depends on a placeholder, a variable or shell syntax."""
-    command = task.get("command")
+    return program_of_command(task.get("command"), bool(task.get("shell")))
+
+
+def program_of_command(command: object, shell: bool) -> str | None:
+    """:func:`program_of` of a task with this ``command`` and ``shell``."""
     word: str | None
     if isinstance(command, list):
         word = str(command[0]) if command else None
@@ -246,7 +253,7 @@ def program_of(task: TaskDump) -> str | None:
         if words is None:
             return None
         word = words[0] if words else None
-        if task.get("shell") and word is not None and "=" in word:
+        if shell and word is not None and "=" in word:
             return None  # an assignment first: VAR=x prog ...
     else:
         return None
@@ -292,15 +299,24 @@ def _found(word: str, cwd: Path, path_var: str | None, shell: bool) -> bool:
     return shutil.which(word, path=path_var) is not None
 
 
-def missing_programs(tasks: Iterable[TaskDump], base_dir: Path) -> tuple[dict[str, int], int]:
+def missing_programs(tasks: Sequence[TaskSpec], base_dir: Path) -> tuple[dict[str, int], int]:
     """``({program: tasks that run it}, tasks checked)`` for programs not found on PATH (or, for
-    a path, not an executable file relative to the task's folder)."""
+    a path, not an executable file relative to the task's folder). A command list's tasks share
+    every field but their command: each program is counted, then looked at once."""
+    groups: Iterable[tuple[TaskDump, str | None, int]]
+    # a plain command list only: a subclass adds fields per dump (--repeats)
+    if isinstance(tasks, CommandTasks) and type(tasks) is CommandTasks:
+        shared = tasks.with_holes()
+        shell = bool(shared.get("shell"))
+        words = Counter(program_of_command(c, shell) for _, _, c in tasks.rows())
+        groups = ((shared, word, n) for word, n in words.items())
+    else:
+        groups = ((task, program_of(task), 1) for task in task_dumps(tasks))
     cache: dict[tuple[str, str, str | None, bool], bool] = {}  # by the task's own cwd text
     missing: dict[str, int] = {}
     checked = 0
     default_path = os.environ.get("PATH")
-    for task in tasks:
-        word = program_of(task)
+    for task, word, n in groups:
         cwd_text = task.get("cwd")
         if word is None or (isinstance(cwd_text, str) and "{" in cwd_text):
             continue
@@ -315,7 +331,7 @@ def missing_programs(tasks: Iterable[TaskDump], base_dir: Path) -> tuple[dict[st
             found = cache[key] = _found(
                 word, cwd if cwd.is_absolute() else base_dir / cwd, path_var, shell
             )
-        checked += 1
+        checked += n
         if not found:
-            missing[word] = missing.get(word, 0) + 1
+            missing[word] = missing.get(word, 0) + n
     return missing, checked
