@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from gpuswarm.config.commands import through_shell
 from gpuswarm.config.direct import _PLAIN, SHELL_WORDS, DirectRule, shell_env, shell_pwd
+from gpuswarm.config.load import load_command_list
 from gpuswarm.config.shellsyntax import shell_syntax, unclosed_quote
 from gpuswarm.core.placeholders import shell_split
-from gpuswarm.config.load import load_command_list
 
 PATH = os.environ.get("PATH", "/usr/bin:/bin")
 RULE = DirectRule(PATH)

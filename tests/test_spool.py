@@ -4,14 +4,20 @@ leaves is counted, and the next stream writes each missing task once, never one 
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuswarm.app.setup import queued
+from gpuswarm.config.commands import CommandTasks
+from gpuswarm.config.load import load_command_list
 from gpuswarm.core import faults
+from gpuswarm.core.errors import QueueError
 from gpuswarm.core.models import State
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.outputs.results import collect
@@ -20,7 +26,8 @@ from gpuswarm.store.names import task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
-from gpuswarm.store.spool import CHUNK, spooled_ids, stream
+from gpuswarm.store.spool import CHUNK, HEADER, HEADER_ROWS, spooled_ids, stream
+from gpuswarm.store.staging import Templated
 
 FIRST = 10
 N = FIRST + 3 * CHUNK + 7
@@ -30,11 +37,69 @@ def _task(i: int) -> dict[str, Any]:
     return {"id": f"t{i:05d}", "name": f"t{i}", "command": "true", "shell": True, "env": {}}
 
 
-@pytest.fixture
-def run(tmp_path: Path) -> Iterator[RunPaths]:
-    new = NewRun("s", tmp_path / "ws", {"name": "s"}, map(_task, range(N)), stream_after=FIRST)
-    yield create_run(new)
+def _templated(tmp_path: Path, n: int) -> Templated:
+    """A command list's tasks with ids t00000.. (one template and its rows, as gpuswarm run
+    makes them: the spool's second layout)."""
+    loaded = load_command_list(None, "true\n", base_dir=tmp_path)
+    assert isinstance(loaded.tasks, CommandTasks)
+    rows: list[tuple[str, str, str | list[str]]] = [
+        (f"t{i:05d}", f"t{i}", "true") for i in range(n)
+    ]
+    tasks = CommandTasks(loaded.tasks.dump(0), rows)
+    templated = queued(replace(loaded, tasks=tasks))
+    assert isinstance(templated, Templated)
+    return templated
+
+
+@pytest.fixture(params=["dumps", "rows"])
+def run(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RunPaths]:
+    """A streamed run in each spool layout: a descriptor per line, or a template and rows."""
+    tasks: Iterable[Any] = (
+        map(_task, range(N)) if request.param == "dumps" else _templated(tmp_path, N)
+    )
+    new = NewRun("s", tmp_path / "ws", {"name": "s"}, tasks, stream_after=FIRST)
+    paths = create_run(new)
+    header = HEADER if request.param == "dumps" else HEADER_ROWS
+    assert paths.enqueue_spool.read_bytes().startswith(header)
+    yield paths
     faults.disarm()
+
+
+def test_the_rows_layout_streams_the_long_ways_bytes(tmp_path: Path) -> None:
+    """Each descriptor streamed from the second layout is the bytes the first would hold,
+    and the spool is a small part of the first's size."""
+    templated = _templated(tmp_path, N)
+    made = {}
+    layouts: list[tuple[str, Iterable[Any]]] = [("rows", templated), ("dumps", list(templated))]
+    for layout, items in layouts:
+        new = NewRun("s", tmp_path / layout, {"name": "s"}, items, stream_after=FIRST)
+        paths = create_run(new)
+        size = paths.enqueue_spool.stat().st_size
+        ledger = Ledger(paths.events)
+        assert stream(paths, lambda _: None, ledger) == N - FIRST
+        ledger.close()
+        pending = paths.state_dir("pending")
+        made[layout] = (size, {n: (pending / n).read_bytes() for n in os.listdir(pending)})
+    assert made["rows"][1] == made["dumps"][1]
+    assert len(made["rows"][1]) == N
+    assert made["rows"][0] * 4 < made["dumps"][0]
+
+
+def test_a_damaged_rows_spool_is_named_not_skipped(tmp_path: Path) -> None:
+    new = NewRun("s", tmp_path / "ws", {"name": "s"}, _templated(tmp_path, N), stream_after=FIRST)
+    paths = create_run(new)
+    lines = paths.enqueue_spool.read_bytes().split(b"\n")
+    lines[2] = lines[2][: len(lines[2]) // 2]  # a row line cut in the middle, its end kept
+    paths.enqueue_spool.write_bytes(b"\n".join(lines))
+    with pytest.raises(
+        QueueError, match=re.escape("enqueue.spool: a streamed enqueue's spool is damaged")
+    ):
+        spooled_ids(paths)
+    ledger = Ledger(paths.events)
+    with pytest.raises(QueueError):
+        stream(paths, lambda _: None, ledger)
+    ledger.close()
+    assert paths.enqueue_spool.is_file()  # kept: nothing is dropped
 
 
 def _ids(paths: RunPaths) -> Counter[str]:

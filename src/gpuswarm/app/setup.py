@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -46,7 +46,7 @@ from gpuswarm.placement.gpus import Slot
 from gpuswarm.store.created import Created
 from gpuswarm.store.runinfo import RunInfo, RunRecord, RunSettings
 from gpuswarm.store.runs import NewRun
-from gpuswarm.store.staging import Encoded
+from gpuswarm.store.staging import Encoded, Templated
 from gpuswarm.supervise.supervisor import SupervisorConfig
 
 
@@ -113,9 +113,10 @@ def new_run(
     return NewRun(loaded.name, loaded.workspace, info, tasks, stream_after=first, created=created)
 
 
-def queued(loaded: LoadedConfig) -> Iterator[TaskDump | Encoded]:
+def queued(loaded: LoadedConfig) -> Iterable[TaskDump | Encoded]:
     """The tasks to enqueue, one at a time (never a copy): a command list's descriptors filled
-    into one encoded template (the same bytes, several times cheaper), others' dumps."""
+    into one encoded template (the same bytes, several times cheaper: a
+    :class:`~gpuswarm.store.staging.Templated`), others' dumps."""
     tasks = loaded.tasks
     # a plain command list only: a subclass adds fields per dump (--repeats: its repeat)
     if type(tasks) is CommandTasks and len(tasks):
@@ -125,7 +126,7 @@ def queued(loaded: LoadedConfig) -> Iterator[TaskDump | Encoded]:
     return task_dumps(tasks)
 
 
-def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
+def _encoded(tasks: CommandTasks) -> Templated | None:
     shared = tasks.with_holes()
     if shared.get("skip_reason"):  # excluded tasks are created skipped: the long way
         return None
@@ -135,12 +136,7 @@ def _encoded(tasks: CommandTasks) -> Iterator[Encoded] | None:
         template = JsonTemplate(raw, (2, 1, 1, 1), COMPACT.encode)
     except TemplateError:
         return None
-    priority = int(shared.get("priority") or 0)
-    rows = tasks.rows()
-    return (
-        Encoded(priority, seq, row[0], template.fill((*row, seq)).encode() + b"\n", row[1])
-        for seq, row in enumerate(rows)
-    )
+    return Templated(template, int(shared.get("priority") or 0), tasks.rows())
 
 
 def _settings(cfg: RunConfig) -> RunSettings:

@@ -62,6 +62,33 @@ class JsonTemplate:
         counted = [slots.count(n) for n in range(len(holes))]
         if counted != list(holes) or any(i in p for p in pieces for i in inner):
             raise TemplateError(f"holes found {counted} times in the encoded object, not {holes}")
+        self._set(pieces, slots, dumps, ensure_ascii)
+
+    @classmethod
+    def of_parts(
+        cls,
+        pieces: Sequence[str],
+        slots: Sequence[int],
+        dumps: Callable[[Any], str],
+        *,
+        ensure_ascii: bool = True,
+    ) -> JsonTemplate:
+        """The template whose :meth:`parts` are these (one kept in a file: store/spool.py)."""
+        if len(pieces) != len(slots) + 1 or not all(type(p) is str for p in pieces):
+            raise TemplateError(f"{len(pieces)} pieces for {len(slots)} holes")
+        if not all(type(n) is int and n >= 0 for n in slots):
+            raise TemplateError(f"hole numbers {list(slots)} are not all counts")
+        out = cls.__new__(cls)
+        out._set(pieces, slots, dumps, ensure_ascii)
+        return out
+
+    def _set(
+        self,
+        pieces: Sequence[str],
+        slots: Sequence[int],
+        dumps: Callable[[Any], str],
+        ensure_ascii: bool,
+    ) -> None:
         self._pieces = tuple(pieces)
         self._slots = tuple(slots)
         self._dumps = dumps
@@ -72,6 +99,15 @@ class JsonTemplate:
         self._lists = (
             dumps([hole(0), hole(1)]) == f"[{self._string(hole(0))},{self._string(hole(1))}]"
         )
+
+    def parts(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """``(pieces, holes)``: the text between the holes, and which hole each one is."""
+        return self._pieces, self._slots
+
+    @property
+    def holes(self) -> int:
+        """How many values a row gives (the highest hole number, plus one)."""
+        return max(self._slots, default=-1) + 1
 
     def fill(self, values: Sequence[Any]) -> str:
         """The text of the object with hole ``n`` replaced by ``values[n]``."""

@@ -73,6 +73,19 @@ class Created:
         if self._add(name, 0, task_name, blob) and self._spooled is not None:
             self._spooled.append(name)
 
+    def spooled_rows(
+        self, start: int, names: list[str], task_names: list[str], first: bytes
+    ) -> None:
+        """Spool lines ``names`` (of tasks ``task_names``, the first's bytes ``first``) went
+        into the spool from seq ``start`` on, in order (store/spool.py's second layout)."""
+        if start != len(self._names) or len(names) != len(task_names) or self._spooled is None:
+            return  # not ours from seq 0 on: spool_names() then says the spool must be read
+        self._ids.extend(array("q", bytes(8 * len(names))))
+        self._names.extend(task_names)
+        if self.shared is None:
+            self.shared = first
+        self._spooled.extend(names)
+
     def moved_in(self, name: str, fd: int) -> None:
         """The streamer wrote spooled ``name`` into pending/ through ``fd`` (the spool's bytes)."""
         seq = seq_in(name)

@@ -37,8 +37,15 @@ from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import descriptor_name, task_id_of
 from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.runinfo import RunRecord
-from gpuswarm.store.spool import write_spool
-from gpuswarm.store.staging import Encoded, create_layout, encoded, write_pending, write_skipped
+from gpuswarm.store.spool import write_rows_spool, write_spool
+from gpuswarm.store.staging import (
+    Encoded,
+    Templated,
+    create_layout,
+    encoded,
+    write_pending,
+    write_skipped,
+)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,13 @@ def _write_tasks(staging: RunPaths, new: NewRun) -> int:
     if new.stream_after is None:
         return write_pending(staging, items, created)
     count = write_pending(staging, itertools.islice(items, new.stream_after), created)
+    if isinstance(new.tasks, Templated):  # a command list's: its template and rows
+        spooled = write_rows_spool(staging, new.tasks, new.stream_after, created)
+        if created is not None:
+            created.spool_lines = spooled
+        if not spooled:
+            staging.enqueue_spool.unlink()
+        return count + spooled
     skipped = 0
     edges: list[Edge] = []
 

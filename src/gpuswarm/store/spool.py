@@ -1,10 +1,15 @@
 """A streamed enqueue: a big new run's first tasks start while the rest is still written.
 
 :func:`gpuswarm.store.runs.create_run` (``stream_after=K``) stages the first K descriptors in
-pending/ and every other task as one line of ``.parallel/enqueue.spool`` (``<name>\\t<descriptor
-JSON>``), syncs once and renames the run into place: from then on every task is durable, the
-spool holding those not yet in pending/. A supervisor of the run (``run``, ``resume``, ``work``;
-one at a time, by a ``flock`` on the spool) moves them into pending/ in chunks
+pending/ and every other task in ``.parallel/enqueue.spool``, syncs once and renames the run
+into place. Two layouts, told apart by the first line: ``gpuswarm-spool 1``, one line per task
+(``<name>\\t<descriptor JSON>``); ``gpuswarm-spool 2``, a command list's (one template,
+:class:`~gpuswarm.store.staging.Templated`): its template's pieces once, then lines of up to
+:data:`ROWS_PER_LINE` rows ``[id, name, command, seq]``, each descriptor the template filled with
+its row (the same bytes: a tenth of the spool to write and sync). From then on every task is
+durable, the spool holding those not yet in pending/. A supervisor of the run (``run``,
+``resume``, ``work``; one at a time, by a ``flock`` on the spool) moves them into pending/ in
+chunks
 (:class:`Streamer`, a thread): each descriptor as a temp file renamed into place, so a claim
 never meets a half-written one, and handed to the supervisor's own claim heap. Once every one
 is there it syncs the run, journals ``enqueued`` and removes the spool (then the supervisor may
@@ -19,20 +24,27 @@ task is lost or written twice. Readers count the spool's tasks as pending
 from __future__ import annotations
 
 import fcntl
+import itertools
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from gpuswarm.core import faults
+from gpuswarm.core.errors import QueueError
 from gpuswarm.core.events import Ev
-from gpuswarm.core.fsutil import fsync_dir, sync_tree
+from gpuswarm.core.fsutil import COMPACT, fsync_dir, sync_tree
+from gpuswarm.core.jsontemplate import JsonTemplate
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.created import Created
 from gpuswarm.store.ledger import Ledger
-from gpuswarm.store.names import corrupt_task_id, task_id_of
+from gpuswarm.store.names import corrupt_task_id, descriptor_name, task_id_of
+from gpuswarm.store.staging import Templated
 
 HEADER = b"gpuswarm-spool 1\n"
+HEADER_ROWS = b"gpuswarm-spool 2\n"  # a template and its rows (write_rows_spool)
+ROWS_PER_LINE = 4096
 CHUNK = 256  # descriptors per chunk: handed to the claim heap together
 RETRY_LOCK_SECONDS = 1.0  # another live supervisor streams: look again this often
 
@@ -49,12 +61,68 @@ def write_spool(paths: RunPaths, entries: Iterable[tuple[str, bytes]]) -> int:
     return count
 
 
-def _entries(fh: Iterable[bytes]) -> Iterator[tuple[str, bytes]]:
-    for line in fh:
+def write_rows_spool(
+    paths: RunPaths, tasks: Templated, start: int, created: Created | None = None
+) -> int:
+    """Write the tasks of ``tasks`` from seq ``start`` on into a staged run's spool in the
+    second layout (no fsync, as :func:`write_spool`); how many. ``created`` remembers them."""
+    rows = tasks.rows
+    if start >= len(rows):
+        return 0
+    pieces, holes = tasks.template.parts()
+    head = {"priority": tasks.priority, "pieces": pieces, "holes": holes}
+    with open(paths.enqueue_spool, "wb", buffering=1 << 20) as fh:
+        fh.write(HEADER_ROWS)
+        fh.write(COMPACT.encode(head).encode() + b"\n")
+        for first in range(start, len(rows), ROWS_PER_LINE):
+            chunk = rows[first : first + ROWS_PER_LINE]
+            line = [[*row, seq] for seq, row in enumerate(chunk, first)]
+            fh.write(COMPACT.encode(line).encode() + b"\n")
+    if created is not None:
+        one = next(itertools.islice(tasks, start, None))
+        priority, rest = tasks.priority, rows[start:]
+        names = [descriptor_name(priority, seq, row[0]) for seq, row in enumerate(rest, start)]
+        created.spooled_rows(start, names, [row[1] for row in rest], one.blob)
+    return len(rows) - start
+
+
+def _entries(fh: Iterable[bytes], blobs: bool = True) -> Iterator[tuple[str, bytes]]:
+    """``(descriptor name, bytes)`` of each spooled task (``blobs`` False: b"" for the bytes of
+    the second layout's, which are never built)."""
+    lines = iter(fh)
+    first = next(lines, b"")
+    if first == HEADER_ROWS:
+        yield from _row_entries(fh, lines, blobs)
+        return
+    for line in itertools.chain((first,), lines):
         if line == HEADER or not line.endswith(b"\n"):
             continue  # the header; a line a crash cut short was never synced: never visible
         name, _, blob = line.partition(b"\t")
         yield name.decode(), blob
+
+
+def _row_entries(
+    fh: Iterable[bytes], lines: Iterator[bytes], blobs: bool
+) -> Iterator[tuple[str, bytes]]:
+    where = getattr(fh, "name", "the spool")
+    try:
+        head = json.loads(next(lines))
+        template = JsonTemplate.of_parts(head["pieces"], head["holes"], COMPACT.encode)
+        priority = int(head["priority"])
+        for line in lines:
+            if not line.endswith(b"\n"):
+                continue  # cut short by a crash: never synced, never visible
+            for task_id, name, command, seq in json.loads(line):
+                file_name = descriptor_name(priority, seq, task_id)
+                blob = (
+                    template.fill((task_id, name, command, seq)).encode() + b"\n" if blobs else b""
+                )
+                yield file_name, blob
+    except (StopIteration, ValueError, KeyError, TypeError) as exc:
+        raise QueueError(
+            f"{where}: a streamed enqueue's spool is damaged ({type(exc).__name__}: {exc}); "
+            "its tasks not yet in pending/ cannot be read: re-add them (gpuswarm add)"
+        ) from None
 
 
 def spooled_ids(paths: RunPaths) -> list[str]:
@@ -64,7 +132,7 @@ def spooled_ids(paths: RunPaths) -> list[str]:
     except FileNotFoundError:
         return []
     with fh:
-        ids = [task_id_of(name) for name, _ in _entries(fh)]
+        ids = [task_id_of(name) for name, _ in _entries(fh, blobs=False)]
     if not ids:
         return []
     known = present_ids(paths)

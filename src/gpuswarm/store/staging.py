@@ -8,10 +8,11 @@ per-file fsync: :func:`gpuswarm.store.runs.create_run` syncs the filesystem once
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from gpuswarm.core.fsutil import atomic_write_bytes, dumps_compact
+from gpuswarm.core.jsontemplate import JsonTemplate
 from gpuswarm.core.models import Descriptor, State
 from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.blocked import Edge, write_blocked, write_edges
@@ -28,6 +29,33 @@ class Encoded(NamedTuple):
     task_id: str
     blob: bytes
     name: str = ""  # the task's name (its row's, store/created.py)
+
+
+Row = tuple[str, str, "str | list[str]"]  # a command list's (id, name, command)
+
+
+class Templated:
+    """A command list's descriptors as one template and a row per task (seq: the row's
+    index): iterated, each :class:`Encoded` in seq order; the spool keeps the template once and
+    the rows (store/spool.py) instead of every descriptor's bytes."""
+
+    __slots__ = ("priority", "rows", "template")
+
+    def __init__(self, template: JsonTemplate, priority: int, rows: Sequence[Row]) -> None:
+        """``template``'s holes: 0 the id, 1 the name, 2 the command, 3 the seq."""
+        if template.holes != 4:
+            raise ValueError(f"a descriptor template has 4 holes, not {template.holes}")
+        self.template = template
+        self.priority = priority
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[Encoded]:
+        fill, priority = self.template.fill, self.priority
+        for seq, row in enumerate(self.rows):
+            yield Encoded(priority, seq, row[0], fill((*row, seq)).encode() + b"\n", row[1])
 
 
 def create_layout(paths: RunPaths) -> None:
