@@ -105,6 +105,14 @@ def create_run(new: NewRun, *, suffix: str | None = None, now: datetime | None =
 
 def _write_tasks(staging: RunPaths, new: NewRun) -> int:
     """Every task into the staged run: pending/ (skipped/), the spool after ``stream_after``."""
+    try:
+        return _write_all(staging, new)
+    finally:
+        if isinstance(new.tasks, Templated):
+            new.tasks.let_go()  # read once, as any iterator of tasks
+
+
+def _write_all(staging: RunPaths, new: NewRun) -> int:
     items = map(_descriptor, itertools.count(), new.tasks)
     created = new.created
     if new.stream_after is None:

@@ -52,6 +52,11 @@ class Templated:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def let_go(self) -> None:
+        """Written: its rows are not kept (a run's whole list, some 25 MB for 100k tasks, would
+        stay with whoever still holds this while the run goes on)."""
+        self.rows = ()
+
     def __iter__(self) -> Iterator[Encoded]:
         fill, priority = self.template.fill, self.priority
         for seq, row in enumerate(self.rows):
