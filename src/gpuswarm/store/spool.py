@@ -79,10 +79,10 @@ def write_rows_spool(
             line = [[*row, seq] for seq, row in enumerate(chunk, first)]
             fh.write(COMPACT.encode(line).encode() + b"\n")
     if created is not None:
-        one = next(itertools.islice(tasks, start, None))
+        one = tasks.template.fill((*rows[start], start)).encode() + b"\n"
         priority, rest = tasks.priority, rows[start:]
         names = [descriptor_name(priority, seq, row[0]) for seq, row in enumerate(rest, start)]
-        created.spooled_rows(start, names, [row[1] for row in rest], one.blob)
+        created.spooled_rows(start, names, [row[1] for row in rest], one)
     return len(rows) - start
 
 
