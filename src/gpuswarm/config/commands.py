@@ -104,20 +104,24 @@ def command_tasks(
     rows: list[Row] = []
     names = name_redactor(opts.env)
     rule = _direct_rule(opts) if direct else None
+
+    def at(number: int) -> Locator:  # made only where it is needed: 100k lines are checked
+        return Locator(source, {(): number})
+
     for number, line in lines:
         if "\0" in line:
-            raise Locator(source, {(): number}).error(
+            raise at(number).error(
                 (), "the command holds a NUL byte, which no argument can carry; remove it"
             )
         try:
             check_command_size(line)
         except ValueError as exc:
-            raise Locator(source, {(): number}).error((), str(exc)) from None
+            raise at(number).error((), str(exc)) from None
         if "{" in line or "}" in line:
-            check_template(line, allowed, Locator(source, {(): number}), (), "the command")
+            check_template(line, allowed, at(number), (), "the command")
         # a direct line closes its quotes (config/direct.py): split_command has nothing to check
         command = (rule.argv(line) if rule is not None else None) or split_command(
-            line, opts.shell, Locator(source, {(): number}), (), shell_hint="drop --no-shell"
+            line, opts.shell, at(number), (), shell_hint="drop --no-shell"
         )
         name = names.name(line)[:NAME_MAX]  # names are written and shown: no tokens
         rows.append((f"cmd-{number:0{width}d}", name, command))

@@ -9,9 +9,8 @@ into place. Two layouts, told apart by the first line: ``gpuswarm-spool 1``, one
 its row (the same bytes: a tenth of the spool to write and sync). From then on every task is
 durable, the spool holding those not yet in pending/. A supervisor of the run (``run``,
 ``resume``, ``work``; one at a time, by a ``flock`` on the spool) moves them into pending/ in
-chunks
-(:class:`Streamer`, a thread): each descriptor as a temp file renamed into place, so a claim
-never meets a half-written one, and handed to the supervisor's own claim heap. Once every one
+chunks (:class:`Streamer`, a thread): each descriptor as a temp file renamed into place, so a
+claim never meets a half-written one, and handed to the supervisor's own claim heap. Once every one
 is there it syncs the run, journals ``enqueued`` and removes the spool (then the supervisor may
 end: it never ends while the spool is there).
 
@@ -40,7 +39,7 @@ from gpuswarm.core.paths import STATES, RunPaths
 from gpuswarm.store.created import Created
 from gpuswarm.store.ledger import Ledger
 from gpuswarm.store.names import corrupt_task_id, descriptor_name, task_id_of
-from gpuswarm.store.staging import Templated
+from gpuswarm.store.staging import Templated, filled
 
 HEADER = b"gpuswarm-spool 1\n"
 HEADER_ROWS = b"gpuswarm-spool 2\n"  # a template and its rows (write_rows_spool)
@@ -79,7 +78,7 @@ def write_rows_spool(
             line = [[*row, seq] for seq, row in enumerate(chunk, first)]
             fh.write(COMPACT.encode(line).encode() + b"\n")
     if created is not None:
-        one = tasks.template.fill((*rows[start], start)).encode() + b"\n"
+        one = filled(tasks.template, rows[start], start)
         priority, rest = tasks.priority, rows[start:]
         names = [descriptor_name(priority, seq, row[0]) for seq, row in enumerate(rest, start)]
         created.spooled_rows(start, names, [row[1] for row in rest], one)
@@ -113,11 +112,8 @@ def _row_entries(
             if not line.endswith(b"\n"):
                 continue  # cut short by a crash: never synced, never visible
             for task_id, name, command, seq in json.loads(line):
-                file_name = descriptor_name(priority, seq, task_id)
-                blob = (
-                    template.fill((task_id, name, command, seq)).encode() + b"\n" if blobs else b""
-                )
-                yield file_name, blob
+                blob = filled(template, (task_id, name, command), seq) if blobs else b""
+                yield descriptor_name(priority, seq, task_id), blob
     except (StopIteration, ValueError, KeyError, TypeError) as exc:
         raise QueueError(
             f"{where}: a streamed enqueue's spool is damaged ({type(exc).__name__}: {exc}); "

@@ -34,6 +34,11 @@ class Encoded(NamedTuple):
 Row = tuple[str, str, "str | list[str]"]  # a command list's (id, name, command)
 
 
+def filled(template: JsonTemplate, row: Sequence[object], seq: int) -> bytes:
+    """The descriptor file's bytes of a command list's task: ``row`` and ``seq`` put in."""
+    return template.fill((*row, seq)).encode() + b"\n"
+
+
 class Templated:
     """A command list's descriptors as one template and a row per task (seq: the row's
     index): iterated, each :class:`Encoded` in seq order; the spool keeps the template once and
@@ -58,9 +63,9 @@ class Templated:
         self.rows = ()
 
     def __iter__(self) -> Iterator[Encoded]:
-        fill, priority = self.template.fill, self.priority
+        template, priority = self.template, self.priority
         for seq, row in enumerate(self.rows):
-            yield Encoded(priority, seq, row[0], fill((*row, seq)).encode() + b"\n", row[1])
+            yield Encoded(priority, seq, row[0], filled(template, row, seq), row[1])
 
 
 def create_layout(paths: RunPaths) -> None:

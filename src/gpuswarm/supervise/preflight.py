@@ -305,7 +305,7 @@ def missing_programs(tasks: Sequence[TaskSpec], base_dir: Path) -> tuple[dict[st
     every field but their command: each program is counted, then looked at once."""
     groups: Iterable[tuple[TaskDump, str | None, int]]
     # a plain command list only: a subclass adds fields per dump (--repeats)
-    if isinstance(tasks, CommandTasks) and type(tasks) is CommandTasks:
+    if type(tasks) is CommandTasks:
         shared = tasks.with_holes()
         shell = bool(shared.get("shell"))
         words = Counter(program_of_command(c, shell) for _, _, c in tasks.rows())
