@@ -350,7 +350,8 @@ def test_only_the_ray_backend_imports_ray() -> None:
 # who runs or inspects processes, and why (the backends run the tasks; the others run no task)
 PROCESS_MODULES = {
     # the backends: a task's processes
-    "gpuswarm.exec.local.process": "one attempt: Popen, psutil on its tree",
+    "gpuswarm.exec.local.process": "one attempt: psutil on its tree",
+    "gpuswarm.exec.local.programs": "an attempt's Popen (its program from a kept PATH search)",
     "gpuswarm.exec.local.tree": "the subreaper's table: kill trees, the sweep",
     "gpuswarm.exec.local.keeper": "the log keeper, a helper process",
     "gpuswarm.exec.local.spawn": "an attempt's spawn and its end classified",
@@ -513,7 +514,7 @@ def test_the_checks_see_raw_reads_and_process_imports() -> None:
     known = modules()
     assert raw_kind_reads(known["gpuswarm.core.events"])  # kind_of: data.get("ev")
     assert raw_reads_in(ast.walk(ast.parse('task = desc.raw.get("id")')))
-    assert "gpuswarm.exec.local.process" in importers_of("subprocess")
+    assert "gpuswarm.exec.local.programs" in importers_of("subprocess")
 
 
 def raw_descriptor_reads(mod: Module) -> list[int]:

@@ -118,5 +118,9 @@ def test_a_group_commit_fences_each_move_and_journals_only_what_it_put_in_place(
         "after t2",
     ]
     assert sorted(queue.names(State.DONE)) == sorted([claims[0].name, claims[2].name])
-    assert os.listdir(running) == [taken.name]  # not re-created, no temp file left
+    kept = [n for n in os.listdir(running) if n != taken.name]  # not re-created
+    assert all(n.startswith(".tmp-") for n in kept)  # swapped-out files kept to be written again
+    assert len(kept) == (2 if mode == "exchange" else 0)
+    queue.drop_spares()
+    assert os.listdir(running) == [taken.name]  # no temp file left
     assert "moved_from" not in (queue.read(State.RUNNING, taken.name) or {})

@@ -114,7 +114,8 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 
 def running_leases(run_dir: Path) -> list[str]:
-    return [p.name for p in (run_dir / ".parallel" / "running").iterdir() if "@" in p.name]
+    running = run_dir / ".parallel" / "running"  # leases; not a temp file of a write (".tmp-")
+    return [p.name for p in running.iterdir() if "@" in p.name and not p.name.startswith(".")]
 
 
 # -- processes ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import ctypes.util
 import errno
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -64,17 +65,98 @@ def write_temp(
     """``data`` in ``path``'s temp file (``.tmp-<name>.<pid>.<thread>`` beside it), fsynced when
     ``durable``; the caller renames it over ``path``. ``exclusive``: created with ``O_EXCL``
     (a leftover of this thread that a crash cut short is removed first)."""
-    tmp = path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
+    tmp = temp_path(path)
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
     try:
         fd = os.open(tmp, flags, mode)
     except FileExistsError:  # exclusive: a write of this thread that a crash cut short
         tmp.unlink()
         fd = os.open(tmp, flags, mode)
+    _fill(fd, tmp, data, durable=durable)
+    return tmp
+
+
+def temp_path(path: Path) -> Path:
+    """``path``'s temp file as :func:`write_temp` names it (``.tmp-<name>.<pid>.<thread>``)."""
+    return path.parent / f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}"
+
+
+class Spares:
+    """One thread's exchanged-out files, written again as its next temp files.
+
+    A fenced save swaps its temp file with the lease (``RENAME_EXCHANGE``): the temp name then
+    holds the lease's old inode. Unlinking it frees an inode per save, and on ext4 without a
+    journal every later file creation in that folder's group first walks past each inode freed
+    in the last minutes (``recently_deleted``): a cost that grows with the run (measured in
+    BENCHMARKS.md). So a group commit keeps the old inode instead and writes its next temp
+    file into it: renamed to the new temp name, opened without following a link, checked to be
+    a regular file with one link (a file planted there is never written through; it is
+    unlinked and a new temp file made), overwritten, and cut to its new length where that is
+    shorter (the one block of a descriptor is kept, not freed). :meth:`drop` removes what is
+    left; a crash leaves them as a dead writer's temp files, which recovery removes as any."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self._paths: list[Path] = []
+
+    def write(self, path: Path, data: bytes) -> Path:
+        """``data`` in ``path``'s temp file, not fsynced (the group's flush does that)."""
+        tmp = temp_path(path)
+        while self._paths:
+            reused = self._reuse(self._paths.pop(), tmp)
+            if reused is None:
+                continue
+            fd, size = reused
+            _fill(fd, tmp, data, durable=False, old_size=size)
+            return tmp
+        return write_temp(path, data, durable=False, exclusive=True)
+
+    @staticmethod
+    def _reuse(spare: Path, tmp: Path) -> tuple[int, int] | None:
+        try:
+            os.rename(spare, tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # gone, or a symlink put there (ELOOP): a new temp file instead
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return None
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd, st.st_size
+        os.close(fd)  # another file's second name: never written through
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
+
+    def keep(self, spare: Path) -> None:
+        """``spare`` (a swapped-out file) is this thread's to write again."""
+        if len(self._paths) < self.LIMIT:
+            self._paths.append(spare)
+        else:
+            spare.unlink(missing_ok=True)
+
+    def drop(self) -> None:
+        """Remove every kept file."""
+        paths, self._paths = self._paths, []
+        for spare in paths:
+            with contextlib.suppress(OSError):
+                spare.unlink()
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+
+def _fill(fd: int, tmp: Path, data: bytes, *, durable: bool, old_size: int = 0) -> None:
+    """Write ``data`` into ``tmp`` (open as ``fd``, closed here) from its start, cut to its
+    length where the file held more (``old_size``), fsynced when ``durable``; on any error the
+    temp file is removed and the error raised."""
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+        if old_size > len(data):  # a shorter descriptor than the one it held
+            os.ftruncate(fd, len(data))
         if durable:
             os.fsync(fd)
     except BaseException:
@@ -83,7 +165,6 @@ def write_temp(
             tmp.unlink()
         raise
     os.close(fd)
-    return tmp
 
 
 def sync_files(paths: list[Path]) -> None:
@@ -160,11 +241,12 @@ def _syncfs() -> Any:
 _SYNCFS = _syncfs()
 
 
-def replace_existing(tmp: Path, path: Path) -> None:
+def replace_existing(tmp: Path, path: Path, spares: Spares | None = None) -> None:
     """Put ``tmp`` in place of ``path`` only if ``path`` exists; never create ``path``.
 
     With ``renameat2(RENAME_EXCHANGE)`` (Linux 3.15+, ext4/xfs/btrfs/tmpfs...) the check and the
-    replacement are one atomic step; ``tmp`` then holds the old content and is removed. Where
+    replacement are one atomic step; ``tmp`` then holds the old content and is removed (kept in
+    ``spares``, when given, to be written again: see :class:`Spares`). Where
     the exchange is not supported the fallback checks, then renames: a rename away in between
     (microseconds) is not detected there (a documented limit). ``tmp`` is removed and
     FileNotFoundError raised when ``path`` is gone.
@@ -172,7 +254,10 @@ def replace_existing(tmp: Path, path: Path) -> None:
     if _RENAMEAT2 is not None and _exchange_supported != [False]:
         rc = _RENAMEAT2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE)
         if rc == 0:
-            tmp.unlink()
+            if spares is not None:
+                spares.keep(tmp)  # the lease's old inode: written again, not freed
+            else:
+                tmp.unlink()
             return
         err = ctypes.get_errno()
         if err == errno.ENOENT:

@@ -13,7 +13,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gpuswarm.agents.pricing import over_max_usd, usage_fields
-from gpuswarm.config.direct import shell_env
 from gpuswarm.config.models import TaskSpec
 from gpuswarm.config.render import render_command, render_cwd, render_env
 from gpuswarm.core.metrics import (
@@ -27,8 +26,9 @@ from gpuswarm.core.models import AttemptRecord, EndKind, State
 from gpuswarm.core.paths import RunPaths, host_slug
 from gpuswarm.core.placeholders import render
 from gpuswarm.core.taskfiles import inside, open_beneath, open_regular, same_bytes
+from gpuswarm.exec.attemptenv import EnvOf, Identity, attempt_env
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
-from gpuswarm.placement.gpus import Slot, isolation_env
+from gpuswarm.placement.gpus import Slot
 
 
 @dataclass
@@ -78,25 +78,23 @@ def launch_spec_for(
     ``inherited``: the supervisor's own environment (what ``base_env`` starts from); a variable
     set or changed over it is the attempt's own (``own_env``: what a container is given).
     ``home``: the slot's private HOME, when it has one (a container sees it at the same path)."""
-    env = dict(base_env)
-    env.update(render_env(task, values))
-    env.update(isolation_env(slot, gpu_ids))
-    env.update(
-        GPUSWARM_RUN_DIR=str(paths.root),
-        GPUSWARM_TASK_ID=task.id,
-        GPUSWARM_TASK_NAME=task.name,
-        GPUSWARM_TASK_WORKSPACE=values["workspace"],
-        GPUSWARM_ATTEMPT=str(n),
-        GPUSWARM_OWNER=owner,
-        GPUSWARM_SLOT_ID=slot.label,  # unique in the run: <host>-gpu3, <host>-gpu3.1
-    )
-    if "task_dir" in task.vars:
-        env["GPUSWARM_TASK_DIR"] = task.vars["task_dir"]
     start = inherited if inherited is not None else {}
     workspace = paths.task_dir(task.id)
     cwd = render_cwd(task, values, base_dir)
-    if task.shell and isinstance(task.command, list):  # run direct: the env /bin/sh passes on
-        env = shell_env(env, str(cwd))
+    ident = Identity(
+        run_dir=str(paths.root),
+        task_id=task.id,
+        name=task.name,
+        workspace=values["workspace"],
+        attempt=str(n),
+        owner=owner,
+        task_dir=task.vars.get("task_dir"),
+    )
+    direct = task.shell and isinstance(task.command, list)  # run direct: sh's env
+    task_env = render_env(task, values) if task.env else {}
+    env, own = attempt_env(
+        EnvOf(base_env, task_env, slot, gpu_ids, ident, str(cwd) if direct else None, start)
+    )
     return LaunchSpec(
         argv=render_command(task, values),
         env=env,
@@ -108,7 +106,7 @@ def launch_spec_for(
         devices=slot.devices_of(gpu_ids),
         vendor=slot.vendor,
         binds=(workspace,) if home is None else (workspace, home),
-        own_env=frozenset(k for k, _ in env.items() - start.items()),  # set or changed
+        own_env=own,  # set or changed over the supervisor's
         identity={"kind": "attempt", "task": task.id, "attempt": str(n), "slot": slot.label},
     )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuswarm.core import faults
-from gpuswarm.core.fsutil import replace_existing, sync_files
+from gpuswarm.core.fsutil import Spares, replace_existing, sync_files
 from gpuswarm.core.models import State
 from gpuswarm.store.claimed import Claimed
 
@@ -39,16 +39,17 @@ class Grouped:
 Moved = Callable[["Claimed", State, "Callable[[], object] | None"], object]
 
 
-def commit_group(group: list[Grouped], moved: Moved) -> None:
+def commit_group(group: list[Grouped], moved: Moved, spares: Spares | None = None) -> None:
     """Flush the group's saved descriptors, then put each in place and ``moved`` it (journal,
-    rename); each move's ``after`` runs once it is made."""
+    rename); each move's ``after`` runs once it is made. ``spares`` keeps the swapped-out
+    files to be written again (no inode freed per move: see :class:`~.fsutil.Spares`)."""
     if not group:
         return
     sync_files([item.tmp for item in group])
     faults.point("queue.group.synced", count=len(group))
     for item in group:
         try:
-            replace_existing(item.tmp, item.claimed.path)
+            replace_existing(item.tmp, item.claimed.path, spares)
         except FileNotFoundError:  # the lease is gone: nothing of it written or journaled
             item.lost()
             continue

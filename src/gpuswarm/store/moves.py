@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuswarm.core import faults
 from gpuswarm.core.errors import LeaseLostError
-from gpuswarm.core.fsutil import DirSyncer, atomic_write_bytes, dumps_compact, write_temp
+from gpuswarm.core.fsutil import DirSyncer, Spares, atomic_write_bytes, dumps_compact
 from gpuswarm.core.models import State
 from gpuswarm.store.claimed import Claimed
 from gpuswarm.store.groupcommit import Grouped, commit_group
@@ -27,7 +27,7 @@ class QueueMoves(QueueBase):
     # DirQueue's, made once in its __init__
     _state_paths: dict[str, Path]  # each state folder
     _dir_sync: DirSyncer  # slots finishing together share the folder fsync
-    _local: threading.local  # .dirs: folders whose fsync a batch defers; .group
+    _local: threading.local  # .dirs: folders whose fsync a batch defers; .group; .spares
 
     def save(self, claimed: Claimed) -> None:
         """Write the claimed descriptor's data in place (temp + fsync + rename), fenced: only
@@ -77,7 +77,7 @@ class QueueMoves(QueueBase):
         group: list[Grouped] | None = getattr(self._local, "group", None)
         if group is not None and after is not None and lost is not None and self.durable:
             data = dumps_compact(claimed.data)
-            tmp = write_temp(claimed.path, data, durable=False, exclusive=True)
+            tmp = self._spares().write(claimed.path, data)  # a kept inode, else a new one
             faults.point("fsutil.temp_written", path=claimed.path, data=data)
             group.append(Grouped(claimed, state, tmp, announce, after, lost))
             return self._state_paths[state.value] / claimed.name
@@ -121,7 +121,20 @@ class QueueMoves(QueueBase):
             yield
         finally:
             self._local.group = None
-            commit_group(group, self._moved)
+            commit_group(group, self._moved, self._spares())
+
+    def _spares(self) -> Spares:
+        """This thread's swapped-out files, to be written again (:class:`~.fsutil.Spares`)."""
+        spares: Spares | None = getattr(self._local, "spares", None)
+        if spares is None:
+            spares = self._local.spares = Spares()
+        return spares
+
+    def drop_spares(self) -> None:
+        """Remove the files this thread's group commits kept (its last batch is made)."""
+        spares: Spares | None = getattr(self._local, "spares", None)
+        if spares is not None:
+            spares.drop()
 
     @contextlib.contextmanager
     def batched_dir_syncs(self) -> Iterator[None]:

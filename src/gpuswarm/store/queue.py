@@ -80,7 +80,7 @@ class DirQueue(QueueMoves, QueueHolds, QueueRetries, QueueBatches):
         self._dir_sync = DirSyncer()  # slots finishing together share the folder fsync
         self._state_paths = {state: paths.state_dir(state) for state in STATES}  # made once
         self._added_path = str(paths.added_marker)  # a str, made once: one stat per claim
-        self._local = threading.local()  # .dirs: folders whose fsync a batch defers; .group
+        self._local = threading.local()  # .dirs: fsyncs a batch defers; .group; .spares
 
     # -- submitting ----------------------------------------------------------------------------
     @staticmethod

@@ -14,6 +14,7 @@ done for sure before the cancel took effect stays done.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue as threadq
 import time
@@ -88,6 +89,13 @@ class Committer:
     # -- the committer thread ----------------------------------------------------------------------
     def serve(self) -> None:
         """Commit the outcomes the loop queued, in batches: one folder fsync per batch."""
+        try:
+            self._serve()
+        finally:
+            with contextlib.suppress(OSError):
+                self.run.queue.drop_spares()  # the files its group commits kept
+
+    def _serve(self) -> None:
         done = False
         while not done:
             item = self._queue.get()

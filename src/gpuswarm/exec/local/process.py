@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 import uuid
 
@@ -23,6 +22,7 @@ import psutil
 from gpuswarm.core.logs import LogPump
 from gpuswarm.core.models import EndKind
 from gpuswarm.exec.base import AttemptEnd, LaunchSpec
+from gpuswarm.exec.local.programs import popen
 from gpuswarm.exec.local.spawn import (
     LOG_FLAGS,
     PUMPED_LOG_FLAGS,
@@ -126,17 +126,7 @@ class Attempt(AttemptState):
         with REGISTRY.lock:
             REGISTRY.launching += 1
         try:
-            self._popen = subprocess.Popen(
-                self.spec.argv,
-                env=env,
-                cwd=self.spec.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=keep,
-            )
+            self._popen = popen(self.spec.argv, env, self.spec.cwd, log, keep)
         except (OSError, ValueError, TypeError) as exc:
             self._close()
             return spawn_failure(exc, self.spec)
