@@ -215,3 +215,15 @@ def test_view_writes_through() -> None:
     desc.note_interrupted()
     desc.fresh_budget()
     assert desc.raw["budget_from"] == 1 and desc.interruptions == 1 and desc.attempts_used == 0
+
+
+def test_host_slug_follows_a_changed_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slug is kept per name, the name asked each time: a renamed host is seen at once."""
+    import socket
+
+    from gpuswarm.core.paths import host_slug
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node a.example")
+    assert host_slug() == host_slug() == "node-a.example"
+    monkeypatch.setattr(socket, "gethostname", lambda: "b")
+    assert host_slug() == "b"

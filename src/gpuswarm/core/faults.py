@@ -80,6 +80,12 @@ _armed: dict[str, list[_Armed]] = {}
 _lock = threading.Lock()
 
 
+def armed() -> bool:
+    """Whether any fault is armed: a hot path's point whose context costs a dict per call
+    (``point(name, **record)``) is skipped without building it when none is."""
+    return bool(_armed)
+
+
 def point(name: str, /, **ctx: Any) -> None:
     """Mark the fault point ``name`` (declared in POINTS); fires an armed fault that matches."""
     if _armed:

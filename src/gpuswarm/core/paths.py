@@ -34,9 +34,21 @@ def slugify(text: str, max_len: int = 100) -> str:
     return slug or "task"
 
 
+_host: tuple[str, str] = ("", "")  # the last host name asked about, and its slug
+
+
 def host_slug() -> str:
-    """This machine's host name as slot ids and lease owners spell it (``<host>-gpu3``)."""
-    return slugify(socket.gethostname(), 60)
+    """This machine's host name as slot ids and lease owners spell it (``<host>-gpu3``);
+    asked of the system each time (it may change), slugged once per name (every attempt's
+    record asks)."""
+    global _host
+    name = socket.gethostname()
+    last = _host
+    if last[0] == name and name:
+        return last[1]
+    slug = slugify(name, 60)
+    _host = (name, slug)
+    return slug
 
 
 def check_task_id(task_id: str) -> str:
