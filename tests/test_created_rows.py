@@ -122,3 +122,28 @@ def test_a_run_this_process_did_not_create_is_read(
     read = _reads(monkeypatch)
     _tsv(paths, Created())  # an empty record: nothing known, everything read
     assert len(read) == 5
+
+
+def test_descriptors_a_group_commit_wrote_into_kept_inodes_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committer's group commit writes a saved descriptor into an inode a move before it
+    swapped out (fsutil.Spares): a created task's file may then be another task's old inode,
+    or its own, rewritten. Every such file is read, and the rows are the long way's."""
+    paths, created = _run(tmp_path, 16, None)
+    queue = DirQueue(paths, durable=True)
+    # back to pending, then done (the same tasks: claimed first), one task a group and then
+    # four: the first task's done file is its own first inode, written again
+    for round_, size in enumerate((1, 1, 4, 4)):
+        claims = [c for i in range(size) if (c := queue.claim("host:1:2", i)) is not None]
+        state = State.PENDING if round_ % 2 == 0 else State.DONE
+        with queue.grouped_commit():
+            for c in claims:
+                queue.move(c, state, None, after=lambda: None, lost=lambda: None)
+    queue.drop_spares()
+    assert len(queue.names(State.DONE)) == 5
+    read = _reads(monkeypatch)
+    fast = _tsv(paths, created)
+    monkeypatch.undo()
+    assert fast == _tsv(paths, None)
+    assert sorted(read) == sorted(queue.names(State.DONE))  # none of the 11 never claimed

@@ -8,10 +8,13 @@ moved from the spool into pending/ by its :class:`~gpuswarm.store.spool.Streamer
 identity when written (inode, size, mtime) and the task's name; and one descriptor's bytes, the
 shared part. :func:`gpuswarm.outputs.results.collect` stats each file it lists: one whose
 identity is unchanged holds the bytes written, so its row is the shared one with its id, name,
-seq and state; any other is read from disk as before. Every change of a descriptor is a new file
-(temp + rename: a new inode) and a move keeps the file (a rename: the same inode, size and
-mtime, and the same bytes), so a rewrite by anyone (this process, another host's supervisor, a
-queue verb) is read, never taken from here. A spooled task never written into pending/ yet is
+seq and state; any other is read from disk as before. Every change of a descriptor writes a
+file that is then renamed in (a new inode, or in a committer's group commit an inode another
+move swapped out, the task's own first one included: written again, so a new mtime and, with
+the attempt it gained, a new size; the identity is all three, never the inode alone), and a
+move keeps the file (a rename: the same inode, size and mtime, and the same bytes), so a
+rewrite by anyone (this process, another host's supervisor, a queue verb) is read, never taken
+from here. A spooled task never written into pending/ yet is
 the spool's line as created.
 """
 
