@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -340,6 +342,18 @@ def test_only_the_nvml_door_imports_the_gpu_libraries() -> None:
 def test_the_check_sees_import_module_by_name() -> None:
     # placement/nvml.py loads pynvml by importlib.import_module("pynvml")
     assert "gpuswarm.placement.nvml" in importers_of("pynvml")
+
+
+def test_a_run_loads_no_rich() -> None:
+    """`gpuswarm run` (and the supervisor, its notifier's journal follower) loads rich only to
+    print a view (issue 31: start-up time); a fresh interpreter imports the run's modules."""
+    code = (
+        "import sys, gpuswarm.cli.supervise, gpuswarm.app.engine, gpuswarm.notify.notifier\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_only_the_ray_backend_imports_ray() -> None:

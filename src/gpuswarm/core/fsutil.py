@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import json
 import os
@@ -221,18 +220,21 @@ _RENAME_EXCHANGE = 2
 _exchange_supported: list[bool] = []  # [] unknown, [False] after the kernel or fs refused it
 
 
-def _renameat2() -> Any:
-    name = ctypes.util.find_library("c")
-    func = getattr(ctypes.CDLL(name, use_errno=True), "renameat2", None) if name else None
-    return func
+def _libc_function(name: str) -> Any:
+    """The C library's ``name`` (None where it has none), from the symbols this process has
+    loaded (``dlopen(NULL)``): the interpreter's own C library, with no ``ldconfig`` run to
+    find it (``ctypes.util.find_library`` spawns one: milliseconds of every start)."""
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    except OSError:
+        return None
 
 
-_RENAMEAT2 = _renameat2()
+_RENAMEAT2 = _libc_function("renameat2")
 
 
 def _syncfs() -> Any:
-    name = ctypes.util.find_library("c")
-    func = getattr(ctypes.CDLL(name, use_errno=True), "syncfs", None) if name else None
+    func = _libc_function("syncfs")
     if func is not None:
         func.argtypes = [ctypes.c_int]
     return func
@@ -321,15 +323,11 @@ def read_json(path: Path) -> Any:
 
 def sync_tree(path: Path) -> None:
     """Flush every file written under ``path`` to disk: syncfs(2) where available, else sync(2)."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        syncfs = getattr(libc, "syncfs", None)
-        if syncfs is not None:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                if syncfs(fd) == 0:
-                    return
-            finally:
-                os.close(fd)
+    if _SYNCFS is not None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _SYNCFS(fd) == 0:
+                return
+        finally:
+            os.close(fd)
     os.sync()

@@ -19,7 +19,6 @@ from gpuswarm.outputs.spend import seed_view
 from gpuswarm.store.ledger import EventTail
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import open_run
-from gpuswarm.ui.table import LiveView, shown
 from gpuswarm.ui.terminal import PlainReporter, is_terminal, paused_now
 
 POLL_SECONDS = 0.25
@@ -58,6 +57,8 @@ class Follower:
 
 def watch(run_dir: Path, *, stream: TextIO, plain: bool = False, once: bool = False) -> int:
     """Follow the run until no supervisor is live; exit code 0 when every task is done."""
+    from gpuswarm.ui.table import LiveView, shown  # rich: here (the notifier's Follower is not)
+
     paths, info = open_run(run_dir)
     follower = Follower(paths)
     reader, state = follower.reader, follower.view
