@@ -36,6 +36,8 @@ def main() -> int:
         while left and not stop.exists():
             now = time.monotonic()
             for name in os.listdir(running):
+                if name.startswith("."):  # a temp file of a write, no lease
+                    continue
                 tid = task_id_of(name)
                 if tid in left and tid not in due:
                     due[tid] = now + plan[tid]

@@ -38,7 +38,8 @@ POINTS = {
 
 def _running(run_dir: Path, task: str) -> bool:
     running = run_dir / ".parallel" / "running"
-    return running.is_dir() and any(f"_{task}.json@" in n for n in os.listdir(running))
+    names = os.listdir(running) if running.is_dir() else []  # leases, not temp files (".tmp-")
+    return any(f"_{task}.json@" in n and not n.startswith(".") for n in names)
 
 
 @pytest.mark.parametrize("point", list(POINTS.values()), ids=list(POINTS))

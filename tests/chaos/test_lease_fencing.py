@@ -128,7 +128,7 @@ def test_a_stalled_supervisor_commits_nothing_another_host_reclaimed(
     # the run's folders: each task done once, nothing left in running/ (no re-created lease)
     done_files = os.listdir(run_dir / ".parallel" / "done")
     assert len(done_files) == 2, done_files
-    assert not [n for n in os.listdir(run_dir / ".parallel" / "running")], "a lease re-created"
+    assert not os.listdir(run_dir / ".parallel" / "running"), "a lease re-created (or a temp left)"
     for name in done_files:
         data = json.loads((run_dir / ".parallel" / "done" / name).read_text())
         kinds = [a.get("kind") for a in data["attempts"]]

@@ -53,6 +53,11 @@ ENDS = [s for s in State if s not in (State.BLOCKED, State.DEPENDENCY_FAILED)]
 DEAD_PID = 2**22 + 4321  # above pid_max's default: no such process
 
 
+def _leases(folder: Path) -> list[str]:
+    """The running/ folder's leases: not the temp files of writes (``.tmp-``)."""
+    return [n for n in os.listdir(folder) if not n.startswith(".")]
+
+
 @dataclass
 class Sup:
     index: int
@@ -125,7 +130,7 @@ class QueueMachine(RuleBasedStateMachine):
         """(task, running file name, data) of every lease whose owner is dead."""
         live = {s.owner for s in self.sups if s.alive}
         out = []
-        for name in sorted(os.listdir(self.paths.parallel / "running")):
+        for name in sorted(_leases(self.paths.parallel / "running")):
             lease = lease_of(name)
             assert lease is not None, name
             if lease[0] not in live:
@@ -442,13 +447,13 @@ class QueueMachine(RuleBasedStateMachine):
     def leases_name_their_holders(self) -> None:
         alive = {s.owner for s in self.sups if s.alive}
         holders = {(s.owner, tid) for s in self.sups if s.alive for tid in s.held}
-        for name in os.listdir(self.paths.parallel / "running"):
+        for name in _leases(self.paths.parallel / "running"):
             lease = lease_of(name)
             assert lease is not None, name
             if lease[0] in alive:
                 assert (lease[0], task_of(name)) in holders, f"{name}: held by no one"
         for owner, tid in holders:
-            running = [n for n in os.listdir(self.paths.parallel / "running") if task_of(n) == tid]
+            running = [n for n in _leases(self.paths.parallel / "running") if task_of(n) == tid]
             assert len(running) == 1 and lease_of(running[0])[0] == owner  # type: ignore[index]
 
 

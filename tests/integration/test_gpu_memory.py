@@ -164,7 +164,7 @@ def test_an_oom_retry_reserves_more_and_waits_for_a_gpu_with_room(
         assert [e["ev"] for e in read_events(run)].count("started") == 1
         running = run / ".parallel" / "running"
         pending = run / ".parallel" / "pending"
-        wait_for(lambda: not list(running.glob("*")) and list(pending.glob("*.json")), 10)
+        wait_for(lambda: not list(running.glob("[!.]*")) and list(pending.glob("*.json")), 10)
         status = run_cli("status", run, cwd=tmp_path, env=m.env())
         assert "waiting grows waits for 6.8 GiB of GPU memory" in status.output, status
         stranger.kill()  # room on GPU 1 now

@@ -520,7 +520,8 @@ def test_stop_requeues_and_wait_restarts_the_runner(gpuswarm: Cli, research_repo
     run_dir = queue_run(repo, tag)
 
     def running() -> bool:  # claimed by the runner, and a task process alive
-        claimed = any(vid in n for n in os.listdir(run_dir / ".parallel" / "running"))
+        leases = [n for n in os.listdir(run_dir / ".parallel" / "running") if n[:1] != "."]
+        claimed = any(vid in n for n in leases)
         return claimed and bool(run_processes(run_dir))
 
     wait_for(running, timeout=20, interval=0.1, what=f"{vid} running")

@@ -666,7 +666,8 @@ def test_discard_withdraws_a_queued_variant(
         running = try_edit(gpuswarm, repo, "LR to 0.05", LR="0.05")
         queued = try_edit(gpuswarm, repo, "DEPTH to 6", DEPTH="6")
         run = next((exp_dir(repo) / "queue").glob("run_*"))
-        wait_for(lambda: list((run / ".parallel" / "running").iterdir()), 20, what="a claim")
+        leases = run / ".parallel" / "running"
+        wait_for(lambda: [p for p in leases.iterdir() if p.name[:1] != "."], 20, what="a claim")
         res = research(gpuswarm, repo, "discard", "v0001")  # running: refused, said why
         assert res.returncode == 2 and "running" in res.stderr, res
         out = ok_json(research(gpuswarm, repo, "discard", queued["id"], "--json"))
