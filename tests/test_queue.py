@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,33 @@ def test_corrupt_descriptor_is_moved_aside(tmp_path: Path) -> None:
         claimed.append(c.task_id)
     assert claimed == ["t00001"]
     assert len(list(q.paths.corrupt.iterdir())) == 1
+
+
+@pytest.mark.timeout(20)
+def test_a_planted_fifo_symlink_or_deep_nest_is_set_aside_never_blocked_on(
+    tmp_path: Path,
+) -> None:
+    """What someone put in pending/ under descriptor names (a FIFO with no writer, a symlink to
+    a real descriptor elsewhere, JSON nested past the parser's depth) is set aside as
+    unreadable at its claim: the claim never blocks, never follows the link, never crashes;
+    the real task after them is claimed and its mtime says when."""
+    q = make_queue(tmp_path, 1)
+    pending = q.paths.state_dir("pending")
+    (real,) = pending.iterdir()
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes(real.read_bytes().replace(b"t00000", b"t99999"))
+    os.mkfifo(pending / descriptor_name(5, 0, "fifo"))
+    (pending / descriptor_name(5, 1, "link")).symlink_to(outside)
+    (pending / descriptor_name(5, 2, "deep")).write_text("[" * 100_000)
+    os.utime(real, (0, 0))
+    q = DirQueue(q.paths, durable=False)  # a fresh scan sees them
+    claimed = q.claim("o", 0)
+    assert claimed is not None and claimed.task_id == "t00000"
+    assert claimed.path.stat().st_mtime > time.time() - 60  # the claim's time, not 1970's
+    assert q.claim("o", 0) is None
+    corrupt = sorted(n.split(".json", 1)[0].split("_", 1)[1] for n in os.listdir(q.paths.corrupt))
+    assert corrupt == ["deep", "fifo", "link"]
+    assert outside.exists()  # the link was moved aside, what it pointed to left alone
 
 
 def test_attempts_used_ignores_interrupted_and_old_budgets() -> None:

@@ -19,9 +19,11 @@ def visible(name: str) -> bool:
 
 
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO put there never blocks a reader
+# a claim's read of the descriptor it took: never a FIFO's block, never a symlink followed
+CLAIM_READ = _READ | os.O_NOFOLLOW
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
     """A file's bytes by plain reads (no buffered file object: 100k reads at a big run's end)."""
     data = os.read(fd, 1 << 16)
     if len(data) < 1 << 16:
@@ -73,7 +75,7 @@ class QueueFolders:
                 folder = self._dirs[state] = str(self.paths.state_dir(state.value))
             fd = os.open(f"{folder}/{name}", _READ)
             try:
-                data = _read_all(fd)
+                data = read_all(fd)
             finally:
                 os.close(fd)
             return Descriptor.loads(data.decode())  # UTF-8, as written (json's guess skipped)

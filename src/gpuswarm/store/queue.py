@@ -47,7 +47,7 @@ from gpuswarm.core.taskdump import TaskDump
 from gpuswarm.store.batches import QueueBatches
 from gpuswarm.store.claimed import Claimed as Claimed  # re-exported: the queue hands them out
 from gpuswarm.store.created import Created
-from gpuswarm.store.folders import visible
+from gpuswarm.store.folders import CLAIM_READ, read_all, visible
 from gpuswarm.store.holds import QueueHolds
 from gpuswarm.store.moves import QueueMoves
 from gpuswarm.store.names import claim_name, descriptor_name, reclaim_name
@@ -178,10 +178,15 @@ class DirQueue(QueueMoves, QueueHolds, QueueRetries, QueueBatches):
             os.rename(src, dst)
         except FileNotFoundError:
             return None  # another claimer won
-        os.utime(dst)  # mtime = claim time, for status
-        try:
-            desc = Descriptor.loads(dst.read_bytes(), task_fields=False)  # the task: see _start
-        except (OSError, ValueError) as exc:
+        try:  # one open: what was put in pending/ may be a FIFO or a symlink (never followed)
+            fd = os.open(dst, CLAIM_READ)
+            try:
+                os.utime(fd)  # mtime = claim time, for status
+                data = read_all(fd)
+            finally:
+                os.close(fd)
+            desc = Descriptor.loads(data, task_fields=False)  # the task: see _start
+        except (OSError, ValueError, RecursionError) as exc:
             self.quarantine(dst, f"unreadable: {exc}")
             if self.on_corrupt is not None:
                 self.on_corrupt(name, f"unreadable: {exc}")
