@@ -196,6 +196,34 @@ def test_a_supervisors_journal_redacts_reasons_and_names(tmp_path: Path) -> None
     assert "leaked-4242" not in text and "x1" not in text and text.count(REDACTED) == 3
 
 
+def test_a_journal_redacts_a_recurring_text_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger remembers what it redacted (the same reasons recur): every line is still
+    redacted, each text redacted once, and what it keeps is bounded."""
+    from gpuswarm.store import ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "_REDACTED_KEPT", 2)
+    calls: list[str] = []
+    redactor = Redactor(["leaked-4242"])
+
+    def counted(text: str) -> str:
+        calls.append(text)
+        return redactor.text(text)
+
+    ledger = Ledger(tmp_path / "events.jsonl", redact=counted)
+    for i in range(3):
+        ledger.emit(Ev.FINISHED, task=f"t{i}", slot="s", reason="exit 1 leaked-4242")
+    for i in range(3):  # more texts than it keeps: forgotten, redacted again
+        ledger.emit(Ev.STARTED, task=f"t{i}", attempt=1, slot="s", name=f"n{i} leaked-4242")
+    ledger.close()
+    text = (tmp_path / "events.jsonl").read_text()
+    assert "leaked-4242" not in text and text.count(REDACTED) == 6
+    assert calls.count("exit 1 leaked-4242") == 1
+    assert len(calls) == 4
+    assert len(ledger._redacted) <= 2  # bounded
+
+
 def test_a_secret_cut_in_two_by_reads_is_still_redacted_line_by_line() -> None:
     from gpuswarm.core.redact import LINE_MAX, LineRedactor, Redactor
 

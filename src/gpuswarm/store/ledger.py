@@ -23,6 +23,7 @@ from gpuswarm.core.records import event_problem, parse_event
 
 Listener = Callable[[dict[str, Any]], None]
 TEXT_FIELDS = ("reason", "name")  # free text an event may carry (a name, a quoted file error)
+_REDACTED_KEPT = 4096  # redacted texts a ledger remembers
 
 
 class Ledger:
@@ -38,6 +39,7 @@ class Ledger:
         self.path = path
         self.durable = durable
         self.redact = redact  # the run's redactor over TEXT_FIELDS (a supervisor's ledger)
+        self._redacted: dict[str, str] = {}  # its results: "exit 0" is every done task's reason
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
         self._listeners: list[Listener] = []
@@ -57,7 +59,7 @@ class Ledger:
             for key in TEXT_FIELDS:
                 value = fields.get(key)
                 if isinstance(value, str) and value:
-                    fields[key] = self.redact(value)
+                    fields[key] = self._redacted_text(self.redact, value)
         record: dict[str, Any] = {"ts": round(time.time(), 4), "ev": ev.value, **fields}
         testing = faults.armed()  # (the points' context is a copy of the record)
         if testing:
@@ -71,6 +73,17 @@ class Ledger:
         if testing:
             faults.point("ledger.emit.after", **record)
         return record
+
+    def _redacted_text(self, redact: Callable[[str], str], value: str) -> str:
+        """``value`` redacted, from what this ledger redacted before (a pure function of the
+        text and the run's secrets: the same reasons recur; at most _REDACTED_KEPT kept)."""
+        done = self._redacted.get(value)
+        if done is None:
+            done = redact(value)
+            if len(self._redacted) >= _REDACTED_KEPT:
+                self._redacted.clear()
+            self._redacted[value] = done
+        return done
 
     def sync(self) -> None:
         """fsync the journal (called on heartbeats and at exit, not per line)."""
