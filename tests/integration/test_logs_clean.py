@@ -232,9 +232,12 @@ def test_clean_never_follows_a_link_out_of_the_workspace(tmp_path: Path, gpuswar
     assert dry.returncode == 0 and "symbolic link" in dry.stdout, str(dry)
     res = gpuswarm("clean", ws, "--older-than", "30d", "--yes", "--json")
     assert res.returncode == 1, str(res)  # some runs were kept
-    rows = {Path(r["run"]).name: r for r in json.loads(res.stdout)}
-    assert rows[real.name]["removed"] is True
-    for kept in (far_c.name, linked_run.name):
+    # by the path it was found at, name folder included: the real run and the one reached
+    # through linkedname/ have the same name when they were made in the same second
+    rows = {str(Path(r["run"]).relative_to(ws)): r for r in json.loads(res.stdout)}
+    seen_c = f"linkedname/{far_c.name}"
+    assert rows[f"real/{real.name}"]["removed"] is True, rows
+    for kept in (seen_c, f"real/{linked_run.name}"):
         assert rows[kept]["removed"] is False, rows
         assert "symbolic link" in rows[kept]["kept_because"], rows
     assert not real.exists()
