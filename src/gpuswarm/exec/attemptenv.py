@@ -13,8 +13,8 @@ content and order, ``own_env`` too: a test compares both over generated environm
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from gpuswarm.config.direct import shell_env, shell_pwd
 from gpuswarm.placement.gpus import Slot, isolation_env
@@ -24,7 +24,7 @@ PER_TASK = ("GPUSWARM_TASK_ID", "GPUSWARM_TASK_NAME", "GPUSWARM_TASK_WORKSPACE",
 _MAX = 64  # kept parts (a slot each, a few per slot where tasks take different GPUs)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Identity:
     """What an attempt's environment says of it and of its run."""
 
@@ -37,7 +37,7 @@ class Identity:
     task_dir: str | None  # the task's ``task_dir`` var, when it has one
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class EnvOf:
     """What an attempt's environment is made of."""
 
@@ -73,7 +73,7 @@ def env_long(of: EnvOf) -> tuple[dict[str, str], frozenset[str]]:
     return env, frozenset(k for k, _ in env.items() - of.inherited.items())  # set or changed
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class _Part:
     base: dict[str, str]  # copies, compared with the caller's on each use
     inherited: dict[str, str]
@@ -111,16 +111,9 @@ def attempt_env(of: EnvOf) -> tuple[dict[str, str], frozenset[str]]:
 
 
 def _part(of: EnvOf) -> _Part:
-    env = dict(of.base)
-    env.update(isolation_env(of.slot, of.gpu_ids))
-    env.update(
-        GPUSWARM_RUN_DIR=of.ident.run_dir,
-        **dict.fromkeys(PER_TASK, ""),  # at their places; filled per task
-        GPUSWARM_OWNER=of.ident.owner,
-        GPUSWARM_SLOT_ID=of.slot.label,
-    )
-    if of.shell_cwd is not None:  # PWD at its place (the inherited one's, else the end)
-        env = shell_env(env, of.shell_cwd)
+    """The long way's environment with the per-task variables (and a direct line's PWD) left
+    blank at their places, and its own names without them."""
+    blank = dataclasses.replace(of.ident, task_id="", name="", workspace="", attempt="")
+    env, own = env_long(dataclasses.replace(of, ident=blank))
     leave = {*PER_TASK, "PWD"} if of.shell_cwd is not None else set(PER_TASK)
-    own = frozenset(k for k, v in env.items() if k not in leave and of.inherited.get(k) != v)
-    return _Part(dict(of.base), dict(of.inherited), env, own)
+    return _Part(dict(of.base), dict(of.inherited), env, own - leave)
