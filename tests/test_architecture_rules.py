@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "gpuswarm"
@@ -354,6 +356,30 @@ def test_a_run_loads_no_rich() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_run_to_its_report_loads_no_view_and_no_http(tmp_path: Path) -> None:
+    """The whole of a real `gpuswarm run` (one passing and one failing task, the end-of-run
+    report printed) loads neither rich (the report is plain lines: ui/endreport.py) nor the
+    HTTP stack (a run without a notify block never loads notify/deliver.py): issue 31's
+    start-up and end. The modules come from the interpreter's own import log."""
+    (tmp_path / "cmds.txt").write_text("true\nfalse\n")
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gpuswarm", "run", "-q", "--gpus", "sim:2",
+         "--workspace", str(tmp_path / "ws"), str(tmp_path / "cmds.txt")],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]  # one task failed
+    assert "finished with failures: 1 failed" in out.stderr
+    loaded = {
+        line.rsplit("|", 1)[1].strip()
+        for line in out.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "gpuswarm.ui.endreport" in loaded and "gpuswarm.app.engine" in loaded
+    unwanted = {"urllib.request", "http.client", "ssl", "gpuswarm.notify.deliver"}
+    assert not {m for m in loaded if m.split(".")[0] == "rich" or m in unwanted}
 
 
 def test_only_the_ray_backend_imports_ray() -> None:

@@ -22,7 +22,7 @@ from gpuswarm.store.queue import DirQueue
 from gpuswarm.store.reader import RunReader
 from gpuswarm.store.runs import NewRun, create_run
 from gpuswarm.ui import terminal
-from gpuswarm.ui.printers import end_line
+from gpuswarm.ui.endreport import end_line
 from gpuswarm.ui.terminal import PlainReporter
 
 OWNER = "host:1:1"

@@ -97,5 +97,50 @@ def test_a_goodbye_ends_the_keeper_without_pumping(tmp_path: Path) -> None:
     pump.stop()
     proc = keeper._proc
     keeper.close()
-    assert proc is not None and proc.returncode == 0  # exited and reaped
+    assert proc is not None and proc.returncode is not None  # ended and reaped
+    assert not psutil.pid_exists(proc.pid)
     assert log.read_text() == "hello\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_goodbye_during_the_keepers_start_up_waits_for_no_interpreter(tmp_path: Path) -> None:
+    """issue 31: the end of a short run no longer waits for the keeper to finish starting up
+    (it is killed once the goodbye is queued); what the supervisor's pump wrote stays, and no
+    process is left."""
+    keeper = LogKeeper(str(tmp_path), "me:1:1")
+    pump = LogPump(keeper)
+    pump.start()
+    log = tmp_path / "output.log"
+    sink = pump.add(_open_log(log), 1 << 20)  # starts the keeper: it is importing now
+    os.write(sink.write_fd, b"short\n")
+    os.close(sink.write_fd)
+    pump.finish(sink)
+    pump.stop()
+    proc = keeper._proc
+    assert proc is not None and proc.poll() is None  # still starting
+    keeper.close()
+    assert proc.returncode == -signal.SIGKILL  # not waited for: the goodbye was queued
+    assert not psutil.pid_exists(proc.pid)
+    assert log.read_text() == "short\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_keeper_without_a_goodbye_gets_its_time(tmp_path: Path) -> None:
+    """A socket that broke (no goodbye could be queued) leaves the keeper to pump: close()
+    waits for it rather than killing it."""
+    keeper = LogKeeper(str(tmp_path), "me:1:1")
+    pump = LogPump(keeper)
+    log = tmp_path / "output.log"
+    sink = pump.add(_open_log(log), 1 << 20)
+    proc = keeper._proc
+    assert proc is not None
+    _holding(proc.pid, log)
+    os.write(sink.write_fd, b"kept\n")
+    for fd in (sink.write_fd,):
+        os.close(fd)
+    sock = keeper._sock
+    assert sock is not None
+    sock.close()  # the socket breaks: the next send fails, no goodbye
+    keeper.close()
+    assert proc.returncode == 0  # it pumped and exited by itself
+    assert log.read_text() == "kept\n"

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuswarm.app.controlframe import finish_adds
 from gpuswarm.app.ending import after_all, aggregate, all_ended, budget_line
@@ -46,7 +46,6 @@ from gpuswarm.core.words import counted
 from gpuswarm.exec.base import Backend, create_backend, membership_of
 from gpuswarm.exec.sandbox import Provision
 from gpuswarm.exec.slurm.session import check_nodes_see
-from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.runreport import RunReport
 from gpuswarm.placement.devices import GpuSet
@@ -70,6 +69,9 @@ from gpuswarm.store.spool import streamed
 from gpuswarm.supervise.preflight import missing_programs, run_preflight
 from gpuswarm.supervise.recovery import reclaim_dead, recover
 from gpuswarm.supervise.supervisor import Supervisor, SupervisorConfig
+
+if TYPE_CHECKING:
+    from gpuswarm.notify.notifier import Notifier
 
 __all__ = [
     "resume_run",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from gpuswarm.app.controlframe import finish_adds
 from gpuswarm.app.output import Output, say, write_report_safely
@@ -44,7 +44,6 @@ from gpuswarm.exec.slurm import jobs as slurm_jobs
 from gpuswarm.exec.slurm import session as slurm
 from gpuswarm.exec.slurm.allocation import Allocation
 from gpuswarm.exec.slurm.settings import SlurmSettings
-from gpuswarm.notify.notifier import Notifier
 from gpuswarm.notify.start import last_word, notifier_for
 from gpuswarm.outputs.aggregate import write_outputs
 from gpuswarm.outputs.runreport import RunReport
@@ -60,6 +59,9 @@ from gpuswarm.supervise.context import SupervisorConfig
 from gpuswarm.supervise.recovery import recover
 from gpuswarm.supervise.supervisor import Supervisor
 from gpuswarm.ui.nodefeed import NodeFeed
+
+if TYPE_CHECKING:
+    from gpuswarm.notify.notifier import Notifier
 
 JOBS_FILE = "jobs.json"
 MAX_OUT_READ = 1 << 20  # of a job's output, for its workers' error lines

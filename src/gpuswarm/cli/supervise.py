@@ -329,7 +329,7 @@ def _finish(report: RunReport, as_json: bool, strict: bool = False) -> NoReturn:
         }
         click.echo(json.dumps(payload, indent=1))
     else:
-        from gpuswarm.ui.printers import print_report  # rich, loaded only to print
+        from gpuswarm.ui.endreport import print_report
 
         print_report(report)
     leave(report.exit_code, hard=report.stopped_by is not None)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from gpuswarm.config.notify import NotifyConfig
 from gpuswarm.core.paths import RunPaths
-from gpuswarm.notify.notifier import Notifier, NotifyError
 from gpuswarm.store.runinfo import RunRecord
+
+if TYPE_CHECKING:  # a run without a notify block never loads the HTTP stack (issue 31)
+    from gpuswarm.notify.notifier import Notifier
 
 
 def notifier_for(
@@ -23,6 +26,8 @@ def notifier_for(
     raw = info.config.get("notify")
     if not raw or mode == "work":
         return None
+    from gpuswarm.notify.notifier import Notifier, NotifyError  # urllib, http.client, ssl
+
     try:
         cfg = NotifyConfig.model_validate(raw)
         research = info.config.get("research")

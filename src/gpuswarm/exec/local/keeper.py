@@ -84,20 +84,29 @@ class LogKeeper:
             self._send(b"D %d" % sink.read_fd)
 
     def close(self) -> None:
-        """Say goodbye (the keeper exits without pumping anything) and reap it."""
+        """Say goodbye (the keeper exits without pumping anything) and reap it.
+
+        Once the goodbye is queued the keeper has nothing left to do but close the copies it
+        holds, which its death does too: it is killed, not waited for (a keeper still starting
+        up, ~60 ms of interpreter, held up every short run's end). Without a goodbye (the
+        socket broke) it may be moving pipes into logs: it gets its time."""
         with self._lock:
-            self._send(b"B")
+            said = self._send(b"B")
             sock, self._sock, self._broken = self._sock, None, True
             if sock is not None:
                 sock.close()
             proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(_SEND_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            forget_helper(proc.pid)
+        if proc is None:
+            return
+        if said:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()  # our child, not reaped yet: its pid cannot be another's
+        try:
+            proc.wait(_SEND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        forget_helper(proc.pid)
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -122,14 +131,17 @@ class LogKeeper:
         mine.settimeout(_SEND_TIMEOUT)
         self._sock = mine
 
-    def _send(self, message: bytes, fds: Sequence[int] = ()) -> None:
+    def _send(self, message: bytes, fds: Sequence[int] = ()) -> bool:
+        """Whether the message was queued to the keeper."""
         if self._sock is None:
-            return
+            return False
         try:
             socket.send_fds(self._sock, [message], list(fds), socket.MSG_NOSIGNAL)
         except OSError:  # it died or hangs: no keeping from now on
             self._sock.close()
             self._sock, self._broken = None, True
+            return False
+        return True
 
 
 def settle_keepers(pids: Sequence[int]) -> None:
